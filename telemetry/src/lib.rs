@@ -1,0 +1,37 @@
+//! The vocabulary of powerplane: what the site looks like and what is known about it.
+//!
+//! # Layout
+//!
+//! - [`time`]: [`Timestamp`], milliseconds since the Unix epoch, printed as RFC 3339.
+//! - [`entity`]: [`EntityId`], the typed name of anything that has metrics (rack, GPU, feed...).
+//! - [`metric`]: the canonical metrics with their unit, physical range and freshness bound.
+//! - [`sample`]: [`Sample`], one reading from one source, and its [`Quality`].
+//! - [`snapshot`]: [`Snapshot`], the latest value and age of every metric of every entity.
+//! - [`site`]: the site file (`site.toml`): topology, power path, cooling path, validated
+//!   with `file:line:col` diagnostics.
+//! - [`gpu`]: GPU models and their power-limit constraints.
+//! - [`job`]: [`Job`], a scheduler's job as powerplane sees it.
+//! - [`diag`]: diagnostics with file, line and column, shared by every file parser.
+//!
+//! Nothing here reads the clock, the environment or the network: time and input are
+//! always arguments.
+#![forbid(unsafe_code)]
+
+pub mod diag;
+pub mod entity;
+pub mod gpu;
+pub mod job;
+pub mod metric;
+pub mod sample;
+pub mod site;
+pub mod snapshot;
+pub mod time;
+
+pub use entity::{EntityId, EntityKind};
+pub use gpu::GpuModel;
+pub use job::{Job, JobState};
+pub use metric::Metric;
+pub use sample::{Quality, Sample};
+pub use site::Site;
+pub use snapshot::{Observation, Snapshot};
+pub use time::Timestamp;

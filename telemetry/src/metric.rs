@@ -1,0 +1,186 @@
+//! Canonical metrics: one name, one unit, a physical range, and a freshness bound.
+//!
+//! Sources convert to these units before a sample enters the snapshot; a value outside
+//! the physical range is rejected, never believed.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The name of a metric, e.g. `inlet_temp_c`. The unit is part of the name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Metric(pub String);
+
+impl Metric {
+    pub fn new(name: &str) -> Self {
+        Metric(name.to_string())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// The registered spec of this metric, if it is a known one.
+    pub fn spec(&self) -> Option<&'static MetricSpec> {
+        spec(&self.0)
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for Metric {
+    fn from(s: &str) -> Self {
+        Metric::new(s)
+    }
+}
+
+/// What powerplane knows about a metric.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricSpec {
+    pub name: &'static str,
+    pub unit: &'static str,
+    /// Smallest physically plausible value (inclusive).
+    pub min: f64,
+    /// Largest physically plausible value (inclusive).
+    pub max: f64,
+    /// A value older than this is stale.
+    pub freshness_s: f64,
+    pub help: &'static str,
+}
+
+/// Names of the canonical metrics.
+pub mod names {
+    pub const POWER_W: &str = "power_w";
+    pub const ENERGY_J: &str = "energy_j";
+    pub const POWER_LIMIT_W: &str = "power_limit_w";
+    pub const GPU_TEMP_C: &str = "gpu_temp_c";
+    pub const UTILIZATION_PCT: &str = "utilization_pct";
+    pub const SM_CLOCK_MHZ: &str = "sm_clock_mhz";
+    pub const INLET_TEMP_C: &str = "inlet_temp_c";
+    pub const SUPPLY_TEMP_C: &str = "supply_temp_c";
+    pub const RETURN_TEMP_C: &str = "return_temp_c";
+    pub const HEAT_LOAD_KW: &str = "heat_load_kw";
+    pub const COOLING_POWER_W: &str = "cooling_power_w";
+    pub const PRICE_PER_KWH: &str = "price_per_kwh";
+    pub const CARBON_G_PER_KWH: &str = "carbon_g_per_kwh";
+}
+
+const SPECS: &[MetricSpec] = &[
+    MetricSpec {
+        name: names::POWER_W,
+        unit: "W",
+        min: 0.0,
+        max: 50e6,
+        freshness_s: 30.0,
+        help: "electrical power drawn",
+    },
+    MetricSpec {
+        name: names::ENERGY_J,
+        unit: "J",
+        min: 0.0,
+        max: 1e18,
+        freshness_s: 30.0,
+        help: "energy counter since an arbitrary origin",
+    },
+    MetricSpec {
+        name: names::POWER_LIMIT_W,
+        unit: "W",
+        min: 0.0,
+        max: 5000.0,
+        freshness_s: 60.0,
+        help: "enforced GPU power limit",
+    },
+    MetricSpec {
+        name: names::GPU_TEMP_C,
+        unit: "°C",
+        min: -10.0,
+        max: 130.0,
+        freshness_s: 30.0,
+        help: "GPU die temperature",
+    },
+    MetricSpec {
+        name: names::UTILIZATION_PCT,
+        unit: "%",
+        min: 0.0,
+        max: 100.0,
+        freshness_s: 30.0,
+        help: "GPU utilization",
+    },
+    MetricSpec {
+        name: names::SM_CLOCK_MHZ,
+        unit: "MHz",
+        min: 0.0,
+        max: 5000.0,
+        freshness_s: 30.0,
+        help: "GPU SM clock",
+    },
+    MetricSpec {
+        name: names::INLET_TEMP_C,
+        unit: "°C",
+        min: -20.0,
+        max: 80.0,
+        freshness_s: 60.0,
+        help: "rack or server air inlet temperature",
+    },
+    MetricSpec {
+        name: names::SUPPLY_TEMP_C,
+        unit: "°C",
+        min: -10.0,
+        max: 100.0,
+        freshness_s: 60.0,
+        help: "coolant or air supply temperature of a cooling unit",
+    },
+    MetricSpec {
+        name: names::RETURN_TEMP_C,
+        unit: "°C",
+        min: -10.0,
+        max: 100.0,
+        freshness_s: 60.0,
+        help: "coolant or air return temperature of a cooling unit",
+    },
+    MetricSpec {
+        name: names::HEAT_LOAD_KW,
+        unit: "kW",
+        min: 0.0,
+        max: 100_000.0,
+        freshness_s: 60.0,
+        help: "heat removed by a cooling unit",
+    },
+    MetricSpec {
+        name: names::COOLING_POWER_W,
+        unit: "W",
+        min: 0.0,
+        max: 50e6,
+        freshness_s: 60.0,
+        help: "electrical power of cooling equipment",
+    },
+    MetricSpec {
+        name: names::PRICE_PER_KWH,
+        unit: "currency/kWh",
+        min: -10.0,
+        max: 100.0,
+        freshness_s: 7200.0,
+        help: "electricity price in force",
+    },
+    MetricSpec {
+        name: names::CARBON_G_PER_KWH,
+        unit: "gCO2/kWh",
+        min: 0.0,
+        max: 3000.0,
+        freshness_s: 7200.0,
+        help: "grid carbon intensity in force",
+    },
+];
+
+/// The spec of a canonical metric.
+pub fn spec(name: &str) -> Option<&'static MetricSpec> {
+    SPECS.iter().find(|s| s.name == name)
+}
+
+/// Every canonical metric.
+pub fn all() -> &'static [MetricSpec] {
+    SPECS
+}

@@ -1,0 +1,114 @@
+use super::*;
+
+const DEMO: &str = include_str!("../../../examples/demo/site.toml");
+
+#[test]
+fn the_demo_site_parses_into_its_topology() {
+    let site = Site::parse("site.toml", DEMO).expect("valid");
+    assert_eq!(site.racks.len(), 6);
+    assert_eq!(site.nodes.len(), 24);
+    assert_eq!(site.gpu_count(), 192);
+    assert_eq!(site.gpus().len(), 192);
+    assert!((site.facility_budget_kw() - 60.0).abs() < 1e-9);
+    let a01 = site.rack("a01").expect("rack a01");
+    assert!(
+        (a01.power_budget_kw - 10.4).abs() < 1e-9,
+        "13 kW pdu derated by 0.8"
+    );
+    assert_eq!(a01.cooling, "crah-a");
+    assert_eq!(
+        site.cooling_of("b02").map(|c| c.id.as_str()),
+        Some("crah-b")
+    );
+    assert_eq!(site.nodes[0].id, "a01-n01");
+    assert_eq!(site.gpus()[9].id.to_string(), "gpu/a01-n02:1");
+}
+
+#[test]
+fn a_broken_site_reports_every_problem_with_its_position() {
+    let src = r#"version = 1
+[site]
+name = "bad site"
+
+[[feeds]]
+id = "utility"
+rating_kw = -5
+
+[[pdus]]
+id = "pdu-1"
+feed = "nowhere"
+rating_kw = 10
+
+[[cooling]]
+id = "crah"
+capacity_kw = 10
+racks = ["r1", "ghost"]
+
+[[rooms]]
+id = "hall"
+[[rows]]
+id = "row"
+room = "hall"
+
+[[racks]]
+id = "r1"
+row = "row"
+pdus = ["pdu-1"]
+inlet_limit_c = 90
+nodes = 2
+gpu_model = "Z9000"
+
+[[racks]]
+id = "r1"
+row = "row"
+pdus = ["pdu-1"]
+"#;
+    let err = Site::parse("site.toml", src).expect_err("invalid");
+    let text = err.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        vec![
+            "site.toml:3:8: site \"bad site\": ids may hold letters, digits, '-', '_' and '.', not ' '",
+            "site.toml:7:13: feed \"utility\": rating_kw must be within 0.001..=1000000, got -5",
+            "site.toml:11:8: pdu \"pdu-1\" refers to unknown feed \"nowhere\"",
+            "site.toml:17:16: cooling unit \"crah\" refers to unknown rack \"ghost\"",
+            "site.toml:29:17: rack \"r1\": inlet_limit_c must be within 15..=45, got 90",
+            "site.toml:31:13: rack \"r1\": unknown gpu_model \"Z9000\" (known: A100, A40, H100, H200, P100, RTX6000, V100; define others under [gpu_models])",
+            "site.toml:34:6: rack \"r1\" is defined twice",
+        ],
+        "{text}"
+    );
+}
+
+#[test]
+fn syntax_and_unknown_fields_name_their_position() {
+    let err = Site::parse("s.toml", "version = 1\n[site]\nname = \"x\"\ncolour = 3\n")
+        .expect_err("unknown field");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("s.toml:4:1: unknown field `colour`"),
+        "{text}"
+    );
+    let err = Site::parse("s.toml", "version = 1\n[site\n").expect_err("syntax");
+    assert!(err.to_string().starts_with("s.toml:2:"), "{err}");
+}
+
+#[test]
+fn a_rack_needs_cooling_and_a_site_needs_a_feed() {
+    let src = "version = 2\n[site]\nname = \"x\"\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"r\"\nroom = \"h\"\n[[racks]]\nid = \"k\"\nrow = \"r\"\npower_budget_kw = 5\n";
+    let err = Site::parse("s.toml", src).expect_err("invalid");
+    let text = err.to_string();
+    assert!(
+        text.contains("s.toml:1:1: the site needs at least one [[feeds]] entry"),
+        "{text}"
+    );
+    assert!(
+        text.contains("s.toml:1:11: unsupported site file version 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("s.toml:10:6: rack \"k\" is served by no cooling unit"),
+        "{text}"
+    );
+}
