@@ -1,1 +1,29 @@
-//! placeholder
+//! The policy model and the pure engine: `evaluate(inputs, now) -> Plan`.
+//!
+//! # Layout
+//!
+//! - [`policy`]: the policy file (`policy.toml`), parsed and validated with positions.
+//! - [`plan`]: what the engine decides: desired caps and holds, each with a lease, and
+//!   the [`Decision`]s that changed them, with the values that triggered each one.
+//! - [`engine`]: [`evaluate`], which runs the rules below in order and merges them, the
+//!   most protective cap winning.
+//! - [`budget`]: facility and rack power budgets, cut by water-filling in priority order.
+//! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis.
+//! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
+//!   their latest start.
+//!
+//! The engine does no IO: it takes the site, the snapshot, the jobs, the prior state and
+//! the time as arguments, so the same code runs live, in tests, in the demo and in
+//! backtests, and gives the same plan for the same inputs.
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod engine;
+pub mod plan;
+pub mod policy;
+pub mod price;
+pub mod thermal;
+
+pub use engine::{evaluate, Inputs};
+pub use plan::{Action, Cap, Decision, Hold, Plan, State, Target};
+pub use policy::Policy;

@@ -1,0 +1,428 @@
+//! Power budgets: keep the facility and every rack under their usable power.
+//!
+//! When the demand of a scope is over its budget, the excess is cut by water-filling in
+//! priority order: the GPUs of the lowest-priority jobs (and idle GPUs) are lowered
+//! first, each never below its own minimum limit, and within one priority the highest
+//! draws are lowered to a common level. Caps lift only once demand is below
+//! `release_ratio` × budget (two thresholds), so a scope near its budget does not flap.
+
+use std::collections::BTreeMap;
+
+use telemetry::metric::names::POWER_W;
+use telemetry::site::GpuRef;
+use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
+
+use crate::policy::{BudgetRule, OnStale};
+use crate::State;
+
+/// One GPU's claim on a budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    /// What it would draw with no cap, as far as we can tell.
+    pub demand_w: f64,
+    /// The lowest limit it accepts.
+    pub min_w: f64,
+    /// Lower is cut first.
+    pub priority: i64,
+}
+
+/// Allocates `budget_w` among the claims. Returns the allocation of each claim (never
+/// above its demand, never below `min(demand, min_w)`) and whether the budget was met.
+pub fn waterfill(claims: &[Claim], budget_w: f64) -> (Vec<f64>, bool) {
+    let mut alloc: Vec<f64> = claims.iter().map(|c| c.demand_w.max(0.0)).collect();
+    let total: f64 = alloc.iter().sum();
+    let mut excess = total - budget_w;
+    if excess <= 0.0 {
+        return (alloc, true);
+    }
+    let mut tiers: Vec<i64> = claims.iter().map(|c| c.priority).collect();
+    tiers.sort_unstable();
+    tiers.dedup();
+    for tier in tiers {
+        let members: Vec<usize> = (0..claims.len())
+            .filter(|&i| claims[i].priority == tier)
+            .collect();
+        let give = |level: f64| -> f64 {
+            members
+                .iter()
+                .map(|&i| (alloc[i] - level.max(claims[i].min_w)).max(0.0))
+                .sum()
+        };
+        let most = give(0.0);
+        if most <= excess {
+            for &i in &members {
+                alloc[i] = alloc[i].min(claims[i].min_w);
+            }
+            excess -= most;
+            continue;
+        }
+        // find the level whose cut equals the excess: give() falls as the level rises
+        let (mut lo, mut hi) = (
+            0.0_f64,
+            members.iter().map(|&i| alloc[i]).fold(0.0, f64::max),
+        );
+        for _ in 0..60 {
+            let mid = (lo + hi) / 2.0;
+            if give(mid) > excess {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        for &i in &members {
+            alloc[i] = alloc[i].min(hi.max(claims[i].min_w));
+        }
+        return (alloc, true);
+    }
+    (alloc, excess <= 1e-9)
+}
+
+/// The budget rule's wanted cap for one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetCap {
+    pub watts: f64,
+    /// `budget.rack` or `budget.facility`.
+    pub rule: &'static str,
+}
+
+/// What the budget rule saw for one scope (the facility or a rack).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopeView {
+    pub scope: EntityId,
+    pub budget_kw: f64,
+    pub measured_kw: Option<f64>,
+    pub demand_kw: f64,
+    pub feasible: bool,
+    pub stale_inputs: usize,
+}
+
+impl ScopeView {
+    pub fn values(&self) -> BTreeMap<String, f64> {
+        let mut v = BTreeMap::new();
+        v.insert("budget_kw".into(), round3(self.budget_kw));
+        v.insert("demand_kw".into(), round3(self.demand_kw));
+        if let Some(m) = self.measured_kw {
+            v.insert("measured_kw".into(), round3(m));
+        }
+        if self.stale_inputs > 0 {
+            v.insert("stale_inputs".into(), self.stale_inputs as f64);
+        }
+        v
+    }
+}
+
+pub(crate) fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Wanted caps per GPU, and what each scope looked like.
+pub fn evaluate(
+    site: &Site,
+    snapshot: &Snapshot,
+    jobs: &[Job],
+    prior: &State,
+    rule: &BudgetRule,
+    now: Timestamp,
+) -> (BTreeMap<EntityId, BudgetCap>, Vec<ScopeView>) {
+    let gpus = site.gpus();
+    let priority = job_priority_by_gpu(jobs);
+    let mut stale = 0usize;
+    let mut claims = Vec::with_capacity(gpus.len());
+    let mut draws = Vec::with_capacity(gpus.len());
+    for g in &gpus {
+        let (draw, demand, was_stale) = gpu_demand(g, snapshot, prior, rule, now);
+        stale += usize::from(was_stale);
+        draws.push(draw);
+        claims.push(Claim {
+            demand_w: demand,
+            min_w: g.model.min_w,
+            priority: priority.get(&g.id).copied().unwrap_or(i64::MIN),
+        });
+    }
+
+    let mut wanted: BTreeMap<EntityId, BudgetCap> = BTreeMap::new();
+    let mut views = Vec::new();
+    // racks first: each rack's GPUs share what its budget leaves after the rest of the rack
+    let mut start = 0;
+    for rack in &site.racks {
+        let n: usize = rack
+            .nodes
+            .iter()
+            .map(|&i| site.nodes[i].gpus as usize)
+            .sum();
+        let range = start..start + n;
+        start += n;
+        let base_w: f64 = rack.nodes.iter().map(|&i| site.nodes[i].base_w).sum();
+        let entity = EntityId::rack(&rack.id);
+        let view = scope_cut(
+            &entity,
+            rack.power_budget_kw,
+            snapshot.observe(&entity, POWER_W, now),
+            base_w,
+            &claims[range.clone()],
+            &draws[range.clone()],
+            rule,
+            stale,
+        );
+        apply_cut(
+            &view.1,
+            &gpus[range.clone()],
+            &claims[range],
+            prior,
+            "budget.rack",
+            &mut wanted,
+        );
+        views.push(view.0);
+    }
+    // then the facility, over demands already limited by the racks
+    let limited: Vec<Claim> = claims
+        .iter()
+        .zip(&gpus)
+        .map(|(c, g)| Claim {
+            demand_w: wanted
+                .get(&g.id)
+                .map_or(c.demand_w, |w| w.watts.min(c.demand_w)),
+            ..*c
+        })
+        .collect();
+    let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
+    let entity = site.site_entity();
+    let view = scope_cut(
+        &entity,
+        site.facility_budget_kw(),
+        snapshot.observe(&entity, POWER_W, now),
+        base_w,
+        &limited,
+        &draws,
+        rule,
+        stale,
+    );
+    apply_cut(
+        &view.1,
+        &gpus,
+        &limited,
+        prior,
+        "budget.facility",
+        &mut wanted,
+    );
+    views.push(view.0);
+    (wanted, views)
+}
+
+/// (what it draws now, what it would draw uncapped, whether its reading was stale)
+fn gpu_demand(
+    g: &GpuRef<'_>,
+    snapshot: &Snapshot,
+    prior: &State,
+    rule: &BudgetRule,
+    now: Timestamp,
+) -> (f64, f64, bool) {
+    let obs = snapshot.observe(&g.id, POWER_W, now);
+    let (draw, stale) = match obs {
+        Some(o) if o.usable() => (o.value, false),
+        Some(o) => match rule.on_stale {
+            OnStale::AssumeWorst => (g.model.max_w, true),
+            OnStale::HoldLast => (o.value, true),
+            OnStale::Ignore => (g.model.idle_w, true),
+        },
+        None => match rule.on_stale {
+            OnStale::Ignore => (g.model.idle_w, true),
+            _ => (g.model.max_w, true),
+        },
+    };
+    let cap = prior
+        .caps
+        .get(&g.id)
+        .map(|c| c.watts)
+        .unwrap_or(g.model.default_w);
+    // a GPU drawing what its cap allows would draw more without it: assume its maximum
+    let at_cap = draw >= cap - rule.deadband_w.max(cap * 0.03);
+    let demand = if at_cap && cap < g.model.max_w {
+        g.model.max_w
+    } else {
+        draw
+    };
+    (draw, demand, stale)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scope_cut(
+    scope: &EntityId,
+    budget_kw: f64,
+    measured: Option<telemetry::Observation>,
+    base_w: f64,
+    claims: &[Claim],
+    draws: &[f64],
+    rule: &BudgetRule,
+    stale: usize,
+) -> (ScopeView, Cut) {
+    let gpu_draw: f64 = draws.iter().sum();
+    let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
+    // what is not GPU in this scope: measured minus GPUs, or the site file's estimate
+    let other_w = match measured_kw {
+        Some(kw) => (kw * 1000.0 - gpu_draw).max(0.0),
+        None => base_w,
+    };
+    let demand_w: f64 = other_w + claims.iter().map(|c| c.demand_w).sum::<f64>();
+    let target_w = budget_kw * 1000.0 * (1.0 - rule.margin) - other_w;
+    let (alloc, feasible) = waterfill(claims, target_w);
+    let view = ScopeView {
+        scope: scope.clone(),
+        budget_kw,
+        measured_kw,
+        demand_kw: demand_w / 1000.0,
+        feasible,
+        stale_inputs: stale,
+    };
+    let cut = if demand_w > budget_kw * 1000.0 * (1.0 - rule.margin) {
+        Cut::To(alloc)
+    } else if demand_w > budget_kw * 1000.0 * rule.release_ratio {
+        Cut::Keep
+    } else {
+        Cut::Lift
+    };
+    (view, cut)
+}
+
+/// What a scope needs this tick.
+#[derive(Debug, Clone, PartialEq)]
+enum Cut {
+    /// Over budget: cap to these allocations.
+    To(Vec<f64>),
+    /// Between the two thresholds: keep the caps in force, raise nothing.
+    Keep,
+    /// Under the release threshold: this scope wants no caps.
+    Lift,
+}
+
+fn apply_cut(
+    cut: &Cut,
+    gpus: &[GpuRef<'_>],
+    claims: &[Claim],
+    prior: &State,
+    name: &'static str,
+    wanted: &mut BTreeMap<EntityId, BudgetCap>,
+) {
+    match cut {
+        Cut::Lift => {}
+        Cut::Keep => {
+            // between the two thresholds: budget caps in force stay as they are
+            for g in gpus {
+                if let Some(c) = prior.caps.get(&g.id).filter(|c| c.rule == name) {
+                    tighten(wanted, &g.id, c.watts, name);
+                }
+            }
+        }
+        Cut::To(alloc) => {
+            for ((g, c), a) in gpus.iter().zip(claims).zip(alloc) {
+                if *a < c.demand_w - 1e-6 {
+                    tighten(wanted, &g.id, g.model.clamp_limit(*a), name);
+                }
+            }
+        }
+    }
+}
+
+fn tighten(
+    wanted: &mut BTreeMap<EntityId, BudgetCap>,
+    id: &EntityId,
+    watts: f64,
+    rule: &'static str,
+) {
+    match wanted.get(id) {
+        Some(w) if w.watts <= watts => {}
+        _ => {
+            wanted.insert(id.clone(), BudgetCap { watts, rule });
+        }
+    }
+}
+
+fn job_priority_by_gpu(jobs: &[Job]) -> BTreeMap<EntityId, i64> {
+    let mut m = BTreeMap::new();
+    for j in jobs
+        .iter()
+        .filter(|j| j.state == telemetry::JobState::Running)
+    {
+        for g in &j.allocated {
+            m.insert(g.clone(), i64::from(j.priority));
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn claim(d: f64, p: i64) -> Claim {
+        Claim {
+            demand_w: d,
+            min_w: 100.0,
+            priority: p,
+        }
+    }
+
+    #[test]
+    fn nothing_is_cut_under_budget() {
+        let (a, ok) = waterfill(&[claim(300.0, 0), claim(200.0, 0)], 600.0);
+        assert!(ok);
+        assert_eq!(a, vec![300.0, 200.0]);
+    }
+
+    #[test]
+    fn the_lowest_priority_is_cut_first_and_never_below_its_minimum() {
+        let claims = [claim(300.0, 0), claim(300.0, 5), claim(300.0, 0)];
+        let (a, ok) = waterfill(&claims, 700.0);
+        assert!(ok);
+        assert_eq!(a[1], 300.0, "high priority untouched");
+        assert!(
+            (a[0] - 200.0).abs() < 1e-6 && (a[2] - 200.0).abs() < 1e-6,
+            "{a:?}"
+        );
+        let (a, ok) = waterfill(&claims, 450.0);
+        assert!(ok);
+        assert_eq!((a[0], a[2]), (100.0, 100.0));
+        assert!((a[1] - 250.0).abs() < 1e-6, "{a:?}");
+    }
+
+    #[test]
+    fn an_infeasible_budget_is_reported_with_everything_at_minimum() {
+        let (a, ok) = waterfill(&[claim(300.0, 0), claim(300.0, 1)], 150.0);
+        assert!(!ok);
+        assert_eq!(a, vec![100.0, 100.0]);
+    }
+
+    #[test]
+    fn within_a_tier_the_highest_draws_are_cut_to_a_common_level() {
+        let (a, _) = waterfill(&[claim(300.0, 0), claim(150.0, 0), claim(280.0, 0)], 650.0);
+        assert_eq!(a[1], 150.0);
+        assert!(
+            (a[0] - 250.0).abs() < 1e-6 && (a[2] - 250.0).abs() < 1e-6,
+            "{a:?}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn a_feasible_budget_is_never_exceeded(
+            demands in proptest::collection::vec((0.0f64..700.0, 50.0f64..200.0, 0i64..4), 1..60),
+            budget in 0.0f64..30_000.0,
+        ) {
+            let claims: Vec<Claim> = demands.iter().map(|&(d, m, p)| Claim { demand_w: d, min_w: m, priority: p }).collect();
+            let floor: f64 = claims.iter().map(|c| c.demand_w.min(c.min_w)).sum();
+            let (alloc, ok) = waterfill(&claims, budget);
+            let total: f64 = alloc.iter().sum();
+            if floor <= budget {
+                prop_assert!(ok);
+                prop_assert!(total <= budget + 1e-6, "total {total} over budget {budget}");
+            } else {
+                prop_assert!(!ok);
+            }
+            for (a, c) in alloc.iter().zip(&claims) {
+                prop_assert!(*a <= c.demand_w + 1e-9);
+                prop_assert!(*a >= c.demand_w.min(c.min_w) - 1e-9);
+            }
+        }
+    }
+}

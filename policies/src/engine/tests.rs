@@ -1,0 +1,529 @@
+use super::*;
+use crate::policy::OnStale;
+use proptest::prelude::*;
+use telemetry::metric::names::*;
+use telemetry::{JobState, Sample};
+
+/// Two racks of one 4-GPU A40 node each; feed 3 kW usable, racks 2 kW each.
+const SITE: &str = r#"
+version = 1
+[site]
+name = "t"
+[[feeds]]
+id = "f"
+rating_kw = 3
+derate = 1.0
+[[cooling]]
+id = "c"
+capacity_kw = 10
+racks = ["r1", "r2"]
+[[rooms]]
+id = "h"
+[[rows]]
+id = "w"
+room = "h"
+[[racks]]
+id = "r1"
+row = "w"
+power_budget_kw = 2
+nodes = 1
+gpus_per_node = 4
+gpu_model = "A40"
+node_base_w = 200
+[[racks]]
+id = "r2"
+row = "w"
+power_budget_kw = 2
+nodes = 1
+gpus_per_node = 4
+gpu_model = "A40"
+node_base_w = 200
+"#;
+
+fn site() -> Site {
+    Site::parse("t.toml", SITE).expect("valid test site")
+}
+
+fn t0() -> Timestamp {
+    Timestamp::from_secs(1_700_000_000)
+}
+
+/// Every GPU drawing `w`, racks and site measured consistently, inlets at `inlet`.
+fn snapshot(site: &Site, gpu_w: &dyn Fn(&EntityId) -> f64, inlet: f64, now: Timestamp) -> Snapshot {
+    let mut s = Snapshot::new();
+    let mut total = 0.0;
+    for rack in &site.racks {
+        let mut rack_w = 0.0;
+        for g in site.gpus().into_iter().filter(|g| g.rack.id == rack.id) {
+            let w = gpu_w(&g.id);
+            rack_w += w;
+            s.ingest(Sample::new(g.id.clone(), POWER_W, w, now, "t"), now)
+                .expect("ok");
+        }
+        rack_w += 200.0;
+        total += rack_w;
+        s.ingest(
+            Sample::new(EntityId::rack(&rack.id), POWER_W, rack_w, now, "t"),
+            now,
+        )
+        .expect("ok");
+        s.ingest(
+            Sample::new(EntityId::rack(&rack.id), INLET_TEMP_C, inlet, now, "t"),
+            now,
+        )
+        .expect("ok");
+    }
+    s.ingest(
+        Sample::new(site.site_entity(), POWER_W, total, now, "t"),
+        now,
+    )
+    .expect("ok");
+    s
+}
+
+fn job(id: &str, priority: i32, gpus: &[EntityId]) -> Job {
+    Job {
+        id: id.into(),
+        scheduler: "test".into(),
+        name: id.into(),
+        user: "u".into(),
+        project: "p".into(),
+        class: "training".into(),
+        priority,
+        gpus: gpus.len() as u32,
+        allocated: gpus.to_vec(),
+        state: JobState::Running,
+        submit_time: t0(),
+        start_time: Some(t0()),
+        end_time: None,
+        deadline: None,
+        est_duration_s: 3600.0,
+        deferrable: false,
+        preemptible: false,
+    }
+}
+
+fn only_budget() -> Policy {
+    let mut p = Policy::default();
+    p.thermal.enabled = false;
+    p.price.enabled = false;
+    p
+}
+
+fn run(
+    site: &Site,
+    snap: &Snapshot,
+    jobs: &[Job],
+    prior: &State,
+    policy: &Policy,
+    now: Timestamp,
+) -> Plan {
+    evaluate(
+        &Inputs {
+            site,
+            snapshot: snap,
+            jobs,
+            prior,
+            policy,
+        },
+        now,
+    )
+}
+
+#[test]
+fn over_the_facility_budget_the_low_priority_job_is_capped_first() {
+    let site = site();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    // 8 GPUs at 300 W + 400 W of nodes = 2.8 kW per... facility 2.8 kW < 3 kW budget? make it hot:
+    let snap = snapshot(&site, &|_| 300.0, 25.0, t0());
+    let jobs = vec![job("low", 1, &gpus[0..2]), job("high", 9, &gpus[2..8])];
+    // racks: 4×300+200 = 1.4 kW (under 2 kW); facility 2.8 kW; lower the feed to force a cut
+    let mut small = site.clone();
+    small.feeds[0].rating_kw = 2.5;
+    let plan = run(
+        &small,
+        &snap,
+        &jobs,
+        &State::default(),
+        &only_budget(),
+        t0(),
+    );
+    // target 2.5 kW × 0.97 = 2425 W; 400 W of nodes leaves 2025 W for GPUs: cut 375 W
+    let caps = &plan.state.caps;
+    assert_eq!(caps.len(), 2, "only the low-priority job's GPUs: {caps:?}");
+    for g in &gpus[0..2] {
+        let c = &caps[g];
+        assert!((c.watts - 112.5).abs() < 0.01, "{c:?}");
+        assert_eq!(c.rule, "budget.facility");
+        assert_eq!(c.lease_until, t0() + 300.0);
+    }
+    assert_eq!(plan.decisions.len(), 1);
+    let d = &plan.decisions[0];
+    assert_eq!(d.action, Action::Cap { watts: 112.5 });
+    assert_eq!(d.values["budget_kw"], 2.5);
+    assert_eq!(d.values["demand_kw"], 2.8);
+    assert!(
+        d.reason
+            .contains("facility demand 2.8 kW against budget 2.5 kW"),
+        "{}",
+        d.reason
+    );
+}
+
+#[test]
+fn a_rack_over_its_own_budget_is_capped_even_when_the_facility_is_not() {
+    let mut site = site();
+    site.racks[0].power_budget_kw = 1.0;
+    let snap = snapshot(&site, &|_| 300.0, 25.0, t0());
+    let plan = run(&site, &snap, &[], &State::default(), &only_budget(), t0());
+    let r1: Vec<&Cap> = plan
+        .state
+        .caps
+        .iter()
+        .filter(|(g, _)| g.name.starts_with("r1"))
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(r1.len(), 4);
+    // 1 kW × 0.97 − 200 W = 770 W for 4 GPUs: 192.5 W each
+    assert!(
+        r1.iter()
+            .all(|c| (c.watts - 192.5).abs() < 0.01 && c.rule == "budget.rack"),
+        "{r1:?}"
+    );
+    assert!(plan.state.caps.keys().all(|g| g.name.starts_with("r1")));
+}
+
+#[test]
+fn caps_lift_only_below_the_release_threshold_and_no_faster_than_the_rate_limit() {
+    let mut site = site();
+    site.feeds[0].rating_kw = 1.6; // 1.552 kW target − 400 W of nodes: 144 W per GPU
+    let policy = only_budget();
+    let snap = snapshot(&site, &|_| 300.0, 25.0, t0());
+    let first = run(&site, &snap, &[], &State::default(), &policy, t0());
+    assert_eq!(first.state.caps.len(), 8);
+    let level = first
+        .state
+        .caps
+        .values()
+        .next()
+        .map(|c| c.watts)
+        .expect("capped");
+    // the GPUs now draw their caps: demand counts them at their maximum, so caps stay
+    let t1 = t0() + 60.0;
+    let snap = snapshot(&site, &|_| level, 25.0, t1);
+    let second = run(&site, &snap, &[], &first.state, &policy, t1);
+    assert_eq!(second.state.caps.len(), 8);
+    assert!(
+        second.decisions.is_empty(),
+        "steady state makes no decisions: {:?}",
+        second.decisions
+    );
+    assert_eq!(
+        second.state.caps.values().next().map(|c| c.lease_until),
+        Some(t1 + 300.0),
+        "leases renewed"
+    );
+    assert!((level - 144.0).abs() < 0.01, "{level}");
+    // load drops (demand 8 × 100 + 400 = 1.2 kW, under 0.9 × 1.6): caps rise by at most 60 W/min
+    let t2 = t1 + 60.0;
+    let snap = snapshot(&site, &|_| 100.0, 25.0, t2);
+    let third = run(&site, &snap, &[], &second.state, &policy, t2);
+    let raised = third
+        .state
+        .caps
+        .values()
+        .next()
+        .map(|c| c.watts)
+        .expect("still capped");
+    assert!(
+        (raised - (level + 120.0)).abs() < 0.01,
+        "{level} -> {raised}"
+    );
+    // and after enough time they are gone
+    let t3 = t2 + 600.0;
+    let fourth = run(
+        &site,
+        &snapshot(&site, &|_| 100.0, 25.0, t3),
+        &[],
+        &third.state,
+        &policy,
+        t3,
+    );
+    assert!(fourth.state.caps.is_empty());
+    assert!(fourth.decisions.iter().all(|d| d.action == Action::Uncap));
+}
+
+#[test]
+fn a_hot_rack_is_stepped_down_and_released_with_hysteresis() {
+    let site = site();
+    let mut policy = Policy::default();
+    policy.budget.enabled = false;
+    policy.price.enabled = false;
+    let hot = |now| snapshot(&site, &|_| 200.0, 33.0, now);
+    let p1 = run(&site, &hot(t0()), &[], &State::default(), &policy, t0());
+    assert_eq!(p1.state.caps.len(), 8, "both racks share the hot reading");
+    assert!(p1
+        .state
+        .caps
+        .values()
+        .all(|c| c.watts == 270.0 && c.rule == "thermal.inlet"));
+    let d = &p1.decisions[0];
+    assert_eq!(d.values["inlet_temp_c"], 33.0);
+    assert_eq!(d.values["limit_c"], 32.0);
+    // still hot, but too soon for another step
+    let p2 = run(
+        &site,
+        &hot(t0() + 60.0),
+        &[],
+        &p1.state,
+        &policy,
+        t0() + 60.0,
+    );
+    assert!(p2.decisions.is_empty());
+    let p3 = run(
+        &site,
+        &hot(t0() + 120.0),
+        &[],
+        &p2.state,
+        &policy,
+        t0() + 120.0,
+    );
+    assert!(p3.state.caps.values().all(|c| c.watts == 240.0));
+    // 31 °C is under the limit but inside the hysteresis band: nothing moves
+    let warm = run(
+        &site,
+        &snapshot(&site, &|_| 200.0, 31.0, t0() + 600.0),
+        &[],
+        &p3.state,
+        &policy,
+        t0() + 600.0,
+    );
+    assert!(warm.decisions.is_empty());
+    // 30 °C, held long enough: relax one step
+    let cool = run(
+        &site,
+        &snapshot(&site, &|_| 200.0, 30.0, t0() + 700.0),
+        &[],
+        &warm.state,
+        &policy,
+        t0() + 700.0,
+    );
+    assert!(
+        cool.state.caps.values().all(|c| c.watts == 270.0),
+        "{:?}",
+        cool.state.caps
+    );
+}
+
+#[test]
+fn a_stale_inlet_does_what_the_policy_declares() {
+    let site = site();
+    let mut policy = Policy::default();
+    policy.budget.enabled = false;
+    policy.price.enabled = false;
+    let snap = snapshot(&site, &|_| 200.0, 33.0, t0());
+    let capped = run(&site, &snap, &[], &State::default(), &policy, t0());
+    let later = t0() + 3600.0; // every reading is an hour old now
+    let held = run(&site, &snap, &[], &capped.state, &policy, later);
+    assert_eq!(held.state.caps.len(), 8, "hold_last keeps the cap");
+    assert!(held.decisions.is_empty());
+    policy.thermal.on_stale = OnStale::AssumeWorst;
+    let worse = run(&site, &snap, &[], &capped.state, &policy, later);
+    assert!(
+        worse.state.caps.values().all(|c| c.watts == 240.0),
+        "assume_worst tightens"
+    );
+    assert!(
+        worse.decisions[0].reason.contains("stale"),
+        "{:?}",
+        worse.decisions[0]
+    );
+    policy.thermal.on_stale = OnStale::Ignore;
+    let ignored = run(&site, &snap, &[], &capped.state, &policy, later);
+    assert!(ignored.state.caps.is_empty(), "ignore releases");
+    // a fresh hot reading is never treated as stale
+    let fresh = run(
+        &site,
+        &snapshot(&site, &|_| 200.0, 33.0, later),
+        &[],
+        &capped.state,
+        &policy,
+        later,
+    );
+    assert!(fresh.state.caps.values().all(|c| c.watts == 240.0));
+}
+
+#[test]
+fn the_most_protective_cap_wins() {
+    let mut site = site();
+    site.feeds[0].rating_kw = 2.5; // budget wants 253 W on every GPU
+    let mut policy = Policy::default();
+    policy.price.enabled = false;
+    policy.thermal.step_pct = 30.0; // thermal wants 210 W on every GPU
+    let snap = snapshot(&site, &|_| 300.0, 33.0, t0());
+    let plan = run(&site, &snap, &[], &State::default(), &policy, t0());
+    assert!(
+        plan.state
+            .caps
+            .values()
+            .all(|c| c.watts == 210.0 && c.rule == "thermal.inlet"),
+        "{:?}",
+        plan.state.caps
+    );
+    policy.thermal.step_pct = 5.0; // thermal wants 285 W: budget is lower
+    let plan = run(&site, &snap, &[], &State::default(), &policy, t0());
+    assert!(
+        plan.state
+            .caps
+            .values()
+            .all(|c| c.rule == "budget.facility" && c.watts < 285.0),
+        "{:?}",
+        plan.state.caps
+    );
+}
+
+#[test]
+fn observe_mode_reports_without_acting() {
+    let site = site();
+    let mut policy = Policy::default();
+    policy.budget.enabled = false;
+    policy.price.enabled = false;
+    policy.thermal.observe = true;
+    let plan = run(
+        &site,
+        &snapshot(&site, &|_| 200.0, 33.0, t0()),
+        &[],
+        &State::default(),
+        &policy,
+        t0(),
+    );
+    assert!(plan.state.caps.is_empty());
+    assert_eq!(plan.state.observed_caps.len(), 8);
+    assert!(!plan.decisions.is_empty() && plan.decisions.iter().all(|d| d.observe_only));
+}
+
+fn pending(id: &str, deadline_in_s: Option<f64>) -> Job {
+    Job {
+        state: JobState::Pending,
+        allocated: vec![],
+        start_time: None,
+        deferrable: true,
+        class: "batch".into(),
+        deadline: deadline_in_s.map(|s| t0() + s),
+        ..job(id, 0, &[])
+    }
+}
+
+fn price_snapshot(site: &Site, price: f64, at: Timestamp) -> Snapshot {
+    let mut s = Snapshot::new();
+    s.ingest(
+        Sample::new(site.site_entity(), PRICE_PER_KWH, price, at, "t"),
+        at,
+    )
+    .expect("ok");
+    s
+}
+
+#[test]
+fn deferrable_jobs_wait_for_cheap_power_but_never_past_their_latest_start() {
+    let site = site();
+    let mut policy = Policy::default();
+    policy.budget.enabled = false;
+    policy.thermal.enabled = false;
+    policy.price.defer_above = 0.20;
+    let jobs = vec![
+        pending("far", Some(86_400.0)),
+        pending("near", Some(3600.0 + 300.0)),
+        {
+            let mut j = pending("urgent", None);
+            j.deferrable = false;
+            j
+        },
+    ];
+    let plan = run(
+        &site,
+        &price_snapshot(&site, 0.35, t0()),
+        &jobs,
+        &State::default(),
+        &policy,
+        t0(),
+    );
+    assert_eq!(
+        plan.state.holds.keys().collect::<Vec<_>>(),
+        vec!["far"],
+        "near deadline and non-deferrable never held"
+    );
+    let hold = &plan.state.holds["far"];
+    assert_eq!(hold.lease_until, t0() + 600.0);
+    assert!(hold.lease_until <= price::release_by(&jobs[0], &policy.price));
+    assert_eq!(plan.decisions.len(), 1);
+    assert_eq!(plan.decisions[0].values["price_per_kwh"], 0.35);
+    // still expensive, but the latest start has come: released
+    let late = t0() + (86_400.0 - 3600.0 - 600.0);
+    let p2 = run(
+        &site,
+        &price_snapshot(&site, 0.35, late),
+        &jobs,
+        &plan.state,
+        &policy,
+        late,
+    );
+    assert!(p2.state.holds.is_empty());
+    assert!(
+        p2.decisions[0].reason.contains("latest start"),
+        "{:?}",
+        p2.decisions
+    );
+    // cheap again: released
+    let p3 = run(
+        &site,
+        &price_snapshot(&site, 0.10, t0() + 60.0),
+        &jobs,
+        &plan.state,
+        &policy,
+        t0() + 60.0,
+    );
+    assert!(p3.state.holds.is_empty());
+    assert_eq!(p3.decisions[0].action, Action::Release);
+    // an unknown price defers nothing (on_stale = ignore)
+    let p4 = run(
+        &site,
+        &price_snapshot(&site, 0.35, t0()),
+        &jobs,
+        &plan.state,
+        &policy,
+        t0() + 3.0 * 3600.0,
+    );
+    assert!(p4.state.holds.is_empty());
+    assert!(p4.decisions[0].reason.contains("stale"));
+}
+
+proptest! {
+    #[test]
+    fn caps_stay_within_gpu_constraints_and_plans_are_deterministic(
+        draws in proptest::collection::vec(0.0f64..400.0, 8),
+        inlet in 15.0f64..45.0,
+        feed_kw in 0.5f64..4.0,
+        price in -0.1f64..1.0,
+    ) {
+        let mut site = site();
+        site.feeds[0].rating_kw = feed_kw;
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+        let snap = snapshot(&site, &|g| draws[ids.iter().position(|x| x == g).unwrap_or(0)].min(300.0), inlet, t0());
+        let mut snap = snap;
+        snap.ingest(Sample::new(site.site_entity(), PRICE_PER_KWH, price, t0(), "t"), t0()).expect("ok");
+        let jobs = vec![job("a", 1, &ids[0..3]), pending("b", Some(7200.0))];
+        let policy = Policy::default();
+        let mut state = State::default();
+        for i in 0..5 {
+            let now = t0() + 60.0 * f64::from(i);
+            let a = run(&site, &snap, &jobs, &state, &policy, now);
+            let b = run(&site, &snap, &jobs, &state, &policy, now);
+            prop_assert_eq!(&a, &b);
+            for c in a.state.caps.values() {
+                prop_assert!((100.0..=300.0).contains(&c.watts), "{:?}", c);
+            }
+            state = a.state;
+        }
+    }
+}

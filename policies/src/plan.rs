@@ -1,0 +1,122 @@
+//! What the engine decides: the desired state (caps and holds, each with a lease) and
+//! the decisions that changed it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use telemetry::{EntityId, Timestamp};
+
+/// A power cap on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cap {
+    pub watts: f64,
+    /// The rule whose cap is in force (the most protective one).
+    pub rule: String,
+    /// When this cap level was set.
+    pub since: Timestamp,
+    /// The cap ends here unless renewed: an agent that hears nothing reverts.
+    pub lease_until: Timestamp,
+}
+
+/// A job held (deferred) by powerplane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hold {
+    pub rule: String,
+    pub since: Timestamp,
+    /// The hold ends here unless renewed; never after the job's latest start.
+    pub lease_until: Timestamp,
+    pub reason: String,
+}
+
+/// The thermal rule's memory for one rack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThermalLevel {
+    /// The rack's GPU cap as a fraction of each GPU's default limit (1.0: uncapped).
+    pub fraction: f64,
+    pub since: Timestamp,
+}
+
+/// Everything in force. The engine takes the prior one and returns the next.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    /// Caps per GPU; a GPU not listed runs at its default limit.
+    pub caps: BTreeMap<EntityId, Cap>,
+    /// Holds per job id.
+    pub holds: BTreeMap<String, Hold>,
+    /// Thermal cap level per rack id.
+    pub thermal: BTreeMap<String, ThermalLevel>,
+    /// What rules in observe mode would have in force (never actuated).
+    #[serde(default)]
+    pub observed_caps: BTreeMap<EntityId, Cap>,
+    #[serde(default)]
+    pub observed_holds: BTreeMap<String, Hold>,
+}
+
+/// What a decision is about.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// A set of GPUs, named by the entity that holds them (a rack) and listed.
+    Gpus {
+        scope: EntityId,
+        gpus: Vec<EntityId>,
+    },
+    Job {
+        job: String,
+    },
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Gpus { scope, gpus } => write!(f, "{} GPUs of {scope}", gpus.len()),
+            Target::Job { job } => write!(f, "job {job}"),
+        }
+    }
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Action {
+    Cap { watts: f64 },
+    Uncap,
+    Hold { until: Timestamp },
+    Release,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Cap { watts } => write!(f, "cap at {watts:.0} W"),
+            Action::Uncap => f.write_str("uncap"),
+            Action::Hold { until } => write!(f, "hold until {until}"),
+            Action::Release => f.write_str("release"),
+        }
+    }
+}
+
+/// One change, with why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub time: Timestamp,
+    pub rule: String,
+    pub target: Target,
+    pub action: Action,
+    /// The values that triggered it (measurements and thresholds).
+    pub values: BTreeMap<String, f64>,
+    pub reason: String,
+    /// Logged and reported only: the rule is in observe mode.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observe_only: bool,
+}
+
+/// The engine's answer for one tick.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The desired state after this tick.
+    pub state: State,
+    /// What changed, in a deterministic order.
+    pub decisions: Vec<Decision>,
+}

@@ -1,0 +1,354 @@
+//! The policy file: thresholds and behaviours of the first rules, as SREs write them.
+//!
+//! ```toml
+//! version = 1
+//! [budget]
+//! margin = 0.03
+//! [thermal]
+//! step_pct = 10
+//! on_stale = "hold_last"
+//! [price]
+//! defer_above = 0.20
+//! classes = ["batch", "training"]
+//! ```
+
+use serde::{Deserialize, Serialize};
+use telemetry::diag::{from_toml_error, Collector, Diagnostics};
+use toml::Spanned;
+
+/// What a rule does when its signal is stale or missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStale {
+    /// Act as if the signal were past its threshold (the protective choice).
+    AssumeWorst,
+    /// Keep what is in force; neither tighten nor release.
+    HoldLast,
+    /// Act as if the rule's condition were false: release what it holds.
+    Ignore,
+}
+
+/// Facility and rack power budgets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetRule {
+    pub enabled: bool,
+    /// Aim this fraction below the budget, to absorb a rise between ticks.
+    pub margin: f64,
+    /// Caps are lifted only when demand falls below budget × this.
+    pub release_ratio: f64,
+    /// How fast a cap may rise, in W per minute per GPU (caps fall at once).
+    pub raise_w_per_min: f64,
+    /// Changes smaller than this are not made (avoids churn).
+    pub deadband_w: f64,
+    /// What a missing or stale power reading counts as.
+    pub on_stale: OnStale,
+    pub lease_s: f64,
+    pub observe: bool,
+}
+
+impl Default for BudgetRule {
+    fn default() -> Self {
+        BudgetRule {
+            enabled: true,
+            margin: 0.03,
+            release_ratio: 0.90,
+            raise_w_per_min: 60.0,
+            deadband_w: 5.0,
+            on_stale: OnStale::AssumeWorst,
+            lease_s: 300.0,
+            observe: false,
+        }
+    }
+}
+
+/// Rack inlet temperature against the rack's `inlet_limit_c`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ThermalRule {
+    pub enabled: bool,
+    /// How much the rack's GPU cap falls per step, in % of the GPU's default limit.
+    pub step_pct: f64,
+    /// Time between two steps (tighten or relax).
+    pub step_interval_s: f64,
+    /// Release starts only below limit − this.
+    pub release_below_c: f64,
+    /// A cap is kept at least this long before it relaxes.
+    pub min_hold_s: f64,
+    pub on_stale: OnStale,
+    pub lease_s: f64,
+    pub observe: bool,
+}
+
+impl Default for ThermalRule {
+    fn default() -> Self {
+        ThermalRule {
+            enabled: true,
+            step_pct: 10.0,
+            step_interval_s: 120.0,
+            release_below_c: 1.5,
+            min_hold_s: 300.0,
+            on_stale: OnStale::HoldLast,
+            lease_s: 300.0,
+            observe: false,
+        }
+    }
+}
+
+/// Deferral of deferrable jobs while the price is high.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PriceRule {
+    pub enabled: bool,
+    /// Defer while the price per kWh is above this.
+    pub defer_above: f64,
+    /// Job classes the rule may defer (empty: every deferrable job).
+    pub classes: Vec<String>,
+    /// Release this long before the latest start that meets the deadline.
+    pub margin_s: f64,
+    /// A job without a deadline is deferred at most this long after submission.
+    pub max_defer_s: f64,
+    pub on_stale: OnStale,
+    pub lease_s: f64,
+    pub observe: bool,
+}
+
+impl Default for PriceRule {
+    fn default() -> Self {
+        PriceRule {
+            enabled: true,
+            defer_above: 0.20,
+            classes: Vec::new(),
+            margin_s: 600.0,
+            max_defer_s: 8.0 * 3600.0,
+            on_stale: OnStale::Ignore,
+            lease_s: 600.0,
+            observe: false,
+        }
+    }
+}
+
+/// A whole policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub version: i64,
+    #[serde(default)]
+    pub budget: BudgetRule,
+    #[serde(default)]
+    pub thermal: ThermalRule,
+    #[serde(default)]
+    pub price: PriceRule,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            version: 1,
+            budget: BudgetRule::default(),
+            thermal: ThermalRule::default(),
+            price: PriceRule::default(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Positions {
+    version: Spanned<toml::Value>,
+    #[serde(default)]
+    budget: Option<Spanned<toml::Table>>,
+    #[serde(default)]
+    thermal: Option<Spanned<toml::Table>>,
+    #[serde(default)]
+    price: Option<Spanned<toml::Table>>,
+}
+
+impl Policy {
+    /// Parses and validates a policy file; every problem at once, with positions.
+    pub fn parse(file: &str, src: &str) -> Result<Policy, Diagnostics> {
+        let policy: Policy = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let pos: Positions = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let mut c = Collector::new(file, src);
+        if policy.version != 1 {
+            c.at(
+                pos.version.span(),
+                format!("unsupported policy version {}, expected 1", policy.version),
+            );
+        }
+        let field = |t: &Option<Spanned<toml::Table>>, key: &str| {
+            t.as_ref()
+                .map(|t| {
+                    // the table's own span starts at its header; a key's value sits in it
+                    let start = t.span().start;
+                    let text = &src[start.min(src.len())..];
+                    text.find(&format!("{key} ="))
+                        .or_else(|| text.find(&format!("{key}=")))
+                        .map(|i| start + i)
+                        .unwrap_or(start)
+                })
+                .unwrap_or(0)
+        };
+        let mut check = |ok: bool, t: &Option<Spanned<toml::Table>>, key: &str, msg: String| {
+            if !ok {
+                let at = field(t, key);
+                c.at(at..at, msg);
+            }
+        };
+        let b = &policy.budget;
+        check(
+            (0.0..0.5).contains(&b.margin),
+            &pos.budget,
+            "margin",
+            format!("budget: margin must be within 0..0.5, got {}", b.margin),
+        );
+        check(
+            b.release_ratio > 0.5 && b.release_ratio <= 1.0,
+            &pos.budget,
+            "release_ratio",
+            format!(
+                "budget: release_ratio must be within 0.5..=1, got {}",
+                b.release_ratio
+            ),
+        );
+        check(
+            b.raise_w_per_min > 0.0,
+            &pos.budget,
+            "raise_w_per_min",
+            format!(
+                "budget: raise_w_per_min must be positive, got {}",
+                b.raise_w_per_min
+            ),
+        );
+        check(
+            (0.0..=100.0).contains(&b.deadband_w),
+            &pos.budget,
+            "deadband_w",
+            format!(
+                "budget: deadband_w must be within 0..=100, got {}",
+                b.deadband_w
+            ),
+        );
+        check(
+            b.lease_s >= 10.0,
+            &pos.budget,
+            "lease_s",
+            format!("budget: lease_s must be at least 10, got {}", b.lease_s),
+        );
+        let t = &policy.thermal;
+        check(
+            t.step_pct > 0.0 && t.step_pct <= 50.0,
+            &pos.thermal,
+            "step_pct",
+            format!(
+                "thermal: step_pct must be within 0..=50, got {}",
+                t.step_pct
+            ),
+        );
+        check(
+            t.step_interval_s >= 1.0,
+            &pos.thermal,
+            "step_interval_s",
+            format!(
+                "thermal: step_interval_s must be at least 1, got {}",
+                t.step_interval_s
+            ),
+        );
+        check(
+            (0.0..=10.0).contains(&t.release_below_c),
+            &pos.thermal,
+            "release_below_c",
+            format!(
+                "thermal: release_below_c must be within 0..=10, got {}",
+                t.release_below_c
+            ),
+        );
+        check(
+            t.min_hold_s >= 0.0,
+            &pos.thermal,
+            "min_hold_s",
+            format!(
+                "thermal: min_hold_s must not be negative, got {}",
+                t.min_hold_s
+            ),
+        );
+        check(
+            t.lease_s >= 10.0,
+            &pos.thermal,
+            "lease_s",
+            format!("thermal: lease_s must be at least 10, got {}", t.lease_s),
+        );
+        let p = &policy.price;
+        check(
+            p.defer_above.is_finite() && (-10.0..=100.0).contains(&p.defer_above),
+            &pos.price,
+            "defer_above",
+            format!(
+                "price: defer_above must be within -10..=100 per kWh, got {}",
+                p.defer_above
+            ),
+        );
+        check(
+            p.margin_s >= 0.0,
+            &pos.price,
+            "margin_s",
+            format!("price: margin_s must not be negative, got {}", p.margin_s),
+        );
+        check(
+            p.max_defer_s > 0.0,
+            &pos.price,
+            "max_defer_s",
+            format!("price: max_defer_s must be positive, got {}", p.max_defer_s),
+        );
+        check(
+            p.lease_s >= 10.0,
+            &pos.price,
+            "lease_s",
+            format!("price: lease_s must be at least 10, got {}", p.lease_s),
+        );
+        c.finish()?;
+        Ok(policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_what_the_file_leaves_out() {
+        let p =
+            Policy::parse("p.toml", "version = 1\n[price]\ndefer_above = 0.3\n").expect("valid");
+        assert_eq!(p.price.defer_above, 0.3);
+        assert_eq!(p.budget, BudgetRule::default());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_position() {
+        let src = "version = 1\n[budget]\nmargin = 0.9\n[thermal]\nstep_pct = 80\nlease_s = 1\n";
+        let err = Policy::parse("p.toml", src).expect_err("invalid");
+        assert_eq!(
+            err.to_string(),
+            "p.toml:3:1: budget: margin must be within 0..0.5, got 0.9\n\
+             p.toml:5:1: thermal: step_pct must be within 0..=50, got 80\n\
+             p.toml:6:1: thermal: lease_s must be at least 10, got 1"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let err = Policy::parse("p.toml", "version = 1\n[thermal]\non_stale = \"panic\"\n")
+            .expect_err("bad enum");
+        assert!(
+            err.to_string()
+                .starts_with("p.toml:3:12: unknown variant `panic`"),
+            "{err}"
+        );
+        let err =
+            Policy::parse("p.toml", "version = 1\n[price]\ndefer_abov = 1\n").expect_err("typo");
+        assert!(
+            err.to_string()
+                .starts_with("p.toml:3:1: unknown field `defer_abov`"),
+            "{err}"
+        );
+    }
+}
