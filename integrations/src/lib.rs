@@ -1,1 +1,13 @@
-//! placeholder
+//! The edges of powerplane that talk to the outside world.
+//!
+//! # Layout
+//!
+//! - [`store`]: the durable store behind one trait ([`store::Backend`]): what must
+//!   survive a restart (audit log, energy ledger, job registry, caps and holds with
+//!   their leases). The typed [`store::Store`] sits on top of any backend; the Redis
+//!   backend lives here, the embedded one in the `orchestrator` crate.
+//! - [`prices`]: price and carbon series (time → value), read from CSV.
+#![forbid(unsafe_code)]
+
+pub mod prices;
+pub mod store;

@@ -1,1 +1,22 @@
-//! placeholder
+//! The `powerplane` binary's library: wiring, the control loop, the simulator, the demo.
+//!
+//! # Layout
+//!
+//! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
+//!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
+//! - [`registry`]: the job registry, kept in the store.
+//! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
+//! - [`embedded`]: the embedded (redb) store backend, the default.
+//! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
+//!   racks whose inlets follow heat load, a price series and arriving jobs.
+//! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
+//! - [`report`]: the demo's HTML and CSV reports.
+#![forbid(unsafe_code)]
+
+pub mod accounting;
+pub mod control;
+pub mod demo;
+pub mod embedded;
+pub mod registry;
+pub mod report;
+pub mod sim;

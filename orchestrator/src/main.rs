@@ -1,1 +1,211 @@
-fn main() {}
+//! `powerplane`: the controller, the agent and the operator's tools, in one binary.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use orchestrator::demo::{self, DemoConfig, Input};
+use policies::Policy;
+use telemetry::{Site, Timestamp};
+
+#[derive(Parser)]
+#[command(
+    name = "powerplane",
+    version,
+    about = "Power- and cooling-aware job orchestration for GPU datacenters"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a simulated facility under the control loop and write a report (no network needed).
+    Demo {
+        /// Simulated minutes to run.
+        #[arg(long, default_value_t = 240)]
+        minutes: u32,
+        /// Where to write report.html, report.csv, jobs.csv, audit.jsonl and state.redb.
+        #[arg(long, default_value = "demo-out")]
+        out: PathBuf,
+        /// Seed of the simulated workload: one seed, one run.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Control loop period, in simulated seconds.
+        #[arg(long, default_value_t = 15.0)]
+        tick_s: f64,
+        /// Site file (default: the built-in demo hall, examples/demo/site.toml).
+        #[arg(long)]
+        site: Option<PathBuf>,
+        /// Policy file (default: examples/demo/policy.toml).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Price and carbon CSV: start,price_per_kwh,carbon_g_per_kwh (default: examples/demo/prices.csv).
+        #[arg(long)]
+        prices: Option<PathBuf>,
+        /// Simulated start time, RFC 3339.
+        #[arg(long, default_value = demo::DEFAULT_START)]
+        start: String,
+    },
+    /// Check site files.
+    Site {
+        #[command(subcommand)]
+        command: SiteCommand,
+    },
+    /// Check policy files.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SiteCommand {
+    /// Validate site files; print every problem as file:line:col: message.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Validate policy files; print every problem as file:line:col: message.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("POWERPLANE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo {
+            minutes,
+            out,
+            seed,
+            tick_s,
+            site,
+            policy,
+            prices,
+            start,
+        } => run_demo(minutes, out, seed, tick_s, site, policy, prices, &start),
+        Command::Site {
+            command: SiteCommand::Check { files },
+        } => check(&files, |name, text| {
+            Site::parse(name, text)
+                .map(|s| {
+                    format!(
+                        "{} racks, {} nodes, {} GPUs, {:.1} kW facility budget",
+                        s.racks.len(),
+                        s.nodes.len(),
+                        s.gpu_count(),
+                        s.facility_budget_kw()
+                    )
+                })
+                .map_err(|e| e.to_string())
+        }),
+        Command::Policy {
+            command: PolicyCommand::Check { files },
+        } => check(&files, |name, text| {
+            Policy::parse(name, text)
+                .map(|_| "valid".to_string())
+                .map_err(|e| e.to_string())
+        }),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Checks every file; prints all problems; exit 1 if any.
+fn check(
+    files: &[PathBuf],
+    parse: impl Fn(&str, &str) -> Result<String, String>,
+) -> Result<ExitCode> {
+    let mut failed = false;
+    for f in files {
+        let name = f.display().to_string();
+        let text = match std::fs::read_to_string(f) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{name}: cannot read: {e}");
+                failed = true;
+                continue;
+            }
+        };
+        match parse(&name, &text) {
+            Ok(what) => println!("{name}: ok ({what})"),
+            Err(problems) => {
+                eprintln!("{problems}");
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_demo(
+    minutes: u32,
+    out: PathBuf,
+    seed: u64,
+    tick_s: f64,
+    site: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    prices: Option<PathBuf>,
+    start: &str,
+) -> Result<ExitCode> {
+    anyhow::ensure!(
+        (1.0..=3600.0).contains(&tick_s),
+        "--tick-s must be within 1..=3600, got {tick_s}"
+    );
+    anyhow::ensure!(
+        minutes >= 1 && minutes <= 60 * 24 * 31,
+        "--minutes must be within 1..=44640, got {minutes}"
+    );
+    let load = |p: Option<PathBuf>, name: &str, text: &str| {
+        p.map_or_else(|| Ok(Input::builtin(name, text)), |p| Input::read(&p))
+    };
+    let cfg = DemoConfig {
+        minutes,
+        seed,
+        tick_s,
+        site: load(site, "examples/demo/site.toml", demo::DEFAULT_SITE)?,
+        policy: load(policy, "examples/demo/policy.toml", demo::DEFAULT_POLICY)?,
+        prices: load(prices, "examples/demo/prices.csv", demo::DEFAULT_PRICES)?,
+        start: Timestamp::parse_rfc3339(start)
+            .with_context(|| format!("--start {start:?} is not RFC 3339"))?,
+        out,
+    };
+    let began = std::time::Instant::now();
+    let mut err = std::io::stderr();
+    let summary = demo::run(&cfg, &mut err)?;
+    let site = Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    print!("{}", summary.table(&site, &cfg.out));
+    eprintln!(
+        "  ({} simulated minutes in {:.1} s)",
+        minutes,
+        began.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}

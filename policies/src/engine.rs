@@ -314,7 +314,7 @@ fn cap_decisions(
             time: now,
             rule,
             target: Target::Gpus {
-                scope: EntityId::rack(&rack),
+                entity: EntityId::rack(&rack),
                 gpus,
             },
             action,

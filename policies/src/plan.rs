@@ -53,13 +53,14 @@ pub struct State {
     pub observed_holds: BTreeMap<String, Hold>,
 }
 
-/// What a decision is about.
+/// What a decision is about. In JSON its fields sit in the decision itself:
+/// `"entity": "rack/a01", "gpus": [...]` or `"job": "slurm:12"`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(untagged)]
 pub enum Target {
     /// A set of GPUs, named by the entity that holds them (a rack) and listed.
     Gpus {
-        scope: EntityId,
+        entity: EntityId,
         gpus: Vec<EntityId>,
     },
     Job {
@@ -70,7 +71,7 @@ pub enum Target {
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Gpus { scope, gpus } => write!(f, "{} GPUs of {scope}", gpus.len()),
+            Target::Gpus { entity, gpus } => write!(f, "{} GPUs of {entity}", gpus.len()),
             Target::Job { job } => write!(f, "job {job}"),
         }
     }
@@ -102,6 +103,7 @@ impl fmt::Display for Action {
 pub struct Decision {
     pub time: Timestamp,
     pub rule: String,
+    #[serde(flatten)]
     pub target: Target,
     pub action: Action,
     /// The values that triggered it (measurements and thresholds).

@@ -270,7 +270,8 @@ pub struct Node {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Site {
     pub name: String,
-    pub timezone: String,
+    /// Local time for tariffs, calendars and reports.
+    pub timezone: chrono_tz::Tz,
     pub currency: String,
     pub gpu_models: BTreeMap<String, GpuModel>,
     pub feeds: Vec<Feed>,
@@ -466,9 +467,19 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
     }
     let name = raw.site.name.get_ref().clone();
     check_id(c, &mut BTreeSet::new(), "site", &raw.site.name);
-    if raw.site.timezone.get_ref().trim().is_empty() {
-        c.at(span(&raw.site.timezone), "site timezone must not be empty");
-    }
+    let timezone = match raw.site.timezone.get_ref().parse::<chrono_tz::Tz>() {
+        Ok(tz) => tz,
+        Err(_) => {
+            c.at(
+                span(&raw.site.timezone),
+                format!(
+                    "unknown time zone {:?}: use an IANA name such as \"Europe/Berlin\"",
+                    raw.site.timezone.get_ref()
+                ),
+            );
+            chrono_tz::UTC
+        }
+    };
 
     let gpu_models = build_gpu_models(&raw.gpu_models, c);
 
@@ -763,7 +774,7 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
 
     Site {
         name,
-        timezone: raw.site.timezone.get_ref().clone(),
+        timezone,
         currency: raw.site.currency,
         gpu_models,
         feeds,

@@ -9,7 +9,7 @@ fn the_demo_site_parses_into_its_topology() {
     assert_eq!(site.nodes.len(), 24);
     assert_eq!(site.gpu_count(), 192);
     assert_eq!(site.gpus().len(), 192);
-    assert!((site.facility_budget_kw() - 60.0).abs() < 1e-9);
+    assert!((site.facility_budget_kw() - 44.0).abs() < 1e-9);
     let a01 = site.rack("a01").expect("rack a01");
     assert!(
         (a01.power_budget_kw - 10.4).abs() < 1e-9,

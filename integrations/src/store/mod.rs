@@ -1,0 +1,345 @@
+//! The durable store: a small key-value and append-log contract, and the typed layer
+//! that every backend shares.
+//!
+//! A tick's writes (decisions, ledger entries, job changes, the new caps and holds)
+//! go in one [`Batch`] and are committed atomically, so a crash leaves either the old
+//! state or the new one, never half of each.
+
+pub mod redis;
+
+use std::collections::BTreeMap;
+
+use policies::plan::ThermalLevel;
+use policies::{Cap, Decision, Hold, State};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use telemetry::{EntityId, Job, Timestamp};
+use thiserror::Error;
+
+/// Why the store could not do what was asked.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("{backend} store: {message}")]
+    Backend {
+        backend: &'static str,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    #[error("store record {what} could not be decoded")]
+    Codec {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl StoreError {
+    pub fn backend(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Backend {
+            backend,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+/// One write, inside a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put {
+        collection: String,
+        key: String,
+        value: Vec<u8>,
+    },
+    Delete {
+        collection: String,
+        key: String,
+    },
+    Append {
+        log: String,
+        value: Vec<u8>,
+    },
+}
+
+/// Writes that commit together or not at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub ops: Vec<Op>,
+}
+
+/// What a backend must do. Collections are maps from string keys to bytes, listed in
+/// key order; logs are append-only, numbered from 1.
+pub trait Backend: Send {
+    /// Applies every op atomically. Returns the sequence number of each append, in order.
+    fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError>;
+    fn get(&mut self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    fn list(&mut self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// Up to `limit` records with sequence numbers from `from` on.
+    fn read_log(
+        &mut self,
+        log: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError>;
+    fn log_len(&mut self, log: &str) -> Result<u64, StoreError>;
+    /// A short name for logs and errors (`embedded`, `redis`).
+    fn name(&self) -> &'static str;
+}
+
+/// Who an energy ledger entry is charged to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Account {
+    Job {
+        job: String,
+        project: String,
+        user: String,
+    },
+    /// GPUs and nodes with no job.
+    Idle,
+    /// Cooling and distribution losses.
+    Overhead,
+}
+
+/// Energy used over an interval, with its cost and carbon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub account: Account,
+    /// The rack the energy was used in, when it was used in one.
+    pub rack: Option<String>,
+    pub energy_kwh: f64,
+    pub cost: f64,
+    pub carbon_kg: f64,
+}
+
+const AUDIT: &str = "audit";
+const LEDGER: &str = "ledger";
+const JOBS: &str = "jobs";
+const CAPS: &str = "caps";
+const HOLDS: &str = "holds";
+const THERMAL: &str = "thermal";
+const OBSERVED_CAPS: &str = "observed_caps";
+const OBSERVED_HOLDS: &str = "observed_holds";
+
+/// A batch under construction, with typed helpers.
+#[derive(Debug, Clone, Default)]
+pub struct Tx {
+    batch: Batch,
+}
+
+impl Tx {
+    pub fn new() -> Self {
+        Tx::default()
+    }
+
+    pub fn audit(&mut self, d: &Decision) -> &mut Self {
+        self.append(AUDIT, d)
+    }
+
+    pub fn ledger(&mut self, e: &LedgerEntry) -> &mut Self {
+        self.append(LEDGER, e)
+    }
+
+    pub fn put_job(&mut self, job: &Job) -> &mut Self {
+        self.put(JOBS, &job.id, job)
+    }
+
+    pub fn delete_job(&mut self, id: &str) -> &mut Self {
+        self.batch.ops.push(Op::Delete {
+            collection: JOBS.into(),
+            key: id.into(),
+        });
+        self
+    }
+
+    /// Writes what changed from `prior` to `next`: only the caps, holds and thermal
+    /// levels that differ are put or deleted.
+    pub fn state(&mut self, prior: &State, next: &State) -> &mut Self {
+        self.diff(CAPS, &prior.caps, &next.caps);
+        self.diff(HOLDS, &prior.holds, &next.holds);
+        self.diff(THERMAL, &prior.thermal, &next.thermal);
+        self.diff(OBSERVED_CAPS, &prior.observed_caps, &next.observed_caps);
+        self.diff(OBSERVED_HOLDS, &prior.observed_holds, &next.observed_holds);
+        self
+    }
+
+    /// Appends another transaction's writes after this one's.
+    pub fn extend(&mut self, other: Tx) {
+        self.batch.ops.extend(other.batch.ops);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batch.ops.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.batch.ops.len()
+    }
+
+    fn diff<K: ToString + Ord, V: Serialize + PartialEq>(
+        &mut self,
+        collection: &str,
+        prior: &BTreeMap<K, V>,
+        next: &BTreeMap<K, V>,
+    ) {
+        for (k, v) in next {
+            if prior.get(k) != Some(v) {
+                self.put(collection, &k.to_string(), v);
+            }
+        }
+        for k in prior.keys() {
+            if !next.contains_key(k) {
+                self.batch.ops.push(Op::Delete {
+                    collection: collection.into(),
+                    key: k.to_string(),
+                });
+            }
+        }
+    }
+
+    fn put<T: Serialize>(&mut self, collection: &str, key: &str, v: &T) -> &mut Self {
+        self.batch.ops.push(Op::Put {
+            collection: collection.into(),
+            key: key.into(),
+            value: encode(v),
+        });
+        self
+    }
+
+    fn append<T: Serialize>(&mut self, log: &str, v: &T) -> &mut Self {
+        self.batch.ops.push(Op::Append {
+            log: log.into(),
+            value: encode(v),
+        });
+        self
+    }
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // our own types always serialize: no maps with non-string keys, no failing impls
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|source| StoreError::Codec {
+        what: what.to_string(),
+        source,
+    })
+}
+
+/// The typed store every part of powerplane uses, over any backend.
+pub struct Store {
+    backend: Box<dyn Backend>,
+}
+
+impl Store {
+    pub fn new(backend: Box<dyn Backend>) -> Self {
+        Store { backend }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Commits a transaction atomically.
+    pub fn commit(&mut self, tx: Tx) -> Result<(), StoreError> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        self.backend.commit(&tx.batch).map(|_| ())
+    }
+
+    /// Audit records from sequence number `from` (1-based) on.
+    pub fn audit(&mut self, from: u64, limit: usize) -> Result<Vec<(u64, Decision)>, StoreError> {
+        self.read(AUDIT, from, limit)
+    }
+
+    pub fn audit_len(&mut self) -> Result<u64, StoreError> {
+        self.backend.log_len(AUDIT)
+    }
+
+    pub fn ledger(
+        &mut self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, LedgerEntry)>, StoreError> {
+        self.read(LEDGER, from, limit)
+    }
+
+    pub fn ledger_len(&mut self) -> Result<u64, StoreError> {
+        self.backend.log_len(LEDGER)
+    }
+
+    pub fn job(&mut self, id: &str) -> Result<Option<Job>, StoreError> {
+        match self.backend.get(JOBS, id)? {
+            Some(b) => decode(&format!("job {id}"), &b).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Every job in the registry, in id order.
+    pub fn jobs(&mut self) -> Result<Vec<Job>, StoreError> {
+        self.backend
+            .list(JOBS)?
+            .into_iter()
+            .map(|(k, v)| decode(&format!("job {k}"), &v))
+            .collect()
+    }
+
+    /// The caps, holds and thermal levels in force, as last committed.
+    pub fn state(&mut self) -> Result<State, StoreError> {
+        Ok(State {
+            caps: self.entities::<Cap>(CAPS)?,
+            holds: self.keyed::<Hold>(HOLDS)?,
+            thermal: self.keyed::<ThermalLevel>(THERMAL)?,
+            observed_caps: self.entities::<Cap>(OBSERVED_CAPS)?,
+            observed_holds: self.keyed::<Hold>(OBSERVED_HOLDS)?,
+        })
+    }
+
+    fn read<T: DeserializeOwned>(
+        &mut self,
+        log: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, T)>, StoreError> {
+        self.backend
+            .read_log(log, from.max(1), limit)?
+            .into_iter()
+            .map(|(seq, v)| Ok((seq, decode(&format!("{log} #{seq}"), &v)?)))
+            .collect()
+    }
+
+    fn keyed<T: DeserializeOwned>(&mut self, c: &str) -> Result<BTreeMap<String, T>, StoreError> {
+        self.backend
+            .list(c)?
+            .into_iter()
+            .map(|(k, v)| Ok((k.clone(), decode(&format!("{c} {k}"), &v)?)))
+            .collect()
+    }
+
+    fn entities<T: DeserializeOwned>(
+        &mut self,
+        c: &str,
+    ) -> Result<BTreeMap<EntityId, T>, StoreError> {
+        self.backend
+            .list(c)?
+            .into_iter()
+            .map(|(k, v)| {
+                let id: EntityId = k.parse().map_err(|e: String| StoreError::Backend {
+                    backend: "store",
+                    message: format!("{c} key {k:?}: {e}"),
+                    source: None,
+                })?;
+                Ok((id, decode(&format!("{c} {k}"), &v)?))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,208 @@
+//! The control loop: tick → snapshot → evaluate → plan → actuate → audit.
+//!
+//! Each tick ingests the samples its telemetry sources produced, syncs the job
+//! registry, evaluates the policy on the snapshot, brings the world to the plan's
+//! desired state through the actuator, and commits the decisions, the ledger, the job
+//! changes and the new caps and holds to the store in one batch. A store that fails
+//! does not stop the loop: the writes wait and are retried on the next tick.
+
+use std::collections::BTreeMap;
+
+use integrations::store::{LedgerEntry, Store, StoreError, Tx};
+use policies::{evaluate, Decision, Inputs, Plan, Policy, State};
+use telemetry::{Job, Sample, Site, Snapshot, Timestamp};
+use tracing::{debug, warn};
+
+use crate::accounting::Accountant;
+use crate::registry::JobRegistry;
+
+/// A source of samples (the simulator, MQTT, Redfish...).
+pub trait Telemetry {
+    fn poll(&mut self, now: Timestamp) -> Vec<Sample>;
+}
+
+/// Brings the world to a desired state: caps on GPUs, holds on jobs. Idempotent: it is
+/// handed the whole state every tick. Returns what could not be applied.
+pub trait Actuator {
+    fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String>;
+}
+
+/// What the loop counted since it started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub ticks: u64,
+    pub samples_accepted: u64,
+    pub samples_older_ignored: u64,
+    /// Rejected samples per reason.
+    pub samples_rejected: BTreeMap<&'static str, u64>,
+    pub decisions: u64,
+    pub actuation_errors: u64,
+    pub store_errors: u64,
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, Default)]
+pub struct TickReport {
+    pub decisions: Vec<Decision>,
+    pub ledger: Vec<LedgerEntry>,
+    pub rejected: Vec<String>,
+    pub actuation_errors: Vec<String>,
+    pub store_error: Option<String>,
+}
+
+pub struct ControlLoop {
+    site: Site,
+    policy: Policy,
+    snapshot: Snapshot,
+    state: State,
+    committed: State,
+    registry: JobRegistry,
+    accountant: Accountant,
+    store: Store,
+    /// Writes not yet committed (the store was down), oldest first.
+    unsaved: Tx,
+    pub counters: Counters,
+}
+
+impl ControlLoop {
+    /// A loop that resumes from what the store holds: caps, holds, thermal levels and
+    /// jobs come back as they were last committed.
+    pub fn restore(
+        site: Site,
+        policy: Policy,
+        mut store: Store,
+        ledger_interval_s: f64,
+    ) -> Result<Self, StoreError> {
+        let state = store.state()?;
+        let registry = JobRegistry::from_jobs(store.jobs()?);
+        Ok(ControlLoop {
+            site,
+            policy,
+            snapshot: Snapshot::new(),
+            committed: state.clone(),
+            state,
+            registry,
+            accountant: Accountant::new(ledger_interval_s),
+            store,
+            unsaved: Tx::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    pub fn registry(&self) -> &JobRegistry {
+        &self.registry
+    }
+
+    pub fn store(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    pub fn site(&self) -> &Site {
+        &self.site
+    }
+
+    /// One pass of the loop at `now`.
+    /// `samples` are what the telemetry sources produced since the last tick; `jobs` is
+    /// the schedulers' current view.
+    pub fn tick(
+        &mut self,
+        now: Timestamp,
+        samples: Vec<Sample>,
+        jobs: Vec<Job>,
+        actuator: &mut dyn Actuator,
+    ) -> TickReport {
+        self.counters.ticks += 1;
+        let mut report = TickReport::default();
+        for sample in samples {
+            match self.snapshot.ingest(sample, now) {
+                Ok(telemetry::snapshot::Ingested::Updated) => self.counters.samples_accepted += 1,
+                Ok(telemetry::snapshot::Ingested::OlderIgnored) => {
+                    self.counters.samples_older_ignored += 1
+                }
+                Err(e) => {
+                    *self
+                        .counters
+                        .samples_rejected
+                        .entry(e.reason())
+                        .or_default() += 1;
+                    debug!(reason = e.reason(), "sample rejected: {e}");
+                    report.rejected.push(e.to_string());
+                }
+            }
+        }
+        let mut tx = Tx::new();
+        for job in self.registry.sync(jobs) {
+            tx.put_job(&job);
+        }
+        let active = self.registry.active();
+        let Plan { state, decisions } = evaluate(
+            &Inputs {
+                site: &self.site,
+                snapshot: &self.snapshot,
+                jobs: &active,
+                prior: &self.state,
+                policy: &self.policy,
+            },
+            now,
+        );
+        report.actuation_errors = actuator.apply(&state, now);
+        self.counters.actuation_errors += report.actuation_errors.len() as u64;
+        for e in &report.actuation_errors {
+            warn!(error = %e, "actuation failed");
+        }
+        self.counters.decisions += decisions.len() as u64;
+        for d in &decisions {
+            tx.audit(d);
+        }
+        report.ledger = self
+            .accountant
+            .record(&self.site, &self.snapshot, &active, now);
+        for e in &report.ledger {
+            tx.ledger(e);
+        }
+        self.state = state;
+        report.decisions = decisions;
+        self.unsaved.extend(tx);
+        report.store_error = self.save().err().map(|e| e.to_string());
+        report
+    }
+
+    /// Closes the open ledger interval and saves everything (at shutdown).
+    pub fn finish(&mut self, now: Timestamp) -> Result<Vec<LedgerEntry>, StoreError> {
+        let entries = self.accountant.flush(now);
+        let mut tx = Tx::new();
+        for e in &entries {
+            tx.ledger(e);
+        }
+        self.unsaved.extend(tx);
+        self.save()?;
+        Ok(entries)
+    }
+
+    /// Commits the waiting writes and the state as it is now, in one batch.
+    fn save(&mut self) -> Result<(), StoreError> {
+        let pending = std::mem::take(&mut self.unsaved);
+        let mut tx = pending.clone();
+        tx.state(&self.committed, &self.state);
+        match self.store.commit(tx) {
+            Ok(()) => {
+                self.committed = self.state.clone();
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.store_errors += 1;
+                warn!(backend = self.store.backend_name(), error = %e, waiting_ops = pending.len(), "store commit failed; will retry next tick");
+                self.unsaved = pending;
+                Err(e)
+            }
+        }
+    }
+}
