@@ -180,7 +180,7 @@ fn run_demo(
         "--tick-s must be within 1..=3600, got {tick_s}"
     );
     anyhow::ensure!(
-        minutes >= 1 && minutes <= 60 * 24 * 31,
+        (1..=60 * 24 * 31).contains(&minutes),
         "--minutes must be within 1..=44640, got {minutes}"
     );
     let load = |p: Option<PathBuf>, name: &str, text: &str| {

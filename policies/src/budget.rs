@@ -159,6 +159,7 @@ pub fn evaluate(
             rack.power_budget_kw,
             snapshot.observe(&entity, POWER_W, now),
             base_w,
+            0.0,
             &claims[range.clone()],
             &draws[range.clone()],
             rule,
@@ -192,6 +193,7 @@ pub fn evaluate(
         site.facility_budget_kw(),
         snapshot.observe(&entity, POWER_W, now),
         base_w,
+        queued_reserve_w(&gpus, &priority, jobs, prior),
         &limited,
         &draws,
         rule,
@@ -251,6 +253,7 @@ fn scope_cut(
     budget_kw: f64,
     measured: Option<telemetry::Observation>,
     base_w: f64,
+    reserve_w: f64,
     claims: &[Claim],
     draws: &[f64],
     rule: &BudgetRule,
@@ -262,7 +265,7 @@ fn scope_cut(
     let other_w = match measured_kw {
         Some(kw) => (kw * 1000.0 - gpu_draw).max(0.0),
         None => base_w,
-    };
+    } + reserve_w;
     let demand_w: f64 = other_w + claims.iter().map(|c| c.demand_w).sum::<f64>();
     let target_w = budget_kw * 1000.0 * (1.0 - rule.margin) - other_w;
     let (alloc, feasible) = waterfill(claims, target_w);
@@ -335,6 +338,32 @@ fn tighten(
             wanted.insert(id.clone(), BudgetCap { watts, rule });
         }
     }
+}
+
+/// Power that queued jobs (pending, not held) may add before the next tick: the
+/// scheduler can start them on idle GPUs at any moment, each GPU at its maximum.
+fn queued_reserve_w(
+    gpus: &[GpuRef<'_>],
+    busy: &BTreeMap<EntityId, i64>,
+    jobs: &[Job],
+    prior: &State,
+) -> f64 {
+    let queued: usize = jobs
+        .iter()
+        .filter(|j| j.state == telemetry::JobState::Pending && !prior.holds.contains_key(&j.id))
+        .map(|j| j.gpus as usize)
+        .sum();
+    let idle: Vec<&GpuRef<'_>> = gpus.iter().filter(|g| !busy.contains_key(&g.id)).collect();
+    let n = queued.min(idle.len());
+    if n == 0 {
+        return 0.0;
+    }
+    let mean_extra: f64 = idle
+        .iter()
+        .map(|g| g.model.max_w - g.model.idle_w)
+        .sum::<f64>()
+        / idle.len() as f64;
+    n as f64 * mean_extra
 }
 
 fn job_priority_by_gpu(jobs: &[Job]) -> BTreeMap<EntityId, i64> {

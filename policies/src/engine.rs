@@ -26,6 +26,12 @@ pub struct Inputs<'a> {
     pub policy: &'a Policy,
 }
 
+/// Per (rule, scope): the values a rule looked at and what it says about them.
+type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String)>;
+
+/// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt).
+type Groups = Vec<((String, String, Option<i64>), Vec<EntityId>)>;
+
 /// A rule's wanted cap for one GPU, with what to say about it.
 #[derive(Debug, Clone)]
 struct Want {
@@ -45,11 +51,19 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     } = *inputs;
     let mut enforce: BTreeMap<EntityId, Want> = BTreeMap::new();
     let mut observe: BTreeMap<EntityId, Want> = BTreeMap::new();
-    let mut why: BTreeMap<(String, String), (BTreeMap<String, f64>, String)> = BTreeMap::new();
+    let mut why: Why = BTreeMap::new();
 
     let mut next = State::default();
+    let mut pacing = None;
     if policy.budget.enabled {
         let (wanted, views) = budget::evaluate(site, snapshot, jobs, prior, &policy.budget, now);
+        pacing = views.last().map(|facility| price::Pacing {
+            // release into half the room per tick: the rest is for what starts meanwhile
+            headroom_w: 0.5
+                * (facility.budget_kw * (1.0 - policy.budget.margin) - facility.demand_kw)
+                * 1000.0,
+            watts_per_gpu: typical_gpu_w(site),
+        });
         let target = if policy.budget.observe {
             &mut observe
         } else {
@@ -120,7 +134,8 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     );
 
     if policy.price.enabled {
-        let (verdicts, values) = price::evaluate(site, snapshot, jobs, prior, &policy.price, now);
+        let (verdicts, values) =
+            price::evaluate(site, snapshot, jobs, prior, &policy.price, pacing, now);
         let observe_only = policy.price.observe;
         let (prior_holds, holds) = if observe_only {
             (&prior.observed_holds, &mut next.observed_holds)
@@ -152,6 +167,16 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         state: next,
         decisions,
     }
+}
+
+/// What a busy GPU of this site may draw, for pacing releases: its default limit plus
+/// its share of its node's base power (the worst case, so releases never overshoot).
+fn typical_gpu_w(site: &Site) -> f64 {
+    let gpus = site.gpus();
+    gpus.iter()
+        .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
+        .sum::<f64>()
+        / gpus.len().max(1) as f64
 }
 
 fn offer(map: &mut BTreeMap<EntityId, Want>, gpu: EntityId, watts: f64, rule: &str, lease_s: f64) {
@@ -256,13 +281,13 @@ fn cap_decisions(
     site: &Site,
     prior: &BTreeMap<EntityId, Cap>,
     next: &BTreeMap<EntityId, Cap>,
-    why: &BTreeMap<(String, String), (BTreeMap<String, f64>, String)>,
+    why: &Why,
     observe_only: bool,
     now: Timestamp,
     out: &mut Vec<Decision>,
 ) {
     // group changed GPUs by rack, rule and new value, in site order
-    let mut groups: Vec<((String, String, Option<i64>), Vec<EntityId>)> = Vec::new();
+    let mut groups: Groups = Vec::new();
     for g in site.gpus() {
         let (old, new) = (prior.get(&g.id), next.get(&g.id));
         let changed = match (old, new) {

@@ -12,8 +12,8 @@ fn the_demo_site_parses_into_its_topology() {
     assert!((site.facility_budget_kw() - 44.0).abs() < 1e-9);
     let a01 = site.rack("a01").expect("rack a01");
     assert!(
-        (a01.power_budget_kw - 10.4).abs() < 1e-9,
-        "13 kW pdu derated by 0.8"
+        (a01.power_budget_kw - 7.2).abs() < 1e-9,
+        "9 kW pdu derated by 0.8"
     );
     assert_eq!(a01.cooling, "crah-a");
     assert_eq!(

@@ -1,0 +1,240 @@
+//! The `powerplane` binary as an operator runs it.
+
+use std::path::Path;
+use std::process::Command;
+
+fn powerplane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn the_demo_writes_its_reports_and_an_audit_log_with_reasons() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = powerplane()
+        .args(["demo", "--minutes", "240", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("run demo");
+    assert!(
+        out.status.success(),
+        "demo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for heading in [
+        "energy",
+        "cost",
+        "peak IT power",
+        "hottest inlet",
+        "caps",
+        "deferred jobs",
+    ] {
+        assert!(
+            stdout.contains(heading),
+            "summary lacks {heading:?}:\n{stdout}"
+        );
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[ 240/240 min]"),
+        "progress ends at 240/240:\n{stderr}"
+    );
+
+    let audit = read(&dir.path().join("audit.jsonl"));
+    let records: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    let kind = |r: &serde_json::Value| r["action"]["kind"].as_str().unwrap_or_default().to_string();
+    let caps: Vec<_> = records.iter().filter(|r| kind(r) == "cap").collect();
+    let holds: Vec<_> = records.iter().filter(|r| kind(r) == "hold").collect();
+    assert!(
+        !caps.is_empty() && !holds.is_empty(),
+        "{} caps, {} holds",
+        caps.len(),
+        holds.len()
+    );
+    for r in &records {
+        for field in ["time", "rule", "action", "values", "reason"] {
+            assert!(!r[field].is_null(), "{field} missing in {r}");
+        }
+        assert!(
+            r.get("entity").is_some() || r.get("job").is_some(),
+            "names an entity or a job: {r}"
+        );
+    }
+    let thermal = caps
+        .iter()
+        .find(|r| r["rule"] == "thermal.inlet")
+        .expect("a thermal cap");
+    assert!(
+        thermal["values"]["inlet_temp_c"].as_f64().expect("inlet")
+            > thermal["values"]["limit_c"].as_f64().expect("limit")
+    );
+    let budget = caps
+        .iter()
+        .find(|r| r["rule"].as_str().is_some_and(|s| s.starts_with("budget.")))
+        .expect("a budget cap");
+    assert!(
+        budget["values"]["demand_kw"].as_f64()
+            > budget["values"]["budget_kw"].as_f64().map(|b| b * 0.97)
+    );
+    let hold = holds[0];
+    assert!(
+        hold["values"]["price_per_kwh"].as_f64() > hold["values"]["defer_above"].as_f64(),
+        "{hold}"
+    );
+    assert!(
+        records.iter().any(|r| kind(r) == "release"),
+        "deferred jobs are released"
+    );
+
+    let csv = read(&dir.path().join("report.csv"));
+    assert!(csv.starts_with("time,it_kw,cooling_kw,budget_kw,price_per_kwh"));
+    assert_eq!(
+        csv.lines().count(),
+        1 + 240 * 4 + 1,
+        "a header and one row per 15 s tick, both ends included"
+    );
+    let html = read(&dir.path().join("report.html"));
+    assert!(html.contains("<h1>powerplane demo report</h1>") && html.contains("<svg"));
+    assert!(
+        !html.contains("http://")
+            || html
+                .matches("http://")
+                .all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\"")),
+        "no external fetches"
+    );
+    assert!(
+        !html.contains("<script") && !html.contains("src=\"http"),
+        "self-contained"
+    );
+}
+
+#[test]
+fn one_seed_gives_one_audit_log() {
+    let run = |seed: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = powerplane()
+            .args(["demo", "--minutes", "240", "--seed", seed, "--out"])
+            .arg(dir.path())
+            .output()
+            .expect("run demo");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: String = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.contains("wrote"))
+            .collect();
+        (
+            read(&dir.path().join("audit.jsonl")),
+            read(&dir.path().join("report.csv")),
+            summary,
+        )
+    };
+    let (a1, c1, s1) = run("7");
+    let (a2, c2, s2) = run("7");
+    assert!(a1 == a2 && c1 == c2, "same seed, same files");
+    assert_eq!(s1, s2, "same summary");
+    let (a3, _, _) = run("8");
+    assert_ne!(a1, a3, "another seed, another run");
+}
+
+#[test]
+fn the_demo_needs_no_network() {
+    // a fresh network namespace has no interface but a downed loopback
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("unshare")
+        .args(["-rn", "--"])
+        .arg(env!("CARGO_BIN_EXE_powerplane"))
+        .args(["demo", "--minutes", "30", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("unshare (util-linux) runs: this test needs it");
+    assert!(
+        out.status.success(),
+        "demo without network failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("report.html").exists() && dir.path().join("audit.jsonl").exists());
+}
+
+#[test]
+fn a_broken_site_file_lists_every_problem_and_exits_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("site.toml");
+    std::fs::write(&bad, "version = 1\n[site]\nname = \"hall\"\ntimezone = \"Mars/Olympus\"\n[[feeds]]\nid = \"f\"\nrating_kw = 0\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"r\"\nroom = \"nowhere\"\n").expect("write");
+    let out = powerplane()
+        .args(["site", "check"])
+        .arg(&bad)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let name = bad.display().to_string();
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines,
+        vec![
+            format!("{name}:4:12: unknown time zone \"Mars/Olympus\": use an IANA name such as \"Europe/Berlin\""),
+            format!("{name}:7:13: feed \"f\": rating_kw must be within 0.001..=1000000, got 0"),
+            format!("{name}:12:8: row \"r\" refers to unknown room \"nowhere\""),
+        ]
+    );
+    let good = powerplane()
+        .args([
+            "site",
+            "check",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/demo/site.toml"),
+        ])
+        .output()
+        .expect("run");
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(String::from_utf8_lossy(&good.stdout)
+        .contains("6 racks, 24 nodes, 192 GPUs, 44.0 kW facility budget"));
+}
+
+#[test]
+fn a_broken_policy_file_lists_every_problem_and_exits_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("policy.toml");
+    std::fs::write(
+        &bad,
+        "version = 1\n[budget]\nrelease_ratio = 2\n[price]\nlease_s = 0\n",
+    )
+    .expect("write");
+    let out = powerplane()
+        .args(["policy", "check"])
+        .arg(&bad)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":3:1: budget: release_ratio must be within 0.5..=1, got 2"),
+        "{err}"
+    );
+    assert!(
+        err.contains(":5:1: price: lease_s must be at least 10, got 0"),
+        "{err}"
+    );
+    let missing = powerplane()
+        .args(["policy", "check", "/nonexistent/policy.toml"])
+        .output()
+        .expect("run");
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/policy.toml: cannot read")
+    );
+}

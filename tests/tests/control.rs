@@ -1,0 +1,261 @@
+//! The control loop over the simulated facility: restarts lose nothing, a failing store
+//! does not stop it, bad telemetry is counted and survived.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use integrations::prices::Series;
+use integrations::store::{Backend, Batch, Store, StoreError};
+use orchestrator::control::{ControlLoop, Telemetry};
+use orchestrator::demo::{DEFAULT_POLICY, DEFAULT_PRICES, DEFAULT_SITE, DEFAULT_START};
+use orchestrator::embedded::EmbeddedBackend;
+use orchestrator::sim::workload::Workload;
+use orchestrator::sim::Facility;
+use policies::{Action, Policy};
+use telemetry::metric::names::*;
+use telemetry::{EntityId, Sample, Site, Timestamp};
+
+fn site() -> Site {
+    Site::parse("site.toml", DEFAULT_SITE).expect("demo site")
+}
+
+fn facility(seed: u64) -> Facility {
+    let prices = Series::from_csv("prices.csv", DEFAULT_PRICES, "price_per_kwh").expect("prices");
+    let carbon =
+        Series::from_csv("prices.csv", DEFAULT_PRICES, "carbon_g_per_kwh").expect("carbon");
+    // start in the expensive morning so that holds and caps are both in force
+    let start = Timestamp::parse_rfc3339(DEFAULT_START).expect("start") + 2.0 * 3600.0;
+    Facility::new(site(), prices, carbon, Workload::default(), seed, start)
+}
+
+fn control(store: Store) -> ControlLoop {
+    let policy = Policy::parse("policy.toml", DEFAULT_POLICY).expect("demo policy");
+    ControlLoop::restore(site(), policy, store, 60.0).expect("restore")
+}
+
+/// Runs `ticks` ticks of 15 s; returns the number of decisions made.
+fn run(control: &mut ControlLoop, fac: &mut Facility, ticks: usize) -> usize {
+    let mut decisions = 0;
+    for _ in 0..ticks {
+        fac.step(15.0);
+        let now = fac.now();
+        let samples = fac.poll(now);
+        let jobs = fac.jobs();
+        decisions += control.tick(now, samples, jobs, fac).decisions.len();
+    }
+    decisions
+}
+
+fn restart_keeps_everything(open: &mut dyn FnMut() -> Store) {
+    let mut fac = facility(3);
+    let mut first = control(open());
+    let made = run(&mut first, &mut fac, 40);
+    let state = first.state().clone();
+    let jobs: Vec<_> = first.registry().all().cloned().collect();
+    assert!(
+        !state.caps.is_empty() && !state.holds.is_empty(),
+        "the scenario puts caps and holds in force: {} caps, {} holds",
+        state.caps.len(),
+        state.holds.len()
+    );
+    drop(first);
+
+    let mut second = control(open());
+    assert_eq!(
+        second.state(),
+        &state,
+        "caps, holds and thermal levels with their leases come back"
+    );
+    assert_eq!(
+        second.registry().all().cloned().collect::<Vec<_>>(),
+        jobs,
+        "the job registry comes back"
+    );
+    assert_eq!(
+        second.store().audit_len().expect("audit"),
+        made as u64,
+        "every decision is in the audit log"
+    );
+    // the restored loop carries on without re-deciding what is already in force
+    fac.step(15.0);
+    let now = fac.now();
+    let samples = fac.poll(now);
+    let report = second.tick(now, samples, fac.jobs(), &mut fac);
+    let repeated_holds = report
+        .decisions
+        .iter()
+        .filter(|d| matches!(d.action, Action::Hold { .. }))
+        .filter(|d| match &d.target {
+            policies::Target::Job { job } => state.holds.contains_key(job),
+            _ => false,
+        });
+    assert_eq!(
+        repeated_holds.count(),
+        0,
+        "no hold is placed twice after a restart"
+    );
+}
+
+#[test]
+fn a_restart_loses_nothing_with_the_embedded_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.redb");
+    restart_keeps_everything(&mut || {
+        Store::new(Box::new(EmbeddedBackend::open(&path).expect("open")))
+    });
+}
+
+#[test]
+fn a_restart_loses_nothing_with_redis() {
+    let mut first = true;
+    restart_keeps_everything(&mut || {
+        let backend = if first {
+            first = false;
+            powerplane_tests::redis_backend("control_restart")
+        } else {
+            let prefix = format!("powerplane-test:{}:control_restart", std::process::id());
+            integrations::store::redis::RedisBackend::connect(
+                &powerplane_tests::redis_url(),
+                &prefix,
+            )
+            .expect("reconnect")
+        };
+        Store::new(Box::new(backend))
+    });
+}
+
+/// A backend that fails while `down` is set.
+struct Flaky {
+    inner: EmbeddedBackend,
+    down: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend {
+                backend: "flaky",
+                message: "injected outage".into(),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Flaky {
+    fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
+        self.check()?;
+        self.inner.commit(batch)
+    }
+    fn get(&mut self, c: &str, k: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.check()?;
+        self.inner.get(c, k)
+    }
+    fn list(&mut self, c: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.check()?;
+        self.inner.list(c)
+    }
+    fn read_log(
+        &mut self,
+        l: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        self.check()?;
+        self.inner.read_log(l, from, limit)
+    }
+    fn log_len(&mut self, l: &str) -> Result<u64, StoreError> {
+        self.check()?;
+        self.inner.log_len(l)
+    }
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+}
+
+#[test]
+fn a_store_outage_does_not_stop_the_loop_and_loses_no_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.redb");
+    let down = Arc::new(AtomicBool::new(false));
+    let store = Store::new(Box::new(Flaky {
+        inner: EmbeddedBackend::open(&path).expect("open"),
+        down: down.clone(),
+    }));
+    let mut fac = facility(5);
+    let mut ctl = control(store);
+    let mut made = run(&mut ctl, &mut fac, 10);
+    down.store(true, Ordering::SeqCst);
+    made += run(&mut ctl, &mut fac, 20);
+    assert_eq!(
+        ctl.counters.store_errors, 20,
+        "every tick of the outage was counted"
+    );
+    assert!(
+        !ctl.state().caps.is_empty() || !ctl.state().holds.is_empty(),
+        "the loop kept deciding during the outage"
+    );
+    down.store(false, Ordering::SeqCst);
+    made += run(&mut ctl, &mut fac, 5);
+    let state = ctl.state().clone();
+    assert_eq!(
+        ctl.store().audit_len().expect("audit"),
+        made as u64,
+        "decisions made during the outage were written afterwards"
+    );
+    assert_eq!(
+        ctl.store().state().expect("state"),
+        state,
+        "the store holds the state in force"
+    );
+}
+
+/// Samples that must all be rejected, and one good one.
+struct Garbage;
+
+impl Telemetry for Garbage {
+    fn poll(&mut self, now: Timestamp) -> Vec<Sample> {
+        let rack = EntityId::rack("b01");
+        vec![
+            Sample::new(rack.clone(), INLET_TEMP_C, f64::NAN, now, "bad"),
+            Sample::new(rack.clone(), INLET_TEMP_C, 500.0, now, "bad"),
+            Sample::new(rack.clone(), POWER_W, -3.0, now, "bad"),
+            Sample::new(rack.clone(), INLET_TEMP_C, 35.0, now + 3600.0, "bad"),
+            Sample::new(rack, INLET_TEMP_C, 27.5, now, "good"),
+        ]
+    }
+}
+
+#[test]
+fn bad_telemetry_is_counted_by_reason_and_the_last_good_value_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::new(Box::new(
+        EmbeddedBackend::open(&dir.path().join("s.redb")).expect("open"),
+    ));
+    let mut ctl = control(store);
+    let mut fac = facility(1);
+    let now = fac.now();
+    let mut g = Garbage;
+    let report = ctl.tick(now, g.poll(now), vec![], &mut fac);
+    assert_eq!(report.rejected.len(), 4);
+    let c = &ctl.counters.samples_rejected;
+    assert_eq!(
+        (c["not_finite"], c["out_of_range"], c["future_timestamp"]),
+        (1, 2, 1)
+    );
+    assert_eq!(
+        ctl.snapshot()
+            .observe(&EntityId::rack("b01"), INLET_TEMP_C, now)
+            .map(|o| o.value),
+        Some(27.5)
+    );
+    assert!(
+        report
+            .rejected
+            .iter()
+            .any(|r| r.contains("rack/b01 inlet_temp_c: 500 is outside the physical range")),
+        "{:?}",
+        report.rejected
+    );
+}
