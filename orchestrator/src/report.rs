@@ -35,7 +35,7 @@ const W: f64 = 880.0;
 const H: f64 = 260.0;
 const L: f64 = 60.0;
 const R: f64 = 60.0;
-const T: f64 = 30.0;
+const T: f64 = 44.0;
 const B: f64 = 40.0;
 
 pub fn escape(s: &str) -> String {
@@ -58,7 +58,9 @@ fn bounds<'a>(ys: impl Iterator<Item = &'a f64>) -> (f64, f64) {
         hi = lo + 1.0;
     }
     let pad = (hi - lo) * 0.08;
-    (lo - pad, hi + pad)
+    // counts and powers never dip below zero on the axis
+    let floor = if lo >= 0.0 { 0.0 } else { f64::NEG_INFINITY };
+    ((lo - pad).max(floor), hi + pad)
 }
 
 impl Chart<'_> {
@@ -185,8 +187,8 @@ impl Chart<'_> {
                 l.color
             );
         }
-        // legend
-        let mut lx = L + 150.0;
+        // legend, on its own line under the title
+        let mut lx = L;
         let entries: Vec<(&str, &str, bool)> = self
             .lines
             .iter()
@@ -201,7 +203,7 @@ impl Chart<'_> {
             };
             let _ = write!(
                 s,
-                r#"<line x1="{lx}" x2="{}" y1="14" y2="14" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="18" class="ax">{}</text>"#,
+                r#"<line x1="{lx}" x2="{}" y1="31" y2="31" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="35" class="ax">{}</text>"#,
                 lx + 18.0,
                 lx + 22.0,
                 escape(name)
