@@ -287,6 +287,9 @@ pub struct Site {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuRef<'a> {
     pub id: EntityId,
+    /// Index of its node in [`Site::nodes`] and of its rack in [`Site::racks`].
+    pub node_index: usize,
+    pub rack_index: usize,
     pub node: &'a Node,
     pub index: u32,
     pub rack: &'a Rack,
@@ -323,7 +326,7 @@ impl Site {
     /// Every GPU in rack, node and index order.
     pub fn gpus(&self) -> Vec<GpuRef<'_>> {
         let mut out = Vec::new();
-        for rack in &self.racks {
+        for (rack_index, rack) in self.racks.iter().enumerate() {
             for &n in &rack.nodes {
                 let node = &self.nodes[n];
                 let Some(model) = self.gpu_models.get(&node.gpu_model) else {
@@ -332,6 +335,8 @@ impl Site {
                 for index in 0..node.gpus {
                     out.push(GpuRef {
                         id: EntityId::gpu(&node.id, index),
+                        node_index: n,
+                        rack_index,
                         node,
                         index,
                         rack,

@@ -86,28 +86,21 @@ impl Facility {
     ) -> Self {
         let curves = curves::a40();
         let mut gen = Generator::new(seed, workload, curves.len());
-        let mut gpus = Vec::new();
-        for (ri, rack) in site.racks.iter().enumerate() {
-            for &ni in &rack.nodes {
-                let node = &site.nodes[ni];
-                let Some(model) = site.gpu_models.get(&node.gpu_model) else {
-                    continue;
-                };
-                for i in 0..node.gpus {
-                    gpus.push(SimGpu {
-                        id: EntityId::gpu(&node.id, i),
-                        node: ni,
-                        rack: ri,
-                        model: model.clone(),
-                        limit_w: model.default_w,
-                        lease_until: None,
-                        job: None,
-                        power_w: model.idle_w,
-                        energy_j: 0.0,
-                    });
-                }
-            }
-        }
+        let gpus = site
+            .gpus()
+            .into_iter()
+            .map(|g| SimGpu {
+                id: g.id,
+                node: g.node_index,
+                rack: g.rack_index,
+                model: g.model.clone(),
+                limit_w: g.model.default_w,
+                lease_until: None,
+                job: None,
+                power_w: g.model.idle_w,
+                energy_j: 0.0,
+            })
+            .collect();
         let first_gap = gen.next_gap_s();
         let racks = site.racks.len();
         let mut f = Facility {

@@ -110,6 +110,13 @@ fn only_budget() -> Policy {
     p
 }
 
+fn only_thermal() -> Policy {
+    let mut p = Policy::default();
+    p.budget.enabled = false;
+    p.price.enabled = false;
+    p
+}
+
 fn run(
     site: &Site,
     snap: &Snapshot,
@@ -256,9 +263,7 @@ fn caps_lift_only_below_the_release_threshold_and_no_faster_than_the_rate_limit(
 #[test]
 fn a_hot_rack_is_stepped_down_and_released_with_hysteresis() {
     let site = site();
-    let mut policy = Policy::default();
-    policy.budget.enabled = false;
-    policy.price.enabled = false;
+    let policy = only_thermal();
     let hot = |now| snapshot(&site, &|_| 200.0, 33.0, now);
     let p1 = run(&site, &hot(t0()), &[], &State::default(), &policy, t0());
     assert_eq!(p1.state.caps.len(), 8, "both racks share the hot reading");
@@ -318,9 +323,7 @@ fn a_hot_rack_is_stepped_down_and_released_with_hysteresis() {
 #[test]
 fn a_stale_inlet_does_what_the_policy_declares() {
     let site = site();
-    let mut policy = Policy::default();
-    policy.budget.enabled = false;
-    policy.price.enabled = false;
+    let mut policy = only_thermal();
     let snap = snapshot(&site, &|_| 200.0, 33.0, t0());
     let capped = run(&site, &snap, &[], &State::default(), &policy, t0());
     let later = t0() + 3600.0; // every reading is an hour old now
@@ -385,9 +388,7 @@ fn the_most_protective_cap_wins() {
 #[test]
 fn observe_mode_reports_without_acting() {
     let site = site();
-    let mut policy = Policy::default();
-    policy.budget.enabled = false;
-    policy.price.enabled = false;
+    let mut policy = only_thermal();
     policy.thermal.observe = true;
     let plan = run(
         &site,
