@@ -17,11 +17,12 @@ pub enum EntityKind {
     Feed,
     Pdu,
     Branch,
+    Outlet,
     Cooling,
 }
 
 impl EntityKind {
-    pub const ALL: [EntityKind; 10] = [
+    pub const ALL: [EntityKind; 11] = [
         EntityKind::Site,
         EntityKind::Room,
         EntityKind::Row,
@@ -31,6 +32,7 @@ impl EntityKind {
         EntityKind::Feed,
         EntityKind::Pdu,
         EntityKind::Branch,
+        EntityKind::Outlet,
         EntityKind::Cooling,
     ];
 
@@ -45,6 +47,7 @@ impl EntityKind {
             EntityKind::Feed => "feed",
             EntityKind::Pdu => "pdu",
             EntityKind::Branch => "branch",
+            EntityKind::Outlet => "outlet",
             EntityKind::Cooling => "cooling",
         }
     }

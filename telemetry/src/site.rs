@@ -108,12 +108,22 @@ struct RawPdu {
     derate: Option<S<f64>>,
     #[serde(default)]
     branches: Vec<RawBranch>,
+    #[serde(default)]
+    outlets: Vec<RawOutlet>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBranch {
     id: S<String>,
+    rating_kw: S<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOutlet {
+    id: S<String>,
+    branch: Option<S<String>>,
     rating_kw: S<f64>,
 }
 
@@ -170,7 +180,9 @@ struct RawNode {
     gpus: S<i64>,
     gpu_model: S<String>,
     base_w: Option<S<f64>>,
-    branch: Option<S<String>>,
+    /// `pdu.outlet` for each power supply.
+    #[serde(default)]
+    outlets: Vec<S<String>>,
 }
 
 /// Air (CRAH/CRAC) or liquid (CDU).
@@ -203,6 +215,14 @@ pub struct Branch {
     pub rating_kw: f64,
 }
 
+/// A PDU outlet, on a branch circuit when the PDU has them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outlet {
+    pub id: String,
+    pub branch: Option<String>,
+    pub rating_kw: f64,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pdu {
     pub id: String,
@@ -210,6 +230,7 @@ pub struct Pdu {
     pub rating_kw: f64,
     pub derate: f64,
     pub branches: Vec<Branch>,
+    pub outlets: Vec<Outlet>,
 }
 
 impl Pdu {
@@ -263,7 +284,8 @@ pub struct Node {
     pub gpu_model: String,
     /// Power of everything but the GPUs (CPUs, memory, fans).
     pub base_w: f64,
-    pub branch: Option<String>,
+    /// The PDU outlets feeding its power supplies, as `pdu.outlet`.
+    pub outlets: Vec<String>,
 }
 
 /// A validated site.
@@ -386,6 +408,11 @@ impl Site {
                 .map(|p| EntityId::new(EntityKind::Pdu, &p.id)),
         );
         for p in &self.pdus {
+            s.extend(
+                p.outlets
+                    .iter()
+                    .map(|o| EntityId::new(EntityKind::Outlet, format!("{}.{}", p.id, o.id))),
+            );
             s.extend(
                 p.branches
                     .iter()
@@ -551,6 +578,33 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
                 rating_kw: r,
             });
         }
+        let mut outlet_ids = BTreeSet::new();
+        let mut outlets = Vec::new();
+        for o in &p.outlets {
+            let oid = o.id.get_ref();
+            check_id(c, &mut outlet_ids, &format!("pdu {pid:?} outlet"), &o.id);
+            let r = check_range(
+                c,
+                &o.rating_kw,
+                &format!("pdu {pid:?} outlet {oid:?}: rating_kw"),
+                0.001,
+                100.0,
+            );
+            if let Some(b) = &o.branch {
+                check_ref(
+                    c,
+                    &branch_ids,
+                    "branch",
+                    &format!("pdu {pid:?} outlet {oid:?}"),
+                    b,
+                );
+            }
+            outlets.push(Outlet {
+                id: oid.clone(),
+                branch: o.branch.as_ref().map(|b| b.get_ref().clone()),
+                rating_kw: r,
+            });
+        }
         pdus.push(Pdu {
             id: pid.clone(),
             feed: p.feed.get_ref().clone(),
@@ -564,6 +618,7 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
                 DEFAULT_DERATE,
             ),
             branches,
+            outlets,
         });
     }
 
@@ -706,7 +761,7 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
                     gpus: gpus.clamp(0, 16) as u32,
                     gpu_model: model.clone(),
                     base_w,
-                    branch: None,
+                    outlets: Vec::new(),
                 });
             }
         }
@@ -736,22 +791,22 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
                 ),
             );
         }
-        if let Some(b) = &n.branch {
-            let known = b
+        for o in &n.outlets {
+            let known = o
                 .get_ref()
                 .split_once('.')
-                .and_then(|(p, br)| {
+                .and_then(|(p, out)| {
                     pdus.iter()
                         .find(|x| x.id == p)
-                        .map(|x| x.branches.iter().any(|y| y.id == br))
+                        .map(|x| x.outlets.iter().any(|y| y.id == out))
                 })
                 .unwrap_or(false);
             if !known {
                 c.at(
-                    span(b),
+                    span(o),
                     format!(
-                        "{owner} refers to unknown branch {:?} (write it pdu.branch)",
-                        b.get_ref()
+                        "{owner} refers to unknown outlet {:?} (write it pdu.outlet)",
+                        o.get_ref()
                     ),
                 );
             }
@@ -770,7 +825,7 @@ fn build(raw: RawSite, c: &mut Collector) -> Site {
                 20_000.0,
                 DEFAULT_NODE_BASE_W,
             ),
-            branch: n.branch.as_ref().map(|b| b.get_ref().clone()),
+            outlets: n.outlets.iter().map(|o| o.get_ref().clone()).collect(),
         });
         if let Some(r) = racks.iter_mut().find(|r| &r.id == n.rack.get_ref()) {
             r.nodes.push(i);

@@ -112,3 +112,59 @@ fn a_rack_needs_cooling_and_a_site_needs_a_feed() {
         "{text}"
     );
 }
+
+#[test]
+fn the_power_path_reaches_each_node_through_its_outlets() {
+    let src = r#"version = 1
+[site]
+name = "s"
+[[feeds]]
+id = "f"
+rating_kw = 100
+[[pdus]]
+id = "p1"
+feed = "f"
+rating_kw = 20
+branches = [{ id = "A", rating_kw = 7 }]
+outlets = [{ id = "A1", branch = "A", rating_kw = 3.7 }, { id = "A2", branch = "Z", rating_kw = 3.7 }]
+[[cooling]]
+id = "c"
+capacity_kw = 30
+racks = ["r"]
+[[rooms]]
+id = "h"
+[[rows]]
+id = "w"
+room = "h"
+[[racks]]
+id = "r"
+row = "w"
+pdus = ["p1"]
+[[nodes]]
+id = "n1"
+rack = "r"
+gpus = 8
+gpu_model = "H100"
+outlets = ["p1.A1"]
+[[nodes]]
+id = "n2"
+rack = "r"
+gpus = 8
+gpu_model = "H100"
+outlets = ["p1.B9"]
+"#;
+    let err = Site::parse("s.toml", src).expect_err("two bad references");
+    assert_eq!(
+        err.to_string(),
+        "s.toml:12:80: pdu \"p1\" outlet \"A2\" refers to unknown branch \"Z\"\n\
+         s.toml:37:12: node \"n2\" refers to unknown outlet \"p1.B9\" (write it pdu.outlet)"
+    );
+    let fixed = src.replace("\"Z\"", "\"A\"").replace("p1.B9", "p1.A2");
+    let site = Site::parse("s.toml", &fixed).expect("valid");
+    assert_eq!(site.nodes[0].outlets, vec!["p1.A1".to_string()]);
+    assert_eq!(site.pdus[0].outlets[0].branch.as_deref(), Some("A"));
+    assert!(site
+        .entities()
+        .contains(&EntityId::new(EntityKind::Outlet, "p1.A2")));
+    assert_eq!(site.gpus().len(), 16);
+}
