@@ -6,9 +6,11 @@
 //! - [`entity`]: [`EntityId`], the typed name of anything that has metrics (rack, GPU, feed...).
 //! - [`metric`]: the canonical metrics with their unit, physical range and freshness bound.
 //! - [`sample`]: [`Sample`], one reading from one source, and its [`Quality`].
+//! - [`mapping`]: mapping files that turn MQTT JSON messages into samples.
 //! - [`snapshot`]: [`Snapshot`], the latest value and age of every metric of every entity.
 //! - [`site`]: the site file (`site.toml`): topology, power path, cooling path, validated
 //!   with `file:line:col` diagnostics.
+//! - [`units`]: units as sources write them, converted to canonical ones.
 //! - [`gpu`]: GPU models and their power-limit constraints.
 //! - [`job`]: [`Job`], a scheduler's job as powerplane sees it.
 //! - [`diag`]: diagnostics with file, line and column, shared by every file parser.
@@ -21,11 +23,13 @@ pub mod diag;
 pub mod entity;
 pub mod gpu;
 pub mod job;
+pub mod mapping;
 pub mod metric;
 pub mod sample;
 pub mod site;
 pub mod snapshot;
 pub mod time;
+pub mod units;
 
 pub use entity::{EntityId, EntityKind};
 pub use gpu::GpuModel;

@@ -64,6 +64,13 @@ pub mod names {
     pub const RETURN_TEMP_C: &str = "return_temp_c";
     pub const HEAT_LOAD_KW: &str = "heat_load_kw";
     pub const COOLING_POWER_W: &str = "cooling_power_w";
+    pub const FLOW_LPM: &str = "flow_lpm";
+    pub const PRESSURE_KPA: &str = "pressure_kpa";
+    pub const CURRENT_A: &str = "current_a";
+    pub const VOLTAGE_V: &str = "voltage_v";
+    pub const HUMIDITY_PCT: &str = "humidity_pct";
+    pub const FAN_SPEED_PCT: &str = "fan_speed_pct";
+    pub const LEAK_DETECTED: &str = "leak_detected";
     pub const PRICE_PER_KWH: &str = "price_per_kwh";
     pub const CARBON_G_PER_KWH: &str = "carbon_g_per_kwh";
 }
@@ -156,6 +163,62 @@ const SPECS: &[MetricSpec] = &[
         max: 50e6,
         freshness_s: 60.0,
         help: "electrical power of cooling equipment",
+    },
+    MetricSpec {
+        name: names::FLOW_LPM,
+        unit: "L/min",
+        min: 0.0,
+        max: 100_000.0,
+        freshness_s: 60.0,
+        help: "coolant flow",
+    },
+    MetricSpec {
+        name: names::PRESSURE_KPA,
+        unit: "kPa",
+        min: -100.0,
+        max: 5000.0,
+        freshness_s: 60.0,
+        help: "coolant pressure (gauge or differential)",
+    },
+    MetricSpec {
+        name: names::CURRENT_A,
+        unit: "A",
+        min: 0.0,
+        max: 10_000.0,
+        freshness_s: 30.0,
+        help: "electrical current",
+    },
+    MetricSpec {
+        name: names::VOLTAGE_V,
+        unit: "V",
+        min: 0.0,
+        max: 100_000.0,
+        freshness_s: 30.0,
+        help: "electrical voltage",
+    },
+    MetricSpec {
+        name: names::HUMIDITY_PCT,
+        unit: "%",
+        min: 0.0,
+        max: 100.0,
+        freshness_s: 120.0,
+        help: "relative humidity",
+    },
+    MetricSpec {
+        name: names::FAN_SPEED_PCT,
+        unit: "%",
+        min: 0.0,
+        max: 100.0,
+        freshness_s: 60.0,
+        help: "fan or pump speed",
+    },
+    MetricSpec {
+        name: names::LEAK_DETECTED,
+        unit: "bool",
+        min: 0.0,
+        max: 1.0,
+        freshness_s: 60.0,
+        help: "1 when a leak detector trips",
     },
     MetricSpec {
         name: names::PRICE_PER_KWH,

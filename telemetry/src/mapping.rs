@@ -1,0 +1,581 @@
+//! Mapping files: how MQTT messages become samples, written by operators, not code.
+//!
+//! ```toml
+//! version = 1
+//!
+//! [[json]]                              # one reading per message
+//! topic = "dc1/{room}/{rack}/inlet"     # {name} captures one topic level
+//! entity = "rack/{rack}"
+//! metric = "inlet_temp_c"
+//! value = "/value"                      # JSON pointer ("" for a bare number)
+//! unit = "degF"                         # or unit_pointer = "/unit"
+//! timestamp = "/ts"                     # RFC 3339, Unix seconds or milliseconds
+//!
+//! [[json]]                              # many readings per message
+//! topic = "dc1/cdu/{cdu}/state"
+//! entity = "cooling/{cdu}"
+//! readings = [
+//!   { metric = "supply_temp_c", value = "/supply/temp", unit = "degC" },
+//!   { metric = "heat_load_kw", value = "/heat", unit = "kW" },
+//! ]
+//!
+//! [[json]]                              # an array of readings, one entity each
+//! topic = "dc1/pdu/{pdu}/outlets"
+//! each = "/outlets"                     # pointers below are relative to each element
+//! entity = "outlet/{pdu}.{/name}"       # {/pointer} takes a value from the element
+//! metric = "power_w"
+//! value = "/watts"
+//! unit = "W"
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::diag::{from_toml_error, Collector, Diagnostics};
+use crate::metric;
+use crate::units::Unit;
+use crate::{EntityId, Metric, Quality, Sample, Timestamp};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMapping {
+    version: toml::Spanned<i64>,
+    #[serde(default)]
+    json: Vec<toml::Spanned<RawJson>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJson {
+    topic: String,
+    entity: String,
+    each: Option<String>,
+    timestamp: Option<String>,
+    quality: Option<String>,
+    metric: Option<String>,
+    value: Option<String>,
+    unit: Option<String>,
+    unit_pointer: Option<String>,
+    #[serde(default)]
+    readings: Vec<RawReading>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReading {
+    metric: String,
+    value: String,
+    unit: Option<String>,
+    unit_pointer: Option<String>,
+}
+
+/// Where a reading's unit comes from.
+#[derive(Debug, Clone, PartialEq)]
+enum UnitFrom {
+    /// The metric's own canonical unit.
+    Canonical,
+    Fixed(Unit),
+    Pointer(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Reading {
+    metric: Metric,
+    canonical: Option<Unit>,
+    value: String,
+    unit: UnitFrom,
+}
+
+/// One topic template and what to take from its messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JsonRule {
+    topic: Vec<Level>,
+    entity: String,
+    each: Option<String>,
+    timestamp: Option<String>,
+    quality: Option<String>,
+    readings: Vec<Reading>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Level {
+    Exact(String),
+    Capture(String),
+    AnyOne,
+    AnyRest,
+}
+
+/// A validated mapping file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Mapping {
+    rules: Vec<JsonRule>,
+}
+
+/// Why a message (or part of one) gave no sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    /// A short label for counters: `no_mapping`, `bad_json`, `missing_value`, ...
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// What one message gave.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Decoded {
+    pub samples: Vec<Sample>,
+    pub rejects: Vec<Reject>,
+}
+
+impl Mapping {
+    /// Parses and validates a mapping file; every problem at once, with positions.
+    pub fn parse(file: &str, src: &str) -> Result<Mapping, Diagnostics> {
+        let raw: RawMapping = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let mut c = Collector::new(file, src);
+        if *raw.version.get_ref() != 1 {
+            c.at(
+                raw.version.span(),
+                format!(
+                    "unsupported mapping version {}, expected 1",
+                    raw.version.get_ref()
+                ),
+            );
+        }
+        let mut rules = Vec::new();
+        for r in &raw.json {
+            let span = r.span();
+            match build_rule(r.get_ref()) {
+                Ok(rule) => rules.push(rule),
+                Err(problems) => {
+                    for p in problems {
+                        c.at(span.clone(), p);
+                    }
+                }
+            }
+        }
+        c.finish()?;
+        Ok(Mapping { rules })
+    }
+
+    /// The MQTT subscription filters the mapping needs (captures become `+`).
+    pub fn topic_filters(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .rules
+            .iter()
+            .map(|r| {
+                r.topic
+                    .iter()
+                    .map(|l| match l {
+                        Level::Exact(s) => s.as_str(),
+                        Level::Capture(_) | Level::AnyOne => "+",
+                        Level::AnyRest => "#",
+                    })
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .collect();
+        out.dedup();
+        out
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Decodes one message. `received` stamps readings that carry no time of their own.
+    pub fn decode(
+        &self,
+        topic: &str,
+        payload: &[u8],
+        source: &str,
+        received: Timestamp,
+    ) -> Decoded {
+        let mut out = Decoded::default();
+        let Some((rule, captures)) = self
+            .rules
+            .iter()
+            .find_map(|r| r.matches(topic).map(|c| (r, c)))
+        else {
+            out.rejects.push(Reject {
+                reason: "no_mapping",
+                detail: format!("no mapping for topic {topic:?}"),
+            });
+            return out;
+        };
+        let doc: Value = match serde_json::from_slice(payload) {
+            Ok(v) => v,
+            Err(e) => {
+                out.rejects.push(Reject {
+                    reason: "bad_json",
+                    detail: format!("{topic}: payload is not JSON: {e}"),
+                });
+                return out;
+            }
+        };
+        let elements: Vec<&Value> = match &rule.each {
+            None => vec![&doc],
+            Some(p) => match doc.pointer(p).and_then(Value::as_array) {
+                Some(a) => a.iter().collect(),
+                None => {
+                    out.rejects.push(Reject {
+                        reason: "missing_value",
+                        detail: format!("{topic}: no array at {p}"),
+                    });
+                    return out;
+                }
+            },
+        };
+        for el in elements {
+            rule.decode_element(topic, &captures, &doc, el, source, received, &mut out);
+        }
+        out
+    }
+}
+
+fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
+    let mut problems = Vec::new();
+    let topic: Vec<Level> = r
+        .topic
+        .split('/')
+        .map(|l| match l {
+            "+" => Level::AnyOne,
+            "#" => Level::AnyRest,
+            _ if l.starts_with('{') && l.ends_with('}') && l.len() > 2 => {
+                Level::Capture(l[1..l.len() - 1].to_string())
+            }
+            _ => Level::Exact(l.to_string()),
+        })
+        .collect();
+    if let Some(i) = topic.iter().position(|l| *l == Level::AnyRest) {
+        if i + 1 != topic.len() {
+            problems.push(format!("topic {:?}: '#' must be the last level", r.topic));
+        }
+    }
+    let captures: Vec<&str> = topic
+        .iter()
+        .filter_map(|l| {
+            if let Level::Capture(c) = l {
+                Some(c.as_str())
+            } else {
+                None
+            }
+        })
+        .collect();
+    for name in template_names(&r.entity) {
+        if !name.starts_with('/') && !captures.contains(&name.as_str()) {
+            problems.push(format!(
+                "entity {:?} uses {{{name}}}, which topic {:?} does not capture",
+                r.entity, r.topic
+            ));
+        }
+        if name.starts_with('/') && r.each.is_none() {
+            problems.push(format!(
+                "entity {:?} uses {{{name}}}, which needs `each`",
+                r.entity
+            ));
+        }
+    }
+    let kind = r.entity.split_once('/').map(|(k, _)| k).unwrap_or("");
+    if kind.parse::<crate::EntityKind>().is_err() {
+        problems.push(format!(
+            "entity {:?} must start with a kind (rack/, node/, gpu/, pdu/, outlet/, cooling/, ...)",
+            r.entity
+        ));
+    }
+    let mut raws: Vec<RawReading> = r.readings.clone();
+    match (&r.metric, &r.value) {
+        (Some(m), Some(v)) => raws.push(RawReading {
+            metric: m.clone(),
+            value: v.clone(),
+            unit: r.unit.clone(),
+            unit_pointer: r.unit_pointer.clone(),
+        }),
+        (None, None) if !raws.is_empty() => {}
+        (None, None) => problems.push(format!(
+            "mapping for {:?} has no readings: give metric and value, or readings",
+            r.topic
+        )),
+        _ => problems.push(format!(
+            "mapping for {:?}: metric and value go together",
+            r.topic
+        )),
+    }
+    let mut readings = Vec::new();
+    for rr in raws {
+        let spec = metric::spec(&rr.metric);
+        if spec.is_none() {
+            let known: Vec<&str> = metric::all().iter().map(|s| s.name).collect();
+            problems.push(format!(
+                "unknown metric {:?} (known: {})",
+                rr.metric,
+                known.join(", ")
+            ));
+        }
+        let canonical = spec.and_then(|s| Unit::parse(s.unit));
+        let unit = match (&rr.unit, &rr.unit_pointer) {
+            (Some(_), Some(_)) => {
+                problems.push(format!(
+                    "metric {:?}: give unit or unit_pointer, not both",
+                    rr.metric
+                ));
+                UnitFrom::Canonical
+            }
+            (Some(u), None) => match Unit::parse(u) {
+                Some(unit) => {
+                    if let Some(c) = canonical {
+                        if c.dimension != unit.dimension {
+                            problems.push(format!(
+                                "metric {:?} is in {}, which unit {u:?} cannot be converted to",
+                                rr.metric, c.name
+                            ));
+                        }
+                    }
+                    UnitFrom::Fixed(unit)
+                }
+                None => {
+                    problems.push(format!("metric {:?}: unknown unit {u:?}", rr.metric));
+                    UnitFrom::Canonical
+                }
+            },
+            (None, Some(p)) => UnitFrom::Pointer(p.clone()),
+            (None, None) => UnitFrom::Canonical,
+        };
+        for p in std::iter::once(&rr.value).chain(rr.unit_pointer.iter()) {
+            if !p.is_empty() && !p.starts_with('/') {
+                problems.push(format!("{p:?} is not a JSON pointer (write it /field/sub)"));
+            }
+        }
+        readings.push(Reading {
+            metric: Metric::new(&rr.metric),
+            canonical,
+            value: rr.value,
+            unit,
+        });
+    }
+    if problems.is_empty() {
+        Ok(JsonRule {
+            topic,
+            entity: r.entity.clone(),
+            each: r.each.clone(),
+            timestamp: r.timestamp.clone(),
+            quality: r.quality.clone(),
+            readings,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
+/// The `{...}` names in a template.
+fn template_names(t: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = t;
+    while let Some(i) = rest.find('{') {
+        let Some(j) = rest[i..].find('}') else { break };
+        out.push(rest[i + 1..i + j].to_string());
+        rest = &rest[i + j + 1..];
+    }
+    out
+}
+
+impl JsonRule {
+    fn matches(&self, topic: &str) -> Option<BTreeMap<String, String>> {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let mut caps = BTreeMap::new();
+        for (i, l) in self.topic.iter().enumerate() {
+            match l {
+                Level::AnyRest => return Some(caps),
+                _ if i >= levels.len() => return None,
+                Level::Exact(s) if s != levels[i] => return None,
+                Level::Exact(_) | Level::AnyOne => {}
+                Level::Capture(name) => {
+                    caps.insert(name.clone(), levels[i].to_string());
+                }
+            }
+        }
+        (levels.len() == self.topic.len()).then_some(caps)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decode_element(
+        &self,
+        topic: &str,
+        caps: &BTreeMap<String, String>,
+        doc: &Value,
+        el: &Value,
+        source: &str,
+        received: Timestamp,
+        out: &mut Decoded,
+    ) {
+        let mut reject = |reason, detail: String| {
+            out.rejects.push(Reject {
+                reason,
+                detail: format!("{topic}: {detail}"),
+            })
+        };
+        let entity = match self.entity_for(caps, el) {
+            Ok(e) => e,
+            Err(d) => return reject("bad_entity", d),
+        };
+        let ts = match &self.timestamp {
+            None => received,
+            Some(p) => match el.pointer(p).or_else(|| doc.pointer(p)).map(parse_time) {
+                Some(Ok(t)) => t,
+                Some(Err(d)) => return reject("bad_timestamp", d),
+                None => return reject("missing_value", format!("no timestamp at {p}")),
+            },
+        };
+        let quality = self
+            .quality
+            .as_ref()
+            .and_then(|p| el.pointer(p).or_else(|| doc.pointer(p)))
+            .map_or(Quality::Good, quality_of);
+        for r in &self.readings {
+            let raw = if r.value.is_empty() {
+                Some(el)
+            } else {
+                el.pointer(&r.value)
+            };
+            let v = match raw {
+                None | Some(Value::Null) => {
+                    reject(
+                        "missing_value",
+                        format!("{} has no value at {:?}", r.metric, r.value),
+                    );
+                    continue;
+                }
+                Some(Value::Bool(b)) => f64::from(u8::from(*b)),
+                Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
+                Some(Value::String(s)) => match s.trim().parse::<f64>() {
+                    Ok(v) => v,
+                    Err(_) => {
+                        reject(
+                            "not_a_number",
+                            format!("{} value {s:?} is not a number", r.metric),
+                        );
+                        continue;
+                    }
+                },
+                Some(other) => {
+                    reject(
+                        "not_a_number",
+                        format!("{} value {other} is not a number", r.metric),
+                    );
+                    continue;
+                }
+            };
+            let from = match &r.unit {
+                UnitFrom::Canonical => r.canonical,
+                UnitFrom::Fixed(u) => Some(*u),
+                UnitFrom::Pointer(p) => match el
+                    .pointer(p)
+                    .or_else(|| doc.pointer(p))
+                    .and_then(Value::as_str)
+                    .map(|s| (s, Unit::parse(s)))
+                {
+                    Some((_, Some(u))) => Some(u),
+                    Some((s, None)) => {
+                        reject(
+                            "unknown_unit",
+                            format!("{} unit {s:?} is not known", r.metric),
+                        );
+                        continue;
+                    }
+                    None => {
+                        reject(
+                            "missing_value",
+                            format!("{} has no unit at {p:?}", r.metric),
+                        );
+                        continue;
+                    }
+                },
+            };
+            let value = match (from, r.canonical) {
+                (Some(f), Some(c)) => match f.convert(v, &c) {
+                    Some(x) => x,
+                    None => {
+                        reject(
+                            "unknown_unit",
+                            format!(
+                                "{} cannot be converted from {} to {}",
+                                r.metric, f.name, c.name
+                            ),
+                        );
+                        continue;
+                    }
+                },
+                _ => v,
+            };
+            let unit = metric::spec(r.metric.as_str())
+                .map(|s| s.unit.to_string())
+                .unwrap_or_default();
+            out.samples.push(Sample {
+                entity: entity.clone(),
+                metric: r.metric.clone(),
+                value,
+                unit,
+                ts,
+                source: source.to_string(),
+                quality,
+            });
+        }
+    }
+
+    fn entity_for(&self, caps: &BTreeMap<String, String>, el: &Value) -> Result<EntityId, String> {
+        let mut s = String::new();
+        let mut rest = self.entity.as_str();
+        while let Some(i) = rest.find('{') {
+            s.push_str(&rest[..i]);
+            let j = rest[i..].find('}').map(|j| i + j).unwrap_or(rest.len() - 1);
+            let name = &rest[i + 1..j];
+            let v = if name.starts_with('/') {
+                match el.pointer(name) {
+                    Some(Value::String(x)) => x.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => return Err(format!("no value at {name} for the entity")),
+                }
+            } else {
+                caps.get(name).cloned().unwrap_or_default()
+            };
+            s.push_str(&v);
+            rest = &rest[(j + 1).min(rest.len())..];
+        }
+        s.push_str(rest);
+        s.parse()
+    }
+}
+
+/// RFC 3339 strings, or Unix time in seconds (or milliseconds, when larger than 1e11).
+fn parse_time(v: &Value) -> Result<Timestamp, String> {
+    match v {
+        Value::String(s) => {
+            Timestamp::parse_rfc3339(s).map_err(|e| format!("timestamp {s:?}: {e}"))
+        }
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            if !x.is_finite() || x < 0.0 {
+                return Err(format!("timestamp {n} is not a time"));
+            }
+            let ms = if x > 1e11 { x } else { x * 1000.0 };
+            Ok(Timestamp(ms.round() as i64))
+        }
+        other => Err(format!("timestamp {other} is not a time")),
+    }
+}
+
+fn quality_of(v: &Value) -> Quality {
+    match v.as_str().map(str::to_ascii_lowercase).as_deref() {
+        Some("ok" | "good" | "normal") => Quality::Good,
+        Some("warning" | "uncertain" | "degraded") => Quality::Uncertain,
+        Some(_) => Quality::Bad,
+        None => match v.as_bool() {
+            Some(true) => Quality::Good,
+            Some(false) => Quality::Bad,
+            None => Quality::Good,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;
