@@ -10,6 +10,7 @@
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
+//! - [`probe`]: `powerplane telemetry probe`, what the sources deliver, as a table or JSON.
 //! - [`report`]: the demo's HTML and CSV reports.
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod accounting;
 pub mod control;
 pub mod demo;
 pub mod embedded;
+pub mod probe;
 pub mod registry;
 pub mod report;
 pub mod sim;

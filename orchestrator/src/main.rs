@@ -55,6 +55,11 @@ enum Command {
         #[command(subcommand)]
         command: SiteCommand,
     },
+    /// See what the telemetry sources deliver.
+    Telemetry {
+        #[command(subcommand)]
+        command: TelemetryCommand,
+    },
     /// Check policy files.
     Policy {
         #[command(subcommand)]
@@ -68,6 +73,41 @@ enum SiteCommand {
     Check {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TelemetryCommand {
+    /// Connect to sources for a while and print what they deliver and what was rejected.
+    Probe {
+        /// MQTT broker, mqtt://host[:port].
+        #[arg(long)]
+        mqtt: Option<String>,
+        /// Topic filter to subscribe to (repeatable; default: what the mapping needs).
+        #[arg(long = "topic")]
+        topics: Vec<String>,
+        /// Mapping file: how MQTT messages become samples.
+        #[arg(long)]
+        mapping: Option<PathBuf>,
+        #[arg(long, default_value_t = 0)]
+        qos: u8,
+        #[arg(long)]
+        username: Option<String>,
+        /// Read from the environment variable POWERPLANE_MQTT_PASSWORD when left out.
+        #[arg(long)]
+        password: Option<String>,
+        /// Share subscriptions with this group ($share/GROUP/...).
+        #[arg(long)]
+        shared_group: Option<String>,
+        /// Largest message accepted, in bytes.
+        #[arg(long, default_value_t = 256 * 1024)]
+        max_packet_bytes: usize,
+        /// How long to listen.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// One sample per line as JSON instead of a table; rejects go to standard error.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -116,6 +156,32 @@ fn main() -> ExitCode {
                 })
                 .map_err(|e| e.to_string())
         }),
+        Command::Telemetry {
+            command:
+                TelemetryCommand::Probe {
+                    mqtt,
+                    topics,
+                    mapping,
+                    qos,
+                    username,
+                    password,
+                    shared_group,
+                    max_packet_bytes,
+                    seconds,
+                    json,
+                },
+        } => probe(
+            mqtt,
+            topics,
+            mapping,
+            qos,
+            username,
+            password,
+            shared_group,
+            max_packet_bytes,
+            seconds,
+            json,
+        ),
         Command::Policy {
             command: PolicyCommand::Check { files },
         } => check(&files, |name, text| {
@@ -162,6 +228,70 @@ fn check(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn probe(
+    mqtt: Option<String>,
+    topics: Vec<String>,
+    mapping: Option<PathBuf>,
+    qos: u8,
+    username: Option<String>,
+    password: Option<String>,
+    shared_group: Option<String>,
+    max_packet_bytes: usize,
+    seconds: f64,
+    json: bool,
+) -> Result<ExitCode> {
+    use orchestrator::probe::{self, ProbeArgs};
+    anyhow::ensure!(
+        seconds > 0.0 && seconds <= 86_400.0,
+        "--seconds must be within 0..=86400, got {seconds}"
+    );
+    anyhow::ensure!(
+        mqtt.is_some(),
+        "nothing to probe: give --mqtt URL (with --mapping FILE)"
+    );
+    let mapping = match mapping {
+        Some(p) => {
+            let text = std::fs::read_to_string(&p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            match telemetry::mapping::Mapping::parse(&p.display().to_string(), &text) {
+                Ok(m) => Some(m),
+                Err(problems) => {
+                    eprintln!("{problems}");
+                    return Ok(ExitCode::from(1));
+                }
+            }
+        }
+        None => None,
+    };
+    let mqtt = mqtt.map(|url| {
+        let mut c = telemetry::sources::mqtt::MqttConfig::new(&url);
+        c.topics = topics;
+        c.qos = qos;
+        c.username = username;
+        c.password = password.or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
+        c.shared_group = shared_group;
+        c.max_packet_bytes = max_packet_bytes;
+        c
+    });
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    let seen = probe::run(
+        ProbeArgs {
+            mqtt,
+            mapping,
+            seconds,
+            json,
+        },
+        &mut out,
+        &mut err,
+    )?;
+    if !json {
+        print!("{}", probe::table(&seen, probe::wall_clock()));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[allow(clippy::too_many_arguments)]

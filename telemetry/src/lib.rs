@@ -11,12 +11,13 @@
 //! - [`site`]: the site file (`site.toml`): topology, power path, cooling path, validated
 //!   with `file:line:col` diagnostics.
 //! - [`units`]: units as sources write them, converted to canonical ones.
+//! - [`sources`]: the protocol clients (MQTT) that produce samples.
 //! - [`gpu`]: GPU models and their power-limit constraints.
 //! - [`job`]: [`Job`], a scheduler's job as powerplane sees it.
 //! - [`diag`]: diagnostics with file, line and column, shared by every file parser.
 //!
-//! Nothing here reads the clock, the environment or the network: time and input are
-//! always arguments.
+//! Only [`sources`] does IO. Everything else takes time and input as arguments: it never
+//! reads the clock, the environment or the network.
 #![forbid(unsafe_code)]
 
 pub mod diag;
@@ -28,6 +29,7 @@ pub mod metric;
 pub mod sample;
 pub mod site;
 pub mod snapshot;
+pub mod sources;
 pub mod time;
 pub mod units;
 

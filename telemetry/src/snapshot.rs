@@ -51,7 +51,7 @@ pub enum Rejected {
         metric: Metric,
         value: f64,
     },
-    #[error("{entity} {metric}: {value} is outside the physical range {min}..={max}")]
+    #[error("{entity} {metric}: {} is outside the physical range {min}..={max}", Num(*.value))]
     OutOfRange {
         entity: EntityId,
         metric: Metric,
@@ -76,6 +76,16 @@ impl Rejected {
             Rejected::OutOfRange { .. } => "out_of_range",
             Rejected::FromFuture { .. } => "future_timestamp",
         }
+    }
+}
+
+/// A number as people read it: at most six decimals, no float noise.
+struct Num(f64);
+
+impl std::fmt::Display for Num {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = (self.0 * 1e6).round() / 1e6;
+        write!(f, "{r}")
     }
 }
 

@@ -1,0 +1,176 @@
+//! `powerplane telemetry probe`: what an operator runs to see what powerplane sees.
+//!
+//! It connects to the sources given on the command line, collects for a while, and
+//! prints the latest value of every metric of every entity with its unit, age, source
+//! and quality (or, with `--json`, one sample per line as it arrives), and every
+//! rejected input with its reason.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use telemetry::mapping::Mapping;
+use telemetry::snapshot::Snapshot;
+use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
+use telemetry::Timestamp;
+
+pub struct ProbeArgs {
+    pub mqtt: Option<MqttConfig>,
+    pub mapping: Option<Mapping>,
+    pub seconds: f64,
+    pub json: bool,
+}
+
+/// What the probe saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub snapshot: Snapshot,
+    pub messages: u64,
+    pub rejects: BTreeMap<String, (u64, String)>,
+}
+
+impl Seen {
+    fn reject(&mut self, reason: &str, detail: String) {
+        let e = self
+            .rejects
+            .entry(reason.to_string())
+            .or_insert((0, detail));
+        e.0 += 1;
+    }
+}
+
+pub fn wall_clock() -> Timestamp {
+    Timestamp::from(chrono::Utc::now())
+}
+
+/// Runs the probe; samples (with `--json`) go to `out`, status lines to `err`.
+pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<Seen> {
+    let mut seen = Seen::default();
+    let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    if let Some(cfg) = args.mqtt {
+        let mapping = args.mapping.ok_or_else(|| {
+            anyhow::anyhow!("--mqtt needs --mapping FILE: how to turn messages into samples")
+        })?;
+        let mut source = MqttSource::new(cfg.clone(), mapping)?;
+        writeln!(
+            err,
+            "probe: mqtt {} subscribing to {}",
+            cfg.url,
+            source.filters().join(", ")
+        )?;
+        let keep_going = || Instant::now() < deadline;
+        let mut io_error = None;
+        source.run(&keep_going, &wall_clock, &mut |ev| {
+            let r = handle(ev, &mut seen, args.json, out, err);
+            if let Err(e) = r {
+                io_error.get_or_insert(e);
+            }
+        });
+        if let Some(e) = io_error {
+            return Err(e.into());
+        }
+    }
+    Ok(seen)
+}
+
+fn handle(
+    ev: Event,
+    seen: &mut Seen,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> std::io::Result<()> {
+    match ev {
+        Event::Connected => writeln!(err, "probe: connected"),
+        Event::Disconnected { error, retry_in } => writeln!(
+            err,
+            "probe: disconnected ({error}); retrying in {:.1} s",
+            retry_in.as_secs_f64()
+        ),
+        Event::Message { decoded, .. } => {
+            seen.messages += 1;
+            let now = wall_clock();
+            for r in decoded.rejects {
+                if json {
+                    writeln!(err, "rejected: {}: {}", r.reason, r.detail)?;
+                }
+                seen.reject(r.reason, r.detail);
+            }
+            for s in decoded.samples {
+                let line = json.then(|| serde_json::to_string(&s));
+                match seen.snapshot.ingest(s, now) {
+                    Ok(_) => {
+                        if let Some(Ok(l)) = line {
+                            writeln!(out, "{l}")?;
+                        }
+                    }
+                    Err(e) => {
+                        if json {
+                            writeln!(err, "rejected: {}: {e}", e.reason())?;
+                        }
+                        seen.reject(e.reason(), e.to_string());
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The table of what was seen, as of `now`.
+pub fn table(seen: &Seen, now: Timestamp) -> String {
+    use std::fmt::Write as _;
+    let mut rows: Vec<[String; 7]> = Vec::new();
+    for s in seen.snapshot.samples() {
+        let o = seen.snapshot.observe(&s.entity, s.metric.as_str(), now);
+        let age = o
+            .map(|o| format!("{:.1} s{}", o.age_s, if o.stale { " STALE" } else { "" }))
+            .unwrap_or_default();
+        rows.push([
+            s.entity.to_string(),
+            s.metric.to_string(),
+            format!("{:.3}", s.value),
+            s.unit.clone(),
+            age,
+            s.source.clone(),
+            format!("{:?}", s.quality).to_lowercase(),
+        ]);
+    }
+    let head = [
+        "ENTITY", "METRIC", "VALUE", "UNIT", "AGE", "SOURCE", "QUALITY",
+    ];
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let mut t = String::new();
+    let line = |t: &mut String, cells: &[&str]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == 2 {
+                    format!("{c:>w$}", w = w[i])
+                } else {
+                    format!("{c:<w$}", w = w[i])
+                }
+            })
+            .collect();
+        let _ = writeln!(t, "{}", parts.join("  ").trim_end());
+    };
+    line(&mut t, &head);
+    for r in &rows {
+        line(&mut t, &r.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    let _ = writeln!(t, "\n{} messages, {} readings", seen.messages, rows.len());
+    if !seen.rejects.is_empty() {
+        let _ = writeln!(t, "rejected:");
+        for (reason, (n, example)) in &seen.rejects {
+            let _ = writeln!(t, "  {reason:<18} {n:>6}  e.g. {example}");
+        }
+    }
+    t
+}

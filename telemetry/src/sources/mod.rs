@@ -1,0 +1,3 @@
+//! Where samples come from: one module per protocol, each owning its client.
+
+pub mod mqtt;

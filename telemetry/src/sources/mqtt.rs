@@ -1,0 +1,314 @@
+//! The MQTT source: subscribes to what the mapping needs and turns each message into
+//! samples (or rejects, with a reason). It reconnects with backoff and resubscribes
+//! after every reconnect; a message larger than `max_packet_bytes` is refused by the
+//! client and counted, and the source carries on.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rumqttc::{
+    Client, ConnectionError, Event as MqttEvent, MqttOptions, Packet, QoS, RecvTimeoutError,
+};
+use serde::Deserialize;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::mapping::{Decoded, Mapping};
+use crate::Timestamp;
+
+/// How to reach the broker and what to ask it for.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttConfig {
+    /// `mqtt://host:port` (port 1883 when left out).
+    pub url: String,
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// Filters to subscribe to; empty: the ones the mapping needs.
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// 0 or 1.
+    #[serde(default)]
+    pub qos: u8,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Largest message accepted, in bytes.
+    #[serde(default = "default_max_packet")]
+    pub max_packet_bytes: usize,
+    #[serde(default = "default_keep_alive")]
+    pub keep_alive_s: u64,
+    /// Share the subscriptions with other controllers in this group (`$share/GROUP/...`).
+    #[serde(default)]
+    pub shared_group: Option<String>,
+}
+
+fn default_max_packet() -> usize {
+    256 * 1024
+}
+
+fn default_keep_alive() -> u64 {
+    30
+}
+
+impl MqttConfig {
+    pub fn new(url: &str) -> Self {
+        MqttConfig {
+            url: url.to_string(),
+            client_id: None,
+            topics: Vec::new(),
+            qos: 0,
+            username: None,
+            password: None,
+            max_packet_bytes: default_max_packet(),
+            keep_alive_s: default_keep_alive(),
+            shared_group: None,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum MqttConfigError {
+    #[error("mqtt url {0:?}: expected mqtt://host[:port]")]
+    BadUrl(String),
+    #[error("mqtt url {0:?}: TLS (mqtts://) is not supported yet")]
+    TlsUnsupported(String),
+    #[error("mqtt qos must be 0 or 1, got {0}")]
+    BadQos(u8),
+    #[error("mqtt: nothing to subscribe to (no topics and an empty mapping)")]
+    NoTopics,
+}
+
+/// What the source tells its owner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Connected,
+    /// The connection failed or dropped; the source will retry after `retry_in`.
+    Disconnected {
+        error: String,
+        retry_in: Duration,
+    },
+    Message {
+        topic: String,
+        bytes: usize,
+        decoded: Decoded,
+    },
+}
+
+/// Counters per reason, for metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub messages: u64,
+    pub samples: u64,
+    pub rejects: BTreeMap<&'static str, u64>,
+    pub connects: u64,
+    pub disconnects: u64,
+}
+
+pub struct MqttSource {
+    cfg: MqttConfig,
+    mapping: Mapping,
+    host: String,
+    port: u16,
+    filters: Vec<String>,
+    qos: QoS,
+    pub counters: Counters,
+}
+
+impl MqttSource {
+    pub fn new(cfg: MqttConfig, mapping: Mapping) -> Result<Self, MqttConfigError> {
+        let (host, port) = parse_url(&cfg.url)?;
+        let qos = match cfg.qos {
+            0 => QoS::AtMostOnce,
+            1 => QoS::AtLeastOnce,
+            q => return Err(MqttConfigError::BadQos(q)),
+        };
+        let base = if cfg.topics.is_empty() {
+            mapping.topic_filters()
+        } else {
+            cfg.topics.clone()
+        };
+        if base.is_empty() {
+            return Err(MqttConfigError::NoTopics);
+        }
+        let filters = match &cfg.shared_group {
+            Some(g) => base.iter().map(|f| format!("$share/{g}/{f}")).collect(),
+            None => base,
+        };
+        Ok(MqttSource {
+            cfg,
+            mapping,
+            host,
+            port,
+            filters,
+            qos,
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn filters(&self) -> &[String] {
+        &self.filters
+    }
+
+    /// Runs until `keep_going` says stop, handing every event to `sink`. `clock` gives
+    /// the receive time of each message.
+    pub fn run(
+        &mut self,
+        keep_going: &dyn Fn() -> bool,
+        clock: &dyn Fn() -> Timestamp,
+        sink: &mut dyn FnMut(Event),
+    ) {
+        let id = self
+            .cfg
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("powerplane-{}", std::process::id()));
+        let mut opts = MqttOptions::new(id, self.host.clone(), self.port);
+        opts.set_keep_alive(Duration::from_secs(self.cfg.keep_alive_s.max(5)));
+        opts.set_max_packet_size(
+            self.cfg.max_packet_bytes,
+            self.cfg.max_packet_bytes.max(64 * 1024),
+        );
+        opts.set_clean_session(true);
+        if let (Some(u), Some(p)) = (&self.cfg.username, &self.cfg.password) {
+            opts.set_credentials(u.clone(), p.clone());
+        }
+        let (client, mut connection) = Client::new(opts, 64);
+        let mut failures: u32 = 0;
+        let source = format!("mqtt:{}", self.cfg.url);
+        while keep_going() {
+            match connection.recv_timeout(Duration::from_millis(100)) {
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+                Ok(Ok(MqttEvent::Incoming(Packet::ConnAck(_)))) => {
+                    failures = 0;
+                    self.counters.connects += 1;
+                    for f in &self.filters {
+                        if let Err(e) = client.try_subscribe(f.clone(), self.qos) {
+                            warn!(filter = %f, error = %e, "mqtt subscribe failed");
+                        }
+                    }
+                    info!(url = %self.cfg.url, filters = ?self.filters, "mqtt connected");
+                    sink(Event::Connected);
+                }
+                Ok(Ok(MqttEvent::Incoming(Packet::Publish(p)))) => {
+                    self.counters.messages += 1;
+                    let decoded = self.mapping.decode(&p.topic, &p.payload, &source, clock());
+                    self.counters.samples += decoded.samples.len() as u64;
+                    for r in &decoded.rejects {
+                        *self.counters.rejects.entry(r.reason).or_default() += 1;
+                    }
+                    sink(Event::Message {
+                        topic: p.topic.clone(),
+                        bytes: p.payload.len(),
+                        decoded,
+                    });
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    failures += 1;
+                    self.counters.disconnects += 1;
+                    if is_oversize(&e) {
+                        *self.counters.rejects.entry("oversize").or_default() += 1;
+                    }
+                    let retry_in = backoff(failures);
+                    warn!(url = %self.cfg.url, error = %e, retry_in_ms = retry_in.as_millis() as u64, "mqtt connection lost");
+                    sink(Event::Disconnected {
+                        error: e.to_string(),
+                        retry_in,
+                    });
+                    sleep_while(retry_in, keep_going);
+                }
+            }
+        }
+        let _ = client.disconnect();
+    }
+}
+
+fn is_oversize(e: &ConnectionError) -> bool {
+    let s = format!("{e:?}");
+    s.contains("PayloadSizeLimitExceeded") || s.contains("PayloadTooLong")
+}
+
+/// 0.5 s, 1 s, 2 s ... up to 30 s.
+pub fn backoff(failures: u32) -> Duration {
+    let ms = 500u64.saturating_mul(1u64 << failures.saturating_sub(1).min(6));
+    Duration::from_millis(ms.min(30_000))
+}
+
+fn sleep_while(d: Duration, keep_going: &dyn Fn() -> bool) {
+    let end = Instant::now() + d;
+    while Instant::now() < end && keep_going() {
+        std::thread::sleep(
+            Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+fn parse_url(url: &str) -> Result<(String, u16), MqttConfigError> {
+    let bad = || MqttConfigError::BadUrl(url.to_string());
+    let rest = if let Some(r) = url
+        .strip_prefix("mqtt://")
+        .or_else(|| url.strip_prefix("tcp://"))
+    {
+        r
+    } else if url.starts_with("mqtts://") || url.starts_with("ssl://") {
+        return Err(MqttConfigError::TlsUnsupported(url.to_string()));
+    } else {
+        return Err(bad());
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
+        None => (rest, 1883),
+    };
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_host_and_port() {
+        assert_eq!(
+            parse_url("mqtt://127.0.0.1:1884"),
+            Ok(("127.0.0.1".into(), 1884))
+        );
+        assert_eq!(parse_url("tcp://broker"), Ok(("broker".into(), 1883)));
+        assert_eq!(
+            parse_url("mqtts://b:8883"),
+            Err(MqttConfigError::TlsUnsupported("mqtts://b:8883".into()))
+        );
+        assert_eq!(
+            parse_url("http://x"),
+            Err(MqttConfigError::BadUrl("http://x".into()))
+        );
+        assert_eq!(
+            parse_url("mqtt://:1"),
+            Err(MqttConfigError::BadUrl("mqtt://:1".into()))
+        );
+    }
+
+    #[test]
+    fn backoff_grows_and_is_bounded() {
+        let d: Vec<u64> = (1..=10).map(|f| backoff(f).as_millis() as u64).collect();
+        assert_eq!(
+            d,
+            vec![500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000]
+        );
+    }
+
+    #[test]
+    fn shared_subscriptions_prefix_every_filter() {
+        let m = Mapping::parse("m.toml", "version = 1\n[[json]]\ntopic = \"a/{r}/t\"\nentity = \"rack/{r}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/v\"\n").expect("mapping");
+        let mut cfg = MqttConfig::new("mqtt://127.0.0.1");
+        cfg.shared_group = Some("ctl".into());
+        let s = MqttSource::new(cfg, m).expect("source");
+        assert_eq!(s.filters(), ["$share/ctl/a/+/t"]);
+    }
+}
