@@ -1,7 +1,8 @@
 //! The MQTT source: subscribes to what the mapping needs and turns each message into
 //! samples (or rejects, with a reason). It reconnects with backoff and resubscribes
-//! after every reconnect; a message larger than `max_packet_bytes` is refused by the
-//! client and counted, and the source carries on.
+//! after every reconnect. A message larger than `max_packet_bytes` is rejected and
+//! counted without dropping the connection; only a packet over [`HARD_PACKET_LIMIT`]
+//! makes the client drop the connection (and reconnect), to bound memory.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::mapping::{Decoded, Mapping};
+use crate::mapping::{Decoded, Mapping, Reject};
 use crate::Timestamp;
 
 /// How to reach the broker and what to ask it for.
@@ -43,6 +44,11 @@ pub struct MqttConfig {
     #[serde(default)]
     pub shared_group: Option<String>,
 }
+
+/// What the client accepts before it drops the connection: 16 MiB, or 8 × the
+/// configured maximum when that is larger. Between the two, messages are rejected one
+/// by one and the connection stays up.
+pub const HARD_PACKET_LIMIT: usize = 16 * 1024 * 1024;
 
 fn default_max_packet() -> usize {
     256 * 1024
@@ -166,10 +172,8 @@ impl MqttSource {
             .unwrap_or_else(|| format!("powerplane-{}", std::process::id()));
         let mut opts = MqttOptions::new(id, self.host.clone(), self.port);
         opts.set_keep_alive(Duration::from_secs(self.cfg.keep_alive_s.max(5)));
-        opts.set_max_packet_size(
-            self.cfg.max_packet_bytes,
-            self.cfg.max_packet_bytes.max(64 * 1024),
-        );
+        let hard = HARD_PACKET_LIMIT.max(self.cfg.max_packet_bytes.saturating_mul(8));
+        opts.set_max_packet_size(hard, 64 * 1024);
         opts.set_clean_session(true);
         if let (Some(u), Some(p)) = (&self.cfg.username, &self.cfg.password) {
             opts.set_credentials(u.clone(), p.clone());
@@ -194,7 +198,22 @@ impl MqttSource {
                 }
                 Ok(Ok(MqttEvent::Incoming(Packet::Publish(p)))) => {
                     self.counters.messages += 1;
-                    let decoded = self.mapping.decode(&p.topic, &p.payload, &source, clock());
+                    let decoded = if p.payload.len() > self.cfg.max_packet_bytes {
+                        Decoded {
+                            samples: Vec::new(),
+                            rejects: vec![Reject {
+                                reason: "oversize",
+                                detail: format!(
+                                    "{}: {} bytes is over the {} byte limit",
+                                    p.topic,
+                                    p.payload.len(),
+                                    self.cfg.max_packet_bytes
+                                ),
+                            }],
+                        }
+                    } else {
+                        self.mapping.decode(&p.topic, &p.payload, &source, clock())
+                    };
                     self.counters.samples += decoded.samples.len() as u64;
                     for r in &decoded.rejects {
                         *self.counters.rejects.entry(r.reason).or_default() += 1;

@@ -1,0 +1,246 @@
+//! The MQTT source against a real Mosquitto, with messages published by the real
+//! `mosquitto_pub` client: good, malformed, oversized, out of range, out of order; and a
+//! broker that goes away and comes back.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use powerplane_tests::{mosquitto_pub, mqtt_port, Broker};
+use telemetry::mapping::Mapping;
+use telemetry::sources::mqtt::{Counters, Event, MqttConfig, MqttSource};
+use telemetry::{Snapshot, Timestamp};
+
+fn mapping(prefix: &str) -> Mapping {
+    let src = format!(
+        r#"version = 1
+[[json]]
+topic = "{prefix}/{{room}}/{{rack}}/inlet"
+entity = "rack/{{rack}}"
+metric = "inlet_temp_c"
+value = "/value"
+unit = "degF"
+timestamp = "/ts"
+[[json]]
+topic = "{prefix}/cdu/{{cdu}}"
+entity = "cooling/{{cdu}}"
+readings = [
+  {{ metric = "supply_temp_c", value = "/supply_c" }},
+  {{ metric = "flow_lpm", value = "/flow_gpm", unit = "GPM" }},
+]
+"#
+    );
+    Mapping::parse("mapping.toml", &src).expect("valid mapping")
+}
+
+fn now() -> Timestamp {
+    Timestamp::from(chrono::Utc::now())
+}
+
+/// Runs a source in a thread; events come back on a channel.
+struct Running {
+    events: mpsc::Receiver<Event>,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Counters>>,
+}
+
+impl Running {
+    fn start(cfg: MqttConfig, mapping: Mapping) -> Running {
+        let (tx, events) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut source = MqttSource::new(cfg, mapping).expect("source");
+            let keep = || !flag.load(Ordering::SeqCst);
+            source.run(&keep, &now, &mut |e| {
+                let _ = tx.send(e);
+            });
+            source.counters.clone()
+        });
+        Running {
+            events,
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Waits for an event matching `f`, up to 10 s.
+    fn wait_for(&self, what: &str, f: impl Fn(&Event) -> bool) -> Event {
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(e) = self.events.recv_timeout(Duration::from_millis(100)) {
+                if f(&e) {
+                    return e;
+                }
+            }
+        }
+        panic!("no {what} within 10 s");
+    }
+
+    fn finish(mut self) -> Counters {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle
+            .take()
+            .expect("running")
+            .join()
+            .expect("source thread")
+    }
+}
+
+fn unique(name: &str) -> String {
+    format!("pptest-{}-{name}", std::process::id())
+}
+
+#[test]
+fn messages_from_a_real_client_become_samples_or_counted_rejects() {
+    let prefix = unique("ingest");
+    let mut cfg = MqttConfig::new(&format!("mqtt://127.0.0.1:{}", mqtt_port()));
+    cfg.max_packet_bytes = 4096;
+    cfg.qos = 1;
+    let run = Running::start(cfg, mapping(&prefix));
+    run.wait_for("connection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300)); // let the subscription settle
+    let t = chrono::Utc::now().timestamp();
+    let port = mqtt_port();
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a01/inlet"),
+        format!(r#"{{"value": 80.6, "ts": {t}}}"#).as_bytes(),
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a01/inlet"),
+        format!(r#"{{"value": 70.0, "ts": {}}}"#, t - 30).as_bytes(),
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a02/inlet"),
+        format!(r#"{{"value": 932, "ts": {t}}}"#).as_bytes(),
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a03/inlet"),
+        b"{\"value\": ",
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a04/inlet"),
+        format!(r#"{{"value": "NaN", "ts": {t}}}"#).as_bytes(),
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/cdu/cdu-1"),
+        br#"{"supply_c": 30.0, "flow_gpm": 100}"#,
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a05/inlet"),
+        &vec![b' '; 8192],
+        &["-q", "1"],
+    );
+    mosquitto_pub(
+        port,
+        &format!("{prefix}/h1/a06/inlet"),
+        format!(r#"{{"value": 77, "ts": {t}}}"#).as_bytes(),
+        &["-q", "1"],
+    );
+
+    // every message that arrives is decoded into the snapshot or rejected with a reason
+    let mut snap = Snapshot::new();
+    let mut rejected: Vec<String> = Vec::new();
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end
+        && snap
+            .observe(&"rack/a06".parse().expect("id"), "inlet_temp_c", now())
+            .is_none()
+    {
+        let ev = run.events.recv_timeout(Duration::from_millis(100));
+        if let Ok(Event::Disconnected { error, .. }) = &ev {
+            rejected.push(format!("disconnected: {error}"));
+        }
+        if let Ok(Event::Message { decoded, .. }) = ev {
+            rejected.extend(decoded.rejects.iter().map(|r| r.reason.to_string()));
+            for s in decoded.samples {
+                if let Err(e) = snap.ingest(s, now()) {
+                    rejected.push(e.reason().to_string());
+                }
+            }
+        }
+    }
+    let counters = run.finish();
+    let value = |e: &str, m: &str| {
+        snap.reading(&e.parse().expect("id"), m)
+            .map(|r| (r.value * 1000.0).round() / 1000.0)
+    };
+    assert_eq!(
+        value("rack/a01", "inlet_temp_c"),
+        Some(27.0),
+        "80.6 °F, and the older 70 °F did not replace it"
+    );
+    assert_eq!(
+        value("rack/a06", "inlet_temp_c"),
+        Some(25.0),
+        "the source carried on after the oversized message: {counters:?} {rejected:?}"
+    );
+    assert_eq!(value("cooling/cdu-1", "supply_temp_c"), Some(30.0));
+    assert_eq!(value("cooling/cdu-1", "flow_lpm"), Some(378.541));
+    assert_eq!(
+        value("rack/a02", "inlet_temp_c"),
+        None,
+        "500 °C is not believed"
+    );
+    rejected.sort();
+    assert_eq!(
+        rejected,
+        vec!["bad_json", "not_finite", "out_of_range", "oversize"],
+        "{counters:?}"
+    );
+    assert_eq!(counters.rejects.get("oversize"), Some(&1), "{counters:?}");
+    assert_eq!(
+        counters.disconnects, 0,
+        "an oversized message does not cost the connection: {counters:?}"
+    );
+    assert_eq!(counters.messages, 8);
+}
+
+#[test]
+fn the_source_reconnects_and_resubscribes_when_the_broker_comes_back() {
+    let mut broker = Broker::start();
+    let prefix = unique("reconnect");
+    let run = Running::start(
+        MqttConfig::new(&format!("mqtt://127.0.0.1:{}", broker.port)),
+        mapping(&prefix),
+    );
+    run.wait_for("first connection", |e| *e == Event::Connected);
+    broker.stop();
+    run.wait_for("disconnection", |e| matches!(e, Event::Disconnected { .. }));
+    broker.restart();
+    run.wait_for("reconnection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = chrono::Utc::now().timestamp();
+    mosquitto_pub(
+        broker.port,
+        &format!("{prefix}/h/b01/inlet"),
+        format!(r#"{{"value": 86, "ts": {t}}}"#).as_bytes(),
+        &[],
+    );
+    let got = run.wait_for("a message after the reconnect", |e| {
+        matches!(e, Event::Message { .. })
+    });
+    let Event::Message { decoded, .. } = got else {
+        unreachable!()
+    };
+    assert_eq!(decoded.samples.len(), 1);
+    assert!((decoded.samples[0].value - 30.0).abs() < 1e-9);
+    let counters = run.finish();
+    assert!(
+        counters.connects >= 2 && counters.disconnects >= 1,
+        "{counters:?}"
+    );
+}
