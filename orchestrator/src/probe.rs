@@ -97,6 +97,13 @@ fn handle(
                 }
                 seen.reject(r.reason, r.detail);
             }
+            for e in &decoded.dead {
+                seen.snapshot.mark_bad(e);
+                writeln!(
+                    err,
+                    "probe: {e}: its Sparkplug node or device died; readings marked bad"
+                )?;
+            }
             for s in decoded.samples {
                 let line = json.then(|| serde_json::to_string(&s));
                 match seen.snapshot.ingest(s, now) {

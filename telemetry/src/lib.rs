@@ -7,6 +7,8 @@
 //! - [`metric`]: the canonical metrics with their unit, physical range and freshness bound.
 //! - [`sample`]: [`Sample`], one reading from one source, and its [`Quality`].
 //! - [`mapping`]: mapping files that turn MQTT JSON messages into samples.
+//! - [`sparkplug`], [`decoder`]: Sparkplug B payloads and the per-node session; the
+//!   decoder a source owns (mapping + session).
 //! - [`snapshot`]: [`Snapshot`], the latest value and age of every metric of every entity.
 //! - [`site`]: the site file (`site.toml`): topology, power path, cooling path, validated
 //!   with `file:line:col` diagnostics.
@@ -20,6 +22,7 @@
 //! reads the clock, the environment or the network.
 #![forbid(unsafe_code)]
 
+pub mod decoder;
 pub mod diag;
 pub mod entity;
 pub mod gpu;
@@ -30,6 +33,7 @@ pub mod sample;
 pub mod site;
 pub mod snapshot;
 pub mod sources;
+pub mod sparkplug;
 pub mod time;
 pub mod units;
 

@@ -44,6 +44,42 @@ struct RawMapping {
     version: toml::Spanned<i64>,
     #[serde(default)]
     json: Vec<toml::Spanned<RawJson>>,
+    #[serde(default)]
+    sparkplug: Vec<toml::Spanned<RawSparkplug>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSparkplug {
+    #[serde(default = "any_level")]
+    group: String,
+    #[serde(default = "any_level")]
+    node: String,
+    device: Option<String>,
+    /// The Sparkplug metric name.
+    metric: String,
+    entity: String,
+    /// The powerplane metric it becomes.
+    to: String,
+    unit: Option<String>,
+}
+
+fn any_level() -> String {
+    "+".to_string()
+}
+
+/// A Sparkplug metric of some node or device, and the sample it becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparkplugRule {
+    group: Level,
+    node: Level,
+    /// None: node-level metrics only.
+    device: Option<Level>,
+    metric: String,
+    entity: String,
+    to: Metric,
+    from: Option<Unit>,
+    canonical: Option<Unit>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +147,7 @@ enum Level {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Mapping {
     rules: Vec<JsonRule>,
+    sparkplug: Vec<SparkplugRule>,
 }
 
 /// Why a message (or part of one) gave no sample.
@@ -126,6 +163,8 @@ pub struct Reject {
 pub struct Decoded {
     pub samples: Vec<Sample>,
     pub rejects: Vec<Reject>,
+    /// Entities whose source died (Sparkplug NDEATH/DDEATH): mark their readings bad.
+    pub dead: Vec<EntityId>,
 }
 
 impl Mapping {
@@ -154,8 +193,23 @@ impl Mapping {
                 }
             }
         }
+        let mut sparkplug = Vec::new();
+        for r in &raw.sparkplug {
+            match build_sparkplug(r.get_ref()) {
+                Ok(rule) => sparkplug.push(rule),
+                Err(problems) => {
+                    for p in problems {
+                        c.at(r.span(), p);
+                    }
+                }
+            }
+        }
         c.finish()?;
-        Ok(Mapping { rules })
+        Ok(Mapping { rules, sparkplug })
+    }
+
+    pub fn sparkplug_rules(&self) -> &[SparkplugRule] {
+        &self.sparkplug
     }
 
     /// The MQTT subscription filters the mapping needs (captures become `+`).
@@ -175,12 +229,22 @@ impl Mapping {
                     .join("/")
             })
             .collect();
+        for r in &self.sparkplug {
+            out.push(format!(
+                "spBv1.0/{}/#",
+                match &r.group {
+                    Level::Exact(g) => g.as_str(),
+                    _ => "+",
+                }
+            ));
+        }
+        out.sort();
         out.dedup();
         out
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.sparkplug.is_empty()
     }
 
     /// Decodes one message. `received` stamps readings that carry no time of their own.
@@ -233,20 +297,169 @@ impl Mapping {
     }
 }
 
-fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
+fn level(s: &str) -> Level {
+    match s {
+        "+" => Level::AnyOne,
+        "#" => Level::AnyRest,
+        _ if s.starts_with('{') && s.ends_with('}') && s.len() > 2 => {
+            Level::Capture(s[1..s.len() - 1].to_string())
+        }
+        _ => Level::Exact(s.to_string()),
+    }
+}
+
+fn build_sparkplug(r: &RawSparkplug) -> Result<SparkplugRule, Vec<String>> {
     let mut problems = Vec::new();
-    let topic: Vec<Level> = r
-        .topic
-        .split('/')
-        .map(|l| match l {
-            "+" => Level::AnyOne,
-            "#" => Level::AnyRest,
-            _ if l.starts_with('{') && l.ends_with('}') && l.len() > 2 => {
-                Level::Capture(l[1..l.len() - 1].to_string())
+    let (group, node) = (level(&r.group), level(&r.node));
+    let device = r.device.as_deref().map(level);
+    for (what, l) in [
+        ("group", Some(&group)),
+        ("node", Some(&node)),
+        ("device", device.as_ref()),
+    ] {
+        if l == Some(&Level::AnyRest)
+            || l.is_some_and(|l| matches!(l, Level::Exact(s) if s.contains('/') || s.is_empty()))
+        {
+            problems.push(format!(
+                "sparkplug {what} must be one topic level, a {{capture}} or +"
+            ));
+        }
+    }
+    let captures: Vec<&str> = [Some(&group), Some(&node), device.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|l| {
+            if let Level::Capture(c) = l {
+                Some(c.as_str())
+            } else {
+                None
             }
-            _ => Level::Exact(l.to_string()),
         })
         .collect();
+    for name in template_names(&r.entity) {
+        if !captures.contains(&name.as_str()) {
+            problems.push(format!(
+                "entity {:?} uses {{{name}}}, which group, node and device do not capture",
+                r.entity
+            ));
+        }
+    }
+    if r.entity
+        .split_once('/')
+        .and_then(|(k, _)| k.parse::<crate::EntityKind>().ok())
+        .is_none()
+    {
+        problems.push(format!(
+            "entity {:?} must start with a kind (rack/, node/, gpu/, pdu/, outlet/, cooling/, ...)",
+            r.entity
+        ));
+    }
+    let spec = metric::spec(&r.to);
+    if spec.is_none() {
+        problems.push(format!("unknown metric {:?} in `to`", r.to));
+    }
+    let canonical = spec.and_then(|s| Unit::parse(s.unit));
+    let from = match &r.unit {
+        Some(u) => match Unit::parse(u) {
+            Some(unit) if canonical.is_some_and(|c| c.dimension != unit.dimension) => {
+                problems.push(format!("metric {:?} cannot be converted from {u:?}", r.to));
+                None
+            }
+            Some(unit) => Some(unit),
+            None => {
+                problems.push(format!("metric {:?}: unknown unit {u:?}", r.to));
+                None
+            }
+        },
+        None => None,
+    };
+    if problems.is_empty() {
+        Ok(SparkplugRule {
+            group,
+            node,
+            device,
+            metric: r.metric.clone(),
+            entity: r.entity.clone(),
+            to: Metric::new(&r.to),
+            from,
+            canonical,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
+impl SparkplugRule {
+    /// The captures when this rule covers `metric` of this node or device.
+    pub fn matches(
+        &self,
+        t: &crate::sparkplug::Topic<'_>,
+        metric: &str,
+    ) -> Option<BTreeMap<String, String>> {
+        if metric != self.metric {
+            return None;
+        }
+        let mut caps = BTreeMap::new();
+        let mut one = |l: &Level, v: &str| match l {
+            Level::Exact(s) => s == v,
+            Level::Capture(c) => {
+                caps.insert(c.clone(), v.to_string());
+                true
+            }
+            Level::AnyOne | Level::AnyRest => true,
+        };
+        let ok = one(&self.group, t.group)
+            && one(&self.node, t.node)
+            && match (&self.device, t.device) {
+                (None, None) => true,
+                (Some(l), Some(d)) => one(l, d),
+                _ => false,
+            };
+        ok.then_some(caps)
+    }
+
+    /// The sample for a value of this rule's metric.
+    pub fn sample(
+        &self,
+        caps: &BTreeMap<String, String>,
+        value: f64,
+        ts: Timestamp,
+        source: &str,
+    ) -> Result<Sample, String> {
+        let entity: EntityId = fill(&self.entity, caps).parse()?;
+        let value = match (self.from, self.canonical) {
+            (Some(f), Some(c)) => f
+                .convert(value, &c)
+                .ok_or_else(|| format!("{} cannot be converted", self.to))?,
+            _ => value,
+        };
+        let unit = metric::spec(self.to.as_str())
+            .map(|s| s.unit.to_string())
+            .unwrap_or_default();
+        Ok(Sample {
+            entity,
+            metric: self.to.clone(),
+            value,
+            unit,
+            ts,
+            source: source.to_string(),
+            quality: Quality::Good,
+        })
+    }
+}
+
+/// Fills `{name}` from captures.
+fn fill(template: &str, caps: &BTreeMap<String, String>) -> String {
+    let mut s = template.to_string();
+    for (k, v) in caps {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    s
+}
+
+fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
+    let mut problems = Vec::new();
+    let topic: Vec<Level> = r.topic.split('/').map(level).collect();
     if let Some(i) = topic.iter().position(|l| *l == Level::AnyRest) {
         if i + 1 != topic.len() {
             problems.push(format!("topic {:?}: '#' must be the last level", r.topic));

@@ -244,3 +244,137 @@ fn the_source_reconnects_and_resubscribes_when_the_broker_comes_back() {
         "{counters:?}"
     );
 }
+
+#[test]
+fn sparkplug_b_from_a_gateway_becomes_samples_and_a_death_marks_them() {
+    use prost::Message;
+    use telemetry::sparkplug::{datatype, Metric, Payload};
+    let group = unique("spb");
+    let src = format!(
+        r#"version = 1
+[[sparkplug]]
+group = "{group}"
+node = "{{gw}}"
+device = "{{cdu}}"
+metric = "Secondary/Supply Temp"
+entity = "cooling/{{cdu}}"
+to = "supply_temp_c"
+unit = "degF"
+[[sparkplug]]
+group = "{group}"
+node = "{{gw}}"
+device = "{{cdu}}"
+metric = "Heat Load"
+entity = "cooling/{{cdu}}"
+to = "heat_load_kw"
+"#
+    );
+    let mapping = Mapping::parse("mapping.toml", &src).expect("valid mapping");
+    let run = Running::start(
+        MqttConfig::new(&format!("mqtt://127.0.0.1:{}", mqtt_port())),
+        mapping,
+    );
+    run.wait_for("connection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300));
+    let m = |name: Option<&str>, alias: u64, v: f64| Metric {
+        name: name.map(str::to_string),
+        alias: Some(alias),
+        datatype: Some(datatype::DOUBLE),
+        double_value: Some(v),
+        ..Metric::default()
+    };
+    let p = |seq: u64, metrics: Vec<Metric>| {
+        Payload {
+            timestamp: None,
+            metrics,
+            seq: Some(seq),
+            uuid: None,
+        }
+        .encode_to_vec()
+    };
+    let port = mqtt_port();
+    mosquitto_pub(
+        port,
+        &format!("spBv1.0/{group}/NBIRTH/gw-7"),
+        &p(0, vec![]),
+        &[],
+    );
+    mosquitto_pub(
+        port,
+        &format!("spBv1.0/{group}/DBIRTH/gw-7/cdu-3"),
+        &p(
+            1,
+            vec![
+                m(Some("Secondary/Supply Temp"), 1, 86.0),
+                m(Some("Heat Load"), 2, 42.5),
+                m(Some("Unmapped"), 3, 1.0),
+            ],
+        ),
+        &[],
+    );
+    mosquitto_pub(
+        port,
+        &format!("spBv1.0/{group}/DDATA/gw-7/cdu-3"),
+        &p(2, vec![m(None, 1, 87.8)]),
+        &[],
+    );
+    mosquitto_pub(
+        port,
+        &format!("spBv1.0/{group}/DDATA/gw-7/cdu-3"),
+        &p(9, vec![m(None, 2, 40.0)]),
+        &[],
+    );
+    mosquitto_pub(
+        port,
+        &format!("spBv1.0/{group}/DDEATH/gw-7/cdu-3"),
+        &p(10, vec![]),
+        &[],
+    );
+
+    let mut samples = Vec::new();
+    let mut reasons = Vec::new();
+    let mut dead = Vec::new();
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && dead.is_empty() {
+        let ev = run.events.recv_timeout(Duration::from_millis(100));
+        if let Ok(Event::Message { decoded, .. }) = ev {
+            samples.extend(decoded.samples.into_iter().map(|s| {
+                (
+                    s.entity.to_string(),
+                    s.metric.to_string(),
+                    (s.value * 1000.0).round() / 1000.0,
+                )
+            }));
+            reasons.extend(decoded.rejects.into_iter().map(|r| r.reason));
+            dead.extend(decoded.dead.into_iter().map(|e| e.to_string()));
+        }
+    }
+    run.finish();
+    assert_eq!(
+        samples,
+        vec![
+            (
+                "cooling/cdu-3".to_string(),
+                "supply_temp_c".to_string(),
+                30.0
+            ),
+            (
+                "cooling/cdu-3".to_string(),
+                "heat_load_kw".to_string(),
+                42.5
+            ),
+            (
+                "cooling/cdu-3".to_string(),
+                "supply_temp_c".to_string(),
+                31.0
+            ),
+            (
+                "cooling/cdu-3".to_string(),
+                "heat_load_kw".to_string(),
+                40.0
+            ),
+        ]
+    );
+    assert_eq!(reasons, vec!["sequence_gap"], "seq 9 after 2");
+    assert_eq!(dead, vec!["cooling/cdu-3"]);
+}

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use tracing::{info, warn};
 
+use crate::decoder::Decoder;
 use crate::mapping::{Decoded, Mapping, Reject};
 use crate::Timestamp;
 
@@ -114,7 +115,7 @@ pub struct Counters {
 
 pub struct MqttSource {
     cfg: MqttConfig,
-    mapping: Mapping,
+    decoder: Decoder,
     host: String,
     port: u16,
     filters: Vec<String>,
@@ -144,7 +145,7 @@ impl MqttSource {
         };
         Ok(MqttSource {
             cfg,
-            mapping,
+            decoder: Decoder::new(mapping),
             host,
             port,
             filters,
@@ -165,11 +166,7 @@ impl MqttSource {
         clock: &dyn Fn() -> Timestamp,
         sink: &mut dyn FnMut(Event),
     ) {
-        let id = self
-            .cfg
-            .client_id
-            .clone()
-            .unwrap_or_else(|| format!("powerplane-{}", std::process::id()));
+        let id = self.cfg.client_id.clone().unwrap_or_else(default_client_id);
         let mut opts = MqttOptions::new(id, self.host.clone(), self.port);
         opts.set_keep_alive(Duration::from_secs(self.cfg.keep_alive_s.max(5)));
         let hard = HARD_PACKET_LIMIT.max(self.cfg.max_packet_bytes.saturating_mul(8));
@@ -200,6 +197,7 @@ impl MqttSource {
                     self.counters.messages += 1;
                     let decoded = if p.payload.len() > self.cfg.max_packet_bytes {
                         Decoded {
+                            dead: Vec::new(),
                             samples: Vec::new(),
                             rejects: vec![Reject {
                                 reason: "oversize",
@@ -212,7 +210,7 @@ impl MqttSource {
                             }],
                         }
                     } else {
-                        self.mapping.decode(&p.topic, &p.payload, &source, clock())
+                        self.decoder.decode(&p.topic, &p.payload, &source, clock())
                     };
                     self.counters.samples += decoded.samples.len() as u64;
                     for r in &decoded.rejects {
@@ -248,6 +246,14 @@ impl MqttSource {
 fn is_oversize(e: &ConnectionError) -> bool {
     let s = format!("{e:?}");
     s.contains("PayloadSizeLimitExceeded") || s.contains("PayloadTooLong")
+}
+
+/// `powerplane-{pid}-{n}`: unique per source in a process, since a broker drops the
+/// older of two connections with one client id.
+fn default_client_id() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("powerplane-{}-{n}", std::process::id())
 }
 
 /// 0.5 s, 1 s, 2 s ... up to 30 s.
