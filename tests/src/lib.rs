@@ -143,3 +143,170 @@ impl Drop for Broker {
         self.stop();
     }
 }
+
+/// The workspace root (where `.venv/` and `tests/fixtures/` are).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_path_buf()
+}
+
+/// A DMTF mockup served by the real `sushy-static`, on a free port.
+pub struct Sushy {
+    pub url: String,
+    child: std::process::Child,
+}
+
+impl Sushy {
+    /// Serves `tests/fixtures/redfish/{mockup}`; with `tls`, over HTTPS with that
+    /// certificate and key.
+    ///
+    /// # Panics
+    /// When `sushy-static` is missing (scripts/test installs it into `.venv/`).
+    pub fn start(mockup: &str, tls: Option<(&std::path::Path, &std::path::Path)>) -> Sushy {
+        let bin = std::env::var("POWERPLANE_SUSHY_STATIC")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| workspace_root().join(".venv/bin/sushy-static"));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("free port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let dir = workspace_root().join("tests/fixtures/redfish").join(mockup);
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+            .arg(&dir);
+        if let Some((cert, key)) = tls {
+            cmd.arg("-c").arg(cert).arg("-k").arg(key);
+        }
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "this test needs sushy-static at {} (scripts/test installs it): {e}",
+                    bin.display()
+                )
+            });
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let s = Sushy {
+            url: format!("{scheme}://127.0.0.1:{port}"),
+            child,
+        };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("sushy-static did not listen on port {port}");
+    }
+}
+
+impl Drop for Sushy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fake BMC for failure modes: it accepts connections and then hangs, or answers
+/// every request with HTTP 500.
+pub struct BadBmc {
+    pub url: String,
+}
+
+impl BadBmc {
+    pub fn hanging() -> BadBmc {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming().flatten() {
+                held.push(s); // never answer, never close
+            }
+        });
+        BadBmc { url }
+    }
+
+    pub fn failing() -> BadBmc {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 5\r\nconnection: close\r\n\r\noops!");
+            }
+        });
+        BadBmc { url }
+    }
+}
+
+/// A BMC with its own (self-signed) certificate: TLS in front of a plain-HTTP server,
+/// closing each response properly (`close_notify`), as a BMC does. `sushy-static`'s own
+/// HTTPS closes HTTP/1.0 responses without `close_notify`, which rustls rightly treats
+/// as a possible truncation.
+pub struct TlsBmc {
+    pub url: String,
+}
+
+impl TlsBmc {
+    /// # Panics
+    /// When the certificate or key cannot be read.
+    pub fn start(cert: &std::path::Path, key: &std::path::Path, upstream: &str) -> TlsBmc {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use std::io::{Read, Write};
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .expect("cert file")
+            .collect::<Result<_, _>>()
+            .expect("certs");
+        let key = PrivateKeyDer::from_pem_file(key).expect("key file");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("protocols")
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .expect("server config"),
+        );
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("https://{}", l.local_addr().expect("addr"));
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        std::thread::spawn(move || {
+            for tcp in l.incoming().flatten() {
+                let (config, upstream) = (config.clone(), upstream.clone());
+                std::thread::spawn(move || {
+                    let Ok(conn) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    let mut tls = rustls::StreamOwned::new(conn, tcp);
+                    let mut req = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf) {
+                            Ok(0) | Err(_) => return, // the client refused the certificate
+                            Ok(n) => req.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let Ok(mut up) = std::net::TcpStream::connect(&upstream) else {
+                        return;
+                    };
+                    let mut resp = Vec::new();
+                    if up.write_all(&req).is_err() || up.read_to_end(&mut resp).is_err() {
+                        return;
+                    }
+                    let _ = tls.write_all(&resp);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                });
+            }
+        });
+        TlsBmc { url }
+    }
+}

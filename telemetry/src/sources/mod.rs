@@ -1,3 +1,4 @@
 //! Where samples come from: one module per protocol, each owning its client.
 
 pub mod mqtt;
+pub mod redfish;

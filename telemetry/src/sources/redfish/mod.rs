@@ -1,0 +1,599 @@
+//! The Redfish source: polls BMCs, PDUs and CDUs, discovering from the service root.
+//!
+//! Per poll it walks `Chassis` (legacy `Power`/`Thermal`, `EnvironmentMetrics`,
+//! `Sensors`), `PowerEquipment/RackPDUs` (`Mains`, `Branches`, `Outlets`) and
+//! `ThermalEquipment/CDUs` (coolant connectors, pumps, leak detectors). Each endpoint has
+//! its own client (auth, TLS, timeout); endpoints are polled in parallel up to a
+//! concurrency limit, and an endpoint that fails is retried with backoff without
+//! holding up the others.
+
+pub mod extract;
+mod tls;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::mapping::Reject;
+use crate::{EntityId, EntityKind, Sample, Timestamp};
+use extract::Found;
+
+/// How to authenticate.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case", tag = "kind")]
+pub enum Auth {
+    #[default]
+    None,
+    /// HTTP Basic on every request.
+    Basic { username: String, password: String },
+    /// A Redfish session: one login, then `X-Auth-Token` (logged in again on 401).
+    Session { username: String, password: String },
+}
+
+/// How to trust the endpoint's certificate.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// PEM file of the CA that signed the BMC's certificate.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// SHA-256 of the BMC's certificate (hex, colons allowed): trust exactly that one.
+    #[serde(default)]
+    pub pinned_sha256: Option<String>,
+    /// Accept any certificate. Say so explicitly; never the default.
+    #[serde(default)]
+    pub insecure: bool,
+}
+
+/// One BMC, PDU or CDU.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// A short name, used in default entity names and in sample sources.
+    pub name: String,
+    /// Base URL, e.g. `https://10.1.2.3` (the service root is `/redfish/v1`).
+    pub url: String,
+    #[serde(default)]
+    pub auth: Auth,
+    #[serde(default)]
+    pub tls: Tls,
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// Entity for a resource, by its path under `/redfish/v1/`: `"Chassis/1U" =
+    /// "node/a01-n01"`, `"RackPDUs/1" = "pdu/pdu-a01"`, `"CDUs/1" = "cooling/cdu-1"`.
+    /// Unlisted resources are named `{name}.{id}`.
+    #[serde(default)]
+    pub entities: BTreeMap<String, String>,
+}
+
+fn default_timeout() -> f64 {
+    5.0
+}
+
+impl EndpointConfig {
+    pub fn new(name: &str, url: &str) -> Self {
+        EndpointConfig {
+            name: name.into(),
+            url: url.trim_end_matches('/').into(),
+            auth: Auth::None,
+            tls: Tls::default(),
+            timeout_s: default_timeout(),
+            entities: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum RedfishError {
+    #[error("redfish {endpoint}: {message}")]
+    Config { endpoint: String, message: String },
+    #[error("redfish {endpoint}: GET {path}: {kind}: {message}")]
+    Fetch {
+        endpoint: String,
+        path: String,
+        kind: &'static str,
+        message: String,
+    },
+}
+
+impl RedfishError {
+    /// A short label for counters: `timeout`, `unreachable`, `http_status`, `bad_json`, `tls`, `auth`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RedfishError::Config { .. } => "config",
+            RedfishError::Fetch { kind, .. } => kind,
+        }
+    }
+}
+
+/// One endpoint with its client and its health.
+pub struct Endpoint {
+    pub cfg: EndpointConfig,
+    client: reqwest::blocking::Client,
+    token: Mutex<Option<String>>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// What one poll of one endpoint gave.
+#[derive(Debug, Clone, Default)]
+pub struct Polled {
+    pub endpoint: String,
+    pub samples: Vec<Sample>,
+    pub rejects: Vec<Reject>,
+    /// The endpoint could not be polled at all (and is backing off).
+    pub error: Option<String>,
+    /// Skipped: still backing off after an earlier failure.
+    pub skipped: bool,
+    pub elapsed: Duration,
+    pub requests: usize,
+}
+
+impl Endpoint {
+    pub fn new(cfg: EndpointConfig) -> Result<Self, RedfishError> {
+        let client = tls::client(&cfg)?;
+        Ok(Endpoint {
+            cfg,
+            client,
+            token: Mutex::new(None),
+            failures: 0,
+            retry_at: None,
+        })
+    }
+
+    fn fail(&self, path: &str, kind: &'static str, message: impl Into<String>) -> RedfishError {
+        RedfishError::Fetch {
+            endpoint: self.cfg.name.clone(),
+            path: path.to_string(),
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// GETs a resource as JSON.
+    pub fn get(&self, path: &str) -> Result<Value, RedfishError> {
+        for attempt in 0..2 {
+            let url = format!("{}{path}", self.cfg.url);
+            let mut req = self.client.get(&url).header("Accept", "application/json");
+            match &self.cfg.auth {
+                Auth::None => {}
+                Auth::Basic { username, password } => {
+                    req = req.basic_auth(username, Some(password))
+                }
+                Auth::Session { .. } => req = req.header("X-Auth-Token", self.session_token()?),
+            }
+            let resp = req
+                .send()
+                .map_err(|e| self.fail(path, classify(&e), chain(&e)))?;
+            let status = resp.status();
+            if status.as_u16() == 401
+                && attempt == 0
+                && matches!(self.cfg.auth, Auth::Session { .. })
+            {
+                *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                continue;
+            }
+            if status.as_u16() == 401 || status.as_u16() == 403 {
+                return Err(self.fail(path, "auth", format!("HTTP {status}")));
+            }
+            if !status.is_success() {
+                return Err(self.fail(path, "http_status", format!("HTTP {status}")));
+            }
+            let body = resp
+                .bytes()
+                .map_err(|e| self.fail(path, classify(&e), chain(&e)))?;
+            return serde_json::from_slice(&body)
+                .map_err(|e| self.fail(path, "bad_json", e.to_string()));
+        }
+        Err(self.fail(path, "auth", "session login rejected twice"))
+    }
+
+    fn session_token(&self) -> Result<String, RedfishError> {
+        let mut guard = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = guard.as_ref() {
+            return Ok(t.clone());
+        }
+        let Auth::Session { username, password } = &self.cfg.auth else {
+            return Err(self.fail("", "auth", "no session credentials"));
+        };
+        let path = "/redfish/v1/SessionService/Sessions";
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.cfg.url))
+            .json(&serde_json::json!({ "UserName": username, "Password": password }))
+            .send()
+            .map_err(|e| self.fail(path, classify(&e), chain(&e)))?;
+        if !resp.status().is_success() {
+            return Err(self.fail(
+                path,
+                "auth",
+                format!("session login: HTTP {}", resp.status()),
+            ));
+        }
+        let token = resp
+            .headers()
+            .get("X-Auth-Token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| self.fail(path, "auth", "session login gave no X-Auth-Token"))?;
+        *guard = Some(token.clone());
+        Ok(token)
+    }
+
+    fn entity(&self, key: &str, kind: EntityKind, id: &str) -> EntityId {
+        self.cfg
+            .entities
+            .get(key)
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_else(|| EntityId::new(kind, format!("{}.{id}", self.cfg.name)))
+    }
+
+    /// One full walk of the endpoint.
+    pub fn poll(&self, now: Timestamp) -> Result<Polled, RedfishError> {
+        let started = Instant::now();
+        let mut w = Walk {
+            ep: self,
+            out: Polled {
+                endpoint: self.cfg.name.clone(),
+                ..Polled::default()
+            },
+            now,
+        };
+        let root = w.get("/redfish/v1")?;
+        w.chassis(&root);
+        w.power_equipment(&root);
+        w.thermal_equipment(&root);
+        w.out.elapsed = started.elapsed();
+        Ok(w.out)
+    }
+}
+
+fn classify(e: &reqwest::Error) -> &'static str {
+    let text = chain(e).to_ascii_lowercase();
+    if e.is_timeout() || text.contains("timed out") {
+        "timeout"
+    } else if text.contains("certificate") || text.contains("tls") || text.contains("handshake") {
+        "tls"
+    } else {
+        // refused, reset, DNS: the endpoint cannot be reached
+        "unreachable"
+    }
+}
+
+/// An error and its causes on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// One walk of one endpoint, collecting samples and per-resource rejects.
+struct Walk<'a> {
+    ep: &'a Endpoint,
+    out: Polled,
+    now: Timestamp,
+}
+
+fn link(v: &Value, key: &str) -> Option<String> {
+    v.get(key)?.get("@odata.id")?.as_str().map(str::to_string)
+}
+
+fn members(v: &Value) -> Vec<String> {
+    v.get("Members")
+        .and_then(Value::as_array)
+        .map(|m| {
+            m.iter()
+                .filter_map(|x| x.get("@odata.id")?.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn last_segment(path: &str) -> &str {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(path)
+}
+
+impl Walk<'_> {
+    fn get(&mut self, path: &str) -> Result<Value, RedfishError> {
+        self.out.requests += 1;
+        self.ep.get(path)
+    }
+
+    /// GET that records a failure as a reject and carries on.
+    fn try_get(&mut self, path: &str) -> Option<Value> {
+        match self.get(path) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.out.rejects.push(Reject {
+                    reason: e.reason(),
+                    detail: e.to_string(),
+                });
+                None
+            }
+        }
+    }
+
+    fn collection(&mut self, parent: &Value, key: &str) -> Vec<(String, Value)> {
+        let Some(path) = link(parent, key) else {
+            return Vec::new();
+        };
+        let Some(coll) = self.try_get(&path) else {
+            return Vec::new();
+        };
+        members(&coll)
+            .into_iter()
+            .filter_map(|m| self.try_get(&m).map(|v| (m, v)))
+            .collect()
+    }
+
+    fn emit(&mut self, entity: &EntityId, found: Vec<Found>) {
+        for f in found {
+            let unit = crate::metric::spec(f.metric)
+                .map(|s| s.unit.to_string())
+                .unwrap_or_default();
+            self.out.samples.push(Sample {
+                entity: entity.clone(),
+                metric: crate::Metric::new(f.metric),
+                value: f.value,
+                unit,
+                ts: self.now,
+                source: format!("redfish:{}{}", self.ep.cfg.name, f.from),
+                quality: f.quality,
+            });
+        }
+    }
+
+    fn chassis(&mut self, root: &Value) {
+        for (path, c) in self.collection(root, "Chassis") {
+            let id = last_segment(&path).to_string();
+            let entity = self
+                .ep
+                .entity(&format!("Chassis/{id}"), EntityKind::Node, &id);
+            // legacy first: where both exist, the current model's reading is the one kept
+            if let Some(p) = link(&c, "Power") {
+                if let Some(v) = self.try_get(&p) {
+                    self.emit(&entity, extract::legacy_power(&v, &p));
+                }
+            }
+            if let Some(p) = link(&c, "Thermal") {
+                if let Some(v) = self.try_get(&p) {
+                    self.emit(&entity, extract::legacy_thermal(&v, &p));
+                }
+            }
+            if let Some(p) = link(&c, "EnvironmentMetrics") {
+                if let Some(v) = self.try_get(&p) {
+                    self.emit(&entity, extract::environment(&v, &p));
+                }
+            }
+            for (sp, s) in self.collection(&c, "Sensors") {
+                self.emit(&entity, extract::sensor(&s, &sp));
+            }
+        }
+    }
+
+    fn power_equipment(&mut self, root: &Value) {
+        let Some(pe) = link(root, "PowerEquipment").and_then(|p| self.try_get(&p)) else {
+            return;
+        };
+        for (path, pdu) in self.collection(&pe, "RackPDUs") {
+            let id = last_segment(&path).to_string();
+            let entity = self
+                .ep
+                .entity(&format!("RackPDUs/{id}"), EntityKind::Pdu, &id);
+            let mut mains: Vec<Found> = Vec::new();
+            for (mp, m) in self.collection(&pdu, "Mains") {
+                mains.extend(extract::circuit(&m, &mp));
+            }
+            self.emit(&entity, sum_by_metric(mains));
+            for (bp, b) in self.collection(&pdu, "Branches") {
+                let e = EntityId::new(
+                    EntityKind::Branch,
+                    format!("{}.{}", entity.name, last_segment(&bp)),
+                );
+                self.emit(&e, extract::circuit(&b, &bp));
+            }
+            for (op, o) in self.collection(&pdu, "Outlets") {
+                let e = EntityId::new(
+                    EntityKind::Outlet,
+                    format!("{}.{}", entity.name, last_segment(&op)),
+                );
+                self.emit(&e, extract::circuit(&o, &op));
+            }
+        }
+    }
+
+    fn thermal_equipment(&mut self, root: &Value) {
+        let Some(te) = link(root, "ThermalEquipment").and_then(|p| self.try_get(&p)) else {
+            return;
+        };
+        for (path, cdu) in self.collection(&te, "CDUs") {
+            let id = last_segment(&path).to_string();
+            let entity = self
+                .ep
+                .entity(&format!("CDUs/{id}"), EntityKind::Cooling, &id);
+            if let Some(p) = link(&cdu, "EnvironmentMetrics") {
+                if let Some(v) = self.try_get(&p) {
+                    self.emit(&entity, extract::environment(&v, &p));
+                }
+            }
+            for (loop_key, loop_name) in [
+                ("PrimaryCoolantConnectors", "primary"),
+                ("SecondaryCoolantConnectors", "secondary"),
+            ] {
+                let conns = self.collection(&cdu, loop_key);
+                let single = conns.len() == 1;
+                for (cp, c) in conns {
+                    let name = if single {
+                        format!("{}.{loop_name}", entity.name)
+                    } else {
+                        format!("{}.{loop_name}{}", entity.name, last_segment(&cp))
+                    };
+                    self.emit(
+                        &EntityId::new(EntityKind::Cooling, name),
+                        extract::coolant_connector(&c, &cp),
+                    );
+                }
+            }
+            for (pp, p) in self.collection(&cdu, "Pumps") {
+                let e = EntityId::new(
+                    EntityKind::Cooling,
+                    format!("{}.pump{}", entity.name, last_segment(&pp)),
+                );
+                self.emit(&e, extract::pump(&p, &pp));
+            }
+            if let Some((lp, ld)) =
+                link(&cdu, "LeakDetection").and_then(|p| self.try_get(&p).map(|v| (p, v)))
+            {
+                // detectors as linked resources, or inline in their groups
+                for (dp, d) in self.collection(&ld, "LeakDetectors") {
+                    let e = EntityId::new(
+                        EntityKind::Cooling,
+                        format!("{}.leak.{}", entity.name, last_segment(&dp)),
+                    );
+                    self.emit(&e, extract::leak_detector(&d, &dp));
+                }
+                let groups = ld
+                    .get("LeakDetectorGroups")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                for (gi, g) in groups.iter().enumerate() {
+                    for (di, d) in g
+                        .get("Detectors")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .enumerate()
+                    {
+                        let id = d
+                            .get("DataSourceUri")
+                            .and_then(Value::as_str)
+                            .map(last_segment)
+                            .map(str::to_string)
+                            .unwrap_or_else(|| format!("{gi}-{di}"));
+                        let e = EntityId::new(
+                            EntityKind::Cooling,
+                            format!("{}.leak.{id}", entity.name),
+                        );
+                        self.emit(
+                            &e,
+                            extract::leak_detector(
+                                d,
+                                &format!("{lp}#LeakDetectorGroups/{gi}/Detectors/{di}"),
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Several mains of one PDU: power, current and energy add up; voltage is the first.
+fn sum_by_metric(found: Vec<Found>) -> Vec<Found> {
+    let mut out: Vec<Found> = Vec::new();
+    for f in found {
+        match out.iter_mut().find(|o| o.metric == f.metric) {
+            Some(o) if f.metric != crate::metric::names::VOLTAGE_V => {
+                o.value += f.value;
+                o.quality = o.quality.max(f.quality);
+            }
+            Some(_) => {}
+            None => out.push(f),
+        }
+    }
+    out
+}
+
+/// Polls many endpoints in parallel, with backoff for the ones that fail.
+pub struct Poller {
+    pub endpoints: Vec<Endpoint>,
+    pub concurrency: usize,
+}
+
+/// 1 s, 2 s, 4 s ... up to 5 min between tries of a dead endpoint.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs((1u64 << failures.saturating_sub(1).min(9)).min(300))
+}
+
+impl Poller {
+    pub fn new(configs: Vec<EndpointConfig>, concurrency: usize) -> Result<Self, RedfishError> {
+        let endpoints = configs
+            .into_iter()
+            .map(Endpoint::new)
+            .collect::<Result<_, _>>()?;
+        Ok(Poller {
+            endpoints,
+            concurrency: concurrency.max(1),
+        })
+    }
+
+    /// Polls every endpoint that is not backing off; one result per endpoint, in order.
+    pub fn poll(&mut self, now: Timestamp) -> Vec<Polled> {
+        let started = Instant::now();
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<(usize, Polled)>> = Mutex::new(Vec::new());
+        let eps = &self.endpoints;
+        std::thread::scope(|s| {
+            for _ in 0..self.concurrency.min(eps.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(ep) = eps.get(i) else { break };
+                    let r = if ep.retry_at.is_some_and(|t| t > started) {
+                        Polled {
+                            endpoint: ep.cfg.name.clone(),
+                            skipped: true,
+                            ..Polled::default()
+                        }
+                    } else {
+                        match ep.poll(now) {
+                            Ok(p) => p,
+                            Err(e) => Polled {
+                                endpoint: ep.cfg.name.clone(),
+                                error: Some(e.to_string()),
+                                rejects: vec![Reject {
+                                    reason: e.reason(),
+                                    detail: e.to_string(),
+                                }],
+                                ..Polled::default()
+                            },
+                        }
+                    };
+                    results
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((i, r));
+                });
+            }
+        });
+        let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+        results.sort_by_key(|r| r.0);
+        for (i, r) in &results {
+            let ep = &mut self.endpoints[*i];
+            if r.skipped {
+                continue;
+            }
+            if r.error.is_some() {
+                ep.failures += 1;
+                ep.retry_at = Some(Instant::now() + backoff(ep.failures));
+            } else {
+                ep.failures = 0;
+                ep.retry_at = None;
+            }
+        }
+        results.into_iter().map(|r| r.1).collect()
+    }
+}

@@ -1,0 +1,274 @@
+//! The Redfish source against DMTF's mockups served by the real `sushy-static`, and
+//! against BMCs that hang, fail or present a self-signed certificate.
+
+use std::time::{Duration, Instant};
+
+use powerplane_tests::{BadBmc, Sushy, TlsBmc};
+use telemetry::sources::redfish::{EndpointConfig, Polled, Poller, Tls};
+use telemetry::{Quality, Timestamp};
+
+fn now() -> Timestamp {
+    Timestamp::from(chrono::Utc::now())
+}
+
+fn poll_one(cfg: EndpointConfig) -> Polled {
+    let mut p = Poller::new(vec![cfg], 1).expect("poller");
+    p.poll(now()).remove(0)
+}
+
+fn value(p: &Polled, entity: &str, metric: &str, from: &str) -> Option<(f64, Quality)> {
+    p.samples
+        .iter()
+        .find(|s| {
+            s.entity.to_string() == entity && s.metric.as_str() == metric && s.source.contains(from)
+        })
+        .map(|s| (s.value, s.quality))
+}
+
+#[test]
+fn a_rack_pdu_gives_mains_branches_and_outlets() {
+    let bmc = Sushy::start("public-pdu", None);
+    let mut cfg = EndpointConfig::new("pdu1", &bmc.url);
+    cfg.entities
+        .insert("RackPDUs/1".into(), "pdu/pdu-a01".into());
+    let p = poll_one(cfg);
+    assert!(p.error.is_none(), "{:?}", p.error);
+    assert_eq!(
+        value(&p, "outlet/pdu-a01.A1", "power_w", ""),
+        Some((197.4, Quality::Good))
+    );
+    assert_eq!(
+        value(&p, "outlet/pdu-a01.A1", "current_a", ""),
+        Some((1.68, Quality::Good))
+    );
+    assert_eq!(
+        value(&p, "outlet/pdu-a01.A1", "energy_j", "").map(|v| v.0),
+        Some(36166.0 * 3.6e6)
+    );
+    assert_eq!(
+        value(&p, "branch/pdu-a01.A", "power_w", "").map(|v| v.0),
+        Some(937.4)
+    );
+    let mains = value(&p, "pdu/pdu-a01", "power_w", "")
+        .expect("mains power")
+        .0;
+    assert!(
+        (mains - (198.4 + 231.5 + 58.1)).abs() < 1e-9,
+        "the three lines to neutral: {mains}"
+    );
+    assert_eq!(
+        p.samples
+            .iter()
+            .filter(|s| s.entity.kind == telemetry::EntityKind::Outlet
+                && s.metric.as_str() == "power_w")
+            .count(),
+        9
+    );
+}
+
+#[test]
+fn a_rackmount_chassis_gives_power_in_both_models_and_its_inlet() {
+    let bmc = Sushy::start("public-rackmount1", None);
+    let mut cfg = EndpointConfig::new("bmc7", &bmc.url);
+    cfg.entities
+        .insert("Chassis/1U".into(), "node/a01-n01".into());
+    let p = poll_one(cfg);
+    assert!(p.error.is_none(), "{:?}", p.error);
+    assert_eq!(
+        value(&p, "node/a01-n01", "power_w", "/Power#").map(|v| v.0),
+        Some(344.0),
+        "legacy Power"
+    );
+    assert_eq!(
+        value(&p, "node/a01-n01", "power_w", "/EnvironmentMetrics#").map(|v| v.0),
+        Some(374.0),
+        "EnvironmentMetrics"
+    );
+    assert_eq!(
+        value(&p, "node/a01-n01", "inlet_temp_c", "/Thermal#").map(|v| v.0),
+        Some(25.0),
+        "legacy Thermal intake"
+    );
+    assert_eq!(
+        value(&p, "node/a01-n01", "inlet_temp_c", "/Sensors/").map(|v| v.0),
+        Some(24.8),
+        "intake Sensor"
+    );
+    // in the snapshot the current model wins over the legacy one
+    let mut snap = telemetry::Snapshot::new();
+    let t = now();
+    for s in p.samples.clone() {
+        snap.ingest(s, t).expect("valid sample");
+    }
+    assert_eq!(
+        snap.reading(&"node/a01-n01".parse().expect("id"), "power_w")
+            .map(|r| r.value),
+        Some(374.0)
+    );
+}
+
+#[test]
+fn a_cdu_gives_its_loops_pumps_and_leak_detectors_with_health() {
+    let bmc = Sushy::start("public-cooling-unit", None);
+    let mut cfg = EndpointConfig::new("cdu", &bmc.url);
+    cfg.entities.insert("CDUs/1".into(), "cooling/cdu-1".into());
+    let p = poll_one(cfg);
+    assert!(p.error.is_none(), "{:?}", p.error);
+    assert_eq!(
+        value(&p, "cooling/cdu-1.primary", "supply_temp_c", ""),
+        Some((30.0, Quality::Good))
+    );
+    assert_eq!(
+        value(&p, "cooling/cdu-1.primary", "return_temp_c", "").map(|v| v.0),
+        Some(40.0)
+    );
+    assert_eq!(
+        value(&p, "cooling/cdu-1.primary", "flow_lpm", "").map(|v| v.0),
+        Some(42.0)
+    );
+    assert_eq!(
+        value(&p, "cooling/cdu-1.primary", "heat_load_kw", "").map(|v| v.0),
+        Some(25.48)
+    );
+    assert!(value(&p, "cooling/cdu-1.secondary", "supply_temp_c", "").is_some());
+    let failed_pump = value(&p, "cooling/cdu-1.pump2", "fan_speed_pct", "");
+    assert!(
+        matches!(failed_pump, Some((_, Quality::Bad)) | None),
+        "pump 2 has failed: {failed_pump:?}"
+    );
+    let leaks: Vec<f64> = p
+        .samples
+        .iter()
+        .filter(|s| s.metric.as_str() == "leak_detected")
+        .map(|s| s.value)
+        .collect();
+    assert_eq!(leaks.len(), 2, "moisture and overflow detectors");
+}
+
+#[test]
+fn a_hanging_and_a_failing_bmc_do_not_slow_the_others_and_back_off() {
+    let good = Sushy::start("public-pdu", None);
+    let hang = BadBmc::hanging();
+    let fail = BadBmc::failing();
+    let mut hanging = EndpointConfig::new("hang", &hang.url);
+    hanging.timeout_s = 1.0;
+    let mut poller = Poller::new(
+        vec![
+            hanging,
+            EndpointConfig::new("fail", &fail.url),
+            EndpointConfig::new("good", &good.url),
+        ],
+        3,
+    )
+    .expect("poller");
+    let started = Instant::now();
+    let r = poller.poll(now());
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "bounded by the 1 s timeout, in parallel: {took:?}"
+    );
+    assert_eq!(r[0].rejects[0].reason, "timeout", "{:?}", r[0]);
+    assert_eq!(r[1].rejects[0].reason, "http_status", "{:?}", r[1]);
+    assert!(
+        r[1].error
+            .as_deref()
+            .is_some_and(|e| e.contains("HTTP 500")),
+        "{:?}",
+        r[1].error
+    );
+    assert!(r[2].error.is_none() && !r[2].samples.is_empty());
+    // the next poll skips the two dead ones (backing off) and still reads the good one
+    let r = poller.poll(now());
+    assert!(r[0].skipped && r[1].skipped && !r[2].skipped);
+    assert!(!r[2].samples.is_empty());
+}
+
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("this test needs the openssl command");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let fp = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    let text = String::from_utf8_lossy(&fp.stdout).to_string();
+    let hex = text
+        .trim()
+        .rsplit('=')
+        .next()
+        .expect("fingerprint")
+        .to_string();
+    (cert, key, hex)
+}
+
+#[test]
+fn a_self_signed_bmc_is_refused_unless_pinned_trusted_or_explicitly_insecure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key, fingerprint) = self_signed(dir.path());
+    let plain = Sushy::start("public-pdu", None);
+    let bmc = TlsBmc::start(&cert, &key, &plain.url);
+    let base = EndpointConfig::new("tls", &bmc.url);
+    let refused = poll_one(base.clone());
+    assert_eq!(
+        refused.rejects.first().map(|r| r.reason),
+        Some("tls"),
+        "{:?}",
+        refused.rejects
+    );
+    for tls in [
+        Tls {
+            pinned_sha256: Some(fingerprint.clone()),
+            ..Tls::default()
+        },
+        Tls {
+            ca_file: Some(cert.display().to_string()),
+            ..Tls::default()
+        },
+        Tls {
+            insecure: true,
+            ..Tls::default()
+        },
+    ] {
+        let mut cfg = base.clone();
+        cfg.tls = tls.clone();
+        let p = poll_one(cfg);
+        assert!(p.error.is_none(), "{tls:?}: {:?}", p.error);
+        assert!(p.samples.iter().any(|s| s.value == 197.4), "{tls:?}");
+    }
+    let mut wrong = base.clone();
+    wrong.tls = Tls {
+        pinned_sha256: Some("00".repeat(32)),
+        ..Tls::default()
+    };
+    assert_eq!(
+        poll_one(wrong).rejects.first().map(|r| r.reason),
+        Some("tls")
+    );
+}
