@@ -79,36 +79,64 @@ enum SiteCommand {
 #[derive(Subcommand)]
 enum TelemetryCommand {
     /// Connect to sources for a while and print what they deliver and what was rejected.
-    Probe {
-        /// MQTT broker, mqtt://host[:port].
-        #[arg(long)]
-        mqtt: Option<String>,
-        /// Topic filter to subscribe to (repeatable; default: what the mapping needs).
-        #[arg(long = "topic")]
-        topics: Vec<String>,
-        /// Mapping file: how MQTT messages become samples.
-        #[arg(long)]
-        mapping: Option<PathBuf>,
-        #[arg(long, default_value_t = 0)]
-        qos: u8,
-        #[arg(long)]
-        username: Option<String>,
-        /// Read from the environment variable POWERPLANE_MQTT_PASSWORD when left out.
-        #[arg(long)]
-        password: Option<String>,
-        /// Share subscriptions with this group ($share/GROUP/...).
-        #[arg(long)]
-        shared_group: Option<String>,
-        /// Largest message accepted, in bytes.
-        #[arg(long, default_value_t = 256 * 1024)]
-        max_packet_bytes: usize,
-        /// How long to listen.
-        #[arg(long, default_value_t = 10.0)]
-        seconds: f64,
-        /// One sample per line as JSON instead of a table; rejects go to standard error.
-        #[arg(long)]
-        json: bool,
-    },
+    Probe(ProbeOpts),
+}
+
+#[derive(clap::Args)]
+struct ProbeOpts {
+    /// MQTT broker, mqtt://host[:port].
+    #[arg(long)]
+    mqtt: Option<String>,
+    /// Topic filter to subscribe to (repeatable; default: what the mapping needs).
+    #[arg(long = "topic")]
+    topics: Vec<String>,
+    /// Mapping file: how MQTT messages become samples.
+    #[arg(long)]
+    mapping: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    qos: u8,
+    #[arg(long)]
+    username: Option<String>,
+    /// Read from POWERPLANE_MQTT_PASSWORD when left out.
+    #[arg(long)]
+    password: Option<String>,
+    /// Share subscriptions with this group ($share/GROUP/...).
+    #[arg(long)]
+    shared_group: Option<String>,
+    /// Largest message accepted, in bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    max_packet_bytes: usize,
+    /// Redfish service to poll, e.g. https://10.1.2.3 (repeatable).
+    #[arg(long = "redfish")]
+    redfish: Vec<String>,
+    #[arg(long)]
+    redfish_user: Option<String>,
+    /// Read from POWERPLANE_REDFISH_PASSWORD when left out.
+    #[arg(long)]
+    redfish_password: Option<String>,
+    /// Log in with a Redfish session instead of HTTP Basic.
+    #[arg(long)]
+    redfish_session: bool,
+    /// Accept any certificate (say it explicitly; never the default).
+    #[arg(long)]
+    redfish_insecure: bool,
+    /// PEM file of the CA that signed the BMCs' certificates.
+    #[arg(long)]
+    redfish_ca_file: Option<String>,
+    /// SHA-256 fingerprint of the one certificate to trust.
+    #[arg(long)]
+    redfish_pin: Option<String>,
+    #[arg(long, default_value_t = 5.0)]
+    redfish_timeout_s: f64,
+    /// Seconds between two Redfish polls.
+    #[arg(long, default_value_t = 10.0)]
+    redfish_interval_s: f64,
+    /// How long to listen.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// One sample per line as JSON instead of a table; rejects go to standard error.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -157,31 +185,8 @@ fn main() -> ExitCode {
                 .map_err(|e| e.to_string())
         }),
         Command::Telemetry {
-            command:
-                TelemetryCommand::Probe {
-                    mqtt,
-                    topics,
-                    mapping,
-                    qos,
-                    username,
-                    password,
-                    shared_group,
-                    max_packet_bytes,
-                    seconds,
-                    json,
-                },
-        } => probe(
-            mqtt,
-            topics,
-            mapping,
-            qos,
-            username,
-            password,
-            shared_group,
-            max_packet_bytes,
-            seconds,
-            json,
-        ),
+            command: TelemetryCommand::Probe(opts),
+        } => probe(opts),
         Command::Policy {
             command: PolicyCommand::Check { files },
         } => check(&files, |name, text| {
@@ -230,31 +235,21 @@ fn check(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn probe(
-    mqtt: Option<String>,
-    topics: Vec<String>,
-    mapping: Option<PathBuf>,
-    qos: u8,
-    username: Option<String>,
-    password: Option<String>,
-    shared_group: Option<String>,
-    max_packet_bytes: usize,
-    seconds: f64,
-    json: bool,
-) -> Result<ExitCode> {
+fn probe(o: ProbeOpts) -> Result<ExitCode> {
     use orchestrator::probe::{self, ProbeArgs};
+    use telemetry::sources::redfish::{Auth, EndpointConfig, Tls};
     anyhow::ensure!(
-        seconds > 0.0 && seconds <= 86_400.0,
-        "--seconds must be within 0..=86400, got {seconds}"
+        o.seconds > 0.0 && o.seconds <= 86_400.0,
+        "--seconds must be within 0..=86400, got {}",
+        o.seconds
     );
     anyhow::ensure!(
-        mqtt.is_some(),
-        "nothing to probe: give --mqtt URL (with --mapping FILE)"
+        o.mqtt.is_some() || !o.redfish.is_empty(),
+        "nothing to probe: give --mqtt URL (with --mapping FILE) or --redfish URL"
     );
-    let mapping = match mapping {
+    let mapping = match &o.mapping {
         Some(p) => {
-            let text = std::fs::read_to_string(&p)
+            let text = std::fs::read_to_string(p)
                 .with_context(|| format!("cannot read {}", p.display()))?;
             match telemetry::mapping::Mapping::parse(&p.display().to_string(), &text) {
                 Ok(m) => Some(m),
@@ -266,29 +261,61 @@ fn probe(
         }
         None => None,
     };
-    let mqtt = mqtt.map(|url| {
-        let mut c = telemetry::sources::mqtt::MqttConfig::new(&url);
-        c.topics = topics;
-        c.qos = qos;
-        c.username = username;
-        c.password = password.or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
-        c.shared_group = shared_group;
-        c.max_packet_bytes = max_packet_bytes;
+    let mqtt = o.mqtt.as_ref().map(|url| {
+        let mut c = telemetry::sources::mqtt::MqttConfig::new(url);
+        c.topics = o.topics.clone();
+        c.qos = o.qos;
+        c.username = o.username.clone();
+        c.password = o
+            .password
+            .clone()
+            .or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
+        c.shared_group = o.shared_group.clone();
+        c.max_packet_bytes = o.max_packet_bytes;
         c
     });
+    let password = o
+        .redfish_password
+        .clone()
+        .or_else(|| std::env::var("POWERPLANE_REDFISH_PASSWORD").ok());
+    let auth = match (o.redfish_user.clone(), password) {
+        (Some(username), Some(password)) if o.redfish_session => {
+            Auth::Session { username, password }
+        }
+        (Some(username), Some(password)) => Auth::Basic { username, password },
+        (Some(_), None) => {
+            anyhow::bail!("--redfish-user needs --redfish-password or POWERPLANE_REDFISH_PASSWORD")
+        }
+        _ => Auth::None,
+    };
+    let redfish = o
+        .redfish
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            let mut e = EndpointConfig::new(&format!("bmc{}", i + 1), url);
+            e.auth = auth.clone();
+            e.timeout_s = o.redfish_timeout_s;
+            e.tls = Tls {
+                ca_file: o.redfish_ca_file.clone(),
+                pinned_sha256: o.redfish_pin.clone(),
+                insecure: o.redfish_insecure,
+            };
+            e
+        })
+        .collect();
     let mut out = std::io::stdout();
     let mut err = std::io::stderr();
-    let seen = probe::run(
-        ProbeArgs {
-            mqtt,
-            mapping,
-            seconds,
-            json,
-        },
-        &mut out,
-        &mut err,
-    )?;
-    if !json {
+    let args = ProbeArgs {
+        mqtt,
+        mapping,
+        redfish,
+        redfish_interval_s: o.redfish_interval_s,
+        seconds: o.seconds,
+        json: o.json,
+    };
+    let seen = probe::run(args, &mut out, &mut err)?;
+    if !o.json {
         print!("{}", probe::table(&seen, probe::wall_clock()));
     }
     Ok(ExitCode::SUCCESS)

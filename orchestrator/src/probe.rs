@@ -13,11 +13,15 @@ use anyhow::Result;
 use telemetry::mapping::Mapping;
 use telemetry::snapshot::Snapshot;
 use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
+use telemetry::sources::redfish::{EndpointConfig, Polled, Poller};
 use telemetry::Timestamp;
 
 pub struct ProbeArgs {
     pub mqtt: Option<MqttConfig>,
     pub mapping: Option<Mapping>,
+    pub redfish: Vec<EndpointConfig>,
+    /// Seconds between two Redfish polls.
+    pub redfish_interval_s: f64,
     pub seconds: f64,
     pub json: bool,
 }
@@ -48,6 +52,28 @@ pub fn wall_clock() -> Timestamp {
 pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<Seen> {
     let mut seen = Seen::default();
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let redfish = if args.redfish.is_empty() {
+        None
+    } else {
+        for e in &args.redfish {
+            writeln!(err, "probe: redfish {} ({})", e.url, e.name)?;
+        }
+        let mut poller = Poller::new(args.redfish, 16)?;
+        let interval = Duration::from_secs_f64(args.redfish_interval_s.max(1.0));
+        Some(std::thread::spawn(move || {
+            let mut all: Vec<Polled> = Vec::new();
+            loop {
+                let started = Instant::now();
+                all.extend(poller.poll(wall_clock()));
+                let next = started + interval;
+                if next >= deadline {
+                    break;
+                }
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            all
+        }))
+    };
     if let Some(cfg) = args.mqtt {
         let mapping = args.mapping.ok_or_else(|| {
             anyhow::anyhow!("--mqtt needs --mapping FILE: how to turn messages into samples")
@@ -69,6 +95,33 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         });
         if let Some(e) = io_error {
             return Err(e.into());
+        }
+    }
+    if let Some(h) = redfish {
+        let polled = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("the redfish poller panicked"))?;
+        for p in polled {
+            if let Some(e) = &p.error {
+                writeln!(err, "probe: redfish {}: {e}", p.endpoint)?;
+            }
+            let decoded = telemetry::mapping::Decoded {
+                samples: p.samples,
+                rejects: p.rejects,
+                dead: Vec::new(),
+            };
+            handle(
+                Event::Message {
+                    topic: String::new(),
+                    bytes: 0,
+                    decoded,
+                },
+                &mut seen,
+                args.json,
+                out,
+                err,
+            )?;
+            seen.messages -= 1; // a poll is not a message
         }
     }
     Ok(seen)

@@ -238,3 +238,78 @@ fn a_broken_policy_file_lists_every_problem_and_exits_1() {
         String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/policy.toml: cannot read")
     );
 }
+
+#[test]
+fn telemetry_probe_prints_what_a_redfish_pdu_reports() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let sushy = std::env::var("POWERPLANE_SUSHY_STATIC")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| root.join(".venv/bin/sushy-static"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut server = Command::new(&sushy)
+        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+        .arg(root.join("tests/fixtures/redfish/public-pdu"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs sushy-static at {} (scripts/test installs it): {e}",
+                sushy.display()
+            )
+        });
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let url = format!("http://127.0.0.1:{port}");
+    let out = powerplane()
+        .args([
+            "telemetry",
+            "probe",
+            "--redfish",
+            &url,
+            "--seconds",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("run probe");
+    let table = powerplane()
+        .args(["telemetry", "probe", "--redfish", &url, "--seconds", "1"])
+        .output()
+        .expect("run probe");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON sample per line"))
+        .collect();
+    let a1 = lines
+        .iter()
+        .find(|s| s["entity"] == "outlet/bmc1.1.A1" && s["metric"] == "power_w")
+        .expect("outlet A1 power");
+    assert_eq!(a1["value"], 197.4);
+    assert_eq!(a1["unit"], "W");
+    assert_eq!(a1["quality"], "good");
+    for key in [
+        "entity", "metric", "value", "unit", "ts", "source", "quality",
+    ] {
+        assert!(!a1[key].is_null(), "{key} in {a1}");
+    }
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.starts_with("ENTITY") && text.contains("outlet/bmc1.1.A1") && text.contains("197.400"),
+        "{text}"
+    );
+}
