@@ -33,6 +33,8 @@ pub struct Counters {
     pub ticks: u64,
     pub samples_accepted: u64,
     pub samples_older_ignored: u64,
+    /// Energy counters that went backwards (device reset or wrap).
+    pub counter_resets: u64,
     /// Rejected samples per reason.
     pub samples_rejected: BTreeMap<&'static str, u64>,
     pub decisions: u64,
@@ -124,6 +126,10 @@ impl ControlLoop {
         for sample in samples {
             match self.snapshot.ingest(sample, now) {
                 Ok(telemetry::snapshot::Ingested::Updated) => self.counters.samples_accepted += 1,
+                Ok(telemetry::snapshot::Ingested::CounterReset) => {
+                    self.counters.samples_accepted += 1;
+                    self.counters.counter_resets += 1;
+                }
                 Ok(telemetry::snapshot::Ingested::OlderIgnored) => {
                     self.counters.samples_older_ignored += 1
                 }

@@ -15,6 +15,8 @@ use crate::{EntityId, Metric, Quality, Sample, Timestamp};
 pub const DEFAULT_FRESHNESS_S: f64 = 60.0;
 /// A sample stamped further ahead than this of the ingest time is rejected.
 pub const MAX_FUTURE_SKEW_S: f64 = 30.0;
+/// A sample stamped further back than this is rejected: it is history, not telemetry.
+pub const MAX_PAST_S: f64 = 86_400.0;
 
 /// The latest reading of one metric.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,6 +68,13 @@ pub enum Rejected {
         ts: Timestamp,
         ahead_s: f64,
     },
+    #[error("{entity} {metric}: timestamp {ts} is {behind_s:.0} s old")]
+    Ancient {
+        entity: EntityId,
+        metric: Metric,
+        ts: Timestamp,
+        behind_s: f64,
+    },
 }
 
 impl Rejected {
@@ -75,6 +84,7 @@ impl Rejected {
             Rejected::NotFinite { .. } => "not_finite",
             Rejected::OutOfRange { .. } => "out_of_range",
             Rejected::FromFuture { .. } => "future_timestamp",
+            Rejected::Ancient { .. } => "ancient_timestamp",
         }
     }
 }
@@ -96,6 +106,9 @@ pub enum Ingested {
     Updated,
     /// An equal or newer value was already there; nothing changed.
     OlderIgnored,
+    /// It is the latest value, and it is a counter (`energy_j`) that went backwards:
+    /// the device was reset or the counter wrapped. Deltas across it are not energy.
+    CounterReset,
 }
 
 /// Latest value of every metric of every entity. Iteration order is deterministic.
@@ -127,9 +140,14 @@ impl Snapshot {
     pub fn ingest(&mut self, sample: Sample, now: Timestamp) -> Result<Ingested, Rejected> {
         validate(&sample, now)?;
         let slot = self.readings.entry(sample.entity).or_default();
+        let mut outcome = Ingested::Updated;
         if let Some(old) = slot.get(&sample.metric) {
             if old.ts > sample.ts {
                 return Ok(Ingested::OlderIgnored);
+            }
+            if sample.metric.as_str() == crate::metric::names::ENERGY_J && sample.value < old.value
+            {
+                outcome = Ingested::CounterReset;
             }
         }
         slot.insert(
@@ -141,7 +159,7 @@ impl Snapshot {
                 quality: sample.quality,
             },
         );
-        Ok(Ingested::Updated)
+        Ok(outcome)
     }
 
     /// The latest value of `metric` of `entity` as seen at `now`, with its age.
@@ -256,6 +274,14 @@ fn validate(s: &Sample, now: Timestamp) -> Result<(), Rejected> {
         }
     }
     let ahead_s = s.ts.secs_since(now);
+    if -ahead_s > MAX_PAST_S {
+        return Err(Rejected::Ancient {
+            entity: s.entity.clone(),
+            metric: s.metric.clone(),
+            ts: s.ts,
+            behind_s: -ahead_s,
+        });
+    }
     if ahead_s > MAX_FUTURE_SKEW_S {
         return Err(Rejected::FromFuture {
             entity: s.entity.clone(),
@@ -319,6 +345,33 @@ mod tests {
         assert_eq!(
             s.observe(&rack(), INLET_TEMP_C, t0).map(|o| o.value),
             Some(27.0)
+        );
+    }
+
+    #[test]
+    fn history_is_not_telemetry_and_a_counter_going_back_is_a_reset() {
+        let mut s = Snapshot::new();
+        let t0 = Timestamp::from_secs(1_000_000);
+        let old = s.ingest(
+            Sample::new(rack(), INLET_TEMP_C, 25.0, t0 + -90_000.0, "t"),
+            t0,
+        );
+        assert_eq!(old.expect_err("rejected").reason(), "ancient_timestamp");
+        let gpu = EntityId::gpu("n1", 0);
+        assert_eq!(
+            s.ingest(Sample::new(gpu.clone(), ENERGY_J, 5e6, t0, "t"), t0),
+            Ok(Ingested::Updated)
+        );
+        assert_eq!(
+            s.ingest(
+                Sample::new(gpu.clone(), ENERGY_J, 6e6, t0 + 1.0, "t"),
+                t0 + 1.0
+            ),
+            Ok(Ingested::Updated)
+        );
+        assert_eq!(
+            s.ingest(Sample::new(gpu, ENERGY_J, 10.0, t0 + 2.0, "t"), t0 + 2.0),
+            Ok(Ingested::CounterReset)
         );
     }
 

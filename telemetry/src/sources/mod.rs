@@ -1,4 +1,5 @@
 //! Where samples come from: one module per protocol, each owning its client.
 
+pub mod log_limit;
 pub mod mqtt;
 pub mod redfish;

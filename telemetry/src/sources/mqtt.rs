@@ -177,6 +177,7 @@ impl MqttSource {
         }
         let (client, mut connection) = Client::new(opts, 64);
         let mut failures: u32 = 0;
+        let mut limiter = super::log_limit::LogLimiter::default();
         let source = format!("mqtt:{}", self.cfg.url);
         while keep_going() {
             match connection.recv_timeout(Duration::from_millis(100)) {
@@ -215,6 +216,12 @@ impl MqttSource {
                     self.counters.samples += decoded.samples.len() as u64;
                     for r in &decoded.rejects {
                         *self.counters.rejects.entry(r.reason).or_default() += 1;
+                        if let Some(left_out) = limiter.allow(r.reason, Instant::now()) {
+                            warn!(
+                                reason = r.reason,
+                                left_out, "mqtt message rejected: {}", r.detail
+                            );
+                        }
                     }
                     sink(Event::Message {
                         topic: p.topic.clone(),

@@ -522,6 +522,7 @@ fn sum_by_metric(found: Vec<Found>) -> Vec<Found> {
 pub struct Poller {
     pub endpoints: Vec<Endpoint>,
     pub concurrency: usize,
+    log: super::log_limit::LogLimiter,
 }
 
 /// 1 s, 2 s, 4 s ... up to 5 min between tries of a dead endpoint.
@@ -538,6 +539,7 @@ impl Poller {
         Ok(Poller {
             endpoints,
             concurrency: concurrency.max(1),
+            log: super::log_limit::LogLimiter::default(),
         })
     }
 
@@ -586,9 +588,18 @@ impl Poller {
             if r.skipped {
                 continue;
             }
-            if r.error.is_some() {
+            for rej in &r.rejects {
+                if let Some(left_out) = self
+                    .log
+                    .allow(&format!("{}:{}", ep.cfg.name, rej.reason), Instant::now())
+                {
+                    tracing::warn!(endpoint = %ep.cfg.name, reason = rej.reason, left_out, "redfish: {}", rej.detail);
+                }
+            }
+            if let Some(e) = &r.error {
                 ep.failures += 1;
                 ep.retry_at = Some(Instant::now() + backoff(ep.failures));
+                tracing::debug!(endpoint = %ep.cfg.name, failures = ep.failures, error = %e, "redfish endpoint backing off");
             } else {
                 ep.failures = 0;
                 ep.retry_at = None;
