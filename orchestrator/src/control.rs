@@ -111,6 +111,11 @@ impl ControlLoop {
         &self.site
     }
 
+    /// Marks every reading of an entity bad (its source said it died).
+    pub fn mark_bad(&mut self, entity: &telemetry::EntityId) {
+        self.snapshot.mark_bad(entity);
+    }
+
     /// One pass of the loop at `now`.
     /// `samples` are what the telemetry sources produced since the last tick; `jobs` is
     /// the schedulers' current view.

@@ -7,6 +7,7 @@
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
+//! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
@@ -21,4 +22,5 @@ pub mod embedded;
 pub mod probe;
 pub mod registry;
 pub mod report;
+pub mod serve;
 pub mod sim;

@@ -50,6 +50,18 @@ enum Command {
         #[arg(long, default_value = demo::DEFAULT_START)]
         start: String,
     },
+    /// Run the controller: ingest telemetry, evaluate the policy, keep the store.
+    Serve {
+        /// The controller's config file (powerplane.toml).
+        #[arg(long)]
+        config: PathBuf,
+        /// Stop after this many seconds (for tests and dry runs); default: until SIGTERM.
+        #[arg(long)]
+        run_for_s: Option<f64>,
+        /// Validate the config and everything it names, then exit.
+        #[arg(long)]
+        check: bool,
+    },
     /// Check site files.
     Site {
         #[command(subcommand)]
@@ -148,11 +160,20 @@ enum PolicyCommand {
     },
 }
 
+/// `serve` logs its decisions at info; the tools only warn.
+fn default_log_filter() -> &'static str {
+    if std::env::args().nth(1).as_deref() == Some("serve") {
+        "info"
+    } else {
+        "warn"
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("POWERPLANE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| default_log_filter().into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -184,6 +205,21 @@ fn main() -> ExitCode {
                 })
                 .map_err(|e| e.to_string())
         }),
+        Command::Serve {
+            config,
+            run_for_s,
+            check,
+        } => {
+            if check {
+                orchestrator::serve::load(&config).map(|_| {
+                    println!("{}: ok", config.display());
+                    ExitCode::SUCCESS
+                })
+            } else {
+                orchestrator::serve::run(&config, run_for_s.map(std::time::Duration::from_secs_f64))
+                    .map(|_| ExitCode::SUCCESS)
+            }
+        }
         Command::Telemetry {
             command: TelemetryCommand::Probe(opts),
         } => probe(opts),

@@ -313,3 +313,119 @@ fn telemetry_probe_prints_what_a_redfish_pdu_reports() {
         "{text}"
     );
 }
+
+#[test]
+fn serve_ingests_mqtt_and_redfish_decides_and_restores_after_a_restart() {
+    use integrations::store::Store;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::copy(root.join("examples/demo/prices.csv"), d.join("prices.csv")).expect("prices");
+    // no GPU agents yet: budgets off, so that the thermal rule's decision shows
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nstep_interval_s = 1\n",
+    )
+    .expect("policy");
+    let topic = format!("pptest-serve-{}", std::process::id());
+    std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
+    let sushy = std::env::var("POWERPLANE_SUSHY_STATIC")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| root.join(".venv/bin/sushy-static"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut bmc = Command::new(&sushy)
+        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+        .arg(root.join("tests/fixtures/redfish/public-pdu"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("this test needs sushy-static at {}: {e}", sushy.display()));
+    let mqtt_port: u16 = std::env::var("POWERPLANE_TEST_MQTT_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1883);
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{mqtt_port}\"\nmapping = \"mapping.toml\"\n\n[redfish]\ninterval_s = 1\n[[redfish.endpoints]]\nname = \"pdu\"\nurl = \"http://127.0.0.1:{port}\"\nentities = {{ \"RackPDUs/1\" = \"pdu/pdu-a01\" }}\n\n[prices]\nfile = \"prices.csv\"\n"
+        ),
+    )
+    .expect("config");
+    let check = powerplane()
+        .args(["serve", "--check", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .output()
+        .expect("serve --check");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let serve = powerplane()
+        .args(["serve", "--run-for-s", "4", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    for _ in 0..4 {
+        let ok = Command::new("mosquitto_pub")
+            .args([
+                "-p",
+                &mqtt_port.to_string(),
+                "-t",
+                &format!("{topic}/b01/inlet"),
+                "-m",
+                "{\"c\": 35.5}",
+            ])
+            .status()
+            .expect("this test needs mosquitto_pub");
+        assert!(ok.success());
+        std::thread::sleep(std::time::Duration::from_millis(400));
+    }
+    let out = serve.wait_with_output().expect("serve ran");
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+
+    let mut store = Store::new(Box::new(
+        orchestrator::embedded::EmbeddedBackend::open(&d.join("state.redb")).expect("store"),
+    ));
+    let audit: Vec<_> = store
+        .audit(1, 1000)
+        .expect("audit")
+        .into_iter()
+        .map(|a| a.1)
+        .collect();
+    let thermal = audit
+        .iter()
+        .find(|a| a.rule == "thermal.inlet")
+        .unwrap_or_else(|| panic!("a thermal decision in {audit:?}\n{log}"));
+    assert_eq!(thermal.values.get("inlet_temp_c"), Some(&35.5));
+    assert_eq!(thermal.target.to_string(), "32 GPUs of rack/b01");
+    let caps = store.state().expect("state").caps;
+    assert_eq!(caps.len(), 32, "b01's 32 GPUs capped, with leases");
+    drop(store);
+
+    // a restart restores the caps from the store before anything else
+    let again = powerplane()
+        .args(["serve", "--run-for-s", "0.3", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .output()
+        .expect("serve again");
+    let _ = bmc.kill();
+    let _ = bmc.wait();
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        log.contains("restored from the store store=\"embedded\" caps=32"),
+        "{log}"
+    );
+}

@@ -1,0 +1,390 @@
+//! `powerplane serve`: the controller on a real clock.
+//!
+//! Sources run on threads of their own (MQTT, the Redfish poller) and put samples into
+//! one bounded buffer that keeps the newest and counts what it drops. Every tick the
+//! control loop drains it, evaluates the policy and commits to the store. Until the GPU
+//! agents and scheduler adapters land, actuation is observe-only: the desired caps and
+//! holds are computed, leased, audited and stored, and logged, but nothing is commanded.
+//! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use integrations::prices::Series;
+use integrations::store::redis::RedisBackend;
+use integrations::store::Store;
+use policies::{Policy, State};
+use serde::Deserialize;
+use telemetry::mapping::Mapping;
+use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
+use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
+use telemetry::sources::redfish::{EndpointConfig, Poller};
+use telemetry::{EntityId, Sample, Site, Timestamp};
+use tracing::{info, warn};
+
+use crate::control::{Actuator, ControlLoop};
+use crate::embedded::EmbeddedBackend;
+use crate::probe::wall_clock;
+
+/// `powerplane.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub controller: ControllerConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub mqtt: Option<MqttSection>,
+    #[serde(default)]
+    pub redfish: Option<RedfishSection>,
+    #[serde(default)]
+    pub prices: Option<PricesSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    pub site: PathBuf,
+    pub policy: PathBuf,
+    #[serde(default = "default_tick")]
+    pub tick_s: f64,
+    #[serde(default = "default_ledger")]
+    pub ledger_interval_s: f64,
+    /// Samples the buffer holds between ticks; beyond it the oldest are dropped.
+    #[serde(default = "default_buffer")]
+    pub buffer_samples: usize,
+}
+
+fn default_tick() -> f64 {
+    15.0
+}
+fn default_ledger() -> f64 {
+    60.0
+}
+fn default_buffer() -> usize {
+    200_000
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
+pub enum StoreConfig {
+    #[default]
+    Memoryless,
+    Embedded {
+        path: PathBuf,
+    },
+    Redis {
+        url: String,
+        #[serde(default = "default_prefix")]
+        prefix: String,
+    },
+}
+
+fn default_prefix() -> String {
+    "powerplane".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttSection {
+    pub mapping: PathBuf,
+    #[serde(flatten)]
+    pub client: MqttConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedfishSection {
+    #[serde(default = "default_interval")]
+    pub interval_s: f64,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    pub endpoints: Vec<EndpointConfig>,
+}
+
+fn default_interval() -> f64 {
+    10.0
+}
+fn default_concurrency() -> usize {
+    32
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PricesSection {
+    /// CSV with `start,price_per_kwh[,carbon_g_per_kwh]`.
+    pub file: PathBuf,
+}
+
+/// Samples waiting for the next tick: bounded, keeps the newest, counts what it drops.
+#[derive(Debug)]
+pub struct Buffer {
+    cap: usize,
+    items: Mutex<(VecDeque<Sample>, Vec<EntityId>)>,
+    pub dropped: AtomicU64,
+}
+
+impl Buffer {
+    pub fn new(cap: usize) -> Self {
+        Buffer {
+            cap: cap.max(1),
+            items: Mutex::new((VecDeque::new(), Vec::new())),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub fn push(&self, samples: Vec<Sample>, dead: Vec<EntityId>) {
+        let mut g = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        for s in samples {
+            if g.0.len() == self.cap {
+                g.0.pop_front();
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            g.0.push_back(s);
+        }
+        g.1.extend(dead);
+    }
+
+    pub fn drain(&self) -> (Vec<Sample>, Vec<EntityId>) {
+        let mut g = self.items.lock().unwrap_or_else(|p| p.into_inner());
+        (g.0.drain(..).collect(), std::mem::take(&mut g.1))
+    }
+}
+
+/// Actuation until agents and schedulers are wired: log what changed, command nothing.
+#[derive(Debug, Default)]
+pub struct ObserveOnly {
+    last: State,
+}
+
+impl Actuator for ObserveOnly {
+    fn apply(&mut self, state: &State, _now: Timestamp) -> Vec<String> {
+        let watts = |s: &State| {
+            s.caps
+                .iter()
+                .map(|(g, c)| (g.clone(), c.watts.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        let held = |s: &State| s.holds.keys().cloned().collect::<Vec<_>>();
+        if watts(state) != watts(&self.last) || held(state) != held(&self.last) {
+            info!(
+                caps = state.caps.len(),
+                holds = state.holds.len(),
+                "desired state changed (observe-only: nothing commanded)"
+            );
+        }
+        self.last = state.clone();
+        Vec::new()
+    }
+}
+
+fn read(path: &Path, base: &Path) -> Result<(String, String)> {
+    let p = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
+    };
+    let text =
+        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    Ok((p.display().to_string(), text))
+}
+
+/// Loads and checks everything the config names; every problem is an error here,
+/// before anything starts.
+pub fn load(
+    config_path: &Path,
+) -> Result<(
+    Config,
+    Site,
+    Policy,
+    Option<Mapping>,
+    Option<(Series, Series)>,
+)> {
+    let base = config_path.parent().unwrap_or(Path::new("."));
+    let (name, text) = read(config_path, Path::new("."))?;
+    let cfg: Config = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}", telemetry::diag::from_toml_error(&name, &text, &e)))?;
+    let (n, t) = read(&cfg.controller.site, base)?;
+    let site = Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (n, t) = read(&cfg.controller.policy, base)?;
+    let policy = Policy::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mapping = match &cfg.mqtt {
+        Some(m) => {
+            let (n, t) = read(&m.mapping, base)?;
+            Some(Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?)
+        }
+        None => None,
+    };
+    let prices = match &cfg.prices {
+        Some(p) => {
+            let (n, t) = read(&p.file, base)?;
+            let price = Series::from_csv(&n, &t, "price_per_kwh")?;
+            let carbon = Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default();
+            Some((price, carbon))
+        }
+        None => None,
+    };
+    anyhow::ensure!(
+        (0.1..=3600.0).contains(&cfg.controller.tick_s),
+        "{name}: controller.tick_s must be within 0.1..=3600, got {}",
+        cfg.controller.tick_s
+    );
+    Ok((cfg, site, policy, mapping, prices))
+}
+
+fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
+    Ok(match cfg {
+        StoreConfig::Memoryless => anyhow::bail!(
+            "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
+        ),
+        StoreConfig::Embedded { path } => {
+            let p = if path.is_absolute() {
+                path.clone()
+            } else {
+                base.join(path)
+            };
+            Store::new(Box::new(EmbeddedBackend::open(&p)?))
+        }
+        StoreConfig::Redis { url, prefix } => {
+            Store::new(Box::new(RedisBackend::connect(url, prefix)?))
+        }
+    })
+}
+
+/// Runs the controller until a signal, or for `run_for` when given.
+pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
+    let (cfg, site, policy, mapping, prices) = load(config_path)?;
+    let base = config_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let store = open_store(&cfg.store, &base)?;
+    let backend = store.backend_name();
+    let mut control = ControlLoop::restore(
+        site.clone(),
+        policy,
+        store,
+        cfg.controller.ledger_interval_s,
+    )?;
+    info!(
+        store = backend,
+        caps = control.state().caps.len(),
+        holds = control.state().holds.len(),
+        jobs = control.registry().len(),
+        "restored from the store"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
+    }
+    let started = Instant::now();
+    let keep_going = {
+        let stop = stop.clone();
+        move || !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| started.elapsed() < d)
+    };
+    let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
+    let mut threads = Vec::new();
+    if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
+        let mut source = MqttSource::new(m.client.clone(), mapping)?;
+        let (buf, keep) = (buffer.clone(), keep_going.clone());
+        info!(url = %m.client.url, filters = ?source.filters(), "mqtt source starting");
+        threads.push(
+            std::thread::Builder::new()
+                .name("mqtt".into())
+                .spawn(move || {
+                    source.run(&keep, &wall_clock, &mut |ev| {
+                        if let Event::Message { decoded, .. } = ev {
+                            buf.push(decoded.samples, decoded.dead);
+                        }
+                    });
+                })?,
+        );
+    }
+    if let Some(r) = cfg.redfish.clone() {
+        let mut poller = Poller::new(r.endpoints, r.concurrency)?;
+        let (buf, keep) = (buffer.clone(), keep_going.clone());
+        let interval = Duration::from_secs_f64(r.interval_s.max(1.0));
+        info!(
+            endpoints = poller.endpoints.len(),
+            interval_s = r.interval_s,
+            "redfish poller starting"
+        );
+        threads.push(
+            std::thread::Builder::new()
+                .name("redfish".into())
+                .spawn(move || {
+                    while keep() {
+                        let t = Instant::now();
+                        for p in poller.poll(wall_clock()) {
+                            buf.push(p.samples, Vec::new());
+                        }
+                        if t.elapsed() > interval {
+                            warn!(
+                                took_ms = t.elapsed().as_millis() as u64,
+                                "redfish poll took longer than its interval"
+                            );
+                        }
+                        while keep() && t.elapsed() < interval {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    }
+                })?,
+        );
+    }
+
+    let tick = Duration::from_secs_f64(cfg.controller.tick_s);
+    let mut actuator = ObserveOnly::default();
+    let mut next = Instant::now();
+    while keep_going() {
+        let now = wall_clock();
+        let (mut samples, dead) = buffer.drain();
+        for e in &dead {
+            control.mark_bad(e);
+        }
+        if let Some((price, carbon)) = &prices {
+            let site_id = site.site_entity();
+            if let Some(p) = price.at(now) {
+                samples.push(Sample::new(
+                    site_id.clone(),
+                    PRICE_PER_KWH,
+                    p,
+                    now,
+                    "prices",
+                ));
+            }
+            if let Some(c) = carbon.at(now) {
+                samples.push(Sample::new(site_id, CARBON_G_PER_KWH, c, now, "prices"));
+            }
+        }
+        let report = control.tick(now, samples, Vec::new(), &mut actuator);
+        for d in &report.decisions {
+            info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
+        }
+        if let Some(e) = report.store_error {
+            warn!(error = %e, "store unavailable; writes kept for the next tick");
+        }
+        next += tick;
+        while keep_going() && Instant::now() < next {
+            std::thread::sleep(
+                Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    control.finish(wall_clock())?;
+    let c = &control.counters;
+    info!(
+        ticks = c.ticks,
+        accepted = c.samples_accepted,
+        rejected = c.samples_rejected.values().sum::<u64>(),
+        dropped = buffer.dropped.load(Ordering::Relaxed),
+        decisions = c.decisions,
+        "stopped"
+    );
+    Ok(())
+}
