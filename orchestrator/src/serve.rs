@@ -193,17 +193,19 @@ fn read(path: &Path, base: &Path) -> Result<(String, String)> {
     Ok((p.display().to_string(), text))
 }
 
+/// Everything `serve` needs, read and checked.
+pub struct Loaded {
+    pub config: Config,
+    pub site: Site,
+    pub policy: Policy,
+    pub mapping: Option<Mapping>,
+    /// Price and carbon series.
+    pub prices: Option<(Series, Series)>,
+}
+
 /// Loads and checks everything the config names; every problem is an error here,
 /// before anything starts.
-pub fn load(
-    config_path: &Path,
-) -> Result<(
-    Config,
-    Site,
-    Policy,
-    Option<Mapping>,
-    Option<(Series, Series)>,
-)> {
+pub fn load(config_path: &Path) -> Result<Loaded> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     let (name, text) = read(config_path, Path::new("."))?;
     let cfg: Config = toml::from_str(&text)
@@ -233,7 +235,13 @@ pub fn load(
         "{name}: controller.tick_s must be within 0.1..=3600, got {}",
         cfg.controller.tick_s
     );
-    Ok((cfg, site, policy, mapping, prices))
+    Ok(Loaded {
+        config: cfg,
+        site,
+        policy,
+        mapping,
+        prices,
+    })
 }
 
 fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
@@ -257,7 +265,13 @@ fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
 
 /// Runs the controller until a signal, or for `run_for` when given.
 pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
-    let (cfg, site, policy, mapping, prices) = load(config_path)?;
+    let Loaded {
+        config: cfg,
+        site,
+        policy,
+        mapping,
+        prices,
+    } = load(config_path)?;
     let base = config_path.parent().unwrap_or(Path::new(".")).to_path_buf();
     let store = open_store(&cfg.store, &base)?;
     let backend = store.backend_name();
