@@ -272,3 +272,41 @@ fn a_self_signed_bmc_is_refused_unless_pinned_trusted_or_explicitly_insecure() {
         Some("tls")
     );
 }
+
+#[test]
+fn after_discovery_only_the_resources_with_readings_are_read() {
+    for mockup in ["public-pdu", "public-rackmount1", "public-cooling-unit"] {
+        let bmc = Sushy::start(mockup, None);
+        let mut poller = Poller::new(vec![EndpointConfig::new("e", &bmc.url)], 1).expect("poller");
+        let readings = |p: &Polled| {
+            let mut v: Vec<(String, String, String, u64)> = p
+                .samples
+                .iter()
+                .map(|s| {
+                    (
+                        s.entity.to_string(),
+                        s.metric.to_string(),
+                        s.source.clone(),
+                        s.value.to_bits(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let first = poller.poll(now()).remove(0);
+        let second = poller.poll(now()).remove(0);
+        assert!(first.error.is_none() && second.error.is_none());
+        assert_eq!(
+            readings(&first),
+            readings(&second),
+            "{mockup}: the same readings"
+        );
+        assert!(
+            second.requests * 2 < first.requests,
+            "{mockup}: {} GETs after {} for discovery",
+            second.requests,
+            first.requests
+        );
+    }
+}

@@ -111,11 +111,20 @@ impl RedfishError {
     }
 }
 
+/// Polls between two full discoveries of an endpoint's tree (new outlets, a swapped
+/// PDU); in between only the resources that gave readings are read.
+pub const REDISCOVER_EVERY: u32 = 360;
+
 /// One endpoint with its client and its health.
 pub struct Endpoint {
     pub cfg: EndpointConfig,
     client: reqwest::blocking::Client,
     token: Mutex<Option<String>>,
+    /// What discovery found to read, and how many polls have used it.
+    plan: Mutex<Option<(Vec<Read>, u32)>>,
+    /// Where this endpoint's rediscovery cycle starts, spread by its name.
+    first_rediscovery_at: u32,
+    first_rediscovery_done: std::sync::atomic::AtomicBool,
     failures: u32,
     retry_at: Option<Instant>,
 }
@@ -137,13 +146,28 @@ pub struct Polled {
 impl Endpoint {
     pub fn new(cfg: EndpointConfig) -> Result<Self, RedfishError> {
         let client = tls::client(&cfg)?;
-        Ok(Endpoint {
+        Ok(Self::with_client(cfg, client))
+    }
+
+    /// An endpoint that shares a client (and its connection pool) with others of the
+    /// same TLS settings and timeout.
+    fn with_client(cfg: EndpointConfig, client: reqwest::blocking::Client) -> Self {
+        // spread rediscovery over the polls instead of doing every endpoint at once
+        let offset = cfg
+            .name
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+            % REDISCOVER_EVERY;
+        Endpoint {
             cfg,
             client,
             token: Mutex::new(None),
+            plan: Mutex::new(None),
+            first_rediscovery_at: offset,
+            first_rediscovery_done: std::sync::atomic::AtomicBool::new(false),
             failures: 0,
             retry_at: None,
-        })
+        }
     }
 
     fn fail(&self, path: &str, kind: &'static str, message: impl Into<String>) -> RedfishError {
@@ -243,11 +267,55 @@ impl Endpoint {
                 ..Polled::default()
             },
             now,
+            plan: Vec::new(),
+            mains: BTreeMap::new(),
         };
+        let cached = {
+            let mut g = self.plan.lock().unwrap_or_else(|p| p.into_inner());
+            match g.as_mut() {
+                Some((plan, polls)) if *polls < REDISCOVER_EVERY => {
+                    *polls += 1;
+                    Some(plan.clone())
+                }
+                _ => None,
+            }
+        };
+        if let Some(plan) = cached {
+            match w.replay(&plan) {
+                Ok(()) => {
+                    w.out.elapsed = started.elapsed();
+                    return Ok(w.out);
+                }
+                Err(e) => {
+                    *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    if e.reason() != "http_status" {
+                        return Err(e);
+                    }
+                    // a resource went away: discover the tree again right now
+                    w = Walk {
+                        ep: self,
+                        out: Polled {
+                            endpoint: self.cfg.name.clone(),
+                            ..Polled::default()
+                        },
+                        now,
+                        plan: Vec::new(),
+                        mains: BTreeMap::new(),
+                    };
+                }
+            }
+        }
         let root = w.get("/redfish/v1")?;
         w.chassis(&root);
         w.power_equipment(&root);
         w.thermal_equipment(&root);
+        let polls = if self.first_rediscovery_done.swap(true, Ordering::Relaxed) {
+            0
+        } else {
+            self.first_rediscovery_at
+        };
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((std::mem::take(&mut w.plan), polls));
         w.out.elapsed = started.elapsed();
         Ok(w.out)
     }
@@ -282,6 +350,9 @@ struct Walk<'a> {
     ep: &'a Endpoint,
     out: Polled,
     now: Timestamp,
+    /// What discovery found worth reading again.
+    plan: Vec<Read>,
+    mains: BTreeMap<EntityId, Vec<Found>>,
 }
 
 fn link(v: &Value, key: &str) -> Option<String> {
@@ -356,6 +427,61 @@ impl Walk<'_> {
         }
     }
 
+    /// Extracts a resource's readings, emits them, and remembers the resource for the
+    /// polls that follow discovery when it gave any.
+    fn read(&mut self, kind: Kind, entity: &EntityId, path: &str, v: &Value) {
+        let found = kind.extract(entity, path, v);
+        if found.iter().any(|(_, f)| !f.is_empty()) || kind == Kind::Mains {
+            self.plan.push(Read {
+                path: path.to_string(),
+                kind,
+                entity: entity.clone(),
+            });
+        }
+        if kind == Kind::Mains {
+            self.mains
+                .entry(entity.clone())
+                .or_default()
+                .extend(found.into_iter().flat_map(|(_, f)| f));
+            return;
+        }
+        for (e, f) in found {
+            self.emit(&e, f);
+        }
+    }
+
+    fn read_link(&mut self, kind: Kind, entity: &EntityId, parent: &Value, key: &str) {
+        if let Some(p) = link(parent, key) {
+            if let Some(v) = self.try_get(&p) {
+                self.read(kind, entity, &p, &v);
+            }
+        }
+    }
+
+    /// Sums each PDU's mains into its own readings.
+    fn flush_mains(&mut self) {
+        for (e, found) in std::mem::take(&mut self.mains) {
+            self.emit(&e, sum_by_metric(found));
+        }
+    }
+
+    /// The polls after discovery: only the resources that gave readings.
+    fn replay(&mut self, plan: &[Read]) -> Result<(), RedfishError> {
+        for r in plan {
+            match self.get(&r.path) {
+                Ok(v) => self.read(r.kind, &r.entity, &r.path, &v),
+                Err(e) if e.reason() == "http_status" => return Err(e), // the tree changed: discover again
+                Err(e) if matches!(e.reason(), "timeout" | "unreachable" | "tls") => return Err(e),
+                Err(e) => self.out.rejects.push(Reject {
+                    reason: e.reason(),
+                    detail: e.to_string(),
+                }),
+            }
+        }
+        self.flush_mains();
+        Ok(())
+    }
+
     fn chassis(&mut self, root: &Value) {
         for (path, c) in self.collection(root, "Chassis") {
             let id = last_segment(&path).to_string();
@@ -363,23 +489,11 @@ impl Walk<'_> {
                 .ep
                 .entity(&format!("Chassis/{id}"), EntityKind::Node, &id);
             // legacy first: where both exist, the current model's reading is the one kept
-            if let Some(p) = link(&c, "Power") {
-                if let Some(v) = self.try_get(&p) {
-                    self.emit(&entity, extract::legacy_power(&v, &p));
-                }
-            }
-            if let Some(p) = link(&c, "Thermal") {
-                if let Some(v) = self.try_get(&p) {
-                    self.emit(&entity, extract::legacy_thermal(&v, &p));
-                }
-            }
-            if let Some(p) = link(&c, "EnvironmentMetrics") {
-                if let Some(v) = self.try_get(&p) {
-                    self.emit(&entity, extract::environment(&v, &p));
-                }
-            }
+            self.read_link(Kind::LegacyPower, &entity, &c, "Power");
+            self.read_link(Kind::LegacyThermal, &entity, &c, "Thermal");
+            self.read_link(Kind::Environment, &entity, &c, "EnvironmentMetrics");
             for (sp, s) in self.collection(&c, "Sensors") {
-                self.emit(&entity, extract::sensor(&s, &sp));
+                self.read(Kind::Sensor, &entity, &sp, &s);
             }
         }
     }
@@ -393,26 +507,25 @@ impl Walk<'_> {
             let entity = self
                 .ep
                 .entity(&format!("RackPDUs/{id}"), EntityKind::Pdu, &id);
-            let mut mains: Vec<Found> = Vec::new();
             for (mp, m) in self.collection(&pdu, "Mains") {
-                mains.extend(extract::circuit(&m, &mp));
+                self.read(Kind::Mains, &entity, &mp, &m);
             }
-            self.emit(&entity, sum_by_metric(mains));
             for (bp, b) in self.collection(&pdu, "Branches") {
                 let e = EntityId::new(
                     EntityKind::Branch,
                     format!("{}.{}", entity.name, last_segment(&bp)),
                 );
-                self.emit(&e, extract::circuit(&b, &bp));
+                self.read(Kind::Circuit, &e, &bp, &b);
             }
             for (op, o) in self.collection(&pdu, "Outlets") {
                 let e = EntityId::new(
                     EntityKind::Outlet,
                     format!("{}.{}", entity.name, last_segment(&op)),
                 );
-                self.emit(&e, extract::circuit(&o, &op));
+                self.read(Kind::Circuit, &e, &op, &o);
             }
         }
+        self.flush_mains();
     }
 
     fn thermal_equipment(&mut self, root: &Value) {
@@ -424,11 +537,7 @@ impl Walk<'_> {
             let entity = self
                 .ep
                 .entity(&format!("CDUs/{id}"), EntityKind::Cooling, &id);
-            if let Some(p) = link(&cdu, "EnvironmentMetrics") {
-                if let Some(v) = self.try_get(&p) {
-                    self.emit(&entity, extract::environment(&v, &p));
-                }
-            }
+            self.read_link(Kind::Environment, &entity, &cdu, "EnvironmentMetrics");
             for (loop_key, loop_name) in [
                 ("PrimaryCoolantConnectors", "primary"),
                 ("SecondaryCoolantConnectors", "secondary"),
@@ -441,9 +550,11 @@ impl Walk<'_> {
                     } else {
                         format!("{}.{loop_name}{}", entity.name, last_segment(&cp))
                     };
-                    self.emit(
+                    self.read(
+                        Kind::Coolant,
                         &EntityId::new(EntityKind::Cooling, name),
-                        extract::coolant_connector(&c, &cp),
+                        &cp,
+                        &c,
                     );
                 }
             }
@@ -452,7 +563,7 @@ impl Walk<'_> {
                     EntityKind::Cooling,
                     format!("{}.pump{}", entity.name, last_segment(&pp)),
                 );
-                self.emit(&e, extract::pump(&p, &pp));
+                self.read(Kind::Pump, &e, &pp, &p);
             }
             if let Some((lp, ld)) =
                 link(&cdu, "LeakDetection").and_then(|p| self.try_get(&p).map(|v| (p, v)))
@@ -463,14 +574,52 @@ impl Walk<'_> {
                         EntityKind::Cooling,
                         format!("{}.leak.{}", entity.name, last_segment(&dp)),
                     );
-                    self.emit(&e, extract::leak_detector(&d, &dp));
+                    self.read(Kind::LeakDetector, &e, &dp, &d);
                 }
-                let groups = ld
+                self.read(Kind::LeakGroups, &entity, &lp, &ld);
+            }
+        }
+    }
+}
+
+/// How to read a resource that discovery found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    LegacyPower,
+    LegacyThermal,
+    Environment,
+    Sensor,
+    /// A PDU's mains: summed over all of them into the PDU's own readings.
+    Mains,
+    Circuit,
+    Coolant,
+    Pump,
+    LeakDetector,
+    /// `LeakDetection` with its detectors inline in groups.
+    LeakGroups,
+}
+
+impl Kind {
+    fn extract(self, entity: &EntityId, path: &str, v: &Value) -> Vec<(EntityId, Vec<Found>)> {
+        let one = |f: Vec<Found>| vec![(entity.clone(), f)];
+        match self {
+            Kind::LegacyPower => one(extract::legacy_power(v, path)),
+            Kind::LegacyThermal => one(extract::legacy_thermal(v, path)),
+            Kind::Environment => one(extract::environment(v, path)),
+            Kind::Sensor => one(extract::sensor(v, path)),
+            Kind::Mains | Kind::Circuit => one(extract::circuit(v, path)),
+            Kind::Coolant => one(extract::coolant_connector(v, path)),
+            Kind::Pump => one(extract::pump(v, path)),
+            Kind::LeakDetector => one(extract::leak_detector(v, path)),
+            Kind::LeakGroups => {
+                let mut out = Vec::new();
+                for (gi, g) in v
                     .get("LeakDetectorGroups")
                     .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                for (gi, g) in groups.iter().enumerate() {
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                {
                     for (di, d) in g
                         .get("Detectors")
                         .and_then(Value::as_array)
@@ -488,18 +637,27 @@ impl Walk<'_> {
                             EntityKind::Cooling,
                             format!("{}.leak.{id}", entity.name),
                         );
-                        self.emit(
-                            &e,
+                        out.push((
+                            e,
                             extract::leak_detector(
                                 d,
-                                &format!("{lp}#LeakDetectorGroups/{gi}/Detectors/{di}"),
+                                &format!("{path}#LeakDetectorGroups/{gi}/Detectors/{di}"),
                             ),
-                        );
+                        ));
                     }
                 }
+                out
             }
         }
     }
+}
+
+/// One resource to GET on every poll, and how to read it.
+#[derive(Debug, Clone, PartialEq)]
+struct Read {
+    path: String,
+    kind: Kind,
+    entity: EntityId,
 }
 
 /// Several mains of one PDU: power, current and energy add up; voltage is the first.
@@ -532,10 +690,21 @@ pub fn backoff(failures: u32) -> Duration {
 
 impl Poller {
     pub fn new(configs: Vec<EndpointConfig>, concurrency: usize) -> Result<Self, RedfishError> {
-        let endpoints = configs
-            .into_iter()
-            .map(Endpoint::new)
-            .collect::<Result<_, _>>()?;
+        // one client (one pool, one runtime thread) per distinct TLS setting and timeout
+        let mut clients: BTreeMap<String, reqwest::blocking::Client> = BTreeMap::new();
+        let mut endpoints = Vec::with_capacity(configs.len());
+        for cfg in configs {
+            let key = format!("{:?}/{}", cfg.tls, cfg.timeout_s);
+            let client = match clients.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = tls::client(&cfg)?;
+                    clients.insert(key, c.clone());
+                    c
+                }
+            };
+            endpoints.push(Endpoint::with_client(cfg, client));
+        }
         Ok(Poller {
             endpoints,
             concurrency: concurrency.max(1),

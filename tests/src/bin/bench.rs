@@ -1,0 +1,288 @@
+//! Benchmarks that need real servers, printing figures to record in
+//! docs/performance.md:
+//!
+//! - `bench mqtt [--messages N]`: JSON telemetry published to a private Mosquitto as
+//!   fast as one publisher can; powerplane's MQTT source (decode + snapshot) against
+//!   `mosquitto_sub` draining the same stream, in the same run, each pinned to one core.
+//! - `bench redfish [--endpoints N] [--interval-s S]`: N Redfish endpoints (the DMTF
+//!   rack PDU mockup, from a local keep-alive HTTP server) polled for three intervals.
+//!
+//! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use powerplane_tests::{workspace_root, Broker};
+use telemetry::mapping::Mapping;
+use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
+use telemetry::sources::redfish::{EndpointConfig, Poller};
+use telemetry::{Snapshot, Timestamp};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn pin(core: usize) {
+    let _ = Command::new("taskset")
+        .args(["-pc", &core.to_string(), &std::process::id().to_string()])
+        .stdout(Stdio::null())
+        .status();
+}
+
+fn payloads(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            format!(
+                "{{\"value\": {}, \"ts\": {}}}",
+                70.0 + (i % 20) as f64 * 0.5,
+                1_796_000_000 + i / 100
+            )
+        })
+        .collect()
+}
+
+/// Publishes every line with `mosquitto_pub -l` (one message per line, QoS 0).
+fn publish(port: u16, lines: &[String]) -> Duration {
+    let start = Instant::now();
+    let mut child = Command::new("mosquitto_pub")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-t",
+            "bench/r01/inlet",
+            "-l",
+            "-q",
+            "0",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_pub");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        let mut all = String::with_capacity(lines.len() * 40);
+        for l in lines {
+            all.push_str(l);
+            all.push('\n');
+        }
+        stdin.write_all(all.as_bytes()).expect("write");
+    }
+    child.wait().expect("publisher");
+    start.elapsed()
+}
+
+fn bench_mqtt() {
+    let n = arg("--messages", 200_000);
+    let broker = Broker::start();
+    let lines = payloads(n);
+    let core = if std::thread::available_parallelism()
+        .map(|p| p.get())
+        .unwrap_or(1)
+        > 1
+    {
+        1
+    } else {
+        0
+    };
+
+    // mosquitto_sub, pinned to one core, counting lines until it has them all or goes quiet
+    let mut sub = Command::new("taskset")
+        .args([
+            "-c",
+            &core.to_string(),
+            "mosquitto_sub",
+            "-p",
+            &broker.port.to_string(),
+            "-t",
+            "bench/#",
+            "-C",
+            &n.to_string(),
+            "-W",
+            "60",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_sub");
+    std::thread::sleep(Duration::from_millis(500));
+    let reader = std::thread::spawn({
+        let out = sub.stdout.take().expect("stdout");
+        move || {
+            let mut first = None;
+            let mut count = 0usize;
+            for line in BufReader::new(out).lines() {
+                if line.is_err() {
+                    break;
+                }
+                first.get_or_insert_with(Instant::now);
+                count += 1;
+            }
+            (count, first.map(|f| f.elapsed()).unwrap_or_default())
+        }
+    });
+    let pub_a = publish(broker.port, &lines);
+    let _ = sub.wait();
+    let (sub_count, sub_time) = reader.join().expect("reader");
+
+    // powerplane's source, this process pinned to one core
+    pin(core);
+    let mapping = Mapping::parse("bench.toml", "version = 1\n[[json]]\ntopic = \"bench/{rack}/inlet\"\nentity = \"rack/{rack}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/value\"\nunit = \"degF\"\ntimestamp = \"/ts\"\n").expect("mapping");
+    let mut cfg = MqttConfig::new(&format!("mqtt://127.0.0.1:{}", broker.port));
+    cfg.client_id = Some("bench".into());
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let handle = std::thread::spawn(move || {
+        let mut source = MqttSource::new(cfg, mapping).expect("source");
+        let mut snap = Snapshot::new();
+        let now = Timestamp::from_secs(1_796_000_000 + 3600);
+        let (mut count, mut first, mut last) = (0usize, None, Instant::now());
+        let keep = || !flag.load(Ordering::Relaxed);
+        source.run(&keep, &|| now, &mut |e| {
+            if let Event::Message { decoded, .. } = e {
+                first.get_or_insert_with(Instant::now);
+                for s in decoded.samples {
+                    let _ = snap.ingest(s, now);
+                }
+                count += 1;
+                last = Instant::now();
+            }
+        });
+        (
+            count,
+            first.map(|f| last.duration_since(f)).unwrap_or_default(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let pub_b = publish(broker.port, &lines);
+    let end = Instant::now() + Duration::from_secs(60);
+    std::thread::sleep(Duration::from_secs(2));
+    while Instant::now() < end && !handle.is_finished() {
+        stop.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (pp_count, pp_time) = handle.join().expect("source");
+    let rate = |c: usize, t: Duration| c as f64 / t.as_secs_f64().max(1e-9);
+    println!(
+        "mqtt ingest, {n} JSON messages, one publisher, QoS 0, consumers pinned to core {core}"
+    );
+    println!("  mosquitto_sub : {sub_count:>8} received in {:>7.3} s = {:>10.0} msg/s (publisher took {:.3} s)", sub_time.as_secs_f64(), rate(sub_count, sub_time), pub_a.as_secs_f64());
+    println!("  powerplane    : {pp_count:>8} received in {:>7.3} s = {:>10.0} msg/s (publisher took {:.3} s)", pp_time.as_secs_f64(), rate(pp_count, pp_time), pub_b.as_secs_f64());
+    println!(
+        "  ratio powerplane/mosquitto_sub: {:.2}",
+        rate(pp_count, pp_time) / rate(sub_count, sub_time)
+    );
+    println!(
+        "  peak RSS of the powerplane process: {:.1} MB",
+        peak_rss_mb()
+    );
+}
+
+/// A keep-alive HTTP/1.1 server for one mockup directory, many threads.
+fn serve_mockup(dir: std::path::PathBuf) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().expect("clone"));
+                let mut w = s;
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                    }
+                    let rel = path.trim_start_matches("/redfish/v1").trim_matches('/');
+                    let file = if rel.is_empty() {
+                        dir.join("index.json")
+                    } else {
+                        dir.join(rel).join("index.json")
+                    };
+                    let (status, body) = match std::fs::File::open(&file) {
+                        Ok(mut f) => {
+                            let mut b = Vec::new();
+                            let _ = f.read_to_end(&mut b);
+                            ("200 OK", b)
+                        }
+                        Err(_) => ("404 Not Found", b"{}".to_vec()),
+                    };
+                    let head = format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+                    if w.write_all(head.as_bytes())
+                        .and_then(|_| w.write_all(&body))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn bench_redfish() {
+    let n = arg("--endpoints", 500);
+    let interval = Duration::from_secs(arg("--interval-s", 10) as u64);
+    let port = serve_mockup(workspace_root().join("tests/fixtures/redfish/public-pdu"));
+    let configs = (0..n)
+        .map(|i| EndpointConfig::new(&format!("pdu{i}"), &format!("http://127.0.0.1:{port}")))
+        .collect();
+    let mut poller = Poller::new(configs, 64).expect("poller");
+    println!(
+        "redfish: {n} endpoints (DMTF rack PDU mockup), concurrency 64, interval {} s",
+        interval.as_secs()
+    );
+    for round in 1..=3 {
+        let t = Instant::now();
+        let results = poller.poll(Timestamp::from(chrono::Utc::now()));
+        let took = t.elapsed();
+        let samples: usize = results.iter().map(|r| r.samples.len()).sum();
+        let requests: usize = results.iter().map(|r| r.requests).sum();
+        let failed = results.iter().filter(|r| r.error.is_some()).count();
+        let verdict = if took < interval {
+            "within the interval"
+        } else {
+            "MISSED the interval"
+        };
+        println!("  poll {round}: {took:>8.3?} for {requests} GETs, {samples} samples, {failed} endpoints failed: {verdict}");
+        std::thread::sleep(interval.saturating_sub(took));
+    }
+    println!("  peak RSS: {:.1} MB", peak_rss_mb());
+}
+
+fn main() {
+    match std::env::args().nth(1).as_deref() {
+        Some("mqtt") => bench_mqtt(),
+        Some("redfish") => bench_redfish(),
+        _ => {
+            eprintln!(
+                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S]"
+            );
+            std::process::exit(2);
+        }
+    }
+}
