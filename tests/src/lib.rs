@@ -76,25 +76,63 @@ pub fn mqtt_port() -> u16 {
         .unwrap_or(1883)
 }
 
-/// A private Mosquitto on a free port, for tests that stop and restart the broker.
+/// A private Mosquitto on a free port, for tests that stop and restart the broker, or
+/// need a TLS listener.
 pub struct Broker {
     pub port: u16,
+    /// A second listener with TLS, when started with a certificate.
+    pub tls_port: Option<u16>,
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     child: Option<std::process::Child>,
     dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 impl Broker {
     /// # Panics
     /// When `mosquitto` cannot be started.
     pub fn start() -> Broker {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("free port")
-            .local_addr()
-            .expect("addr")
-            .port();
         let dir = tempfile::tempdir().expect("tempdir");
         let mut b = Broker {
-            port,
+            port: free_port(),
+            tls_port: None,
+            tls: None,
+            child: None,
+            dir,
+        };
+        b.restart();
+        b
+    }
+
+    /// A broker with a plain listener and a TLS one using this certificate and key.
+    ///
+    /// # Panics
+    /// When `mosquitto` cannot be started.
+    pub fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Broker {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // mosquitto started as root drops to its own user: it must be able to read these
+        let (c, k) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::copy(cert, &c).expect("copy cert");
+        std::fs::copy(key, &k).expect("copy key");
+        for (p, mode) in [
+            (dir.path(), 0o755),
+            (c.as_path(), 0o644),
+            (k.as_path(), 0o644),
+        ] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        }
+        let mut b = Broker {
+            port: free_port(),
+            tls_port: Some(free_port()),
+            tls: Some((c, k)),
             child: None,
             dir,
         };
@@ -112,14 +150,15 @@ impl Broker {
     pub fn restart(&mut self) {
         self.stop();
         let conf = self.dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {} 127.0.0.1\nallow_anonymous true\npersistence false\n",
-                self.port
-            ),
-        )
-        .expect("write conf");
+        let mut text = format!("per_listener_settings false\nallow_anonymous true\npersistence false\nlistener {} 127.0.0.1\n", self.port);
+        if let (Some(p), Some((cert, key))) = (self.tls_port, &self.tls) {
+            text.push_str(&format!(
+                "listener {p} 127.0.0.1\ncertfile {}\nkeyfile {}\n",
+                cert.display(),
+                key.display()
+            ));
+        }
+        std::fs::write(&conf, text).expect("write conf");
         let child = std::process::Command::new("mosquitto")
             .args(["-c"])
             .arg(&conf)
@@ -129,7 +168,10 @@ impl Broker {
             .unwrap_or_else(|e| panic!("this test needs mosquitto (Debian mosquitto): {e}"));
         self.child = Some(child);
         for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            let tls_up = self
+                .tls_port
+                .is_none_or(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok());
+            if tls_up && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -309,4 +351,52 @@ impl TlsBmc {
         });
         TlsBmc { url }
     }
+}
+
+/// A certificate for 127.0.0.1 that signs itself (not a CA), its key, and its SHA-256.
+///
+/// # Panics
+/// When the `openssl` command is missing or fails.
+pub fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("this test needs the openssl command");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let fp = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    let text = String::from_utf8_lossy(&fp.stdout).to_string();
+    let hex = text
+        .trim()
+        .rsplit('=')
+        .next()
+        .expect("fingerprint")
+        .to_string();
+    (cert, key, hex)
 }

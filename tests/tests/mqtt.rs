@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use powerplane_tests::{mosquitto_pub, mqtt_port, Broker};
+use powerplane_tests::{mosquitto_pub, mqtt_port, self_signed, Broker};
 use telemetry::mapping::Mapping;
 use telemetry::sources::mqtt::{Counters, Event, MqttConfig, MqttSource};
 use telemetry::{Snapshot, Timestamp};
@@ -377,4 +377,65 @@ to = "heat_load_kw"
     );
     assert_eq!(reasons, vec!["sequence_gap"], "seq 9 after 2");
     assert_eq!(dead, vec!["cooling/cdu-3"]);
+}
+
+#[test]
+fn a_tls_broker_is_trusted_only_as_the_config_says() {
+    use telemetry::sources::tls::Tls;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key, fingerprint) = self_signed(dir.path());
+    let broker = Broker::start_tls(&cert, &key);
+    let url = format!(
+        "mqtts://127.0.0.1:{}",
+        broker.tls_port.expect("tls listener")
+    );
+    let prefix = unique("tls");
+
+    // the system's roots do not vouch for it: the connection fails, and says why
+    let run = Running::start(MqttConfig::new(&url), mapping(&prefix));
+    let refused = run.wait_for("a refused connection", |e| {
+        matches!(e, Event::Disconnected { .. })
+    });
+    run.finish();
+    let Event::Disconnected { error, .. } = refused else {
+        unreachable!()
+    };
+    assert!(
+        error.to_lowercase().contains("certificate") || error.to_lowercase().contains("tls"),
+        "{error}"
+    );
+
+    for tls in [
+        Tls {
+            pinned_sha256: Some(fingerprint.clone()),
+            ..Tls::default()
+        },
+        Tls {
+            ca_file: Some(cert.display().to_string()),
+            ..Tls::default()
+        },
+        Tls {
+            insecure: true,
+            ..Tls::default()
+        },
+    ] {
+        let mut cfg = MqttConfig::new(&url);
+        cfg.tls = Some(tls.clone());
+        let run = Running::start(cfg, mapping(&prefix));
+        run.wait_for("a TLS connection", |e| *e == Event::Connected);
+        std::thread::sleep(Duration::from_millis(300));
+        let t = chrono::Utc::now().timestamp();
+        mosquitto_pub(
+            broker.port,
+            &format!("{prefix}/h/c01/inlet"),
+            format!(r#"{{"value": 86, "ts": {t}}}"#).as_bytes(),
+            &[],
+        );
+        let got = run.wait_for("a message over TLS", |e| matches!(e, Event::Message { .. }));
+        run.finish();
+        let Event::Message { decoded, .. } = got else {
+            unreachable!()
+        };
+        assert_eq!(decoded.samples.len(), 1, "{tls:?}");
+    }
 }

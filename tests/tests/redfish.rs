@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use powerplane_tests::{BadBmc, Sushy, TlsBmc};
+use powerplane_tests::{self_signed, BadBmc, Sushy, TlsBmc};
 use telemetry::sources::redfish::{EndpointConfig, Polled, Poller, Tls};
 use telemetry::{Quality, Timestamp};
 
@@ -182,50 +182,6 @@ fn a_hanging_and_a_failing_bmc_do_not_slow_the_others_and_back_off() {
     let r = poller.poll(now());
     assert!(r[0].skipped && r[1].skipped && !r[2].skipped);
     assert!(!r[2].samples.is_empty());
-}
-
-fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let ok = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-addext",
-            "basicConstraints=critical,CA:FALSE",
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("this test needs the openssl command");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let fp = std::process::Command::new("openssl")
-        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
-        .arg(&cert)
-        .output()
-        .expect("openssl");
-    let text = String::from_utf8_lossy(&fp.stdout).to_string();
-    let hex = text
-        .trim()
-        .rsplit('=')
-        .next()
-        .expect("fingerprint")
-        .to_string();
-    (cert, key, hex)
 }
 
 #[test]

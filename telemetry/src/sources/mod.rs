@@ -3,3 +3,4 @@
 pub mod log_limit;
 pub mod mqtt;
 pub mod redfish;
+pub mod tls;

@@ -16,7 +16,9 @@ use tracing::{info, warn};
 
 use crate::decoder::Decoder;
 use crate::mapping::{Decoded, Mapping, Reject};
+use crate::sources::tls::{client_config, Tls};
 use crate::Timestamp;
+use std::sync::Arc;
 
 /// How to reach the broker and what to ask it for.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -44,6 +46,9 @@ pub struct MqttConfig {
     /// Share the subscriptions with other controllers in this group (`$share/GROUP/...`).
     #[serde(default)]
     pub shared_group: Option<String>,
+    /// Trust settings for an `mqtts://` broker (default: the system's roots).
+    #[serde(default)]
+    pub tls: Option<Tls>,
 }
 
 /// What the client accepts before it drops the connection: 16 MiB, or 8 × the
@@ -71,6 +76,7 @@ impl MqttConfig {
             max_packet_bytes: default_max_packet(),
             keep_alive_s: default_keep_alive(),
             shared_group: None,
+            tls: None,
         }
     }
 }
@@ -79,8 +85,10 @@ impl MqttConfig {
 pub enum MqttConfigError {
     #[error("mqtt url {0:?}: expected mqtt://host[:port]")]
     BadUrl(String),
-    #[error("mqtt url {0:?}: TLS (mqtts://) is not supported yet")]
-    TlsUnsupported(String),
+    #[error("mqtt url {0:?}: tls settings need an mqtts:// url")]
+    TlsWithoutMqtts(String),
+    #[error("mqtt tls: {0}")]
+    Tls(String),
     #[error("mqtt qos must be 0 or 1, got {0}")]
     BadQos(u8),
     #[error("mqtt: nothing to subscribe to (no topics and an empty mapping)")]
@@ -118,6 +126,7 @@ pub struct MqttSource {
     decoder: Decoder,
     host: String,
     port: u16,
+    tls: Option<Arc<rustls::ClientConfig>>,
     filters: Vec<String>,
     qos: QoS,
     pub counters: Counters,
@@ -125,7 +134,14 @@ pub struct MqttSource {
 
 impl MqttSource {
     pub fn new(cfg: MqttConfig, mapping: Mapping) -> Result<Self, MqttConfigError> {
-        let (host, port) = parse_url(&cfg.url)?;
+        let (host, port, secure) = parse_url(&cfg.url)?;
+        let tls = match (secure, &cfg.tls) {
+            (false, Some(_)) => return Err(MqttConfigError::TlsWithoutMqtts(cfg.url.clone())),
+            (false, None) => None,
+            (true, t) => Some(Arc::new(
+                client_config(&t.clone().unwrap_or_default()).map_err(MqttConfigError::Tls)?,
+            )),
+        };
         let qos = match cfg.qos {
             0 => QoS::AtMostOnce,
             1 => QoS::AtLeastOnce,
@@ -148,6 +164,7 @@ impl MqttSource {
             decoder: Decoder::new(mapping),
             host,
             port,
+            tls,
             filters,
             qos,
             counters: Counters::default(),
@@ -172,6 +189,11 @@ impl MqttSource {
         let hard = HARD_PACKET_LIMIT.max(self.cfg.max_packet_bytes.saturating_mul(8));
         opts.set_max_packet_size(hard, 64 * 1024);
         opts.set_clean_session(true);
+        if let Some(t) = &self.tls {
+            opts.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(t.clone()),
+            ));
+        }
         if let (Some(u), Some(p)) = (&self.cfg.username, &self.cfg.password) {
             opts.set_credentials(u.clone(), p.clone());
         }
@@ -278,27 +300,31 @@ fn sleep_while(d: Duration, keep_going: &dyn Fn() -> bool) {
     }
 }
 
-fn parse_url(url: &str) -> Result<(String, u16), MqttConfigError> {
+/// (host, port, TLS or not).
+fn parse_url(url: &str) -> Result<(String, u16, bool), MqttConfigError> {
     let bad = || MqttConfigError::BadUrl(url.to_string());
-    let rest = if let Some(r) = url
+    let (rest, secure) = if let Some(r) = url
         .strip_prefix("mqtt://")
         .or_else(|| url.strip_prefix("tcp://"))
     {
-        r
-    } else if url.starts_with("mqtts://") || url.starts_with("ssl://") {
-        return Err(MqttConfigError::TlsUnsupported(url.to_string()));
+        (r, false)
+    } else if let Some(r) = url
+        .strip_prefix("mqtts://")
+        .or_else(|| url.strip_prefix("ssl://"))
+    {
+        (r, true)
     } else {
         return Err(bad());
     };
     let rest = rest.trim_end_matches('/');
     let (host, port) = match rest.rsplit_once(':') {
         Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
-        None => (rest, 1883),
+        None => (rest, if secure { 8883 } else { 1883 }),
     };
     if host.is_empty() {
         return Err(bad());
     }
-    Ok((host.to_string(), port))
+    Ok((host.to_string(), port, secure))
 }
 
 #[cfg(test)]
@@ -309,13 +335,13 @@ mod tests {
     fn urls_name_host_and_port() {
         assert_eq!(
             parse_url("mqtt://127.0.0.1:1884"),
-            Ok(("127.0.0.1".into(), 1884))
+            Ok(("127.0.0.1".into(), 1884, false))
         );
-        assert_eq!(parse_url("tcp://broker"), Ok(("broker".into(), 1883)));
         assert_eq!(
-            parse_url("mqtts://b:8883"),
-            Err(MqttConfigError::TlsUnsupported("mqtts://b:8883".into()))
+            parse_url("tcp://broker"),
+            Ok(("broker".into(), 1883, false))
         );
+        assert_eq!(parse_url("mqtts://b"), Ok(("b".into(), 8883, true)));
         assert_eq!(
             parse_url("http://x"),
             Err(MqttConfigError::BadUrl("http://x".into()))

@@ -35,20 +35,7 @@ pub enum Auth {
     Session { username: String, password: String },
 }
 
-/// How to trust the endpoint's certificate.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tls {
-    /// PEM file of the CA that signed the BMC's certificate.
-    #[serde(default)]
-    pub ca_file: Option<String>,
-    /// SHA-256 of the BMC's certificate (hex, colons allowed): trust exactly that one.
-    #[serde(default)]
-    pub pinned_sha256: Option<String>,
-    /// Accept any certificate. Say so explicitly; never the default.
-    #[serde(default)]
-    pub insecure: bool,
-}
+pub use crate::sources::tls::Tls;
 
 /// One BMC, PDU or CDU.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

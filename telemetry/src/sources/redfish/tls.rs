@@ -1,19 +1,10 @@
-//! One HTTP client per endpoint, trusting what its TLS settings say: the system's
-//! roots, a CA file, one pinned certificate, or (said explicitly) anything.
+//! One HTTP client per distinct TLS setting and timeout.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
-use sha2::{Digest, Sha256};
-
 use super::{EndpointConfig, RedfishError};
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+use crate::sources::tls::{parse_fingerprint, provider, Pinned};
 
 pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::blocking::Client, RedfishError> {
     let bad = |message: String| RedfishError::Config {
@@ -50,7 +41,7 @@ pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::blocking::Client, 
             .map_err(|e| bad(e.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Pinned {
-                want,
+                want: Some(want),
                 provider: provider(),
             }))
             .with_no_client_auth();
@@ -68,96 +59,4 @@ pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::blocking::Client, 
     }
     b.build()
         .map_err(|e| bad(format!("cannot build the HTTP client: {e}")))
-}
-
-/// `AB:CD:...` or `abcd...` → 32 bytes.
-pub(super) fn parse_fingerprint(s: &str) -> Option<[u8; 32]> {
-    let hex: String = s
-        .chars()
-        .filter(|c| *c != ':' && !c.is_whitespace())
-        .collect();
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
-/// Trusts exactly one certificate, by its SHA-256; signatures are still checked.
-#[derive(Debug)]
-struct Pinned {
-    want: [u8; 32],
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let got: [u8; 32] = Sha256::digest(end_entity.as_ref()).into();
-        if got == self.want {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(
-                "certificate does not match the pinned SHA-256".into(),
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fingerprints_take_colons_or_not() {
-        let hex = "ab".repeat(32);
-        assert_eq!(parse_fingerprint(&hex), Some([0xab; 32]));
-        let colons = vec!["AB"; 32].join(":");
-        assert_eq!(parse_fingerprint(&colons), Some([0xab; 32]));
-        assert_eq!(parse_fingerprint("abcd"), None);
-        assert_eq!(parse_fingerprint(&"zz".repeat(32)), None);
-    }
 }

@@ -1,0 +1,192 @@
+//! TLS trust for the sources: the system's roots, a CA file, one pinned certificate,
+//! or (said explicitly) anything. Shared by MQTT and Redfish.
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// How to trust a server's certificate.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// PEM file of the CA that signed the server's certificate.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// SHA-256 of the server's certificate (hex, colons allowed): trust exactly that one.
+    #[serde(default)]
+    pub pinned_sha256: Option<String>,
+    /// Accept any certificate. Say so explicitly; never the default.
+    #[serde(default)]
+    pub insecure: bool,
+}
+
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A rustls client configuration that trusts what `tls` says.
+pub fn client_config(tls: &Tls) -> Result<rustls::ClientConfig, String> {
+    let modes = usize::from(tls.insecure)
+        + usize::from(tls.ca_file.is_some())
+        + usize::from(tls.pinned_sha256.is_some());
+    if modes > 1 {
+        return Err("give one of tls.ca_file, tls.pinned_sha256 and tls.insecure".into());
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    if let Some(pin) = &tls.pinned_sha256 {
+        let want = parse_fingerprint(pin)
+            .ok_or_else(|| format!("tls.pinned_sha256 {pin:?} is not 64 hex digits"))?;
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Pinned {
+                want: Some(want),
+                provider: provider(),
+            }))
+            .with_no_client_auth());
+    }
+    if tls.insecure {
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Pinned {
+                want: None,
+                provider: provider(),
+            }))
+            .with_no_client_auth());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    match &tls.ca_file {
+        Some(ca) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+                .map_err(|e| format!("tls.ca_file {ca}: {e}"))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("tls.ca_file {ca}: {e}"))?;
+            if certs.is_empty() {
+                return Err(format!("tls.ca_file {ca}: no certificate in it"));
+            }
+            for c in certs {
+                roots.add(c).map_err(|e| format!("tls.ca_file {ca}: {e}"))?;
+            }
+        }
+        None => {
+            for c in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(c);
+            }
+        }
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// `AB:CD:...` or `abcd...` → 32 bytes.
+pub fn parse_fingerprint(s: &str) -> Option<[u8; 32]> {
+    let hex: String = s
+        .chars()
+        .filter(|c| *c != ':' && !c.is_whitespace())
+        .collect();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Trusts exactly one certificate by its SHA-256 (or, with no pin, any: `insecure`);
+/// handshake signatures are still checked.
+#[derive(Debug)]
+pub(crate) struct Pinned {
+    pub(crate) want: Option<[u8; 32]>,
+    pub(crate) provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let got: [u8; 32] = Sha256::digest(end_entity.as_ref()).into();
+        match self.want {
+            Some(w) if w != got => Err(rustls::Error::General(
+                "certificate does not match the pinned SHA-256".into(),
+            )),
+            _ => Ok(ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_take_colons_or_not() {
+        let hex = "ab".repeat(32);
+        assert_eq!(parse_fingerprint(&hex), Some([0xab; 32]));
+        let colons = vec!["AB"; 32].join(":");
+        assert_eq!(parse_fingerprint(&colons), Some([0xab; 32]));
+        assert_eq!(parse_fingerprint("abcd"), None);
+        assert_eq!(parse_fingerprint(&"zz".repeat(32)), None);
+    }
+
+    #[test]
+    fn one_trust_mode_at_a_time() {
+        let both = Tls {
+            insecure: true,
+            pinned_sha256: Some("ab".repeat(32)),
+            ca_file: None,
+        };
+        assert!(client_config(&both).is_err());
+        assert!(client_config(&Tls {
+            ca_file: Some("/nonexistent.pem".into()),
+            ..Tls::default()
+        })
+        .unwrap_err()
+        .contains("/nonexistent.pem"));
+    }
+}
