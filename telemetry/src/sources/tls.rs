@@ -182,11 +182,12 @@ mod tests {
             ca_file: None,
         };
         assert!(client_config(&both).is_err());
-        assert!(client_config(&Tls {
+        let missing = client_config(&Tls {
             ca_file: Some("/nonexistent.pem".into()),
             ..Tls::default()
-        })
-        .unwrap_err()
-        .contains("/nonexistent.pem"));
+        });
+        assert!(missing
+            .err()
+            .is_some_and(|e| e.contains("/nonexistent.pem")));
     }
 }
