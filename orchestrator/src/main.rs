@@ -107,6 +107,9 @@ struct ProbeOpts {
     mapping: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     qos: u8,
+    /// MQTT protocol: 3.1.1 or 5.
+    #[arg(long, default_value = "3.1.1")]
+    mqtt_protocol: String,
     #[arg(long)]
     username: Option<String>,
     /// Read from POWERPLANE_MQTT_PASSWORD when left out.
@@ -301,6 +304,7 @@ fn probe(o: ProbeOpts) -> Result<ExitCode> {
         let mut c = telemetry::sources::mqtt::MqttConfig::new(url);
         c.topics = o.topics.clone();
         c.qos = o.qos;
+        c.protocol = o.mqtt_protocol.clone();
         c.username = o.username.clone();
         c.password = o
             .password

@@ -439,3 +439,43 @@ fn a_tls_broker_is_trusted_only_as_the_config_says() {
         assert_eq!(decoded.samples.len(), 1, "{tls:?}");
     }
 }
+
+#[test]
+fn mqtt_5_with_a_shared_subscription_splits_the_stream_between_controllers() {
+    let prefix = unique("v5share");
+    let mk = |id: &str| {
+        let mut cfg = MqttConfig::new(&format!("mqtt://127.0.0.1:{}", mqtt_port()));
+        cfg.protocol = "5".into();
+        cfg.shared_group = Some(unique("group"));
+        cfg.client_id = Some(unique(id));
+        Running::start(cfg, mapping(&prefix))
+    };
+    let (a, b) = (mk("a"), mk("b"));
+    a.wait_for("a connected", |e| *e == Event::Connected);
+    b.wait_for("b connected", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(400));
+    let t = chrono::Utc::now().timestamp();
+    for i in 0..20 {
+        mosquitto_pub(
+            mqtt_port(),
+            &format!("{prefix}/h/r{i:02}/inlet"),
+            format!(r#"{{"value": 80, "ts": {t}}}"#).as_bytes(),
+            &["-V", "mqttv5"],
+        );
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let count = |r: &Running| {
+        std::iter::from_fn(|| r.events.try_recv().ok())
+            .filter(|e| matches!(e, Event::Message { .. }))
+            .count()
+    };
+    let (na, nb) = (count(&a), count(&b));
+    a.finish();
+    b.finish();
+    assert_eq!(
+        na + nb,
+        20,
+        "every message to exactly one of the two: {na} + {nb}"
+    );
+    assert!(na > 0 && nb > 0, "both got a share: {na} + {nb}");
+}

@@ -7,9 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rumqttc::{
-    Client, ConnectionError, Event as MqttEvent, MqttOptions, Packet, QoS, RecvTimeoutError,
-};
+use rumqttc::{Client, Event as MqttEvent, MqttOptions, Packet, QoS, RecvTimeoutError};
 use serde::Deserialize;
 use thiserror::Error;
 use tracing::{info, warn};
@@ -49,6 +47,13 @@ pub struct MqttConfig {
     /// Trust settings for an `mqtts://` broker (default: the system's roots).
     #[serde(default)]
     pub tls: Option<Tls>,
+    /// `"3.1.1"` (the default) or `"5"`.
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+}
+
+fn default_protocol() -> String {
+    "3.1.1".to_string()
 }
 
 /// What the client accepts before it drops the connection: 16 MiB, or 8 × the
@@ -77,6 +82,7 @@ impl MqttConfig {
             keep_alive_s: default_keep_alive(),
             shared_group: None,
             tls: None,
+            protocol: default_protocol(),
         }
     }
 }
@@ -91,6 +97,8 @@ pub enum MqttConfigError {
     Tls(String),
     #[error("mqtt qos must be 0 or 1, got {0}")]
     BadQos(u8),
+    #[error("mqtt protocol must be \"3.1.1\" or \"5\", got {0:?}")]
+    BadProtocol(String),
     #[error("mqtt: nothing to subscribe to (no topics and an empty mapping)")]
     NoTopics,
 }
@@ -128,7 +136,6 @@ pub struct MqttSource {
     port: u16,
     tls: Option<Arc<rustls::ClientConfig>>,
     filters: Vec<String>,
-    qos: QoS,
     pub counters: Counters,
 }
 
@@ -142,11 +149,12 @@ impl MqttSource {
                 client_config(&t.clone().unwrap_or_default()).map_err(MqttConfigError::Tls)?,
             )),
         };
-        let qos = match cfg.qos {
-            0 => QoS::AtMostOnce,
-            1 => QoS::AtLeastOnce,
-            q => return Err(MqttConfigError::BadQos(q)),
-        };
+        if cfg.protocol != "3.1.1" && cfg.protocol != "5" {
+            return Err(MqttConfigError::BadProtocol(cfg.protocol.clone()));
+        }
+        if cfg.qos > 1 {
+            return Err(MqttConfigError::BadQos(cfg.qos));
+        }
         let base = if cfg.topics.is_empty() {
             mapping.topic_filters()
         } else {
@@ -166,7 +174,6 @@ impl MqttSource {
             port,
             tls,
             filters,
-            qos,
             counters: Counters::default(),
         })
     }
@@ -183,57 +190,42 @@ impl MqttSource {
         clock: &dyn Fn() -> Timestamp,
         sink: &mut dyn FnMut(Event),
     ) {
-        let id = self.cfg.client_id.clone().unwrap_or_else(default_client_id);
-        let mut opts = MqttOptions::new(id, self.host.clone(), self.port);
-        opts.set_keep_alive(Duration::from_secs(self.cfg.keep_alive_s.max(5)));
-        let hard = HARD_PACKET_LIMIT.max(self.cfg.max_packet_bytes.saturating_mul(8));
-        opts.set_max_packet_size(hard, 64 * 1024);
-        opts.set_clean_session(true);
-        if let Some(t) = &self.tls {
-            opts.set_transport(rumqttc::Transport::tls_with_config(
-                rumqttc::TlsConfiguration::Rustls(t.clone()),
-            ));
-        }
-        if let (Some(u), Some(p)) = (&self.cfg.username, &self.cfg.password) {
-            opts.set_credentials(u.clone(), p.clone());
-        }
-        let (client, mut connection) = Client::new(opts, 64);
+        let mut conn = Conn::open(&self.cfg, &self.host, self.port, self.tls.clone());
         let mut failures: u32 = 0;
         let mut limiter = super::log_limit::LogLimiter::default();
         let source = format!("mqtt:{}", self.cfg.url);
         while keep_going() {
-            match connection.recv_timeout(Duration::from_millis(100)) {
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-                Ok(Ok(MqttEvent::Incoming(Packet::ConnAck(_)))) => {
+            match conn.next(Duration::from_millis(100)) {
+                Step::Idle | Step::Other => {}
+                Step::Closed => break,
+                Step::ConnAck => {
                     failures = 0;
                     self.counters.connects += 1;
                     for f in &self.filters {
-                        if let Err(e) = client.try_subscribe(f.clone(), self.qos) {
+                        if let Err(e) = conn.subscribe(f, self.cfg.qos) {
                             warn!(filter = %f, error = %e, "mqtt subscribe failed");
                         }
                     }
-                    info!(url = %self.cfg.url, filters = ?self.filters, "mqtt connected");
+                    info!(url = %self.cfg.url, protocol = %self.cfg.protocol, filters = ?self.filters, "mqtt connected");
                     sink(Event::Connected);
                 }
-                Ok(Ok(MqttEvent::Incoming(Packet::Publish(p)))) => {
+                Step::Publish { topic, payload } => {
                     self.counters.messages += 1;
-                    let decoded = if p.payload.len() > self.cfg.max_packet_bytes {
+                    let decoded = if payload.len() > self.cfg.max_packet_bytes {
                         Decoded {
                             dead: Vec::new(),
                             samples: Vec::new(),
                             rejects: vec![Reject {
                                 reason: "oversize",
                                 detail: format!(
-                                    "{}: {} bytes is over the {} byte limit",
-                                    p.topic,
-                                    p.payload.len(),
+                                    "{topic}: {} bytes is over the {} byte limit",
+                                    payload.len(),
                                     self.cfg.max_packet_bytes
                                 ),
                             }],
                         }
                     } else {
-                        self.decoder.decode(&p.topic, &p.payload, &source, clock())
+                        self.decoder.decode(&topic, &payload, &source, clock())
                     };
                     self.counters.samples += decoded.samples.len() as u64;
                     for r in &decoded.rejects {
@@ -246,35 +238,170 @@ impl MqttSource {
                         }
                     }
                     sink(Event::Message {
-                        topic: p.topic.clone(),
-                        bytes: p.payload.len(),
+                        bytes: payload.len(),
+                        topic,
                         decoded,
                     });
                 }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
+                Step::Error { message, oversize } => {
                     failures += 1;
                     self.counters.disconnects += 1;
-                    if is_oversize(&e) {
+                    if oversize {
                         *self.counters.rejects.entry("oversize").or_default() += 1;
                     }
                     let retry_in = backoff(failures);
-                    warn!(url = %self.cfg.url, error = %e, retry_in_ms = retry_in.as_millis() as u64, "mqtt connection lost");
+                    warn!(url = %self.cfg.url, error = %message, retry_in_ms = retry_in.as_millis() as u64, "mqtt connection lost");
                     sink(Event::Disconnected {
-                        error: e.to_string(),
+                        error: message,
                         retry_in,
                     });
                     sleep_while(retry_in, keep_going);
                 }
             }
         }
-        let _ = client.disconnect();
+        conn.disconnect();
     }
 }
 
-fn is_oversize(e: &ConnectionError) -> bool {
-    let s = format!("{e:?}");
-    s.contains("PayloadSizeLimitExceeded") || s.contains("PayloadTooLong")
+/// What the connection produced.
+enum Step {
+    Idle,
+    Closed,
+    ConnAck,
+    Publish {
+        topic: String,
+        payload: bytes::Bytes,
+    },
+    Other,
+    Error {
+        message: String,
+        oversize: bool,
+    },
+}
+
+/// One client connection, MQTT 3.1.1 or 5, seen through what the source needs.
+enum Conn {
+    V4(rumqttc::Client, rumqttc::Connection),
+    V5(rumqttc::v5::Client, rumqttc::v5::Connection),
+}
+
+fn oversize(debug: &str) -> bool {
+    debug.contains("PayloadSizeLimitExceeded") || debug.contains("PayloadTooLong")
+}
+
+impl Conn {
+    fn open(
+        cfg: &MqttConfig,
+        host: &str,
+        port: u16,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Conn {
+        let id = cfg.client_id.clone().unwrap_or_else(default_client_id);
+        let keep_alive = Duration::from_secs(cfg.keep_alive_s.max(5));
+        let hard = HARD_PACKET_LIMIT.max(cfg.max_packet_bytes.saturating_mul(8));
+        let creds = cfg.username.clone().zip(cfg.password.clone());
+        if cfg.protocol == "5" {
+            let mut o = rumqttc::v5::MqttOptions::new(id, host, port);
+            o.set_keep_alive(keep_alive);
+            o.set_max_packet_size(Some(u32::try_from(hard).unwrap_or(u32::MAX)));
+            o.set_clean_start(true);
+            if let Some(t) = tls {
+                o.set_transport(rumqttc::Transport::tls_with_config(
+                    rumqttc::TlsConfiguration::Rustls(t),
+                ));
+            }
+            if let Some((u, p)) = creds {
+                o.set_credentials(u, p);
+            }
+            let (c, conn) = rumqttc::v5::Client::new(o, 64);
+            Conn::V5(c, conn)
+        } else {
+            let mut o = MqttOptions::new(id, host, port);
+            o.set_keep_alive(keep_alive);
+            o.set_max_packet_size(hard, 64 * 1024);
+            o.set_clean_session(true);
+            if let Some(t) = tls {
+                o.set_transport(rumqttc::Transport::tls_with_config(
+                    rumqttc::TlsConfiguration::Rustls(t),
+                ));
+            }
+            if let Some((u, p)) = creds {
+                o.set_credentials(u, p);
+            }
+            let (c, conn) = Client::new(o, 64);
+            Conn::V4(c, conn)
+        }
+    }
+
+    fn next(&mut self, wait: Duration) -> Step {
+        match self {
+            Conn::V4(_, conn) => match conn.recv_timeout(wait) {
+                Err(RecvTimeoutError::Timeout) => Step::Idle,
+                Err(RecvTimeoutError::Disconnected) => Step::Closed,
+                Ok(Ok(MqttEvent::Incoming(Packet::ConnAck(_)))) => Step::ConnAck,
+                Ok(Ok(MqttEvent::Incoming(Packet::Publish(p)))) => Step::Publish {
+                    topic: p.topic,
+                    payload: p.payload,
+                },
+                Ok(Ok(_)) => Step::Other,
+                Ok(Err(e)) => Step::Error {
+                    oversize: oversize(&format!("{e:?}")),
+                    message: e.to_string(),
+                },
+            },
+            Conn::V5(_, conn) => {
+                use rumqttc::v5::mqttbytes::v5::Packet as P5;
+                match conn.recv_timeout(wait) {
+                    Err(rumqttc::v5::RecvTimeoutError::Timeout) => Step::Idle,
+                    Err(rumqttc::v5::RecvTimeoutError::Disconnected) => Step::Closed,
+                    Ok(Ok(rumqttc::v5::Event::Incoming(P5::ConnAck(_)))) => Step::ConnAck,
+                    Ok(Ok(rumqttc::v5::Event::Incoming(P5::Publish(p)))) => Step::Publish {
+                        topic: String::from_utf8_lossy(&p.topic).into_owned(),
+                        payload: p.payload,
+                    },
+                    Ok(Ok(_)) => Step::Other,
+                    Ok(Err(e)) => Step::Error {
+                        oversize: oversize(&format!("{e:?}")),
+                        message: e.to_string(),
+                    },
+                }
+            }
+        }
+    }
+
+    fn subscribe(&self, filter: &str, qos: u8) -> Result<(), String> {
+        match self {
+            Conn::V4(c, _) => c
+                .try_subscribe(
+                    filter,
+                    if qos == 1 {
+                        QoS::AtLeastOnce
+                    } else {
+                        QoS::AtMostOnce
+                    },
+                )
+                .map_err(|e| e.to_string()),
+            Conn::V5(c, _) => {
+                use rumqttc::v5::mqttbytes::QoS as Q5;
+                c.try_subscribe(
+                    filter,
+                    if qos == 1 {
+                        Q5::AtLeastOnce
+                    } else {
+                        Q5::AtMostOnce
+                    },
+                )
+                .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn disconnect(&self) {
+        let _ = match self {
+            Conn::V4(c, _) => c.disconnect().map_err(|e| e.to_string()),
+            Conn::V5(c, _) => c.disconnect().map_err(|e| e.to_string()),
+        };
+    }
 }
 
 /// `powerplane-{pid}-{n}`: unique per source in a process, since a broker drops the
