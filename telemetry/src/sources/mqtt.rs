@@ -281,8 +281,8 @@ enum Step {
 
 /// One client connection, MQTT 3.1.1 or 5, seen through what the source needs.
 enum Conn {
-    V4(rumqttc::Client, rumqttc::Connection),
-    V5(rumqttc::v5::Client, rumqttc::v5::Connection),
+    V4(rumqttc::Client, Box<rumqttc::Connection>),
+    V5(rumqttc::v5::Client, Box<rumqttc::v5::Connection>),
 }
 
 fn oversize(debug: &str) -> bool {
@@ -314,7 +314,7 @@ impl Conn {
                 o.set_credentials(u, p);
             }
             let (c, conn) = rumqttc::v5::Client::new(o, 64);
-            Conn::V5(c, conn)
+            Conn::V5(c, Box::new(conn))
         } else {
             let mut o = MqttOptions::new(id, host, port);
             o.set_keep_alive(keep_alive);
@@ -329,7 +329,7 @@ impl Conn {
                 o.set_credentials(u, p);
             }
             let (c, conn) = Client::new(o, 64);
-            Conn::V4(c, conn)
+            Conn::V4(c, Box::new(conn))
         }
     }
 
