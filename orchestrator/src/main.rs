@@ -96,6 +96,9 @@ enum TelemetryCommand {
 
 #[derive(clap::Args)]
 struct ProbeOpts {
+    /// Probe the sources a controller config (powerplane.toml) names, instead of flags.
+    #[arg(long, conflicts_with_all = ["mqtt", "redfish"])]
+    config: Option<PathBuf>,
     /// MQTT broker, mqtt://host[:port].
     #[arg(long)]
     mqtt: Option<String>,
@@ -275,16 +278,42 @@ fn check(
 }
 
 fn probe(o: ProbeOpts) -> Result<ExitCode> {
-    use orchestrator::probe::{self, ProbeArgs};
+    use orchestrator::probe::ProbeArgs;
     use telemetry::sources::redfish::{Auth, EndpointConfig, Tls};
     anyhow::ensure!(
         o.seconds > 0.0 && o.seconds <= 86_400.0,
         "--seconds must be within 0..=86400, got {}",
         o.seconds
     );
+    if let Some(config) = &o.config {
+        let loaded = orchestrator::serve::load(config)?;
+        let args = ProbeArgs {
+            mqtt: loaded.config.mqtt.as_ref().map(|m| m.client.clone()),
+            mapping: loaded.mapping,
+            redfish: loaded
+                .config
+                .redfish
+                .as_ref()
+                .map(|r| r.endpoints.clone())
+                .unwrap_or_default(),
+            redfish_interval_s: loaded
+                .config
+                .redfish
+                .as_ref()
+                .map_or(o.redfish_interval_s, |r| r.interval_s),
+            seconds: o.seconds,
+            json: o.json,
+        };
+        anyhow::ensure!(
+            args.mqtt.is_some() || !args.redfish.is_empty(),
+            "{}: names no [mqtt] and no [redfish] to probe",
+            config.display()
+        );
+        return finish_probe(args, o.json);
+    }
     anyhow::ensure!(
         o.mqtt.is_some() || !o.redfish.is_empty(),
-        "nothing to probe: give --mqtt URL (with --mapping FILE) or --redfish URL"
+        "nothing to probe: give --mqtt URL (with --mapping FILE), --redfish URL or --config FILE"
     );
     let mapping = match &o.mapping {
         Some(p) => {
@@ -344,8 +373,6 @@ fn probe(o: ProbeOpts) -> Result<ExitCode> {
             e
         })
         .collect();
-    let mut out = std::io::stdout();
-    let mut err = std::io::stderr();
     let args = ProbeArgs {
         mqtt,
         mapping,
@@ -354,8 +381,15 @@ fn probe(o: ProbeOpts) -> Result<ExitCode> {
         seconds: o.seconds,
         json: o.json,
     };
+    finish_probe(args, o.json)
+}
+
+fn finish_probe(args: orchestrator::probe::ProbeArgs, json: bool) -> Result<ExitCode> {
+    use orchestrator::probe;
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
     let seen = probe::run(args, &mut out, &mut err)?;
-    if !o.json {
+    if !json {
         print!("{}", probe::table(&seen, probe::wall_clock()));
     }
     Ok(ExitCode::SUCCESS)
