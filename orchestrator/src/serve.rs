@@ -318,6 +318,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     }
     if let Some(r) = cfg.redfish.clone() {
         let mut poller = Poller::new(r.endpoints, r.concurrency)?;
+        poller.interval = Some(Duration::from_secs_f64(r.interval_s.max(1.0)));
         let (buf, keep) = (buffer.clone(), keep_going.clone());
         let interval = Duration::from_secs_f64(r.interval_s.max(1.0));
         info!(

@@ -252,23 +252,25 @@ fn bench_redfish() {
         .map(|i| EndpointConfig::new(&format!("pdu{i}"), &format!("http://127.0.0.1:{port}")))
         .collect();
     let mut poller = Poller::new(configs, 64).expect("poller");
+    poller.interval = Some(interval);
     println!(
         "redfish: {n} endpoints (DMTF rack PDU mockup), concurrency 64, interval {} s",
         interval.as_secs()
     );
-    for round in 1..=3 {
+    for round in 1..=8 {
         let t = Instant::now();
         let results = poller.poll(Timestamp::from(chrono::Utc::now()));
         let took = t.elapsed();
         let samples: usize = results.iter().map(|r| r.samples.len()).sum();
         let requests: usize = results.iter().map(|r| r.requests).sum();
         let failed = results.iter().filter(|r| r.error.is_some()).count();
+        let deferred = results.iter().filter(|r| r.deferred).count();
         let verdict = if took < interval {
             "within the interval"
         } else {
             "MISSED the interval"
         };
-        println!("  poll {round}: {took:>8.3?} for {requests} GETs, {samples} samples, {failed} endpoints failed: {verdict}");
+        println!("  poll {round}: {took:>8.3?} for {requests} GETs, {samples} samples, {failed} failed, {deferred} waiting for discovery: {verdict}");
         std::thread::sleep(interval.saturating_sub(took));
     }
     println!("  peak RSS: {:.1} MB", peak_rss_mb());

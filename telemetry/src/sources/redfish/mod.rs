@@ -126,6 +126,8 @@ pub struct Polled {
     pub error: Option<String>,
     /// Skipped: still backing off after an earlier failure.
     pub skipped: bool,
+    /// Not discovered yet: the poll's discovery budget was spent; next poll.
+    pub deferred: bool,
     pub elapsed: Duration,
     pub requests: usize,
 }
@@ -242,6 +244,15 @@ impl Endpoint {
             .get(key)
             .and_then(|e| e.parse().ok())
             .unwrap_or_else(|| EntityId::new(kind, format!("{}.{id}", self.cfg.name)))
+    }
+
+    /// Whether the next poll walks the whole tree (never discovered, or due again).
+    pub fn needs_discovery(&self) -> bool {
+        self.plan
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(|(_, polls)| *polls >= REDISCOVER_EVERY)
     }
 
     /// One full walk of the endpoint.
@@ -667,6 +678,14 @@ fn sum_by_metric(found: Vec<Found>) -> Vec<Found> {
 pub struct Poller {
     pub endpoints: Vec<Endpoint>,
     pub concurrency: usize,
+    /// The poll interval. Endpoints that only re-read what discovery found go first;
+    /// a discovery (a full walk of a tree) then starts only when it is expected to end
+    /// inside the interval, judged by how long recent discoveries took. The others wait
+    /// for the next poll (`deferred`), so that every poll stays inside its interval
+    /// while hundreds of endpoints are discovered at start-up.
+    pub interval: Option<Duration>,
+    /// Recent discovery duration (moving average), in seconds.
+    discovery_s: Mutex<f64>,
     log: super::log_limit::LogLimiter,
 }
 
@@ -695,6 +714,8 @@ impl Poller {
         Ok(Poller {
             endpoints,
             concurrency: concurrency.max(1),
+            interval: None,
+            discovery_s: Mutex::new(0.0),
             log: super::log_limit::LogLimiter::default(),
         })
     }
@@ -705,16 +726,62 @@ impl Poller {
         let next = AtomicUsize::new(0);
         let results: Mutex<Vec<(usize, Polled)>> = Mutex::new(Vec::new());
         let eps = &self.endpoints;
+        // re-reads first, discoveries after
+        let mut order: Vec<usize> = (0..eps.len()).collect();
+        order.sort_by_key(|&i| eps[i].needs_discovery());
+        let order = &order;
+        let interval = self.interval;
+        let estimate = &self.discovery_s;
+        let concurrency = self.concurrency;
+        let discoveries = AtomicUsize::new(0);
+        let discoveries = &discoveries;
         std::thread::scope(|s| {
             for _ in 0..self.concurrency.min(eps.len()) {
                 s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(ep) = eps.get(i) else { break };
+                    let k = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&i) = order.get(k) else { break };
+                    let ep = &eps[i];
+                    let discovering = ep.needs_discovery();
+                    let expected = *estimate.lock().unwrap_or_else(|p| p.into_inner());
+                    // a few discoveries per poll always start, so that none waits forever
+                    let guaranteed = discoveries.load(Ordering::SeqCst) < (concurrency / 4).max(1);
+                    let late = !guaranteed
+                        && interval.is_some_and(|iv| {
+                            started.elapsed().as_secs_f64() + expected > iv.as_secs_f64() * 0.9
+                        });
                     let r = if ep.retry_at.is_some_and(|t| t > started) {
                         Polled {
                             endpoint: ep.cfg.name.clone(),
                             skipped: true,
                             ..Polled::default()
+                        }
+                    } else if late && discovering {
+                        Polled {
+                            endpoint: ep.cfg.name.clone(),
+                            deferred: true,
+                            ..Polled::default()
+                        }
+                    } else if discovering {
+                        discoveries.fetch_add(1, Ordering::SeqCst);
+                        let t = Instant::now();
+                        let r = ep.poll(now);
+                        let mut e = estimate.lock().unwrap_or_else(|p| p.into_inner());
+                        *e = if *e == 0.0 {
+                            t.elapsed().as_secs_f64()
+                        } else {
+                            0.8 * *e + 0.2 * t.elapsed().as_secs_f64()
+                        };
+                        match r {
+                            Ok(p) => p,
+                            Err(e) => Polled {
+                                endpoint: ep.cfg.name.clone(),
+                                error: Some(e.to_string()),
+                                rejects: vec![Reject {
+                                    reason: e.reason(),
+                                    detail: e.to_string(),
+                                }],
+                                ..Polled::default()
+                            },
                         }
                     } else {
                         match ep.poll(now) {
@@ -741,7 +808,7 @@ impl Poller {
         results.sort_by_key(|r| r.0);
         for (i, r) in &results {
             let ep = &mut self.endpoints[*i];
-            if r.skipped {
+            if r.skipped || r.deferred {
                 continue;
             }
             for rej in &r.rejects {
