@@ -91,7 +91,7 @@ enum SiteCommand {
 #[derive(Subcommand)]
 enum TelemetryCommand {
     /// Connect to sources for a while and print what they deliver and what was rejected.
-    Probe(ProbeOpts),
+    Probe(Box<ProbeOpts>),
 }
 
 #[derive(clap::Args)]
@@ -277,7 +277,7 @@ fn check(
     })
 }
 
-fn probe(o: ProbeOpts) -> Result<ExitCode> {
+fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
     use orchestrator::probe::ProbeArgs;
     use telemetry::sources::redfish::{Auth, EndpointConfig, Tls};
     anyhow::ensure!(
