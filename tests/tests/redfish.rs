@@ -94,6 +94,16 @@ fn a_rackmount_chassis_gives_power_in_both_models_and_its_inlet() {
         Some(24.8),
         "intake Sensor"
     );
+    assert_eq!(
+        value(&p, "node/a01-n01", "inlet_temp_c", "/ThermalMetrics#").map(|v| v.0),
+        Some(24.8),
+        "ThermalSubsystem"
+    );
+    assert_eq!(
+        value(&p, "node/a01-n01.psu.Bay1", "power_w", "/PowerSubsystem/"),
+        Some((937.4, Quality::Uncertain)),
+        "power supply metrics, health Warning"
+    );
     // in the snapshot the current model wins over the legacy one
     let mut snap = telemetry::Snapshot::new();
     let t = now();

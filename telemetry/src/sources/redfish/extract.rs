@@ -131,6 +131,58 @@ pub fn environment(env: &Value, path: &str) -> Vec<Found> {
     out
 }
 
+/// `ThermalSubsystem/ThermalMetrics`: the intake temperature summary.
+pub fn thermal_metrics(m: &Value, path: &str) -> Vec<Found> {
+    let mut out = Vec::new();
+    let q = quality(m).unwrap_or(Quality::Good);
+    let summary = m
+        .get("TemperatureSummaryCelsius")
+        .and_then(|t| t.get("Intake"));
+    push(
+        &mut out,
+        INLET_TEMP_C,
+        reading(summary),
+        q,
+        format!("{path}#TemperatureSummaryCelsius/Intake"),
+    );
+    out
+}
+
+/// `PowerSubsystem/PowerSupplies/{id}/Metrics`: one power supply's input.
+pub fn power_supply(m: &Value, path: &str) -> Vec<Found> {
+    let mut out = Vec::new();
+    let Some(q) = quality(m) else { return out };
+    push(
+        &mut out,
+        POWER_W,
+        reading(m.get("InputPowerWatts")),
+        q,
+        format!("{path}#InputPowerWatts"),
+    );
+    push(
+        &mut out,
+        CURRENT_A,
+        reading(m.get("InputCurrentAmps")),
+        q,
+        format!("{path}#InputCurrentAmps"),
+    );
+    push(
+        &mut out,
+        VOLTAGE_V,
+        reading(m.get("InputVoltage")),
+        q,
+        format!("{path}#InputVoltage"),
+    );
+    push(
+        &mut out,
+        ENERGY_J,
+        reading(m.get("EnergykWh")).map(|kwh| kwh * 3.6e6),
+        q,
+        format!("{path}#EnergykWh"),
+    );
+    out
+}
+
 /// A `Sensor`: an intake temperature becomes the inlet; other sensors are left to the
 /// resources that own them.
 pub fn sensor(s: &Value, path: &str) -> Vec<Found> {

@@ -489,6 +489,18 @@ impl Walk<'_> {
             // legacy first: where both exist, the current model's reading is the one kept
             self.read_link(Kind::LegacyPower, &entity, &c, "Power");
             self.read_link(Kind::LegacyThermal, &entity, &c, "Thermal");
+            if let Some(ts) = link(&c, "ThermalSubsystem").and_then(|p| self.try_get(&p)) {
+                self.read_link(Kind::ThermalMetrics, &entity, &ts, "ThermalMetrics");
+            }
+            if let Some(ps) = link(&c, "PowerSubsystem").and_then(|p| self.try_get(&p)) {
+                for (pp, psu) in self.collection(&ps, "PowerSupplies") {
+                    let e = EntityId::new(
+                        EntityKind::Node,
+                        format!("{}.psu.{}", entity.name, last_segment(&pp)),
+                    );
+                    self.read_link(Kind::PowerSupply, &e, &psu, "Metrics");
+                }
+            }
             self.read_link(Kind::Environment, &entity, &c, "EnvironmentMetrics");
             for (sp, s) in self.collection(&c, "Sensors") {
                 self.read(Kind::Sensor, &entity, &sp, &s);
@@ -585,6 +597,8 @@ impl Walk<'_> {
 enum Kind {
     LegacyPower,
     LegacyThermal,
+    ThermalMetrics,
+    PowerSupply,
     Environment,
     Sensor,
     /// A PDU's mains: summed over all of them into the PDU's own readings.
@@ -604,6 +618,8 @@ impl Kind {
             Kind::LegacyPower => one(extract::legacy_power(v, path)),
             Kind::LegacyThermal => one(extract::legacy_thermal(v, path)),
             Kind::Environment => one(extract::environment(v, path)),
+            Kind::ThermalMetrics => one(extract::thermal_metrics(v, path)),
+            Kind::PowerSupply => one(extract::power_supply(v, path)),
             Kind::Sensor => one(extract::sensor(v, path)),
             Kind::Mains | Kind::Circuit => one(extract::circuit(v, path)),
             Kind::Coolant => one(extract::coolant_connector(v, path)),
