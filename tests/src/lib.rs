@@ -400,3 +400,128 @@ pub fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::Pat
         .to_string();
     (cert, key, hex)
 }
+
+/// A BMC that wants credentials: HTTP Basic (`user`/`pass`) or a Redfish session
+/// (POST `/redfish/v1/SessionService/Sessions` gives an `X-Auth-Token`, which expires
+/// after `token_uses` requests), in front of a plain-HTTP server.
+pub struct AuthBmc {
+    pub url: String,
+    /// Session logins so far.
+    pub logins: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AuthBmc {
+    pub fn start(upstream: &str, session: bool, token_uses: usize) -> AuthBmc {
+        use std::io::{BufRead, BufReader, Read, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let logins = std::sync::Arc::new(AtomicUsize::new(0));
+        let uses = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = logins.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let (upstream, logins, uses) = (upstream.clone(), counter.clone(), uses.clone());
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(s.try_clone().expect("clone"));
+                    let mut w = s;
+                    loop {
+                        let mut line = String::new();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let (mut auth, mut token, mut len) = (None, None, 0usize);
+                        let mut head = line.clone();
+                        loop {
+                            let mut h = String::new();
+                            if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                                break;
+                            }
+                            let lower = h.to_ascii_lowercase();
+                            if let Some(v) = lower.strip_prefix("authorization: ") {
+                                auth = Some(v.trim().to_string());
+                            }
+                            if let Some(v) = lower.strip_prefix("x-auth-token: ") {
+                                token = Some(v.trim().to_string());
+                            }
+                            if let Some(v) = lower.strip_prefix("content-length: ") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                            head.push_str(&h);
+                        }
+                        let mut body = vec![0u8; len];
+                        let _ = r.read_exact(&mut body);
+                        let reply = |w: &mut std::net::TcpStream,
+                                     status: &str,
+                                     extra: &str,
+                                     body: &[u8]| {
+                            let _ = w.write_all(
+                                format!(
+                                    "HTTP/1.1 {status}\r\n{extra}content-length: {}\r\n\r\n",
+                                    body.len()
+                                )
+                                .as_bytes(),
+                            );
+                            let _ = w.write_all(body);
+                        };
+                        if line.starts_with("POST /redfish/v1/SessionService/Sessions") {
+                            let ok = String::from_utf8_lossy(&body)
+                                .contains("\"UserName\":\"user\"")
+                                && String::from_utf8_lossy(&body).contains("\"Password\":\"pass\"");
+                            if ok {
+                                let n = logins.fetch_add(1, Ordering::SeqCst) + 1;
+                                uses.store(0, Ordering::SeqCst);
+                                reply(
+                                    &mut w,
+                                    "201 Created",
+                                    &format!("x-auth-token: token-{n}\r\n"),
+                                    b"{}",
+                                );
+                            } else {
+                                reply(&mut w, "401 Unauthorized", "", b"{}");
+                            }
+                            continue;
+                        }
+                        let allowed = if session {
+                            let current = format!("token-{}", logins.load(Ordering::SeqCst));
+                            token.as_deref() == Some(current.as_str())
+                                && uses.fetch_add(1, Ordering::SeqCst) < token_uses
+                        } else {
+                            auth.as_deref() == Some("basic dxnlcjpwyxnz") // user:pass, lowercased
+                        };
+                        if !allowed {
+                            reply(&mut w, "401 Unauthorized", "", b"{}");
+                            continue;
+                        }
+                        let path = line.split_whitespace().nth(1).unwrap_or("/");
+                        let Ok(mut up) = std::net::TcpStream::connect(&upstream) else {
+                            return;
+                        };
+                        let mut resp = Vec::new();
+                        if up
+                            .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+                            .is_err()
+                            || up.read_to_end(&mut resp).is_err()
+                        {
+                            return;
+                        }
+                        let split = resp
+                            .windows(4)
+                            .position(|w| w == b"\r\n\r\n")
+                            .map_or(0, |i| i + 4);
+                        let status_ok =
+                            resp.starts_with(b"HTTP/1.0 200") || resp.starts_with(b"HTTP/1.1 200");
+                        reply(
+                            &mut w,
+                            if status_ok { "200 OK" } else { "404 Not Found" },
+                            "content-type: application/json\r\n",
+                            &resp[split..],
+                        );
+                    }
+                });
+            }
+        });
+        AuthBmc { url, logins }
+    }
+}

@@ -276,3 +276,62 @@ fn after_discovery_only_the_resources_with_readings_are_read() {
         );
     }
 }
+
+#[test]
+fn basic_auth_and_sessions_are_used_as_configured() {
+    use std::sync::atomic::Ordering;
+    use telemetry::sources::redfish::Auth;
+    let plain = Sushy::start("public-pdu", None);
+
+    let basic = powerplane_tests::AuthBmc::start(&plain.url, false, usize::MAX);
+    let anonymous = poll_one(EndpointConfig::new("b", &basic.url));
+    assert_eq!(
+        anonymous.rejects.first().map(|r| r.reason),
+        Some("auth"),
+        "no credentials: refused"
+    );
+    let mut cfg = EndpointConfig::new("b", &basic.url);
+    cfg.auth = Auth::Basic {
+        username: "user".into(),
+        password: "pass".into(),
+    };
+    let p = poll_one(cfg.clone());
+    assert!(p.error.is_none(), "{:?}", p.error);
+    assert!(p.samples.iter().any(|s| s.value == 197.4));
+    cfg.auth = Auth::Basic {
+        username: "user".into(),
+        password: "wrong".into(),
+    };
+    assert_eq!(
+        poll_one(cfg).rejects.first().map(|r| r.reason),
+        Some("auth")
+    );
+
+    // a session token that expires every 10 requests: logged in again, nothing lost
+    let session = powerplane_tests::AuthBmc::start(&plain.url, true, 10);
+    let mut cfg = EndpointConfig::new("s", &session.url);
+    cfg.auth = Auth::Session {
+        username: "user".into(),
+        password: "pass".into(),
+    };
+    let p = poll_one(cfg.clone());
+    assert!(
+        p.error.is_none() && p.rejects.is_empty(),
+        "{:?} {:?}",
+        p.error,
+        p.rejects
+    );
+    assert!(p.samples.iter().any(|s| s.value == 197.4));
+    assert!(
+        session.logins.load(Ordering::SeqCst) >= 2,
+        "the token expired and the poller logged in again"
+    );
+    cfg.auth = Auth::Session {
+        username: "user".into(),
+        password: "nope".into(),
+    };
+    assert_eq!(
+        poll_one(cfg).rejects.first().map(|r| r.reason),
+        Some("auth")
+    );
+}
