@@ -7,6 +7,40 @@ fn powerplane() -> Command {
     Command::new(env!("CARGO_BIN_EXE_powerplane"))
 }
 
+/// The DMTF rack-PDU mockup served by the real `sushy-static` on a free port.
+fn pdu_mockup() -> (std::process::Child, u16) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let sushy = std::env::var("POWERPLANE_SUSHY_STATIC")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| root.join(".venv/bin/sushy-static"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let child = Command::new(&sushy)
+        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
+        .arg(root.join("tests/fixtures/redfish/public-pdu"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs sushy-static at {} (scripts/test installs it): {e}",
+                sushy.display()
+            )
+        });
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    (child, port)
+}
+
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
@@ -241,32 +275,7 @@ fn a_broken_policy_file_lists_every_problem_and_exits_1() {
 
 #[test]
 fn telemetry_probe_prints_what_a_redfish_pdu_reports() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace");
-    let sushy = std::env::var("POWERPLANE_SUSHY_STATIC")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| root.join(".venv/bin/sushy-static"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut server = Command::new(&sushy)
-        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
-        .arg(root.join("tests/fixtures/redfish/public-pdu"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "this test needs sushy-static at {} (scripts/test installs it): {e}",
-                sushy.display()
-            )
-        });
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (mut server, port) = pdu_mockup();
     let url = format!("http://127.0.0.1:{port}");
     let out = powerplane()
         .args([
@@ -332,21 +341,7 @@ fn serve_ingests_mqtt_and_redfish_decides_and_restores_after_a_restart() {
     .expect("policy");
     let topic = format!("pptest-serve-{}", std::process::id());
     std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
-    let sushy = std::env::var("POWERPLANE_SUSHY_STATIC")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| root.join(".venv/bin/sushy-static"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let mut bmc = Command::new(&sushy)
-        .args(["-i", "127.0.0.1", "-p", &port.to_string(), "-m"])
-        .arg(root.join("tests/fixtures/redfish/public-pdu"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("this test needs sushy-static at {}: {e}", sushy.display()));
+    let (mut bmc, port) = pdu_mockup();
     let mqtt_port: u16 = std::env::var("POWERPLANE_TEST_MQTT_PORT")
         .ok()
         .and_then(|p| p.parse().ok())

@@ -133,6 +133,21 @@ pub struct Polled {
     pub requests: usize,
 }
 
+impl Polled {
+    /// An endpoint that could not be polled at all.
+    fn failed(ep: &Endpoint, e: &RedfishError) -> Polled {
+        Polled {
+            endpoint: ep.cfg.name.clone(),
+            error: Some(e.to_string()),
+            rejects: vec![Reject {
+                reason: e.reason(),
+                detail: e.to_string(),
+            }],
+            ..Polled::default()
+        }
+    }
+}
+
 impl Endpoint {
     pub fn new(cfg: EndpointConfig) -> Result<Self, RedfishError> {
         let client = tls::client(&cfg)?;
@@ -423,31 +438,9 @@ impl Poller {
                         } else {
                             0.8 * *e + 0.2 * t.elapsed().as_secs_f64()
                         };
-                        match r {
-                            Ok(p) => p,
-                            Err(e) => Polled {
-                                endpoint: ep.cfg.name.clone(),
-                                error: Some(e.to_string()),
-                                rejects: vec![Reject {
-                                    reason: e.reason(),
-                                    detail: e.to_string(),
-                                }],
-                                ..Polled::default()
-                            },
-                        }
+                        r.unwrap_or_else(|e| Polled::failed(ep, &e))
                     } else {
-                        match ep.poll(now) {
-                            Ok(p) => p,
-                            Err(e) => Polled {
-                                endpoint: ep.cfg.name.clone(),
-                                error: Some(e.to_string()),
-                                rejects: vec![Reject {
-                                    reason: e.reason(),
-                                    detail: e.to_string(),
-                                }],
-                                ..Polled::default()
-                            },
-                        }
+                        ep.poll(now).unwrap_or_else(|e| Polled::failed(ep, &e))
                     };
                     results
                         .lock()
