@@ -424,3 +424,56 @@ fn serve_ingests_mqtt_and_redfish_decides_and_restores_after_a_restart() {
         "{log}"
     );
 }
+
+#[test]
+fn serve_keeps_its_state_in_redis_across_a_restart() {
+    use integrations::store::redis::RedisBackend;
+    use integrations::store::Store;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::copy(
+        root.join("examples/demo/policy.toml"),
+        d.join("policy.toml"),
+    )
+    .expect("policy");
+    let url = std::env::var("POWERPLANE_TEST_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let prefix = format!("powerplane-test:{}:serve", std::process::id());
+    // no telemetry at all: the budget rule assumes the worst of every stale GPU and caps
+    std::fs::write(d.join("powerplane.toml"), format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}\"\n")).expect("config");
+    let mut clean = RedisBackend::connect(&url, &prefix)
+        .unwrap_or_else(|e| panic!("this test needs a real Redis at {url}: {e}"));
+    clean.clear().expect("clear");
+
+    let first = powerplane()
+        .args(["serve", "--run-for-s", "1.2", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .output()
+        .expect("serve");
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let mut store = Store::new(Box::new(
+        RedisBackend::connect(&url, &prefix).expect("redis"),
+    ));
+    let caps = store.state().expect("state").caps;
+    assert_eq!(caps.len(), 192, "every GPU capped, with a lease, in Redis");
+    assert!(store.audit_len().expect("audit") > 0);
+    let again = powerplane()
+        .args(["serve", "--run-for-s", "0.3", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .output()
+        .expect("serve again");
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        log.contains("restored from the store store=\"redis\" caps=192"),
+        "{log}"
+    );
+    clean.clear().expect("clear");
+}

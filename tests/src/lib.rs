@@ -83,6 +83,8 @@ pub struct Broker {
     /// A second listener with TLS, when started with a certificate.
     pub tls_port: Option<u16>,
     tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// A password file: anonymous clients refused.
+    passwords: Option<std::path::PathBuf>,
     child: Option<std::process::Child>,
     dir: tempfile::TempDir,
 }
@@ -104,6 +106,7 @@ impl Broker {
             port: free_port(),
             tls_port: None,
             tls: None,
+            passwords: None,
             child: None,
             dir,
         };
@@ -133,6 +136,37 @@ impl Broker {
             port: free_port(),
             tls_port: Some(free_port()),
             tls: Some((c, k)),
+            passwords: None,
+            child: None,
+            dir,
+        };
+        b.restart();
+        b
+    }
+
+    /// A broker that wants `user`/`password` from every client.
+    ///
+    /// # Panics
+    /// When `mosquitto` or `mosquitto_passwd` cannot run.
+    pub fn start_with_password(user: &str, password: &str) -> Broker {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let file = dir.path().join("passwords");
+        let ok = std::process::Command::new("mosquitto_passwd")
+            .args(["-c", "-b"])
+            .arg(&file)
+            .args([user, password])
+            .status()
+            .expect("this test needs mosquitto_passwd (Debian mosquitto)");
+        assert!(ok.success(), "mosquitto_passwd failed");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let mut b = Broker {
+            port: free_port(),
+            tls_port: None,
+            tls: None,
+            passwords: Some(file),
             child: None,
             dir,
         };
@@ -150,7 +184,10 @@ impl Broker {
     pub fn restart(&mut self) {
         self.stop();
         let conf = self.dir.path().join("mosquitto.conf");
-        let mut text = format!("per_listener_settings false\nallow_anonymous true\npersistence false\nlistener {} 127.0.0.1\n", self.port);
+        let mut text = match &self.passwords {
+            Some(f) => format!("per_listener_settings false\nallow_anonymous false\npassword_file {}\npersistence false\nlistener {} 127.0.0.1\n", f.display(), self.port),
+            None => format!("per_listener_settings false\nallow_anonymous true\npersistence false\nlistener {} 127.0.0.1\n", self.port),
+        };
         if let (Some(p), Some((cert, key))) = (self.tls_port, &self.tls) {
             text.push_str(&format!(
                 "listener {p} 127.0.0.1\ncertfile {}\nkeyfile {}\n",

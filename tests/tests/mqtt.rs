@@ -479,3 +479,32 @@ fn mqtt_5_with_a_shared_subscription_splits_the_stream_between_controllers() {
     );
     assert!(na > 0 && nb > 0, "both got a share: {na} + {nb}");
 }
+
+#[test]
+fn a_broker_that_wants_a_password_gets_it() {
+    let broker = Broker::start_with_password("telemetry", "s3cret");
+    let prefix = unique("auth");
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let anonymous = Running::start(MqttConfig::new(&url), mapping(&prefix));
+    anonymous.wait_for("a refusal", |e| matches!(e, Event::Disconnected { .. }));
+    anonymous.finish();
+    let mut cfg = MqttConfig::new(&url);
+    cfg.username = Some("telemetry".into());
+    cfg.password = Some("s3cret".into());
+    let run = Running::start(cfg, mapping(&prefix));
+    run.wait_for("an authenticated connection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300));
+    let t = chrono::Utc::now().timestamp();
+    mosquitto_pub(
+        broker.port,
+        &format!("{prefix}/h/d01/inlet"),
+        format!(r#"{{"value": 86, "ts": {t}}}"#).as_bytes(),
+        &["-u", "telemetry", "-P", "s3cret"],
+    );
+    let got = run.wait_for("a message", |e| matches!(e, Event::Message { .. }));
+    run.finish();
+    let Event::Message { decoded, .. } = got else {
+        unreachable!()
+    };
+    assert_eq!(decoded.samples.len(), 1);
+}
