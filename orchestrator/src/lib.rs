@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //!
+//! - [`agent`]: the node agent's GPU side: simulated and fault-injecting backends, `agent --once`.
 //! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
 //!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
 //! - [`registry`]: the job registry, kept in the store.
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
+pub mod agent;
 pub mod control;
 pub mod demo;
 pub mod embedded;

@@ -62,6 +62,29 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// The GPU node agent (today: read the node's GPUs once, for checking a node).
+    Agent {
+        /// Read every GPU once and print it.
+        #[arg(long)]
+        once: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// `nvml` (the node's NVIDIA GPUs) or `sim` (simulated GPUs).
+        #[arg(long, default_value = "nvml")]
+        backend: String,
+        /// Simulated GPUs (with --backend sim).
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        /// Simulated GPU model (with --backend sim).
+        #[arg(long, default_value = "A40")]
+        gpu_model: String,
+        /// This node's name (default: the host name).
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Check site files.
     Site {
         #[command(subcommand)]
@@ -226,6 +249,15 @@ fn main() -> ExitCode {
                     .map(|_| ExitCode::SUCCESS)
             }
         }
+        Command::Agent {
+            once,
+            json,
+            backend,
+            gpus,
+            gpu_model,
+            node,
+            seed,
+        } => agent(once, json, &backend, gpus, &gpu_model, node, seed),
         Command::Telemetry {
             command: TelemetryCommand::Probe(opts),
         } => probe(opts),
@@ -382,6 +414,94 @@ fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
         json: o.json,
     };
     finish_probe(args, o.json)
+}
+
+fn agent(
+    once: bool,
+    json: bool,
+    backend: &str,
+    gpus: u32,
+    gpu_model: &str,
+    node: Option<String>,
+    seed: u64,
+) -> Result<ExitCode> {
+    use telemetry::gpu_backend::GpuBackend;
+    anyhow::ensure!(once, "the agent's publish loop is not built yet: run `powerplane agent --once` to read this node's GPUs");
+    let node = node
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "node".into());
+    let mut b: Box<dyn GpuBackend> = match backend {
+        "nvml" => match telemetry::sources::nvml::NvmlBackend::open() {
+            Ok(b) => Box::new(b),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(1));
+            }
+        },
+        "sim" => {
+            let model = telemetry::GpuModel::builtin(gpu_model).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown --gpu-model {gpu_model:?} (known: {})",
+                    telemetry::GpuModel::BUILTIN_NAMES.join(", ")
+                )
+            })?;
+            Box::new(orchestrator::agent::SimGpus::new(gpus, model, seed))
+        }
+        other => anyhow::bail!("unknown --backend {other:?}: use nvml or sim"),
+    };
+    let report = match orchestrator::agent::once(&node, b.as_mut()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{} ({}): {} GPUs",
+            report.node,
+            report.backend,
+            report.gpus.len()
+        );
+        println!(
+            "{:>3}  {:<24} {:>8} {:>8} {:>10} {:>6} {:>8} {:>5}  THROTTLE",
+            "GPU", "NAME", "POWER W", "LIMIT W", "MIN-MAX W", "TEMP", "SM MHz", "UTIL"
+        );
+        for g in &report.gpus {
+            println!(
+                "{:>3}  {:<24} {:>8.1} {:>8.1} {:>4.0}-{:<5.0} {:>6.1} {:>8.0} {:>4.0}%  {}",
+                g.index,
+                g.name,
+                g.power_w,
+                g.power_limit_w,
+                g.min_limit_w,
+                g.max_limit_w,
+                g.temp_c,
+                g.sm_clock_mhz,
+                g.utilization_pct,
+                g.throttle_reasons.join(",")
+            );
+        }
+    }
+    for e in &report.errors {
+        eprintln!(
+            "gpu {}: {} ({})",
+            e.index.map_or("-".into(), |i| i.to_string()),
+            e.message,
+            e.reason
+        );
+    }
+    Ok(if report.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn finish_probe(args: orchestrator::probe::ProbeArgs, json: bool) -> Result<ExitCode> {

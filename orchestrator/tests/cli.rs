@@ -477,3 +477,65 @@ fn serve_keeps_its_state_in_redis_across_a_restart() {
     );
     clean.clear().expect("clear");
 }
+
+#[test]
+fn agent_once_reads_simulated_gpus_and_says_clearly_when_nvml_is_missing() {
+    let out = powerplane()
+        .args([
+            "agent",
+            "--once",
+            "--json",
+            "--backend",
+            "sim",
+            "--gpus",
+            "8",
+            "--node",
+            "n1",
+        ])
+        .output()
+        .expect("agent");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["node"], "n1");
+    assert_eq!(v["backend"], "sim");
+    let gpus = v["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 8);
+    for g in gpus {
+        let (p, lo, hi) = (
+            g["power_w"].as_f64().expect("power"),
+            g["min_limit_w"].as_f64().expect("min"),
+            g["max_limit_w"].as_f64().expect("max"),
+        );
+        assert!(
+            p >= 0.0 && p <= g["power_limit_w"].as_f64().expect("limit") && lo < hi,
+            "{g}"
+        );
+        for key in [
+            "energy_j",
+            "temp_c",
+            "sm_clock_mhz",
+            "utilization_pct",
+            "default_limit_w",
+            "throttle_reasons",
+        ] {
+            assert!(!g[key].is_null(), "{key} in {g}");
+        }
+    }
+    // on a machine with NVIDIA's driver this reads the real GPUs; elsewhere it must say why not
+    let nvml = powerplane()
+        .args(["agent", "--once", "--json", "--backend", "nvml"])
+        .output()
+        .expect("agent");
+    if !nvml.status.success() {
+        let err = String::from_utf8_lossy(&nvml.stderr);
+        assert!(
+            err.contains("NVML") && (err.contains("could not be loaded") || err.contains("driver")),
+            "{err}"
+        );
+        assert_eq!(nvml.status.code(), Some(1));
+    }
+}

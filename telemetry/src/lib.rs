@@ -13,8 +13,9 @@
 //! - [`site`]: the site file (`site.toml`): topology, power path, cooling path, validated
 //!   with `file:line:col` diagnostics.
 //! - [`units`]: units as sources write them, converted to canonical ones.
-//! - [`sources`]: the protocol clients (MQTT) that produce samples.
-//! - [`gpu`]: GPU models and their power-limit constraints.
+//! - [`sources`]: the clients that produce samples (MQTT, Redfish, NVML).
+//! - [`gpu`]: GPU models and their power-limit constraints; [`gpu_backend`]: the trait a
+//!   node agent reads and sets GPUs through (NVML in [`sources::nvml`]).
 //! - [`job`]: [`Job`], a scheduler's job as powerplane sees it.
 //! - [`diag`]: diagnostics with file, line and column, shared by every file parser.
 //!
@@ -26,6 +27,7 @@ pub mod decoder;
 pub mod diag;
 pub mod entity;
 pub mod gpu;
+pub mod gpu_backend;
 pub mod job;
 pub mod mapping;
 pub mod metric;

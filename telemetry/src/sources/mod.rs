@@ -2,5 +2,6 @@
 
 pub mod log_limit;
 pub mod mqtt;
+pub mod nvml;
 pub mod redfish;
 pub mod tls;

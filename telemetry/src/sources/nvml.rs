@@ -1,0 +1,129 @@
+//! The NVML backend: NVIDIA's management library, loaded at run time, so that the binary
+//! runs on machines without a GPU and says clearly that NVML is missing.
+
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+use crate::gpu_backend::{GpuBackend, GpuError, GpuReading};
+
+pub struct NvmlBackend {
+    nvml: Nvml,
+}
+
+impl NvmlBackend {
+    /// Loads `libnvidia-ml.so.1` and initializes NVML.
+    pub fn open() -> Result<Self, GpuError> {
+        Nvml::init().map(|nvml| NvmlBackend { nvml }).map_err(|e| match e {
+            NvmlError::LibloadingError(inner) => GpuError::Unavailable(format!("NVML (libnvidia-ml.so.1) could not be loaded: {inner}; is the NVIDIA driver installed?")),
+            NvmlError::DriverNotLoaded => GpuError::Unavailable("the NVIDIA driver is not loaded".into()),
+            other => GpuError::Unavailable(format!("NVML failed to start: {other}")),
+        })
+    }
+}
+
+fn map(index: u32, what: &str, e: NvmlError) -> GpuError {
+    match e {
+        NvmlError::NotSupported => GpuError::NotSupported {
+            index,
+            what: what.into(),
+        },
+        NvmlError::NoPermission => GpuError::NoPermission {
+            index,
+            what: what.into(),
+        },
+        NvmlError::GpuLost => GpuError::Lost { index },
+        other => GpuError::Other {
+            index,
+            message: format!("{what}: {other}"),
+        },
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn count(&mut self) -> Result<u32, GpuError> {
+        self.nvml
+            .device_count()
+            .map_err(|e| GpuError::Unavailable(format!("device count: {e}")))
+    }
+
+    fn read(&mut self, index: u32) -> Result<GpuReading, GpuError> {
+        let d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| map(index, "open device", e))?;
+        let mw = |r: Result<u32, NvmlError>, what: &str| {
+            r.map(|v| f64::from(v) / 1000.0)
+                .map_err(|e| map(index, what, e))
+        };
+        let constraints = d
+            .power_management_limit_constraints()
+            .map_err(|e| map(index, "power limit constraints", e))?;
+        let throttle = d
+            .current_throttle_reasons()
+            .map(|r| format!("{r:?}"))
+            .unwrap_or_default();
+        Ok(GpuReading {
+            index,
+            uuid: d.uuid().unwrap_or_default(),
+            name: d.name().unwrap_or_default(),
+            power_w: mw(d.power_usage(), "power usage")?,
+            // NVML counts millijoules since the driver loaded
+            energy_j: d
+                .total_energy_consumption()
+                .ok()
+                .map(|mj| mj as f64 / 1000.0),
+            temp_c: d
+                .temperature(TemperatureSensor::Gpu)
+                .map(f64::from)
+                .map_err(|e| map(index, "temperature", e))?,
+            sm_clock_mhz: d.clock_info(Clock::SM).map(f64::from).unwrap_or(0.0),
+            mem_clock_mhz: d.clock_info(Clock::Memory).map(f64::from).unwrap_or(0.0),
+            utilization_pct: d
+                .utilization_rates()
+                .map(|u| f64::from(u.gpu))
+                .unwrap_or(0.0),
+            power_limit_w: mw(d.enforced_power_limit(), "enforced power limit")?,
+            default_limit_w: mw(d.power_management_limit_default(), "default power limit")?,
+            min_limit_w: f64::from(constraints.min_limit) / 1000.0,
+            max_limit_w: f64::from(constraints.max_limit) / 1000.0,
+            throttle_reasons: throttle
+                .split(" | ")
+                .filter(|s| !s.is_empty())
+                .map(|s| s.trim().to_lowercase())
+                .collect(),
+            pids: d
+                .running_compute_processes()
+                .map(|p| p.iter().map(|p| p.pid).collect())
+                .unwrap_or_default(),
+        })
+    }
+
+    fn set_power_limit(&mut self, index: u32, watts: f64) -> Result<f64, GpuError> {
+        let mut d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| map(index, "open device", e))?;
+        d.set_power_management_limit((watts * 1000.0).round() as u32)
+            .map_err(|e| map(index, "set the power limit", e))?;
+        d.enforced_power_limit()
+            .map(|v| f64::from(v) / 1000.0)
+            .map_err(|e| map(index, "enforced power limit", e))
+    }
+
+    fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError> {
+        let default = {
+            let d = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| map(index, "open device", e))?;
+            d.power_management_limit_default()
+                .map_err(|e| map(index, "default power limit", e))?
+        };
+        self.set_power_limit(index, f64::from(default) / 1000.0)
+    }
+}
