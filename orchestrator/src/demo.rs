@@ -85,6 +85,8 @@ pub(crate) struct Point {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
     pub site: String,
+    /// The site's time zone, for the times the table shows.
+    pub timezone: chrono_tz::Tz,
     pub minutes: u32,
     pub seed: u64,
     pub start: Timestamp,
@@ -289,6 +291,7 @@ fn summarize(
     let sum = |f: &dyn Fn(&LedgerEntry) -> f64| ledger.iter().map(f).sum::<f64>();
     Summary {
         site: site.name.clone(),
+        timezone: site.timezone,
         minutes: cfg.minutes,
         seed: cfg.seed,
         start: cfg.start,
@@ -324,9 +327,9 @@ fn summarize(
 
 impl Summary {
     /// The end-of-run table.
-    pub fn table(&self, site: &Site, out: &Path) -> String {
+    pub fn table(&self, out: &Path) -> String {
         let mut s = String::new();
-        let start = self.start.to_datetime().with_timezone(&site.timezone);
+        let start = self.start.to_datetime().with_timezone(&self.timezone);
         let _ = writeln!(
             s,
             "\npowerplane demo: {}, {} min from {} (seed {})\n",

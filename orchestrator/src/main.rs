@@ -551,8 +551,7 @@ fn run_demo(
     let began = std::time::Instant::now();
     let mut err = std::io::stderr();
     let summary = demo::run(&cfg, &mut err)?;
-    let site = Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    print!("{}", summary.table(&site, &cfg.out));
+    print!("{}", summary.table(&cfg.out));
     eprintln!(
         "  ({} simulated minutes in {:.1} s)",
         minutes,

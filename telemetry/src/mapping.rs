@@ -143,6 +143,27 @@ enum Level {
     AnyRest,
 }
 
+impl Level {
+    /// The capture's name, when this level is one.
+    fn capture(&self) -> Option<&str> {
+        match self {
+            Level::Capture(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// An entity template must name its kind: `rack/{rack}`, not `{rack}`.
+fn check_entity_kind(entity: &str, problems: &mut Vec<String>) {
+    if entity
+        .split_once('/')
+        .and_then(|(k, _)| k.parse::<crate::EntityKind>().ok())
+        .is_none()
+    {
+        problems.push(format!("entity {entity:?} must start with a kind (rack/, node/, gpu/, pdu/, outlet/, cooling/, ...)"));
+    }
+}
+
 /// A validated mapping file.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Mapping {
@@ -328,13 +349,7 @@ fn build_sparkplug(r: &RawSparkplug) -> Result<SparkplugRule, Vec<String>> {
     let captures: Vec<&str> = [Some(&group), Some(&node), device.as_ref()]
         .into_iter()
         .flatten()
-        .filter_map(|l| {
-            if let Level::Capture(c) = l {
-                Some(c.as_str())
-            } else {
-                None
-            }
-        })
+        .filter_map(Level::capture)
         .collect();
     for name in template_names(&r.entity) {
         if !captures.contains(&name.as_str()) {
@@ -344,16 +359,7 @@ fn build_sparkplug(r: &RawSparkplug) -> Result<SparkplugRule, Vec<String>> {
             ));
         }
     }
-    if r.entity
-        .split_once('/')
-        .and_then(|(k, _)| k.parse::<crate::EntityKind>().ok())
-        .is_none()
-    {
-        problems.push(format!(
-            "entity {:?} must start with a kind (rack/, node/, gpu/, pdu/, outlet/, cooling/, ...)",
-            r.entity
-        ));
-    }
+    check_entity_kind(&r.entity, &mut problems);
     let spec = metric::spec(&r.to);
     if spec.is_none() {
         problems.push(format!("unknown metric {:?} in `to`", r.to));
@@ -465,16 +471,7 @@ fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
             problems.push(format!("topic {:?}: '#' must be the last level", r.topic));
         }
     }
-    let captures: Vec<&str> = topic
-        .iter()
-        .filter_map(|l| {
-            if let Level::Capture(c) = l {
-                Some(c.as_str())
-            } else {
-                None
-            }
-        })
-        .collect();
+    let captures: Vec<&str> = topic.iter().filter_map(Level::capture).collect();
     for name in template_names(&r.entity) {
         if !name.starts_with('/') && !captures.contains(&name.as_str()) {
             problems.push(format!(
@@ -489,13 +486,7 @@ fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
             ));
         }
     }
-    let kind = r.entity.split_once('/').map(|(k, _)| k).unwrap_or("");
-    if kind.parse::<crate::EntityKind>().is_err() {
-        problems.push(format!(
-            "entity {:?} must start with a kind (rack/, node/, gpu/, pdu/, outlet/, cooling/, ...)",
-            r.entity
-        ));
-    }
+    check_entity_kind(&r.entity, &mut problems);
     let mut raws: Vec<RawReading> = r.readings.clone();
     match (&r.metric, &r.value) {
         (Some(m), Some(v)) => raws.push(RawReading {
