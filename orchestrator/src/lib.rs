@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //!
-//! - [`agent`]: the node agent's GPU side: simulated and fault-injecting backends, `agent --once`.
+//! - [`agent`]: `powerplane agent`: GPU backends, signed leased commands, fail-safe, drift.
+//! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
 //! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
 //!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
 //! - [`registry`]: the job registry, kept in the store.
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod control;
 pub mod demo;
 pub mod embedded;
+pub mod fleet;
 pub mod probe;
 pub mod registry;
 pub mod report;

@@ -1,7 +1,7 @@
 //! `powerplane`: the controller, the agent and the operator's tools, in one binary.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -62,9 +62,19 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// The GPU node agent (today: read the node's GPUs once, for checking a node).
+    /// The GPU node agent: publishes the node's GPUs, applies the controller's signed,
+    /// leased commands, applies its fail-safe when the controller goes silent.
     Agent {
-        /// Read every GPU once and print it.
+        /// The agent's config file (agent.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Log what would be set; never call a setter.
+        #[arg(long)]
+        dry_run: bool,
+        /// Stop after this many seconds (as on SIGTERM).
+        #[arg(long)]
+        run_for_s: Option<f64>,
+        /// Read every GPU once and print it (with --config: the backend it names).
         #[arg(long)]
         once: bool,
         /// Print JSON instead of a table.
@@ -250,6 +260,14 @@ fn main() -> ExitCode {
             }
         }
         Command::Agent {
+            config: Some(config),
+            dry_run,
+            run_for_s,
+            once: false,
+            ..
+        } => run_agent(&config, dry_run, run_for_s),
+        Command::Agent {
+            config,
             once,
             json,
             backend,
@@ -257,7 +275,8 @@ fn main() -> ExitCode {
             gpu_model,
             node,
             seed,
-        } => agent(once, json, &backend, gpus, &gpu_model, node, seed),
+            ..
+        } => agent(config, once, json, &backend, gpus, &gpu_model, node, seed),
         Command::Telemetry {
             command: TelemetryCommand::Probe(opts),
         } => probe(opts),
@@ -416,7 +435,32 @@ fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
     finish_probe(args, o.json)
 }
 
+fn run_agent(config: &Path, dry_run: bool, run_for_s: Option<f64>) -> Result<ExitCode> {
+    use orchestrator::agent::run;
+    let loaded = run::load(config, dry_run)?;
+    let backend = match run::open_backend(&loaded.config.backend) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    let started = std::time::Instant::now();
+    let keep_going = || {
+        !stop.load(std::sync::atomic::Ordering::Relaxed)
+            && run_for_s.is_none_or(|s| started.elapsed().as_secs_f64() < s)
+    };
+    run::run_wall(loaded, backend, &keep_going)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn agent(
+    config: Option<PathBuf>,
     once: bool,
     json: bool,
     backend: &str,
@@ -426,14 +470,23 @@ fn agent(
     seed: u64,
 ) -> Result<ExitCode> {
     use telemetry::gpu_backend::GpuBackend;
-    anyhow::ensure!(once, "the agent's publish loop is not built yet: run `powerplane agent --once` to read this node's GPUs");
-    let node = node
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
-        .unwrap_or_else(|| "node".into());
+    anyhow::ensure!(
+        once,
+        "say what to run: `powerplane agent --config agent.toml`, or `powerplane agent --once` to read this node's GPUs"
+    );
+    let node = node.unwrap_or_else(orchestrator::agent::run::hostname);
+    if let Some(c) = config {
+        let loaded = orchestrator::agent::run::load(&c, true)?;
+        let node = loaded.rules.node.clone();
+        let mut b = match orchestrator::agent::run::open_backend(&loaded.config.backend) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(1));
+            }
+        };
+        return print_once(&node, b.as_mut(), json);
+    }
     let mut b: Box<dyn GpuBackend> = match backend {
         "nvml" => match telemetry::sources::nvml::NvmlBackend::open() {
             Ok(b) => Box::new(b),
@@ -453,7 +506,15 @@ fn agent(
         }
         other => anyhow::bail!("unknown --backend {other:?}: use nvml or sim"),
     };
-    let report = match orchestrator::agent::once(&node, b.as_mut()) {
+    print_once(&node, b.as_mut(), json)
+}
+
+fn print_once(
+    node: &str,
+    b: &mut dyn telemetry::gpu_backend::GpuBackend,
+    json: bool,
+) -> Result<ExitCode> {
+    let report = match orchestrator::agent::once(node, b) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");

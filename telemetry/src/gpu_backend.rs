@@ -27,6 +27,11 @@ pub struct GpuReading {
     pub throttle_reasons: Vec<String>,
     /// Processes using the GPU.
     pub pids: Vec<u32>,
+    /// The SM clock range the GPU supports (MHz); 0 when unknown.
+    #[serde(default)]
+    pub sm_clock_min_mhz: f64,
+    #[serde(default)]
+    pub sm_clock_max_mhz: f64,
 }
 
 /// Why a GPU call failed.
@@ -69,6 +74,28 @@ pub trait GpuBackend: Send {
     fn set_power_limit(&mut self, index: u32, watts: f64) -> Result<f64, GpuError>;
     /// Restores the default power limit.
     fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError>;
+
+    /// Locks the SM clock into `min..=max` MHz (within the supported range, checked by
+    /// the caller); returns the range in force.
+    fn lock_sm_clocks(
+        &mut self,
+        index: u32,
+        min_mhz: f64,
+        max_mhz: f64,
+    ) -> Result<(f64, f64), GpuError> {
+        let _ = (min_mhz, max_mhz);
+        Err(GpuError::NotSupported {
+            index,
+            what: "locking clocks".into(),
+        })
+    }
+    /// Unlocks the SM clock.
+    fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {
+        Err(GpuError::NotSupported {
+            index,
+            what: "unlocking clocks".into(),
+        })
+    }
 
     /// Every GPU, each read or failed on its own.
     fn read_all(&mut self) -> Result<Vec<Result<GpuReading, GpuError>>, GpuError> {

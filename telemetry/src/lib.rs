@@ -23,6 +23,7 @@
 //! reads the clock, the environment or the network.
 #![forbid(unsafe_code)]
 
+pub mod agent_proto;
 pub mod decoder;
 pub mod diag;
 pub mod entity;

@@ -2,6 +2,7 @@
 //! runs on machines without a GPU and says clearly that NVML is missing.
 
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enums::device::GpuLockedClocksSetting;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
@@ -63,6 +64,15 @@ impl GpuBackend for NvmlBackend {
         let constraints = d
             .power_management_limit_constraints()
             .map_err(|e| map(index, "power limit constraints", e))?;
+        // the lowest graphics clock supported at the highest memory clock
+        let sm_min = d
+            .supported_memory_clocks()
+            .ok()
+            .and_then(|m| m.into_iter().max())
+            .and_then(|m| d.supported_graphics_clocks(m).ok())
+            .and_then(|g| g.into_iter().min())
+            .map(f64::from)
+            .unwrap_or(0.0);
         let throttle = d
             .current_throttle_reasons()
             .map(|r| format!("{r:?}"))
@@ -100,6 +110,8 @@ impl GpuBackend for NvmlBackend {
                 .running_compute_processes()
                 .map(|p| p.iter().map(|p| p.pid).collect())
                 .unwrap_or_default(),
+            sm_clock_min_mhz: sm_min,
+            sm_clock_max_mhz: d.max_clock_info(Clock::SM).map(f64::from).unwrap_or(0.0),
         })
     }
 
@@ -113,6 +125,33 @@ impl GpuBackend for NvmlBackend {
         d.enforced_power_limit()
             .map(|v| f64::from(v) / 1000.0)
             .map_err(|e| map(index, "enforced power limit", e))
+    }
+
+    fn lock_sm_clocks(
+        &mut self,
+        index: u32,
+        min_mhz: f64,
+        max_mhz: f64,
+    ) -> Result<(f64, f64), GpuError> {
+        let mut d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| map(index, "open device", e))?;
+        d.set_gpu_locked_clocks(GpuLockedClocksSetting::Numeric {
+            min_clock_mhz: min_mhz.round() as u32,
+            max_clock_mhz: max_mhz.round() as u32,
+        })
+        .map_err(|e| map(index, "lock clocks", e))?;
+        Ok((min_mhz.round(), max_mhz.round()))
+    }
+
+    fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {
+        let mut d = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| map(index, "open device", e))?;
+        d.reset_gpu_locked_clocks()
+            .map_err(|e| map(index, "unlock clocks", e))
     }
 
     fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError> {

@@ -1,13 +1,9 @@
-//! The node agent's GPU side: the simulated backend (power, energy, temperature and
-//! clocks that respond to load and caps as Zeus measured on A40s) and a backend that
-//! injects faults, for tests. NVML is in `telemetry::sources::nvml`.
-//!
-//! `powerplane agent --once --json` reads every GPU once and prints it, for checking a
-//! node. Publishing over MQTT, commands, leases and the fail-safe come next.
+//! GPU backends of the node agent besides NVML (`telemetry::sources::nvml`): the
+//! simulated backend (power, energy, temperature and clocks that respond to load and
+//! caps as Zeus measured on A40s) and a backend that injects faults, for tests.
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
 use telemetry::gpu_backend::{GpuBackend, GpuError, GpuReading};
 use telemetry::GpuModel;
 
@@ -16,6 +12,8 @@ use crate::sim::rng::Rng;
 
 struct SimGpu {
     limit_w: f64,
+    /// Locked SM clock range, if any.
+    clocks: Option<(f64, f64)>,
     load: f64,
     curve: usize,
     energy_j: f64,
@@ -27,6 +25,10 @@ pub struct SimGpus {
     model: GpuModel,
     curves: Vec<Curve>,
     gpus: Vec<SimGpu>,
+    /// Processes to report per GPU.
+    pub pids: BTreeMap<u32, Vec<u32>>,
+    /// Live mode: time passes with the wall clock (energy grows between reads).
+    live_since: Option<std::time::Instant>,
 }
 
 impl SimGpus {
@@ -37,6 +39,7 @@ impl SimGpus {
         let gpus = (0..n)
             .map(|_| SimGpu {
                 limit_w: model.default_w,
+                clocks: None,
                 load: rng.range(0.0, 1.0),
                 curve: (rng.f64() * curves.len() as f64) as usize % curves.len().max(1),
                 energy_j: 0.0,
@@ -47,9 +50,17 @@ impl SimGpus {
             model,
             curves,
             gpus,
+            pids: BTreeMap::new(),
+            live_since: None,
         };
         s.advance(0.0);
         s
+    }
+
+    /// GPUs on the wall clock: every read lets the time since the last one pass.
+    pub fn live(mut self) -> Self {
+        self.live_since = Some(std::time::Instant::now());
+        self
     }
 
     /// Sets how busy a GPU is (0 idle, 1 flat out).
@@ -64,9 +75,13 @@ impl SimGpus {
     pub fn advance(&mut self, dt_s: f64) {
         let m = &self.model;
         for g in &mut self.gpus {
-            let (p, _) = self.curves[g.curve].at(g.limit_w / m.max_w);
-            g.power_w =
-                (m.idle_w + g.load * (p * m.max_w - m.idle_w)).clamp(0.0, g.limit_w.max(m.idle_w));
+            let (p, speed) = self.curves[g.curve].at(g.limit_w / m.max_w);
+            // a clock locked below where the cap lets it run cuts dynamic power with it
+            let clock_share = g
+                .clocks
+                .map_or(1.0, |(_, hi)| (hi / (SIM_MAX_SM_MHZ * speed)).min(1.0));
+            g.power_w = (m.idle_w + g.load * clock_share * (p * m.max_w - m.idle_w))
+                .clamp(0.0, g.limit_w.max(m.idle_w));
             g.energy_j += g.power_w * dt_s;
         }
     }
@@ -85,6 +100,11 @@ impl GpuBackend for SimGpus {
     }
 
     fn count(&mut self) -> Result<u32, GpuError> {
+        if let Some(t) = self.live_since {
+            let now = std::time::Instant::now();
+            self.advance((now - t).as_secs_f64());
+            self.live_since = Some(now);
+        }
         Ok(self.gpus.len() as u32)
     }
 
@@ -101,9 +121,11 @@ impl GpuBackend for SimGpus {
             energy_j: Some(g.energy_j),
             temp_c: 28.0 + 0.16 * g.power_w,
             sm_clock_mhz: if g.load > 0.0 {
-                (1740.0 * speed).round()
+                (SIM_MAX_SM_MHZ * speed)
+                    .min(g.clocks.map_or(f64::MAX, |c| c.1))
+                    .round()
             } else {
-                210.0
+                SIM_MIN_SM_MHZ
             },
             mem_clock_mhz: if g.load > 0.0 { 7251.0 } else { 405.0 },
             utilization_pct: (g.load * 100.0).round(),
@@ -116,7 +138,9 @@ impl GpuBackend for SimGpus {
             } else {
                 Vec::new()
             },
-            pids: Vec::new(),
+            pids: self.pids.get(&index).cloned().unwrap_or_default(),
+            sm_clock_min_mhz: SIM_MIN_SM_MHZ,
+            sm_clock_max_mhz: SIM_MAX_SM_MHZ,
         })
     }
 
@@ -139,7 +163,36 @@ impl GpuBackend for SimGpus {
         let d = self.model.default_w;
         self.set_power_limit(index, d)
     }
+
+    fn lock_sm_clocks(
+        &mut self,
+        index: u32,
+        min_mhz: f64,
+        max_mhz: f64,
+    ) -> Result<(f64, f64), GpuError> {
+        if !(SIM_MIN_SM_MHZ <= min_mhz && min_mhz <= max_mhz && max_mhz <= SIM_MAX_SM_MHZ) {
+            return Err(GpuError::Other {
+                index,
+                message: format!("clock range {min_mhz}..={max_mhz} MHz is not supported"),
+            });
+        }
+        self.gpu(index)?;
+        self.gpus[index as usize].clocks = Some((min_mhz, max_mhz));
+        self.advance(0.0);
+        Ok((min_mhz, max_mhz))
+    }
+
+    fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {
+        self.gpu(index)?;
+        self.gpus[index as usize].clocks = None;
+        self.advance(0.0);
+        Ok(())
+    }
 }
+
+/// The simulated GPUs' supported SM clock range (an A40's).
+pub const SIM_MIN_SM_MHZ: f64 = 210.0;
+pub const SIM_MAX_SM_MHZ: f64 = 1740.0;
 
 /// A failure to inject.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,48 +255,87 @@ impl<B: GpuBackend> GpuBackend for Faulty<B> {
             _ => self.inner.reset_power_limit(index),
         }
     }
-}
 
-/// What `agent --once --json` prints.
-#[derive(Debug, Serialize)]
-pub struct Once {
-    pub node: String,
-    pub backend: &'static str,
-    pub gpus: Vec<GpuReading>,
-    pub errors: Vec<OnceError>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct OnceError {
-    pub index: Option<u32>,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-/// Reads every GPU once.
-pub fn once(node: &str, backend: &mut dyn GpuBackend) -> Result<Once, GpuError> {
-    let mut out = Once {
-        node: node.to_string(),
-        backend: backend.name(),
-        gpus: Vec::new(),
-        errors: Vec::new(),
-    };
-    for (i, r) in backend.read_all()?.into_iter().enumerate() {
-        match r {
-            Ok(g) => out.gpus.push(g),
-            Err(e) => out.errors.push(OnceError {
-                index: Some(i as u32),
-                reason: e.reason(),
-                message: e.to_string(),
+    fn lock_sm_clocks(
+        &mut self,
+        index: u32,
+        min_mhz: f64,
+        max_mhz: f64,
+    ) -> Result<(f64, f64), GpuError> {
+        match self.faults.get(&index) {
+            Some(Fault::Lost) => Err(GpuError::Lost { index }),
+            Some(Fault::NotSupported) => Err(GpuError::NotSupported {
+                index,
+                what: "locking clocks".into(),
             }),
+            Some(Fault::NoPermission) => Err(GpuError::NoPermission {
+                index,
+                what: "lock clocks".into(),
+            }),
+            _ => self.inner.lock_sm_clocks(index, min_mhz, max_mhz),
         }
     }
-    Ok(out)
+
+    fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {
+        match self.faults.get(&index) {
+            Some(Fault::Lost) => Err(GpuError::Lost { index }),
+            _ => self.inner.reset_sm_clocks(index),
+        }
+    }
+}
+
+/// A backend shared between the agent that drives it and a test that looks at it or
+/// changes it underneath (a reboot, someone running nvidia-smi).
+pub struct Shared<B: GpuBackend>(pub std::sync::Arc<std::sync::Mutex<B>>);
+
+impl<B: GpuBackend> Clone for Shared<B> {
+    fn clone(&self) -> Self {
+        Shared(self.0.clone())
+    }
+}
+
+impl<B: GpuBackend> Shared<B> {
+    pub fn new(b: B) -> Self {
+        Shared(std::sync::Arc::new(std::sync::Mutex::new(b)))
+    }
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, B> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<B: GpuBackend> GpuBackend for Shared<B> {
+    fn name(&self) -> &'static str {
+        self.lock().name()
+    }
+    fn count(&mut self) -> Result<u32, GpuError> {
+        self.lock().count()
+    }
+    fn read(&mut self, index: u32) -> Result<GpuReading, GpuError> {
+        self.lock().read(index)
+    }
+    fn set_power_limit(&mut self, index: u32, watts: f64) -> Result<f64, GpuError> {
+        self.lock().set_power_limit(index, watts)
+    }
+    fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError> {
+        self.lock().reset_power_limit(index)
+    }
+    fn lock_sm_clocks(
+        &mut self,
+        index: u32,
+        min_mhz: f64,
+        max_mhz: f64,
+    ) -> Result<(f64, f64), GpuError> {
+        self.lock().lock_sm_clocks(index, min_mhz, max_mhz)
+    }
+    fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {
+        self.lock().reset_sm_clocks(index)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::once;
 
     fn a40() -> GpuModel {
         GpuModel::builtin("A40").expect("a40")

@@ -1,0 +1,536 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use telemetry::agent_proto::{AckStatus, Action, Command, Desired, GpuSel, Key, VERSION};
+use telemetry::gpu_backend::{GpuBackend, GpuError, GpuReading};
+use telemetry::{GpuModel, Timestamp};
+
+use super::*;
+use crate::agent::{Fault, Faulty, Shared, SimGpus};
+
+const T0: i64 = 1_790_000_000;
+
+fn key() -> Key {
+    Key::from_text(&"5a".repeat(32)).expect("key")
+}
+
+fn at(s: f64) -> Timestamp {
+    Timestamp::from_secs(T0).plus_secs(s)
+}
+
+fn a40() -> GpuModel {
+    GpuModel::builtin("A40").expect("a40")
+}
+
+/// Counts setter calls and fails the test on any value outside the constraints.
+struct Checked {
+    inner: SimGpus,
+    sets: u32,
+}
+
+impl GpuBackend for Checked {
+    fn name(&self) -> &'static str {
+        "checked"
+    }
+    fn count(&mut self) -> Result<u32, GpuError> {
+        self.inner.count()
+    }
+    fn read(&mut self, index: u32) -> Result<GpuReading, GpuError> {
+        self.inner.read(index)
+    }
+    fn set_power_limit(&mut self, index: u32, watts: f64) -> Result<f64, GpuError> {
+        self.sets += 1;
+        assert!(
+            (100.0..=300.0).contains(&watts),
+            "a setter was called with {watts} W, outside the A40's 100..=300 W"
+        );
+        self.inner.set_power_limit(index, watts)
+    }
+    fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError> {
+        self.sets += 1;
+        self.inner.reset_power_limit(index)
+    }
+    fn lock_sm_clocks(&mut self, index: u32, lo: f64, hi: f64) -> Result<(f64, f64), GpuError> {
+        self.sets += 1;
+        assert!(
+            (210.0..=1740.0).contains(&lo) && (lo..=1740.0).contains(&hi),
+            "clocks {lo}..{hi} outside the supported range"
+        );
+        self.inner.lock_sm_clocks(index, lo, hi)
+    }
+    fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {
+        self.sets += 1;
+        self.inner.reset_sm_clocks(index)
+    }
+}
+
+fn gpus(n: u32) -> Shared<Checked> {
+    Shared::new(Checked {
+        inner: SimGpus::new(n, a40(), 7),
+        sets: 0,
+    })
+}
+
+fn core_with(b: Shared<Checked>, fs: FailSafe, dry: bool, file: Option<PathBuf>) -> Core {
+    let mut r = Rules::new("n1", key());
+    r.fail_safe = fs;
+    r.dry_run = dry;
+    Core::start(r, Box::new(b), file, at(0.0))
+}
+
+fn cmd(id: &str, t: f64, lease_s: f64, action: Action) -> Command {
+    Command {
+        v: VERSION,
+        id: id.into(),
+        node: "n1".into(),
+        issued_at: at(t),
+        lease_s,
+        action,
+    }
+}
+
+fn watts(gpus: Vec<u32>, w: f64) -> Action {
+    Action::SetPowerLimit {
+        gpus: GpuSel::List(gpus),
+        watts: Some(w),
+        percent: None,
+    }
+}
+
+fn limit(b: &Shared<Checked>, i: u32) -> f64 {
+    b.lock().read(i).expect("read").power_limit_w
+}
+
+#[test]
+fn a_signed_command_is_applied_clamped_and_acknowledged() {
+    let b = gpus(4);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    let ack = c.handle(
+        &cmd("a", 0.0, 60.0, watts(vec![0, 1], 200.0)).seal(&key()),
+        at(0.5),
+    );
+    assert_eq!(ack.status, AckStatus::Applied);
+    assert_eq!(ack.lease_until, Some(at(60.0)));
+    assert_eq!(
+        ack.gpus.iter().map(|o| o.applied_w).collect::<Vec<_>>(),
+        vec![Some(200.0), Some(200.0)]
+    );
+    assert_eq!(
+        (limit(&b, 0), limit(&b, 1), limit(&b, 2)),
+        (200.0, 200.0, 300.0)
+    );
+
+    // below the A40's 100 W minimum: clamped, and the ack says so
+    let ack = c.handle(
+        &cmd("b", 1.0, 60.0, watts(vec![2], 40.0)).seal(&key()),
+        at(1.0),
+    );
+    assert_eq!(ack.status, AckStatus::Applied);
+    assert!(ack.gpus[0].clamped);
+    assert_eq!(limit(&b, 2), 100.0);
+
+    // percent of the default limit, on every GPU
+    let pct = Action::SetPowerLimit {
+        gpus: GpuSel::all(),
+        watts: None,
+        percent: Some(70.0),
+    };
+    let ack = c.handle(&cmd("c", 2.0, 60.0, pct).seal(&key()), at(2.0));
+    assert_eq!(ack.gpus.len(), 4);
+    assert!((0..4).all(|i| (limit(&b, i) - 210.0).abs() < 1e-9));
+    let report = c.tick(at(3.0));
+    assert!(
+        matches!(report.gpus[3].desired, Some(Desired::Limit { watts, .. }) if (watts - 210.0).abs() < 1e-9)
+    );
+    assert_eq!(report.gpus[3].reading.power_limit_w, 210.0);
+}
+
+#[test]
+fn bad_commands_are_rejected_with_their_reason_and_change_nothing() {
+    let b = gpus(2);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    let good = cmd("g", 0.0, 60.0, watts(vec![0], 200.0));
+    let other_key = Key::from_text("a different site key, long enough").expect("key");
+    let unsigned = format!(
+        "{{\"body\":{}}}",
+        serde_json::to_string(&good).expect("json")
+    );
+    let mut wrong_node = good.clone();
+    wrong_node.node = "n2".into();
+    let mut old_version = good.clone();
+    old_version.v = 9;
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"{\"body\": ".to_vec(), "malformed"),
+        (unsigned.into_bytes(), "unsigned"),
+        (good.seal(&other_key), "bad_signature"),
+        (wrong_node.seal(&key()), "wrong_node"),
+        (old_version.seal(&key()), "unsupported_version"),
+        (
+            cmd("e", -120.0, 60.0, watts(vec![0], 200.0)).seal(&key()),
+            "expired",
+        ),
+        (
+            cmd("f", 300.0, 60.0, watts(vec![0], 200.0)).seal(&key()),
+            "from_future",
+        ),
+        (
+            cmd("o1", 0.0, 60.0, watts(vec![0], -5.0)).seal(&key()),
+            "out_of_range",
+        ),
+        (
+            cmd("o2", 0.0, 60.0, watts(vec![0], 1e9)).seal(&key()),
+            "out_of_range",
+        ),
+        (
+            cmd("o3", 0.0, 0.0, watts(vec![0], 200.0)).seal(&key()),
+            "out_of_range",
+        ),
+        (
+            cmd(
+                "o4",
+                0.0,
+                60.0,
+                Action::LockSmClocks {
+                    gpus: GpuSel::all(),
+                    min_mhz: 1500.0,
+                    max_mhz: 900.0,
+                },
+            )
+            .seal(&key()),
+            "out_of_range",
+        ),
+        (
+            cmd(
+                "o5",
+                0.0,
+                60.0,
+                Action::SetPowerLimit {
+                    gpus: GpuSel::all(),
+                    watts: Some(200.0),
+                    percent: Some(50.0),
+                },
+            )
+            .seal(&key()),
+            "out_of_range",
+        ),
+        (
+            cmd("n", 0.0, 60.0, watts(vec![0, 7], 200.0)).seal(&key()),
+            "no_such_gpu",
+        ),
+    ];
+    for (bytes, reason) in cases {
+        let ack = c.handle(&bytes, at(1.0));
+        assert_eq!(ack.status, AckStatus::Rejected, "{reason}");
+        assert_eq!(ack.reason.as_deref(), Some(reason));
+        assert!(
+            ack.detail.as_deref().is_some_and(|d| !d.is_empty()),
+            "{reason}: a detail says why"
+        );
+    }
+    assert_eq!(b.lock().sets, 0, "no rejected command reached a setter");
+    assert_eq!(limit(&b, 0), 300.0);
+
+    // the good one applies once; its replay is refused
+    assert_eq!(
+        c.handle(&good.seal(&key()), at(1.0)).status,
+        AckStatus::Applied
+    );
+    let again = c.handle(&good.seal(&key()), at(2.0));
+    assert_eq!(
+        (again.status, again.reason.as_deref()),
+        (AckStatus::Rejected, Some("replayed"))
+    );
+    assert_eq!(c.counters.get("rejected_replayed"), Some(&1));
+    assert_eq!(c.counters.get("rejected_out_of_range"), Some(&5));
+}
+
+#[test]
+fn an_older_command_never_overrides_a_newer_one() {
+    let b = gpus(1);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    c.handle(
+        &cmd("new", 10.0, 60.0, watts(vec![0], 250.0)).seal(&key()),
+        at(10.0),
+    );
+    let late = c.handle(
+        &cmd("old", 5.0, 60.0, watts(vec![0], 120.0)).seal(&key()),
+        at(11.0),
+    );
+    assert_eq!(
+        (late.status, late.reason.as_deref()),
+        (AckStatus::Rejected, Some("superseded"))
+    );
+    assert_eq!(limit(&b, 0), 250.0);
+}
+
+#[test]
+fn a_lease_that_ends_unrenewed_applies_the_fail_safe_and_says_so() {
+    for (fs, expect) in [
+        (FailSafe::RestoreDefault, 300.0),
+        (
+            FailSafe::Cap {
+                watts: Some(150.0),
+                percent: None,
+            },
+            150.0,
+        ),
+        (
+            FailSafe::Cap {
+                watts: None,
+                percent: Some(50.0),
+            },
+            150.0,
+        ),
+        (FailSafe::Keep, 200.0),
+    ] {
+        let b = gpus(2);
+        let name = fs.name();
+        let mut c = core_with(b.clone(), fs, false, None);
+        c.handle(
+            &cmd("a", 0.0, 30.0, watts(vec![0], 200.0)).seal(&key()),
+            at(0.0),
+        );
+        c.tick(at(29.0));
+        assert_eq!(limit(&b, 0), 200.0, "{name}: still leased at 29 s");
+        let r = c.tick(at(30.5));
+        assert_eq!(limit(&b, 0), expect, "{name}");
+        assert!(
+            matches!(&r.gpus[0].desired, Some(Desired::FailSafe { fail_safe, after, .. }) if fail_safe == name && after == "a")
+        );
+        let h = c.health("online", at(31.0), None);
+        assert_eq!(
+            (h.status.as_str(), h.fail_safe_gpus.clone()),
+            ("degraded", vec![0])
+        );
+        assert_eq!(
+            limit(&b, 1),
+            300.0,
+            "{name}: a GPU never commanded is left alone"
+        );
+        // a new command ends the fail-safe
+        c.handle(
+            &cmd("b", 40.0, 30.0, watts(vec![0], 220.0)).seal(&key()),
+            at(40.0),
+        );
+        assert_eq!(limit(&b, 0), 220.0);
+        assert_eq!(c.health("online", at(41.0), None).status, "online");
+    }
+}
+
+#[test]
+fn drift_from_a_driver_reload_or_a_manual_change_is_re_applied() {
+    let sim = Shared::new(Faulty {
+        inner: SimGpus::new(2, a40(), 1),
+        faults: BTreeMap::new(),
+    });
+    let mut c = Core::start(
+        Rules::new("n1", key()),
+        Box::new(sim.clone()),
+        None,
+        at(0.0),
+    );
+    c.handle(
+        &cmd("a", 0.0, 60.0, watts(vec![0, 1], 180.0)).seal(&key()),
+        at(0.0),
+    );
+    sim.lock().faults.insert(0, Fault::DriverReload);
+    sim.lock()
+        .inner
+        .set_power_limit(1, 280.0)
+        .expect("someone ran nvidia-smi -pl 280");
+    let r = c.tick(at(1.0));
+    assert_eq!(r.gpus[0].reading.power_limit_w, 180.0);
+    assert_eq!(r.gpus[1].reading.power_limit_w, 180.0);
+    assert_eq!(c.counters.get("drift_reapplied"), Some(&2));
+
+    // a GPU that refuses is retried, reported degraded, and does not stop the others
+    sim.lock().faults.insert(1, Fault::NoPermission);
+    sim.lock().inner.set_power_limit(1, 290.0).expect("set");
+    c.tick(at(2.0));
+    c.tick(at(3.0));
+    assert_eq!(c.health("online", at(3.0), None).status, "degraded");
+    sim.lock().faults.remove(&1);
+    assert_eq!(c.tick(at(4.0)).gpus[1].reading.power_limit_w, 180.0);
+}
+
+#[test]
+fn dry_run_never_calls_a_setter() {
+    let b = gpus(2);
+    let mut c = core_with(
+        b.clone(),
+        FailSafe::Cap {
+            watts: Some(150.0),
+            percent: None,
+        },
+        true,
+        None,
+    );
+    let ack = c.handle(
+        &cmd("a", 0.0, 10.0, watts(vec![0, 1], 200.0)).seal(&key()),
+        at(0.0),
+    );
+    assert_eq!(ack.status, AckStatus::DryRun);
+    assert_eq!(
+        ack.gpus[0].applied_w,
+        Some(200.0),
+        "the ack says what would be set"
+    );
+    let clocks = Action::LockSmClocks {
+        gpus: GpuSel::all(),
+        min_mhz: 900.0,
+        max_mhz: 1400.0,
+    };
+    assert_eq!(
+        c.handle(&cmd("b", 1.0, 10.0, clocks).seal(&key()), at(1.0))
+            .status,
+        AckStatus::DryRun
+    );
+    c.tick(at(5.0));
+    c.tick(at(20.0)); // lease over: the fail-safe, dry
+    c.shutdown(OnExit::RestoreDefault, at(21.0));
+    assert_eq!(b.lock().sets, 0);
+    assert_eq!((limit(&b, 0), limit(&b, 1)), (300.0, 300.0));
+    assert!(c.health("online", at(21.0), None).dry_run);
+}
+
+#[test]
+fn clocks_lock_within_the_supported_range_and_unlock_on_reset() {
+    let b = gpus(1);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    b.lock().inner.set_load(0, 1.0);
+    let lock = Action::LockSmClocks {
+        gpus: GpuSel::all(),
+        min_mhz: 100.0,
+        max_mhz: 1200.0,
+    };
+    let ack = c.handle(&cmd("a", 0.0, 60.0, lock).seal(&key()), at(0.0));
+    assert_eq!(ack.gpus[0].applied_mhz, Some((210.0, 1200.0)));
+    assert!(ack.gpus[0].clamped);
+    assert!(c.tick(at(1.0)).gpus[0].reading.sm_clock_mhz <= 1200.0);
+    c.handle(
+        &cmd(
+            "b",
+            2.0,
+            60.0,
+            Action::Reset {
+                gpus: GpuSel::all(),
+            },
+        )
+        .seal(&key()),
+        at(2.0),
+    );
+    assert!(c.tick(at(3.0)).gpus[0].reading.sm_clock_mhz > 1200.0);
+}
+
+#[test]
+fn a_restarted_agent_restores_the_desired_state_on_rebooted_gpus() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("agent-state.json");
+    let b = gpus(2);
+    let mut c = core_with(
+        b.clone(),
+        FailSafe::RestoreDefault,
+        false,
+        Some(file.clone()),
+    );
+    c.handle(
+        &cmd("a", 0.0, 120.0, watts(vec![1], 160.0)).seal(&key()),
+        at(0.0),
+    );
+    c.shutdown(OnExit::Keep, at(10.0));
+    drop(c);
+
+    // the node rebooted: limits back at default
+    let rebooted = gpus(2);
+    let mut c = core_with(
+        rebooted.clone(),
+        FailSafe::RestoreDefault,
+        false,
+        Some(file.clone()),
+    );
+    assert_eq!(
+        limit(&rebooted, 1),
+        160.0,
+        "restored at start, before any command"
+    );
+    // and the replay of the old command is still refused after the restart
+    let again = c.handle(
+        &cmd("a", 0.0, 120.0, watts(vec![1], 160.0)).seal(&key()),
+        at(20.0),
+    );
+    assert_eq!(again.reason.as_deref(), Some("replayed"));
+
+    // a restart after the lease ended applies the fail-safe instead
+    c.shutdown(OnExit::Keep, at(30.0));
+    let late = gpus(2);
+    late.lock().set_power_limit(1, 160.0).expect("set");
+    let mut r = Rules::new("n1", key());
+    r.fail_safe = FailSafe::RestoreDefault;
+    let c = Core::start(r, Box::new(late.clone()), Some(file.clone()), at(500.0));
+    assert_eq!(limit(&late, 1), 300.0);
+    assert!(matches!(
+        c.desired().get(&1),
+        Some(Desired::FailSafe { .. })
+    ));
+
+    // a corrupt state file is set aside, not fatal
+    std::fs::write(&file, b"{ not json").expect("write");
+    let c = core_with(gpus(1), FailSafe::RestoreDefault, false, Some(file.clone()));
+    assert!(c.desired().is_empty());
+    assert!(file.with_extension("corrupt").exists());
+}
+
+#[test]
+fn on_exit_restores_defaults_or_keeps_as_configured() {
+    let b = gpus(2);
+    let mut c = core_with(
+        b.clone(),
+        FailSafe::Cap {
+            watts: Some(120.0),
+            percent: None,
+        },
+        false,
+        None,
+    );
+    c.handle(
+        &cmd("a", 0.0, 60.0, watts(vec![0, 1], 200.0)).seal(&key()),
+        at(0.0),
+    );
+    c.shutdown(OnExit::FailSafe, at(1.0));
+    assert_eq!((limit(&b, 0), limit(&b, 1)), (120.0, 120.0));
+    let b = gpus(1);
+    let mut c = core_with(b.clone(), FailSafe::Keep, false, None);
+    c.handle(
+        &cmd("a", 0.0, 60.0, watts(vec![0], 200.0)).seal(&key()),
+        at(0.0),
+    );
+    c.shutdown(OnExit::RestoreDefault, at(1.0));
+    assert_eq!(limit(&b, 0), 300.0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Safety invariant 1 on the agent: whatever arrives, no setter is ever called
+    /// outside the GPU's constraints (the `Checked` backend fails the test if one is).
+    #[test]
+    fn no_command_sets_a_value_outside_the_constraints(
+        values in proptest::collection::vec((-1e4f64..1e4, 0u8..4, 0.0f64..2.5), 1..12)
+    ) {
+        let b = gpus(2);
+        let mut c = core_with(b.clone(), FailSafe::Cap { watts: Some(5000.0), percent: None }, false, None);
+        for (n, (v, kind, lease)) in values.into_iter().enumerate() {
+            let action = match kind {
+                0 => watts(vec![0, 1], v),
+                1 => Action::SetPowerLimit { gpus: GpuSel::all(), watts: None, percent: Some(v / 50.0) },
+                2 => Action::LockSmClocks { gpus: GpuSel::all(), min_mhz: v.abs() / 3.0, max_mhz: v.abs() },
+                _ => Action::Reset { gpus: GpuSel::List(vec![1]) },
+            };
+            c.handle(&cmd(&format!("p{n}"), n as f64, lease, action).seal(&key()), at(n as f64));
+            c.tick(at(n as f64 + 0.5));
+            for i in 0..2 {
+                let l = limit(&b, i);
+                prop_assert!((100.0..=300.0).contains(&l), "limit {l}");
+            }
+        }
+    }
+}

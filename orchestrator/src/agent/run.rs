@@ -1,0 +1,371 @@
+//! The agent's config file (`agent.toml`) and its loop: read every interval and
+//! publish; take commands as they arrive (between reads, so a slow NVML read never
+//! delays the network: publishing is queued to the MQTT thread); health on connect,
+//! on change and every 30 reads, retained, with a last will that says `offline`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use telemetry::agent_proto::{Channel, Key, Topics};
+use telemetry::gpu_backend::GpuBackend;
+use telemetry::sources::mqtt::{Link, LinkEvent, MqttConfig, Will};
+use telemetry::Timestamp;
+use tracing::{info, warn};
+
+use super::core::{Core, FailSafe, OnExit, Rules};
+use crate::probe::wall_clock;
+
+/// `agent.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This node's name as the site file spells it (default: the host name).
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default = "one")]
+    pub interval_s: f64,
+    /// The site key (hex, as `openssl rand -hex 32` writes it).
+    pub key_file: PathBuf,
+    /// Where the desired state survives restarts.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+    #[serde(default)]
+    pub dry_run: bool,
+    /// `restore_default`, `cap` (with `fail_safe_cap_w` or `fail_safe_cap_pct`), `keep`.
+    #[serde(default = "restore")]
+    pub fail_safe: String,
+    #[serde(default)]
+    pub fail_safe_cap_w: Option<f64>,
+    #[serde(default)]
+    pub fail_safe_cap_pct: Option<f64>,
+    /// On SIGTERM/SIGINT: `restore_default`, `keep`, `fail_safe`.
+    #[serde(default = "restore")]
+    pub on_exit: String,
+    #[serde(default = "max_lease")]
+    pub max_lease_s: f64,
+    #[serde(default = "max_age")]
+    pub max_command_age_s: f64,
+    #[serde(default = "max_skew")]
+    pub max_clock_skew_s: f64,
+    #[serde(default = "drift")]
+    pub drift_tolerance_w: f64,
+    #[serde(default = "prefix")]
+    pub topic_prefix: String,
+    #[serde(default = "proc_root")]
+    pub proc_root: PathBuf,
+    #[serde(default)]
+    pub backend: BackendConfig,
+    pub mqtt: MqttConfig,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn restore() -> String {
+    "restore_default".into()
+}
+fn max_lease() -> f64 {
+    900.0
+}
+fn max_age() -> f64 {
+    60.0
+}
+fn max_skew() -> f64 {
+    30.0
+}
+fn drift() -> f64 {
+    2.0
+}
+fn prefix() -> String {
+    telemetry::agent_proto::DEFAULT_PREFIX.into()
+}
+fn proc_root() -> PathBuf {
+    "/proc".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// `nvml` or `sim`.
+    #[serde(default = "nvml")]
+    pub kind: String,
+    /// Simulated GPUs.
+    #[serde(default = "eight")]
+    pub gpus: u32,
+    #[serde(default = "a40")]
+    pub model: String,
+    #[serde(default = "seed")]
+    pub seed: u64,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            kind: nvml(),
+            gpus: eight(),
+            model: a40(),
+            seed: seed(),
+        }
+    }
+}
+
+fn nvml() -> String {
+    "nvml".into()
+}
+fn eight() -> u32 {
+    8
+}
+fn a40() -> String {
+    "A40".into()
+}
+fn seed() -> u64 {
+    1
+}
+
+/// The host name, for a node that does not name itself.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+/// Everything the agent needs, read and checked.
+pub struct Loaded {
+    pub config: AgentConfig,
+    pub rules: Rules,
+    pub on_exit: OnExit,
+    pub state_file: Option<PathBuf>,
+}
+
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Reads a key file, warning when others may read it.
+pub fn read_key(path: &Path) -> Result<Key> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the site key {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(m) = std::fs::metadata(path) {
+            if m.permissions().mode() & 0o004 != 0 {
+                warn!(path = %path.display(), "the site key is readable by every user; chmod 0600 it");
+            }
+        }
+    }
+    Key::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Loads and checks `agent.toml`: every problem is an error here, before anything
+/// starts.
+pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {name}"))?;
+    let mut cfg: AgentConfig = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}", telemetry::diag::from_toml_error(&name, &text, &e)))?;
+    cfg.dry_run |= dry_run;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let key = read_key(&resolve(base, &cfg.key_file))?;
+    let node = cfg.node.clone().unwrap_or_else(hostname);
+    anyhow::ensure!(
+        !node.is_empty() && !node.contains(['/', '+', '#']),
+        "{name}: node {node:?} cannot be part of a topic"
+    );
+    anyhow::ensure!(
+        (0.05..=3600.0).contains(&cfg.interval_s),
+        "{name}: interval_s must be within 0.05..=3600, got {}",
+        cfg.interval_s
+    );
+    for (what, v) in [
+        ("max_lease_s", cfg.max_lease_s),
+        ("max_command_age_s", cfg.max_command_age_s),
+        ("max_clock_skew_s", cfg.max_clock_skew_s),
+    ] {
+        anyhow::ensure!(
+            v.is_finite() && v > 0.0,
+            "{name}: {what} must be above 0, got {v}"
+        );
+    }
+    let fail_safe = match (cfg.fail_safe.as_str(), cfg.fail_safe_cap_w, cfg.fail_safe_cap_pct) {
+        ("restore_default", None, None) => FailSafe::RestoreDefault,
+        ("keep", None, None) => FailSafe::Keep,
+        ("cap", Some(w), None) if w.is_finite() && w > 0.0 => FailSafe::Cap {
+            watts: Some(w),
+            percent: None,
+        },
+        ("cap", None, Some(p)) if p.is_finite() && p > 0.0 && p <= 100.0 => FailSafe::Cap {
+            watts: None,
+            percent: Some(p),
+        },
+        ("cap", ..) => anyhow::bail!(
+            "{name}: fail_safe = \"cap\" needs one of fail_safe_cap_w (W, above 0) or fail_safe_cap_pct (0 < % <= 100)"
+        ),
+        ("restore_default" | "keep", ..) => anyhow::bail!(
+            "{name}: fail_safe_cap_w and fail_safe_cap_pct go with fail_safe = \"cap\" only"
+        ),
+        (other, ..) => anyhow::bail!(
+            "{name}: fail_safe must be \"restore_default\", \"cap\" or \"keep\", got {other:?}"
+        ),
+    };
+    let on_exit = match cfg.on_exit.as_str() {
+        "restore_default" => OnExit::RestoreDefault,
+        "keep" => OnExit::Keep,
+        "fail_safe" => OnExit::FailSafe,
+        other => anyhow::bail!(
+            "{name}: on_exit must be \"restore_default\", \"keep\" or \"fail_safe\", got {other:?}"
+        ),
+    };
+    let mut rules = Rules::new(&node, key);
+    rules.max_lease_s = cfg.max_lease_s;
+    rules.max_age_s = cfg.max_command_age_s;
+    rules.max_skew_s = cfg.max_clock_skew_s;
+    rules.fail_safe = fail_safe;
+    rules.dry_run = cfg.dry_run;
+    rules.drift_tolerance_w = cfg.drift_tolerance_w;
+    rules.proc_root = cfg.proc_root.clone();
+    let state_file = cfg.state_file.as_ref().map(|p| resolve(base, p));
+    Ok(Loaded {
+        config: cfg,
+        rules,
+        on_exit,
+        state_file,
+    })
+}
+
+/// The backend a config names.
+pub fn open_backend(b: &BackendConfig) -> Result<Box<dyn GpuBackend>> {
+    Ok(match b.kind.as_str() {
+        "nvml" => Box::new(
+            telemetry::sources::nvml::NvmlBackend::open().map_err(|e| anyhow::anyhow!("{e}"))?,
+        ),
+        "sim" => {
+            let model = telemetry::GpuModel::builtin(&b.model).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown simulated GPU model {:?} (known: {})",
+                    b.model,
+                    telemetry::GpuModel::BUILTIN_NAMES.join(", ")
+                )
+            })?;
+            Box::new(super::SimGpus::new(b.gpus, model, b.seed).live())
+        }
+        other => anyhow::bail!("unknown backend {other:?}: use nvml or sim"),
+    })
+}
+
+/// Runs the agent until `keep_going` says stop, then does what `on_exit` says.
+pub fn run(
+    loaded: Loaded,
+    backend: Box<dyn GpuBackend>,
+    keep_going: &dyn Fn() -> bool,
+    clock: &dyn Fn() -> Timestamp,
+) -> Result<()> {
+    let Loaded {
+        config: cfg,
+        rules,
+        on_exit,
+        state_file,
+    } = loaded;
+    let topics = Topics::new(&cfg.topic_prefix);
+    let node = rules.node.clone();
+    let key = rules.key.clone();
+    let (t_gpus, t_health, t_cmd, t_ack) = (
+        topics.topic(&node, Channel::Gpus),
+        topics.topic(&node, Channel::Health),
+        topics.topic(&node, Channel::Cmd),
+        topics.topic(&node, Channel::Ack),
+    );
+    let mut core = Core::start(rules, backend, state_file, clock());
+    // the will has no time: the broker sends it when it notices the agent is gone
+    let mut will = core.health("offline", clock(), Some("connection lost".into()));
+    will.time = None;
+    let mut mqtt = cfg.mqtt.clone();
+    if mqtt.client_id.is_none() {
+        mqtt.client_id = Some(format!("powerplane-agent-{node}"));
+    }
+    let (mut link, events) = Link::open(
+        &mqtt,
+        vec![t_cmd.clone()],
+        Some(Will {
+            topic: t_health.clone(),
+            payload: serde_json::to_vec(&will)?,
+            retain: true,
+        }),
+    )?;
+    info!(node = %node, cmd = %t_cmd, interval_s = cfg.interval_s, dry_run = cfg.dry_run, fail_safe = core.rules().fail_safe.name(), "agent starting");
+    let interval = Duration::from_secs_f64(cfg.interval_s);
+    let mut next = Instant::now();
+    let mut reads_since_health = 0u32;
+    let mut last_health = String::new();
+    let publish_health = |core: &Core, status: &str, last: &mut String| {
+        let h = core.health(status, clock(), None);
+        let json = serde_json::to_vec(&h).unwrap_or_default();
+        link.publish(&t_health, json, true, true);
+        *last = h.status;
+    };
+    while keep_going() {
+        let wait = next
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(100));
+        match events.recv_timeout(wait) {
+            Ok(LinkEvent::Connected) => publish_health(&core, "online", &mut last_health),
+            Ok(LinkEvent::Message { topic, payload }) if topic == t_cmd => {
+                let ack = core.handle(&payload, clock());
+                link.publish(&t_ack, ack.seal(&key), true, false);
+                // show the new state at once
+                next = Instant::now();
+            }
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the MQTT thread stopped")
+            }
+        }
+        if Instant::now() >= next {
+            let report = core.tick(clock());
+            link.publish(&t_gpus, serde_json::to_vec(&report)?, false, false);
+            reads_since_health += 1;
+            let status = core.health("online", clock(), None).status;
+            if reads_since_health >= 30 || status != last_health {
+                publish_health(&core, "online", &mut last_health);
+                reads_since_health = 0;
+            }
+            next += interval;
+            if next < Instant::now() {
+                warn!(
+                    behind_ms = (Instant::now() - next).as_millis() as u64,
+                    "reading the GPUs took longer than the interval"
+                );
+                next = Instant::now() + interval;
+            }
+        }
+    }
+    core.shutdown(on_exit, clock());
+    let report = core.tick(clock());
+    link.publish(&t_gpus, serde_json::to_vec(&report)?, true, false);
+    let h = core.health(
+        "stopped",
+        clock(),
+        Some(format!("stopped on request (on_exit = {})", cfg.on_exit)),
+    );
+    link.publish(&t_health, serde_json::to_vec(&h)?, true, true);
+    info!(node = %node, counters = ?core.counters, "agent stopped");
+    link.close(Duration::from_millis(300));
+    Ok(())
+}
+
+/// Runs with a wall clock and the given stop flag.
+pub fn run_wall(
+    loaded: Loaded,
+    backend: Box<dyn GpuBackend>,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<()> {
+    run(loaded, backend, keep_going, &wall_clock)
+}

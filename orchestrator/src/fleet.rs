@@ -1,0 +1,414 @@
+//! The controller's side of the agent protocol: turns the plan's caps into signed,
+//! leased commands per node, tracks acks, retries what is not acknowledged (with
+//! backoff), renews leases before they end, and keeps per GPU the desired, the
+//! acknowledged and the enforced state. Free of MQTT and clock: `serve` feeds it
+//! messages and publishes what it returns.
+//!
+//! Every GPU of the site always holds a lease from a live controller: a capped GPU a
+//! `set_power_limit`, an uncapped one a `reset`. So when the controller dies, every
+//! agent applies its fail-safe once the lease ends (safety invariant 2).
+
+use std::collections::BTreeMap;
+
+use policies::State;
+use serde::Serialize;
+use telemetry::agent_proto::{
+    Ack, AckStatus, Action, Channel, Command, GpuSel, Health, Key, NodeReport, Topics, VERSION,
+};
+use telemetry::metric::names::{
+    ENERGY_J, GPU_TEMP_C, POWER_LIMIT_W, POWER_W, SM_CLOCK_MHZ, UTILIZATION_PCT,
+};
+use telemetry::{EntityId, Sample, Site, Timestamp};
+use tracing::{info, warn};
+
+/// How the controller leases and retries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    /// The lease on every command.
+    pub lease_s: f64,
+    /// Renew this long after sending (well before the lease ends).
+    pub renew_s: f64,
+    /// First retry of an unacknowledged command; doubles up to `renew_s`.
+    pub retry_s: f64,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            lease_s: 90.0,
+            renew_s: 30.0,
+            retry_s: 5.0,
+        }
+    }
+}
+
+/// What the controller wants a GPU at.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Want {
+    Default,
+    Limit { watts: f64 },
+}
+
+impl Want {
+    fn key(self) -> i64 {
+        match self {
+            Want::Default => -1,
+            // a tenth of a watt is the same cap
+            Want::Limit { watts } => (watts * 10.0).round() as i64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sent {
+    pub id: String,
+    pub want: Want,
+    pub at: Timestamp,
+    pub lease_until: Timestamp,
+    /// Retries of this want without an ack.
+    pub attempts: u32,
+    pub acked: bool,
+}
+
+/// One GPU as the controller sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuBook {
+    pub gpu: EntityId,
+    pub node: String,
+    pub index: u32,
+    pub desired: Want,
+    pub sent: Option<Sent>,
+    /// The agent's answer to the last acknowledged command.
+    pub ack_status: Option<AckStatus>,
+    pub ack_reason: Option<String>,
+    pub applied_w: Option<f64>,
+    pub agent_lease_until: Option<Timestamp>,
+    /// The limit the GPU reported enforcing, and when.
+    pub enforced_w: Option<f64>,
+    pub reported_at: Option<Timestamp>,
+    pub error: Option<String>,
+}
+
+impl GpuBook {
+    /// The GPU runs as desired: acknowledged and, once reported, enforced.
+    pub fn in_sync(&self) -> bool {
+        let Some(s) = &self.sent else { return false };
+        s.acked
+            && s.want.key() == self.desired.key()
+            && match (self.desired, self.enforced_w) {
+                (Want::Limit { watts }, Some(e)) => (e - watts).abs() <= 2.0,
+                _ => true,
+            }
+    }
+}
+
+/// Agent health per node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeBook {
+    pub status: String,
+    pub since: Timestamp,
+    pub fail_safe_gpus: Vec<u32>,
+    pub dry_run: bool,
+}
+
+pub struct Fleet {
+    key: Key,
+    topics: Topics,
+    cfg: FleetConfig,
+    books: BTreeMap<EntityId, GpuBook>,
+    nodes: BTreeMap<String, NodeBook>,
+    id_prefix: String,
+    next_id: u64,
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+fn bump(c: &mut BTreeMap<&'static str, u64>, k: &'static str) {
+    *c.entry(k).or_default() += 1;
+}
+
+impl Fleet {
+    /// A fleet of every GPU of the site. `started` makes command ids unique across
+    /// controller restarts.
+    pub fn new(
+        site: &Site,
+        key: Key,
+        topics: Topics,
+        cfg: FleetConfig,
+        started: Timestamp,
+    ) -> Self {
+        let books = site
+            .gpus()
+            .into_iter()
+            .map(|g| {
+                (
+                    g.id.clone(),
+                    GpuBook {
+                        gpu: g.id.clone(),
+                        node: g.node.id.clone(),
+                        index: g.index,
+                        desired: Want::Default,
+                        sent: None,
+                        ack_status: None,
+                        ack_reason: None,
+                        applied_w: None,
+                        agent_lease_until: None,
+                        enforced_w: None,
+                        reported_at: None,
+                        error: None,
+                    },
+                )
+            })
+            .collect();
+        Fleet {
+            key,
+            topics,
+            cfg,
+            books,
+            nodes: BTreeMap::new(),
+            id_prefix: format!("c{}", started.as_millis()),
+            next_id: 0,
+            counters: BTreeMap::new(),
+        }
+    }
+
+    pub fn books(&self) -> impl Iterator<Item = &GpuBook> {
+        self.books.values()
+    }
+
+    pub fn nodes(&self) -> &BTreeMap<String, NodeBook> {
+        &self.nodes
+    }
+
+    /// The commands to publish now, as `(topic, payload)`, so that every GPU heads to
+    /// what `state` wants.
+    pub fn commands(&mut self, state: &State, now: Timestamp) -> Vec<(String, Vec<u8>)> {
+        // (node, want) -> GPUs, and the retry count to carry
+        let mut groups: BTreeMap<(String, i64), (Want, Vec<u32>, u32)> = BTreeMap::new();
+        let (retry_s, renew_s) = (self.cfg.retry_s, self.cfg.renew_s);
+        let retry_after = |a: u32| (retry_s * f64::from(1u32 << a.min(8))).min(renew_s);
+        for (id, b) in self.books.iter_mut() {
+            b.desired = state
+                .caps
+                .get(id)
+                .map_or(Want::Default, |c| Want::Limit { watts: c.watts });
+            let due = match &b.sent {
+                None => Some(0),
+                Some(s) if s.want.key() != b.desired.key() => Some(0),
+                Some(s) if !s.acked && now.secs_since(s.at) >= retry_after(s.attempts) => {
+                    Some(s.attempts + 1)
+                }
+                Some(s) if now.secs_since(s.at) >= self.cfg.renew_s => Some(0),
+                _ => None,
+            };
+            if let Some(attempts) = due {
+                let g = groups.entry((b.node.clone(), b.desired.key())).or_insert((
+                    b.desired,
+                    Vec::new(),
+                    0,
+                ));
+                g.1.push(b.index);
+                g.2 = g.2.max(attempts);
+            }
+        }
+        let mut out = Vec::new();
+        for ((node, _), (want, gpus, attempts)) in groups {
+            self.next_id += 1;
+            let id = format!("{}-{}", self.id_prefix, self.next_id);
+            let list = GpuSel::List(gpus.clone());
+            let cmd = Command {
+                v: VERSION,
+                id: id.clone(),
+                node: node.clone(),
+                issued_at: now,
+                lease_s: self.cfg.lease_s,
+                action: match want {
+                    Want::Default => Action::Reset { gpus: list },
+                    Want::Limit { watts } => Action::SetPowerLimit {
+                        gpus: list,
+                        watts: Some(watts),
+                        percent: None,
+                    },
+                },
+            };
+            if attempts > 0 {
+                bump(&mut self.counters, "commands_retried");
+                warn!(node = %node, gpus = ?gpus, attempts, "no ack from the agent; sending again");
+            }
+            bump(&mut self.counters, "commands_sent");
+            for i in &gpus {
+                if let Some(b) = self.books.get_mut(&EntityId::gpu(&node, *i)) {
+                    b.sent = Some(Sent {
+                        id: id.clone(),
+                        want,
+                        at: now,
+                        lease_until: now.plus_secs(self.cfg.lease_s),
+                        attempts,
+                        acked: false,
+                    });
+                }
+            }
+            out.push((self.topics.topic(&node, Channel::Cmd), cmd.seal(&self.key)));
+        }
+        out
+    }
+
+    /// Takes one message from an agent topic; returns the samples a report carries.
+    pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Timestamp) -> Vec<Sample> {
+        let Some((node, ch)) = self.topics.parse(topic) else {
+            return Vec::new();
+        };
+        let node = node.to_string();
+        match ch {
+            Channel::Ack => {
+                self.on_ack(&node, payload);
+                Vec::new()
+            }
+            Channel::Gpus => self.on_report(&node, payload),
+            Channel::Health => {
+                match serde_json::from_slice::<Health>(payload) {
+                    Ok(h) => {
+                        let changed = self.nodes.get(&node).is_none_or(|n| n.status != h.status);
+                        if changed {
+                            if h.status == "online" {
+                                info!(node = %node, dry_run = h.dry_run, "agent {}", h.status);
+                            } else {
+                                warn!(node = %node, status = %h.status, detail = ?h.detail, fail_safe_gpus = ?h.fail_safe_gpus, "agent {}", h.status);
+                            }
+                            // an agent that comes back gets its desired state at once
+                            if h.status == "online" {
+                                for b in self.books.values_mut().filter(|b| b.node == node) {
+                                    if let Some(s) = &mut b.sent {
+                                        s.at = Timestamp(i64::MIN / 2);
+                                    }
+                                }
+                            }
+                        }
+                        self.nodes.insert(
+                            node,
+                            NodeBook {
+                                status: h.status,
+                                since: h.time.unwrap_or(now),
+                                fail_safe_gpus: h.fail_safe_gpus,
+                                dry_run: h.dry_run,
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        bump(&mut self.counters, "health_malformed");
+                        warn!(node = %node, error = %e, "malformed agent health");
+                    }
+                }
+                Vec::new()
+            }
+            Channel::Cmd => Vec::new(),
+        }
+    }
+
+    fn on_ack(&mut self, node: &str, payload: &[u8]) {
+        let ack = match Ack::open(&self.key, payload) {
+            Ok(a) => a,
+            Err(e) => {
+                *self
+                    .counters
+                    .entry(match e.reason() {
+                        "bad_signature" => "acks_bad_signature",
+                        "unsigned" => "acks_unsigned",
+                        _ => "acks_malformed",
+                    })
+                    .or_default() += 1;
+                warn!(node = %node, reason = e.reason(), "ack refused: {e}");
+                return;
+            }
+        };
+        if ack.node != node {
+            bump(&mut self.counters, "acks_wrong_node");
+            warn!(node = %node, claims = %ack.node, "ack refused: it names another node");
+            return;
+        }
+        bump(&mut self.counters, "acks");
+        let Some(id) = &ack.id else {
+            warn!(node = %node, reason = ?ack.reason, detail = ?ack.detail, "the agent rejected a command it could not read");
+            return;
+        };
+        if ack.status == AckStatus::Rejected {
+            bump(&mut self.counters, "acks_rejected");
+            warn!(node = %node, id = %id, reason = ?ack.reason, detail = ?ack.detail, "the agent rejected a command");
+        }
+        for b in self
+            .books
+            .values_mut()
+            .filter(|b| b.node == node && b.sent.as_ref().is_some_and(|s| &s.id == id))
+        {
+            let Some(s) = &mut b.sent else { continue };
+            let outcome = ack.gpus.iter().find(|o| o.index == b.index);
+            let superseded = ack.reason.as_deref() == Some("superseded");
+            // a rejection for a transient reason is retried; one that will not change is not
+            let retry = matches!(
+                ack.reason.as_deref(),
+                Some("expired" | "from_future" | "replayed")
+            );
+            s.acked = !retry && !superseded;
+            b.ack_status = Some(ack.status);
+            b.ack_reason = ack.reason.clone();
+            b.agent_lease_until = ack.lease_until;
+            b.applied_w = outcome.and_then(|o| o.applied_w);
+            b.error = outcome
+                .and_then(|o| o.error.clone())
+                .or_else(|| ack.detail.clone());
+        }
+    }
+
+    fn on_report(&mut self, node: &str, payload: &[u8]) -> Vec<Sample> {
+        let r: NodeReport = match serde_json::from_slice(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                bump(&mut self.counters, "reports_malformed");
+                warn!(node = %node, error = %e, "malformed agent report");
+                return Vec::new();
+            }
+        };
+        bump(&mut self.counters, "reports");
+        let src = format!("agent:{node}");
+        let mut out = Vec::new();
+        for g in &r.gpus {
+            let g = &g.reading;
+            let id = EntityId::gpu(node, g.index);
+            if let Some(b) = self.books.get_mut(&id) {
+                b.enforced_w = Some(g.power_limit_w);
+                b.reported_at = Some(r.time);
+            }
+            for (m, v) in [
+                (POWER_W, Some(g.power_w)),
+                (ENERGY_J, g.energy_j),
+                (GPU_TEMP_C, Some(g.temp_c)),
+                (UTILIZATION_PCT, Some(g.utilization_pct)),
+                (SM_CLOCK_MHZ, Some(g.sm_clock_mhz)),
+                (POWER_LIMIT_W, Some(g.power_limit_w)),
+            ] {
+                if let Some(v) = v {
+                    out.push(Sample::new(id.clone(), m, v, r.time, &src));
+                }
+            }
+        }
+        out
+    }
+
+    /// Per GPU: desired, acknowledged and enforced, for the status file and logs.
+    pub fn status(&self) -> FleetStatus<'_> {
+        FleetStatus {
+            gpus: self.books.values().collect(),
+            nodes: &self.nodes,
+            in_sync: self.books.values().filter(|b| b.in_sync()).count(),
+            counters: &self.counters,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct FleetStatus<'a> {
+    pub in_sync: usize,
+    pub nodes: &'a BTreeMap<String, NodeBook>,
+    pub counters: &'a BTreeMap<&'static str, u64>,
+    pub gpus: Vec<&'a GpuBook>,
+}
