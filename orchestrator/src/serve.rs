@@ -2,9 +2,11 @@
 //!
 //! Sources run on threads of their own (MQTT, the Redfish poller) and put samples into
 //! one bounded buffer that keeps the newest and counts what it drops. Every tick the
-//! control loop drains it, evaluates the policy and commits to the store. Until the GPU
-//! agents and scheduler adapters land, actuation is observe-only: the desired caps and
-//! holds are computed, leased, audited and stored, and logged, but nothing is commanded.
+//! control loop drains it, evaluates the policy and commits to the store. With an
+//! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
+//! leased, acknowledged, renewed; see [`crate::fleet`]) and the agents' reports feed the
+//! snapshot; without it caps are observe-only. Holds are observe-only until the
+//! scheduler adapters land: computed, leased, audited, stored and logged.
 //! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
 
 use std::collections::VecDeque;
@@ -28,7 +30,10 @@ use tracing::{info, warn};
 
 use crate::control::{Actuator, ControlLoop};
 use crate::embedded::EmbeddedBackend;
+use crate::fleet::{Fleet, FleetConfig};
 use crate::probe::wall_clock;
+use telemetry::agent_proto::{Channel, Topics};
+use telemetry::sources::mqtt::{Link, LinkEvent};
 
 /// `powerplane.toml`.
 #[derive(Debug, Clone, Deserialize)]
@@ -43,6 +48,41 @@ pub struct Config {
     pub redfish: Option<RedfishSection>,
     #[serde(default)]
     pub prices: Option<PricesSection>,
+    /// Command the GPU node agents (without it, caps are observe-only).
+    #[serde(default)]
+    pub agents: Option<AgentsSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsSection {
+    /// The site key the agents share (hex, `openssl rand -hex 32`).
+    pub key_file: PathBuf,
+    #[serde(default = "default_lease")]
+    pub lease_s: f64,
+    #[serde(default = "default_renew")]
+    pub renew_s: f64,
+    #[serde(default = "default_retry")]
+    pub retry_s: f64,
+    #[serde(default = "default_topic_prefix")]
+    pub topic_prefix: String,
+    /// Rewritten every tick: per GPU the desired, acknowledged and enforced state.
+    #[serde(default)]
+    pub status_file: Option<PathBuf>,
+    pub mqtt: MqttConfig,
+}
+
+fn default_lease() -> f64 {
+    90.0
+}
+fn default_renew() -> f64 {
+    30.0
+}
+fn default_retry() -> f64 {
+    5.0
+}
+fn default_topic_prefix() -> String {
+    telemetry::agent_proto::DEFAULT_PREFIX.into()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -230,6 +270,16 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         }
         None => None,
     };
+    if let Some(a) = &cfg.agents {
+        anyhow::ensure!(
+            a.retry_s > 0.0 && a.retry_s <= a.renew_s && a.renew_s * 2.0 <= a.lease_s,
+            "{name}: [agents] needs 0 < retry_s <= renew_s <= lease_s / 2 (got retry_s = {}, renew_s = {}, lease_s = {}): a lease must survive a missed renewal",
+            a.retry_s,
+            a.renew_s,
+            a.lease_s
+        );
+        crate::agent::run::read_key(&resolve(base, &a.key_file))?;
+    }
     anyhow::ensure!(
         (0.1..=3600.0).contains(&cfg.controller.tick_s),
         "{name}: controller.tick_s must be within 0.1..=3600, got {}",
@@ -242,6 +292,62 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         mapping,
         prices,
     })
+}
+
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Actuation through the GPU agents: the plan's caps become signed, leased commands;
+/// holds stay observe-only until the scheduler adapters land.
+pub struct AgentActuator {
+    fleet: Arc<Mutex<Fleet>>,
+    link: Link,
+    status_file: Option<PathBuf>,
+    in_sync: Option<usize>,
+    holds: ObserveOnly,
+}
+
+impl Actuator for AgentActuator {
+    fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String> {
+        let holds_only = State {
+            holds: state.holds.clone(),
+            ..State::default()
+        };
+        let mut errors = self.holds.apply(&holds_only, now);
+        let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
+        for (topic, payload) in fleet.commands(state, now) {
+            if !self.link.publish(&topic, payload, true, false) {
+                errors.push(format!(
+                    "{topic}: command not queued (the broker has been unreachable; retried next tick)"
+                ));
+            }
+        }
+        let status = fleet.status();
+        if self.in_sync != Some(status.in_sync) {
+            info!(
+                in_sync = status.in_sync,
+                gpus = status.gpus.len(),
+                "GPUs running as desired (acknowledged and enforced)"
+            );
+            self.in_sync = Some(status.in_sync);
+        }
+        if let Some(path) = &self.status_file {
+            let tmp = path.with_extension("tmp");
+            let written = serde_json::to_vec_pretty(&status)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(&tmp, b))
+                .and_then(|_| std::fs::rename(&tmp, path));
+            if let Err(e) = written {
+                warn!(path = %path.display(), error = %e, "cannot write the agents' status file");
+            }
+        }
+        errors
+    }
 }
 
 fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
@@ -350,7 +456,66 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     }
 
     let tick = Duration::from_secs_f64(cfg.controller.tick_s);
-    let mut actuator = ObserveOnly::default();
+    let mut actuator: Box<dyn Actuator> = match cfg.agents.clone() {
+        None => Box::new(ObserveOnly::default()),
+        Some(a) => {
+            let key = crate::agent::run::read_key(&resolve(&base, &a.key_file))?;
+            let topics = Topics::new(&a.topic_prefix);
+            let fleet = Arc::new(Mutex::new(Fleet::new(
+                &site,
+                key,
+                topics.clone(),
+                FleetConfig {
+                    lease_s: a.lease_s,
+                    renew_s: a.renew_s,
+                    retry_s: a.retry_s,
+                },
+                wall_clock(),
+            )));
+            let mut mqtt = a.mqtt.clone();
+            if mqtt.client_id.is_none() {
+                mqtt.client_id = Some(format!("powerplane-controller-{}", std::process::id()));
+            }
+            let (link, events) = Link::open(
+                &mqtt,
+                [Channel::Gpus, Channel::Ack, Channel::Health]
+                    .into_iter()
+                    .map(|c| topics.all(c))
+                    .collect(),
+                None,
+            )?;
+            info!(url = %a.mqtt.url, prefix = %a.topic_prefix, lease_s = a.lease_s, "commanding the GPU agents");
+            let (buf, keep, fl) = (buffer.clone(), keep_going.clone(), fleet.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("agents".into())
+                    .spawn(move || {
+                        while keep() {
+                            match events.recv_timeout(Duration::from_millis(100)) {
+                                Ok(LinkEvent::Message { topic, payload }) => {
+                                    let samples = fl
+                                        .lock()
+                                        .unwrap_or_else(|p| p.into_inner())
+                                        .on_message(&topic, &payload, wall_clock());
+                                    if !samples.is_empty() {
+                                        buf.push(samples, Vec::new());
+                                    }
+                                }
+                                Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                            }
+                        }
+                    })?,
+            );
+            Box::new(AgentActuator {
+                fleet,
+                link,
+                status_file: a.status_file.map(|p| resolve(&base, &p)),
+                in_sync: None,
+                holds: ObserveOnly::default(),
+            })
+        }
+    };
     let mut next = Instant::now();
     while keep_going() {
         let now = wall_clock();
@@ -373,7 +538,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 samples.push(Sample::new(site_id, CARBON_G_PER_KWH, c, now, "prices"));
             }
         }
-        let report = control.tick(now, samples, Vec::new(), &mut actuator);
+        let report = control.tick(now, samples, Vec::new(), actuator.as_mut());
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
