@@ -201,7 +201,7 @@ enum PolicyCommand {
 
 /// `serve` logs its decisions at info; the tools only warn.
 fn default_log_filter() -> &'static str {
-    if std::env::args().nth(1).as_deref() == Some("serve") {
+    if matches!(std::env::args().nth(1).as_deref(), Some("serve" | "agent")) {
         "info"
     } else {
         "warn"

@@ -1,0 +1,252 @@
+//! `powerplane serve` commanding a `powerplane agent`, both run as an operator runs
+//! them, over the real Mosquitto: a thermal cap reaches the simulated GPUs, survives a
+//! controller restart, and SIGTERM on the agent restores the defaults.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn powerplane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+}
+
+fn mqtt_port() -> u16 {
+    std::env::var("POWERPLANE_TEST_MQTT_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1883)
+}
+
+fn publish(topic: &str, payload: &str) {
+    let ok = Command::new("mosquitto_pub")
+        .args(["-p", &mqtt_port().to_string(), "-t", topic, "-m", payload])
+        .status()
+        .expect("this test needs mosquitto_pub (mosquitto-clients)");
+    assert!(ok.success(), "mosquitto_pub to port {} failed", mqtt_port());
+}
+
+/// The status file serve writes, once `pred` holds for it.
+fn status_until(
+    path: &Path,
+    within: Duration,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let end = Instant::now() + within;
+    let mut last = serde_json::Value::Null;
+    while Instant::now() < end {
+        if let Ok(b) = std::fs::read(path) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) {
+                if pred(&v) {
+                    return v;
+                }
+                last = v;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the agents' status never got there; last: {last:#}");
+}
+
+fn node_gpus<'a>(status: &'a serde_json::Value, node: &str) -> Vec<&'a serde_json::Value> {
+    status["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .filter(|g| g["node"] == node)
+        .collect()
+}
+
+#[test]
+fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_restores() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let pid = std::process::id();
+    let site_text = std::fs::read_to_string(root.join("examples/demo/site.toml")).expect("site");
+    std::fs::write(d.join("site.toml"), &site_text).expect("site");
+    let site = telemetry::Site::parse("site.toml", &site_text).expect("site");
+    let node = site
+        .gpus()
+        .into_iter()
+        .find(|g| g.rack.id == "b01")
+        .expect("a GPU in b01")
+        .node
+        .id
+        .clone();
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nstep_interval_s = 1\n",
+    )
+    .expect("policy");
+    let topic = format!("pptest-agentcli-{pid}");
+    let prefix = format!("pptest-agentcli-{pid}/v1");
+    std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
+    std::fs::write(d.join("site.key"), "9e".repeat(32)).expect("key");
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    let port = mqtt_port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\nmapping = \"mapping.toml\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 30\nrenew_s = 2\nretry_s = 1\ntopic_prefix = \"{prefix}\"\nstatus_file = \"agents.json\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
+        ),
+    )
+    .expect("config");
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            "node = \"{node}\"\nkey_file = \"site.key\"\ninterval_s = 0.5\ntopic_prefix = \"{prefix}\"\n[backend]\nkind = \"sim\"\ngpus = 8\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
+        ),
+    )
+    .expect("agent config");
+
+    let mut agent = powerplane()
+        .args(["agent", "--config"])
+        .arg(d.join("agent.toml"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent");
+    let serve = powerplane()
+        .args(["serve", "--run-for-s", "6", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    std::thread::sleep(Duration::from_millis(1000));
+    for _ in 0..4 {
+        publish(&format!("{topic}/b01/inlet"), "{\"c\": 35.5}");
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let status = d.join("agents.json");
+    let capped = status_until(&status, Duration::from_secs(10), |s| {
+        node_gpus(s, &node)
+            .iter()
+            .all(|g| g["desired"]["mode"] == "limit" && g["enforced_w"] == g["desired"]["watts"])
+    });
+    let gpus = node_gpus(&capped, &node);
+    let cap = gpus[0]["desired"]["watts"].as_f64().expect("watts");
+    assert!(
+        cap < 300.0 && cap >= 100.0,
+        "a thermal cap within the A40's range: {cap}"
+    );
+    assert!(gpus
+        .iter()
+        .all(|g| g["ack_status"] == "applied" && g["applied_w"].as_f64() == Some(cap)));
+    let first_id = gpus[0]["sent"]["id"].as_str().expect("id").to_string();
+    let out = serve.wait_with_output().expect("serve ran");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("commanding the GPU agents"), "{log}");
+
+    // the controller restarts: the caps come back from the store and are renewed by
+    // the new process, while the agent held them on its lease
+    std::fs::remove_file(&status).expect("rm status");
+    let serve = powerplane()
+        .args(["serve", "--run-for-s", "3", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve again");
+    // (the thermal rule may have stepped further down meanwhile: the inlet is still hot)
+    let renewed = status_until(&status, Duration::from_secs(10), |s| {
+        node_gpus(s, &node).iter().all(|g| {
+            g["ack_status"] == "applied"
+                && g["desired"]["mode"] == "limit"
+                && g["enforced_w"] == g["desired"]["watts"]
+                && g["desired"]["watts"].as_f64().is_some_and(|w| w <= cap)
+        })
+    });
+    let second_id = node_gpus(&renewed, &node)[0]["sent"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    assert_ne!(
+        first_id.split('-').next(),
+        second_id.split('-').next(),
+        "commands of the new controller"
+    );
+    let out = serve.wait_with_output().expect("serve ran");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("restored from the store"), "{log}");
+
+    // SIGTERM: the agent restores the default limits (on_exit = restore_default) and exits
+    let killed = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let end = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(c) = agent.try_wait().expect("wait") {
+            break c;
+        }
+        assert!(Instant::now() < end, "the agent did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(agent.stderr.as_mut().expect("stderr"), &mut log).expect("log");
+    assert!(code.success(), "{log}");
+    assert_eq!(
+        log.matches("stopping: default power limit restored")
+            .count(),
+        8,
+        "{log}"
+    );
+    assert!(
+        !log.contains("fail-safe is in force") && !log.contains("rejected"),
+        "the cap held across the controller restart, without a lapse: {log}"
+    );
+    assert!(log.contains("agent stopped"), "{log}");
+}
+
+#[test]
+fn the_agent_refuses_a_broken_config_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::write(d.join("site.key"), "short").expect("key");
+    std::fs::write(
+        d.join("agent.toml"),
+        "key_file = \"site.key\"\n[mqtt]\nurl = \"mqtt://127.0.0.1:1\"\n",
+    )
+    .expect("cfg");
+    let out = powerplane()
+        .args(["agent", "--config"])
+        .arg(d.join("agent.toml"))
+        .output()
+        .expect("agent");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at least 16 are needed"), "{err}");
+
+    std::fs::write(d.join("site.key"), "ab".repeat(32)).expect("key");
+    std::fs::write(
+        d.join("agent.toml"),
+        "key_file = \"site.key\"\nfail_safe = \"cap\"\n[mqtt]\nurl = \"mqtt://127.0.0.1:1\"\n",
+    )
+    .expect("cfg");
+    let out = powerplane()
+        .args(["agent", "--config"])
+        .arg(d.join("agent.toml"))
+        .output()
+        .expect("agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("fail_safe_cap_w"),
+        "{err}"
+    );
+
+    std::fs::write(d.join("agent.toml"), "key_file = \"site.key\"\nfail_safe = \"restore_default\"\nintervall_s = 1\n[mqtt]\nurl = \"mqtt://127.0.0.1:1\"\n").expect("cfg");
+    let out = powerplane()
+        .args(["agent", "--config"])
+        .arg(d.join("agent.toml"))
+        .output()
+        .expect("agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("agent.toml:3:") && err.contains("intervall_s"),
+        "{err}"
+    );
+}
