@@ -369,3 +369,23 @@ pub fn run_wall(
 ) -> Result<()> {
     run(loaded, backend, keep_going, &wall_clock)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_loads_with_a_key() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/agent/agent.toml");
+        let text = std::fs::read_to_string(example).expect("example");
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join("site.key"), "0f".repeat(32)).expect("key");
+        let text = text.replace("/etc/powerplane/site.key", "site.key");
+        std::fs::write(dir.path().join("agent.toml"), text).expect("cfg");
+        let l = load(&dir.path().join("agent.toml"), false).expect("the example is valid");
+        assert_eq!(l.config.backend.kind, "nvml");
+        assert_eq!(l.rules.fail_safe, FailSafe::RestoreDefault);
+        assert_eq!(l.on_exit, OnExit::RestoreDefault);
+        assert_eq!(l.config.mqtt.url, "mqtt://controller.example:1883");
+    }
+}

@@ -7,6 +7,11 @@
 //! - `bench redfish [--endpoints N] [--interval-s S]`: N Redfish endpoints (the DMTF
 //!   rack PDU mockup, from a local keep-alive HTTP server) polled for three intervals.
 //!
+//! - `bench agent [--seconds S] [--gpus N]`: `powerplane agent` (the release binary)
+//!   with N simulated GPUs reading and publishing at 1 Hz for S seconds, taking a
+//!   signed command every 10 s as a controller's renewals; its CPU time and peak RSS
+//!   from `/proc`.
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -276,10 +281,131 @@ fn bench_redfish() {
     println!("  peak RSS: {:.1} MB", peak_rss_mb());
 }
 
+/// utime + stime of a process, in seconds, and its peak RSS in MB.
+fn proc_usage(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // fields after the command name in parentheses
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat; 100 ticks per second on Linux
+    let cpu = (ticks(11) + ticks(12)) / 100.0;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (cpu, hwm / 1024.0)
+}
+
+fn bench_agent() {
+    use telemetry::agent_proto::{Action, Channel, Command as Cmd, GpuSel, Key, Topics};
+    use telemetry::sources::mqtt::Link;
+    let seconds = arg("--seconds", 60);
+    let gpus = arg("--gpus", 8);
+    let root = workspace_root();
+    let bin = root.join("target/release/powerplane");
+    assert!(
+        bin.exists(),
+        "build it first: cargo build --release --bin powerplane"
+    );
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("tmp");
+    let key_hex = "4d".repeat(32);
+    std::fs::write(dir.path().join("site.key"), &key_hex).expect("key");
+    std::fs::set_permissions(
+        dir.path().join("site.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        format!(
+            "node = \"bench-n1\"\nkey_file = \"site.key\"\nstate_file = \"state.json\"\n[backend]\nkind = \"sim\"\ngpus = {gpus}\n[mqtt]\nurl = \"mqtt://127.0.0.1:{}\"\n",
+            broker.port
+        ),
+    )
+    .expect("agent.toml");
+    let mut child = Command::new(&bin)
+        .args(["agent", "--config"])
+        .arg(dir.path().join("agent.toml"))
+        .env("POWERPLANE_LOG", "warn")
+        .spawn()
+        .expect("agent");
+    let key = Key::from_text(&key_hex).expect("key");
+    let topics = Topics::default();
+    let (link, events) = Link::open(
+        &MqttConfig::new(&format!("mqtt://127.0.0.1:{}", broker.port)),
+        vec![topics.all(Channel::Gpus), topics.all(Channel::Ack)],
+        None,
+    )
+    .expect("link");
+    let started = Instant::now();
+    let (mut reports, mut acks, mut n) = (0u32, 0u32, 0u32);
+    let mut next_cmd = Instant::now() + Duration::from_secs(2);
+    while started.elapsed() < Duration::from_secs(seconds as u64) {
+        if Instant::now() >= next_cmd {
+            n += 1;
+            let c = Cmd {
+                v: 1,
+                id: format!("bench-{n}"),
+                node: "bench-n1".into(),
+                issued_at: powerplane_tests_now(),
+                lease_s: 60.0,
+                action: Action::SetPowerLimit {
+                    gpus: GpuSel::all(),
+                    watts: Some(if n % 2 == 0 { 250.0 } else { 200.0 }),
+                    percent: None,
+                },
+            };
+            link.publish(
+                &topics.topic("bench-n1", Channel::Cmd),
+                c.seal(&key),
+                true,
+                false,
+            );
+            next_cmd += Duration::from_secs(10);
+        }
+        if let Ok(telemetry::sources::mqtt::LinkEvent::Message { topic, .. }) =
+            events.recv_timeout(Duration::from_millis(100))
+        {
+            if topic.ends_with("/gpus") {
+                reports += 1;
+            } else if topic.ends_with("/ack") {
+                acks += 1;
+            }
+        }
+    }
+    let (cpu_s, rss_mb) = proc_usage(child.id());
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let wall = started.elapsed().as_secs_f64();
+    println!("agent: {gpus} simulated GPUs at 1 Hz for {wall:.0} s; {reports} reports, {acks}/{n} commands acknowledged");
+    println!(
+        "agent: CPU {cpu_s:.2} s = {:.3}% of one core; peak RSS {rss_mb:.1} MB",
+        100.0 * cpu_s / wall
+    );
+    drop(broker);
+}
+
+fn powerplane_tests_now() -> Timestamp {
+    Timestamp(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0),
+    )
+}
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("mqtt") => bench_mqtt(),
         Some("redfish") => bench_redfish(),
+        Some("agent") => bench_agent(),
         _ => {
             eprintln!(
                 "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S]"
