@@ -128,7 +128,7 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
     let gpus = node_gpus(&capped, &node);
     let cap = gpus[0]["desired"]["watts"].as_f64().expect("watts");
     assert!(
-        cap < 300.0 && cap >= 100.0,
+        (100.0..300.0).contains(&cap),
         "a thermal cap within the A40's range: {cap}"
     );
     assert!(gpus
