@@ -233,7 +233,12 @@ impl Fleet {
             };
             if attempts > 0 {
                 bump(&mut self.counters, "commands_retried");
-                warn!(node = %node, gpus = ?gpus, attempts, "no ack from the agent; sending again");
+                // once per silent agent at warn; the rest are counted
+                if attempts == 1 {
+                    warn!(node = %node, gpus = ?gpus, "no ack from the agent; sending again with backoff");
+                } else {
+                    tracing::debug!(node = %node, gpus = ?gpus, attempts, "no ack from the agent; sending again");
+                }
             }
             bump(&mut self.counters, "commands_sent");
             for i in &gpus {
