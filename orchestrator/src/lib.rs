@@ -3,6 +3,7 @@
 //! # Layout
 //!
 //! - [`agent`]: `powerplane agent`: GPU backends, signed leased commands, fail-safe, drift.
+//! - [`http`]: `serve`'s `/metrics` and JSON API with bearer-token roles.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
 //! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
 //!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
@@ -23,6 +24,7 @@ pub mod control;
 pub mod demo;
 pub mod embedded;
 pub mod fleet;
+pub mod http;
 pub mod probe;
 pub mod registry;
 pub mod report;

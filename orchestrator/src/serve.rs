@@ -51,6 +51,9 @@ pub struct Config {
     /// Command the GPU node agents (without it, caps are observe-only).
     #[serde(default)]
     pub agents: Option<AgentsSection>,
+    /// `/metrics` and the JSON API.
+    #[serde(default)]
+    pub http: Option<crate::http::HttpSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -280,6 +283,9 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         );
         crate::agent::run::read_key(&resolve(base, &a.key_file))?;
     }
+    if let Some(h) = &cfg.http {
+        crate::http::load_tokens(h, base)?;
+    }
     anyhow::ensure!(
         (0.1..=3600.0).contains(&cfg.controller.tick_s),
         "{name}: controller.tick_s must be within 0.1..=3600, got {}",
@@ -456,6 +462,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     }
 
     let tick = Duration::from_secs_f64(cfg.controller.tick_s);
+    let mut fleet_handle = None;
     let mut actuator: Box<dyn Actuator> = match cfg.agents.clone() {
         None => Box::new(ObserveOnly::default()),
         Some(a) => {
@@ -507,6 +514,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                         }
                     })?,
             );
+            fleet_handle = Some(fleet.clone());
             Box::new(AgentActuator {
                 fleet,
                 link,
@@ -516,6 +524,20 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             })
         }
     };
+    let board = Arc::new(std::sync::RwLock::new(crate::http::Board::new(
+        site.clone(),
+        resolve(&base, &cfg.controller.policy).display().to_string(),
+        wall_clock(),
+    )));
+    if let Some(h) = &cfg.http {
+        let api = crate::http::Api {
+            board: board.clone(),
+            fleet: fleet_handle.clone(),
+            tokens: crate::http::load_tokens(h, &base)?,
+            metrics_public: h.metrics_public,
+        };
+        threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
+    }
     let mut next = Instant::now();
     while keep_going() {
         let now = wall_clock();
@@ -542,6 +564,14 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
+        board.write().unwrap_or_else(|p| p.into_inner()).update(
+            now,
+            control.snapshot(),
+            control.state(),
+            &control.counters,
+            &report.decisions,
+            buffer.dropped.load(Ordering::Relaxed),
+        );
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }

@@ -2,6 +2,8 @@
 //! them, over the real Mosquitto: a thermal cap reaches the simulated GPUs, survives a
 //! controller restart, and SIGTERM on the agent restores the defaults.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -87,10 +89,15 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
     let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
     std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
     let port = mqtt_port();
+    let http_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\nmapping = \"mapping.toml\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 30\nrenew_s = 2\nretry_s = 1\ntopic_prefix = \"{prefix}\"\nstatus_file = \"agents.json\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\nmapping = \"mapping.toml\"\n\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n[[http.tokens]]\nname = \"t\"\nrole = \"viewer\"\ntoken = \"0123456789abcdef-viewer\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 30\nrenew_s = 2\nretry_s = 1\ntopic_prefix = \"{prefix}\"\nstatus_file = \"agents.json\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
         ),
     )
     .expect("config");
@@ -135,6 +142,37 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
         .iter()
         .all(|g| g["ack_status"] == "applied" && g["applied_w"].as_f64() == Some(cap)));
     let first_id = gpus[0]["sent"]["id"].as_str().expect("id").to_string();
+    // the agents' side in /metrics, valid for promtool; the same per GPU in the API
+    let (code, _, metrics) = common::http(http_port, "GET", "/metrics", None, b"");
+    assert_eq!(code, 200);
+    let limit =
+        format!("powerplane_gpu_power_limit_watts{{entity=\"gpu/{node}:0\",kind=\"gpu\"}} {cap}");
+    for needle in [
+        "powerplane_gpus_in_sync ",
+        "powerplane_agents{status=\"online\"} 1",
+        &limit,
+        "powerplane_agent_messages_total{kind=\"acks\"}",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing in:\n{metrics}");
+    }
+    common::promtool_check(&metrics);
+    let (code, _, body) = common::http(
+        http_port,
+        "GET",
+        "/api/v1/gpus",
+        Some("0123456789abcdef-viewer"),
+        b"",
+    );
+    assert_eq!(code, 200);
+    let api: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let g0 = api["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .find(|g| g["id"] == format!("gpu/{node}:0"))
+        .expect("gpu 0");
+    assert_eq!(g0["agent"]["enforced_w"].as_f64(), Some(cap));
+    assert_eq!(g0["cap"]["watts"].as_f64(), Some(cap));
     let out = serve.wait_with_output().expect("serve ran");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");

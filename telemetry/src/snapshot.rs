@@ -176,6 +176,13 @@ impl Snapshot {
         })
     }
 
+    /// Every reading, by entity then metric.
+    pub fn iter(&self) -> impl Iterator<Item = (&EntityId, &Metric, &Reading)> {
+        self.readings
+            .iter()
+            .flat_map(|(e, m)| m.iter().map(move |(k, r)| (e, k, r)))
+    }
+
     /// The raw latest reading, without an age.
     pub fn reading(&self, entity: &EntityId, metric: &str) -> Option<&Reading> {
         self.readings.get(entity)?.get(&Metric::new(metric))

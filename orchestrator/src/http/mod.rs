@@ -1,0 +1,577 @@
+//! The operator's HTTP side of `serve`: `/metrics` for Prometheus and a JSON API under
+//! `/api/v1`, authenticated by bearer tokens with roles (viewer < operator < admin).
+//!
+//! The control loop publishes a [`Board`] after every tick; requests read it and never
+//! touch the loop or the store, so a slow client cannot delay a tick.
+
+pub mod metrics;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use policies::{Decision, State};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use telemetry::metric::names::{INLET_TEMP_C, POWER_W, PRICE_PER_KWH};
+use telemetry::{EntityId, EntityKind, Site, Snapshot, Timestamp};
+use tracing::{info, warn};
+
+use crate::control::Counters;
+use crate::fleet::Fleet;
+
+/// `[http]` in `powerplane.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    /// `host:port` to listen on.
+    pub listen: String,
+    /// `/metrics` without a token (Prometheus scrapes); `false` asks for a viewer token.
+    #[serde(default = "yes")]
+    pub metrics_public: bool,
+    /// Who may call the API.
+    pub tokens: Vec<TokenConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Shown in logs (never the token).
+    pub name: String,
+    pub role: Role,
+    /// A file holding the token (preferred), or the token itself.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// What a token may do; each role may do what the ones below it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read everything.
+    Viewer,
+    /// And set or remove overrides.
+    Operator,
+    /// And administer (reserved for policy reloads).
+    Admin,
+}
+
+/// The shortest token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// Reads and checks the tokens of an `[http]` section.
+pub fn load_tokens(sec: &HttpSection, base: &Path) -> Result<Vec<Token>> {
+    anyhow::ensure!(
+        !sec.tokens.is_empty(),
+        "[http] needs at least one [[http.tokens]] (name, role, token_file)"
+    );
+    let mut out = Vec::new();
+    for t in &sec.tokens {
+        let secret = match (&t.token_file, &t.token) {
+            (Some(f), None) => {
+                let p = if f.is_absolute() {
+                    f.clone()
+                } else {
+                    base.join(f)
+                };
+                std::fs::read_to_string(&p)
+                    .with_context(|| {
+                        format!("[http] token {:?}: cannot read {}", t.name, p.display())
+                    })?
+                    .trim()
+                    .to_string()
+            }
+            (None, Some(s)) => s.clone(),
+            _ => anyhow::bail!(
+                "[http] token {:?}: give exactly one of token_file or token",
+                t.name
+            ),
+        };
+        anyhow::ensure!(
+            secret.chars().count() >= MIN_TOKEN_CHARS,
+            "[http] token {:?} is shorter than {MIN_TOKEN_CHARS} characters (make one with `openssl rand -hex 32`)",
+            t.name
+        );
+        out.push(Token {
+            name: t.name.clone(),
+            role: t.role,
+            digest: Sha256::digest(secret.as_bytes()).into(),
+        });
+    }
+    Ok(out)
+}
+
+/// A token as kept in memory: its SHA-256 only.
+#[derive(Debug, Clone)]
+pub struct Token {
+    pub name: String,
+    pub role: Role,
+    digest: [u8; 32],
+}
+
+/// What the API shows, as of the last tick.
+#[derive(Debug, Clone)]
+pub struct Board {
+    pub site: Site,
+    pub policy_file: String,
+    pub started: Timestamp,
+    pub time: Timestamp,
+    pub snapshot: Snapshot,
+    pub state: State,
+    pub counters: Counters,
+    pub buffer_dropped: u64,
+    /// Decisions counted by (rule, action kind).
+    pub decisions_by_rule: BTreeMap<(String, String), u64>,
+    /// The most recent decisions, oldest first (at most [`RECENT_DECISIONS`]).
+    pub recent: VecDeque<Decision>,
+}
+
+pub const RECENT_DECISIONS: usize = 10_000;
+
+/// `cap`, `uncap`, `hold`, `release`.
+pub fn action_kind(a: &policies::Action) -> &'static str {
+    match a {
+        policies::Action::Cap { .. } => "cap",
+        policies::Action::Uncap => "uncap",
+        policies::Action::Hold { .. } => "hold",
+        policies::Action::Release => "release",
+    }
+}
+
+impl Board {
+    pub fn new(site: Site, policy_file: String, started: Timestamp) -> Self {
+        Board {
+            site,
+            policy_file,
+            started,
+            time: started,
+            snapshot: Snapshot::new(),
+            state: State::default(),
+            counters: Counters::default(),
+            buffer_dropped: 0,
+            decisions_by_rule: BTreeMap::new(),
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// What one tick changed.
+    pub fn update(
+        &mut self,
+        time: Timestamp,
+        snapshot: &Snapshot,
+        state: &State,
+        counters: &Counters,
+        decisions: &[Decision],
+        buffer_dropped: u64,
+    ) {
+        self.time = time;
+        self.snapshot = snapshot.clone();
+        self.state = state.clone();
+        self.counters = counters.clone();
+        self.buffer_dropped = buffer_dropped;
+        for d in decisions {
+            *self
+                .decisions_by_rule
+                .entry((d.rule.clone(), action_kind(&d.action).to_string()))
+                .or_default() += 1;
+            if self.recent.len() == RECENT_DECISIONS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(d.clone());
+        }
+    }
+}
+
+/// What the server thread needs.
+#[derive(Clone)]
+pub struct Api {
+    pub board: Arc<RwLock<Board>>,
+    pub fleet: Option<Arc<Mutex<Fleet>>>,
+    pub tokens: Vec<Token>,
+    pub metrics_public: bool,
+}
+
+/// An answer: status, content type, body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+    /// `WWW-Authenticate: Bearer` on 401.
+    pub challenge: bool,
+}
+
+fn json_reply(status: u16, v: &serde_json::Value) -> Reply {
+    Reply {
+        status,
+        content_type: "application/json",
+        body: serde_json::to_vec_pretty(v).unwrap_or_default(),
+        challenge: status == 401,
+    }
+}
+
+fn error(status: u16, msg: &str) -> Reply {
+    json_reply(status, &json!({ "error": msg }))
+}
+
+/// The largest request body taken.
+pub const MAX_BODY: usize = 64 * 1024;
+
+impl Api {
+    /// The role a request's `Authorization` header grants, if any.
+    fn role(&self, authorization: Option<&str>) -> Option<(Role, &str)> {
+        let token = authorization?.strip_prefix("Bearer ")?.trim();
+        let d: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // compare digests: no early exit on the secret itself
+        self.tokens
+            .iter()
+            .find(|t| {
+                t.digest
+                    .iter()
+                    .zip(d.iter())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+            })
+            .map(|t| (t.role, t.name.as_str()))
+    }
+
+    /// Answers one request. `query` is the part after `?`.
+    pub fn handle(
+        &self,
+        method: &str,
+        path: &str,
+        query: &str,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> Reply {
+        let _ = body;
+        let need = |min: Role| -> Result<(), Reply> {
+            match self.role(authorization) {
+                None if authorization.is_none() => Err(error(
+                    401,
+                    "a bearer token is required (Authorization: Bearer ...)",
+                )),
+                None => Err(error(401, "unknown token")),
+                Some((r, _)) if r < min => Err(error(
+                    403,
+                    &format!("this token's role may not do this (needs {min:?})").to_lowercase(),
+                )),
+                Some(_) => Ok(()),
+            }
+        };
+        if path == "/metrics" && method == "GET" {
+            if !self.metrics_public {
+                if let Err(r) = need(Role::Viewer) {
+                    return r;
+                }
+            }
+            let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+            let fleet = self
+                .fleet
+                .as_ref()
+                .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
+            let status = fleet.as_ref().map(|f| f.status());
+            return Reply {
+                status: 200,
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                body: metrics::render(&board, status.as_ref()).into_bytes(),
+                challenge: false,
+            };
+        }
+        if path == "/api/v1/openapi.json" && method == "GET" {
+            return json_reply(200, &openapi());
+        }
+        let Some(route) = path.strip_prefix("/api/v1/") else {
+            return error(404, "no such path (see /api/v1/openapi.json)");
+        };
+        if method != "GET" {
+            // every route below reads; writing ones (overrides) need an operator
+            return match need(Role::Operator) {
+                Err(r) => r,
+                Ok(()) => error(405, "method not allowed"),
+            };
+        }
+        if let Err(r) = need(Role::Viewer) {
+            return r;
+        }
+        let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+        match route {
+            "status" => json_reply(200, &status(&board)),
+            "racks" => json_reply(200, &racks(&board)),
+            "gpus" => json_reply(200, &gpus(&board, self.fleet.as_ref())),
+            "holds" => json_reply(
+                200,
+                &json!({ "holds": board.state.holds, "observed_holds": board.state.observed_holds }),
+            ),
+            "decisions" => match decisions(&board, query) {
+                Ok(v) => json_reply(200, &v),
+                Err(e) => error(400, &e),
+            },
+            "agents" => match &self.fleet {
+                Some(f) => {
+                    let f = f.lock().unwrap_or_else(|p| p.into_inner());
+                    json_reply(200, &serde_json::to_value(f.status()).unwrap_or_default())
+                }
+                None => error(404, "no [agents] section: caps are observe-only"),
+            },
+            _ => error(404, "no such path (see /api/v1/openapi.json)"),
+        }
+    }
+}
+
+fn status(b: &Board) -> serde_json::Value {
+    let site = b.site.site_entity();
+    let obs = |m: &str| b.snapshot.observe(&site, m, b.time);
+    json!({
+        "site": b.site.name,
+        "time": b.time,
+        "started": b.started,
+        "policy_file": b.policy_file,
+        "policy_reload_error": null,
+        "facility": {
+            "budget_w": b.site.facility_budget_kw() * 1000.0,
+            "power_w": obs(POWER_W).map(|o| o.value),
+            "power_stale": obs(POWER_W).map(|o| o.stale),
+        },
+        "price_per_kwh": obs(PRICE_PER_KWH).map(|o| o.value),
+        "currency": b.site.currency,
+        "caps_in_force": b.state.caps.len(),
+        "holds_in_force": b.state.holds.len(),
+        "gpus": b.site.gpu_count(),
+        "ticks": b.counters.ticks,
+        "stale_readings": b.snapshot.stale(b.time).len(),
+    })
+}
+
+fn racks(b: &Board) -> serde_json::Value {
+    let gpus = b.site.gpus();
+    let list: Vec<_> = b
+        .site
+        .racks
+        .iter()
+        .map(|r| {
+            let id = EntityId::new(EntityKind::Rack, r.id.clone());
+            let p = b.snapshot.observe(&id, POWER_W, b.time);
+            let t = b.snapshot.observe(&id, INLET_TEMP_C, b.time);
+            let caps: Vec<f64> = gpus
+                .iter()
+                .filter(|g| g.rack.id == r.id)
+                .filter_map(|g| b.state.caps.get(&g.id).map(|c| c.watts))
+                .collect();
+            json!({
+                "id": r.id,
+                "row": r.row,
+                "budget_w": r.power_budget_kw * 1000.0,
+                "power_w": p.map(|o| o.value),
+                "power_stale": p.map(|o| o.stale),
+                "headroom_w": p.map(|o| r.power_budget_kw * 1000.0 - o.value),
+                "inlet_c": t.map(|o| o.value),
+                "inlet_stale": t.map(|o| o.stale),
+                "inlet_limit_c": r.inlet_limit_c,
+                "capped_gpus": caps.len(),
+                "lowest_cap_w": caps.iter().copied().reduce(f64::min),
+                "thermal_level": b.state.thermal.get(&r.id),
+            })
+        })
+        .collect();
+    json!({ "racks": list })
+}
+
+fn gpus(b: &Board, fleet: Option<&Arc<Mutex<Fleet>>>) -> serde_json::Value {
+    let fleet = fleet.map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
+    let books: BTreeMap<EntityId, serde_json::Value> = fleet
+        .as_ref()
+        .map(|f| {
+            f.books()
+                .map(|bk| (bk.gpu.clone(), serde_json::to_value(bk).unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let list: Vec<_> = b
+        .site
+        .gpus()
+        .iter()
+        .map(|g| {
+            let o = |m: &str| b.snapshot.observe(&g.id, m, b.time).map(|o| o.value);
+            json!({
+                "id": g.id.to_string(),
+                "node": g.node.id,
+                "rack": g.rack.id,
+                "model": g.model.name,
+                "power_w": o(POWER_W),
+                "temp_c": o(telemetry::metric::names::GPU_TEMP_C),
+                "cap": b.state.caps.get(&g.id),
+                "agent": books.get(&g.id),
+            })
+        })
+        .collect();
+    json!({ "gpus": list })
+}
+
+fn decisions(b: &Board, query: &str) -> Result<serde_json::Value, String> {
+    let mut rule = None;
+    let mut action = None;
+    let mut target = None;
+    let mut since = None;
+    let mut limit = 100usize;
+    for kv in query.split('&').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        let v = v.replace("%2F", "/").replace("%3A", ":").replace('+', " ");
+        match k {
+            "rule" => rule = Some(v),
+            "action" => action = Some(v),
+            "target" => target = Some(v),
+            "since" => {
+                since =
+                    Some(Timestamp::parse_rfc3339(&v).map_err(|e| {
+                        format!("since: {e} (use RFC 3339, e.g. 2026-11-30T08:00:00Z)")
+                    })?)
+            }
+            "limit" => {
+                limit = v
+                    .parse()
+                    .map_err(|_| format!("limit: {v:?} is not a number"))?;
+                if limit == 0 || limit > RECENT_DECISIONS {
+                    return Err(format!("limit must be within 1..={RECENT_DECISIONS}"));
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown filter {other:?} (rule, action, target, since, limit)"
+                ))
+            }
+        }
+    }
+    let list: Vec<&Decision> = b
+        .recent
+        .iter()
+        .rev()
+        .filter(|d| {
+            rule.as_ref()
+                .is_none_or(|r| d.rule == *r || d.rule.starts_with(&format!("{r}.")))
+        })
+        .filter(|d| {
+            action
+                .as_deref()
+                .is_none_or(|a| action_kind(&d.action) == a)
+        })
+        .filter(|d| {
+            target
+                .as_ref()
+                .is_none_or(|t| d.target.to_string().contains(t.as_str()))
+        })
+        .filter(|d| since.is_none_or(|s| d.time >= s))
+        .take(limit)
+        .collect();
+    Ok(json!({ "decisions": list, "newest_first": true }))
+}
+
+/// The OpenAPI 3 description of the API.
+pub fn openapi() -> serde_json::Value {
+    let get = |summary: &str, role: &str| {
+        json!({ "get": {
+            "summary": summary,
+            "description": format!("Needs a {role} token."),
+            "security": [{ "bearer": [] }],
+            "responses": {
+                "200": { "description": "OK", "content": { "application/json": {} } },
+                "401": { "description": "no token, or an unknown one" },
+                "403": { "description": "the token's role may not do this" }
+            }
+        }})
+    };
+    let mut decisions = get("Recent decisions, newest first", "viewer");
+    decisions["get"]["parameters"] = json!([
+        { "name": "rule", "in": "query", "schema": { "type": "string" }, "description": "a rule or a rule family (`thermal` matches `thermal.inlet`)" },
+        { "name": "action", "in": "query", "schema": { "type": "string", "enum": ["cap", "uncap", "hold", "release"] } },
+        { "name": "target", "in": "query", "schema": { "type": "string" }, "description": "substring of the target (`rack/a01`, `slurm:12`)" },
+        { "name": "since", "in": "query", "schema": { "type": "string", "format": "date-time" } },
+        { "name": "limit", "in": "query", "schema": { "type": "integer", "minimum": 1, "maximum": RECENT_DECISIONS, "default": 100 } }
+    ]);
+    json!({
+        "openapi": "3.0.3",
+        "info": { "title": "powerplane", "version": "1", "description": "The controller's status, decisions and agents. Roles: viewer < operator < admin." },
+        "components": { "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } } },
+        "paths": {
+            "/metrics": { "get": { "summary": "Prometheus metrics (public unless metrics_public = false)", "responses": { "200": { "description": "text exposition format 0.0.4" } } } },
+            "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force", "viewer"),
+            "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
+            "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
+            "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
+            "/api/v1/decisions": decisions,
+            "/api/v1/agents": get("The agents: desired, sent, acknowledged and enforced state per GPU; agent health per node", "viewer"),
+            "/api/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OK" } } } }
+        }
+    })
+}
+
+/// Serves until `keep_going` says stop.
+pub fn serve(
+    listen: &str,
+    api: Api,
+    keep_going: impl Fn() -> bool + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>> {
+    let server = tiny_http::Server::http(listen)
+        .map_err(|e| anyhow::anyhow!("[http] cannot listen on {listen}: {e}"))?;
+    info!(listen, "http api listening");
+    Ok(std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            while keep_going() {
+                let mut req = match server.recv_timeout(Duration::from_millis(200)) {
+                    Ok(Some(r)) => r,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        warn!(error = %e, "http accept failed");
+                        continue;
+                    }
+                };
+                let auth = req
+                    .headers()
+                    .iter()
+                    .find(|h| h.field.equiv("Authorization"))
+                    .map(|h| h.value.as_str().to_string());
+                let url = req.url().to_string();
+                let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+                let mut body = Vec::new();
+                let too_big = req.body_length().is_some_and(|n| n > MAX_BODY)
+                    || req
+                        .as_reader()
+                        .take(MAX_BODY as u64 + 1)
+                        .read_to_end(&mut body)
+                        .is_err()
+                    || body.len() > MAX_BODY;
+                let reply = if too_big {
+                    error(
+                        413,
+                        &format!("request bodies are limited to {MAX_BODY} bytes"),
+                    )
+                } else {
+                    api.handle(req.method().as_str(), path, query, auth.as_deref(), &body)
+                };
+                // bodies are in memory: send a Content-Length, never chunks
+                let mut resp = tiny_http::Response::from_data(reply.body)
+                    .with_status_code(reply.status)
+                    .with_chunked_threshold(usize::MAX);
+                if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", reply.content_type) {
+                    resp = resp.with_header(h);
+                }
+                if reply.challenge {
+                    if let Ok(h) = tiny_http::Header::from_bytes("WWW-Authenticate", "Bearer") {
+                        resp = resp.with_header(h);
+                    }
+                }
+                let _ = req.respond(resp);
+            }
+        })?)
+}

@@ -1,0 +1,212 @@
+//! `powerplane serve` with `[http]`: the JSON API with bearer-token roles, and
+//! `/metrics` checked by the real `promtool check metrics` (Debian's `prometheus`).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{http, promtool_check};
+
+fn powerplane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+}
+
+#[test]
+fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    for f in ["site.toml", "policy.toml", "prices.csv"] {
+        std::fs::copy(root.join("examples/demo").join(f), d.join(f)).expect("copy");
+    }
+    let viewer = "viewer-token-0123456789abcdef";
+    let operator = "operator-token-0123456789abcdef";
+    std::fs::write(d.join("viewer.token"), format!("{viewer}\n")).expect("token");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    // no telemetry: the budget rule assumes the worst of every stale GPU and caps
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[prices]\nfile = \"prices.csv\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"grafana\"\nrole = \"viewer\"\ntoken_file = \"viewer.token\"\n[[http.tokens]]\nname = \"sre\"\nrole = \"operator\"\ntoken = \"{operator}\"\n"
+        ),
+    )
+    .expect("config");
+    let check = powerplane()
+        .args(["serve", "--check", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .output()
+        .expect("check");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let mut serve = powerplane()
+        .args(["serve", "--run-for-s", "8", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+
+    // wait for the first decisions
+    let end = Instant::now() + Duration::from_secs(8);
+    let status = loop {
+        let (code, _, body) = http(port, "GET", "/api/v1/status", Some(viewer), b"");
+        if code == 200 {
+            let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+            if v["caps_in_force"].as_u64().unwrap_or(0) > 0 {
+                break v;
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "serve never answered with caps in force"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status["site"], "demo-hall");
+    assert_eq!(status["facility"]["budget_w"], 44000.0);
+    assert!(status["price_per_kwh"].is_number());
+
+    // authentication and roles
+    let (code, head, _) = http(port, "GET", "/api/v1/status", None, b"");
+    assert_eq!(code, 401);
+    assert!(head.contains("WWW-Authenticate: Bearer"), "{head}");
+    assert_eq!(
+        http(
+            port,
+            "GET",
+            "/api/v1/status",
+            Some("not-a-token-of-ours-at-all"),
+            b""
+        )
+        .0,
+        401
+    );
+    assert_eq!(
+        http(port, "POST", "/api/v1/overrides", Some(viewer), b"{}").0,
+        403,
+        "a viewer may not write"
+    );
+    assert_eq!(
+        http(port, "POST", "/api/v1/overrides", Some(operator), b"{}").0,
+        405,
+        "an operator passes the role check"
+    );
+    assert_eq!(
+        http(port, "GET", "/api/v1/nothing", Some(viewer), b"").0,
+        404
+    );
+    let big = vec![b'x'; 100 * 1024];
+    assert_eq!(
+        http(port, "POST", "/api/v1/overrides", Some(operator), &big).0,
+        413
+    );
+
+    // racks, GPUs and filtered decisions
+    let (code, _, body) = http(port, "GET", "/api/v1/racks", Some(viewer), b"");
+    assert_eq!(code, 200);
+    let racks: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(racks["racks"].as_array().map(Vec::len), Some(6));
+    assert!(racks["racks"][0]["budget_w"].is_number());
+    let (_, _, body) = http(port, "GET", "/api/v1/gpus", Some(viewer), b"");
+    let gpus: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(gpus["gpus"].as_array().map(Vec::len), Some(192));
+    assert!(gpus["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .any(|g| g["cap"]["watts"].is_number()));
+    let (code, _, body) = http(
+        port,
+        "GET",
+        "/api/v1/decisions?rule=budget&action=cap&limit=3",
+        Some(viewer),
+        b"",
+    );
+    assert_eq!(code, 200, "{body}");
+    let dec: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let list = dec["decisions"].as_array().expect("list");
+    assert!(!list.is_empty() && list.len() <= 3, "{body}");
+    assert!(
+        list.iter()
+            .all(|d| d["rule"].as_str().is_some_and(|r| r.starts_with("budget"))),
+        "{body}"
+    );
+    assert_eq!(
+        http(
+            port,
+            "GET",
+            "/api/v1/decisions?limit=lots",
+            Some(viewer),
+            b""
+        )
+        .0,
+        400
+    );
+    let (_, _, body) = http(port, "GET", "/api/v1/openapi.json", None, b"");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("openapi");
+    assert_eq!(doc["openapi"], "3.0.3");
+    assert!(doc["paths"]["/api/v1/decisions"]["get"]["parameters"].is_array());
+
+    // metrics: public by default, and valid for promtool
+    let (code, head, metrics) = http(port, "GET", "/metrics", None, b"");
+    assert_eq!(code, 200);
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    for needle in [
+        "powerplane_caps_in_force ",
+        "powerplane_decisions_total{rule=\"budget",
+        "powerplane_budget_watts{entity=\"rack/a01\"",
+        "powerplane_price_per_kwh{",
+        "powerplane_ticks_total ",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing in:\n{metrics}");
+    }
+    promtool_check(&metrics);
+    let _ = serve.kill();
+    let _ = serve.wait();
+}
+
+#[test]
+fn short_or_missing_tokens_are_refused_at_start() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    for f in ["site.toml", "policy.toml"] {
+        std::fs::copy(root.join("examples/demo").join(f), d.join(f)).expect("copy");
+    }
+    let base = "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[http]\nlisten = \"127.0.0.1:0\"\n";
+    for (extra, says) in [
+        ("tokens = []\n", "at least one"),
+        (
+            "[[http.tokens]]\nname = \"x\"\nrole = \"viewer\"\ntoken = \"short\"\n",
+            "shorter than 16",
+        ),
+        (
+            "[[http.tokens]]\nname = \"x\"\nrole = \"king\"\ntoken = \"0123456789abcdef0\"\n",
+            "unknown variant",
+        ),
+    ] {
+        std::fs::write(d.join("p.toml"), format!("{base}{extra}")).expect("cfg");
+        let out = powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(d.join("p.toml"))
+            .output()
+            .expect("check");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{extra}: {err}"
+        );
+    }
+}
