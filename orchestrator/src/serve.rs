@@ -535,6 +535,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             fleet: fleet_handle.clone(),
             tokens: crate::http::load_tokens(h, &base)?,
             metrics_public: h.metrics_public,
+            status_page_public: h.status_page_public,
+            refresh_s: h.refresh_s.max(1),
         };
         threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
     }
@@ -564,7 +566,18 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
-        board.write().unwrap_or_else(|p| p.into_inner()).update(
+        let mut b = board.write().unwrap_or_else(|p| p.into_inner());
+        if let Some((price, _)) = &prices {
+            let horizon = now.plus_secs(24.0 * 3600.0);
+            let pts = price.points();
+            let from = pts.partition_point(|(t, _)| *t <= now).saturating_sub(1);
+            b.prices = pts[from..]
+                .iter()
+                .take_while(|(t, _)| *t < horizon)
+                .copied()
+                .collect();
+        }
+        b.update(
             now,
             control.snapshot(),
             control.state(),
@@ -572,6 +585,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             &report.decisions,
             buffer.dropped.load(Ordering::Relaxed),
         );
+        drop(b);
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }

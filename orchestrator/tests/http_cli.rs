@@ -13,8 +13,10 @@ fn powerplane() -> Command {
     Command::new(env!("CARGO_BIN_EXE_powerplane"))
 }
 
-#[test]
-fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
+const VIEWER: &str = "viewer-token-0123456789abcdef";
+
+/// `serve` on the demo site with `[http]` on a free port: (dir, port, child).
+fn start_serve(run_for_s: &str) -> (tempfile::TempDir, u16, std::process::Child) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace");
@@ -23,7 +25,7 @@ fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
     for f in ["site.toml", "policy.toml", "prices.csv"] {
         std::fs::copy(root.join("examples/demo").join(f), d.join(f)).expect("copy");
     }
-    let viewer = "viewer-token-0123456789abcdef";
+    let viewer = VIEWER;
     let operator = "operator-token-0123456789abcdef";
     std::fs::write(d.join("viewer.token"), format!("{viewer}\n")).expect("token");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -49,12 +51,19 @@ fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
-    let mut serve = powerplane()
-        .args(["serve", "--run-for-s", "8", "--config"])
+    let serve = powerplane()
+        .args(["serve", "--run-for-s", run_for_s, "--config"])
         .arg(d.join("powerplane.toml"))
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("serve");
+    (dir, port, serve)
+}
+
+#[test]
+fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
+    let (_dir, port, mut serve) = start_serve("8");
+    let (viewer, operator) = (VIEWER, "operator-token-0123456789abcdef");
 
     // wait for the first decisions
     let end = Instant::now() + Duration::from_secs(8);
@@ -209,4 +218,108 @@ fn short_or_missing_tokens_are_refused_at_start() {
             "{extra}: {err}"
         );
     }
+}
+
+#[test]
+fn the_status_page_renders_in_chromium_with_its_headings() {
+    let (dir, port, mut serve) = start_serve("20");
+    let end = Instant::now() + Duration::from_secs(10);
+    while http(port, "GET", "/api/v1/status", Some(VIEWER), b"").0 != 200 {
+        assert!(Instant::now() < end, "serve never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let (code, head, _) = http(port, "GET", "/", None, b"");
+    assert_eq!(
+        code, 401,
+        "the page needs a viewer token unless status_page_public"
+    );
+    assert!(head.contains("WWW-Authenticate"), "{head}");
+    let (code, head, html) = http(port, "GET", &format!("/?token={VIEWER}"), None, b"");
+    assert_eq!(code, 200);
+    assert!(head.contains("text/html"), "{head}");
+    assert!(
+        html.contains("http-equiv=\"refresh\""),
+        "it refreshes itself"
+    );
+    assert!(
+        !html.contains("<script") && !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "no script, no external asset"
+    );
+
+    let url = format!("http://127.0.0.1:{port}/?token={VIEWER}");
+    let shot = dir.path().join("status.png");
+    let chromium = |args: &[&str]| {
+        Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--window-size=1200,1800",
+            ])
+            .args(args)
+            .arg(&url)
+            .output()
+            .expect("this test needs Debian's chromium")
+    };
+    let out = chromium(&[&format!("--screenshot={}", shot.display())]);
+    assert!(
+        shot.exists(),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = String::from_utf8_lossy(&chromium(&["--dump-dom"]).stdout).to_string();
+    for heading in [
+        "demo-hall — powerplane",
+        "Power against budget",
+        "Price now and the next 24 hours",
+        "Racks",
+        "Held jobs",
+        "Caps in force",
+    ] {
+        assert!(
+            dom.contains(heading),
+            "{heading} missing from the rendered page:\n{dom}"
+        );
+    }
+    for rack in ["a01", "b03"] {
+        assert!(
+            dom.contains(&format!("<b>{rack}</b>")),
+            "rack {rack} on the page"
+        );
+    }
+
+    // the picture is not blank: many non-white pixels, and the price line is drawn
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(&shot).expect("png"),
+    ));
+    let mut reader = decoder.read_info().expect("png header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("png frame");
+    let px = info.color_type.samples();
+    let pixels: Vec<&[u8]> = buf[..info.buffer_size()].chunks(px).collect();
+    let inked = pixels
+        .iter()
+        .filter(|p| p[0] < 235 || p[1] < 235 || p[2] < 235)
+        .count();
+    assert!(
+        inked * 100 > pixels.len(),
+        "only {inked} of {} pixels are not white",
+        pixels.len()
+    );
+    let blue = pixels
+        .iter()
+        .filter(|p| {
+            (i32::from(p[0]) - 26).abs() < 40
+                && (i32::from(p[1]) - 115).abs() < 40
+                && (i32::from(p[2]) - 232).abs() < 30
+        })
+        .count();
+    assert!(
+        blue > 50,
+        "the price line is not on the screenshot ({blue} blue pixels)"
+    );
+    let _ = serve.kill();
+    let _ = serve.wait();
 }

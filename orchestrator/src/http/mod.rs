@@ -5,6 +5,7 @@
 //! touch the loop or the store, so a slow client cannot delay a tick.
 
 pub mod metrics;
+pub mod page;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
@@ -33,8 +34,19 @@ pub struct HttpSection {
     /// `/metrics` without a token (Prometheus scrapes); `false` asks for a viewer token.
     #[serde(default = "yes")]
     pub metrics_public: bool,
+    /// The status page at `/` without a token (a control-room screen on a closed
+    /// network); otherwise a viewer token in the header or as `/?token=...`.
+    #[serde(default)]
+    pub status_page_public: bool,
+    /// How often the status page reloads itself.
+    #[serde(default = "five")]
+    pub refresh_s: u32,
     /// Who may call the API.
     pub tokens: Vec<TokenConfig>,
+}
+
+fn five() -> u32 {
+    5
 }
 
 fn yes() -> bool {
@@ -134,6 +146,8 @@ pub struct Board {
     pub decisions_by_rule: BTreeMap<(String, String), u64>,
     /// The most recent decisions, oldest first (at most [`RECENT_DECISIONS`]).
     pub recent: VecDeque<Decision>,
+    /// The price in force now and its steps over the next 24 hours.
+    pub prices: Vec<(Timestamp, f64)>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -161,6 +175,7 @@ impl Board {
             buffer_dropped: 0,
             decisions_by_rule: BTreeMap::new(),
             recent: VecDeque::new(),
+            prices: Vec::new(),
         }
     }
 
@@ -199,6 +214,8 @@ pub struct Api {
     pub fleet: Option<Arc<Mutex<Fleet>>>,
     pub tokens: Vec<Token>,
     pub metrics_public: bool,
+    pub status_page_public: bool,
+    pub refresh_s: u32,
 }
 
 /// An answer: status, content type, body.
@@ -285,6 +302,38 @@ impl Api {
                 status: 200,
                 content_type: "text/plain; version=0.0.4; charset=utf-8",
                 body: metrics::render(&board, status.as_ref()).into_bytes(),
+                challenge: false,
+            };
+        }
+        if path == "/" && method == "GET" {
+            if !self.status_page_public {
+                let from_query = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("token="))
+                    .map(|t| format!("Bearer {t}"));
+                let auth = authorization.map(str::to_string).or(from_query);
+                match self.role(auth.as_deref()) {
+                    Some(_) => {}
+                    None => {
+                        return Reply {
+                            status: 401,
+                            content_type: "text/plain; charset=utf-8",
+                            body: b"a viewer token is required: open /?token=... or send Authorization: Bearer ...\n".to_vec(),
+                            challenge: true,
+                        }
+                    }
+                }
+            }
+            let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+            let fleet = self
+                .fleet
+                .as_ref()
+                .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
+            let status = fleet.as_ref().map(|f| f.status());
+            return Reply {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: page::render(&board, status.as_ref(), self.refresh_s).into_bytes(),
                 challenge: false,
             };
         }
@@ -503,6 +552,7 @@ pub fn openapi() -> serde_json::Value {
         "info": { "title": "powerplane", "version": "1", "description": "The controller's status, decisions and agents. Roles: viewer < operator < admin." },
         "components": { "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } } },
         "paths": {
+            "/": { "get": { "summary": "The status page (HTML; a viewer token as ?token= unless status_page_public)", "responses": { "200": { "description": "text/html" } } } },
             "/metrics": { "get": { "summary": "Prometheus metrics (public unless metrics_public = false)", "responses": { "200": { "description": "text exposition format 0.0.4" } } } },
             "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force", "viewer"),
             "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
