@@ -64,6 +64,10 @@ pub struct ControlLoop {
     /// Writes not yet committed (the store was down), oldest first.
     unsaved: Tx,
     pub counters: Counters,
+    /// Operators' overrides, applied to what is actuated (not to the engine's state).
+    overrides: Vec<crate::overrides::Override>,
+    /// What the actuator was last handed: the plan with the overrides applied.
+    actuated: State,
 }
 
 impl ControlLoop {
@@ -88,11 +92,24 @@ impl ControlLoop {
             store,
             unsaved: Tx::new(),
             counters: Counters::default(),
+            overrides: Vec::new(),
+            actuated: State::default(),
         })
     }
 
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// What is in force: the plan with the operators' overrides applied.
+    pub fn actuated(&self) -> &State {
+        &self.actuated
+    }
+
+    /// Replaces the overrides; the next tick applies them and audits those that start
+    /// or end.
+    pub fn set_overrides(&mut self, overrides: Vec<crate::overrides::Override>) {
+        self.overrides = overrides;
     }
 
     pub fn snapshot(&self) -> &Snapshot {
@@ -164,7 +181,16 @@ impl ControlLoop {
             },
             now,
         );
-        report.actuation_errors = actuator.apply(&state, now);
+        let actuated = crate::overrides::apply(&state, &self.overrides, &self.site, now);
+        let mut decisions = decisions;
+        decisions.extend(crate::overrides::decisions(
+            &self.actuated,
+            &actuated,
+            &self.overrides,
+            now,
+        ));
+        report.actuation_errors = actuator.apply(&actuated, now);
+        self.actuated = actuated;
         self.counters.actuation_errors += report.actuation_errors.len() as u64;
         for e in &report.actuation_errors {
             warn!(error = %e, "actuation failed");

@@ -4,6 +4,7 @@
 //!
 //! - [`agent`]: `powerplane agent`: GPU backends, signed leased commands, fail-safe, drift.
 //! - [`http`]: `serve`'s `/metrics` and JSON API with bearer-token roles.
+//! - [`overrides`]: operators' pins and exemptions with an expiry.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
 //! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
 //!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
@@ -25,6 +26,7 @@ pub mod demo;
 pub mod embedded;
 pub mod fleet;
 pub mod http;
+pub mod overrides;
 pub mod probe;
 pub mod registry;
 pub mod report;

@@ -529,8 +529,19 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         resolve(&base, &cfg.controller.policy).display().to_string(),
         wall_clock(),
     )));
+    let overrides = Arc::new(Mutex::new(
+        crate::overrides::Book::open(
+            cfg.http
+                .as_ref()
+                .and_then(|h| h.overrides_file.as_ref())
+                .map(|p| resolve(&base, p))
+                .as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("overrides: {e}"))?,
+    ));
     if let Some(h) = &cfg.http {
         let api = crate::http::Api {
+            overrides: overrides.clone(),
             board: board.clone(),
             fleet: fleet_handle.clone(),
             tokens: crate::http::load_tokens(h, &base)?,
@@ -562,6 +573,15 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 samples.push(Sample::new(site_id, CARBON_G_PER_KWH, c, now, "prices"));
             }
         }
+        {
+            let mut book = overrides.lock().unwrap_or_else(|p| p.into_inner());
+            if book.expire(now) {
+                if let Err(e) = book.save() {
+                    warn!(error = %e, "cannot save the overrides");
+                }
+            }
+            control.set_overrides(book.list.clone());
+        }
         let report = control.tick(now, samples, Vec::new(), actuator.as_mut());
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
@@ -580,7 +600,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         b.update(
             now,
             control.snapshot(),
-            control.state(),
+            control.actuated(),
             &control.counters,
             &report.decisions,
             buffer.dropped.load(Ordering::Relaxed),

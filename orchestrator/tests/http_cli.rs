@@ -105,10 +105,73 @@ fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
         403,
         "a viewer may not write"
     );
+    let (code, _, body) = http(port, "POST", "/api/v1/overrides", Some(operator), b"{}");
     assert_eq!(
-        http(port, "POST", "/api/v1/overrides", Some(operator), b"{}").0,
-        405,
-        "an operator passes the role check"
+        code, 400,
+        "an operator passes the role check; an empty override is refused: {body}"
+    );
+    let pin = br#"{"kind": "pin_rack_cap", "rack": "a01", "watts_per_gpu": 120, "for_s": 600, "reason": "PDU maintenance"}"#;
+    let (code, _, body) = http(port, "POST", "/api/v1/overrides", Some(operator), pin);
+    assert_eq!(code, 201, "{body}");
+    let set: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(set["by"], "sre");
+    let id = set["id"].as_str().expect("id").to_string();
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, _, body) = http(port, "GET", "/api/v1/racks", Some(viewer), b"");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        if v["racks"][0]["lowest_cap_w"].as_f64() == Some(120.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the pin never reached rack a01: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, _, body) = http(
+        port,
+        "GET",
+        "/api/v1/decisions?rule=override",
+        Some(viewer),
+        b"",
+    );
+    assert!(
+        body.contains("PDU maintenance") && body.contains("rack/a01"),
+        "audited: {body}"
+    );
+    assert_eq!(
+        http(
+            port,
+            "DELETE",
+            &format!("/api/v1/overrides/{id}"),
+            Some(viewer),
+            b""
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        http(
+            port,
+            "DELETE",
+            &format!("/api/v1/overrides/{id}"),
+            Some(operator),
+            b""
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        http(
+            port,
+            "DELETE",
+            &format!("/api/v1/overrides/{id}"),
+            Some(operator),
+            b""
+        )
+        .0,
+        404
     );
     assert_eq!(
         http(port, "GET", "/api/v1/nothing", Some(viewer), b"").0,

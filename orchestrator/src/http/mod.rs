@@ -41,6 +41,10 @@ pub struct HttpSection {
     /// How often the status page reloads itself.
     #[serde(default = "five")]
     pub refresh_s: u32,
+    /// Where operators' overrides survive restarts (JSON); without it they live in
+    /// memory only.
+    #[serde(default)]
+    pub overrides_file: Option<PathBuf>,
     /// Who may call the API.
     pub tokens: Vec<TokenConfig>,
 }
@@ -216,6 +220,7 @@ pub struct Api {
     pub metrics_public: bool,
     pub status_page_public: bool,
     pub refresh_s: u32,
+    pub overrides: Arc<Mutex<crate::overrides::Book>>,
 }
 
 /// An answer: status, content type, body.
@@ -343,6 +348,9 @@ impl Api {
         let Some(route) = path.strip_prefix("/api/v1/") else {
             return error(404, "no such path (see /api/v1/openapi.json)");
         };
+        if route == "overrides" || route.starts_with("overrides/") {
+            return self.overrides(method, route, authorization, body);
+        }
         if method != "GET" {
             // every route below reads; writing ones (overrides) need an operator
             return match need(Role::Operator) {
@@ -374,6 +382,88 @@ impl Api {
                 None => error(404, "no [agents] section: caps are observe-only"),
             },
             _ => error(404, "no such path (see /api/v1/openapi.json)"),
+        }
+    }
+}
+
+impl Api {
+    fn overrides(
+        &self,
+        method: &str,
+        route: &str,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> Reply {
+        let role = self.role(authorization);
+        let min = if method == "GET" {
+            Role::Viewer
+        } else {
+            Role::Operator
+        };
+        let who = match role {
+            None if authorization.is_none() => {
+                return error(
+                    401,
+                    "a bearer token is required (Authorization: Bearer ...)",
+                )
+            }
+            None => return error(401, "unknown token"),
+            Some((r, _)) if r < min => {
+                return error(
+                    403,
+                    &format!("this token's role may not do this (needs {min:?})").to_lowercase(),
+                )
+            }
+            Some((_, name)) => name.to_string(),
+        };
+        let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let now = crate::probe::wall_clock();
+        match (method, route.strip_prefix("overrides").unwrap_or("")) {
+            ("GET", "") => json_reply(
+                200,
+                &json!({ "overrides": book.list.iter().filter(|o| o.until > now).collect::<Vec<_>>() }),
+            ),
+            ("POST", "") => {
+                let req = match crate::overrides::Request::parse(body) {
+                    Ok(r) => r,
+                    Err(e) => return error(400, &format!("bad override: {e}")),
+                };
+                let site = self
+                    .board
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .site
+                    .clone();
+                let id = book.next_id();
+                match req.accept(&site, now, &who, id) {
+                    Ok(o) => {
+                        info!(id = %o.id, by = %who, what = ?o.what, until = %o.until, reason = %o.reason, "override set");
+                        book.list.push(o.clone());
+                        if let Err(e) = book.save() {
+                            warn!(error = %e, "cannot save the overrides; they hold until a restart");
+                        }
+                        json_reply(201, &serde_json::to_value(o).unwrap_or_default())
+                    }
+                    Err(e) => error(400, &e),
+                }
+            }
+            ("DELETE", id) if id.starts_with('/') => {
+                let id = &id[1..];
+                let n = book.list.len();
+                book.list.retain(|o| o.id != id);
+                if book.list.len() == n {
+                    return error(404, &format!("no override {id:?}"));
+                }
+                info!(id, by = %who, "override removed");
+                if let Err(e) = book.save() {
+                    warn!(error = %e, "cannot save the overrides");
+                }
+                json_reply(200, &json!({ "removed": id }))
+            }
+            _ => error(
+                405,
+                "GET or POST /api/v1/overrides, DELETE /api/v1/overrides/{id}",
+            ),
         }
     }
 }
@@ -559,6 +649,23 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
             "/api/v1/decisions": decisions,
+            "/api/v1/overrides": {
+                "get": { "summary": "Overrides in force", "description": "Needs a viewer token.", "security": [{ "bearer": [] }], "responses": { "200": { "description": "OK" } } },
+                "post": {
+                    "summary": "Set an override with an expiry: pin a rack's GPUs at a cap, or exempt a job from holds",
+                    "description": "Needs an operator token. Body: {\"kind\": \"pin_rack_cap\", \"rack\": \"a01\", \"watts_per_gpu\": 200, \"for_s\": 3600, \"reason\": \"...\"} or {\"kind\": \"exempt_job\", \"job\": \"slurm:1234\", \"for_s\": 3600}. A pin never raises a lower cap of the policy.",
+                    "security": [{ "bearer": [] }],
+                    "requestBody": { "required": true, "content": { "application/json": {} } },
+                    "responses": { "201": { "description": "set" }, "400": { "description": "invalid, with the reason" }, "403": { "description": "not an operator" } }
+                }
+            },
+            "/api/v1/overrides/{id}": {
+                "delete": {
+                    "summary": "Remove an override", "description": "Needs an operator token.", "security": [{ "bearer": [] }],
+                    "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "removed" }, "404": { "description": "no such override" } }
+                }
+            },
             "/api/v1/agents": get("The agents: desired, sent, acknowledged and enforced state per GPU; agent health per node", "viewer"),
             "/api/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OK" } } } }
         }

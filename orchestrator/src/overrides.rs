@@ -1,0 +1,446 @@
+//! Manual overrides an operator sets through the API, each with an expiry: pin a
+//! rack's GPUs at a cap, or exempt a job from holds. They act on what is actuated, not
+//! on the engine's memory, so the policy's own state never learns them and nothing
+//! flaps when they end. The most protective cap still wins: a pin never raises a cap
+//! the policy set lower, and it is clamped into each GPU's constraints.
+
+use std::path::{Path, PathBuf};
+
+use policies::plan::Cap;
+use policies::State;
+use serde::{Deserialize, Serialize};
+use telemetry::{Site, Timestamp};
+
+/// What an override does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum What {
+    /// Cap every GPU of the rack at `watts_per_gpu` (or lower, if the policy says so).
+    PinRackCap { rack: String, watts_per_gpu: f64 },
+    /// Never hold this job.
+    ExemptJob { job: String },
+}
+
+/// One override in force.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Override {
+    pub id: String,
+    #[serde(flatten)]
+    pub what: What,
+    pub until: Timestamp,
+    pub set_at: Timestamp,
+    /// The name of the token that set it.
+    pub by: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// A request to set one.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Request {
+    #[serde(flatten)]
+    pub what: What,
+    /// How long it lasts (at most 7 days).
+    pub for_s: f64,
+    #[serde(default)]
+    pub reason: String,
+}
+
+pub const MAX_FOR_S: f64 = 7.0 * 86_400.0;
+
+impl Request {
+    /// Parses a request body; a member it does not know is an error (a typo must not
+    /// silently set something else).
+    pub fn parse(body: &[u8]) -> Result<Request, String> {
+        let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let known = ["kind", "rack", "watts_per_gpu", "job", "for_s", "reason"];
+        if let Some(bad) = v
+            .as_object()
+            .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())))
+        {
+            return Err(format!(
+                "unknown field `{bad}` (known: {})",
+                known.join(", ")
+            ));
+        }
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+}
+
+impl Request {
+    /// Checks a request against the site; the override it makes.
+    pub fn accept(
+        self,
+        site: &Site,
+        now: Timestamp,
+        by: &str,
+        id: String,
+    ) -> Result<Override, String> {
+        if !(self.for_s.is_finite() && self.for_s > 0.0 && self.for_s <= MAX_FOR_S) {
+            return Err(format!(
+                "for_s must be within 0 < for_s <= {MAX_FOR_S} (7 days), got {}",
+                self.for_s
+            ));
+        }
+        match &self.what {
+            What::PinRackCap {
+                rack,
+                watts_per_gpu,
+            } => {
+                if site.rack(rack).is_none() {
+                    return Err(format!("no rack {rack:?} in the site"));
+                }
+                if !(watts_per_gpu.is_finite() && *watts_per_gpu > 0.0) {
+                    return Err(format!(
+                        "watts_per_gpu must be above 0, got {watts_per_gpu}"
+                    ));
+                }
+            }
+            What::ExemptJob { job } => {
+                if job.trim().is_empty() {
+                    return Err("job must name a job (e.g. slurm:1234)".into());
+                }
+            }
+        }
+        Ok(Override {
+            id,
+            what: self.what,
+            until: now.plus_secs(self.for_s),
+            set_at: now,
+            by: by.to_string(),
+            reason: self.reason,
+        })
+    }
+}
+
+/// What is actuated: the plan's state with the overrides in force at `now` applied.
+pub fn apply(plan: &State, overrides: &[Override], site: &Site, now: Timestamp) -> State {
+    let mut out = plan.clone();
+    for o in overrides.iter().filter(|o| o.until > now) {
+        match &o.what {
+            What::PinRackCap {
+                rack,
+                watts_per_gpu,
+            } => {
+                for g in site.gpus().into_iter().filter(|g| &g.rack.id == rack) {
+                    let w = g.model.clamp_limit(*watts_per_gpu);
+                    let lower = out.caps.get(&g.id).is_none_or(|c| c.watts > w);
+                    if lower {
+                        out.caps.insert(
+                            g.id.clone(),
+                            Cap {
+                                watts: w,
+                                rule: format!("override.{}", o.id),
+                                since: o.set_at,
+                                lease_until: o.until,
+                            },
+                        );
+                    }
+                }
+            }
+            What::ExemptJob { job } => {
+                out.holds.remove(job);
+            }
+        }
+    }
+    out
+}
+
+/// Audit records for the override caps and exemptions that start or end between two
+/// actuated states.
+pub fn decisions(
+    before: &State,
+    after: &State,
+    overrides: &[Override],
+    now: Timestamp,
+) -> Vec<policies::Decision> {
+    use policies::plan::{Action, Target};
+    use std::collections::BTreeMap;
+    let mut out = Vec::new();
+    let ov = |c: Option<&Cap>| {
+        c.filter(|c| c.rule.starts_with("override."))
+            .map(|c| (c.rule.clone(), c.watts.to_bits()))
+    };
+    // GPUs whose override cap started, per (rule, watts); and those whose ended
+    let mut started: BTreeMap<(String, u64), Vec<telemetry::EntityId>> = BTreeMap::new();
+    let mut ended: BTreeMap<String, Vec<telemetry::EntityId>> = BTreeMap::new();
+    for (g, c) in &after.caps {
+        if let Some(k) = ov(Some(c)) {
+            if ov(before.caps.get(g)) != Some(k.clone()) {
+                started.entry(k).or_default().push(g.clone());
+            }
+        }
+    }
+    for (g, c) in &before.caps {
+        if let Some((rule, _)) = ov(Some(c)) {
+            if ov(after.caps.get(g)).is_none_or(|(r, _)| r != rule) {
+                ended.entry(rule).or_default().push(g.clone());
+            }
+        }
+    }
+    let find = |rule: &str| {
+        overrides
+            .iter()
+            .find(|o| format!("override.{}", o.id) == rule)
+    };
+    let entity = |o: Option<&Override>| match o.map(|o| &o.what) {
+        Some(What::PinRackCap { rack, .. }) => {
+            telemetry::EntityId::new(telemetry::EntityKind::Rack, rack.clone())
+        }
+        _ => telemetry::EntityId::new(telemetry::EntityKind::Site, "override"),
+    };
+    for ((rule, bits), gpus) in started {
+        let o = find(&rule);
+        out.push(policies::Decision {
+            time: now,
+            rule: rule.clone(),
+            target: Target::Gpus {
+                entity: entity(o),
+                gpus,
+            },
+            action: Action::Cap {
+                watts: f64::from_bits(bits),
+            },
+            values: BTreeMap::new(),
+            reason: o.map_or("override".into(), |o| {
+                format!("pinned by {} until {}: {}", o.by, o.until, o.reason)
+            }),
+            observe_only: false,
+        });
+    }
+    for (rule, gpus) in ended {
+        out.push(policies::Decision {
+            time: now,
+            rule: rule.clone(),
+            target: Target::Gpus {
+                entity: entity(find(&rule)),
+                gpus,
+            },
+            action: Action::Uncap,
+            values: BTreeMap::new(),
+            reason: "the override ended or was removed; the policy's caps apply".into(),
+            observe_only: false,
+        });
+    }
+    for job in before.holds.keys().filter(|j| {
+        !after.holds.contains_key(*j)
+            && overrides
+                .iter()
+                .any(|o| matches!(&o.what, What::ExemptJob { job: x } if x == *j))
+    }) {
+        out.push(policies::Decision {
+            time: now,
+            rule: "override.exempt".into(),
+            target: Target::Job { job: job.clone() },
+            action: Action::Release,
+            values: BTreeMap::new(),
+            reason: "exempted from holds by an operator".into(),
+            observe_only: false,
+        });
+    }
+    out
+}
+
+/// Overrides kept in a JSON file, so that a restart keeps them.
+#[derive(Debug)]
+pub struct Book {
+    path: Option<PathBuf>,
+    pub list: Vec<Override>,
+    next: u64,
+}
+
+impl Book {
+    /// Loads the file (missing: empty).
+    pub fn open(path: Option<&Path>) -> Result<Book, String> {
+        let list: Vec<Override> = match path {
+            Some(p) => match std::fs::read(p) {
+                Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(format!("{}: {e}", p.display())),
+            },
+            None => Vec::new(),
+        };
+        let next = list
+            .iter()
+            .filter_map(|o| o.id.strip_prefix("o")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        Ok(Book {
+            path: path.map(Path::to_path_buf),
+            list,
+            next,
+        })
+    }
+
+    pub fn next_id(&mut self) -> String {
+        self.next += 1;
+        format!("o{}", self.next)
+    }
+
+    /// Drops the expired ones; true when something changed.
+    pub fn expire(&mut self, now: Timestamp) -> bool {
+        let n = self.list.len();
+        self.list.retain(|o| o.until > now);
+        n != self.list.len()
+    }
+
+    pub fn save(&self) -> Result<(), String> {
+        let Some(p) = &self.path else { return Ok(()) };
+        let tmp = p.with_extension("tmp");
+        let bytes = serde_json::to_vec_pretty(&self.list).map_err(|e| e.to_string())?;
+        std::fs::write(&tmp, bytes)
+            .and_then(|_| std::fs::rename(&tmp, p))
+            .map_err(|e| format!("{}: {e}", p.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policies::plan::Hold;
+
+    const SITE: &str = "version = 1\n[site]\nname = \"t\"\n[[feeds]]\nid = \"f\"\nrating_kw = 30\n[[cooling]]\nid = \"c\"\ncapacity_kw = 30\nracks = [\"r1\", \"r2\"]\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"w\"\nroom = \"h\"\n[[racks]]\nid = \"r1\"\nrow = \"w\"\npower_budget_kw = 10\nnodes = 1\ngpus_per_node = 2\ngpu_model = \"A40\"\n[[racks]]\nid = \"r2\"\nrow = \"w\"\npower_budget_kw = 10\nnodes = 1\ngpus_per_node = 2\ngpu_model = \"A40\"\n";
+
+    fn t(s: f64) -> Timestamp {
+        Timestamp::from_secs(1_790_000_000).plus_secs(s)
+    }
+
+    #[test]
+    fn a_pin_caps_the_rack_never_raises_a_lower_cap_and_ends_on_time() {
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let g = site.gpus();
+        let mut plan = State::default();
+        plan.caps.insert(
+            g[0].id.clone(),
+            Cap {
+                watts: 150.0,
+                rule: "budget.rack".into(),
+                since: t(0.0),
+                lease_until: t(60.0),
+            },
+        );
+        let pin = Request {
+            what: What::PinRackCap {
+                rack: "r1".into(),
+                watts_per_gpu: 200.0,
+            },
+            for_s: 600.0,
+            reason: "PDU work".into(),
+        }
+        .accept(&site, t(0.0), "sre", "o1".into())
+        .expect("valid");
+        let s = apply(&plan, std::slice::from_ref(&pin), &site, t(10.0));
+        assert_eq!(s.caps[&g[0].id].watts, 150.0, "the policy's lower cap wins");
+        assert_eq!(s.caps[&g[1].id].watts, 200.0);
+        assert_eq!(s.caps[&g[1].id].rule, "override.o1");
+        assert!(!s.caps.contains_key(&g[2].id), "other racks untouched");
+        assert_eq!(
+            apply(&plan, &[pin.clone()], &site, t(601.0)),
+            plan,
+            "expired: no effect"
+        );
+        // clamped into the GPU's constraints
+        let low = Request {
+            what: What::PinRackCap {
+                rack: "r2".into(),
+                watts_per_gpu: 10.0,
+            },
+            for_s: 60.0,
+            reason: String::new(),
+        }
+        .accept(&site, t(0.0), "sre", "o2".into())
+        .expect("valid");
+        assert_eq!(
+            apply(&plan, &[low], &site, t(1.0)).caps[&g[2].id].watts,
+            100.0
+        );
+    }
+
+    #[test]
+    fn an_exempt_job_is_released_and_bad_requests_say_why() {
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let mut plan = State::default();
+        plan.holds.insert(
+            "slurm:7".into(),
+            Hold {
+                rule: "price".into(),
+                since: t(0.0),
+                lease_until: t(600.0),
+                reason: "expensive".into(),
+            },
+        );
+        let ex = Request {
+            what: What::ExemptJob {
+                job: "slurm:7".into(),
+            },
+            for_s: 60.0,
+            reason: String::new(),
+        }
+        .accept(&site, t(0.0), "sre", "o1".into())
+        .expect("valid");
+        assert!(apply(&plan, &[ex], &site, t(1.0)).holds.is_empty());
+        for (r, says) in [
+            (
+                Request {
+                    what: What::PinRackCap {
+                        rack: "zz".into(),
+                        watts_per_gpu: 200.0,
+                    },
+                    for_s: 60.0,
+                    reason: String::new(),
+                },
+                "no rack",
+            ),
+            (
+                Request {
+                    what: What::PinRackCap {
+                        rack: "r1".into(),
+                        watts_per_gpu: -1.0,
+                    },
+                    for_s: 60.0,
+                    reason: String::new(),
+                },
+                "above 0",
+            ),
+            (
+                Request {
+                    what: What::ExemptJob { job: "x".into() },
+                    for_s: 1e9,
+                    reason: String::new(),
+                },
+                "7 days",
+            ),
+        ] {
+            let e = r
+                .accept(&site, t(0.0), "sre", "o".into())
+                .expect_err("refused");
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_book_survives_a_restart_and_ids_keep_counting() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("overrides.json");
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let mut b = Book::open(Some(&p)).expect("open");
+        let id = b.next_id();
+        b.list.push(
+            Request {
+                what: What::ExemptJob {
+                    job: "slurm:1".into(),
+                },
+                for_s: 60.0,
+                reason: String::new(),
+            }
+            .accept(&site, t(0.0), "sre", id)
+            .expect("ok"),
+        );
+        b.save().expect("save");
+        let mut again = Book::open(Some(&p)).expect("reopen");
+        assert_eq!(again.list.len(), 1);
+        assert_eq!(again.next_id(), "o2");
+        assert!(again.expire(t(61.0)));
+        assert!(again.list.is_empty());
+    }
+}
