@@ -335,7 +335,7 @@ mod tests {
         assert_eq!(s.caps[&g[1].id].rule, "override.o1");
         assert!(!s.caps.contains_key(&g[2].id), "other racks untouched");
         assert_eq!(
-            apply(&plan, &[pin.clone()], &site, t(601.0)),
+            apply(&plan, std::slice::from_ref(&pin), &site, t(601.0)),
             plan,
             "expired: no effect"
         );
