@@ -166,3 +166,132 @@ impl Accountant {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use telemetry::{JobState, Sample};
+
+    const SITE: &str = "version = 1\n[site]\nname = \"t\"\n[[feeds]]\nid = \"f\"\nrating_kw = 30\n[[cooling]]\nid = \"c\"\ncapacity_kw = 30\nracks = [\"r1\"]\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"w\"\nroom = \"h\"\n[[racks]]\nid = \"r1\"\nrow = \"w\"\npower_budget_kw = 10\nnodes = 1\ngpus_per_node = 2\ngpu_model = \"A40\"\n";
+
+    fn t(s: f64) -> Timestamp {
+        Timestamp::from_secs(1_790_000_000).plus_secs(s)
+    }
+
+    fn job(site: &Site) -> Job {
+        Job {
+            id: "slurm:1".into(),
+            scheduler: "slurm".into(),
+            name: "train".into(),
+            user: "ana".into(),
+            project: "climate".into(),
+            class: "training".into(),
+            priority: 0,
+            gpus: 1,
+            allocated: vec![site.gpus()[0].id.clone()],
+            state: JobState::Running,
+            submit_time: t(0.0),
+            start_time: Some(t(0.0)),
+            end_time: None,
+            deadline: None,
+            est_duration_s: 3600.0,
+            deferrable: false,
+            preemptible: false,
+        }
+    }
+
+    /// GPU 0 at 200 W with a counter, GPU 1 at 100 W without one, the rack at 400 W,
+    /// cooling at 50 W, and the price given.
+    fn feed(s: &mut Snapshot, site: &Site, now: Timestamp, counter_j: f64, price: f64) {
+        let g = site.gpus();
+        for (e, m, v) in [
+            (g[0].id.clone(), POWER_W, 200.0),
+            (g[0].id.clone(), ENERGY_J, counter_j),
+            (g[1].id.clone(), POWER_W, 100.0),
+            (EntityId::rack("r1"), POWER_W, 400.0),
+            (
+                EntityId::new(EntityKind::Cooling, "c"),
+                COOLING_POWER_W,
+                50.0,
+            ),
+            (site.site_entity(), PRICE_PER_KWH, price),
+        ] {
+            s.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("sample");
+        }
+    }
+
+    #[test]
+    fn energy_is_conserved_and_priced_at_the_price_in_force_when_it_changes() {
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let jobs = vec![job(&site)];
+        let mut a = Accountant::new(3600.0);
+        let mut s = Snapshot::new();
+        let mut out = Vec::new();
+        // 60 s ticks over 20 minutes; the price doubles after 10 minutes
+        for i in 0..=20 {
+            let now = t(f64::from(i) * 60.0);
+            let price = if i <= 10 { 0.1 } else { 0.2 };
+            feed(&mut s, &site, now, 200.0 * 60.0 * f64::from(i), price);
+            out.extend(a.record(&site, &s, &jobs, now));
+        }
+        out.extend(a.flush(t(1200.0)));
+        let kwh = |acct: &Account| {
+            out.iter()
+                .filter(|e| &e.account == acct)
+                .map(|e| e.energy_kwh)
+                .sum::<f64>()
+        };
+        let total: f64 = out.iter().map(|e| e.energy_kwh).sum();
+        // measured: rack 400 W + cooling 50 W for 1200 s
+        assert!((total - 450.0 * 1200.0 / J_PER_KWH).abs() < 1e-9, "{total}");
+        let job_acct = Account::Job {
+            job: "slurm:1".into(),
+            project: "climate".into(),
+            user: "ana".into(),
+        };
+        // the job: its GPU's 200 W plus half of the rack's other 100 W
+        assert!((kwh(&job_acct) - 250.0 * 1200.0 / J_PER_KWH).abs() < 1e-9);
+        assert!((kwh(&Account::Idle) - 150.0 * 1200.0 / J_PER_KWH).abs() < 1e-9);
+        assert!((kwh(&Account::Overhead) - 50.0 * 1200.0 / J_PER_KWH).abs() < 1e-9);
+        // half the time at 0.1, half at 0.2 (each interval charged at the price at its end)
+        let cost: f64 = out
+            .iter()
+            .filter(|e| e.account == job_acct)
+            .map(|e| e.cost)
+            .sum();
+        let per_min = 250.0 * 60.0 / J_PER_KWH;
+        assert!(
+            (cost - (per_min * 10.0 * 0.1 + per_min * 10.0 * 0.2)).abs() < 1e-9,
+            "{cost}"
+        );
+    }
+
+    #[test]
+    fn a_counter_that_goes_backwards_is_a_reset_and_that_interval_uses_power() {
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let jobs = vec![job(&site)];
+        let mut a = Accountant::new(3600.0);
+        let mut s = Snapshot::new();
+        let mut out = Vec::new();
+        let counters = [1e6, 1e6 + 12_000.0, 500.0, 500.0 + 12_000.0];
+        for (i, c) in counters.iter().enumerate() {
+            let now = t(60.0 * i as f64);
+            feed(&mut s, &site, now, *c, 0.1);
+            out.extend(a.record(&site, &s, &jobs, now));
+        }
+        out.extend(a.flush(t(180.0)));
+        assert_eq!(a.counter_resets, 1);
+        let gpu_j: f64 = out
+            .iter()
+            .filter(|e| matches!(e.account, Account::Job { .. }))
+            .map(|e| e.energy_kwh * J_PER_KWH)
+            .sum();
+        // three intervals of 12 kJ each (counter, power × time across the reset, counter),
+        // plus the job's share of the rack's other power
+        assert!(
+            (gpu_j - 3.0 * (12_000.0 + 50.0 * 60.0)).abs() < 1e-6,
+            "{gpu_j}"
+        );
+    }
+}

@@ -16,6 +16,7 @@
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
 //! - [`probe`]: `powerplane telemetry probe`, what the sources deliver, as a table or JSON.
+//! - [`energy_report`]: `powerplane report`: the ledger grouped, as table, CSV, JSON or HTML.
 //! - [`report`]: the demo's HTML and CSV reports.
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,7 @@ pub mod agent;
 pub mod control;
 pub mod demo;
 pub mod embedded;
+pub mod energy_report;
 pub mod fleet;
 pub mod http;
 pub mod overrides;

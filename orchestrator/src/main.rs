@@ -100,6 +100,34 @@ enum Command {
         #[command(subcommand)]
         command: SiteCommand,
     },
+    /// Energy, cost, carbon, peak power, time capped and time held from the ledger and
+    /// the audit log, grouped.
+    Report {
+        /// The controller's config (its site and store).
+        #[arg(long, conflicts_with_all = ["site", "store"])]
+        config: Option<PathBuf>,
+        /// A site file, with --store (e.g. a demo's output).
+        #[arg(long, requires = "store")]
+        site: Option<PathBuf>,
+        /// An embedded store file (state.redb), with --site.
+        #[arg(long, requires = "site")]
+        store: Option<PathBuf>,
+        /// Start of the period (RFC 3339; default: the first ledger entry).
+        #[arg(long)]
+        from: Option<String>,
+        /// End of the period, exclusive (RFC 3339; default: after the last entry).
+        #[arg(long)]
+        to: Option<String>,
+        /// job, project, user, rack or day (in the site's time zone).
+        #[arg(long, default_value = "project")]
+        group_by: String,
+        /// table, csv, json or html.
+        #[arg(long, default_value = "table")]
+        format: String,
+        /// Write here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// See what the telemetry sources deliver.
     Telemetry {
         #[command(subcommand)]
@@ -277,6 +305,16 @@ fn main() -> ExitCode {
             seed,
             ..
         } => agent(config, once, json, &backend, gpus, &gpu_model, node, seed),
+        Command::Report {
+            config,
+            site,
+            store,
+            from,
+            to,
+            group_by,
+            format,
+            out,
+        } => energy_report(config, site, store, from, to, &group_by, &format, out),
         Command::Telemetry {
             command: TelemetryCommand::Probe(opts),
         } => probe(opts),
@@ -433,6 +471,107 @@ fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
         json: o.json,
     };
     finish_probe(args, o.json)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn energy_report(
+    config: Option<PathBuf>,
+    site: Option<PathBuf>,
+    store: Option<PathBuf>,
+    from: Option<String>,
+    to: Option<String>,
+    group_by: &str,
+    format: &str,
+    out: Option<PathBuf>,
+) -> Result<ExitCode> {
+    use orchestrator::energy_report::{build, GroupBy};
+    let by: GroupBy = group_by.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    anyhow::ensure!(
+        ["table", "csv", "json", "html"].contains(&format),
+        "--format {format:?}: use table, csv, json or html"
+    );
+    let (site, mut store) = match (config, site, store) {
+        (Some(c), _, _) => orchestrator::serve::open_for_report(&c)?,
+        (None, Some(site), Some(store)) => {
+            let text = std::fs::read_to_string(&site)
+                .with_context(|| format!("cannot read {}", site.display()))?;
+            let site = Site::parse(&site.display().to_string(), &text)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            anyhow::ensure!(store.exists(), "no store at {}", store.display());
+            let backend = orchestrator::embedded::EmbeddedBackend::open(&store)?;
+            (site, integrations::store::Store::new(Box::new(backend)))
+        }
+        _ => anyhow::bail!(
+            "say where the ledger is: --config powerplane.toml, or --site FILE --store state.redb"
+        ),
+    };
+    let mut ledger = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.ledger(next, 10_000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        ledger.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
+    let mut audit = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.audit(next, 10_000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        audit.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
+    let parse = |s: &str| {
+        Timestamp::parse_rfc3339(s)
+            .map_err(|e| anyhow::anyhow!("{s:?}: {e} (use RFC 3339, e.g. 2026-11-01T00:00:00Z)"))
+    };
+    let from = match from {
+        Some(f) => parse(&f)?,
+        None => ledger.iter().map(|e| e.start).min().unwrap_or_default(),
+    };
+    let to = match to {
+        Some(t) => parse(&t)?,
+        None => ledger
+            .iter()
+            .map(|e| e.end)
+            .max()
+            .unwrap_or_default()
+            .plus_secs(0.001),
+    };
+    anyhow::ensure!(from < to, "--from must be before --to");
+    let gpu_racks = site
+        .gpus()
+        .iter()
+        .map(|g| (g.id.to_string(), g.rack.id.clone()))
+        .collect();
+    let mut r = build(
+        &gpu_racks,
+        &ledger,
+        &audit,
+        by,
+        site.timezone,
+        &site.currency,
+        from,
+        to,
+    );
+    r.site = site.name.clone();
+    let text = match format {
+        "csv" => r.csv(),
+        "json" => r.json(),
+        "html" => r.html(&site.name),
+        _ => r.table(),
+    };
+    match out {
+        Some(p) => {
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_agent(config: &Path, dry_run: bool, run_for_s: Option<f64>) -> Result<ExitCode> {

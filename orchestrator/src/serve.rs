@@ -356,6 +356,14 @@ impl Actuator for AgentActuator {
     }
 }
 
+/// The site and the store a config names, for `powerplane report`.
+pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
+    let loaded = load(config_path)?;
+    let base = config_path.parent().unwrap_or(Path::new("."));
+    let store = open_store(&loaded.config.store, base)?;
+    Ok((loaded.site, store))
+}
+
 fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
     Ok(match cfg {
         StoreConfig::Memoryless => anyhow::bail!(

@@ -1,0 +1,485 @@
+//! `powerplane report`: the energy ledger and the audit log of a period, grouped by
+//! job, project, user, rack or day (in the site's time zone), as a table, CSV, JSON or
+//! one self-contained HTML page.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use chrono_tz::Tz;
+use integrations::store::{Account, LedgerEntry};
+use policies::plan::{Action, Target};
+use policies::Decision;
+use serde::Serialize;
+use telemetry::Timestamp;
+
+use crate::report::{self, csv_field, escape, Chart, Line};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupBy {
+    Job,
+    Project,
+    User,
+    Rack,
+    Day,
+}
+
+impl std::str::FromStr for GroupBy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "job" => GroupBy::Job,
+            "project" => GroupBy::Project,
+            "user" => GroupBy::User,
+            "rack" => GroupBy::Rack,
+            "day" => GroupBy::Day,
+            o => {
+                return Err(format!(
+                    "--group-by {o:?}: use job, project, user, rack or day"
+                ))
+            }
+        })
+    }
+}
+
+/// One group's figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Row {
+    pub key: String,
+    pub energy_kwh: f64,
+    pub cost: f64,
+    pub carbon_kg: f64,
+    /// The highest average power over one ledger interval.
+    pub peak_kw: f64,
+    /// GPU-hours under a cap (racks, and the whole period in the total).
+    pub capped_gpu_hours: Option<f64>,
+    /// Hours held by powerplane (jobs, and summed over their jobs for projects/users).
+    pub held_hours: Option<f64>,
+    /// Saving against running without a policy: estimated by the backtest, not here.
+    pub saving_cost: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EnergyReport {
+    pub site: String,
+    pub from: Timestamp,
+    pub to: Timestamp,
+    pub group_by: String,
+    pub currency: String,
+    pub rows: Vec<Row>,
+    pub total: Row,
+    /// Ledger intervals over time: (start, end, kWh, cost) of the whole facility.
+    #[serde(skip)]
+    pub intervals: Vec<(Timestamp, Timestamp, f64, f64)>,
+    /// GPUs capped over time, from the audit log: (time, capped GPUs).
+    #[serde(skip)]
+    pub capped_over_time: Vec<(Timestamp, usize)>,
+}
+
+fn key_of(e: &LedgerEntry, by: GroupBy, tz: Tz) -> String {
+    let acct = |f: &dyn Fn(&str, &str, &str) -> String| match &e.account {
+        Account::Job { job, project, user } => f(job, project, user),
+        Account::Idle => "(idle)".to_string(),
+        Account::Overhead => "(overhead)".to_string(),
+    };
+    match by {
+        GroupBy::Job => acct(&|j, _, _| j.to_string()),
+        GroupBy::Project => acct(&|_, p, _| p.to_string()),
+        GroupBy::User => acct(&|_, _, u| u.to_string()),
+        GroupBy::Rack => e.rack.clone().unwrap_or_else(|| "(facility)".into()),
+        GroupBy::Day => e
+            .start
+            .to_datetime()
+            .with_timezone(&tz)
+            .format("%Y-%m-%d")
+            .to_string(),
+    }
+}
+
+/// Seconds between a start and an end decision per target, from the audit log, clipped
+/// to the period. `start`/`end` say which actions open and close.
+fn spans(
+    audit: &[Decision],
+    from: Timestamp,
+    to: Timestamp,
+    open: fn(&Action) -> bool,
+    close: fn(&Action) -> bool,
+    key: impl Fn(&Target) -> Vec<String>,
+) -> BTreeMap<String, f64> {
+    let mut since: BTreeMap<String, Timestamp> = BTreeMap::new();
+    let mut total: BTreeMap<String, f64> = BTreeMap::new();
+    for d in audit.iter().filter(|d| !d.observe_only) {
+        for k in key(&d.target) {
+            if open(&d.action) {
+                since.entry(k).or_insert(d.time);
+            } else if close(&d.action) {
+                if let Some(s) = since.remove(&k) {
+                    let (a, b) = (s.max(from), d.time.min(to));
+                    *total.entry(k).or_default() += b.secs_since(a).max(0.0);
+                }
+            }
+        }
+    }
+    for (k, s) in since {
+        let a = s.max(from);
+        *total.entry(k).or_default() += to.secs_since(a).max(0.0);
+    }
+    total
+}
+
+/// Builds the report of `[from, to)` from the ledger and the audit log. `gpu_racks`
+/// names the rack of each GPU (`gpu/a01-n01:0` → `a01`).
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    gpu_racks: &BTreeMap<String, String>,
+    ledger: &[LedgerEntry],
+    audit: &[Decision],
+    by: GroupBy,
+    tz: Tz,
+    currency: &str,
+    from: Timestamp,
+    to: Timestamp,
+) -> EnergyReport {
+    let entries: Vec<&LedgerEntry> = ledger
+        .iter()
+        .filter(|e| e.start >= from && e.start < to)
+        .collect();
+    // per group, per interval: kWh (for the peak)
+    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+    let mut per_interval: BTreeMap<(String, Timestamp, Timestamp), f64> = BTreeMap::new();
+    let mut facility: BTreeMap<(Timestamp, Timestamp), (f64, f64)> = BTreeMap::new();
+    let mut job_groups: BTreeMap<String, String> = BTreeMap::new();
+    for e in &entries {
+        let k = key_of(e, by, tz);
+        let r = rows.entry(k.clone()).or_insert_with(|| Row {
+            key: k.clone(),
+            ..Row::default()
+        });
+        r.energy_kwh += e.energy_kwh;
+        r.cost += e.cost;
+        r.carbon_kg += e.carbon_kg;
+        *per_interval.entry((k.clone(), e.start, e.end)).or_default() += e.energy_kwh;
+        let f = facility.entry((e.start, e.end)).or_default();
+        f.0 += e.energy_kwh;
+        f.1 += e.cost;
+        if let Account::Job { job, .. } = &e.account {
+            job_groups.insert(job.clone(), k);
+        }
+    }
+    for ((k, s, e), kwh) in per_interval {
+        let h = e.secs_since(s) / 3600.0;
+        if h > 0.0 {
+            if let Some(r) = rows.get_mut(&k) {
+                r.peak_kw = r.peak_kw.max(kwh / h);
+            }
+        }
+    }
+    // held time per job, from hold/release decisions
+    let held = spans(
+        audit,
+        from,
+        to,
+        |a| matches!(a, Action::Hold { .. }),
+        |a| matches!(a, Action::Release),
+        |t| match t {
+            Target::Job { job } => vec![job.clone()],
+            _ => Vec::new(),
+        },
+    );
+    // capped time per GPU, from cap/uncap decisions
+    let capped = spans(
+        audit,
+        from,
+        to,
+        |a| matches!(a, Action::Cap { .. }),
+        |a| matches!(a, Action::Uncap),
+        |t| match t {
+            Target::Gpus { gpus, .. } => gpus.iter().map(|g| g.to_string()).collect(),
+            _ => Vec::new(),
+        },
+    );
+    let rack_of = |gpu: &str| gpu_racks.get(gpu).cloned();
+    match by {
+        GroupBy::Job | GroupBy::Project | GroupBy::User => {
+            for (job, s) in &held {
+                let k = match by {
+                    GroupBy::Job => Some(job.clone()),
+                    _ => job_groups.get(job).cloned(),
+                };
+                if let Some(r) = k.and_then(|k| rows.get_mut(&k)) {
+                    *r.held_hours.get_or_insert(0.0) += s / 3600.0;
+                }
+            }
+        }
+        GroupBy::Rack => {
+            for (gpu, s) in &capped {
+                if let Some(r) = rack_of(gpu).and_then(|k| rows.get_mut(&k)) {
+                    *r.capped_gpu_hours.get_or_insert(0.0) += s / 3600.0;
+                }
+            }
+        }
+        GroupBy::Day => {}
+    }
+    let mut total = Row {
+        key: "total".into(),
+        ..Row::default()
+    };
+    for r in rows.values() {
+        total.energy_kwh += r.energy_kwh;
+        total.cost += r.cost;
+        total.carbon_kg += r.carbon_kg;
+    }
+    for ((s, e), (kwh, _)) in &facility {
+        let h = e.secs_since(*s) / 3600.0;
+        if h > 0.0 {
+            total.peak_kw = total.peak_kw.max(kwh / h);
+        }
+    }
+    total.capped_gpu_hours = Some(capped.values().sum::<f64>() / 3600.0);
+    total.held_hours = Some(held.values().sum::<f64>() / 3600.0);
+    // GPUs capped over time, replaying the audit log
+    let mut now_capped: std::collections::BTreeSet<String> = Default::default();
+    let mut capped_over_time = Vec::new();
+    for d in audit.iter().filter(|d| !d.observe_only && d.time < to) {
+        if let Target::Gpus { gpus, .. } = &d.target {
+            match d.action {
+                Action::Cap { .. } => now_capped.extend(gpus.iter().map(|g| g.to_string())),
+                Action::Uncap => {
+                    for g in gpus {
+                        now_capped.remove(&g.to_string());
+                    }
+                }
+                _ => continue,
+            }
+            if d.time >= from {
+                capped_over_time.push((d.time, now_capped.len()));
+            }
+        }
+    }
+    let mut rows: Vec<Row> = rows.into_values().collect();
+    rows.sort_by(|a, b| {
+        b.energy_kwh
+            .total_cmp(&a.energy_kwh)
+            .then(a.key.cmp(&b.key))
+    });
+    if by == GroupBy::Day {
+        rows.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+    EnergyReport {
+        site: String::new(),
+        from,
+        to,
+        group_by: format!("{by:?}").to_lowercase(),
+        currency: currency.to_string(),
+        rows,
+        total,
+        intervals: facility
+            .into_iter()
+            .map(|((s, e), (k, c))| (s, e, k, c))
+            .collect(),
+        capped_over_time,
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or(String::new(), |v| format!("{v:.3}"))
+}
+
+impl EnergyReport {
+    pub const CSV_HEADER: &'static str =
+        "group,energy_kwh,cost,carbon_kg,peak_kw,capped_gpu_hours,held_hours,saving_cost";
+
+    pub fn csv(&self) -> String {
+        let mut s = format!("{}\n", Self::CSV_HEADER);
+        for r in self.rows.iter().chain(std::iter::once(&self.total)) {
+            let _ = writeln!(
+                s,
+                "{},{:.6},{:.6},{:.6},{:.3},{},{},{}",
+                csv_field(&r.key),
+                r.energy_kwh,
+                r.cost,
+                r.carbon_kg,
+                r.peak_kw,
+                opt(r.capped_gpu_hours),
+                opt(r.held_hours),
+                opt(r.saving_cost)
+            );
+        }
+        s
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "{:<28} {:>12} {:>12} {:>12} {:>9} {:>10} {:>9}\n",
+            self.group_by.to_uppercase(),
+            "kWh",
+            self.currency,
+            "kg CO2",
+            "peak kW",
+            "capped GPUh",
+            "held h"
+        );
+        for r in self.rows.iter().chain(std::iter::once(&self.total)) {
+            let _ = writeln!(
+                s,
+                "{:<28} {:>12.3} {:>12.2} {:>12.2} {:>9.2} {:>10} {:>9}",
+                r.key,
+                r.energy_kwh,
+                r.cost,
+                r.carbon_kg,
+                r.peak_kw,
+                r.capped_gpu_hours.map_or("-".into(), |v| format!("{v:.1}")),
+                r.held_hours.map_or("-".into(), |v| format!("{v:.1}"))
+            );
+        }
+        s
+    }
+
+    pub fn json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// One self-contained page: inline SVG, no script, no external fetch.
+    pub fn html(&self, site: &str) -> String {
+        let mut body = format!(
+            "<h1>Energy report — {}</h1><p class=\"muted\">{} to {}, by {}. Saving against a no-policy baseline: see <code>powerplane backtest</code>.</p>",
+            escape(site),
+            self.from,
+            self.to,
+            escape(&self.group_by)
+        );
+        let _ = write!(
+            body,
+            "<table><tr><th>total</th><td class=\"n\">{:.1} kWh</td><td class=\"n\">{:.2} {}</td><td class=\"n\">{:.1} kg CO2</td><td class=\"n\">peak {:.1} kW</td></tr></table>",
+            self.total.energy_kwh,
+            self.total.cost,
+            escape(&self.currency),
+            self.total.carbon_kg,
+            self.total.peak_kw
+        );
+        let t0 = self.from.as_secs_f64();
+        let hours = |t: Timestamp| (t.as_secs_f64() - t0) / 3600.0;
+        let span_h = hours(self.to).max(1e-9);
+        let ticks: Vec<(f64, String)> = (0..=6)
+            .map(|i| {
+                let h = span_h * f64::from(i) / 6.0;
+                (
+                    h,
+                    if span_h < 6.0 {
+                        format!("+{h:.1} h")
+                    } else {
+                        format!("+{h:.0} h")
+                    },
+                )
+            })
+            .collect();
+        let power: Vec<(f64, f64)> = self
+            .intervals
+            .iter()
+            .filter(|(s, e, ..)| e.secs_since(*s) > 0.0)
+            .map(|(s, e, kwh, _)| (hours(*s), kwh / (e.secs_since(*s) / 3600.0)))
+            .collect();
+        let price: Vec<(f64, f64)> = self
+            .intervals
+            .iter()
+            .filter(|(.., kwh, _)| *kwh > 0.0)
+            .map(|(s, _, kwh, cost)| (hours(*s), cost / kwh))
+            .collect();
+        body.push_str("<h2>Power and price over time</h2>");
+        let price_label = format!("{}/kWh", self.currency);
+        body.push_str(
+            &Chart {
+                title: "Facility power (ledger) and the price paid",
+                y_label: "kW",
+                right_label: Some(&price_label),
+                lines: vec![
+                    Line {
+                        name: "power",
+                        color: "#1a73e8",
+                        points: power,
+                        steps: true,
+                        right_axis: false,
+                    },
+                    Line {
+                        name: "price",
+                        color: "#e37400",
+                        points: price,
+                        steps: true,
+                        right_axis: true,
+                    },
+                ],
+                rules: Vec::new(),
+                x_ticks: ticks.clone(),
+            }
+            .svg(),
+        );
+        body.push_str("<h2>Caps in force</h2>");
+        if self.capped_over_time.is_empty() {
+            body.push_str("<p class=\"muted\">No cap decisions in the period.</p>");
+        } else {
+            let pts = self
+                .capped_over_time
+                .iter()
+                .map(|(t, n)| (hours(*t), *n as f64))
+                .collect();
+            body.push_str(
+                &Chart {
+                    title: "GPUs capped",
+                    y_label: "GPUs",
+                    right_label: None,
+                    lines: vec![Line {
+                        name: "capped GPUs",
+                        color: "#c5221f",
+                        points: pts,
+                        steps: true,
+                        right_axis: false,
+                    }],
+                    rules: Vec::new(),
+                    x_ticks: ticks,
+                }
+                .svg(),
+            );
+        }
+        let _ = write!(
+            body,
+            "<h2>Energy and cost by {}</h2>",
+            escape(&self.group_by)
+        );
+        let top: Vec<&Row> = self.rows.iter().take(20).collect();
+        body.push_str(&report::bars(
+            "Energy",
+            "kWh",
+            &top.iter()
+                .map(|r| (r.key.clone(), r.energy_kwh))
+                .collect::<Vec<_>>(),
+            "#1a73e8",
+        ));
+        body.push_str(&report::bars(
+            "Cost",
+            &self.currency,
+            &top.iter()
+                .map(|r| (r.key.clone(), r.cost))
+                .collect::<Vec<_>>(),
+            "#188038",
+        ));
+        body.push_str("<table><tr><th>group</th><th>kWh</th><th>cost</th><th>kg CO2</th><th>peak kW</th><th>capped GPUh</th><th>held h</th></tr>");
+        for r in self.rows.iter().chain(std::iter::once(&self.total)) {
+            let _ = write!(
+                body,
+                r#"<tr><td>{}</td><td class="n">{:.2}</td><td class="n">{:.2}</td><td class="n">{:.2}</td><td class="n">{:.2}</td><td class="n">{}</td><td class="n">{}</td></tr>"#,
+                escape(&r.key),
+                r.energy_kwh,
+                r.cost,
+                r.carbon_kg,
+                r.peak_kw,
+                r.capped_gpu_hours.map_or("–".into(), |v| format!("{v:.1}")),
+                r.held_hours.map_or("–".into(), |v| format!("{v:.1}"))
+            );
+        }
+        body.push_str("</table>");
+        report::page(&format!("Energy report — {site}"), &body)
+    }
+}
+
+#[cfg(test)]
+#[path = "energy_report_tests.rs"]
+mod tests;

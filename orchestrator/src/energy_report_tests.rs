@@ -1,0 +1,252 @@
+use super::*;
+use policies::plan::{Action, Target};
+use telemetry::EntityId;
+
+fn t(h: f64) -> Timestamp {
+    Timestamp::parse_rfc3339("2024-10-26T22:00:00Z")
+        .expect("t")
+        .plus_secs(h * 3600.0)
+}
+
+fn job(j: &str, p: &str, u: &str) -> Account {
+    Account::Job {
+        job: j.into(),
+        project: p.into(),
+        user: u.into(),
+    }
+}
+
+fn entry(h: f64, account: Account, rack: Option<&str>, kwh: f64, price: f64) -> LedgerEntry {
+    LedgerEntry {
+        start: t(h),
+        end: t(h + 1.0),
+        account,
+        rack: rack.map(String::from),
+        energy_kwh: kwh,
+        cost: kwh * price,
+        carbon_kg: kwh * 0.4,
+    }
+}
+
+fn racks() -> BTreeMap<String, String> {
+    [
+        ("gpu/a01-n01:0", "a01"),
+        ("gpu/a01-n01:1", "a01"),
+        ("gpu/b01-n01:0", "b01"),
+    ]
+    .into_iter()
+    .map(|(g, r)| (g.to_string(), r.to_string()))
+    .collect()
+}
+
+fn decision(h: f64, target: Target, action: Action) -> Decision {
+    Decision {
+        time: t(h),
+        rule: "test".into(),
+        target,
+        action,
+        values: BTreeMap::new(),
+        reason: String::new(),
+        observe_only: false,
+    }
+}
+
+fn ledger() -> Vec<LedgerEntry> {
+    let mut l = Vec::new();
+    for h in 0..4 {
+        let h = f64::from(h);
+        l.push(entry(
+            h,
+            job("slurm:1", "climate", "ana"),
+            Some("a01"),
+            2.0,
+            0.10 + 0.1 * h,
+        ));
+        l.push(entry(
+            h,
+            job("slurm:2", "climate", "bo"),
+            Some("b01"),
+            1.0,
+            0.10 + 0.1 * h,
+        ));
+        l.push(entry(h, Account::Idle, Some("b01"), 0.5, 0.10 + 0.1 * h));
+        l.push(entry(h, Account::Overhead, None, 0.7, 0.10 + 0.1 * h));
+    }
+    l
+}
+
+#[test]
+fn groups_add_up_to_the_total_and_carry_cost_peak_held_and_capped_time() {
+    let gpus = |g: &[&str]| Target::Gpus {
+        entity: EntityId::rack("a01"),
+        gpus: g.iter().map(|s| s.parse().expect("id")).collect(),
+    };
+    let audit = vec![
+        decision(
+            0.0,
+            Target::Job {
+                job: "slurm:2".into(),
+            },
+            Action::Hold { until: t(3.0) },
+        ),
+        decision(
+            1.5,
+            Target::Job {
+                job: "slurm:2".into(),
+            },
+            Action::Release,
+        ),
+        decision(
+            1.0,
+            gpus(&["gpu/a01-n01:0", "gpu/a01-n01:1"]),
+            Action::Cap { watts: 200.0 },
+        ),
+        decision(3.0, gpus(&["gpu/a01-n01:0"]), Action::Uncap),
+    ];
+    let r = build(
+        &racks(),
+        &ledger(),
+        &audit,
+        GroupBy::Job,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(4.0),
+    );
+    let keys: Vec<_> = r.rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        vec!["slurm:1", "slurm:2", "(overhead)", "(idle)"],
+        "by energy"
+    );
+    let sum: f64 = r.rows.iter().map(|r| r.energy_kwh).sum();
+    assert!((sum - r.total.energy_kwh).abs() < 1e-9 && (r.total.energy_kwh - 16.8).abs() < 1e-9);
+    let j1 = &r.rows[0];
+    // the price changed every hour while the job ran: 2 kWh at 0.1, 0.2, 0.3, 0.4
+    assert!((j1.cost - 2.0).abs() < 1e-9, "{}", j1.cost);
+    assert!((j1.peak_kw - 2.0).abs() < 1e-9);
+    assert_eq!(r.rows[1].held_hours, Some(1.5));
+    assert_eq!(r.rows[0].held_hours, None, "never held");
+    assert!((r.total.peak_kw - 4.2).abs() < 1e-9);
+    // two GPUs from 1 h; one uncapped at 3 h, the other to the end: 2 + 3 GPU-hours
+    assert_eq!(r.total.capped_gpu_hours, Some(5.0));
+    assert_eq!(
+        r.capped_over_time.iter().map(|c| c.1).collect::<Vec<_>>(),
+        vec![2, 1]
+    );
+
+    let by_rack = build(
+        &racks(),
+        &ledger(),
+        &audit,
+        GroupBy::Rack,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(4.0),
+    );
+    let a01 = by_rack.rows.iter().find(|r| r.key == "a01").expect("a01");
+    assert_eq!(a01.capped_gpu_hours, Some(5.0));
+    assert!(by_rack.rows.iter().any(|r| r.key == "(facility)"));
+    let by_project = build(
+        &racks(),
+        &ledger(),
+        &audit,
+        GroupBy::Project,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(4.0),
+    );
+    let climate = by_project
+        .rows
+        .iter()
+        .find(|r| r.key == "climate")
+        .expect("climate");
+    assert!((climate.energy_kwh - 12.0).abs() < 1e-9);
+    assert_eq!(climate.held_hours, Some(1.5));
+}
+
+#[test]
+fn days_follow_the_site_time_zone_across_a_dst_change() {
+    // Europe/Berlin leaves summer time on 2024-10-27: that local day has 25 hours
+    let mut l = Vec::new();
+    for h in 0..27 {
+        l.push(entry(f64::from(h), Account::Idle, Some("a01"), 1.0, 0.1));
+    }
+    // t(0) is 2024-10-27 00:00 in Berlin (22:00 UTC the day before, summer time)
+    let r = build(
+        &racks(),
+        &l,
+        &[],
+        GroupBy::Day,
+        chrono_tz::Europe::Berlin,
+        "EUR",
+        t(0.0),
+        t(27.0),
+    );
+    let days: Vec<(&str, f64)> = r
+        .rows
+        .iter()
+        .map(|r| (r.key.as_str(), r.energy_kwh))
+        .collect();
+    assert_eq!(days, vec![("2024-10-27", 25.0), ("2024-10-28", 2.0)]);
+    let utc = build(
+        &racks(),
+        &l,
+        &[],
+        GroupBy::Day,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(27.0),
+    );
+    assert_eq!(utc.rows[0].key, "2024-10-26");
+}
+
+#[test]
+fn csv_and_json_keep_their_documented_schema() {
+    let r = build(
+        &racks(),
+        &ledger(),
+        &[],
+        GroupBy::User,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(4.0),
+    );
+    let csv = r.csv();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some(EnergyReport::CSV_HEADER));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(rows.iter().all(|c| c.len() == 8));
+    assert_eq!(rows.last().expect("total")[0], "total");
+    let ana = rows.iter().find(|c| c[0] == "ana").expect("ana");
+    assert_eq!(ana[1].parse::<f64>().ok(), Some(8.0));
+    let v: serde_json::Value = serde_json::from_str(&r.json()).expect("json");
+    for k in ["from", "to", "group_by", "currency", "rows", "total"] {
+        assert!(!v[k].is_null(), "{k}");
+    }
+    for k in [
+        "key",
+        "energy_kwh",
+        "cost",
+        "carbon_kg",
+        "peak_kw",
+        "capped_gpu_hours",
+        "held_hours",
+        "saving_cost",
+    ] {
+        assert!(v["rows"][0].get(k).is_some(), "row member {k}");
+    }
+    assert_eq!(v["group_by"], "user");
+    let html = r.html("demo-hall");
+    assert!(html.contains("<svg"));
+    for external in ["<script", "<link", "src=", "href=", "@import", "url("] {
+        assert!(
+            !html.contains(external),
+            "{external} in a self-contained page"
+        );
+    }
+}
