@@ -388,3 +388,90 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
     }
     o.render()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{Fleet, FleetConfig};
+    use policies::plan::Cap;
+    use telemetry::agent_proto::{Key, Topics};
+    use telemetry::{EntityId, Sample, Site, Timestamp};
+
+    fn board() -> (Board, Fleet) {
+        let site = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("site");
+        let now = Timestamp::from_secs(1_790_000_000);
+        let mut b = Board::new(site.clone(), "policy.toml".into(), now);
+        let mut snap = telemetry::Snapshot::new();
+        let g = site.gpus()[0].id.clone();
+        for (e, m, v) in [
+            (site.site_entity(), POWER_W, 30_000.0),
+            (site.site_entity(), PRICE_PER_KWH, 0.2),
+            (site.site_entity(), CARBON_G_PER_KWH, 300.0),
+            (EntityId::new(EntityKind::Feed, "utility"), POWER_W, 30_000.0),
+            (EntityId::rack("a01"), POWER_W, 5_000.0),
+            (EntityId::rack("a01"), INLET_TEMP_C, 27.0),
+            (g.clone(), POWER_W, 250.0),
+        ] {
+            snap.ingest(Sample::new(e, m, v, now, "t"), now).expect("sample");
+        }
+        let mut state = policies::State::default();
+        state.caps.insert(g, Cap { watts: 200.0, rule: "budget.rack".into(), since: now, lease_until: now.plus_secs(60.0) });
+        let mut c = crate::control::Counters::default();
+        c.samples_rejected.insert("out_of_range", 2);
+        let d = policies::Decision {
+            time: now,
+            rule: "budget.rack".into(),
+            target: policies::plan::Target::Job { job: "x".into() },
+            action: policies::Action::Release,
+            values: Default::default(),
+            reason: String::new(),
+            observe_only: false,
+        };
+        b.update(now, &snap, &state, &c, &[d], 0);
+        let mut f = Fleet::new(&site, Key::from_text(&"11".repeat(32)).expect("key"), Topics::default(), FleetConfig::default(), now);
+        f.commands(&state, now);
+        (b, f)
+    }
+
+    #[test]
+    fn every_metric_the_grafana_dashboard_queries_is_exported() {
+        let (b, f) = board();
+        let text = render(&b, Some(&f.status()));
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("# TYPE "))
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .collect();
+        let dash = include_str!("../../../deploy/grafana/powerplane.json");
+        let v: serde_json::Value = serde_json::from_str(dash).expect("dashboard JSON");
+        let mut queried = std::collections::BTreeSet::new();
+        for p in v["panels"].as_array().expect("panels") {
+            for t in p["targets"].as_array().expect("targets") {
+                let e = t["expr"].as_str().expect("expr");
+                let mut rest = e;
+                while let Some(i) = rest.find("powerplane_") {
+                    let name: String = rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    rest = &rest[i + name.len()..];
+                    queried.insert(name);
+                }
+            }
+        }
+        assert!(queried.len() > 15, "{queried:?}");
+        let missing: Vec<_> = queried.iter().filter(|q| !exported.contains(q.as_str())).collect();
+        assert!(missing.is_empty(), "the dashboard queries metrics /metrics does not export: {missing:?}");
+    }
+
+    #[test]
+    fn the_exposition_has_one_help_and_type_per_family_and_escapes_labels() {
+        let (b, f) = board();
+        let text = render(&b, Some(&f.status()));
+        let mut seen = std::collections::BTreeSet::new();
+        for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert!(seen.insert(l.to_string()), "family declared twice: {l}");
+        }
+        assert!(text.contains("powerplane_samples_rejected_total{reason=\"out_of_range\"} 2"));
+        assert!(text.contains("powerplane_gpu_cap_watts{entity=\"gpu/a01-n01:0\",rule=\"budget.rack\"} 200"));
+        assert!(!text.contains("powerplane_gpu_utilization_ratio"), "no value, no series");
+        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -80,7 +80,7 @@ fn gauge(label: &str, value: Option<f64>, budget: f64, unit_div: f64, unit: &str
     format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 880 54" role="img" aria-label="{l}"><text x="0" y="14" class="ct">{l}</text><rect x="0" y="22" width="{w}" height="20" fill="#eceff1"/><rect x="0" y="22" width="{:.1}" height="20" fill="{color}"/><line x1="{w}" x2="{w}" y1="18" y2="46" stroke="#1b1f24" stroke-width="2"/><text x="{}" y="37" class="ax">{}</text></svg>"##,
         (w * share).min(w * 1.2),
-        w + 12.0,
+        w * 1.2 + 10.0,
         escape(&text),
         l = escape(label),
     )
