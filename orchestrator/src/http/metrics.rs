@@ -407,15 +407,28 @@ mod tests {
             (site.site_entity(), POWER_W, 30_000.0),
             (site.site_entity(), PRICE_PER_KWH, 0.2),
             (site.site_entity(), CARBON_G_PER_KWH, 300.0),
-            (EntityId::new(EntityKind::Feed, "utility"), POWER_W, 30_000.0),
+            (
+                EntityId::new(EntityKind::Feed, "utility"),
+                POWER_W,
+                30_000.0,
+            ),
             (EntityId::rack("a01"), POWER_W, 5_000.0),
             (EntityId::rack("a01"), INLET_TEMP_C, 27.0),
             (g.clone(), POWER_W, 250.0),
         ] {
-            snap.ingest(Sample::new(e, m, v, now, "t"), now).expect("sample");
+            snap.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("sample");
         }
         let mut state = policies::State::default();
-        state.caps.insert(g, Cap { watts: 200.0, rule: "budget.rack".into(), since: now, lease_until: now.plus_secs(60.0) });
+        state.caps.insert(
+            g,
+            Cap {
+                watts: 200.0,
+                rule: "budget.rack".into(),
+                since: now,
+                lease_until: now.plus_secs(60.0),
+            },
+        );
         let mut c = crate::control::Counters::default();
         c.samples_rejected.insert("out_of_range", 2);
         let d = policies::Decision {
@@ -428,7 +441,13 @@ mod tests {
             observe_only: false,
         };
         b.update(now, &snap, &state, &c, &[d], 0);
-        let mut f = Fleet::new(&site, Key::from_text(&"11".repeat(32)).expect("key"), Topics::default(), FleetConfig::default(), now);
+        let mut f = Fleet::new(
+            &site,
+            Key::from_text(&"11".repeat(32)).expect("key"),
+            Topics::default(),
+            FleetConfig::default(),
+            now,
+        );
         f.commands(&state, now);
         (b, f)
     }
@@ -450,15 +469,24 @@ mod tests {
                 let e = t["expr"].as_str().expect("expr");
                 let mut rest = e;
                 while let Some(i) = rest.find("powerplane_") {
-                    let name: String = rest[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
                     rest = &rest[i + name.len()..];
                     queried.insert(name);
                 }
             }
         }
         assert!(queried.len() > 15, "{queried:?}");
-        let missing: Vec<_> = queried.iter().filter(|q| !exported.contains(q.as_str())).collect();
-        assert!(missing.is_empty(), "the dashboard queries metrics /metrics does not export: {missing:?}");
+        let missing: Vec<_> = queried
+            .iter()
+            .filter(|q| !exported.contains(q.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the dashboard queries metrics /metrics does not export: {missing:?}"
+        );
     }
 
     #[test]
@@ -470,8 +498,13 @@ mod tests {
             assert!(seen.insert(l.to_string()), "family declared twice: {l}");
         }
         assert!(text.contains("powerplane_samples_rejected_total{reason=\"out_of_range\"} 2"));
-        assert!(text.contains("powerplane_gpu_cap_watts{entity=\"gpu/a01-n01:0\",rule=\"budget.rack\"} 200"));
-        assert!(!text.contains("powerplane_gpu_utilization_ratio"), "no value, no series");
+        assert!(text.contains(
+            "powerplane_gpu_cap_watts{entity=\"gpu/a01-n01:0\",rule=\"budget.rack\"} 200"
+        ));
+        assert!(
+            !text.contains("powerplane_gpu_utilization_ratio"),
+            "no value, no series"
+        );
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rumqttc::{Client, Event as MqttEvent, MqttOptions, Packet, QoS, RecvTimeoutError};
+use rumqttc::{Client, Event as MqttEvent, MqttOptions, Packet, QoS};
 use serde::Deserialize;
 use thiserror::Error;
 use tracing::{info, warn};
@@ -251,11 +251,11 @@ impl MqttSource {
                     }
                     let retry_in = backoff(failures);
                     warn!(url = %self.cfg.url, error = %message, retry_in_ms = retry_in.as_millis() as u64, "mqtt connection lost");
+                    // the connection's pump thread waits `retry_in` before it tries again
                     sink(Event::Disconnected {
                         error: message,
                         retry_in,
                     });
-                    sleep_while(retry_in, keep_going);
                 }
             }
         }
@@ -279,10 +279,64 @@ enum Step {
     },
 }
 
+type V4Event = Result<MqttEvent, rumqttc::ConnectionError>;
+type V5Event = Result<rumqttc::v5::Event, rumqttc::v5::ConnectionError>;
+
 /// One client connection, MQTT 3.1.1 or 5, seen through what the source needs.
+///
+/// A pump thread drives the connection with blocking polls: a poll cut short by a
+/// timeout would abandon a connect in progress (rumqttc connects inside the poll), so
+/// a broker slower than the timeout would never be reached. The pump backs off after
+/// an error and stops when told to or when the receiver goes away.
 enum Conn {
-    V4(rumqttc::Client, Box<rumqttc::Connection>),
-    V5(rumqttc::v5::Client, Box<rumqttc::v5::Connection>),
+    V4(rumqttc::Client, std::sync::mpsc::Receiver<V4Event>, Pump),
+    V5(
+        rumqttc::v5::Client,
+        std::sync::mpsc::Receiver<V5Event>,
+        Pump,
+    ),
+}
+
+/// The stop flag of a connection's pump thread.
+struct Pump(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Runs `poll` on a thread of its own until it ends, `stop` is set or nobody listens;
+/// after an error it waits the backoff before polling again.
+fn pump<T: Send + 'static>(
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    is_err: fn(&T) -> bool,
+    mut poll: impl FnMut() -> Option<T> + Send + 'static,
+) -> std::sync::mpsc::Receiver<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("mqtt-pump".into())
+        .spawn(move || {
+            let keep = || !stop.load(std::sync::atomic::Ordering::Relaxed);
+            let mut failures = 0u32;
+            while keep() {
+                let Some(ev) = poll() else { break };
+                let err = is_err(&ev);
+                if tx.send(ev).is_err() {
+                    break;
+                }
+                if err {
+                    failures += 1;
+                    sleep_while(backoff(failures), &keep);
+                } else {
+                    failures = 0;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the mqtt thread");
+    }
+    rx
 }
 
 fn oversize(debug: &str) -> bool {
@@ -313,8 +367,14 @@ impl Conn {
             if let Some((u, p)) = creds {
                 o.set_credentials(u, p);
             }
-            let (c, conn) = rumqttc::v5::Client::new(o, 64);
-            Conn::V5(c, Box::new(conn))
+            let (c, mut conn) = rumqttc::v5::Client::new(o, 64);
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let rx = pump(
+                stop.clone(),
+                |e: &V5Event| e.is_err(),
+                move || conn.recv().ok(),
+            );
+            Conn::V5(c, rx, Pump(stop))
         } else {
             let mut o = MqttOptions::new(id, host, port);
             o.set_keep_alive(keep_alive);
@@ -328,16 +388,23 @@ impl Conn {
             if let Some((u, p)) = creds {
                 o.set_credentials(u, p);
             }
-            let (c, conn) = Client::new(o, 64);
-            Conn::V4(c, Box::new(conn))
+            let (c, mut conn) = Client::new(o, 64);
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let rx = pump(
+                stop.clone(),
+                |e: &V4Event| e.is_err(),
+                move || conn.recv().ok(),
+            );
+            Conn::V4(c, rx, Pump(stop))
         }
     }
 
     fn next(&mut self, wait: Duration) -> Step {
+        use std::sync::mpsc::RecvTimeoutError as Rt;
         match self {
-            Conn::V4(_, conn) => match conn.recv_timeout(wait) {
-                Err(RecvTimeoutError::Timeout) => Step::Idle,
-                Err(RecvTimeoutError::Disconnected) => Step::Closed,
+            Conn::V4(_, conn, _) => match conn.recv_timeout(wait) {
+                Err(Rt::Timeout) => Step::Idle,
+                Err(Rt::Disconnected) => Step::Closed,
                 Ok(Ok(MqttEvent::Incoming(Packet::ConnAck(_)))) => Step::ConnAck,
                 Ok(Ok(MqttEvent::Incoming(Packet::Publish(p)))) => Step::Publish {
                     topic: p.topic,
@@ -349,11 +416,11 @@ impl Conn {
                     message: e.to_string(),
                 },
             },
-            Conn::V5(_, conn) => {
+            Conn::V5(_, conn, _) => {
                 use rumqttc::v5::mqttbytes::v5::Packet as P5;
                 match conn.recv_timeout(wait) {
-                    Err(rumqttc::v5::RecvTimeoutError::Timeout) => Step::Idle,
-                    Err(rumqttc::v5::RecvTimeoutError::Disconnected) => Step::Closed,
+                    Err(Rt::Timeout) => Step::Idle,
+                    Err(Rt::Disconnected) => Step::Closed,
                     Ok(Ok(rumqttc::v5::Event::Incoming(P5::ConnAck(_)))) => Step::ConnAck,
                     Ok(Ok(rumqttc::v5::Event::Incoming(P5::Publish(p)))) => Step::Publish {
                         topic: String::from_utf8_lossy(&p.topic).into_owned(),
@@ -371,7 +438,7 @@ impl Conn {
 
     fn subscribe(&self, filter: &str, qos: u8) -> Result<(), String> {
         match self {
-            Conn::V4(c, _) => c
+            Conn::V4(c, ..) => c
                 .try_subscribe(
                     filter,
                     if qos == 1 {
@@ -381,7 +448,7 @@ impl Conn {
                     },
                 )
                 .map_err(|e| e.to_string()),
-            Conn::V5(c, _) => {
+            Conn::V5(c, ..) => {
                 use rumqttc::v5::mqttbytes::QoS as Q5;
                 c.try_subscribe(
                     filter,
@@ -398,8 +465,14 @@ impl Conn {
 
     fn disconnect(&self) {
         let _ = match self {
-            Conn::V4(c, _) => c.disconnect().map_err(|e| e.to_string()),
-            Conn::V5(c, _) => c.disconnect().map_err(|e| e.to_string()),
+            Conn::V4(c, _, pump) => {
+                pump.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                c.try_disconnect().map_err(|e| e.to_string())
+            }
+            Conn::V5(c, _, pump) => {
+                pump.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                c.try_disconnect().map_err(|e| e.to_string())
+            }
         };
     }
 }
@@ -423,9 +496,13 @@ pub struct Link {
     client: Client,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// Publishes refused because the outgoing queue was full (broker unreachable).
+    /// Messages dropped: outgoing ones refused because the queue was full (broker
+    /// unreachable), incoming ones because the reader fell [`LINK_QUEUE`] behind.
     pub dropped: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// Incoming messages a [`Link`] holds for a slow reader before it drops them.
+pub const LINK_QUEUE: usize = 4096;
 
 /// A last will: published by the broker when the connection dies uncleanly.
 #[derive(Debug, Clone)]
@@ -480,21 +557,37 @@ impl Link {
             ));
         }
         let (client, mut conn) = Client::new(o, 1024);
-        let (tx, events) = std::sync::mpsc::channel();
+        let (tx, events) = std::sync::mpsc::sync_channel(LINK_QUEUE);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sub = client.clone();
         let url = cfg.url.clone();
         let halt = stop.clone();
+        let polled = pump(
+            stop.clone(),
+            |e: &V4Event| e.is_err(),
+            move || conn.recv().ok(),
+        );
+        let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let lost = dropped.clone();
         let thread = std::thread::Builder::new()
             .name("mqtt-link".into())
             .spawn(move || {
                 let keep = || !halt.load(std::sync::atomic::Ordering::Relaxed);
                 let mut failures = 0u32;
                 while keep() {
-                    let ev = match conn.recv_timeout(Duration::from_millis(100)) {
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => break,
+                    let ev = match polled.recv_timeout(Duration::from_millis(100)) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                         Ok(ev) => ev,
+                    };
+                    // a full queue drops incoming messages (counted) rather than memory
+                    let send = |e: LinkEvent| match tx.try_send(e) {
+                        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => Err(()),
+                        Err(std::sync::mpsc::TrySendError::Full(_)) => {
+                            lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Ok(())
+                        }
+                        Ok(()) => Ok(()),
                     };
                     let sent = match ev {
                         Ok(MqttEvent::Incoming(Packet::ConnAck(_))) => {
@@ -505,24 +598,21 @@ impl Link {
                                 }
                             }
                             info!(url = %url, filters = ?filters, "mqtt connected");
-                            tx.send(LinkEvent::Connected)
+                            send(LinkEvent::Connected)
                         }
-                        Ok(MqttEvent::Incoming(Packet::Publish(p))) => {
-                            tx.send(LinkEvent::Message {
-                                topic: p.topic,
-                                payload: p.payload.to_vec(),
-                            })
-                        }
+                        Ok(MqttEvent::Incoming(Packet::Publish(p))) => send(LinkEvent::Message {
+                            topic: p.topic,
+                            payload: p.payload.to_vec(),
+                        }),
                         // a clean disconnect asked by `close`: done
                         Ok(MqttEvent::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
                         Ok(_) => Ok(()),
                         Err(e) => {
                             failures += 1;
                             let retry_in = backoff(failures);
+                            // the pump waits `retry_in` before it tries again
                             warn!(url = %url, error = %e, retry_in_ms = retry_in.as_millis() as u64, "mqtt connection lost");
-                            let r = tx.send(LinkEvent::Disconnected(e.to_string()));
-                            sleep_while(retry_in, &keep);
-                            r
+                            send(LinkEvent::Disconnected(e.to_string()))
                         }
                     };
                     if sent.is_err() {
@@ -536,7 +626,7 @@ impl Link {
                 client,
                 stop,
                 thread: Some(thread),
-                dropped: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+                dropped,
             },
             events,
         ))
@@ -672,5 +762,54 @@ mod tests {
         cfg.shared_group = Some("ctl".into());
         let s = MqttSource::new(cfg, m).expect("source");
         assert_eq!(s.filters(), ["$share/ctl/a/+/t"]);
+    }
+}
+
+#[cfg(test)]
+mod slow_broker {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A broker that takes `delay` to answer CONNECT (a slow TLS handshake, a broker
+    /// busy with every agent reconnecting at once).
+    fn slow_broker(delay: Duration) -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1024];
+                    if s.read(&mut buf).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    std::thread::sleep(delay);
+                    let _ = s.write_all(&[0x20, 0x02, 0x00, 0x00]); // CONNACK, accepted
+                    while s.read(&mut buf).unwrap_or(0) > 0 {}
+                });
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn a_link_reaches_a_broker_that_answers_slower_than_its_poll_interval() {
+        let port = slow_broker(Duration::from_millis(400));
+        let (_link, events) = Link::open(
+            &MqttConfig::new(&format!("mqtt://127.0.0.1:{port}")),
+            Vec::new(),
+            None,
+        )
+        .expect("link");
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            match events.recv_timeout(Duration::from_millis(100)) {
+                Ok(LinkEvent::Connected) => break,
+                _ => assert!(
+                    Instant::now() < end,
+                    "never connected to a broker that answers in 400 ms"
+                ),
+            }
+        }
     }
 }
