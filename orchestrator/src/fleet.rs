@@ -273,6 +273,9 @@ impl Fleet {
             Channel::Health => {
                 match serde_json::from_slice::<Health>(payload) {
                     Ok(h) => {
+                        let live = |s: &str| s == "online" || s == "degraded";
+                        let came_back = live(&h.status)
+                            && self.nodes.get(&node).is_none_or(|n| !live(&n.status));
                         let changed = self.nodes.get(&node).is_none_or(|n| n.status != h.status);
                         if changed {
                             if h.status == "online" {
@@ -280,12 +283,13 @@ impl Fleet {
                             } else {
                                 warn!(node = %node, status = %h.status, detail = ?h.detail, fail_safe_gpus = ?h.fail_safe_gpus, "agent {}", h.status);
                             }
-                            // an agent that comes back gets its desired state at once
-                            if h.status == "online" {
-                                for b in self.books.values_mut().filter(|b| b.node == node) {
-                                    if let Some(s) = &mut b.sent {
-                                        s.at = Timestamp(i64::MIN / 2);
-                                    }
+                        }
+                        // an agent that comes back (online, or degraded under its
+                        // fail-safe) gets its desired state at once
+                        if came_back {
+                            for b in self.books.values_mut().filter(|b| b.node == node) {
+                                if let Some(s) = &mut b.sent {
+                                    s.at = Timestamp(i64::MIN / 2);
                                 }
                             }
                         }
@@ -346,6 +350,10 @@ impl Fleet {
             .filter(|b| b.node == node && b.sent.as_ref().is_some_and(|s| &s.id == id))
         {
             let Some(s) = &mut b.sent else { continue };
+            // a duplicate delivery of an applied command says `replayed`: not news
+            if s.acked && ack.reason.as_deref() == Some("replayed") {
+                continue;
+            }
             let outcome = ack.gpus.iter().find(|o| o.index == b.index);
             let superseded = ack.reason.as_deref() == Some("superseded");
             // a rejection for a transient reason is retried; one that will not change is not

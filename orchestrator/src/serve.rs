@@ -281,6 +281,13 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
             a.renew_s,
             a.lease_s
         );
+        // commands go out on ticks: a renewal may wait up to one tick
+        anyhow::ensure!(
+            a.renew_s * 2.0 + cfg.controller.tick_s <= a.lease_s,
+            "{name}: [agents] lease_s ({}) must be at least 2 × renew_s + controller.tick_s ({}), or leases lapse between ticks",
+            a.lease_s,
+            a.renew_s * 2.0 + cfg.controller.tick_s
+        );
         crate::agent::run::read_key(&resolve(base, &a.key_file))?;
     }
     if let Some(h) = &cfg.http {
@@ -329,7 +336,7 @@ impl Actuator for AgentActuator {
         for (topic, payload) in fleet.commands(state, now) {
             if !self.link.publish(&topic, payload, true, false) {
                 errors.push(format!(
-                    "{topic}: command not queued (the broker has been unreachable; retried next tick)"
+                    "{topic}: command not queued (the broker has been unreachable; retried with backoff)"
                 ));
             }
         }

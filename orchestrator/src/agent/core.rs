@@ -115,19 +115,38 @@ pub struct Core {
     p: Persisted,
     /// The last good reading of each GPU (for constraints).
     last: BTreeMap<u32, GpuReading>,
-    /// GPUs whose re-apply failed (logged once until it works again).
+    /// GPUs whose desired limit does not hold (degraded).
     failing: BTreeSet<u32>,
+    /// Re-applies after drift per GPU: attempts so far and when to try again.
+    drift: BTreeMap<u32, (u32, Timestamp)>,
     pub counters: BTreeMap<&'static str, u64>,
     seq: u64,
 }
+
+/// Re-applies after which a GPU that still drifts is reported degraded.
+const DRIFT_DEGRADED: u32 = 3;
 
 fn bump(c: &mut BTreeMap<&'static str, u64>, k: &'static str) {
     *c.entry(k).or_default() += 1;
 }
 
-fn clamp(v: f64, lo: f64, hi: f64) -> (f64, bool) {
+/// `v` within `lo..=hi`, and whether it had to move. An empty or NaN range is an
+/// error: the GPU's constraints are unknown, and nothing is set.
+fn clamp(v: f64, lo: f64, hi: f64, index: u32) -> Result<(f64, bool), GpuError> {
+    if lo
+        .partial_cmp(&hi)
+        .is_none_or(|o| o == std::cmp::Ordering::Greater)
+        || !v.is_finite()
+    {
+        return Err(GpuError::Other {
+            index,
+            message: format!(
+                "cannot place {v} within {lo}..={hi}: the GPU's constraints are unknown"
+            ),
+        });
+    }
     let c = v.clamp(lo, hi);
-    (c, (c - v).abs() > 1e-9)
+    Ok((c, (c - v).abs() > 1e-9))
 }
 
 impl Core {
@@ -148,6 +167,7 @@ impl Core {
             p,
             last: BTreeMap::new(),
             failing: BTreeSet::new(),
+            drift: BTreeMap::new(),
             counters: BTreeMap::new(),
             seq: 0,
         };
@@ -223,7 +243,7 @@ impl Core {
         let result: Result<(), GpuError> = (|| {
             match target {
                 Target::Watts(w) => {
-                    let (w, clamped) = clamp(w, c.min_limit_w, c.max_limit_w);
+                    let (w, clamped) = clamp(w, c.min_limit_w, c.max_limit_w, index)?;
                     out.clamped = clamped;
                     if self.p.clocks_locked.contains(&index) {
                         self.unlock(index, dry)?;
@@ -236,13 +256,15 @@ impl Core {
                     });
                 }
                 Target::Clocks(lo, hi) => {
-                    let (lo_c, hi_c) = if c.sm_clock_max_mhz > 0.0 {
-                        (c.sm_clock_min_mhz, c.sm_clock_max_mhz)
-                    } else {
-                        (0.0, f64::MAX)
-                    };
-                    let (lo2, a) = clamp(lo, lo_c, hi_c);
-                    let (hi2, b) = clamp(hi, lo2, hi_c);
+                    if c.sm_clock_max_mhz.is_nan() || c.sm_clock_max_mhz <= 0.0 {
+                        return Err(GpuError::NotSupported {
+                            index,
+                            what: "locking clocks (the supported clock range is unknown)".into(),
+                        });
+                    }
+                    let (lo_c, hi_c) = (c.sm_clock_min_mhz, c.sm_clock_max_mhz);
+                    let (lo2, a) = clamp(lo, lo_c, hi_c, index)?;
+                    let (hi2, b) = clamp(hi, lo2, hi_c, index)?;
                     out.clamped = a || b;
                     out.applied_mhz = Some(if dry {
                         info!(
@@ -332,15 +354,8 @@ impl Core {
         let cmd = match Command::open(&self.rules.key, bytes) {
             Ok(c) => c,
             Err(e) => {
-                // the id, when it can be read, helps the sender match the rejection
-                let id = serde_json::from_slice::<serde_json::Value>(bytes)
-                    .ok()
-                    .and_then(|v| {
-                        v.pointer("/body/id")
-                            .and_then(|i| i.as_str())
-                            .map(String::from)
-                    });
-                return self.reject(id, now, e.reason(), e.to_string());
+                // no id: an unauthenticated id must not let anyone answer for a real command
+                return self.reject(None, now, e.reason(), e.to_string());
             }
         };
         let id = Some(cmd.id.clone());
@@ -407,7 +422,15 @@ impl Core {
             );
         }
         let lease_s = cmd.lease_s.min(self.rules.max_lease_s);
-        let lease_until = cmd.issued_at.plus_secs(lease_s);
+        let lease_until = cmd.issued_at.min(now).plus_secs(lease_s);
+        if lease_until <= now {
+            return self.reject(
+                id,
+                now,
+                "expired",
+                format!("its {lease_s} s lease ended at {lease_until}, before it arrived"),
+            );
+        }
         let target = match &cmd.action {
             Action::SetPowerLimit { watts, percent, .. } => match (watts, percent) {
                 (Some(w), None) if w.is_finite() && *w > 0.0 && *w <= 5000.0 => Target::Watts(*w),
@@ -431,20 +454,32 @@ impl Core {
         let gpus: Vec<u32> = (0..count)
             .filter(|i| cmd.action.gpus().contains(*i))
             .collect();
-        if let telemetry::agent_proto::GpuSel::List(l) = cmd.action.gpus() {
-            if let Some(bad) = l.iter().find(|i| **i >= count) {
-                return self.reject(
-                    id,
-                    now,
-                    "no_such_gpu",
-                    format!("GPU {bad} does not exist (this node has {count})"),
-                );
+        let missing: Vec<u32> = match cmd.action.gpus() {
+            telemetry::agent_proto::GpuSel::List(l) => {
+                l.iter().copied().filter(|i| *i >= count).collect()
             }
-        }
+            _ => Vec::new(),
+        };
         if gpus.is_empty() {
-            return self.reject(id, now, "no_such_gpu", "the command names no GPU".into());
+            return self.reject(
+                id,
+                now,
+                "no_such_gpu",
+                format!("the command names no GPU this node has (it has {count})"),
+            );
         }
-        let mut outcomes = Vec::new();
+        let mut outcomes: Vec<GpuOutcome> = missing
+            .iter()
+            .map(|i| GpuOutcome {
+                index: *i,
+                applied_w: None,
+                applied_mhz: None,
+                clamped: false,
+                error: Some(format!(
+                    "no_such_gpu: GPU {i} does not exist (this node has {count})"
+                )),
+            })
+            .collect();
         let mut superseded = 0;
         for i in gpus {
             if self.p.issued.get(&i).is_some_and(|t| *t > cmd.issued_at) {
@@ -502,6 +537,7 @@ impl Core {
                 self.p.desired.insert(i, d);
                 self.p.issued.insert(i, cmd.issued_at);
                 self.failing.remove(&i);
+                self.drift.remove(&i);
             }
             outcomes.push(o);
         }
@@ -544,6 +580,26 @@ impl Core {
         }
     }
 
+    /// The fail-safe cap for a GPU, clamped into its constraints when they are known.
+    fn fail_safe_watts(&mut self, index: u32, reading: Option<&GpuReading>) -> Option<f64> {
+        let FailSafe::Cap { watts, percent } = self.rules.fail_safe.clone() else {
+            return None;
+        };
+        let c = match reading {
+            Some(r) => Some(r.clone()),
+            None => self.constraints(index).ok(),
+        };
+        let w = match (watts, percent, &c) {
+            (Some(w), _, _) => w,
+            (None, Some(p), Some(c)) => c.default_limit_w * p / 100.0,
+            _ => return None,
+        };
+        Some(match &c {
+            Some(c) if c.min_limit_w <= c.max_limit_w => w.clamp(c.min_limit_w, c.max_limit_w),
+            _ => w,
+        })
+    }
+
     /// Ends the leases that ran out: the fail-safe applies to their GPUs.
     fn expire(&mut self, now: Timestamp) {
         let ended: Vec<(u32, String, Timestamp)> = self
@@ -573,22 +629,23 @@ impl Core {
         }
         for (i, cmd, until) in ended {
             let fs = self.rules.fail_safe.clone();
-            let watts = match &fs {
-                FailSafe::RestoreDefault => self.set(i, Target::Default).applied_w,
-                FailSafe::Cap { watts, percent } => {
-                    let w = match (watts, percent) {
-                        (Some(w), _) => Some(*w),
-                        (None, Some(p)) => self
-                            .constraints(i)
-                            .ok()
-                            .map(|c| c.default_limit_w * p / 100.0),
-                        _ => None,
-                    };
-                    w.and_then(|w| self.set(i, Target::Watts(w)).applied_w)
+            // what the fail-safe wants is kept even if setting it fails now: the drift
+            // check retries it on the next reads
+            let (watts, outcome) = match &fs {
+                FailSafe::RestoreDefault => (None, Some(self.set(i, Target::Default))),
+                FailSafe::Cap { .. } => {
+                    let w = self.fail_safe_watts(i, None);
+                    (w, w.map(|w| self.set(i, Target::Watts(w))))
                 }
-                FailSafe::Keep => None,
+                FailSafe::Keep => (None, None),
             };
-            bump(&mut self.counters, "fail_safe_applied");
+            match outcome.as_ref().and_then(|o| o.error.clone()) {
+                Some(e) => {
+                    bump(&mut self.counters, "fail_safe_errors");
+                    error!(gpu = i, error = %e, "the fail-safe could not be applied yet; retrying on the next reads");
+                }
+                None => bump(&mut self.counters, "fail_safe_applied"),
+            }
             warn!(node = %self.rules.node, gpu = i, command = %cmd, lease_until = %until, fail_safe = fs.name(), watts = ?watts,
                 "no renewal from the controller: the lease ended, the fail-safe is in force");
             self.p.desired.insert(
@@ -611,11 +668,12 @@ impl Core {
         self.expire(now);
         if !self.rules.dry_run {
             let mut fixed = false;
-            for r in all.iter().flatten() {
-                let Some(d) = self.p.desired.get(&r.index) else {
+            let readings: Vec<GpuReading> = all.iter().flatten().cloned().collect();
+            for r in &readings {
+                let Some(d) = self.p.desired.get(&r.index).cloned() else {
                     continue;
                 };
-                let expected = match d {
+                let expected = match &d {
                     Desired::Limit { watts, .. } => Some((*watts, Target::Watts(*watts))),
                     Desired::Default { .. } => Some((r.default_limit_w, Target::Default)),
                     Desired::FailSafe {
@@ -623,26 +681,66 @@ impl Core {
                     } => match (fail_safe.as_str(), watts) {
                         ("restore_default", _) => Some((r.default_limit_w, Target::Default)),
                         ("cap", Some(w)) => Some((*w, Target::Watts(*w))),
+                        // a percent cap whose GPU could not be read when the lease ended
+                        ("cap", None) => self
+                            .fail_safe_watts(r.index, Some(r))
+                            .map(|w| (w, Target::Watts(w))),
                         _ => None,
                     },
                     Desired::Clocks { .. } => None,
                 };
                 let Some((want, t)) = expected else { continue };
+                let index = r.index;
                 if (r.power_limit_w - want).abs() <= self.rules.drift_tolerance_w {
+                    if self.drift.remove(&index).is_some() {
+                        info!(gpu = index, "the enforced power limit is as desired again");
+                    }
+                    self.failing.remove(&index);
                     continue;
                 }
-                let index = r.index;
+                // back off when re-applying does not hold (something else limits the
+                // GPU, or the setter keeps failing): 1 s, 2 s, 4 s ... up to 5 min
+                let (attempts, next_try) = self.drift.get(&index).copied().unwrap_or((0, now));
+                if now < next_try {
+                    continue;
+                }
                 let found = r.power_limit_w;
                 let o = self.set(index, t);
                 bump(&mut self.counters, "drift_reapplied");
-                match &o.error {
-                    None => {
+                // a re-apply that holds ends the matter; one that does not backs off
+                let holds = o.error.is_none()
+                    && self.backend.read(index).is_ok_and(|after| {
+                        (after.power_limit_w - want).abs() <= self.rules.drift_tolerance_w
+                    });
+                if holds {
+                    if attempts == 0 {
                         warn!(gpu = index, found_w = found, desired_w = want, "the enforced power limit drifted (driver reload, reboot or a manual change); re-applied");
-                        self.failing.remove(&index);
+                    } else {
+                        info!(
+                            gpu = index,
+                            desired_w = want,
+                            "the enforced power limit holds again"
+                        );
+                    }
+                    self.drift.remove(&index);
+                    self.failing.remove(&index);
+                    fixed = true;
+                    continue;
+                }
+                let attempts = attempts + 1;
+                let wait = f64::from(1u32 << attempts.min(9)).min(300.0);
+                self.drift.insert(index, (attempts, now.plus_secs(wait)));
+                if attempts >= DRIFT_DEGRADED {
+                    self.failing.insert(index);
+                }
+                match &o.error {
+                    None if attempts == 1 || attempts == DRIFT_DEGRADED => {
+                        error!(gpu = index, found_w = found, desired_w = want, "the power limit does not hold after re-applying (another limiter?); retrying with backoff up to 5 min");
                         fixed = true;
                     }
-                    Some(e) if self.failing.insert(index) => {
-                        error!(gpu = index, found_w = found, desired_w = want, error = %e, "the enforced power limit drifted and could not be re-applied; retrying every read");
+                    None => fixed = true,
+                    Some(e) if attempts == 1 || attempts == DRIFT_DEGRADED => {
+                        error!(gpu = index, found_w = found, desired_w = want, error = %e, "the enforced power limit drifted and could not be re-applied; retrying with backoff");
                     }
                     Some(_) => {}
                 }
@@ -754,6 +852,10 @@ impl Core {
     }
 
     fn save(&mut self) {
+        // a dry run must not leave a desired state that a later real run would apply
+        if self.rules.dry_run {
+            return;
+        }
         let Some(path) = &self.state_file else { return };
         if let Err(e) = save_state(path, &self.p) {
             bump(&mut self.counters, "state_file_errors");

@@ -214,8 +214,12 @@ fn bad_commands_are_rejected_with_their_reason_and_change_nothing() {
             "out_of_range",
         ),
         (
-            cmd("n", 0.0, 60.0, watts(vec![0, 7], 200.0)).seal(&key()),
+            cmd("n", 0.0, 60.0, watts(vec![7], 200.0)).seal(&key()),
             "no_such_gpu",
+        ),
+        (
+            cmd("late", -50.0, 20.0, watts(vec![0], 200.0)).seal(&key()),
+            "expired",
         ),
     ];
     for (bytes, reason) in cases {
@@ -226,6 +230,12 @@ fn bad_commands_are_rejected_with_their_reason_and_change_nothing() {
             ack.detail.as_deref().is_some_and(|d| !d.is_empty()),
             "{reason}: a detail says why"
         );
+        if ["malformed", "unsigned", "bad_signature"].contains(&reason) {
+            assert_eq!(
+                ack.id, None,
+                "an unauthenticated id is never echoed in a signed ack"
+            );
+        }
     }
     assert_eq!(b.lock().sets, 0, "no rejected command reached a setter");
     assert_eq!(limit(&b, 0), 300.0);
@@ -343,14 +353,18 @@ fn drift_from_a_driver_reload_or_a_manual_change_is_re_applied() {
     assert_eq!(r.gpus[1].reading.power_limit_w, 180.0);
     assert_eq!(c.counters.get("drift_reapplied"), Some(&2));
 
-    // a GPU that refuses is retried, reported degraded, and does not stop the others
+    // a GPU that refuses is retried with backoff, reported degraded, and does not stop
+    // the others
     sim.lock().faults.insert(1, Fault::NoPermission);
     sim.lock().inner.set_power_limit(1, 290.0).expect("set");
-    c.tick(at(2.0));
-    c.tick(at(3.0));
-    assert_eq!(c.health("online", at(3.0), None).status, "degraded");
+    for i in 2..=10 {
+        c.tick(at(f64::from(i)));
+    }
+    assert_eq!(c.health("online", at(10.0), None).status, "degraded");
+    assert_eq!(c.tick(at(11.0)).gpus[0].reading.power_limit_w, 180.0);
     sim.lock().faults.remove(&1);
-    assert_eq!(c.tick(at(4.0)).gpus[1].reading.power_limit_w, 180.0);
+    assert_eq!(c.tick(at(30.0)).gpus[1].reading.power_limit_w, 180.0);
+    assert_eq!(c.health("online", at(30.0), None).status, "online");
 }
 
 #[test]
@@ -533,4 +547,139 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_gpu_the_node_does_not_have_fails_alone() {
+    let b = gpus(2);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    let ack = c.handle(
+        &cmd("a", 0.0, 60.0, watts(vec![0, 7], 200.0)).seal(&key()),
+        at(0.0),
+    );
+    assert_eq!(ack.status, AckStatus::Partial);
+    let seven = ack.gpus.iter().find(|o| o.index == 7).expect("gpu 7");
+    assert!(seven
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("no_such_gpu")));
+    assert_eq!(
+        limit(&b, 0),
+        200.0,
+        "the GPU that exists is capped and leased"
+    );
+}
+
+#[test]
+fn a_fail_safe_that_cannot_be_set_at_first_is_retried_until_it_holds() {
+    let sim = Shared::new(Faulty {
+        inner: SimGpus::new(1, a40(), 1),
+        faults: BTreeMap::new(),
+    });
+    let mut r = Rules::new("n1", key());
+    r.fail_safe = FailSafe::Cap {
+        watts: Some(150.0),
+        percent: None,
+    };
+    let mut c = Core::start(r, Box::new(sim.clone()), None, at(0.0));
+    c.handle(
+        &cmd(
+            "a",
+            0.0,
+            10.0,
+            Action::Reset {
+                gpus: GpuSel::all(),
+            },
+        )
+        .seal(&key()),
+        at(0.0),
+    );
+    sim.lock().faults.insert(0, Fault::NoPermission);
+    c.tick(at(11.0));
+    assert_eq!(c.counters.get("fail_safe_errors"), Some(&1));
+    assert!(
+        matches!(c.desired().get(&0), Some(Desired::FailSafe { watts: Some(w), .. }) if *w == 150.0)
+    );
+    sim.lock().faults.clear();
+    let r = c.tick(at(13.0));
+    assert_eq!(
+        r.gpus[0].reading.power_limit_w, 150.0,
+        "the drift check applied the fail-safe"
+    );
+}
+
+/// A GPU held at 250 W by something else (a BMC power brake): setting 300 W never holds.
+struct Braked(SimGpus);
+
+impl GpuBackend for Braked {
+    fn name(&self) -> &'static str {
+        "braked"
+    }
+    fn count(&mut self) -> Result<u32, GpuError> {
+        self.0.count()
+    }
+    fn read(&mut self, index: u32) -> Result<GpuReading, GpuError> {
+        let mut r = self.0.read(index)?;
+        r.power_limit_w = r.power_limit_w.min(250.0);
+        Ok(r)
+    }
+    fn set_power_limit(&mut self, index: u32, watts: f64) -> Result<f64, GpuError> {
+        self.0.set_power_limit(index, watts)
+    }
+    fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError> {
+        self.0.reset_power_limit(index)
+    }
+}
+
+#[test]
+fn a_limit_that_does_not_hold_is_retried_with_backoff_not_every_read() {
+    let mut c = Core::start(
+        Rules::new("n1", key()),
+        Box::new(Braked(SimGpus::new(1, a40(), 1))),
+        None,
+        at(0.0),
+    );
+    c.handle(
+        &cmd(
+            "a",
+            0.0,
+            600.0,
+            Action::Reset {
+                gpus: GpuSel::all(),
+            },
+        )
+        .seal(&key()),
+        at(0.0),
+    );
+    let before = c.counters.get("setter_calls").copied().unwrap_or(0);
+    for i in 1..=60 {
+        c.tick(at(f64::from(i)));
+    }
+    let sets = c.counters.get("setter_calls").copied().unwrap_or(0) - before;
+    assert!(
+        (3..=7).contains(&sets),
+        "{sets} re-applies in 60 reads (1, 2, 4, 8, 16, 32 s apart)"
+    );
+    assert_eq!(c.health("online", at(60.0), None).status, "degraded");
+}
+
+#[test]
+fn a_dry_run_leaves_nothing_for_a_real_run_to_apply() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("agent-state.json");
+    let b = gpus(1);
+    let mut c = core_with(
+        b.clone(),
+        FailSafe::RestoreDefault,
+        true,
+        Some(file.clone()),
+    );
+    c.handle(
+        &cmd("a", 0.0, 600.0, watts(vec![0], 120.0)).seal(&key()),
+        at(0.0),
+    );
+    c.shutdown(OnExit::Keep, at(1.0));
+    let _real = core_with(b.clone(), FailSafe::RestoreDefault, false, Some(file));
+    assert_eq!(limit(&b, 0), 300.0);
+    assert_eq!(b.lock().sets, 0);
 }

@@ -195,6 +195,14 @@ pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
             "{name}: {what} must be above 0, got {v}"
         );
     }
+    anyhow::ensure!(
+        cfg.drift_tolerance_w.is_finite() && cfg.drift_tolerance_w >= 0.0,
+        "{name}: drift_tolerance_w must be 0 or more, got {}",
+        cfg.drift_tolerance_w
+    );
+    if cfg.state_file.is_none() {
+        warn!("{name}: no state_file: a restart forgets the desired state, its leases and the command ids seen (replays)");
+    }
     let fail_safe = match (cfg.fail_safe.as_str(), cfg.fail_safe_cap_w, cfg.fail_safe_cap_pct) {
         ("restore_default", None, None) => FailSafe::RestoreDefault,
         ("keep", None, None) => FailSafe::Keep,
@@ -306,7 +314,11 @@ pub fn run(
     let mut reads_since_health = 0u32;
     let mut last_health = String::new();
     let publish_health = |core: &Core, status: &str, last: &mut String| {
-        let h = core.health(status, clock(), None);
+        let mut h = core.health(status, clock(), None);
+        h.counters.insert(
+            "mqtt_dropped".into(),
+            link.dropped.load(std::sync::atomic::Ordering::Relaxed),
+        );
         let json = serde_json::to_vec(&h).unwrap_or_default();
         link.publish(&t_health, json, true, true);
         *last = h.status;
@@ -320,8 +332,11 @@ pub fn run(
             Ok(LinkEvent::Message { topic, payload }) if topic == t_cmd => {
                 let ack = core.handle(&payload, clock());
                 link.publish(&t_ack, ack.seal(&key), true, false);
-                // show the new state at once
-                next = Instant::now();
+                // show a new state at once (not for rejections: garbage must not make
+                // the agent read its GPUs on demand)
+                if ack.status != telemetry::agent_proto::AckStatus::Rejected {
+                    next = Instant::now();
+                }
             }
             Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
