@@ -20,6 +20,7 @@ struct Sums {
     kwh: f64,
     cost: f64,
     carbon_kg: f64,
+    integrated_kwh: f64,
 }
 
 /// Accumulates energy per account and rack, and emits ledger entries per interval.
@@ -71,18 +72,19 @@ impl Accountant {
             .iter()
             .flat_map(|j| j.allocated.iter().map(move |g| (g, j)))
             .collect();
-        let mut charges: Vec<(Account, Option<String>, f64)> = Vec::new();
+        // (account, rack, kWh, of which estimated as power × time)
+        let mut charges: Vec<(Account, Option<String>, f64, f64)> = Vec::new();
         let gpus = site.gpus();
         for rack in &site.racks {
             let rack_gpus: Vec<_> = gpus.iter().filter(|g| g.rack.id == rack.id).collect();
-            let per_gpu_j: Vec<f64> = rack_gpus
+            let per_gpu: Vec<(f64, bool)> = rack_gpus
                 .iter()
                 .map(|g| self.gpu_energy_j(&g.id, snapshot, dt, now))
                 .collect();
-            let gpu_j_total: f64 = per_gpu_j.iter().sum();
+            let gpu_j_total: f64 = per_gpu.iter().map(|p| p.0).sum();
             let rack_j = value(&EntityId::rack(&rack.id), POWER_W).map_or(gpu_j_total, |w| w * dt);
             let other_per_slot = (rack_j - gpu_j_total).max(0.0) / rack_gpus.len().max(1) as f64;
-            for (g, j) in rack_gpus.iter().zip(per_gpu_j) {
+            for (g, (j, integrated)) in rack_gpus.iter().zip(per_gpu) {
                 let account = match owner.get(&g.id) {
                     Some(job) => Account::Job {
                         job: job.id.clone(),
@@ -91,14 +93,18 @@ impl Accountant {
                     },
                     None => Account::Idle,
                 };
-                charges.push((
-                    account,
-                    Some(rack.id.clone()),
-                    (j + other_per_slot) / J_PER_KWH,
-                ));
+                // rack power is a meter reading held over the tick, like any power
+                let kwh = (j + other_per_slot) / J_PER_KWH;
+                let estimated = if integrated { j / J_PER_KWH } else { 0.0 };
+                charges.push((account, Some(rack.id.clone()), kwh, estimated));
             }
             if rack_gpus.is_empty() {
-                charges.push((Account::Idle, Some(rack.id.clone()), rack_j / J_PER_KWH));
+                charges.push((
+                    Account::Idle,
+                    Some(rack.id.clone()),
+                    rack_j / J_PER_KWH,
+                    0.0,
+                ));
             }
         }
         for unit in &site.cooling {
@@ -106,12 +112,13 @@ impl Accountant {
                 &EntityId::new(EntityKind::Cooling, &unit.id),
                 COOLING_POWER_W,
             ) {
-                charges.push((Account::Overhead, None, w * dt / J_PER_KWH));
+                charges.push((Account::Overhead, None, w * dt / J_PER_KWH, 0.0));
             }
         }
-        for (account, rack, kwh) in charges {
+        for (account, rack, kwh, estimated) in charges {
             let s = self.pending.entry((account, rack)).or_default();
             s.kwh += kwh;
+            s.integrated_kwh += estimated;
             s.cost += kwh * price;
             s.carbon_kg += kwh * carbon / 1000.0;
         }
@@ -136,6 +143,7 @@ impl Accountant {
                 energy_kwh: s.kwh,
                 cost: s.cost,
                 carbon_kg: s.carbon_kg,
+                integrated_kwh: s.integrated_kwh,
             })
             .collect()
     }
@@ -148,21 +156,28 @@ impl Accountant {
         }
     }
 
-    /// Joules a GPU used over the last `dt` seconds: counter delta, else power × time.
-    fn gpu_energy_j(&mut self, id: &EntityId, snapshot: &Snapshot, dt: f64, now: Timestamp) -> f64 {
+    /// Joules a GPU used over the last `dt` seconds: counter delta, else power × time
+    /// (then `true`: estimated).
+    fn gpu_energy_j(
+        &mut self,
+        id: &EntityId,
+        snapshot: &Snapshot,
+        dt: f64,
+        now: Timestamp,
+    ) -> (f64, bool) {
         let by_power = snapshot
             .observe(id, POWER_W, now)
             .map_or(0.0, |o| o.value * dt);
         let Some(counter) = snapshot.observe(id, ENERGY_J, now).filter(|o| !o.stale) else {
-            return by_power;
+            return (by_power, true);
         };
         match self.last_energy_j.insert(id.clone(), counter.value) {
-            Some(prev) if counter.value >= prev => counter.value - prev,
+            Some(prev) if counter.value >= prev => (counter.value - prev, false),
             Some(_) => {
                 self.counter_resets += 1;
-                by_power
+                (by_power, true)
             }
-            None => by_power,
+            None => (by_power, true),
         }
     }
 }
@@ -293,5 +308,17 @@ mod tests {
             (gpu_j - 3.0 * (12_000.0 + 50.0 * 60.0)).abs() < 1e-6,
             "{gpu_j}"
         );
+        // the interval across the reset is marked as estimated: GPU 0's 12 kJ, and
+        // GPU 1 (no counter) all along
+        let est = |f: &dyn Fn(&Account) -> bool| -> f64 {
+            out.iter()
+                .filter(|e| f(&e.account))
+                .map(|e| e.integrated_kwh * J_PER_KWH)
+                .sum()
+        };
+        let job_est = est(&|a| matches!(a, Account::Job { .. }));
+        assert!((job_est - 12_000.0).abs() < 1e-6, "{job_est}");
+        let idle_est = est(&|a| *a == Account::Idle);
+        assert!((idle_est - 3.0 * 100.0 * 60.0).abs() < 1e-6, "{idle_est}");
     }
 }

@@ -46,6 +46,8 @@ impl std::str::FromStr for GroupBy {
 pub struct Row {
     pub key: String,
     pub energy_kwh: f64,
+    /// Of `energy_kwh`, estimated as power × time rather than read from a counter.
+    pub estimated_kwh: f64,
     pub cost: f64,
     pub carbon_kg: f64,
     /// The highest average power over one ledger interval.
@@ -155,6 +157,7 @@ pub fn build(
             ..Row::default()
         });
         r.energy_kwh += e.energy_kwh;
+        r.estimated_kwh += e.integrated_kwh;
         r.cost += e.cost;
         r.carbon_kg += e.carbon_kg;
         *per_interval.entry((k.clone(), e.start, e.end)).or_default() += e.energy_kwh;
@@ -225,6 +228,7 @@ pub fn build(
     };
     for r in rows.values() {
         total.energy_kwh += r.energy_kwh;
+        total.estimated_kwh += r.estimated_kwh;
         total.cost += r.cost;
         total.carbon_kg += r.carbon_kg;
     }
@@ -286,16 +290,17 @@ fn opt(v: Option<f64>) -> String {
 
 impl EnergyReport {
     pub const CSV_HEADER: &'static str =
-        "group,energy_kwh,cost,carbon_kg,peak_kw,capped_gpu_hours,held_hours,saving_cost";
+        "group,energy_kwh,estimated_kwh,cost,carbon_kg,peak_kw,capped_gpu_hours,held_hours,saving_cost";
 
     pub fn csv(&self) -> String {
         let mut s = format!("{}\n", Self::CSV_HEADER);
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
             let _ = writeln!(
                 s,
-                "{},{:.6},{:.6},{:.6},{:.3},{},{},{}",
+                "{},{:.6},{:.6},{:.6},{:.6},{:.3},{},{},{}",
                 csv_field(&r.key),
                 r.energy_kwh,
+                r.estimated_kwh,
                 r.cost,
                 r.carbon_kg,
                 r.peak_kw,

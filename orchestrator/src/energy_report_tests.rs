@@ -25,6 +25,7 @@ fn entry(h: f64, account: Account, rack: Option<&str>, kwh: f64, price: f64) -> 
         energy_kwh: kwh,
         cost: kwh * price,
         carbon_kg: kwh * 0.4,
+        integrated_kwh: 0.0,
     }
 }
 
@@ -220,10 +221,11 @@ fn csv_and_json_keep_their_documented_schema() {
     let mut lines = csv.lines();
     assert_eq!(lines.next(), Some(EnergyReport::CSV_HEADER));
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    assert!(rows.iter().all(|c| c.len() == 8));
+    assert!(rows.iter().all(|c| c.len() == 9));
     assert_eq!(rows.last().expect("total")[0], "total");
     let ana = rows.iter().find(|c| c[0] == "ana").expect("ana");
     assert_eq!(ana[1].parse::<f64>().ok(), Some(8.0));
+    assert_eq!(ana[2].parse::<f64>().ok(), Some(0.0), "all from counters");
     let v: serde_json::Value = serde_json::from_str(&r.json()).expect("json");
     for k in ["from", "to", "group_by", "currency", "rows", "total"] {
         assert!(!v[k].is_null(), "{k}");
@@ -231,6 +233,7 @@ fn csv_and_json_keep_their_documented_schema() {
     for k in [
         "key",
         "energy_kwh",
+        "estimated_kwh",
         "cost",
         "carbon_kg",
         "peak_kw",

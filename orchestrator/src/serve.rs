@@ -539,11 +539,14 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             })
         }
     };
-    let board = Arc::new(std::sync::RwLock::new(crate::http::Board::new(
+    let policy_path = resolve(&base, &cfg.controller.policy);
+    let mut first_board = crate::http::Board::new(
         site.clone(),
-        resolve(&base, &cfg.controller.policy).display().to_string(),
+        policy_path.display().to_string(),
         wall_clock(),
-    )));
+    );
+    first_board.policy_text = std::fs::read_to_string(&policy_path).unwrap_or_default();
+    let board = Arc::new(std::sync::RwLock::new(first_board));
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
             cfg.http

@@ -183,6 +183,16 @@ fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
         413
     );
 
+    let (code, _, body) = http(port, "GET", "/api/v1/policy", Some(viewer), b"");
+    assert_eq!(code, 200);
+    let policy: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert!(
+        policy["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("version = 1")),
+        "{body}"
+    );
+
     // racks, GPUs and filtered decisions
     let (code, _, body) = http(port, "GET", "/api/v1/racks", Some(viewer), b"");
     assert_eq!(code, 200);

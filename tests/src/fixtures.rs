@@ -41,6 +41,7 @@ pub fn ledger(i: i64) -> LedgerEntry {
         energy_kwh: 0.25 + i as f64,
         cost: 0.05,
         carbon_kg: 0.1,
+        integrated_kwh: 0.0,
     }
 }
 

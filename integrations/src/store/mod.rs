@@ -117,6 +117,10 @@ pub struct LedgerEntry {
     pub energy_kwh: f64,
     pub cost: f64,
     pub carbon_kg: f64,
+    /// The part of `energy_kwh` estimated as power × time (a GPU without an energy
+    /// counter, or across a counter reset) rather than read from a counter or meter.
+    #[serde(default)]
+    pub integrated_kwh: f64,
 }
 
 const AUDIT: &str = "audit";

@@ -224,6 +224,40 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
             );
         }
     }
+    // rows: the sum of their racks, when every rack of the row has a fresh reading
+    for row in &b.site.rows {
+        let racks: Vec<_> = b.site.racks.iter().filter(|r| r.row == row.id).collect();
+        let readings: Vec<f64> = racks
+            .iter()
+            .filter_map(|r| {
+                b.snapshot.observe(
+                    &telemetry::EntityId::new(EntityKind::Rack, r.id.clone()),
+                    POWER_W,
+                    now,
+                )
+            })
+            .filter(|o| !o.stale)
+            .map(|o| o.value)
+            .collect();
+        if !racks.is_empty() && readings.len() == racks.len() {
+            let id = format!("row/{}", row.id);
+            o.add(
+                "row_power_watts",
+                "gauge",
+                "Power of a row: the sum of its racks' fresh readings",
+                &[("entity", &id)],
+                readings.iter().sum(),
+            );
+            let budget: f64 = racks.iter().map(|r| r.power_budget_kw * 1000.0).sum();
+            o.add(
+                "budget_watts",
+                "gauge",
+                "Power budget",
+                &[("entity", &id), ("kind", "row")],
+                budget,
+            );
+        }
+    }
     // caps and holds in force
     let mut capped_per_rack: BTreeMap<&str, (u32, f64)> = BTreeMap::new();
     let gpus = b.site.gpus();
@@ -413,6 +447,8 @@ mod tests {
                 30_000.0,
             ),
             (EntityId::rack("a01"), POWER_W, 5_000.0),
+            (EntityId::rack("a02"), POWER_W, 6_000.0),
+            (EntityId::rack("a03"), POWER_W, 7_000.0),
             (EntityId::rack("a01"), INLET_TEMP_C, 27.0),
             (g.clone(), POWER_W, 250.0),
         ] {
@@ -498,6 +534,14 @@ mod tests {
             assert!(seen.insert(l.to_string()), "family declared twice: {l}");
         }
         assert!(text.contains("powerplane_samples_rejected_total{reason=\"out_of_range\"} 2"));
+        assert!(
+            text.contains("powerplane_row_power_watts{entity=\"row/row-a\"} 18000"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("row/row-b"),
+            "a row with racks unread has no sum"
+        );
         assert!(text.contains(
             "powerplane_gpu_cap_watts{entity=\"gpu/a01-n01:0\",rule=\"budget.rack\"} 200"
         ));

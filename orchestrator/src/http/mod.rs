@@ -140,6 +140,8 @@ pub struct Token {
 pub struct Board {
     pub site: Site,
     pub policy_file: String,
+    /// The policy in force, as written.
+    pub policy_text: String,
     pub started: Timestamp,
     pub time: Timestamp,
     pub snapshot: Snapshot,
@@ -171,6 +173,7 @@ impl Board {
         Board {
             site,
             policy_file,
+            policy_text: String::new(),
             started,
             time: started,
             snapshot: Snapshot::new(),
@@ -369,6 +372,10 @@ impl Api {
             "holds" => json_reply(
                 200,
                 &json!({ "holds": board.state.holds, "observed_holds": board.state.observed_holds }),
+            ),
+            "policy" => json_reply(
+                200,
+                &json!({ "file": board.policy_file, "text": board.policy_text, "reload_error": null }),
             ),
             "decisions" => match decisions(&board, query) {
                 Ok(v) => json_reply(200, &v),
@@ -648,6 +655,7 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
             "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
+            "/api/v1/policy": get("The policy in force, as written, and the last reload error", "viewer"),
             "/api/v1/decisions": decisions,
             "/api/v1/overrides": {
                 "get": { "summary": "Overrides in force", "description": "Needs a viewer token.", "security": [{ "bearer": [] }], "responses": { "200": { "description": "OK" } } },
