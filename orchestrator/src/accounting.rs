@@ -2,10 +2,14 @@
 //! to idle, or to cooling overhead, with the price and carbon intensity in force.
 //!
 //! GPU energy comes from the GPUs' energy counters (a counter that went backwards was
-//! reset: that interval falls back to power × time). A rack's energy beyond its GPUs
-//! (CPUs, memory, fans) is split evenly over the rack's GPU slots and follows the job on
-//! each slot. Conservation holds by construction: jobs + idle + overhead = racks +
-//! cooling, as measured.
+//! reset: that interval falls back to power × time, marked as estimated). A rack's
+//! energy is its own meter, else the sum of its nodes' (a BMC's chassis power, else the
+//! PDU outlets feeding the node), else its GPUs'. What is beyond the GPUs (CPUs,
+//! memory, fans) goes to the GPU slots, by each node's measured share when every node
+//! is metered, else evenly, and follows the job on each slot. A GPU held by several
+//! jobs is split evenly between them (marked as shared: the split is an estimate).
+//! Conservation holds by construction: jobs + idle + overhead = racks + cooling, as
+//! measured.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +25,7 @@ struct Sums {
     cost: f64,
     carbon_kg: f64,
     integrated_kwh: f64,
+    shared_kwh: f64,
 }
 
 /// Accumulates energy per account and rack, and emits ledger entries per interval.
@@ -68,12 +73,15 @@ impl Accountant {
         let value = |e: &EntityId, m: &str| snapshot.observe(e, m, now).map(|o| o.value);
         let price = value(&site.site_entity(), PRICE_PER_KWH).unwrap_or(0.0);
         let carbon = value(&site.site_entity(), CARBON_G_PER_KWH).unwrap_or(0.0);
-        let owner: BTreeMap<&EntityId, &Job> = jobs
-            .iter()
-            .flat_map(|j| j.allocated.iter().map(move |g| (g, j)))
-            .collect();
-        // (account, rack, kWh, of which estimated as power × time)
-        let mut charges: Vec<(Account, Option<String>, f64, f64)> = Vec::new();
+        // a GPU held by several jobs (MPS, time slicing) is split evenly between them
+        let mut owners: BTreeMap<&EntityId, Vec<&Job>> = BTreeMap::new();
+        for j in jobs {
+            for g in &j.allocated {
+                owners.entry(g).or_default().push(j);
+            }
+        }
+        // (account, rack, kWh, of which estimated as power × time, of which on a shared GPU)
+        let mut charges: Vec<(Account, Option<String>, f64, f64, f64)> = Vec::new();
         let gpus = site.gpus();
         for rack in &site.racks {
             let rack_gpus: Vec<_> = gpus.iter().filter(|g| g.rack.id == rack.id).collect();
@@ -82,27 +90,98 @@ impl Accountant {
                 .map(|g| self.gpu_energy_j(&g.id, snapshot, dt, now))
                 .collect();
             let gpu_j_total: f64 = per_gpu.iter().map(|p| p.0).sum();
-            let rack_j = value(&EntityId::rack(&rack.id), POWER_W).map_or(gpu_j_total, |w| w * dt);
-            let other_per_slot = (rack_j - gpu_j_total).max(0.0) / rack_gpus.len().max(1) as f64;
-            for (g, (j, integrated)) in rack_gpus.iter().zip(per_gpu) {
-                let account = match owner.get(&g.id) {
-                    Some(job) => Account::Job {
-                        job: job.id.clone(),
-                        project: job.project.clone(),
-                        user: job.user.clone(),
-                    },
-                    None => Account::Idle,
+            // node meters: the node's own power (a BMC's chassis power), else the sum of
+            // the PDU outlets feeding it
+            let node_j: BTreeMap<usize, Option<f64>> = rack
+                .nodes
+                .iter()
+                .map(|&n| {
+                    let node = &site.nodes[n];
+                    let own = value(&EntityId::new(EntityKind::Node, node.id.clone()), POWER_W);
+                    let outlets = if node.outlets.is_empty() {
+                        None
+                    } else {
+                        node.outlets
+                            .iter()
+                            .map(|o| value(&EntityId::new(EntityKind::Outlet, o.clone()), POWER_W))
+                            .sum::<Option<f64>>()
+                    };
+                    (n, own.or(outlets).map(|w| w * dt))
+                })
+                .collect();
+            let all_metered = !node_j.is_empty() && node_j.values().all(Option::is_some);
+            // the rack's energy: its own meter, else its nodes', else its GPUs'
+            let rack_j = value(&EntityId::rack(&rack.id), POWER_W)
+                .map(|w| w * dt)
+                .or_else(|| all_metered.then(|| node_j.values().flatten().sum()))
+                .unwrap_or(gpu_j_total);
+            let other = (rack_j - gpu_j_total).max(0.0);
+            // the rest (CPUs, memory, fans) goes to GPU slots: by each node's measured
+            // share when every node is metered, else evenly
+            let slot_other: Vec<f64> = if all_metered {
+                let node_gpu_j = |n: usize| -> f64 {
+                    rack_gpus
+                        .iter()
+                        .zip(&per_gpu)
+                        .filter(|(g, _)| g.node_index == n)
+                        .map(|(_, p)| p.0)
+                        .sum()
                 };
-                // rack power is a meter reading held over the tick, like any power
-                let kwh = (j + other_per_slot) / J_PER_KWH;
+                let node_other: BTreeMap<usize, f64> = node_j
+                    .iter()
+                    .map(|(n, j)| (*n, (j.unwrap_or(0.0) - node_gpu_j(*n)).max(0.0)))
+                    .collect();
+                let sum: f64 = node_other.values().sum();
+                rack_gpus
+                    .iter()
+                    .map(|g| {
+                        let slots = rack_gpus
+                            .iter()
+                            .filter(|h| h.node_index == g.node_index)
+                            .count();
+                        let share = if sum > 0.0 {
+                            node_other[&g.node_index] / sum
+                        } else {
+                            1.0 / rack_gpus.len() as f64 * slots as f64
+                        };
+                        other * share / slots.max(1) as f64
+                    })
+                    .collect()
+            } else {
+                vec![other / rack_gpus.len().max(1) as f64; rack_gpus.len()]
+            };
+            for ((g, (j, integrated)), extra) in rack_gpus.iter().zip(per_gpu).zip(slot_other) {
+                let kwh = (j + extra) / J_PER_KWH;
                 let estimated = if integrated { j / J_PER_KWH } else { 0.0 };
-                charges.push((account, Some(rack.id.clone()), kwh, estimated));
+                match owners.get(&g.id).map(Vec::as_slice) {
+                    None | Some([]) => {
+                        charges.push((Account::Idle, Some(rack.id.clone()), kwh, estimated, 0.0))
+                    }
+                    Some(holders) => {
+                        let k = holders.len() as f64;
+                        let shared = if holders.len() > 1 { kwh / k } else { 0.0 };
+                        for job in holders {
+                            charges.push((
+                                Account::Job {
+                                    job: job.id.clone(),
+                                    project: job.project.clone(),
+                                    user: job.user.clone(),
+                                },
+                                Some(rack.id.clone()),
+                                kwh / k,
+                                estimated / k,
+                                shared,
+                            ));
+                        }
+                    }
+                }
             }
             if rack_gpus.is_empty() {
                 charges.push((
                     Account::Idle,
                     Some(rack.id.clone()),
                     rack_j / J_PER_KWH,
+                    0.0,
                     0.0,
                 ));
             }
@@ -112,13 +191,14 @@ impl Accountant {
                 &EntityId::new(EntityKind::Cooling, &unit.id),
                 COOLING_POWER_W,
             ) {
-                charges.push((Account::Overhead, None, w * dt / J_PER_KWH, 0.0));
+                charges.push((Account::Overhead, None, w * dt / J_PER_KWH, 0.0, 0.0));
             }
         }
-        for (account, rack, kwh, estimated) in charges {
+        for (account, rack, kwh, estimated, shared) in charges {
             let s = self.pending.entry((account, rack)).or_default();
             s.kwh += kwh;
             s.integrated_kwh += estimated;
+            s.shared_kwh += shared;
             s.cost += kwh * price;
             s.carbon_kg += kwh * carbon / 1000.0;
         }
@@ -144,6 +224,7 @@ impl Accountant {
                 cost: s.cost,
                 carbon_kg: s.carbon_kg,
                 integrated_kwh: s.integrated_kwh,
+                shared_kwh: s.shared_kwh,
             })
             .collect()
     }
@@ -320,5 +401,77 @@ mod tests {
         assert!((job_est - 12_000.0).abs() < 1e-6, "{job_est}");
         let idle_est = est(&|a| *a == Account::Idle);
         assert!((idle_est - 3.0 * 100.0 * 60.0).abs() < 1e-6, "{idle_est}");
+    }
+
+    const METERED: &str = "version = 1\n[site]\nname = \"m\"\n[[feeds]]\nid = \"f\"\nrating_kw = 30\n[[pdus]]\nid = \"p1\"\nfeed = \"f\"\nrating_kw = 10\n[[pdus.outlets]]\nid = \"A1\"\nrating_kw = 3\n[[pdus.outlets]]\nid = \"A2\"\nrating_kw = 3\n[[cooling]]\nid = \"c\"\ncapacity_kw = 30\nracks = [\"r1\"]\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"w\"\nroom = \"h\"\n[[racks]]\nid = \"r1\"\nrow = \"w\"\npdus = [\"p1\"]\n[[nodes]]\nid = \"n1\"\nrack = \"r1\"\ngpus = 1\ngpu_model = \"A40\"\noutlets = [\"p1.A1\"]\n[[nodes]]\nid = \"n2\"\nrack = \"r1\"\ngpus = 1\ngpu_model = \"A40\"\noutlets = [\"p1.A2\"]\n";
+
+    fn metered(jobs_on_n1: &[&str]) -> Vec<LedgerEntry> {
+        let site = Site::parse("m.toml", METERED).expect("site");
+        let g = site.gpus();
+        let jobs: Vec<Job> = jobs_on_n1
+            .iter()
+            .map(|id| {
+                let mut j = job(&site);
+                j.id = id.to_string();
+                j.allocated = vec![g[0].id.clone()];
+                j
+            })
+            .collect();
+        let mut a = Accountant::new(3600.0);
+        let mut s = Snapshot::new();
+        let mut out = Vec::new();
+        for i in 0..=10 {
+            let now = t(f64::from(i) * 60.0);
+            // no rack meter: the PDU outlets of each node; GPUs by power only
+            for (e, m, v) in [
+                (g[0].id.clone(), POWER_W, 200.0),
+                (g[1].id.clone(), POWER_W, 100.0),
+                (EntityId::new(EntityKind::Outlet, "p1.A1"), POWER_W, 500.0),
+                (EntityId::new(EntityKind::Outlet, "p1.A2"), POWER_W, 300.0),
+            ] {
+                s.ingest(Sample::new(e, m, v, now, "t"), now)
+                    .expect("sample");
+            }
+            out.extend(a.record(&site, &s, &jobs, now));
+        }
+        out.extend(a.flush(t(600.0)));
+        out
+    }
+
+    #[test]
+    fn node_meters_from_pdu_outlets_decide_where_the_rest_of_the_rack_goes() {
+        let out = metered(&["slurm:1"]);
+        let w = |f: &dyn Fn(&Account) -> bool| -> f64 {
+            out.iter()
+                .filter(|e| f(&e.account))
+                .map(|e| e.energy_kwh)
+                .sum::<f64>()
+                * J_PER_KWH
+                / 600.0
+        };
+        // the rack drew what its outlets measured: 800 W
+        assert!((w(&|_| true) - 800.0).abs() < 1e-6);
+        // n1: its GPU (200 W) and its node's other 300 W; n2 idle: 100 + 200
+        assert!((w(&|a| matches!(a, Account::Job { .. })) - 500.0).abs() < 1e-6);
+        assert!((w(&|a| *a == Account::Idle) - 300.0).abs() < 1e-6);
+        assert!(out.iter().all(|e| e.shared_kwh == 0.0));
+    }
+
+    #[test]
+    fn a_gpu_two_jobs_share_is_split_evenly_and_marked_shared() {
+        let out = metered(&["slurm:1", "slurm:2"]);
+        for id in ["slurm:1", "slurm:2"] {
+            let e: Vec<_> = out
+                .iter()
+                .filter(|e| matches!(&e.account, Account::Job { job, .. } if job == id))
+                .collect();
+            let kwh: f64 = e.iter().map(|e| e.energy_kwh).sum();
+            let shared: f64 = e.iter().map(|e| e.shared_kwh).sum();
+            assert!(
+                (kwh * J_PER_KWH / 600.0 - 250.0).abs() < 1e-6,
+                "{id}: {kwh}"
+            );
+            assert!((shared - kwh).abs() < 1e-12, "all of it from a shared GPU");
+        }
     }
 }

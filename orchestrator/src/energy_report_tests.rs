@@ -26,6 +26,7 @@ fn entry(h: f64, account: Account, rack: Option<&str>, kwh: f64, price: f64) -> 
         cost: kwh * price,
         carbon_kg: kwh * 0.4,
         integrated_kwh: 0.0,
+        shared_kwh: 0.0,
     }
 }
 

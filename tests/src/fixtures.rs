@@ -42,6 +42,7 @@ pub fn ledger(i: i64) -> LedgerEntry {
         cost: 0.05,
         carbon_kg: 0.1,
         integrated_kwh: 0.0,
+        shared_kwh: 0.0,
     }
 }
 

@@ -121,6 +121,10 @@ pub struct LedgerEntry {
     /// counter, or across a counter reset) rather than read from a counter or meter.
     #[serde(default)]
     pub integrated_kwh: f64,
+    /// The part of `energy_kwh` from GPUs several jobs held at once, split evenly: an
+    /// estimate whose error can reach this whole amount.
+    #[serde(default)]
+    pub shared_kwh: f64,
 }
 
 const AUDIT: &str = "audit";
