@@ -69,6 +69,8 @@ pub struct EnergyReport {
     pub currency: String,
     pub rows: Vec<Row>,
     pub total: Row,
+    /// (IT + overhead) / IT over the period, when the ledger holds overhead.
+    pub pue: Option<f64>,
     /// Ledger intervals over time: (start, end, kWh, cost) of the whole facility.
     #[serde(skip)]
     pub intervals: Vec<(Timestamp, Timestamp, f64, f64)>,
@@ -268,8 +270,16 @@ pub fn build(
     if by == GroupBy::Day {
         rows.sort_by(|a, b| a.key.cmp(&b.key));
     }
+    let overhead: f64 = entries
+        .iter()
+        .filter(|e| e.account == Account::Overhead)
+        .map(|e| e.energy_kwh)
+        .sum();
+    let it = total.energy_kwh - overhead;
+    let pue = (overhead > 0.0 && it > 0.0).then(|| total.energy_kwh / it);
     EnergyReport {
         site: String::new(),
+        pue,
         from,
         to,
         group_by: format!("{by:?}").to_lowercase(),
@@ -326,7 +336,7 @@ impl EnergyReport {
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
             let _ = writeln!(
                 s,
-                "{:<28} {:>12.3} {:>12.2} {:>12.2} {:>9.2} {:>10} {:>9}",
+                "{:<28} {:>12.3} {:>12.2} {:>12.2} {:>9.2} {:>11} {:>9}",
                 r.key,
                 r.energy_kwh,
                 r.cost,
@@ -335,6 +345,9 @@ impl EnergyReport {
                 r.capped_gpu_hours.map_or("-".into(), |v| format!("{v:.1}")),
                 r.held_hours.map_or("-".into(), |v| format!("{v:.1}"))
             );
+        }
+        if let Some(p) = self.pue {
+            let _ = writeln!(s, "PUE {p:.2} (IT and cooling over the period)");
         }
         s
     }
@@ -354,12 +367,13 @@ impl EnergyReport {
         );
         let _ = write!(
             body,
-            "<table><tr><th>total</th><td class=\"n\">{:.1} kWh</td><td class=\"n\">{:.2} {}</td><td class=\"n\">{:.1} kg CO2</td><td class=\"n\">peak {:.1} kW</td></tr></table>",
+            "<table><tr><th>total</th><td class=\"n\">{:.1} kWh</td><td class=\"n\">{:.2} {}</td><td class=\"n\">{:.1} kg CO2</td><td class=\"n\">peak {:.1} kW</td><td class=\"n\">PUE {}</td></tr></table>",
             self.total.energy_kwh,
             self.total.cost,
             escape(&self.currency),
             self.total.carbon_kg,
-            self.total.peak_kw
+            self.total.peak_kw,
+            self.pue.map_or("–".into(), |p| format!("{p:.2}"))
         );
         let t0 = self.from.as_secs_f64();
         let hours = |t: Timestamp| (t.as_secs_f64() - t0) / 3600.0;

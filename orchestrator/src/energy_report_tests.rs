@@ -130,6 +130,8 @@ fn groups_add_up_to_the_total_and_carry_cost_peak_held_and_capped_time() {
     assert_eq!(r.rows[1].held_hours, Some(1.5));
     assert_eq!(r.rows[0].held_hours, None, "never held");
     assert!((r.total.peak_kw - 4.2).abs() < 1e-9);
+    // 2.8 kWh of cooling on 14 kWh of IT
+    assert!(r.pue.is_some_and(|p| (p - 16.8 / 14.0).abs() < 1e-9));
     // two GPUs from 1 h; one uncapped at 3 h, the other to the end: 2 + 3 GPU-hours
     assert_eq!(r.total.capped_gpu_hours, Some(5.0));
     assert_eq!(

@@ -623,6 +623,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             &report.decisions,
             buffer.dropped.load(Ordering::Relaxed),
         );
+        b.jobs = control.registry().active();
         drop(b);
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");

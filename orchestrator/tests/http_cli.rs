@@ -183,6 +183,9 @@ fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
         413
     );
 
+    let (code, _, body) = http(port, "GET", "/api/v1/jobs", Some(viewer), b"");
+    assert_eq!(code, 200);
+    assert!(serde_json::from_str::<serde_json::Value>(&body).expect("json")["jobs"].is_array());
     let (code, _, body) = http(port, "GET", "/api/v1/policy", Some(viewer), b"");
     assert_eq!(code, 200);
     let policy: serde_json::Value = serde_json::from_str(&body).expect("json");
@@ -364,23 +367,7 @@ fn the_status_page_renders_in_chromium_with_its_headings() {
     }
 
     // the picture is not blank: many non-white pixels, and the price line is drawn
-    let decoder = png::Decoder::new(std::io::BufReader::new(
-        std::fs::File::open(&shot).expect("png"),
-    ));
-    let mut reader = decoder.read_info().expect("png header");
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).expect("png frame");
-    let px = info.color_type.samples();
-    let pixels: Vec<&[u8]> = buf[..info.buffer_size()].chunks(px).collect();
-    let inked = pixels
-        .iter()
-        .filter(|p| p[0] < 235 || p[1] < 235 || p[2] < 235)
-        .count();
-    assert!(
-        inked * 100 > pixels.len(),
-        "only {inked} of {} pixels are not white",
-        pixels.len()
-    );
+    let pixels = common::png_pixels(&shot);
     let blue = pixels
         .iter()
         .filter(|p| {

@@ -1,6 +1,8 @@
 //! The energy ledger on the simulated facility: it conserves energy against what the
 //! simulator drew, and `powerplane report` reads it back.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -118,12 +120,21 @@ fn the_ledger_conserves_the_simulated_facility_energy_within_half_a_percent() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dom = Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .expect("this test needs Debian's chromium");
-    let dom = String::from_utf8_lossy(&dom.stdout);
+    let shot = dir.path().join("energy.png");
+    let dom = common::chromium(&format!("file://{}", html.display()), &shot);
+    let pixels = common::png_pixels(&shot);
+    let green = pixels
+        .iter()
+        .filter(|p| {
+            (i32::from(p[0]) - 24).abs() < 30
+                && (i32::from(p[1]) - 128).abs() < 30
+                && (i32::from(p[2]) - 56).abs() < 30
+        })
+        .count();
+    assert!(
+        green > 200,
+        "the cost bars are drawn ({green} green pixels)"
+    );
     for h in [
         "Energy report — demo-hall",
         "Power and price over time",

@@ -258,6 +258,48 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
             );
         }
     }
+    // PUE: (IT + cooling) / IT, when every rack and some cooling power are fresh
+    let rack_w: Option<f64> = b
+        .site
+        .racks
+        .iter()
+        .map(|r| {
+            b.snapshot
+                .observe(
+                    &telemetry::EntityId::new(EntityKind::Rack, r.id.clone()),
+                    POWER_W,
+                    now,
+                )
+                .filter(|o| !o.stale)
+                .map(|o| o.value)
+        })
+        .sum();
+    let cooling_w: Vec<f64> = b
+        .site
+        .cooling
+        .iter()
+        .filter_map(|c| {
+            b.snapshot
+                .observe(
+                    &telemetry::EntityId::new(EntityKind::Cooling, c.id.clone()),
+                    COOLING_POWER_W,
+                    now,
+                )
+                .filter(|o| !o.stale)
+                .map(|o| o.value)
+        })
+        .collect();
+    if let (Some(it), false) = (rack_w, cooling_w.is_empty()) {
+        if it > 0.0 {
+            o.add(
+                "pue_ratio",
+                "gauge",
+                "Power usage effectiveness: (IT + cooling) / IT",
+                &[],
+                (it + cooling_w.iter().sum::<f64>()) / it,
+            );
+        }
+    }
     // caps and holds in force
     let mut capped_per_rack: BTreeMap<&str, (u32, f64)> = BTreeMap::new();
     let gpus = b.site.gpus();
@@ -522,6 +564,39 @@ mod tests {
         assert!(
             missing.is_empty(),
             "the dashboard queries metrics /metrics does not export: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn pue_shows_once_every_rack_and_the_cooling_are_read() {
+        let (mut b, _) = board();
+        assert!(
+            !render(&b, None).contains("powerplane_pue_ratio"),
+            "racks b01..b03 unread"
+        );
+        let now = b.time;
+        let mut snap = b.snapshot.clone();
+        for (e, m, v) in [
+            (EntityId::rack("b01"), POWER_W, 6_000.0),
+            (EntityId::rack("b02"), POWER_W, 6_000.0),
+            (EntityId::rack("b03"), POWER_W, 6_000.0),
+            (
+                EntityId::new(EntityKind::Cooling, "crah-b"),
+                COOLING_POWER_W,
+                7_200.0,
+            ),
+        ] {
+            snap.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("sample");
+        }
+        let state = b.state.clone();
+        let counters = b.counters.clone();
+        b.update(now, &snap, &state, &counters, &[], 0);
+        // (36 kW IT + 7.2 kW cooling) / 36 kW
+        assert!(
+            render(&b, None).contains("powerplane_pue_ratio 1.2\n"),
+            "{}",
+            render(&b, None)
         );
     }
 

@@ -154,6 +154,8 @@ pub struct Board {
     pub recent: VecDeque<Decision>,
     /// The price in force now and its steps over the next 24 hours.
     pub prices: Vec<(Timestamp, f64)>,
+    /// The jobs the schedulers report as pending or running.
+    pub jobs: Vec<telemetry::Job>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -183,6 +185,7 @@ impl Board {
             decisions_by_rule: BTreeMap::new(),
             recent: VecDeque::new(),
             prices: Vec::new(),
+            jobs: Vec::new(),
         }
     }
 
@@ -373,6 +376,14 @@ impl Api {
                 200,
                 &json!({ "holds": board.state.holds, "observed_holds": board.state.observed_holds }),
             ),
+            "jobs" => {
+                let list: Vec<_> = board
+                    .jobs
+                    .iter()
+                    .map(|j| json!({ "job": j, "held": board.state.holds.get(&j.id) }))
+                    .collect();
+                json_reply(200, &json!({ "jobs": list }))
+            }
             "policy" => json_reply(
                 200,
                 &json!({ "file": board.policy_file, "text": board.policy_text, "reload_error": null }),
@@ -655,6 +666,7 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
             "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
+            "/api/v1/jobs": get("Pending and running jobs, each with its hold if powerplane holds it", "viewer"),
             "/api/v1/policy": get("The policy in force, as written, and the last reload error", "viewer"),
             "/api/v1/decisions": decisions,
             "/api/v1/overrides": {

@@ -63,3 +63,54 @@ pub fn promtool_check(metrics: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The RGB(A) pixels of a PNG; fails the test when fewer than 1% are not white.
+pub fn png_pixels(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let decoder = png::Decoder::new(std::io::BufReader::new(
+        std::fs::File::open(path).expect("png"),
+    ));
+    let mut reader = decoder.read_info().expect("png header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("png frame");
+    let px = info.color_type.samples();
+    let pixels: Vec<Vec<u8>> = buf[..info.buffer_size()]
+        .chunks(px)
+        .map(<[u8]>::to_vec)
+        .collect();
+    let inked = pixels
+        .iter()
+        .filter(|p| p[0] < 235 || p[1] < 235 || p[2] < 235)
+        .count();
+    assert!(
+        inked * 100 > pixels.len(),
+        "{}: only {inked} of {} pixels are not white",
+        path.display(),
+        pixels.len()
+    );
+    pixels
+}
+
+/// Headless Chromium: a screenshot of `url` into `png` and the rendered DOM.
+pub fn chromium(url: &str, png: &std::path::Path) -> String {
+    let run = |arg: String| {
+        Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--window-size=1200,1800",
+            ])
+            .arg(arg)
+            .arg(url)
+            .output()
+            .expect("this test needs Debian's chromium")
+    };
+    let shot = run(format!("--screenshot={}", png.display()));
+    assert!(
+        png.exists(),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
+    String::from_utf8_lossy(&run("--dump-dom".into()).stdout).to_string()
+}
