@@ -155,6 +155,21 @@ impl Wire {
         })
     }
 
+    /// Waits for the agent's `online` health.
+    fn online(&self, node: &str) {
+        self.on(
+            node,
+            Channel::Health,
+            "the agent online",
+            Duration::from_secs(10),
+            |b| {
+                serde_json::from_slice::<Health>(b)
+                    .ok()
+                    .filter(|h| h.status == "online")
+            },
+        );
+    }
+
     fn send(&self, node: &str, payload: Vec<u8>) {
         assert!(self
             .link
@@ -228,17 +243,7 @@ fn a_planned_cap_reaches_the_gpu_is_acknowledged_and_shows_in_the_telemetry() {
     let dir = tempfile::tempdir().expect("tmp");
     let wire = Wire::open(&p);
     let agent = Agent::start(dir.path(), &node, &p, "", sim(4));
-    wire.on(
-        &node,
-        Channel::Health,
-        "the agent online",
-        Duration::from_secs(10),
-        |b| {
-            serde_json::from_slice::<Health>(b)
-                .ok()
-                .filter(|h| h.status == "online")
-        },
-    );
+    wire.online(&node);
 
     // the controller's side, as serve runs it
     let mut fleet = Fleet::new(&site, key(), Topics::new(&p), FleetConfig::default(), now());
@@ -328,17 +333,7 @@ fn a_lease_that_is_not_renewed_ends_in_the_fail_safe() {
         "fail_safe = \"cap\"\nfail_safe_cap_w = 150",
         sim(2),
     );
-    wire.on(
-        "n-lease",
-        Channel::Health,
-        "the agent online",
-        Duration::from_secs(10),
-        |b| {
-            serde_json::from_slice::<Health>(b)
-                .ok()
-                .filter(|h| h.status == "online")
-        },
-    );
+    wire.online("n-lease");
     let c = command("n-lease", "lease-1", 2.0, set(vec![0, 1], 250.0));
     wire.send("n-lease", c.seal(&key()));
     assert_eq!(wire.ack("n-lease", "lease-1").status, AckStatus::Applied);
@@ -367,17 +362,7 @@ fn unsigned_forged_replayed_expired_and_absurd_commands_are_rejected_over_the_wi
     let dir = tempfile::tempdir().expect("tmp");
     let wire = Wire::open(&p);
     let agent = Agent::start(dir.path(), "n-rej", &p, "", sim(2));
-    wire.on(
-        "n-rej",
-        Channel::Health,
-        "the agent online",
-        Duration::from_secs(10),
-        |b| {
-            serde_json::from_slice::<Health>(b)
-                .ok()
-                .filter(|h| h.status == "online")
-        },
-    );
+    wire.online("n-rej");
     let good = command("n-rej", "ok-1", 60.0, set(vec![0], 200.0));
     wire.send("n-rej", good.seal(&key()));
     assert_eq!(wire.ack("n-rej", "ok-1").status, AckStatus::Applied);
@@ -449,17 +434,7 @@ fn a_restarted_agent_restores_the_desired_state_without_waiting_for_the_controll
     let wire = Wire::open(&p);
     let extra = "state_file = \"agent-state.json\"\non_exit = \"keep\"";
     let agent = Agent::start(dir.path(), "n-rs", &p, extra, sim(2));
-    wire.on(
-        "n-rs",
-        Channel::Health,
-        "the agent online",
-        Duration::from_secs(10),
-        |b| {
-            serde_json::from_slice::<Health>(b)
-                .ok()
-                .filter(|h| h.status == "online")
-        },
-    );
+    wire.online("n-rs");
     wire.send(
         "n-rs",
         command("n-rs", "rs-1", 120.0, set(vec![1], 160.0)).seal(&key()),
