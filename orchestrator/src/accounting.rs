@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use integrations::store::{Account, LedgerEntry};
+use integrations::store::{Account, Conditions, InletCondition, LedgerEntry};
 use telemetry::metric::names::*;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
@@ -38,6 +38,10 @@ pub struct Accountant {
     pending: BTreeMap<(Account, Option<String>), Sums>,
     /// Intervals where a GPU counter went backwards.
     pub counter_resets: u64,
+    /// The hottest fresh inlet per rack in the open interval.
+    inlets: BTreeMap<String, InletCondition>,
+    /// The conditions of the last interval closed, until taken.
+    closed: Option<Conditions>,
 }
 
 impl Accountant {
@@ -49,6 +53,8 @@ impl Accountant {
             last_energy_j: BTreeMap::new(),
             pending: BTreeMap::new(),
             counter_resets: 0,
+            inlets: BTreeMap::new(),
+            closed: None,
         }
     }
 
@@ -71,6 +77,21 @@ impl Accountant {
             return Vec::new();
         }
         let value = |e: &EntityId, m: &str| snapshot.observe(e, m, now).map(|o| o.value);
+        for rack in &site.racks {
+            if let Some(o) = snapshot
+                .observe(&EntityId::rack(&rack.id), INLET_TEMP_C, now)
+                .filter(|o| !o.stale)
+            {
+                let c = self
+                    .inlets
+                    .entry(rack.id.clone())
+                    .or_insert(InletCondition {
+                        max_c: o.value,
+                        limit_c: rack.inlet_limit_c,
+                    });
+                c.max_c = c.max_c.max(o.value);
+            }
+        }
         let price = value(&site.site_entity(), PRICE_PER_KWH).unwrap_or(0.0);
         let carbon = value(&site.site_entity(), CARBON_G_PER_KWH).unwrap_or(0.0);
         // a GPU held by several jobs (MPS, time slicing) is split evenly between them
@@ -209,9 +230,22 @@ impl Accountant {
         Vec::new()
     }
 
+    /// The conditions of the interval closed last, once.
+    pub fn take_conditions(&mut self) -> Option<Conditions> {
+        self.closed.take()
+    }
+
     /// Closes the current interval.
     pub fn flush(&mut self, now: Timestamp) -> Vec<LedgerEntry> {
         let start = self.window_start.replace(now).unwrap_or(now);
+        let inlets = std::mem::take(&mut self.inlets);
+        if !inlets.is_empty() {
+            self.closed = Some(Conditions {
+                start,
+                end: now,
+                inlets,
+            });
+        }
         std::mem::take(&mut self.pending)
             .into_iter()
             .filter(|(_, s)| s.kwh != 0.0)

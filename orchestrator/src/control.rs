@@ -205,6 +205,9 @@ impl ControlLoop {
         for e in &report.ledger {
             tx.ledger(e);
         }
+        if let Some(c) = self.accountant.take_conditions() {
+            tx.conditions(&c);
+        }
         self.state = state;
         report.decisions = decisions;
         self.unsaved.extend(tx);
@@ -218,6 +221,9 @@ impl ControlLoop {
         let mut tx = Tx::new();
         for e in &entries {
             tx.ledger(e);
+        }
+        if let Some(c) = self.accountant.take_conditions() {
+            tx.conditions(&c);
         }
         self.unsaved.extend(tx);
         self.save()?;

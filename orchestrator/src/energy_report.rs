@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use chrono_tz::Tz;
-use integrations::store::{Account, LedgerEntry};
+use integrations::store::{Account, Conditions, LedgerEntry};
 use policies::plan::{Action, Target};
 use policies::Decision;
 use serde::Serialize;
@@ -77,6 +77,13 @@ pub struct EnergyReport {
     /// GPUs capped over time, from the audit log: (time, capped GPUs).
     #[serde(skip)]
     pub capped_over_time: Vec<(Timestamp, usize)>,
+    /// The racks' hottest inlet per ledger interval (see [`EnergyReport::with_inlets`]).
+    #[serde(skip)]
+    pub inlets: Vec<Conditions>,
+    /// Hours held of jobs that used no energy in the period (see
+    /// [`EnergyReport::with_jobs`]).
+    #[serde(skip)]
+    pub unplaced_held: BTreeMap<String, f64>,
 }
 
 fn key_of(e: &LedgerEntry, by: GroupBy, tz: Tz) -> String {
@@ -178,6 +185,7 @@ pub fn build(
             }
         }
     }
+    let mut unplaced_held: BTreeMap<String, f64> = BTreeMap::new();
     // held time per job, from hold/release decisions
     let held = spans(
         audit,
@@ -210,8 +218,12 @@ pub fn build(
                     GroupBy::Job => Some(job.clone()),
                     _ => job_groups.get(job).cloned(),
                 };
-                if let Some(r) = k.and_then(|k| rows.get_mut(&k)) {
-                    *r.held_hours.get_or_insert(0.0) += s / 3600.0;
+                match k.and_then(|k| rows.get_mut(&k)) {
+                    Some(r) => *r.held_hours.get_or_insert(0.0) += s / 3600.0,
+                    // held and never run in the period: placed by `with_jobs`
+                    None => {
+                        unplaced_held.insert(job.clone(), s / 3600.0);
+                    }
                 }
             }
         }
@@ -291,6 +303,8 @@ pub fn build(
             .map(|((s, e), (k, c))| (s, e, k, c))
             .collect(),
         capped_over_time,
+        inlets: Vec::new(),
+        unplaced_held,
     }
 }
 
@@ -299,6 +313,43 @@ fn opt(v: Option<f64>) -> String {
 }
 
 impl EnergyReport {
+    /// Places the held hours of jobs that never ran in the period (no energy, so not in
+    /// the ledger) under their job, project or user, from the job records.
+    pub fn with_jobs(mut self, jobs: &[telemetry::Job]) -> Self {
+        let by = self.group_by.clone();
+        for (id, h) in std::mem::take(&mut self.unplaced_held) {
+            let job = jobs.iter().find(|j| j.id == id);
+            let key = match (by.as_str(), job) {
+                ("job", _) => id.clone(),
+                ("project", Some(j)) => j.project.clone(),
+                ("user", Some(j)) => j.user.clone(),
+                _ => continue,
+            };
+            let pos = match self.rows.iter().position(|r| r.key == key) {
+                Some(p) => p,
+                None => {
+                    self.rows.push(Row {
+                        key,
+                        ..Row::default()
+                    });
+                    self.rows.len() - 1
+                }
+            };
+            *self.rows[pos].held_hours.get_or_insert(0.0) += h;
+        }
+        self
+    }
+
+    /// Adds the racks' inlet conditions of the period, for the HTML chart.
+    pub fn with_inlets(mut self, conditions: &[Conditions]) -> Self {
+        self.inlets = conditions
+            .iter()
+            .filter(|c| c.start >= self.from && c.start < self.to)
+            .cloned()
+            .collect();
+        self
+    }
+
     pub const CSV_HEADER: &'static str =
         "group,energy_kwh,estimated_kwh,cost,carbon_kg,peak_kw,capped_gpu_hours,held_hours,saving_cost";
 
@@ -378,6 +429,19 @@ impl EnergyReport {
         let t0 = self.from.as_secs_f64();
         let hours = |t: Timestamp| (t.as_secs_f64() - t0) / 3600.0;
         let span_h = hours(self.to).max(1e-9);
+        let ticks_inlet: Vec<(f64, String)> = (0..=6)
+            .map(|i| {
+                let h = span_h * f64::from(i) / 6.0;
+                (
+                    h,
+                    if span_h < 6.0 {
+                        format!("+{h:.1} h")
+                    } else {
+                        format!("+{h:.0} h")
+                    },
+                )
+            })
+            .collect();
         let ticks: Vec<(f64, String)> = (0..=6)
             .map(|i| {
                 let h = span_h * f64::from(i) / 6.0;
@@ -454,6 +518,53 @@ impl EnergyReport {
                     }],
                     rules: Vec::new(),
                     x_ticks: ticks,
+                }
+                .svg(),
+            );
+        }
+        body.push_str("<h2>Rack inlet temperatures</h2>");
+        if self.inlets.is_empty() {
+            body.push_str("<p class=\"muted\">No inlet readings in the period.</p>");
+        } else {
+            const COLORS: [&str; 8] = [
+                "#1a73e8", "#e37400", "#188038", "#c5221f", "#9334e6", "#12b5cb", "#f439a0",
+                "#5f6368",
+            ];
+            let racks: std::collections::BTreeSet<&String> =
+                self.inlets.iter().flat_map(|c| c.inlets.keys()).collect();
+            let names: Vec<String> = racks.iter().map(|r| r.to_string()).collect();
+            let lines = names
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Line {
+                    name: r.as_str(),
+                    color: COLORS[i % COLORS.len()],
+                    points: self
+                        .inlets
+                        .iter()
+                        .filter_map(|c| c.inlets.get(r).map(|x| (hours(c.start), x.max_c)))
+                        .collect(),
+                    steps: true,
+                    right_axis: false,
+                })
+                .collect();
+            let limit = self
+                .inlets
+                .iter()
+                .flat_map(|c| c.inlets.values().map(|x| x.limit_c))
+                .fold(f64::INFINITY, f64::min);
+            body.push_str(
+                &Chart {
+                    title: "Hottest inlet per rack (per ledger interval)",
+                    y_label: "°C",
+                    right_label: None,
+                    lines,
+                    rules: vec![crate::report::Rule {
+                        name: "lowest limit",
+                        color: "#c5221f",
+                        y: limit,
+                    }],
+                    x_ticks: ticks_inlet,
                 }
                 .svg(),
             );

@@ -256,3 +256,67 @@ fn csv_and_json_keep_their_documented_schema() {
         );
     }
 }
+
+#[test]
+fn a_job_held_all_period_counts_under_its_project_though_it_used_no_energy() {
+    let audit = vec![decision(
+        1.0,
+        Target::Job {
+            job: "slurm:9".into(),
+        },
+        Action::Hold { until: t(9.0) },
+    )];
+    let job = telemetry::Job {
+        id: "slurm:9".into(),
+        scheduler: "slurm".into(),
+        name: "sweep".into(),
+        user: "cy".into(),
+        project: "climate".into(),
+        class: "batch".into(),
+        priority: 0,
+        gpus: 1,
+        allocated: vec![],
+        state: telemetry::JobState::Pending,
+        submit_time: t(0.0),
+        start_time: None,
+        end_time: None,
+        deadline: None,
+        est_duration_s: 3600.0,
+        deferrable: true,
+        preemptible: false,
+    };
+    let r = build(
+        &racks(),
+        &ledger(),
+        &audit,
+        GroupBy::Project,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(4.0),
+    )
+    .with_jobs(std::slice::from_ref(&job));
+    let climate = r.rows.iter().find(|r| r.key == "climate").expect("climate");
+    assert_eq!(
+        climate.held_hours,
+        Some(3.0),
+        "held from 1 h to the end of the period"
+    );
+    let by_job = build(
+        &racks(),
+        &ledger(),
+        &audit,
+        GroupBy::Job,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(4.0),
+    )
+    .with_jobs(&[job]);
+    let row = by_job
+        .rows
+        .iter()
+        .find(|r| r.key == "slurm:9")
+        .expect("a row for the held job");
+    assert_eq!((row.energy_kwh, row.held_hours), (0.0, Some(3.0)));
+}

@@ -525,6 +525,16 @@ fn energy_report(
         audit.extend(page.into_iter().map(|p| p.1));
         next = last + 1;
     }
+    let mut conditions = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.conditions(next, 10_000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        conditions.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
     let parse = |s: &str| {
         Timestamp::parse_rfc3339(s)
             .map_err(|e| anyhow::anyhow!("{s:?}: {e} (use RFC 3339, e.g. 2026-11-01T00:00:00Z)"))
@@ -559,6 +569,8 @@ fn energy_report(
         to,
     );
     r.site = site.name.clone();
+    let jobs = store.jobs()?;
+    let r = r.with_inlets(&conditions).with_jobs(&jobs);
     let text = match format {
         "csv" => r.csv(),
         "json" => r.json(),

@@ -140,6 +140,8 @@ fn the_ledger_conserves_the_simulated_facility_energy_within_half_a_percent() {
         "Power and price over time",
         "Caps in force",
         "Energy and cost by project",
+        "Rack inlet temperatures",
+        "Hottest inlet per rack",
     ] {
         assert!(dom.contains(h), "{h} missing");
     }

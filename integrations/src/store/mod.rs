@@ -106,6 +106,21 @@ pub enum Account {
     Overhead,
 }
 
+/// What the racks went through over one ledger interval, for reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conditions {
+    pub start: Timestamp,
+    pub end: Timestamp,
+    /// Per rack: the hottest fresh inlet reading of the interval and the rack's limit.
+    pub inlets: BTreeMap<String, InletCondition>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct InletCondition {
+    pub max_c: f64,
+    pub limit_c: f64,
+}
+
 /// Energy used over an interval, with its cost and carbon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LedgerEntry {
@@ -129,6 +144,7 @@ pub struct LedgerEntry {
 
 const AUDIT: &str = "audit";
 const LEDGER: &str = "ledger";
+const CONDITIONS: &str = "conditions";
 const JOBS: &str = "jobs";
 const CAPS: &str = "caps";
 const HOLDS: &str = "holds";
@@ -153,6 +169,10 @@ impl Tx {
 
     pub fn ledger(&mut self, e: &LedgerEntry) -> &mut Self {
         self.append(LEDGER, e)
+    }
+
+    pub fn conditions(&mut self, c: &Conditions) -> &mut Self {
+        self.append(CONDITIONS, c)
     }
 
     pub fn put_job(&mut self, job: &Job) -> &mut Self {
@@ -279,6 +299,15 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<(u64, LedgerEntry)>, StoreError> {
         self.read(LEDGER, from, limit)
+    }
+
+    /// Rack conditions per ledger interval, from sequence number `from` on.
+    pub fn conditions(
+        &mut self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Conditions)>, StoreError> {
+        self.read(CONDITIONS, from, limit)
     }
 
     pub fn ledger_len(&mut self) -> Result<u64, StoreError> {
