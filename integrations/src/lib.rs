@@ -7,7 +7,10 @@
 //!   their leases). The typed [`store::Store`] sits on top of any backend; the Redis
 //!   backend lives here, the embedded one in the `orchestrator` crate.
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
+//! - [`feeds`]: price and carbon feeds in the formats sites have: CSV with columns,
+//!   units and local times, JSON, ENTSO-E day-ahead XML.
 #![forbid(unsafe_code)]
 
+pub mod feeds;
 pub mod prices;
 pub mod store;

@@ -159,8 +159,51 @@ fn default_concurrency() -> usize {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PricesSection {
-    /// CSV with `start,price_per_kwh[,carbon_g_per_kwh]`.
+    /// The price feed: by default a CSV with `start,price_per_kwh[,carbon_g_per_kwh]`.
     pub file: PathBuf,
+    #[serde(flatten)]
+    pub format: FeedFormat,
+    /// A carbon-intensity feed of its own (else the `carbon_g_per_kwh` column).
+    #[serde(default)]
+    pub carbon: Option<CarbonSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CarbonSection {
+    pub file: PathBuf,
+    #[serde(flatten)]
+    pub format: FeedFormat,
+}
+
+/// How a feed file is written (see `integrations::feeds`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FeedFormat {
+    /// `simple` (the default), `csv` (with `[csv]`), `json` (with `[json]`) or `entsoe`.
+    #[serde(default)]
+    pub format: Option<String>,
+    #[serde(default)]
+    pub csv: Option<integrations::feeds::CsvFormat>,
+    #[serde(default)]
+    pub json: Option<integrations::feeds::JsonFormat>,
+}
+
+impl FeedFormat {
+    /// Reads a feed; `simple_column` is the column of the default layout.
+    fn read(&self, name: &str, text: &str, simple_column: &str) -> Result<Series> {
+        use integrations::feeds;
+        Ok(match (self.format.as_deref(), &self.csv, &self.json) {
+            (None | Some("simple"), None, None) => Series::from_csv(name, text, simple_column)?,
+            (Some("csv"), Some(c), None) => feeds::parse_csv(name, text, c)?,
+            (Some("json"), None, Some(j)) => feeds::parse_json(name, text, j)?,
+            (Some("entsoe"), None, None) => feeds::parse_entsoe(name, text)?,
+            (f, c, j) => anyhow::bail!(
+                "{name}: format {f:?} with{} [csv] and with{} [json]: use format = \"simple\", \"csv\" with [csv], \"json\" with [json], or \"entsoe\"",
+                if c.is_some() { "" } else { "out" },
+                if j.is_some() { "" } else { "out" }
+            ),
+        })
+    }
 }
 
 /// Samples waiting for the next tick: bounded, keeps the newest, counts what it drops.
@@ -267,8 +310,17 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let prices = match &cfg.prices {
         Some(p) => {
             let (n, t) = read(&p.file, base)?;
-            let price = Series::from_csv(&n, &t, "price_per_kwh")?;
-            let carbon = Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default();
+            let price = p.format.read(&n, &t, "price_per_kwh")?;
+            let carbon = match &p.carbon {
+                Some(c) => {
+                    let (n, t) = read(&c.file, base)?;
+                    c.format.read(&n, &t, "carbon_g_per_kwh")?
+                }
+                None if p.format.format.is_none() => {
+                    Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default()
+                }
+                None => Series::default(),
+            };
             Some((price, carbon))
         }
         None => None,

@@ -1,0 +1,432 @@
+//! Price and carbon feeds in the formats sites have: CSV with configurable columns,
+//! units and local times (DST-correct, with a zone column to tell the repeated hour
+//! apart), JSON (an array of objects, or parallel arrays as Energy-Charts serves), and
+//! ENTSO-E day-ahead publication documents (XML). Every parser returns a [`Series`] in
+//! the canonical unit (currency per kWh, or g CO2 per kWh) or an error with its line.
+
+use std::str::FromStr;
+
+use chrono::{NaiveDateTime, TimeZone};
+use chrono_tz::Tz;
+use serde::Deserialize;
+use telemetry::Timestamp;
+use thiserror::Error;
+
+use crate::prices::Series;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum FeedError {
+    #[error("{file}:{line}: {message}")]
+    Line {
+        file: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{file}: {message}")]
+    File { file: String, message: String },
+}
+
+/// The unit a feed's values come in; converted to per kWh (prices) or g/kWh (carbon).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub enum Unit {
+    /// Currency per kWh (canonical for prices).
+    #[serde(rename = "per_kwh")]
+    PerKwh,
+    /// Currency per MWh (day-ahead markets).
+    #[serde(rename = "per_mwh")]
+    PerMwh,
+    /// Cents per kWh.
+    #[serde(rename = "cents_per_kwh")]
+    CentsPerKwh,
+    /// g CO2 per kWh (canonical for carbon).
+    #[serde(rename = "g_per_kwh")]
+    GPerKwh,
+    /// kg CO2 per MWh (the same number as g/kWh).
+    #[serde(rename = "kg_per_mwh")]
+    KgPerMwh,
+    /// lb CO2 per MWh (WattTime MOER).
+    #[serde(rename = "lb_per_mwh")]
+    LbPerMwh,
+}
+
+impl Unit {
+    pub fn factor(self) -> f64 {
+        match self {
+            Unit::PerKwh | Unit::GPerKwh | Unit::KgPerMwh => 1.0,
+            Unit::PerMwh => 0.001,
+            Unit::CentsPerKwh => 0.01,
+            // 453.59237 g per lb, per MWh = 1000 kWh
+            Unit::LbPerMwh => 0.453_592_37,
+        }
+    }
+}
+
+impl FromStr for Unit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        serde_json::from_value(serde_json::Value::String(s.into())).map_err(|_| {
+            format!("unknown unit {s:?} (per_kwh, per_mwh, cents_per_kwh, g_per_kwh, kg_per_mwh, lb_per_mwh)")
+        })
+    }
+}
+
+/// How to read a CSV feed.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsvFormat {
+    pub time_column: String,
+    pub value_column: String,
+    pub unit: Unit,
+    /// chrono format of naive local times (e.g. `%Y-%m-%d %H:%M:%S`); without it, times
+    /// are RFC 3339 with their offset.
+    #[serde(default)]
+    pub time_format: Option<String>,
+    /// The time zone of naive times (IANA name).
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// A column with the zone abbreviation in force (`CET`/`CEST`), which tells the
+    /// repeated hour of a DST change apart.
+    #[serde(default)]
+    pub zone_column: Option<String>,
+    /// `,` (default) or `;`.
+    #[serde(default = "comma")]
+    pub delimiter: char,
+    /// Numbers written `1.234,56`.
+    #[serde(default)]
+    pub decimal_comma: bool,
+}
+
+fn comma() -> char {
+    ','
+}
+
+fn number(s: &str, decimal_comma: bool) -> Option<f64> {
+    let s = s.trim().trim_matches('"');
+    let v: f64 = if decimal_comma {
+        s.replace('.', "").replace(',', ".").parse().ok()?
+    } else {
+        s.parse().ok()?
+    };
+    v.is_finite().then_some(v)
+}
+
+/// A naive local time in `tz`, the repeated hour of a DST change told apart by the zone
+/// abbreviation when given.
+fn local(tz: Tz, naive: NaiveDateTime, zone: Option<&str>) -> Result<Timestamp, String> {
+    use chrono::LocalResult;
+    let pick = |dt: chrono::DateTime<Tz>| Timestamp::from(dt.with_timezone(&chrono::Utc));
+    match tz.from_local_datetime(&naive) {
+        LocalResult::Single(dt) => Ok(pick(dt)),
+        LocalResult::Ambiguous(a, b) => match zone {
+            Some(z) if a.offset().to_string() == z || a.format("%Z").to_string() == z => Ok(pick(a)),
+            Some(z) if b.offset().to_string() == z || b.format("%Z").to_string() == z => Ok(pick(b)),
+            Some(z) => Err(format!("{naive} happens twice in {tz} and zone {z:?} names neither ({} or {})", a.format("%Z"), b.format("%Z"))),
+            None => Err(format!("{naive} happens twice in {tz} (a DST change): give zone_column, or times with offsets")),
+        },
+        LocalResult::None => Err(format!("{naive} does not exist in {tz} (skipped by a DST change)")),
+    }
+}
+
+fn utc_of_fixed(dt: chrono::DateTime<chrono::FixedOffset>) -> Timestamp {
+    Timestamp::from(dt.with_timezone(&chrono::Utc))
+}
+
+/// Reads a CSV feed.
+pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedError> {
+    let ferr = |message: String| FeedError::File {
+        file: file.into(),
+        message,
+    };
+    let lerr = |line: usize, message: String| FeedError::Line {
+        file: file.into(),
+        line: line + 1,
+        message,
+    };
+    let tz: Option<Tz> = match &f.timezone {
+        Some(z) => Some(
+            z.parse()
+                .map_err(|_| ferr(format!("unknown time zone {z:?}")))?,
+        ),
+        None => None,
+    };
+    if f.time_format.is_some() && tz.is_none() {
+        return Err(ferr(
+            "time_format gives naive local times: timezone is needed too".into(),
+        ));
+    }
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
+    let (hl, header) = lines.next().ok_or_else(|| ferr("no rows".into()))?;
+    let split = |l: &str| {
+        l.split(f.delimiter)
+            .map(|c| c.trim().trim_matches('"').to_string())
+            .collect::<Vec<_>>()
+    };
+    let cols = split(header);
+    let col = |name: &str| {
+        cols.iter()
+            .position(|c| c == name)
+            .ok_or_else(|| lerr(hl, format!("no column {name:?} in the header {header:?}")))
+    };
+    let (tc, vc) = (col(&f.time_column)?, col(&f.value_column)?);
+    let zc = match &f.zone_column {
+        Some(z) => Some(col(z)?),
+        None => None,
+    };
+    let mut points = Vec::new();
+    for (i, line) in lines {
+        let c = split(line);
+        let get = |k: usize| {
+            c.get(k).map(String::as_str).ok_or_else(|| {
+                lerr(
+                    i,
+                    format!("expected {} columns, got {}", cols.len(), c.len()),
+                )
+            })
+        };
+        let t = get(tc)?;
+        let ts = match (&f.time_format, tz) {
+            (Some(fmt), Some(tz)) => {
+                let naive = NaiveDateTime::parse_from_str(t, fmt)
+                    .map_err(|e| lerr(i, format!("time {t:?} does not match {fmt:?}: {e}")))?;
+                let zone = match zc {
+                    Some(k) => Some(get(k)?),
+                    None => None,
+                };
+                local(tz, naive, zone).map_err(|m| lerr(i, m))?
+            }
+            _ => chrono::DateTime::parse_from_rfc3339(t)
+                .map(utc_of_fixed)
+                .map_err(|e| lerr(i, format!("time {t:?} is not RFC 3339: {e}")))?,
+        };
+        let raw = get(vc)?;
+        if raw.is_empty() {
+            continue; // a gap in the source: the previous value holds
+        }
+        let v = number(raw, f.decimal_comma)
+            .ok_or_else(|| lerr(i, format!("{:?} is not a number", raw)))?;
+        points.push((ts, v * f.unit.factor()));
+    }
+    if points.is_empty() {
+        return Err(ferr("no values".into()));
+    }
+    Ok(Series::new(points))
+}
+
+/// How to read a JSON feed: an array of objects, or parallel arrays.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, tag = "shape", rename_all = "snake_case")]
+pub enum JsonFormat {
+    /// `[{"start": "...", "price": 1.2}, ...]` at `items` (a JSON pointer; "" for the root).
+    Objects {
+        #[serde(default)]
+        items: String,
+        time_key: String,
+        value_key: String,
+        unit: Unit,
+    },
+    /// `{"unix_seconds": [...], "price": [...]}`: two arrays of the same length.
+    Arrays {
+        times: String,
+        values: String,
+        unit: Unit,
+    },
+}
+
+fn json_time(v: &serde_json::Value) -> Option<Timestamp> {
+    match v {
+        serde_json::Value::Number(n) => n.as_f64().map(|s| Timestamp((s * 1000.0).round() as i64)),
+        serde_json::Value::String(s) => chrono::DateTime::parse_from_rfc3339(s)
+            .ok()
+            .map(utc_of_fixed),
+        _ => None,
+    }
+}
+
+/// Reads a JSON feed. Times are RFC 3339 strings or Unix seconds.
+pub fn parse_json(file: &str, text: &str, f: &JsonFormat) -> Result<Series, FeedError> {
+    let ferr = |message: String| FeedError::File {
+        file: file.into(),
+        message,
+    };
+    let doc: serde_json::Value = serde_json::from_str(text).map_err(|e| FeedError::Line {
+        file: file.into(),
+        line: e.line(),
+        message: e.to_string(),
+    })?;
+    let at = |p: &str| {
+        doc.pointer(p)
+            .ok_or_else(|| ferr(format!("nothing at {p:?}")))
+    };
+    let mut points = Vec::new();
+    match f {
+        JsonFormat::Objects {
+            items,
+            time_key,
+            value_key,
+            unit,
+        } => {
+            let arr = at(items)?
+                .as_array()
+                .ok_or_else(|| ferr(format!("{items:?} is not an array")))?;
+            for (i, o) in arr.iter().enumerate() {
+                let t = o
+                    .get(time_key)
+                    .and_then(json_time)
+                    .ok_or_else(|| ferr(format!("item {i}: no time at {time_key:?}")))?;
+                match o.get(value_key) {
+                    Some(serde_json::Value::Null) | None => continue,
+                    Some(v) => {
+                        let v = v.as_f64().filter(|v| v.is_finite()).ok_or_else(|| {
+                            ferr(format!("item {i}: {value_key:?} is not a number"))
+                        })?;
+                        points.push((t, v * unit.factor()));
+                    }
+                }
+            }
+        }
+        JsonFormat::Arrays {
+            times,
+            values,
+            unit,
+        } => {
+            let ts = at(times)?
+                .as_array()
+                .ok_or_else(|| ferr(format!("{times:?} is not an array")))?;
+            let vs = at(values)?
+                .as_array()
+                .ok_or_else(|| ferr(format!("{values:?} is not an array")))?;
+            if ts.len() != vs.len() {
+                return Err(ferr(format!("{} times but {} values", ts.len(), vs.len())));
+            }
+            for (i, (t, v)) in ts.iter().zip(vs).enumerate() {
+                let t = json_time(t).ok_or_else(|| {
+                    ferr(format!("time {i} is neither RFC 3339 nor Unix seconds"))
+                })?;
+                if v.is_null() {
+                    continue;
+                }
+                let v = v
+                    .as_f64()
+                    .filter(|v| v.is_finite())
+                    .ok_or_else(|| ferr(format!("value {i} is not a number")))?;
+                points.push((t, v * unit.factor()));
+            }
+        }
+    }
+    if points.is_empty() {
+        return Err(ferr("no values".into()));
+    }
+    Ok(Series::new(points))
+}
+
+/// Reads an ENTSO-E day-ahead publication document (`Publication_MarketDocument`,
+/// A44): every `TimeSeries/Period` with its start, resolution (`PT15M`, `PT30M`,
+/// `PT60M`) and `Point`s (`position`, `price.amount` in currency per MWh). A point left
+/// out (curve type A03) holds the previous price. Prices come out per kWh.
+pub fn parse_entsoe(file: &str, text: &str) -> Result<Series, FeedError> {
+    let ferr = |message: String| FeedError::File {
+        file: file.into(),
+        message,
+    };
+    let mut points = Vec::new();
+    let mut rest = text;
+    let mut periods = 0;
+    if !text.contains("Publication_MarketDocument") {
+        return Err(ferr("not an ENTSO-E Publication_MarketDocument".into()));
+    }
+    while let Some(p) = rest.find("<Period>") {
+        let body_end = rest[p..]
+            .find("</Period>")
+            .ok_or_else(|| ferr("a <Period> is not closed".into()))?
+            + p;
+        let period = &rest[p..body_end];
+        rest = &rest[body_end + 9..];
+        periods += 1;
+        let start = tag(period, "start")
+            .ok_or_else(|| ferr(format!("period {periods}: no timeInterval start")))?;
+        let end = tag(period, "end");
+        let start = parse_entsoe_time(&start)
+            .ok_or_else(|| ferr(format!("period {periods}: bad start {start:?}")))?;
+        let end = end.as_deref().and_then(parse_entsoe_time);
+        let res = tag(period, "resolution")
+            .ok_or_else(|| ferr(format!("period {periods}: no resolution")))?;
+        let step_s = match res.as_str() {
+            "PT15M" => 900.0,
+            "PT30M" => 1800.0,
+            "PT60M" | "PT1H" => 3600.0,
+            other => {
+                return Err(ferr(format!(
+                    "period {periods}: unsupported resolution {other:?}"
+                )))
+            }
+        };
+        let mut pts: Vec<(u32, f64)> = Vec::new();
+        let mut prest = period;
+        while let Some(q) = prest.find("<Point>") {
+            let qe = prest[q..]
+                .find("</Point>")
+                .ok_or_else(|| ferr("a <Point> is not closed".into()))?
+                + q;
+            let point = &prest[q..qe];
+            prest = &prest[qe + 8..];
+            let pos: u32 = tag(point, "position")
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| ferr(format!("period {periods}: a point without a position")))?;
+            let amount = tag(point, "price.amount")
+                .and_then(|s| s.parse::<f64>().ok())
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| {
+                    ferr(format!(
+                        "period {periods}: point {pos} without a price.amount"
+                    ))
+                })?;
+            if pos == 0 {
+                return Err(ferr(format!("period {periods}: positions start at 1")));
+            }
+            pts.push((pos, amount));
+        }
+        pts.sort_by_key(|p| p.0);
+        // positions left out repeat the previous price (A03): a step series holds it
+        // by itself; only the last one before `end` needs nothing either
+        for (pos, amount) in &pts {
+            let t = start.plus_secs(step_s * f64::from(pos - 1));
+            if end.is_some_and(|e| t >= e) {
+                return Err(ferr(format!(
+                    "period {periods}: position {pos} lies after the period's end"
+                )));
+            }
+            points.push((t, amount * Unit::PerMwh.factor()));
+        }
+    }
+    if points.is_empty() {
+        return Err(ferr("no <Period> with points".into()));
+    }
+    Ok(Series::new(points))
+}
+
+fn tag(s: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let close = format!("</{name}>");
+    let a = s.find(&open)? + open.len();
+    let b = s[a..].find(&close)? + a;
+    Some(s[a..b].trim().to_string())
+}
+
+/// `2024-10-26T22:00Z` (ENTSO-E leaves out the seconds) or RFC 3339.
+fn parse_entsoe_time(s: &str) -> Option<Timestamp> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(utc_of_fixed)
+        .or_else(|| {
+            NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%MZ")
+                .ok()
+                .map(|n| Timestamp::from(n.and_utc()))
+        })
+}
+
+#[cfg(test)]
+#[path = "feeds_tests.rs"]
+mod tests;
