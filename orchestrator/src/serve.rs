@@ -149,6 +149,13 @@ pub struct RedfishSection {
     pub endpoints: Vec<EndpointConfig>,
 }
 
+fn default_refresh() -> f64 {
+    3600.0
+}
+fn default_stale() -> f64 {
+    7200.0
+}
+
 fn default_interval() -> f64 {
     10.0
 }
@@ -160,7 +167,16 @@ fn default_concurrency() -> usize {
 #[serde(deny_unknown_fields)]
 pub struct PricesSection {
     /// The price feed: by default a CSV with `start,price_per_kwh[,carbon_g_per_kwh]`.
-    pub file: PathBuf,
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    /// Or fetched from here every `refresh_s` (a failed fetch keeps the last series).
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default = "default_refresh")]
+    pub refresh_s: f64,
+    /// The feed is stale this long after its last point: the site's tariff applies.
+    #[serde(default = "default_stale")]
+    pub stale_after_s: f64,
     #[serde(flatten)]
     pub format: FeedFormat,
     /// A carbon-intensity feed of its own (else the `carbon_g_per_kwh` column).
@@ -309,14 +325,25 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     };
     let prices = match &cfg.prices {
         Some(p) => {
-            let (n, t) = read(&p.file, base)?;
-            let price = p.format.read(&n, &t, "price_per_kwh")?;
+            let (price, n, t) = match (&p.file, &p.url) {
+                (Some(f), None) => {
+                    let (n, t) = read(f, base)?;
+                    (p.format.read(&n, &t, "price_per_kwh")?, n, t)
+                }
+                // fetched by `serve` once it runs; until then the tariff applies
+                (None, Some(_)) => (Series::default(), String::new(), String::new()),
+                _ => anyhow::bail!("{name}: [prices] needs one of file or url"),
+            };
+            anyhow::ensure!(
+                p.refresh_s >= 10.0 && p.stale_after_s > 0.0,
+                "{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0"
+            );
             let carbon = match &p.carbon {
                 Some(c) => {
                     let (n, t) = read(&c.file, base)?;
                     c.format.read(&n, &t, "carbon_g_per_kwh")?
                 }
-                None if p.format.format.is_none() => {
+                None if p.format.format.is_none() && !t.is_empty() => {
                     Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default()
                 }
                 None => Series::default(),
@@ -621,6 +648,45 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         };
         threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
     }
+    // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
+    let feed = Arc::new(std::sync::RwLock::new(prices.clone().unwrap_or_default()));
+    let stale_after_s = cfg
+        .prices
+        .as_ref()
+        .map_or(f64::INFINITY, |p| p.stale_after_s);
+    let mut price_source = "";
+    if let Some(p) = cfg.prices.clone() {
+        if let Some(url) = p.url.clone() {
+            let (feed, keep) = (feed.clone(), keep_going.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("prices".into())
+                    .spawn(move || {
+                        let every = Duration::from_secs_f64(p.refresh_s);
+                        while keep() {
+                            let got = telemetry::sources::http::fetch_text(
+                                &url,
+                                Duration::from_secs(30),
+                                &telemetry::sources::tls::Tls::default(),
+                            )
+                            .map_err(anyhow::Error::msg)
+                            .and_then(|text| p.format.read(&url, &text, "price_per_kwh"));
+                            match got {
+                                Ok(series) => {
+                                    info!(url = %url, points = series.points().len(), last = ?series.points().last().map(|p| p.0), "price feed fetched");
+                                    feed.write().unwrap_or_else(|p| p.into_inner()).0 = series;
+                                }
+                                Err(e) => warn!(url = %url, error = %e, "price feed fetch failed; keeping the last series"),
+                            }
+                            let t = Instant::now();
+                            while keep() && t.elapsed() < every {
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                        }
+                    })?,
+            );
+        }
+    }
     let mut next = Instant::now();
     while keep_going() {
         let now = wall_clock();
@@ -628,16 +694,34 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         for e in &dead {
             control.mark_bad(e);
         }
-        if let Some((price, carbon)) = &prices {
+        {
+            let (price, carbon) = &*feed.read().unwrap_or_else(|p| p.into_inner());
             let site_id = site.site_entity();
-            if let Some(p) = price.at(now) {
-                samples.push(Sample::new(
-                    site_id.clone(),
-                    PRICE_PER_KWH,
-                    p,
-                    now,
-                    "prices",
-                ));
+            // the feed while it covers now; past its last point, the site's tariff
+            let fresh = price
+                .points()
+                .last()
+                .is_some_and(|(t, _)| now.secs_since(*t) <= stale_after_s)
+                && price.at(now).is_some();
+            let (value, source) = match (fresh, &site.tariff) {
+                (true, _) => (price.at(now), "feed"),
+                (false, Some(t)) => (Some(t.at(now, site.timezone).0), "tariff"),
+                (false, None) => (price.at(now), "feed (stale)"),
+            };
+            if source != price_source {
+                if source == "feed" {
+                    info!(source, "price source");
+                } else {
+                    warn!(source, last_point = ?price.points().last().map(|p| p.0), "the price feed is stale or empty");
+                }
+                price_source = source;
+            }
+            if let Some(p) = value {
+                let mut s = Sample::new(site_id.clone(), PRICE_PER_KWH, p, now, source);
+                if source == "feed (stale)" {
+                    s.quality = telemetry::Quality::Uncertain;
+                }
+                samples.push(s);
             }
             if let Some(c) = carbon.at(now) {
                 samples.push(Sample::new(site_id, CARBON_G_PER_KWH, c, now, "prices"));
@@ -657,7 +741,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
         let mut b = board.write().unwrap_or_else(|p| p.into_inner());
-        if let Some((price, _)) = &prices {
+        b.price_source = price_source.to_string();
+        {
+            let (price, _) = &*feed.read().unwrap_or_else(|p| p.into_inner());
             let horizon = now.plus_secs(24.0 * 3600.0);
             let pts = price.points();
             let from = pts.partition_point(|(t, _)| *t <= now).saturating_sub(1);

@@ -37,6 +37,7 @@ pub mod site;
 pub mod snapshot;
 pub mod sources;
 pub mod sparkplug;
+pub mod tariff;
 pub mod time;
 pub mod units;
 

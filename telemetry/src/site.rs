@@ -151,6 +151,9 @@ pub struct Site {
     pub name: String,
     /// Local time for tariffs, calendars and reports.
     pub timezone: chrono_tz::Tz,
+    /// The time-of-use tariff, when the site file gives one: the price when no feed is
+    /// fresh.
+    pub tariff: Option<crate::tariff::Tariff>,
     pub currency: String,
     pub gpu_models: BTreeMap<String, GpuModel>,
     pub feeds: Vec<Feed>,

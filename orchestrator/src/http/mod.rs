@@ -156,6 +156,8 @@ pub struct Board {
     pub prices: Vec<(Timestamp, f64)>,
     /// The jobs the schedulers report as pending or running.
     pub jobs: Vec<telemetry::Job>,
+    /// Where the price comes from now: `feed`, `tariff` or `feed (stale)`.
+    pub price_source: String,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -186,6 +188,7 @@ impl Board {
             recent: VecDeque::new(),
             prices: Vec::new(),
             jobs: Vec::new(),
+            price_source: String::new(),
         }
     }
 
@@ -501,6 +504,7 @@ fn status(b: &Board) -> serde_json::Value {
             "power_stale": obs(POWER_W).map(|o| o.stale),
         },
         "price_per_kwh": obs(PRICE_PER_KWH).map(|o| o.value),
+        "price_source": b.price_source,
         "currency": b.site.currency,
         "caps_in_force": b.state.caps.len(),
         "holds_in_force": b.state.holds.len(),

@@ -410,9 +410,11 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
         }
     }
 
+    let tariff = raw.tariff.as_ref().map(|t| build_tariff(t, c));
     Site {
         name,
         timezone,
+        tariff,
         currency: raw.site.currency,
         gpu_models,
         feeds,
@@ -422,6 +424,86 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
         rows,
         racks,
         nodes,
+    }
+}
+
+fn build_tariff(t: &super::raw::RawTariff, c: &mut Collector) -> crate::tariff::Tariff {
+    use crate::tariff::{parse_clock, parse_day, Tariff, TouPeriod};
+    // prices may be negative (day-ahead markets), never absurd
+    let price = |c: &mut Collector, v: &S<f64>, what: &str| {
+        let p = *v.get_ref();
+        if !(p.is_finite() && (-10.0..=100.0).contains(&p)) {
+            c.at(
+                span(v),
+                format!("{what} must be within -10..=100 per kWh, got {p}"),
+            );
+        }
+        p
+    };
+    let default_per_kwh = price(c, &t.default_per_kwh, "tariff: default_per_kwh");
+    let mut periods = Vec::new();
+    for p in &t.periods {
+        let owner = format!("tariff period {:?}", p.name.get_ref());
+        let mut days = [true; 7];
+        if let Some(list) = &p.days {
+            days = [false; 7];
+            for d in list {
+                match parse_day(d.get_ref()) {
+                    Some(i) => days[i] = true,
+                    None => c.at(
+                        span(d),
+                        format!(
+                            "{owner}: unknown day {:?} (mon, tue, wed, thu, fri, sat, sun)",
+                            d.get_ref()
+                        ),
+                    ),
+                }
+            }
+        }
+        let clock = |c: &mut Collector, v: &S<String>, end: bool| match parse_clock(v.get_ref()) {
+            Some(m) if end || m < 1440 => m,
+            _ => {
+                c.at(
+                    span(v),
+                    format!(
+                        "{owner}: {:?} is not a time of day (HH:MM, 00:00..{})",
+                        v.get_ref(),
+                        if end { "24:00" } else { "23:59" }
+                    ),
+                );
+                0
+            }
+        };
+        let from_min = clock(c, &p.from, false);
+        let to_min = clock(c, &p.to, true);
+        if from_min == to_min {
+            c.at(
+                span(&p.to),
+                format!("{owner}: from and to are the same: the period would be empty"),
+            );
+        }
+        periods.push(TouPeriod {
+            name: p.name.get_ref().clone(),
+            days,
+            from_min,
+            to_min: to_min.min(1440),
+            per_kwh: price(c, &p.per_kwh, &format!("{owner}: per_kwh")),
+        });
+    }
+    let demand_charge_per_kw = t.demand_charge_per_kw.as_ref().map(|d| {
+        let v = *d.get_ref();
+        if !(v.is_finite() && (0.0..=10_000.0).contains(&v)) {
+            c.at(
+                span(d),
+                format!("tariff: demand_charge_per_kw must be within 0..=10000, got {v}"),
+            );
+        }
+        v
+    });
+    Tariff {
+        default_per_kwh,
+        periods,
+        demand_charge_per_kw,
     }
 }
 

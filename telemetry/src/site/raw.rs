@@ -30,6 +30,30 @@ pub(super) struct RawSite {
     pub(super) racks: Vec<RawRack>,
     #[serde(default)]
     pub(super) nodes: Vec<RawNode>,
+    #[serde(default)]
+    pub(super) tariff: Option<RawTariff>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTariff {
+    pub(super) default_per_kwh: S<f64>,
+    #[serde(default)]
+    pub(super) periods: Vec<RawTouPeriod>,
+    #[serde(default)]
+    pub(super) demand_charge_per_kw: Option<S<f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTouPeriod {
+    pub(super) name: S<String>,
+    /// `mon`..`sun`; every day when left out.
+    #[serde(default)]
+    pub(super) days: Option<Vec<S<String>>>,
+    pub(super) from: S<String>,
+    pub(super) to: S<String>,
+    pub(super) per_kwh: S<f64>,
 }
 
 #[derive(Debug, Deserialize)]
