@@ -505,6 +505,8 @@ fn status(b: &Board) -> serde_json::Value {
         },
         "price_per_kwh": obs(PRICE_PER_KWH).map(|o| o.value),
         "price_source": b.price_source,
+        "tariff_period": b.site.tariff.as_ref().map(|t| t.at(b.time, b.site.timezone).1.to_string()),
+        "demand_charge_per_kw": b.site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw),
         "currency": b.site.currency,
         "caps_in_force": b.state.caps.len(),
         "holds_in_force": b.state.holds.len(),
