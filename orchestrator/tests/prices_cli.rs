@@ -30,7 +30,7 @@ fn a_fetched_feed_is_used_while_fresh_then_the_tariff_takes_over() {
     let site = std::fs::read_to_string(root.join("examples/demo/site.toml")).expect("site");
     std::fs::write(
         d.join("site.toml"),
-        format!("{site}\n[tariff]\ndefault_per_kwh = 0.333\n"),
+        format!("{site}\n[tariff]\ndefault_per_kwh = 0.333\ndemand_charge_per_kw = 9.5\n"),
     )
     .expect("site");
     std::fs::copy(
@@ -96,6 +96,20 @@ fn a_fetched_feed_is_used_while_fresh_then_the_tariff_takes_over() {
         }
     };
     wait_for(0.111, "feed", Duration::from_secs(5));
+    let st = status(port).expect("status");
+    assert_eq!(
+        (
+            st["tariff_period"].as_str(),
+            st["demand_charge_per_kw"].as_f64()
+        ),
+        (Some("default"), Some(9.5))
+    );
+    let (_, _, metrics) = http(port, "GET", "/metrics", None, b"");
+    assert!(
+        metrics.contains("powerplane_demand_charge_per_kw 9.5\n"),
+        "{metrics}"
+    );
+    common::promtool_check(&metrics);
     wait_for(0.222, "feed", Duration::from_secs(8));
     // 3 s after the last point: stale, and the fetch that refreshes it fails
     wait_for(0.333, "tariff", Duration::from_secs(12));

@@ -119,6 +119,7 @@ pub struct Core {
     failing: BTreeSet<u32>,
     /// Re-applies after drift per GPU: attempts so far and when to try again.
     drift: BTreeMap<u32, (u32, Timestamp)>,
+    log_limit: telemetry::sources::log_limit::LogLimiter,
     pub counters: BTreeMap<&'static str, u64>,
     seq: u64,
 }
@@ -168,6 +169,9 @@ impl Core {
             last: BTreeMap::new(),
             failing: BTreeSet::new(),
             drift: BTreeMap::new(),
+            log_limit: telemetry::sources::log_limit::LogLimiter::new(
+                std::time::Duration::from_secs(60),
+            ),
             counters: BTreeMap::new(),
             seq: 0,
         };
@@ -345,7 +349,11 @@ impl Core {
     ) -> Ack {
         bump(&mut self.counters, "commands_rejected");
         *self.counters.entry(reject_counter(reason)).or_default() += 1;
-        warn!(node = %self.rules.node, id = ?id, reason, "command rejected: {detail}");
+        // a flood of garbage on the command topic must not flood the journal: one line
+        // per reason per minute, with how many were left out (all are counted)
+        if let Some(left_out) = self.log_limit.allow(reason, std::time::Instant::now()) {
+            warn!(node = %self.rules.node, id = ?id, reason, left_out, "command rejected: {detail}");
+        }
         self.ack(id, now, reason, detail)
     }
 

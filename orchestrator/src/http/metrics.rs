@@ -424,6 +424,15 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
             *n as f64,
         );
     }
+    if let Some(d) = b.site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw) {
+        o.add(
+            "demand_charge_per_kw",
+            "gauge",
+            "Cost per kW of the billing period's peak demand (site tariff)",
+            &[],
+            d,
+        );
+    }
     o.add(
         "last_tick_timestamp_seconds",
         "gauge",
