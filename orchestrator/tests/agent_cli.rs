@@ -143,14 +143,34 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
         .all(|g| g["ack_status"] == "applied" && g["applied_w"].as_f64() == Some(cap)));
     let first_id = gpus[0]["sent"]["id"].as_str().expect("id").to_string();
     // the agents' side in /metrics, valid for promtool; the same per GPU in the API
-    let (code, _, metrics) = common::http(http_port, "GET", "/metrics", None, b"");
-    assert_eq!(code, 200);
+    // the agent's report reaches the fleet at once and the snapshot on the next tick;
+    // the thermal rule may step the cap meanwhile: compare within one scrape
+    let value = |text: &str, prefix: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
     let limit =
-        format!("powerplane_gpu_power_limit_watts{{entity=\"gpu/{node}:0\",kind=\"gpu\"}} {cap}");
+        format!("powerplane_gpu_power_limit_watts{{entity=\"gpu/{node}:0\",kind=\"gpu\"}} ");
+    let capped = format!("powerplane_gpu_cap_watts{{entity=\"gpu/{node}:0\",");
+    let end = Instant::now() + Duration::from_secs(5);
+    let metrics = loop {
+        let (code, _, metrics) = common::http(http_port, "GET", "/metrics", None, b"");
+        assert_eq!(code, 200);
+        let (l, c) = (value(&metrics, &limit), value(&metrics, &capped));
+        if (l.is_some() && l == c) || Instant::now() > end {
+            assert!(
+                l.is_some() && l == c,
+                "enforced {l:?} against cap {c:?} in:\n{metrics}"
+            );
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     for needle in [
         "powerplane_gpus_in_sync ",
         "powerplane_agents{status=\"online\"} 1",
-        &limit,
         "powerplane_agent_messages_total{kind=\"acks\"}",
     ] {
         assert!(metrics.contains(needle), "{needle} missing in:\n{metrics}");
@@ -171,8 +191,14 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
         .iter()
         .find(|g| g["id"] == format!("gpu/{node}:0"))
         .expect("gpu 0");
-    assert_eq!(g0["agent"]["enforced_w"].as_f64(), Some(cap));
-    assert_eq!(g0["cap"]["watts"].as_f64(), Some(cap));
+    // the cap in force and the agent's view of it, in one answer (at or below the first
+    // cap: the inlet is still hot and the thermal rule may have stepped down since)
+    let in_force = g0["cap"]["watts"].as_f64().expect("a cap in force");
+    assert!(in_force <= cap, "{in_force} above {cap}");
+    assert!(g0["agent"]["desired"]["watts"]
+        .as_f64()
+        .is_some_and(|d| d <= cap));
+    assert!(g0["agent"]["enforced_w"].as_f64().is_some_and(|e| e <= cap));
     let out = serve.wait_with_output().expect("serve ran");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
