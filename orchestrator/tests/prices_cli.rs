@@ -39,14 +39,14 @@ fn a_fetched_feed_is_used_while_fresh_then_the_tariff_takes_over() {
     )
     .expect("policy");
 
-    // the feed: served once, then failing; its last point is 4 s from now
+    // the feed: served once, then failing; its last point is 8 s from now
     let server = tiny_http::Server::http("127.0.0.1:0").expect("server");
     let feed_port = server.server_addr().to_ip().expect("ip").port();
     let now = chrono::Utc::now();
     let csv = format!(
         "start,price_per_kwh\n{},0.111\n{},0.222\n",
         (now - chrono::Duration::seconds(60)).to_rfc3339(),
-        (now + chrono::Duration::seconds(4)).to_rfc3339()
+        (now + chrono::Duration::seconds(8)).to_rfc3339()
     );
     let served = Arc::new(AtomicUsize::new(0));
     let count = served.clone();
@@ -74,7 +74,7 @@ fn a_fetched_feed_is_used_while_fresh_then_the_tariff_takes_over() {
     )
     .expect("config");
     let mut serve = Command::new(env!("CARGO_BIN_EXE_powerplane"))
-        .args(["serve", "--run-for-s", "20", "--config"])
+        .args(["serve", "--run-for-s", "40", "--config"])
         .arg(d.join("powerplane.toml"))
         .stderr(Stdio::piped())
         .spawn()
@@ -95,7 +95,7 @@ fn a_fetched_feed_is_used_while_fresh_then_the_tariff_takes_over() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    wait_for(0.111, "feed", Duration::from_secs(5));
+    wait_for(0.111, "feed", Duration::from_secs(7));
     let st = status(port).expect("status");
     assert_eq!(
         (
@@ -110,11 +110,11 @@ fn a_fetched_feed_is_used_while_fresh_then_the_tariff_takes_over() {
         "{metrics}"
     );
     common::promtool_check(&metrics);
-    wait_for(0.222, "feed", Duration::from_secs(8));
+    wait_for(0.222, "feed", Duration::from_secs(12));
     // 3 s after the last point: stale, and the fetch that refreshes it fails
-    wait_for(0.333, "tariff", Duration::from_secs(12));
+    wait_for(0.333, "tariff", Duration::from_secs(15));
     // the next fetch (after refresh_s) fails: the last series is kept, still stale
-    let end = Instant::now() + Duration::from_secs(8);
+    let end = Instant::now() + Duration::from_secs(12);
     while served.load(Ordering::Relaxed) < 2 {
         assert!(Instant::now() < end, "never fetched again after refresh_s");
         std::thread::sleep(Duration::from_millis(100));
