@@ -429,19 +429,6 @@ impl EnergyReport {
         let t0 = self.from.as_secs_f64();
         let hours = |t: Timestamp| (t.as_secs_f64() - t0) / 3600.0;
         let span_h = hours(self.to).max(1e-9);
-        let ticks_inlet: Vec<(f64, String)> = (0..=6)
-            .map(|i| {
-                let h = span_h * f64::from(i) / 6.0;
-                (
-                    h,
-                    if span_h < 6.0 {
-                        format!("+{h:.1} h")
-                    } else {
-                        format!("+{h:.0} h")
-                    },
-                )
-            })
-            .collect();
         let ticks: Vec<(f64, String)> = (0..=6)
             .map(|i| {
                 let h = span_h * f64::from(i) / 6.0;
@@ -517,7 +504,7 @@ impl EnergyReport {
                         right_axis: false,
                     }],
                     rules: Vec::new(),
-                    x_ticks: ticks,
+                    x_ticks: ticks.clone(),
                 }
                 .svg(),
             );
@@ -564,7 +551,7 @@ impl EnergyReport {
                         color: "#c5221f",
                         y: limit,
                     }],
-                    x_ticks: ticks_inlet,
+                    x_ticks: ticks.clone(),
                 }
                 .svg(),
             );

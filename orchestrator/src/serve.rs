@@ -285,11 +285,7 @@ impl Actuator for ObserveOnly {
 }
 
 fn read(path: &Path, base: &Path) -> Result<(String, String)> {
-    let p = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        base.join(path)
-    };
+    let p = resolve(base, path);
     let text =
         std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
     Ok((p.display().to_string(), text))
@@ -386,7 +382,8 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     })
 }
 
-fn resolve(base: &Path, p: &Path) -> PathBuf {
+/// A path from a config file: relative ones are relative to the file's folder.
+pub(crate) fn resolve(base: &Path, p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
     } else {
@@ -456,12 +453,7 @@ fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
             "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
         ),
         StoreConfig::Embedded { path } => {
-            let p = if path.is_absolute() {
-                path.clone()
-            } else {
-                base.join(path)
-            };
-            Store::new(Box::new(EmbeddedBackend::open(&p)?))
+            Store::new(Box::new(EmbeddedBackend::open(&resolve(base, path))?))
         }
         StoreConfig::Redis { url, prefix } => {
             Store::new(Box::new(RedisBackend::connect(url, prefix)?))
@@ -740,29 +732,32 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
-        let mut b = board.write().unwrap_or_else(|p| p.into_inner());
-        b.price_source = price_source.to_string();
-        {
-            let (price, _) = &*feed.read().unwrap_or_else(|p| p.into_inner());
-            let horizon = now.plus_secs(24.0 * 3600.0);
-            let pts = price.points();
-            let from = pts.partition_point(|(t, _)| *t <= now).saturating_sub(1);
-            b.prices = pts[from..]
-                .iter()
-                .take_while(|(t, _)| *t < horizon)
-                .copied()
-                .collect();
+        // the API reads a copy of the tick; without [http] nobody does
+        if cfg.http.is_some() {
+            let mut b = board.write().unwrap_or_else(|p| p.into_inner());
+            b.price_source = price_source.to_string();
+            {
+                let (price, _) = &*feed.read().unwrap_or_else(|p| p.into_inner());
+                let horizon = now.plus_secs(24.0 * 3600.0);
+                let pts = price.points();
+                let from = pts.partition_point(|(t, _)| *t <= now).saturating_sub(1);
+                b.prices = pts[from..]
+                    .iter()
+                    .take_while(|(t, _)| *t < horizon)
+                    .copied()
+                    .collect();
+            }
+            b.update(
+                now,
+                control.snapshot(),
+                control.actuated(),
+                &control.counters,
+                &report.decisions,
+                buffer.dropped.load(Ordering::Relaxed),
+            );
+            b.jobs = control.registry().active();
+            drop(b);
         }
-        b.update(
-            now,
-            control.snapshot(),
-            control.actuated(),
-            &control.counters,
-            &report.decisions,
-            buffer.dropped.load(Ordering::Relaxed),
-        );
-        b.jobs = control.registry().active();
-        drop(b);
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }

@@ -213,6 +213,25 @@ pub struct Faulty<B: GpuBackend> {
     pub faults: BTreeMap<u32, Fault>,
 }
 
+impl<B: GpuBackend> Faulty<B> {
+    /// The error a setter meets on a GPU with a fault: `doing` ("setting the power
+    /// limit") and `to_do` ("set the power limit") word the message.
+    fn setter_fault(&self, index: u32, doing: &str, to_do: &str) -> Result<(), GpuError> {
+        match self.faults.get(&index) {
+            Some(Fault::Lost) => Err(GpuError::Lost { index }),
+            Some(Fault::NotSupported) => Err(GpuError::NotSupported {
+                index,
+                what: doing.into(),
+            }),
+            Some(Fault::NoPermission) => Err(GpuError::NoPermission {
+                index,
+                what: to_do.into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl<B: GpuBackend> GpuBackend for Faulty<B> {
     fn name(&self) -> &'static str {
         "fault"
@@ -235,18 +254,8 @@ impl<B: GpuBackend> GpuBackend for Faulty<B> {
     }
 
     fn set_power_limit(&mut self, index: u32, watts: f64) -> Result<f64, GpuError> {
-        match self.faults.get(&index) {
-            Some(Fault::Lost) => Err(GpuError::Lost { index }),
-            Some(Fault::NotSupported) => Err(GpuError::NotSupported {
-                index,
-                what: "setting the power limit".into(),
-            }),
-            Some(Fault::NoPermission) => Err(GpuError::NoPermission {
-                index,
-                what: "set the power limit".into(),
-            }),
-            _ => self.inner.set_power_limit(index, watts),
-        }
+        self.setter_fault(index, "setting the power limit", "set the power limit")?;
+        self.inner.set_power_limit(index, watts)
     }
 
     fn reset_power_limit(&mut self, index: u32) -> Result<f64, GpuError> {
@@ -262,18 +271,8 @@ impl<B: GpuBackend> GpuBackend for Faulty<B> {
         min_mhz: f64,
         max_mhz: f64,
     ) -> Result<(f64, f64), GpuError> {
-        match self.faults.get(&index) {
-            Some(Fault::Lost) => Err(GpuError::Lost { index }),
-            Some(Fault::NotSupported) => Err(GpuError::NotSupported {
-                index,
-                what: "locking clocks".into(),
-            }),
-            Some(Fault::NoPermission) => Err(GpuError::NoPermission {
-                index,
-                what: "lock clocks".into(),
-            }),
-            _ => self.inner.lock_sm_clocks(index, min_mhz, max_mhz),
-        }
+        self.setter_fault(index, "locking clocks", "lock clocks")?;
+        self.inner.lock_sm_clocks(index, min_mhz, max_mhz)
     }
 
     fn reset_sm_clocks(&mut self, index: u32) -> Result<(), GpuError> {

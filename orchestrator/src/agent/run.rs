@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use super::core::{Core, FailSafe, OnExit, Rules};
 use crate::probe::wall_clock;
+use crate::serve::resolve;
 
 /// `agent.toml`.
 #[derive(Debug, Clone, Deserialize)]
@@ -139,14 +140,6 @@ pub struct Loaded {
     pub rules: Rules,
     pub on_exit: OnExit,
     pub state_file: Option<PathBuf>,
-}
-
-fn resolve(base: &Path, p: &Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    }
 }
 
 /// Reads a key file, warning when others may read it.

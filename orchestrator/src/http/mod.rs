@@ -259,6 +259,22 @@ fn error(status: u16, msg: &str) -> Reply {
 pub const MAX_BODY: usize = 64 * 1024;
 
 impl Api {
+    /// The token's name when its role may do what needs `min`; else the 401 or 403.
+    fn authorize(&self, authorization: Option<&str>, min: Role) -> Result<&str, Reply> {
+        match self.role(authorization) {
+            None if authorization.is_none() => Err(error(
+                401,
+                "a bearer token is required (Authorization: Bearer ...)",
+            )),
+            None => Err(error(401, "unknown token")),
+            Some((r, _)) if r < min => Err(error(
+                403,
+                &format!("this token's role may not do this (needs {min:?})").to_lowercase(),
+            )),
+            Some((_, name)) => Ok(name),
+        }
+    }
+
     /// The role a request's `Authorization` header grants, if any.
     fn role(&self, authorization: Option<&str>) -> Option<(Role, &str)> {
         let token = authorization?.strip_prefix("Bearer ")?.trim();
@@ -286,20 +302,7 @@ impl Api {
         body: &[u8],
     ) -> Reply {
         let _ = body;
-        let need = |min: Role| -> Result<(), Reply> {
-            match self.role(authorization) {
-                None if authorization.is_none() => Err(error(
-                    401,
-                    "a bearer token is required (Authorization: Bearer ...)",
-                )),
-                None => Err(error(401, "unknown token")),
-                Some((r, _)) if r < min => Err(error(
-                    403,
-                    &format!("this token's role may not do this (needs {min:?})").to_lowercase(),
-                )),
-                Some(_) => Ok(()),
-            }
-        };
+        let need = |min: Role| self.authorize(authorization, min).map(|_| ());
         if path == "/metrics" && method == "GET" {
             if !self.metrics_public {
                 if let Err(r) = need(Role::Viewer) {
@@ -415,27 +418,14 @@ impl Api {
         authorization: Option<&str>,
         body: &[u8],
     ) -> Reply {
-        let role = self.role(authorization);
         let min = if method == "GET" {
             Role::Viewer
         } else {
             Role::Operator
         };
-        let who = match role {
-            None if authorization.is_none() => {
-                return error(
-                    401,
-                    "a bearer token is required (Authorization: Bearer ...)",
-                )
-            }
-            None => return error(401, "unknown token"),
-            Some((r, _)) if r < min => {
-                return error(
-                    403,
-                    &format!("this token's role may not do this (needs {min:?})").to_lowercase(),
-                )
-            }
-            Some((_, name)) => name.to_string(),
+        let who = match self.authorize(authorization, min) {
+            Ok(name) => name.to_string(),
+            Err(r) => return r,
         };
         let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
         let now = crate::probe::wall_clock();
