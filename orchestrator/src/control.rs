@@ -68,6 +68,8 @@ pub struct ControlLoop {
     overrides: Vec<crate::overrides::Override>,
     /// What the actuator was last handed: the plan with the overrides applied.
     actuated: State,
+    /// Price and carbon forecasts the engine plans with.
+    forecast: policies::Forecast,
 }
 
 impl ControlLoop {
@@ -94,7 +96,22 @@ impl ControlLoop {
             counters: Counters::default(),
             overrides: Vec::new(),
             actuated: State::default(),
+            forecast: policies::Forecast::default(),
         })
+    }
+
+    /// The price and carbon forecasts for the next ticks.
+    pub fn set_forecast(&mut self, forecast: policies::Forecast) {
+        self.forecast = forecast;
+    }
+
+    /// Replaces the policy; the next tick evaluates the new one from the same state.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     pub fn state(&self) -> &State {
@@ -178,6 +195,7 @@ impl ControlLoop {
                 jobs: &active,
                 prior: &self.state,
                 policy: &self.policy,
+                forecast: &self.forecast,
             },
             now,
         );

@@ -50,6 +50,7 @@ fn decision(h: f64, target: Target, action: Action) -> Decision {
         values: BTreeMap::new(),
         reason: String::new(),
         observe_only: false,
+        release: String::new(),
     }
 }
 

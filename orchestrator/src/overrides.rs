@@ -206,6 +206,7 @@ pub fn decisions(
                 format!("pinned by {} until {}: {}", o.by, o.until, o.reason)
             }),
             observe_only: false,
+            release: String::new(),
         });
     }
     for (rule, gpus) in ended {
@@ -220,6 +221,7 @@ pub fn decisions(
             values: BTreeMap::new(),
             reason: "the override ended or was removed; the policy's caps apply".into(),
             observe_only: false,
+            release: String::new(),
         });
     }
     for job in before.holds.keys().filter(|j| {
@@ -236,6 +238,7 @@ pub fn decisions(
             values: BTreeMap::new(),
             reason: "exempted from holds by an operator".into(),
             observe_only: false,
+            release: String::new(),
         });
     }
     out

@@ -718,6 +718,14 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             if let Some(c) = carbon.at(now) {
                 samples.push(Sample::new(site_id, CARBON_G_PER_KWH, c, now, "prices"));
             }
+            control.set_forecast(forecast(
+                price,
+                carbon,
+                fresh,
+                site.tariff.as_ref(),
+                &site,
+                now,
+            ));
         }
         {
             let mut book = overrides.lock().unwrap_or_else(|p| p.into_inner());
@@ -783,4 +791,51 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         "stopped"
     );
     Ok(())
+}
+
+/// What the engine plans with: the next 48 hours of the feed while it is fresh, else
+/// of the site's tariff (in 15-minute steps, so periods starting at any quarter hour
+/// are kept); the carbon series as the feed has it.
+fn forecast(
+    price: &Series,
+    carbon: &Series,
+    fresh: bool,
+    tariff: Option<&telemetry::tariff::Tariff>,
+    site: &telemetry::Site,
+    now: Timestamp,
+) -> policies::Forecast {
+    let horizon = now.plus_secs(48.0 * 3600.0);
+    let window = |s: &Series| {
+        let pts = s.points();
+        let from = pts.partition_point(|(t, _)| *t <= now).saturating_sub(1);
+        let kept: Vec<_> = pts[from..]
+            .iter()
+            .take_while(|(t, _)| *t < horizon)
+            .copied()
+            .collect();
+        // the last step lasts as long as the one before it (hourly feeds: an hour)
+        let step = match pts.len() {
+            n if n >= 2 => pts[n - 1].0.secs_since(pts[n - 2].0),
+            _ => 3600.0,
+        };
+        policies::StepSeries::new(kept, step)
+    };
+    let price = match (fresh, tariff) {
+        (true, _) | (false, None) => window(price),
+        (false, Some(t)) => {
+            let start = Timestamp::from_secs((now.as_secs_f64() / 900.0).floor() as i64 * 900);
+            let points = (0..192)
+                .map(|i| {
+                    let at = start.plus_secs(900.0 * i as f64);
+                    (at, t.at(at, site.timezone).0)
+                })
+                .collect();
+            policies::StepSeries::new(points, 900.0)
+        }
+    };
+    policies::Forecast {
+        price,
+        carbon: window(carbon),
+        stale: !fresh && tariff.is_none(),
+    }
 }

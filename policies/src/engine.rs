@@ -24,6 +24,8 @@ pub struct Inputs<'a> {
     /// What is in force now (the previous plan's state, as applied).
     pub prior: &'a State,
     pub policy: &'a Policy,
+    /// Price and carbon forecasts (empty when there is no feed).
+    pub forecast: &'a crate::Forecast,
 }
 
 /// Per (rule, scope): the values a rule looked at and what it says about them.
@@ -48,6 +50,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         jobs,
         prior,
         policy,
+        forecast: _,
     } = *inputs;
     let mut enforce: BTreeMap<EntityId, Want> = BTreeMap::new();
     let mut observe: BTreeMap<EntityId, Want> = BTreeMap::new();
@@ -346,6 +349,7 @@ fn cap_decisions(
             values,
             reason,
             observe_only,
+            release: String::new(),
         });
     }
 }
@@ -375,6 +379,7 @@ fn hold_decisions(
                         values: values.clone(),
                         reason: h.reason.clone(),
                         observe_only,
+                        release: String::new(),
                     });
                 }
                 holds.insert(job, h);
@@ -414,6 +419,7 @@ fn release(
         values: values.clone(),
         reason: reason.to_string(),
         observe_only,
+        release: String::new(),
     }
 }
 

@@ -9,6 +9,7 @@
 //!   most protective cap winning.
 //! - [`budget`]: facility and rack power budgets, cut by water-filling in priority order.
 //! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis.
+//! - [`forecast`]: price and carbon forecasts and their window statistics.
 //! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
 //!   their latest start.
 //!
@@ -19,11 +20,13 @@
 
 pub mod budget;
 pub mod engine;
+pub mod forecast;
 pub mod plan;
 pub mod policy;
 pub mod price;
 pub mod thermal;
 
 pub use engine::{evaluate, Inputs};
+pub use forecast::{Forecast, StepSeries};
 pub use plan::{Action, Cap, Decision, Hold, Plan, State, Target};
 pub use policy::Policy;

@@ -109,6 +109,9 @@ pub struct Decision {
     /// The values that triggered it (measurements and thresholds).
     pub values: BTreeMap<String, f64>,
     pub reason: String,
+    /// What would undo it (the release condition), for `policy explain` and the audit.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub release: String,
     /// Logged and reported only: the rule is in observe mode.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub observe_only: bool,

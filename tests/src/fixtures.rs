@@ -25,6 +25,7 @@ pub fn decision(i: i64) -> Decision {
         values,
         reason: format!("inlet above limit #{i}"),
         observe_only: false,
+        release: String::new(),
     }
 }
 

@@ -526,6 +526,7 @@ mod tests {
             values: Default::default(),
             reason: String::new(),
             observe_only: false,
+            release: String::new(),
         };
         b.update(now, &snap, &state, &c, &[d], 0);
         let mut f = Fleet::new(

@@ -132,6 +132,7 @@ fn run(
             jobs,
             prior,
             policy,
+            forecast: &crate::Forecast::default(),
         },
         now,
     )
