@@ -11,6 +11,7 @@
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
+//! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
@@ -32,5 +33,6 @@ pub mod overrides;
 pub mod probe;
 pub mod registry;
 pub mod report;
+pub mod schedulers;
 pub mod serve;
 pub mod sim;

@@ -5,8 +5,9 @@
 //! control loop drains it, evaluates the policy and commits to the store. With an
 //! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
 //! leased, acknowledged, renewed; see [`crate::fleet`]) and the agents' reports feed the
-//! snapshot; without it caps are observe-only. Holds are observe-only until the
-//! scheduler adapters land: computed, leased, audited, stored and logged.
+//! snapshot; without it caps are observe-only. With `[schedulers]` the holds in force
+//! are applied to the schedulers (see [`crate::schedulers`]); without it they are
+//! observe-only: computed, leased, audited, stored and logged.
 //! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
 
 use std::collections::VecDeque;
@@ -54,6 +55,9 @@ pub struct Config {
     /// `/metrics` and the JSON API.
     #[serde(default)]
     pub http: Option<crate::http::HttpSection>,
+    /// The schedulers to steer (without it, holds are observe-only).
+    #[serde(default)]
+    pub schedulers: Option<crate::schedulers::SchedulersSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -368,6 +372,9 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     if let Some(h) = &cfg.http {
         crate::http::load_tokens(h, base)?;
     }
+    if let Some(s) = &cfg.schedulers {
+        crate::schedulers::check(s, &name)?;
+    }
     anyhow::ensure!(
         (0.1..=3600.0).contains(&cfg.controller.tick_s),
         "{name}: controller.tick_s must be within 0.1..=3600, got {}",
@@ -486,6 +493,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         jobs = control.registry().len(),
         "restored from the store"
     );
+    let mut schedulers =
+        crate::schedulers::Schedulers::open(cfg.schedulers.as_ref(), control.store())?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -736,7 +745,13 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             }
             control.set_overrides(book.list.clone());
         }
-        let report = control.tick(now, samples, Vec::new(), actuator.as_mut());
+        // schedulers: their jobs in, the holds in force out (see crate::schedulers)
+        let jobs = schedulers.jobs(now, control.store());
+        let report = control.tick(now, samples, jobs, actuator.as_mut());
+        if !schedulers.is_empty() {
+            let actuated = control.actuated().clone();
+            schedulers.apply(&actuated, now, control.store());
+        }
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
@@ -764,6 +779,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 buffer.dropped.load(Ordering::Relaxed),
             );
             b.jobs = control.registry().active();
+            b.schedulers = schedulers.status();
+            b.scheduler_counters = schedulers.counters();
             drop(b);
         }
         if let Some(e) = report.store_error {

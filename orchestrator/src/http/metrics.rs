@@ -401,6 +401,14 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         c.actuation_errors as f64,
     );
+    for (name, help, v) in &b.scheduler_counters {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        o.add(name, kind, help, &[], *v);
+    }
     o.add(
         "store_errors_total",
         "counter",

@@ -158,6 +158,10 @@ pub struct Board {
     pub jobs: Vec<telemetry::Job>,
     /// Where the price comes from now: `feed`, `tariff` or `feed (stale)`.
     pub price_source: String,
+    /// The schedulers powerplane steers: holds in force, counters, job lifecycles.
+    pub schedulers: serde_json::Value,
+    /// Scheduler counters for `/metrics`: (name, help, value).
+    pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -189,6 +193,8 @@ impl Board {
             prices: Vec::new(),
             jobs: Vec::new(),
             price_source: String::new(),
+            schedulers: serde_json::Value::Null,
+            scheduler_counters: Vec::new(),
         }
     }
 
@@ -398,6 +404,7 @@ impl Api {
                 Ok(v) => json_reply(200, &v),
                 Err(e) => error(400, &e),
             },
+            "schedulers" => json_reply(200, &board.schedulers),
             "agents" => match &self.fleet {
                 Some(f) => {
                     let f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -661,6 +668,7 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force", "viewer"),
             "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
             "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
+            "/api/v1/schedulers": get("The schedulers powerplane steers: Slurm's holds that are powerplane's, call counters and the last error, every job's lifecycle and the recent transitions", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
             "/api/v1/jobs": get("Pending and running jobs, each with its hold if powerplane holds it", "viewer"),
             "/api/v1/policy": get("The policy in force, as written, and the last reload error", "viewer"),
