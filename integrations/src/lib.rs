@@ -9,6 +9,8 @@
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
 //! - [`slurm`]: a slurmrestd client (OpenAPI v0.0.38) and the mapping of Slurm jobs
 //!   to powerplane jobs; [`slurm_sync`] keeps Slurm's holds in step with the plan.
+//! - [`webhook`]: generic schedulers over signed webhooks: job events in, actions out
+//!   through a durable outbox with retries and a dead-letter list.
 //! - [`feeds`]: price and carbon feeds in the formats sites have: CSV with columns,
 //!   units and local times, JSON, ENTSO-E day-ahead XML.
 #![forbid(unsafe_code)]
@@ -18,3 +20,4 @@ pub mod prices;
 pub mod slurm;
 pub mod slurm_sync;
 pub mod store;
+pub mod webhook;

@@ -18,6 +18,10 @@ use anyhow::Result;
 use integrations::slurm::{Client, Endpoint, JobMapping};
 use integrations::slurm_sync::SlurmSync;
 use integrations::store::{Store, Tx};
+use integrations::webhook::{
+    Action as WebhookAction, JobEvent, Outbox, OutboxConfig, Rejected, WebhookKey,
+    SIGNATURE_HEADER, TIMESTAMP_HEADER,
+};
 use policies::State;
 use serde::Deserialize;
 use serde_json::json;
@@ -32,6 +36,60 @@ use crate::registry::{Lifecycle, Lifecycles, Seen, Transition, LIFECYCLES, TRANS
 pub struct SchedulersSection {
     #[serde(default)]
     pub slurm: Option<SlurmSection>,
+    #[serde(default)]
+    pub webhook: Option<WebhookSection>,
+}
+
+/// `[schedulers.webhook]`: any scheduler, through signed webhooks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSection {
+    /// The shared key (hex, `openssl rand -hex 32`): verifies inbound events, signs
+    /// outbound actions.
+    pub key_file: PathBuf,
+    /// Where actions are POSTed (`http://host:port/path`); without it, none are sent.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Inbound timestamps further than this from the clock are refused.
+    #[serde(default = "default_tolerance")]
+    pub tolerance_s: f64,
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// The first retry waits about this long; each next one twice as long.
+    #[serde(default = "default_backoff")]
+    pub backoff_s: f64,
+    #[serde(default = "default_max_backoff")]
+    pub max_backoff_s: f64,
+    #[serde(default = "default_hook_timeout")]
+    pub timeout_s: f64,
+    /// Deliveries tried per tick at most.
+    #[serde(default = "default_per_tick")]
+    pub per_tick: usize,
+    /// Classes deferrable unless an event says otherwise.
+    #[serde(default = "default_deferrable")]
+    pub deferrable_classes: Vec<String>,
+}
+
+fn default_tolerance() -> f64 {
+    300.0
+}
+fn default_attempts() -> u32 {
+    12
+}
+fn default_backoff() -> f64 {
+    1.0
+}
+fn default_max_backoff() -> f64 {
+    300.0
+}
+fn default_hook_timeout() -> f64 {
+    5.0
+}
+fn default_per_tick() -> usize {
+    50
+}
+fn default_deferrable() -> Vec<String> {
+    vec!["batch".into(), "training".into()]
 }
 
 /// `[schedulers.slurm]`: slurmrestd, and how its jobs map to powerplane's.
@@ -65,8 +123,26 @@ fn default_scontrol() -> PathBuf {
     PathBuf::from("scontrol")
 }
 
-/// Checks the section before anything starts.
-pub fn check(s: &SchedulersSection, file: &str) -> Result<()> {
+/// Checks the section before anything starts (`base`: the config file's folder).
+pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Result<()> {
+    if let Some(w) = &s.webhook {
+        read_key(&crate::serve::resolve(base, &w.key_file))?;
+        if let Some(u) = &w.url {
+            anyhow::ensure!(
+                u.starts_with("http://"),
+                "{file}: [schedulers.webhook] url {u:?}: only http:// (put a TLS proxy in front for https)"
+            );
+        }
+        anyhow::ensure!(
+            w.tolerance_s > 0.0
+                && w.backoff_s > 0.0
+                && w.max_backoff_s >= w.backoff_s
+                && w.timeout_s > 0.0
+                && w.max_attempts >= 1
+                && w.per_tick >= 1,
+            "{file}: [schedulers.webhook] needs tolerance_s, backoff_s, timeout_s above 0, max_backoff_s >= backoff_s, max_attempts and per_tick at least 1"
+        );
+    }
     if let Some(sl) = &s.slurm {
         Endpoint::parse(&sl.endpoint)
             .map_err(|e| anyhow::anyhow!("{file}: [schedulers.slurm] endpoint {e}"))?;
@@ -88,6 +164,97 @@ pub fn check(s: &SchedulersSection, file: &str) -> Result<()> {
     Ok(())
 }
 
+fn read_key(path: &std::path::Path) -> Result<WebhookKey> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the webhook key {}: {e}", path.display()))?;
+    WebhookKey::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Inbound job events, shared with the HTTP server.
+pub struct Inbox {
+    key: WebhookKey,
+    tolerance_s: f64,
+    deferrable_classes: Vec<String>,
+    inner: std::sync::Mutex<InboxInner>,
+}
+
+#[derive(Default)]
+struct InboxInner {
+    jobs: BTreeMap<String, Job>,
+    accepted: u64,
+    rejected: BTreeMap<&'static str, u64>,
+}
+
+impl Inbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InboxInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a request refused before it reached [`Inbox::receive`].
+    pub fn reject(&self, reason: &'static str) {
+        *self.lock().rejected.entry(reason).or_default() += 1;
+    }
+
+    /// Takes one event: authenticated by `bearer` (an operator token the caller
+    /// checked) or by its signature headers. Returns the job id, or the status and
+    /// why.
+    pub fn receive(
+        &self,
+        bearer: bool,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        body: &[u8],
+        now: Timestamp,
+    ) -> std::result::Result<String, (u16, String)> {
+        if !bearer {
+            if let Err(r) = self
+                .key
+                .verify(timestamp, signature, body, now, self.tolerance_s)
+            {
+                self.reject(r.reason());
+                warn!(reason = r.reason(), "job event refused");
+                let why = match r {
+                    Rejected::Unsigned => format!("sign the event ({TIMESTAMP_HEADER}, {SIGNATURE_HEADER}) or send an operator bearer token"),
+                    Rejected::Stale => format!("{TIMESTAMP_HEADER} is more than {} s from the controller's clock", self.tolerance_s),
+                    Rejected::BadTimestamp => format!("{TIMESTAMP_HEADER} must be Unix seconds"),
+                    _ => "bad signature".to_string(),
+                };
+                return Err((401, why));
+            }
+        }
+        let event = match JobEvent::parse(body) {
+            Ok(e) => e,
+            Err(e) => {
+                self.reject(Rejected::BadEvent.reason());
+                warn!(error = %e, "job event refused");
+                return Err((400, format!("bad event: {e}")));
+            }
+        };
+        let id = event.id();
+        let mut g = self.lock();
+        let job = event.apply(g.jobs.get(&id), &self.deferrable_classes, now);
+        info!(job = %id, event = ?event.event, "job event");
+        g.jobs.insert(id.clone(), job);
+        g.accepted += 1;
+        Ok(id)
+    }
+
+    /// The jobs the events describe; finished ones are handed out once, then dropped.
+    fn take(&self) -> Vec<Job> {
+        let mut g = self.lock();
+        let out: Vec<Job> = g.jobs.values().cloned().collect();
+        g.jobs.retain(|_, j| !j.state.is_done());
+        out
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let g = self.lock();
+        json!({ "accepted": g.accepted, "rejected": g.rejected })
+    }
+}
+
+const WEBHOOK_HOLDS: &str = "webhook_holds";
+
 /// The schedulers of one `serve`.
 pub struct Schedulers {
     slurm: Option<SlurmSync>,
@@ -100,14 +267,24 @@ pub struct Schedulers {
     pub transitions: u64,
     /// The most recent transitions, oldest first, for the API.
     recent: std::collections::VecDeque<Transition>,
+    inbox: Option<std::sync::Arc<Inbox>>,
+    outbox: Option<Outbox>,
+    /// Webhook jobs held, with the `until` last sent.
+    webhook_holds: BTreeMap<String, Timestamp>,
+    /// The dead-letter list, as last read from the store.
+    dead: Vec<integrations::webhook::Delivery>,
 }
 
 const RECENT: usize = 1000;
 
 impl Schedulers {
     /// Opens the configured schedulers and restores what the store knows of them
-    /// (powerplane's holds, each job's lifecycle).
-    pub fn open(section: Option<&SchedulersSection>, store: &mut Store) -> Result<Self> {
+    /// (powerplane's holds, each job's lifecycle, the webhook outbox).
+    pub fn open(
+        section: Option<&SchedulersSection>,
+        base: &std::path::Path,
+        store: &mut Store,
+    ) -> Result<Self> {
         let lifecycles = Lifecycles {
             jobs: store.records::<Lifecycle>(LIFECYCLES)?,
         };
@@ -126,7 +303,48 @@ impl Schedulers {
             }
             None => None,
         };
+        let (mut inbox, mut outbox) = (None, None);
+        if let Some(w) = section.and_then(|s| s.webhook.as_ref()) {
+            let key = read_key(&crate::serve::resolve(base, &w.key_file))?;
+            let jobs = store
+                .jobs()?
+                .into_iter()
+                .filter(|j| j.scheduler != "slurm" && !j.state.is_done())
+                .map(|j| (j.id.clone(), j))
+                .collect();
+            inbox = Some(std::sync::Arc::new(Inbox {
+                key: key.clone(),
+                tolerance_s: w.tolerance_s,
+                deferrable_classes: w.deferrable_classes.clone(),
+                inner: std::sync::Mutex::new(InboxInner {
+                    jobs,
+                    ..Default::default()
+                }),
+            }));
+            if let Some(url) = &w.url {
+                let o = Outbox::restore(
+                    OutboxConfig {
+                        url: url.clone(),
+                        timeout: Duration::from_secs_f64(w.timeout_s),
+                        max_attempts: w.max_attempts,
+                        backoff_s: w.backoff_s,
+                        max_backoff_s: w.max_backoff_s,
+                        per_pass: w.per_tick,
+                    },
+                    key,
+                    store,
+                )?;
+                info!(url = %url, waiting = o.pending().len(), "sending scheduler actions as signed webhooks");
+                outbox = Some(o);
+            }
+        }
+        let webhook_holds = store.records::<Timestamp>(WEBHOOK_HOLDS)?;
+        let dead = Outbox::dead(store)?;
         Ok(Schedulers {
+            inbox,
+            outbox,
+            webhook_holds,
+            dead,
             slurm,
             poll_s,
             last_poll: None,
@@ -138,7 +356,12 @@ impl Schedulers {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slurm.is_none()
+        self.slurm.is_none() && self.inbox.is_none()
+    }
+
+    /// Where the HTTP server puts inbound job events (with `[schedulers.webhook]`).
+    pub fn inbox(&self) -> Option<std::sync::Arc<Inbox>> {
+        self.inbox.clone()
     }
 
     /// The jobs to evaluate: polled from the schedulers when due, else the last view.
@@ -155,6 +378,10 @@ impl Schedulers {
                 }
             }
         }
+        if let Some(inbox) = &self.inbox {
+            self.jobs.retain(|j| j.scheduler == "slurm");
+            self.jobs.extend(inbox.take());
+        }
         self.jobs.clone()
     }
 
@@ -167,6 +394,16 @@ impl Schedulers {
         }
         let ours = self.slurm.as_ref().map(|s| s.ours()).unwrap_or_default();
         let mut tx = Tx::new();
+        if let Some(outbox) = self.outbox.as_mut() {
+            webhook_holds(
+                outbox,
+                &mut self.webhook_holds,
+                &self.jobs,
+                actuated,
+                now,
+                &mut tx,
+            );
+        }
         for job in &self.jobs {
             if job.state.is_done()
                 && self.lifecycles.jobs.get(&job.id) == Some(&Lifecycle::Finished)
@@ -184,8 +421,37 @@ impl Schedulers {
                 suspended: hints.suspended,
                 requeued: hints.requeued,
             };
+            let held_by_us = seen.held_by_us || self.webhook_holds.contains_key(&job.id);
+            let seen = Seen { held_by_us, ..seen };
             if let Some(t) = self.lifecycles.observe(job, seen, now) {
                 info!(job = %t.job, from = ?t.from, to = %t.to, "{}", t.reason);
+                if let (Some(outbox), true) = (self.outbox.as_mut(), job.scheduler != "slurm") {
+                    let capped = |s: &State| {
+                        job.allocated
+                            .iter()
+                            .filter_map(|g| s.caps.get(g).map(|c| c.watts))
+                            .fold(None, |m: Option<f64>, w| Some(m.map_or(w, |m| m.min(w))))
+                    };
+                    match (t.from, t.to) {
+                        (_, Lifecycle::Capped) => outbox.enqueue(
+                            job,
+                            &WebhookAction::CapNotice {
+                                watts: capped(actuated),
+                            },
+                            "the job's GPUs are capped",
+                            now,
+                            &mut tx,
+                        ),
+                        (Some(Lifecycle::Capped), Lifecycle::Running) => outbox.enqueue(
+                            job,
+                            &WebhookAction::CapNotice { watts: None },
+                            "the job's GPUs are no longer capped",
+                            now,
+                            &mut tx,
+                        ),
+                        _ => {}
+                    }
+                }
                 tx.put_record(LIFECYCLES, &t.job, &t.to);
                 tx.append_record(TRANSITIONS, &t);
                 self.transitions += 1;
@@ -197,6 +463,16 @@ impl Schedulers {
         }
         if let Err(e) = store.commit(tx) {
             warn!(error = %e, "cannot store job transitions");
+        }
+        if let Some(outbox) = self.outbox.as_mut() {
+            let dead = outbox.counters.dead;
+            outbox.deliver(now, store);
+            if outbox.counters.dead != dead {
+                match Outbox::dead(store) {
+                    Ok(d) => self.dead = d,
+                    Err(e) => warn!(error = %e, "cannot read the webhook dead-letter list"),
+                }
+            }
         }
     }
 
@@ -215,8 +491,21 @@ impl Schedulers {
             .iter()
             .filter(|(_, l)| **l != Lifecycle::Finished)
             .collect();
+        let webhook = self.inbox.as_ref().map(|i| {
+            json!({
+                "inbound": i.status(),
+                "outbound": self.outbox.as_ref().map(|o| json!({
+                    "url": o.config.url,
+                    "counters": o.counters,
+                    "waiting": o.pending(),
+                })),
+                "holds": self.webhook_holds,
+                "dead_letters": self.dead,
+            })
+        });
         json!({
             "slurm": slurm,
+            "webhook": webhook,
             "lifecycle": lifecycle,
             "transitions": self.recent,
         })
@@ -224,11 +513,55 @@ impl Schedulers {
 
     /// Counters for `/metrics`: (name, help, value).
     pub fn counters(&self) -> Vec<(&'static str, &'static str, f64)> {
+        let mut out = Vec::new();
+        if let Some(o) = &self.outbox {
+            let c = &o.counters;
+            out.extend([
+                (
+                    "webhook_actions_enqueued_total",
+                    "Scheduler actions queued for the webhook",
+                    c.enqueued as f64,
+                ),
+                (
+                    "webhook_actions_delivered_total",
+                    "Scheduler actions the webhook receiver took",
+                    c.delivered as f64,
+                ),
+                (
+                    "webhook_delivery_failures_total",
+                    "Webhook delivery attempts that failed (retried with backoff)",
+                    c.failed_attempts as f64,
+                ),
+                (
+                    "webhook_actions_dead_total",
+                    "Scheduler actions dead-lettered",
+                    c.dead as f64,
+                ),
+                (
+                    "webhook_actions_waiting",
+                    "Scheduler actions in the outbox",
+                    o.pending().len() as f64,
+                ),
+            ]);
+        }
+        if let Some(i) = &self.inbox {
+            let g = i.lock();
+            out.push((
+                "webhook_events_accepted_total",
+                "Job events accepted",
+                g.accepted as f64,
+            ));
+            out.push((
+                "webhook_events_rejected_total",
+                "Job events refused (bad signature, stale timestamp, bad token, bad event, too large)",
+                g.rejected.values().sum::<u64>() as f64,
+            ));
+        }
         let Some(s) = &self.slurm else {
-            return Vec::new();
+            return out;
         };
         let c = &s.counters;
-        vec![
+        out.extend(vec![
             (
                 "slurm_polls_total",
                 "Polls of slurmrestd's job list",
@@ -264,6 +597,69 @@ impl Schedulers {
                 "Slurm jobs powerplane holds now",
                 s.ours().len() as f64,
             ),
-        ]
+        ]);
+        out
+    }
+}
+
+/// Holds and releases for the jobs of webhook schedulers: a hold when the plan holds
+/// a job, again (with the later `until`) once half of the last one has passed, and a
+/// release when the plan lets go.
+fn webhook_holds(
+    outbox: &mut Outbox,
+    sent: &mut BTreeMap<String, Timestamp>,
+    jobs: &[Job],
+    actuated: &State,
+    now: Timestamp,
+    tx: &mut Tx,
+) {
+    let by_id: BTreeMap<&str, &Job> = jobs
+        .iter()
+        .filter(|j| j.scheduler != "slurm")
+        .map(|j| (j.id.as_str(), j))
+        .collect();
+    for (id, h) in &actuated.holds {
+        let Some(job) = by_id.get(id.as_str()) else {
+            continue;
+        };
+        if h.lease_until <= now {
+            continue;
+        }
+        let due = match sent.get(id) {
+            None => true,
+            Some(until) => until.secs_since(now) < h.lease_until.secs_since(now) / 2.0,
+        };
+        if due {
+            outbox.enqueue(
+                job,
+                &WebhookAction::Hold {
+                    until: h.lease_until.to_datetime().to_rfc3339(),
+                },
+                &h.reason,
+                now,
+                tx,
+            );
+            sent.insert(id.clone(), h.lease_until);
+            tx.put_record(WEBHOOK_HOLDS, id, &h.lease_until);
+        }
+    }
+    let released: Vec<String> = sent
+        .keys()
+        .filter(|id| actuated.holds.get(*id).is_none_or(|h| h.lease_until <= now))
+        .cloned()
+        .collect();
+    for id in released {
+        sent.remove(&id);
+        tx.delete_record(WEBHOOK_HOLDS, &id);
+        match by_id.get(id.as_str()) {
+            Some(job) if !job.state.is_done() => outbox.enqueue(
+                job,
+                &WebhookAction::Release,
+                "the plan no longer holds the job",
+                now,
+                tx,
+            ),
+            _ => {}
+        }
     }
 }

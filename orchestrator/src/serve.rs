@@ -373,7 +373,7 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         crate::http::load_tokens(h, base)?;
     }
     if let Some(s) = &cfg.schedulers {
-        crate::schedulers::check(s, &name)?;
+        crate::schedulers::check(s, &name, base)?;
     }
     anyhow::ensure!(
         (0.1..=3600.0).contains(&cfg.controller.tick_s),
@@ -494,7 +494,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         "restored from the store"
     );
     let mut schedulers =
-        crate::schedulers::Schedulers::open(cfg.schedulers.as_ref(), control.store())?;
+        crate::schedulers::Schedulers::open(cfg.schedulers.as_ref(), &base, control.store())?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -646,6 +646,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             metrics_public: h.metrics_public,
             status_page_public: h.status_page_public,
             refresh_s: h.refresh_s.max(1),
+            events: schedulers.inbox(),
         };
         threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
     }

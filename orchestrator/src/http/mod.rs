@@ -236,6 +236,8 @@ pub struct Api {
     pub status_page_public: bool,
     pub refresh_s: u32,
     pub overrides: Arc<Mutex<crate::overrides::Book>>,
+    /// Inbound job events (`POST /api/v1/events`), with `[schedulers.webhook]`.
+    pub events: Option<Arc<crate::schedulers::Inbox>>,
 }
 
 /// An answer: status, content type, body.
@@ -418,6 +420,51 @@ impl Api {
 }
 
 impl Api {
+    /// `POST /api/v1/events` (`body` is `None` when it was too large).
+    pub fn event(
+        &self,
+        method: &str,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        authorization: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> Reply {
+        let Some(inbox) = &self.events else {
+            return error(
+                404,
+                "no [schedulers.webhook] section: job events are not taken",
+            );
+        };
+        if method != "POST" {
+            return error(405, "POST a job event");
+        }
+        let Some(body) = body else {
+            inbox.reject("too_large");
+            return error(413, &format!("events are limited to {MAX_BODY} bytes"));
+        };
+        // a bearer token, when sent, must be an operator's; else the signature decides
+        let bearer = match authorization {
+            Some(_) => match self.authorize(authorization, Role::Operator) {
+                Ok(_) => true,
+                Err(r) => {
+                    inbox.reject("bad_token");
+                    return r;
+                }
+            },
+            None => false,
+        };
+        match inbox.receive(
+            bearer,
+            timestamp,
+            signature,
+            body,
+            crate::probe::wall_clock(),
+        ) {
+            Ok(id) => json_reply(202, &json!({ "accepted": id })),
+            Err((status, why)) => error(status, &why),
+        }
+    }
+
     fn overrides(
         &self,
         method: &str,
@@ -683,6 +730,14 @@ pub fn openapi() -> serde_json::Value {
                     "responses": { "201": { "description": "set" }, "400": { "description": "invalid, with the reason" }, "403": { "description": "not an operator" } }
                 }
             },
+            "/api/v1/events": {
+                "post": {
+                    "summary": "A scheduler's job event: submitted, started, finished or cancelled",
+                    "description": "Signed (X-Powerplane-Timestamp: Unix seconds; X-Powerplane-Signature: sha256=HMAC-SHA256(key, timestamp + '.' + body) in hex) or with an operator bearer token. Body: {\"event\": \"submitted\", \"scheduler\": \"lsf\", \"job\": \"1234\", \"class\": \"batch\", \"project\": \"p\", \"user\": \"u\", \"gpus\": 2, \"deadline\": \"2030-01-01T00:00:00Z\", \"est_duration_s\": 3600}; see docs/schedulers.md. At most 64 KiB.",
+                    "requestBody": { "required": true, "content": { "application/json": {} } },
+                    "responses": { "202": { "description": "accepted: the job is evaluated on the next tick" }, "400": { "description": "bad event, with the reason" }, "401": { "description": "unsigned, bad signature, stale timestamp or unknown token" }, "404": { "description": "no [schedulers.webhook] section" }, "413": { "description": "too large" } }
+                }
+            },
             "/api/v1/overrides/{id}": {
                 "delete": {
                     "summary": "Remove an override", "description": "Needs an operator token.", "security": [{ "bearer": [] }],
@@ -732,7 +787,21 @@ pub fn serve(
                         .read_to_end(&mut body)
                         .is_err()
                     || body.len() > MAX_BODY;
-                let reply = if too_big {
+                let reply = if path == "/api/v1/events" {
+                    let header = |name: &'static str| {
+                        req.headers()
+                            .iter()
+                            .find(|h| h.field.equiv(name))
+                            .map(|h| h.value.as_str().to_string())
+                    };
+                    api.event(
+                        req.method().as_str(),
+                        header(integrations::webhook::TIMESTAMP_HEADER).as_deref(),
+                        header(integrations::webhook::SIGNATURE_HEADER).as_deref(),
+                        auth.as_deref(),
+                        (!too_big).then_some(&body[..]),
+                    )
+                } else if too_big {
                     error(
                         413,
                         &format!("request bodies are limited to {MAX_BODY} bytes"),
