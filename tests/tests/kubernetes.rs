@@ -152,14 +152,12 @@ fn the_extender_steers_pods_away_from_hot_and_capped_nodes() {
         .is_some_and(|e| !e.is_empty()));
 }
 
+/// The fake API server's pods, and the patches it took (URL, patch).
+type Pods = Arc<Mutex<Vec<Value>>>;
+type Patches = Arc<Mutex<Vec<(String, Value)>>>;
+
 /// A fake API server: lists pending pods, applies JSON patches to their gates.
-fn fake_api(
-    pods: Vec<Value>,
-) -> (
-    String,
-    Arc<Mutex<Vec<Value>>>,
-    Arc<Mutex<Vec<(String, Value)>>>,
-) {
+fn fake_api(pods: Vec<Value>) -> (String, Pods, Patches) {
     let server = tiny_http::Server::http("127.0.0.1:0").expect("fake api");
     let base = format!(
         "http://127.0.0.1:{}",
