@@ -336,8 +336,8 @@ pub fn prioritize(args: &Value, nodes: &BTreeMap<String, NodeCondition>) -> Valu
 
 /// The Kubernetes API, as powerplane uses it.
 pub trait KubeApi {
-    /// Pods in phase Pending, every namespace (a PodList's `items`).
-    fn pending_pods(&mut self) -> Result<Vec<Value>, String>;
+    /// Pods in phase Pending and pods with the class label, every namespace.
+    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, String>;
     /// Removes `spec.schedulingGates[index]` if it is still `gate`.
     fn remove_gate(
         &mut self,
@@ -398,24 +398,47 @@ impl KubeHttp {
 }
 
 impl KubeApi for KubeHttp {
-    fn pending_pods(&mut self) -> Result<Vec<Value>, String> {
-        let (status, body) = self.request(
-            "GET",
-            "/api/v1/pods?fieldSelector=status.phase%3DPending",
-            "application/json",
-            "",
-        )?;
-        if status != 200 {
-            return Err(format!(
-                "list pods: HTTP {status}: {}",
-                body.chars().take(300).collect::<String>()
-            ));
+    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, String> {
+        let label: String = class_label
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let mut out: Vec<Value> = Vec::new();
+        for path in [
+            "/api/v1/pods?fieldSelector=status.phase%3DPending".to_string(),
+            format!("/api/v1/pods?labelSelector={label}"),
+        ] {
+            let (status, body) = self.request("GET", &path, "application/json", "")?;
+            if status != 200 {
+                return Err(format!(
+                    "list pods: HTTP {status}: {}",
+                    body.chars().take(300).collect::<String>()
+                ));
+            }
+            let v: Value = serde_json::from_str(&body).map_err(|e| format!("list pods: {e}"))?;
+            for pod in v
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let key = |p: &Value| {
+                    (
+                        str_at(p, &["metadata", "namespace"]).map(str::to_string),
+                        str_at(p, &["metadata", "name"]).map(str::to_string),
+                    )
+                };
+                if !out.iter().any(|o| key(o) == key(pod)) {
+                    out.push(pod.clone());
+                }
+            }
         }
-        let v: Value = serde_json::from_str(&body).map_err(|e| format!("list pods: {e}"))?;
-        Ok(v.get("items")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default())
+        Ok(out)
     }
 
     fn remove_gate(
@@ -462,6 +485,8 @@ pub struct KubeSync<A: KubeApi> {
     pub mapping: PodMapping,
     /// Gated pods at the last poll: job id → (namespace, name, gate index).
     gated: BTreeMap<String, (String, String, usize)>,
+    /// Jobs reported and not finished: one whose pod disappears is finished.
+    live: BTreeMap<String, Job>,
     pub counters: KubeCounters,
 }
 
@@ -471,31 +496,53 @@ impl<A: KubeApi> KubeSync<A> {
             api,
             mapping,
             gated: BTreeMap::new(),
+            live: BTreeMap::new(),
             counters: KubeCounters::default(),
         }
     }
 
-    /// Gated pods (held by powerplane), as jobs.
+    /// Pods powerplane gates or whose class it knows, as jobs (gated ones held); a
+    /// pod that disappears is reported finished once.
     pub fn poll(&mut self, now: Timestamp) -> Result<Vec<Job>, String> {
         self.counters.polls += 1;
-        let pods = self.api.pending_pods().inspect_err(|e| {
+        let pods = self.api.pods(&self.mapping.class_label).inspect_err(|e| {
             self.counters.poll_errors += 1;
             self.counters.last_error = Some(e.clone());
         })?;
         self.gated.clear();
         let mut jobs = Vec::new();
         for pod in &pods {
-            let Some(i) = self.mapping.gate_index(pod) else {
+            let gate = self.mapping.gate_index(pod);
+            if gate.is_none() && self.mapping.class(pod).is_none() {
                 continue;
-            };
+            }
             let job = self.mapping.job(pod, now);
-            let ns = str_at(pod, &["metadata", "namespace"]).unwrap_or("default");
-            let name = str_at(pod, &["metadata", "name"]).unwrap_or("");
-            self.gated
-                .insert(job.id.clone(), (ns.to_string(), name.to_string(), i));
+            if let Some(i) = gate {
+                let ns = str_at(pod, &["metadata", "namespace"]).unwrap_or("default");
+                let name = str_at(pod, &["metadata", "name"]).unwrap_or("");
+                self.gated
+                    .insert(job.id.clone(), (ns.to_string(), name.to_string(), i));
+            }
             jobs.push(job);
         }
+        for (id, mut gone) in std::mem::take(&mut self.live) {
+            if !jobs.iter().any(|j| j.id == id) {
+                gone.state = JobState::Finished;
+                gone.end_time.get_or_insert(now);
+                jobs.push(gone);
+            }
+        }
+        self.live = jobs
+            .iter()
+            .filter(|j| !j.state.is_done())
+            .map(|j| (j.id.clone(), j.clone()))
+            .collect();
         Ok(jobs)
+    }
+
+    /// Jobs gated now, by id.
+    pub fn gated(&self) -> Vec<String> {
+        self.gated.keys().cloned().collect()
     }
 
     /// Removes the gate of every gated pod the plan does not hold (or whose hold's

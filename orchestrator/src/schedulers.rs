@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
+use integrations::kubernetes::{KubeHttp, KubeSync, NodeCondition, PodMapping};
 use integrations::slurm::{Client, Endpoint, JobMapping};
 use integrations::slurm_sync::SlurmSync;
 use integrations::store::{Store, Tx};
@@ -38,6 +39,76 @@ pub struct SchedulersSection {
     pub slurm: Option<SlurmSection>,
     #[serde(default)]
     pub webhook: Option<WebhookSection>,
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesSection>,
+}
+
+/// `[schedulers.kubernetes]`: scheduling gates and the scheduler extender.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSection {
+    /// The API server, over plain HTTP (`kubectl proxy`): `http://127.0.0.1:8001`.
+    pub api: String,
+    /// A bearer token for the API server (a service account's).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default = "default_poll")]
+    pub poll_s: f64,
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// The gate, the class label, the deferrable classes.
+    #[serde(default)]
+    pub pods: PodMapping,
+    /// Kubernetes node name → the site file's node id, where they differ.
+    #[serde(default)]
+    pub node_names: BTreeMap<String, String>,
+}
+
+/// What the admission and extender endpoints need.
+pub struct KubeHooks {
+    pub pods: PodMapping,
+    pub node_names: BTreeMap<String, String>,
+}
+
+impl KubeHooks {
+    /// Per Kubernetes node: the share of its GPUs capped, and whether its rack is
+    /// being stepped down for heat (a thermal level below 1).
+    pub fn conditions(
+        &self,
+        site: &telemetry::Site,
+        state: &State,
+    ) -> BTreeMap<String, NodeCondition> {
+        let by_site: BTreeMap<&str, &str> = self
+            .node_names
+            .iter()
+            .map(|(k, v)| (v.as_str(), k.as_str()))
+            .collect();
+        site.nodes
+            .iter()
+            .map(|n| {
+                let capped = (0..n.gpus)
+                    .filter(|i| {
+                        state
+                            .caps
+                            .contains_key(&telemetry::EntityId::gpu(&n.id, *i))
+                    })
+                    .count();
+                let hot = state.thermal.get(&n.rack).is_some_and(|t| t.fraction < 1.0);
+                let name = by_site.get(n.id.as_str()).copied().unwrap_or(&n.id);
+                (
+                    name.to_string(),
+                    NodeCondition {
+                        capped: if n.gpus == 0 {
+                            0.0
+                        } else {
+                            capped as f64 / f64::from(n.gpus)
+                        },
+                        hot,
+                    },
+                )
+            })
+            .collect()
+    }
 }
 
 /// `[schedulers.webhook]`: any scheduler, through signed webhooks.
@@ -125,6 +196,21 @@ fn default_scontrol() -> PathBuf {
 
 /// Checks the section before anything starts (`base`: the config file's folder).
 pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Result<()> {
+    if let Some(k) = &s.kubernetes {
+        anyhow::ensure!(
+            k.api.starts_with("http://"),
+            "{file}: [schedulers.kubernetes] api {:?}: only http:// (kubectl proxy)",
+            k.api
+        );
+        anyhow::ensure!(
+            k.poll_s >= 0.0 && k.timeout_s > 0.0 && !k.pods.gate.is_empty(),
+            "{file}: [schedulers.kubernetes] needs poll_s >= 0, timeout_s > 0 and a gate name"
+        );
+        if let Some(t) = &k.token_file {
+            std::fs::read_to_string(crate::serve::resolve(base, t))
+                .map_err(|e| anyhow::anyhow!("{file}: [schedulers.kubernetes] token_file: {e}"))?;
+        }
+    }
     if let Some(w) = &s.webhook {
         read_key(&crate::serve::resolve(base, &w.key_file))?;
         if let Some(u) = &w.url {
@@ -273,6 +359,13 @@ pub struct Schedulers {
     webhook_holds: BTreeMap<String, Timestamp>,
     /// The dead-letter list, as last read from the store.
     dead: Vec<integrations::webhook::Delivery>,
+    kube: Option<KubeSync<KubeHttp>>,
+    kube_hooks: Option<std::sync::Arc<KubeHooks>>,
+    kube_poll_s: f64,
+    kube_last_poll: Option<Timestamp>,
+    /// Each scheduler's last view of its jobs.
+    slurm_jobs: Vec<Job>,
+    kube_jobs: Vec<Job>,
 }
 
 const RECENT: usize = 1000;
@@ -338,9 +431,38 @@ impl Schedulers {
                 outbox = Some(o);
             }
         }
+        let (mut kube, mut kube_hooks, mut kube_poll_s) = (None, None, f64::INFINITY);
+        if let Some(k) = section.and_then(|s| s.kubernetes.as_ref()) {
+            let token = match &k.token_file {
+                Some(t) => Some(
+                    std::fs::read_to_string(crate::serve::resolve(base, t))?
+                        .trim()
+                        .to_string(),
+                ),
+                None => None,
+            };
+            let api = KubeHttp {
+                base: k.api.clone(),
+                token,
+                timeout: Duration::from_secs_f64(k.timeout_s),
+            };
+            info!(api = %k.api, gate = %k.pods.gate, "steering Kubernetes pods through scheduling gates");
+            kube = Some(KubeSync::new(api, k.pods.clone()));
+            kube_hooks = Some(std::sync::Arc::new(KubeHooks {
+                pods: k.pods.clone(),
+                node_names: k.node_names.clone(),
+            }));
+            kube_poll_s = k.poll_s;
+        }
         let webhook_holds = store.records::<Timestamp>(WEBHOOK_HOLDS)?;
         let dead = Outbox::dead(store)?;
         Ok(Schedulers {
+            kube,
+            kube_hooks,
+            kube_poll_s,
+            kube_last_poll: None,
+            slurm_jobs: Vec::new(),
+            kube_jobs: Vec::new(),
             inbox,
             outbox,
             webhook_holds,
@@ -356,7 +478,12 @@ impl Schedulers {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slurm.is_none() && self.inbox.is_none()
+        self.slurm.is_none() && self.inbox.is_none() && self.kube.is_none()
+    }
+
+    /// What the Kubernetes admission and extender endpoints need.
+    pub fn kube_hooks(&self) -> Option<std::sync::Arc<KubeHooks>> {
+        self.kube_hooks.clone()
     }
 
     /// Where the HTTP server puts inbound job events (with `[schedulers.webhook]`).
@@ -372,14 +499,27 @@ impl Schedulers {
         if let (true, Some(s)) = (due, self.slurm.as_mut()) {
             self.last_poll = Some(now);
             match s.poll(now, store) {
-                Ok(jobs) => self.jobs = jobs,
+                Ok(jobs) => self.slurm_jobs = jobs,
                 Err(e) => {
                     warn!(error = %e, "Slurm poll failed; evaluating the last view of its jobs")
                 }
             }
         }
+        let due = self
+            .kube_last_poll
+            .is_none_or(|t| now.secs_since(t) >= self.kube_poll_s);
+        if let (true, Some(k)) = (due, self.kube.as_mut()) {
+            self.kube_last_poll = Some(now);
+            match k.poll(now) {
+                Ok(jobs) => self.kube_jobs = jobs,
+                Err(e) => {
+                    warn!(error = %e, "Kubernetes poll failed; evaluating the last view of its pods")
+                }
+            }
+        }
+        self.jobs = self.slurm_jobs.clone();
+        self.jobs.extend(self.kube_jobs.iter().cloned());
         if let Some(inbox) = &self.inbox {
-            self.jobs.retain(|j| j.scheduler == "slurm");
             self.jobs.extend(inbox.take());
         }
         self.jobs.clone()
@@ -392,7 +532,20 @@ impl Schedulers {
                 info!(job = %a.job, action = a.action, "{}", a.detail);
             }
         }
-        let ours = self.slurm.as_ref().map(|s| s.ours()).unwrap_or_default();
+        if let Some(k) = self.kube.as_mut() {
+            for id in k.apply(&actuated.holds, now) {
+                info!(job = %id, "scheduling gate removed: Kubernetes may schedule the pod");
+            }
+        }
+        // held by powerplane: its Slurm holds and the pods its gate holds
+        let mut ours: std::collections::BTreeSet<String> = self
+            .slurm
+            .as_ref()
+            .map(|s| s.ours().into_keys().collect())
+            .unwrap_or_default();
+        if let Some(k) = &self.kube {
+            ours.extend(k.gated());
+        }
         let mut tx = Tx::new();
         if let Some(outbox) = self.outbox.as_mut() {
             webhook_holds(
@@ -416,7 +569,7 @@ impl Schedulers {
                 .map(|s| s.hints(&job.id))
                 .unwrap_or_default();
             let seen = Seen {
-                held_by_us: ours.contains_key(&job.id),
+                held_by_us: ours.contains(&job.id),
                 capped: job.allocated.iter().any(|g| actuated.caps.contains_key(g)),
                 suspended: hints.suspended,
                 requeued: hints.requeued,
@@ -503,8 +656,17 @@ impl Schedulers {
                 "dead_letters": self.dead,
             })
         });
+        let kubernetes = self.kube.as_ref().map(|k| {
+            json!({
+                "api": k.api.base,
+                "gate": k.mapping.gate,
+                "gated": k.gated(),
+                "counters": k.counters,
+            })
+        });
         json!({
             "slurm": slurm,
+            "kubernetes": kubernetes,
             "webhook": webhook,
             "lifecycle": lifecycle,
             "transitions": self.recent,
@@ -514,6 +676,36 @@ impl Schedulers {
     /// Counters for `/metrics`: (name, help, value).
     pub fn counters(&self) -> Vec<(&'static str, &'static str, f64)> {
         let mut out = Vec::new();
+        if let Some(k) = &self.kube {
+            let c = &k.counters;
+            out.extend([
+                (
+                    "kubernetes_polls_total",
+                    "Polls of the Kubernetes API for pods",
+                    c.polls as f64,
+                ),
+                (
+                    "kubernetes_poll_errors_total",
+                    "Polls of the Kubernetes API that failed",
+                    c.poll_errors as f64,
+                ),
+                (
+                    "kubernetes_gates_removed_total",
+                    "Scheduling gates powerplane removed",
+                    c.gates_removed as f64,
+                ),
+                (
+                    "kubernetes_errors_total",
+                    "Gate removals that failed (retried)",
+                    c.errors as f64,
+                ),
+                (
+                    "kubernetes_pods_gated",
+                    "Pods powerplane's gate holds now",
+                    k.gated().len() as f64,
+                ),
+            ]);
+        }
         if let Some(o) = &self.outbox {
             let c = &o.counters;
             out.extend([

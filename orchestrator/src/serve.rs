@@ -647,6 +647,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             status_page_public: h.status_page_public,
             refresh_s: h.refresh_s.max(1),
             events: schedulers.inbox(),
+            kubernetes: schedulers.kube_hooks(),
         };
         threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
     }

@@ -173,7 +173,23 @@ fn fake_api(pods: Vec<Value>) -> (String, Pods, Patches) {
             let _ = std::io::Read::read_to_string(req.as_reader(), &mut body);
             let resp = match req.method().as_str() {
                 "GET" if url == "/api/v1/pods?fieldSelector=status.phase%3DPending" => {
-                    let items = st.lock().expect("lock").clone();
+                    let items: Vec<Value> = st
+                        .lock()
+                        .expect("lock")
+                        .iter()
+                        .filter(|p| p["status"]["phase"] == "Pending")
+                        .cloned()
+                        .collect();
+                    json!({ "apiVersion": "v1", "kind": "PodList", "items": items }).to_string()
+                }
+                "GET" if url == "/api/v1/pods?labelSelector=powerplane.io%2Fclass" => {
+                    let items: Vec<Value> = st
+                        .lock()
+                        .expect("lock")
+                        .iter()
+                        .filter(|p| p["metadata"]["labels"]["powerplane.io/class"].is_string())
+                        .cloned()
+                        .collect();
                     json!({ "apiVersion": "v1", "kind": "PodList", "items": items }).to_string()
                 }
                 "PATCH" => {
@@ -249,13 +265,17 @@ fn gates_are_removed_through_the_api_when_the_plan_lets_a_pod_run() {
     let mut sync = KubeSync::new(api, PodMapping::default());
     let now = Timestamp::from_secs(1_900_000_000);
     let jobs = sync.poll(now).expect("poll");
-    let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    let states: Vec<(&str, JobState)> = jobs.iter().map(|j| (j.id.as_str(), j.state)).collect();
     assert_eq!(
-        ids,
-        vec!["k8s:vision/held", "k8s:vision/kept"],
-        "only pods with powerplane's gate"
+        states,
+        vec![
+            ("k8s:vision/held", JobState::Held),
+            ("k8s:vision/kept", JobState::Held),
+            ("k8s:vision/others", JobState::Pending),
+        ],
+        "pods with powerplane's gate are held; another gate is not powerplane's"
     );
-    assert!(jobs.iter().all(|j| j.state == JobState::Held));
+    assert_eq!(sync.gated(), vec!["k8s:vision/held", "k8s:vision/kept"]);
     // the plan keeps holding `kept`; `held` is released
     let desired = BTreeMap::from([(
         "k8s:vision/kept".to_string(),
@@ -293,5 +313,25 @@ fn gates_are_removed_through_the_api_when_the_plan_lets_a_pod_run() {
         vec!["k8s:vision/kept".to_string()]
     );
     assert_eq!(sync.counters.gates_removed, 2);
-    assert!(sync.poll(now).expect("poll").is_empty());
+    let jobs = sync.poll(now).expect("poll");
+    assert!(
+        jobs.iter().all(|j| j.state == JobState::Pending),
+        "{jobs:?}"
+    );
+    assert!(sync.gated().is_empty());
+    // a pod that goes away is reported finished, once
+    pods.lock()
+        .expect("lock")
+        .retain(|p| p["metadata"]["name"] != "held");
+    let jobs = sync.poll(now).expect("poll");
+    let gone = jobs
+        .iter()
+        .find(|j| j.id == "k8s:vision/held")
+        .expect("reported");
+    assert_eq!(gone.state, JobState::Finished);
+    assert!(sync
+        .poll(now)
+        .expect("poll")
+        .iter()
+        .all(|j| j.id != "k8s:vision/held"));
 }

@@ -238,6 +238,9 @@ pub struct Api {
     pub overrides: Arc<Mutex<crate::overrides::Book>>,
     /// Inbound job events (`POST /api/v1/events`), with `[schedulers.webhook]`.
     pub events: Option<Arc<crate::schedulers::Inbox>>,
+    /// The Kubernetes admission webhook and scheduler extender, with
+    /// `[schedulers.kubernetes]`.
+    pub kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
 }
 
 /// An answer: status, content type, body.
@@ -368,6 +371,9 @@ impl Api {
         let Some(route) = path.strip_prefix("/api/v1/") else {
             return error(404, "no such path (see /api/v1/openapi.json)");
         };
+        if let Some(verb) = route.strip_prefix("k8s/") {
+            return self.k8s(method, verb, body);
+        }
         if route == "overrides" || route.starts_with("overrides/") {
             return self.overrides(method, route, authorization, body);
         }
@@ -420,6 +426,42 @@ impl Api {
 }
 
 impl Api {
+    /// `POST /api/v1/k8s/{admission,filter,prioritize}`: called by the API server and
+    /// kube-scheduler, which send no bearer token.
+    fn k8s(&self, method: &str, verb: &str, body: &[u8]) -> Reply {
+        let Some(hooks) = &self.kubernetes else {
+            return error(404, "no [schedulers.kubernetes] section");
+        };
+        if method != "POST" {
+            return error(405, "POST an AdmissionReview or ExtenderArgs");
+        }
+        let v: serde_json::Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return error(400, &format!("not JSON: {e}")),
+        };
+        match verb {
+            "admission" => match hooks.pods.admit(&v) {
+                Ok(answer) => json_reply(200, &answer),
+                Err(e) => {
+                    warn!(error = %e, "bad AdmissionReview");
+                    error(400, &e)
+                }
+            },
+            "filter" | "prioritize" => {
+                let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+                let nodes = hooks.conditions(&board.site, &board.state);
+                drop(board);
+                let answer = if verb == "filter" {
+                    integrations::kubernetes::filter(&v, &nodes)
+                } else {
+                    integrations::kubernetes::prioritize(&v, &nodes)
+                };
+                json_reply(200, &answer)
+            }
+            _ => error(404, "no such path: admission, filter or prioritize"),
+        }
+    }
+
     /// `POST /api/v1/events` (`body` is `None` when it was too large).
     pub fn event(
         &self,
@@ -737,6 +779,15 @@ pub fn openapi() -> serde_json::Value {
                     "requestBody": { "required": true, "content": { "application/json": {} } },
                     "responses": { "202": { "description": "accepted: the job is evaluated on the next tick" }, "400": { "description": "bad event, with the reason" }, "401": { "description": "unsigned, bad signature, stale timestamp or unknown token" }, "404": { "description": "no [schedulers.webhook] section" }, "413": { "description": "too large" } }
                 }
+            },
+            "/api/v1/k8s/admission": {
+                "post": { "summary": "Mutating admission webhook: an AdmissionReview (admission.k8s.io/v1) in, the review with a JSONPatch adding powerplane's scheduling gate to pods of deferrable classes out", "description": "No token (the API server calls it). With [schedulers.kubernetes].", "requestBody": { "required": true, "content": { "application/json": {} } }, "responses": { "200": { "description": "the AdmissionReview response" }, "400": { "description": "not an AdmissionReview" } } }
+            },
+            "/api/v1/k8s/filter": {
+                "post": { "summary": "Scheduler extender filter: ExtenderArgs in, ExtenderFilterResult out; drops nodes in racks over their inlet limit while cooler ones remain", "description": "No token (kube-scheduler calls it).", "requestBody": { "required": true, "content": { "application/json": {} } }, "responses": { "200": { "description": "ExtenderFilterResult" } } }
+            },
+            "/api/v1/k8s/prioritize": {
+                "post": { "summary": "Scheduler extender prioritize: ExtenderArgs in, HostPriorityList (0-10) out; capped and hot nodes score lower", "description": "No token (kube-scheduler calls it).", "requestBody": { "required": true, "content": { "application/json": {} } }, "responses": { "200": { "description": "HostPriorityList" } } }
             },
             "/api/v1/overrides/{id}": {
                 "delete": {
