@@ -248,8 +248,9 @@ impl JobMapping {
         let state = match j.state.as_str() {
             "PENDING" if ours => JobState::Held,
             "PENDING" | "REQUEUED" | "REQUEUE_FED" | "REQUEUE_HOLD" => JobState::Pending,
-            "RUNNING" | "SUSPENDED" | "COMPLETING" | "CONFIGURING" | "STAGE_OUT" | "RESIZING"
-            | "SIGNALING" | "STOPPED" => JobState::Running,
+            "SUSPENDED" => JobState::Suspended,
+            "RUNNING" | "COMPLETING" | "CONFIGURING" | "STAGE_OUT" | "RESIZING" | "SIGNALING"
+            | "STOPPED" => JobState::Running,
             "COMPLETED" => JobState::Finished,
             _ => JobState::Cancelled,
         };
@@ -399,9 +400,23 @@ impl Client {
 
     /// Requeues a job (`scontrol requeue`; OpenAPI v0.0.38 has no requeue call).
     pub fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
-        let args = format!("requeue {job_id}");
+        self.scontrol("requeue", job_id)
+    }
+
+    /// Suspends a running job (`scontrol suspend`; not in OpenAPI v0.0.38).
+    pub fn suspend(&self, job_id: u64) -> Result<(), SlurmError> {
+        self.scontrol("suspend", job_id)
+    }
+
+    /// Resumes a suspended job (`scontrol resume`).
+    pub fn resume(&self, job_id: u64) -> Result<(), SlurmError> {
+        self.scontrol("resume", job_id)
+    }
+
+    fn scontrol(&self, verb: &str, job_id: u64) -> Result<(), SlurmError> {
+        let args = format!("{verb} {job_id}");
         let out = std::process::Command::new(&self.scontrol)
-            .args(["requeue", &job_id.to_string()])
+            .args([verb, &job_id.to_string()])
             .output()
             .map_err(|e| SlurmError::Command {
                 args: args.clone(),

@@ -25,6 +25,7 @@ use crate::store::{Store, StoreError, Tx};
 
 const HOLDS: &str = "slurm_holds";
 const EXTERNAL: &str = "slurm_released_externally";
+const SUSPENDED: &str = "slurm_suspended";
 
 /// A hold powerplane placed (or is placing) on a Slurm job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,6 +46,8 @@ pub struct SlurmCounters {
     pub holds: u64,
     pub releases: u64,
     pub requeues: u64,
+    pub suspends: u64,
+    pub resumes: u64,
     /// Hold, release and requeue calls that failed (retried on the next pass).
     pub action_errors: u64,
     /// Holds of ours someone else released.
@@ -73,6 +76,8 @@ pub struct SlurmSync {
     pub client: Client,
     pub mapping: JobMapping,
     holds: BTreeMap<u64, OurHold>,
+    /// Jobs powerplane suspended, with the lease of the suspension.
+    suspended: BTreeMap<u64, OurHold>,
     external: BTreeSet<u64>,
     /// The last poll, by job id.
     last: BTreeMap<u64, SlurmJob>,
@@ -101,10 +106,16 @@ impl SlurmSync {
             .records::<u64>(EXTERNAL)?
             .into_values()
             .collect::<BTreeSet<_>>();
+        let suspended = store
+            .records::<OurHold>(SUSPENDED)?
+            .into_values()
+            .map(|h| (h.job_id, h))
+            .collect();
         Ok(SlurmSync {
             client,
             mapping,
             holds,
+            suspended,
             external,
             last: BTreeMap::new(),
             live: BTreeMap::new(),
@@ -335,6 +346,112 @@ impl SlurmSync {
                     self.failed("hold", id, &e);
                 }
                 Err(e) => self.failed("hold", id, &e),
+            }
+        }
+        done
+    }
+
+    /// Jobs powerplane suspended, by powerplane job id.
+    pub fn suspended(&self) -> BTreeMap<String, OurHold> {
+        self.suspended
+            .values()
+            .map(|h| (format!("slurm:{}", h.job_id), h.clone()))
+            .collect()
+    }
+
+    /// Brings Slurm's suspensions to `desired` (the plan's `suspended`): suspends the
+    /// running jobs wanted and not yet suspended, resumes those powerplane suspended
+    /// that are no longer wanted or whose lease has passed. A job suspended by
+    /// somebody else is never resumed; the record is kept in the store like holds.
+    pub fn apply_suspensions(
+        &mut self,
+        desired: &BTreeMap<String, Hold>,
+        now: Timestamp,
+        store: &mut Store,
+    ) -> Vec<Applied> {
+        let mut done = Vec::new();
+        let wanted: BTreeMap<u64, &Hold> = desired
+            .iter()
+            .filter(|(_, h)| h.lease_until > now)
+            .filter_map(|(id, h)| slurm_id(id).map(|n| (n, h)))
+            .collect();
+        for id in self.suspended.keys().copied().collect::<Vec<_>>() {
+            if wanted.contains_key(&id) {
+                continue;
+            }
+            let gone = self.last.get(&id).is_none_or(|j| j.state != "SUSPENDED");
+            let result = if gone { Ok(()) } else { self.client.resume(id) };
+            match result {
+                Ok(()) => {
+                    if !gone {
+                        self.counters.resumes += 1;
+                        done.push(Applied {
+                            job: format!("slurm:{id}"),
+                            action: "resume",
+                            detail: "resumed in Slurm".into(),
+                        });
+                    }
+                    self.suspended.remove(&id);
+                    let mut tx = Tx::new();
+                    tx.delete_record(SUSPENDED, &id.to_string());
+                    if let Err(e) = store.commit(tx) {
+                        warn!(job = id, error = %e, "cannot delete a Slurm suspension record");
+                    }
+                }
+                Err(e) => self.failed("resume", id, &e),
+            }
+        }
+        for (id, h) in wanted {
+            if let Some(s) = self.suspended.get_mut(&id) {
+                if s.lease_until != h.lease_until {
+                    s.lease_until = h.lease_until;
+                    let rec = s.clone();
+                    let mut tx = Tx::new();
+                    tx.put_record(SUSPENDED, &id.to_string(), &rec);
+                    if let Err(e) = store.commit(tx) {
+                        warn!(job = id, error = %e, "cannot save a Slurm suspension record");
+                    }
+                }
+                continue;
+            }
+            if self.last.get(&id).is_none_or(|j| j.state != "RUNNING") {
+                self.counters.skipped += 1;
+                continue;
+            }
+            let rec = OurHold {
+                job_id: id,
+                rule: h.rule.clone(),
+                since: now,
+                lease_until: h.lease_until,
+                confirmed: true,
+            };
+            // recorded first: a crash after the call still knows the suspension is ours
+            let mut tx = Tx::new();
+            tx.put_record(SUSPENDED, &id.to_string(), &rec);
+            if let Err(e) = store.commit(tx) {
+                self.counters.action_errors += 1;
+                warn!(job = id, error = %e, "not suspended: the store cannot record it");
+                continue;
+            }
+            match self.client.suspend(id) {
+                Ok(()) => {
+                    self.counters.suspends += 1;
+                    if let Some(j) = self.last.get_mut(&id) {
+                        j.state = "SUSPENDED".into();
+                    }
+                    self.suspended.insert(id, rec);
+                    done.push(Applied {
+                        job: format!("slurm:{id}"),
+                        action: "suspend",
+                        detail: format!("suspended in Slurm until {}", h.lease_until),
+                    });
+                }
+                Err(e) => {
+                    let mut tx = Tx::new();
+                    tx.delete_record(SUSPENDED, &id.to_string());
+                    let _ = store.commit(tx);
+                    self.failed("suspend", id, &e);
+                }
             }
         }
         done

@@ -127,6 +127,7 @@ impl Lifecycles {
         use telemetry::JobState as S;
         match job.state {
             S::Finished | S::Cancelled => Lifecycle::Finished,
+            S::Suspended => Lifecycle::Suspended,
             S::Running if seen.suspended => Lifecycle::Suspended,
             S::Running if seen.capped => Lifecycle::Capped,
             S::Running => Lifecycle::Running,

@@ -340,6 +340,7 @@ impl Inbox {
 }
 
 const WEBHOOK_HOLDS: &str = "webhook_holds";
+const WEBHOOK_SUSPENDED: &str = "webhook_suspended";
 
 /// The schedulers of one `serve`.
 pub struct Schedulers {
@@ -357,6 +358,8 @@ pub struct Schedulers {
     outbox: Option<Outbox>,
     /// Webhook jobs held, with the `until` last sent.
     webhook_holds: BTreeMap<String, Timestamp>,
+    /// Webhook jobs suspended.
+    webhook_suspended: BTreeMap<String, Timestamp>,
     /// The dead-letter list, as last read from the store.
     dead: Vec<integrations::webhook::Delivery>,
     kube: Option<KubeSync<KubeHttp>>,
@@ -455,8 +458,10 @@ impl Schedulers {
             kube_poll_s = k.poll_s;
         }
         let webhook_holds = store.records::<Timestamp>(WEBHOOK_HOLDS)?;
+        let webhook_suspended = store.records::<Timestamp>(WEBHOOK_SUSPENDED)?;
         let dead = Outbox::dead(store)?;
         Ok(Schedulers {
+            webhook_suspended,
             kube,
             kube_hooks,
             kube_poll_s,
@@ -525,11 +530,41 @@ impl Schedulers {
         self.jobs.clone()
     }
 
-    /// Brings the schedulers' holds to `actuated` and records each job's lifecycle.
-    pub fn apply(&mut self, actuated: &State, now: Timestamp, store: &mut Store) {
+    /// Brings the schedulers' holds and suspensions to `actuated`, carries out the
+    /// tick's requeue decisions, and records each job's lifecycle.
+    pub fn apply(
+        &mut self,
+        actuated: &State,
+        decisions: &[policies::Decision],
+        now: Timestamp,
+        store: &mut Store,
+    ) {
         if let Some(s) = self.slurm.as_mut() {
             for a in s.apply(&actuated.holds, now, store) {
                 info!(job = %a.job, action = a.action, "{}", a.detail);
+            }
+            for a in s.apply_suspensions(&actuated.suspended, now, store) {
+                info!(job = %a.job, action = a.action, "{}", a.detail);
+            }
+        }
+        let mut requeues = Vec::new();
+        for d in decisions {
+            if let (policies::Action::Requeue, policies::Target::Job { job }, false) =
+                (&d.action, &d.target, d.observe_only)
+            {
+                requeues.push((job.clone(), d.reason.clone()));
+            }
+        }
+        for (job, _) in &requeues {
+            if job.starts_with("slurm:") {
+                if let Some(s) = self.slurm.as_mut() {
+                    match s.requeue(job) {
+                        Ok(()) => info!(job = %job, "requeued in Slurm"),
+                        Err(e) => warn!(job = %job, error = %e, "Slurm requeue failed"),
+                    }
+                }
+            } else if job.starts_with("k8s:") {
+                warn!(job = %job, "a Kubernetes pod cannot be requeued by powerplane; ignored");
             }
         }
         if let Some(k) = self.kube.as_mut() {
@@ -556,6 +591,23 @@ impl Schedulers {
                 now,
                 &mut tx,
             );
+            webhook_suspensions(
+                outbox,
+                &mut self.webhook_suspended,
+                &self.jobs,
+                actuated,
+                now,
+                &mut tx,
+            );
+            for (job, reason) in &requeues {
+                if let Some(j) = self
+                    .jobs
+                    .iter()
+                    .find(|j| &j.id == job && j.scheduler != "slurm" && j.scheduler != "kubernetes")
+                {
+                    outbox.enqueue(j, &WebhookAction::Requeue, reason, now, &mut tx);
+                }
+            }
         }
         for job in &self.jobs {
             if job.state.is_done()
@@ -578,7 +630,10 @@ impl Schedulers {
             let seen = Seen { held_by_us, ..seen };
             if let Some(t) = self.lifecycles.observe(job, seen, now) {
                 info!(job = %t.job, from = ?t.from, to = %t.to, "{}", t.reason);
-                if let (Some(outbox), true) = (self.outbox.as_mut(), job.scheduler != "slurm") {
+                if let (Some(outbox), true) = (
+                    self.outbox.as_mut(),
+                    job.scheduler != "slurm" && job.scheduler != "kubernetes",
+                ) {
                     let capped = |s: &State| {
                         job.allocated
                             .iter()
@@ -636,6 +691,7 @@ impl Schedulers {
                 "endpoint": s.client.endpoint.to_string(),
                 "counters": s.counters,
                 "holds": s.ours(),
+                "suspended": s.suspended(),
             })
         });
         let lifecycle: BTreeMap<&String, &Lifecycle> = self
@@ -653,6 +709,7 @@ impl Schedulers {
                     "waiting": o.pending(),
                 })),
                 "holds": self.webhook_holds,
+                "suspended": self.webhook_suspended,
                 "dead_letters": self.dead,
             })
         });
@@ -807,7 +864,7 @@ fn webhook_holds(
 ) {
     let by_id: BTreeMap<&str, &Job> = jobs
         .iter()
-        .filter(|j| j.scheduler != "slurm")
+        .filter(|j| j.scheduler != "slurm" && j.scheduler != "kubernetes")
         .map(|j| (j.id.as_str(), j))
         .collect();
     for (id, h) in &actuated.holds {
@@ -852,6 +909,57 @@ fn webhook_holds(
                 tx,
             ),
             _ => {}
+        }
+    }
+}
+
+/// Suspend and resume actions for the jobs of webhook schedulers, from the plan's
+/// suspensions.
+fn webhook_suspensions(
+    outbox: &mut Outbox,
+    sent: &mut BTreeMap<String, Timestamp>,
+    jobs: &[Job],
+    actuated: &State,
+    now: Timestamp,
+    tx: &mut Tx,
+) {
+    let by_id: BTreeMap<&str, &Job> = jobs
+        .iter()
+        .filter(|j| j.scheduler != "slurm" && j.scheduler != "kubernetes")
+        .map(|j| (j.id.as_str(), j))
+        .collect();
+    for (id, h) in &actuated.suspended {
+        let Some(job) = by_id.get(id.as_str()) else {
+            continue;
+        };
+        if h.lease_until <= now || sent.contains_key(id) {
+            continue;
+        }
+        outbox.enqueue(job, &WebhookAction::Suspend, &h.reason, now, tx);
+        sent.insert(id.clone(), h.lease_until);
+        tx.put_record(WEBHOOK_SUSPENDED, id, &h.lease_until);
+    }
+    let resumed: Vec<String> = sent
+        .keys()
+        .filter(|id| {
+            actuated
+                .suspended
+                .get(*id)
+                .is_none_or(|h| h.lease_until <= now)
+        })
+        .cloned()
+        .collect();
+    for id in resumed {
+        sent.remove(&id);
+        tx.delete_record(WEBHOOK_SUSPENDED, &id);
+        if let Some(job) = by_id.get(id.as_str()).filter(|j| !j.state.is_done()) {
+            outbox.enqueue(
+                job,
+                &WebhookAction::Resume,
+                "the plan resumes the job",
+                now,
+                tx,
+            );
         }
     }
 }

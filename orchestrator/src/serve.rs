@@ -752,7 +752,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         let report = control.tick(now, samples, jobs, actuator.as_mut());
         if !schedulers.is_empty() {
             let actuated = control.actuated().clone();
-            schedulers.apply(&actuated, now, control.store());
+            schedulers.apply(&actuated, &report.decisions, now, control.store());
         }
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);

@@ -208,3 +208,58 @@ fn holds_are_ours_across_a_restart_and_others_holds_are_never_touched() {
     assert!(!held(&squeue(a).expect("queued").1));
     assert!(sync.ours().is_empty());
 }
+
+#[test]
+fn a_running_job_is_suspended_and_resumed_as_the_plan_says_across_a_restart() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("s.redb");
+    let open = || Store::new(Box::new(EmbeddedBackend::open(&path).expect("store")));
+    let b = sbatch(&[
+        "-p",
+        "batch",
+        "-t",
+        "10",
+        "--job-name=pp-test",
+        "--wrap",
+        "sleep 300",
+    ]);
+    let _cancel = Cancel(vec![b]);
+    wait_squeue(b, Duration::from_secs(30), |s, _| s == "RUNNING");
+    let want: BTreeMap<String, Hold> = BTreeMap::from([(format!("slurm:{b}"), hold(600.0))]);
+
+    let mut store = open();
+    let mut sync =
+        SlurmSync::restore(client(), JobMapping::default(), &mut store).expect("restore");
+    sync.poll(now(), &mut store).expect("poll");
+    let done = sync.apply_suspensions(&want, now(), &mut store);
+    assert_eq!(
+        done.iter().map(|d| d.action).collect::<Vec<_>>(),
+        vec!["suspend"]
+    );
+    wait_squeue(b, Duration::from_secs(10), |s, _| s == "SUSPENDED");
+    let jobs = sync.poll(now(), &mut store).expect("poll");
+    let job = jobs
+        .iter()
+        .find(|j| j.id == format!("slurm:{b}"))
+        .expect("listed");
+    assert_eq!(job.state, JobState::Suspended);
+    drop(sync);
+    drop(store);
+
+    // restarted: the suspension is still ours, not applied twice, and resumed when
+    // the plan lets go
+    let mut store = open();
+    let mut sync =
+        SlurmSync::restore(client(), JobMapping::default(), &mut store).expect("restore");
+    assert!(sync.suspended().contains_key(&format!("slurm:{b}")));
+    sync.poll(now(), &mut store).expect("poll");
+    assert!(sync.apply_suspensions(&want, now(), &mut store).is_empty());
+    let done = sync.apply_suspensions(&BTreeMap::new(), now(), &mut store);
+    assert_eq!(
+        done.iter().map(|d| d.action).collect::<Vec<_>>(),
+        vec!["resume"]
+    );
+    wait_squeue(b, Duration::from_secs(10), |s, _| s == "RUNNING");
+    assert!(sync.suspended().is_empty());
+    assert_eq!((sync.counters.suspends, sync.counters.resumes), (0, 1));
+}
