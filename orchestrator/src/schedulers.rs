@@ -124,6 +124,10 @@ pub struct WebhookSection {
     /// Inbound timestamps further than this from the clock are refused.
     #[serde(default = "default_tolerance")]
     pub tolerance_s: f64,
+    /// An event is answered 202 once it is stored (on the next tick); if that takes
+    /// longer than this, 503 (the event is still taken: resending is harmless).
+    #[serde(default = "default_ack_wait")]
+    pub ack_wait_s: f64,
     #[serde(default = "default_attempts")]
     pub max_attempts: u32,
     /// The first retry waits about this long; each next one twice as long.
@@ -143,6 +147,9 @@ pub struct WebhookSection {
 
 fn default_tolerance() -> f64 {
     300.0
+}
+fn default_ack_wait() -> f64 {
+    30.0
 }
 fn default_attempts() -> u32 {
     12
@@ -221,6 +228,7 @@ pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Resul
         }
         anyhow::ensure!(
             w.tolerance_s > 0.0
+                && w.ack_wait_s > 0.0
                 && w.backoff_s > 0.0
                 && w.max_backoff_s >= w.backoff_s
                 && w.timeout_s > 0.0
@@ -260,6 +268,8 @@ fn read_key(path: &std::path::Path) -> Result<WebhookKey> {
 pub struct Inbox {
     key: WebhookKey,
     tolerance_s: f64,
+    ack_wait: Duration,
+    stored: std::sync::Condvar,
     deferrable_classes: Vec<String>,
     inner: std::sync::Mutex<InboxInner>,
 }
@@ -267,6 +277,10 @@ pub struct Inbox {
 #[derive(Default)]
 struct InboxInner {
     jobs: BTreeMap<String, Job>,
+    /// Events taken so far, handed to the loop so far, stored so far.
+    seq: u64,
+    taken: u64,
+    committed: u64,
     accepted: u64,
     rejected: BTreeMap<&'static str, u64>,
 }
@@ -322,7 +336,30 @@ impl Inbox {
         info!(job = %id, event = ?event.event, "job event");
         g.jobs.insert(id.clone(), job);
         g.accepted += 1;
+        g.seq += 1;
+        let mine = g.seq;
+        // answer once the tick that takes the event has stored it
+        let (g, timeout) = self
+            .stored
+            .wait_timeout_while(g, self.ack_wait, |g| g.committed < mine)
+            .unwrap_or_else(|p| p.into_inner());
+        drop(g);
+        if timeout.timed_out() {
+            warn!(job = %id, "job event taken but not yet stored");
+            return Err((
+                503,
+                "taken but not yet stored (the store may be down); resend it".into(),
+            ));
+        }
         Ok(id)
+    }
+
+    /// The events handed to the loop are stored: their senders get their answer.
+    pub fn stored(&self) {
+        let mut g = self.lock();
+        g.committed = g.taken;
+        drop(g);
+        self.stored.notify_all();
     }
 
     /// The jobs the events describe; finished ones are handed out once, then dropped.
@@ -330,6 +367,7 @@ impl Inbox {
         let mut g = self.lock();
         let out: Vec<Job> = g.jobs.values().cloned().collect();
         g.jobs.retain(|_, j| !j.state.is_done());
+        g.taken = g.seq;
         out
     }
 
@@ -411,6 +449,8 @@ impl Schedulers {
             inbox = Some(std::sync::Arc::new(Inbox {
                 key: key.clone(),
                 tolerance_s: w.tolerance_s,
+                ack_wait: Duration::from_secs_f64(w.ack_wait_s),
+                stored: std::sync::Condvar::new(),
                 deferrable_classes: w.deferrable_classes.clone(),
                 inner: std::sync::Mutex::new(InboxInner {
                     jobs,
@@ -489,6 +529,13 @@ impl Schedulers {
     /// What the Kubernetes admission and extender endpoints need.
     pub fn kube_hooks(&self) -> Option<std::sync::Arc<KubeHooks>> {
         self.kube_hooks.clone()
+    }
+
+    /// The tick that took the jobs has been stored: answer the events' senders.
+    pub fn stored(&self) {
+        if let Some(i) = &self.inbox {
+            i.stored();
+        }
     }
 
     /// Where the HTTP server puts inbound job events (with `[schedulers.webhook]`).

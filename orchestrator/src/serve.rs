@@ -753,6 +753,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         if !schedulers.is_empty() {
             let actuated = control.actuated().clone();
             schedulers.apply(&actuated, &report.decisions, now, control.store());
+            if report.store_error.is_none() {
+                schedulers.stored();
+            }
         }
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);

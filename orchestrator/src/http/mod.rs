@@ -783,7 +783,7 @@ pub fn openapi() -> serde_json::Value {
                     "summary": "A scheduler's job event: submitted, started, finished or cancelled",
                     "description": "Signed (X-Powerplane-Timestamp: Unix seconds; X-Powerplane-Signature: sha256=HMAC-SHA256(key, timestamp + '.' + body) in hex) or with an operator bearer token. Body: {\"event\": \"submitted\", \"scheduler\": \"lsf\", \"job\": \"1234\", \"class\": \"batch\", \"project\": \"p\", \"user\": \"u\", \"gpus\": 2, \"deadline\": \"2030-01-01T00:00:00Z\", \"est_duration_s\": 3600}; see docs/schedulers.md. At most 64 KiB.",
                     "requestBody": { "required": true, "content": { "application/json": {} } },
-                    "responses": { "202": { "description": "accepted: the job is evaluated on the next tick" }, "400": { "description": "bad event, with the reason" }, "401": { "description": "unsigned, bad signature, stale timestamp or unknown token" }, "404": { "description": "no [schedulers.webhook] section" }, "413": { "description": "too large" } }
+                    "responses": { "202": { "description": "stored: the job is in the registry" }, "503": { "description": "taken but not stored within ack_wait_s, or too many events waiting; resend" }, "400": { "description": "bad event, with the reason" }, "401": { "description": "unsigned, bad signature, stale timestamp or unknown token" }, "404": { "description": "no [schedulers.webhook] section" }, "413": { "description": "too large" } }
                 }
             },
             "/api/v1/k8s/admission": {
@@ -820,6 +820,7 @@ pub fn serve(
     Ok(std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
+            let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             while keep_going() {
                 let mut req = match server.recv_timeout(Duration::from_millis(200)) {
                     Ok(Some(r)) => r,
@@ -844,21 +845,37 @@ pub fn serve(
                         .read_to_end(&mut body)
                         .is_err()
                     || body.len() > MAX_BODY;
-                let reply = if path == "/api/v1/events" {
+                if path == "/api/v1/events" {
+                    // answered on a thread of its own: the answer waits until the event
+                    // is stored, and other requests must not wait with it
                     let header = |name: &'static str| {
                         req.headers()
                             .iter()
                             .find(|h| h.field.equiv(name))
                             .map(|h| h.value.as_str().to_string())
                     };
-                    api.event(
-                        req.method().as_str(),
-                        header(integrations::webhook::TIMESTAMP_HEADER).as_deref(),
-                        header(integrations::webhook::SIGNATURE_HEADER).as_deref(),
-                        auth.as_deref(),
-                        (!too_big).then_some(&body[..]),
-                    )
-                } else if too_big {
+                    let ts = header(integrations::webhook::TIMESTAMP_HEADER);
+                    let sig = header(integrations::webhook::SIGNATURE_HEADER);
+                    let method = req.method().as_str().to_string();
+                    if waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= MAX_WAITING_EVENTS {
+                        waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        respond(req, error(503, "too many events waiting to be stored; retry"));
+                        continue;
+                    }
+                    let (api, auth, w) = (api.clone(), auth.clone(), waiting.clone());
+                    let body = (!too_big).then_some(body);
+                    let spawned = std::thread::Builder::new().name("event".into()).spawn(move || {
+                        let reply = api.event(&method, ts.as_deref(), sig.as_deref(), auth.as_deref(), body.as_deref());
+                        respond(req, reply);
+                        w.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    });
+                    if let Err(e) = spawned {
+                        waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        warn!(error = %e, "cannot start a thread for a job event; the connection is closed");
+                    }
+                    continue;
+                }
+                let reply = if too_big {
                     error(
                         413,
                         &format!("request bodies are limited to {MAX_BODY} bytes"),
@@ -881,4 +898,23 @@ pub fn serve(
                 let _ = req.respond(resp);
             }
         })?)
+}
+
+/// Job events waiting for their answer at most (beyond, 503).
+const MAX_WAITING_EVENTS: usize = 64;
+
+fn respond(req: tiny_http::Request, reply: Reply) {
+    // bodies are in memory: send a Content-Length, never chunks
+    let mut resp = tiny_http::Response::from_data(reply.body)
+        .with_status_code(reply.status)
+        .with_chunked_threshold(usize::MAX);
+    if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", reply.content_type) {
+        resp = resp.with_header(h);
+    }
+    if reply.challenge {
+        if let Ok(h) = tiny_http::Header::from_bytes("WWW-Authenticate", "Bearer") {
+            resp = resp.with_header(h);
+        }
+    }
+    let _ = req.respond(resp);
 }
