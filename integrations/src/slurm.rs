@@ -393,6 +393,17 @@ impl Client {
         self.update(job_id, serde_json::json!({ "hold": false }))
     }
 
+    /// Sets a pending job's begin time `secs` from now (0: now): Slurm will not
+    /// start it before.
+    pub fn set_begin(&self, job_id: u64, secs: u64) -> Result<(), SlurmError> {
+        let when = if secs == 0 {
+            "now".to_string()
+        } else {
+            format!("now+{secs}")
+        };
+        self.update(job_id, serde_json::json!({ "begin_time": when }))
+    }
+
     fn update(&self, job_id: u64, body: Value) -> Result<(), SlurmError> {
         self.call("POST", &format!("{API}/job/{job_id}"), Some(&body))
             .map(|_| ())

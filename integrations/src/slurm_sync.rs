@@ -72,9 +72,23 @@ pub struct Hints {
     pub requeued: bool,
 }
 
+/// How powerplane keeps a Slurm job from starting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldWith {
+    /// `hold` (priority 0, `JobHeldAdmin`): lasts until released.
+    #[default]
+    Hold,
+    /// The job's begin time set to the hold's lease, pushed on while the hold is
+    /// renewed: Slurm itself lets the job start when powerplane stops renewing (a dead
+    /// controller included). Replaces the job's own `--begin`.
+    BeginTime,
+}
+
 pub struct SlurmSync {
     pub client: Client,
     pub mapping: JobMapping,
+    pub hold_with: HoldWith,
     holds: BTreeMap<u64, OurHold>,
     /// Jobs powerplane suspended, with the lease of the suspension.
     suspended: BTreeMap<u64, OurHold>,
@@ -114,6 +128,7 @@ impl SlurmSync {
         Ok(SlurmSync {
             client,
             mapping,
+            hold_with: HoldWith::default(),
             holds,
             suspended,
             external,
@@ -160,9 +175,11 @@ impl SlurmSync {
             let Some(h) = self.holds.get(&id).cloned() else {
                 continue;
             };
+            let begin = self.hold_with == HoldWith::BeginTime;
             let verdict = match self.last.get(&id) {
                 None => Some(("gone", "the job is gone from Slurm")),
                 Some(j) if j.is_held() => None,
+                Some(j) if begin && j.is_pending() => None,
                 Some(j) if !j.is_pending() => Some((
                     "released_externally",
                     "the job left the queue while powerplane held it",
@@ -257,7 +274,11 @@ impl SlurmSync {
             if wanted.contains_key(&id) {
                 continue;
             }
-            match self.client.release(id) {
+            let released = match self.hold_with {
+                HoldWith::Hold => self.client.release(id),
+                HoldWith::BeginTime => self.client.set_begin(id, 0),
+            };
+            match released {
                 Ok(()) => {
                     self.counters.releases += 1;
                     self.forget(id, store);
@@ -280,15 +301,28 @@ impl SlurmSync {
             }
         }
         for (id, h) in wanted {
-            if let Some(ours) = self.holds.get(&id) {
-                if ours.lease_until != h.lease_until {
-                    let renewed = OurHold {
-                        lease_until: h.lease_until,
-                        ..ours.clone()
-                    };
-                    self.save(&renewed, store);
-                    self.holds.insert(id, renewed);
+            if let Some(ours) = self.holds.get(&id).cloned() {
+                if ours.lease_until == h.lease_until {
+                    continue;
                 }
+                if self.hold_with == HoldWith::BeginTime {
+                    // the begin time is the lease Slurm enforces: push it on once half
+                    // of what was sent has passed
+                    if ours.lease_until.secs_since(now) >= h.lease_until.secs_since(now) / 2.0 {
+                        continue;
+                    }
+                    let secs = h.lease_until.secs_since(now).ceil().max(1.0) as u64;
+                    if let Err(e) = self.client.set_begin(id, secs) {
+                        self.failed("renew", id, &e);
+                        continue;
+                    }
+                }
+                let renewed = OurHold {
+                    lease_until: h.lease_until,
+                    ..ours
+                };
+                self.save(&renewed, store);
+                self.holds.insert(id, renewed);
                 continue;
             }
             if self.external.contains(&id) {
@@ -322,10 +356,16 @@ impl SlurmSync {
                 continue;
             }
             self.holds.insert(id, intent.clone());
-            match self.client.hold(id) {
+            let placed = match self.hold_with {
+                HoldWith::Hold => self.client.hold(id),
+                HoldWith::BeginTime => self
+                    .client
+                    .set_begin(id, h.lease_until.secs_since(now).ceil().max(1.0) as u64),
+            };
+            match placed {
                 Ok(()) => {
                     self.counters.holds += 1;
-                    if let Some(j) = self.last.get_mut(&id) {
+                    if let (Some(j), HoldWith::Hold) = (self.last.get_mut(&id), self.hold_with) {
                         j.reason = "JobHeldAdmin".into();
                         j.priority = 0;
                     }

@@ -187,6 +187,10 @@ pub struct SlurmSection {
     /// The `scontrol` that requeues (slurmrestd v0.0.38 cannot).
     #[serde(default = "default_scontrol")]
     pub scontrol: PathBuf,
+    /// `hold` (JobHeldAdmin until released) or `begin_time` (the job's begin time is
+    /// the lease: Slurm starts it if powerplane stops renewing).
+    #[serde(default)]
+    pub hold_with: integrations::slurm_sync::HoldWith,
     #[serde(default)]
     pub mapping: JobMapping,
 }
@@ -430,7 +434,8 @@ impl Schedulers {
                 client.user = s.user.clone();
                 client.timeout = Duration::from_secs_f64(s.timeout_s);
                 client.scontrol = s.scontrol.clone();
-                let sync = SlurmSync::restore(client, s.mapping.clone(), store)?;
+                let mut sync = SlurmSync::restore(client, s.mapping.clone(), store)?;
+                sync.hold_with = s.hold_with;
                 info!(endpoint = %s.endpoint, poll_s = s.poll_s, holds = sync.ours().len(), "steering Slurm through slurmrestd");
                 poll_s = s.poll_s;
                 Some(sync)

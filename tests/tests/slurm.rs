@@ -271,3 +271,57 @@ fn a_running_job_is_suspended_and_resumed_as_the_plan_says_across_a_restart() {
     assert!(sync.suspended().is_empty());
     assert_eq!((sync.counters.suspends, sync.counters.resumes), (0, 1));
 }
+
+#[test]
+fn with_begin_time_holds_slurm_itself_lets_a_job_go_when_powerplane_stops_renewing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut store = Store::new(Box::new(
+        EmbeddedBackend::open(&dir.path().join("s.redb")).expect("store"),
+    ));
+    let a = sbatch(&[
+        "-p",
+        "batch",
+        "-t",
+        "5",
+        "--begin=now+3600",
+        "--job-name=pp-test",
+        "--wrap",
+        "sleep 60",
+    ]);
+    let _cancel = Cancel(vec![a]);
+    let mut sync =
+        SlurmSync::restore(client(), JobMapping::default(), &mut store).expect("restore");
+    sync.hold_with = integrations::slurm_sync::HoldWith::BeginTime;
+    let want = |lease_s: f64| -> BTreeMap<String, Hold> {
+        BTreeMap::from([(format!("slurm:{a}"), hold(lease_s))])
+    };
+    sync.poll(now(), &mut store).expect("poll");
+    let done = sync.apply(&want(4.0), now(), &mut store);
+    assert_eq!(
+        done.iter().map(|d| d.action).collect::<Vec<_>>(),
+        vec!["hold"]
+    );
+    let jobs = sync.poll(now(), &mut store).expect("poll");
+    let job = jobs
+        .iter()
+        .find(|j| j.id == format!("slurm:{a}"))
+        .expect("listed");
+    assert_eq!(job.state, JobState::Held, "powerplane's begin-time hold");
+    // renewed while the plan wants it: still waiting well after the first lease
+    // (Slurm's scheduler looks every 2 s here)
+    let start = std::time::Instant::now();
+    std::thread::sleep(Duration::from_millis(2600));
+    sync.poll(now(), &mut store).expect("poll");
+    sync.apply(&want(8.0), now(), &mut store);
+    std::thread::sleep(Duration::from_secs(8).saturating_sub(start.elapsed()));
+    assert_eq!(
+        squeue(a).expect("queued").0,
+        "PENDING",
+        "the renewed lease holds"
+    );
+    // the controller goes silent: Slurm starts the job when the lease ends
+    drop(sync);
+    wait_squeue(a, Duration::from_secs(20), |s, _| {
+        s == "RUNNING" || s == "COMPLETED"
+    });
+}
