@@ -543,10 +543,9 @@ impl Outbox {
                         tx.put_record(OUTBOX, &seq_key(seq), &d);
                         self.queue.insert(seq, d.clone());
                         blocked.insert(d.job.clone());
-                        // a receiver that is down is down for every job: try again later
-                        if e.starts_with("connect") {
-                            break;
-                        }
+                        // a receiver that is down or slow is so for every job: stop this
+                        // pass, so a hanging receiver costs one timeout per tick at most
+                        break;
                     }
                 }
             }
