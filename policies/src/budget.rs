@@ -281,14 +281,15 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 /// Wanted caps per GPU, and what each scope looked like.
 pub fn evaluate(
     site: &Site,
-    gpus: &[GpuRef<'_>],
+    index: &crate::rules_eval::Index<'_>,
     snapshot: &Snapshot,
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
     now: Timestamp,
-) -> (BTreeMap<EntityId, BudgetCap>, Vec<ScopeView>) {
-    let priority = job_priority_by_gpu(jobs, &rule.cut_order);
+) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
+    let gpus = &index.gpus[..];
+    let priority = job_priority_by_gpu(index, jobs, &rule.cut_order);
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
@@ -299,11 +300,12 @@ pub fn evaluate(
         claims.push(Claim {
             demand_w: demand,
             min_w: g.model.min_w,
-            priority: priority.get(&g.id).copied().unwrap_or(i64::MIN),
+            priority: priority[claims.len()],
         });
     }
 
-    let mut wanted: BTreeMap<EntityId, BudgetCap> = BTreeMap::new();
+    // by GPU index
+    let mut wanted: Vec<Option<BudgetCap>> = vec![None; gpus.len()];
     let mut views = Vec::new();
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
@@ -313,8 +315,8 @@ pub fn evaluate(
             .iter()
             .map(|&(i, share)| {
                 let c = claims[i];
-                let d = wanted
-                    .get(&gpus[i].id)
+                let d = wanted[i]
+                    .as_ref()
                     .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
                 Claim {
                     demand_w: d * share,
@@ -339,17 +341,11 @@ pub fn evaluate(
             rule,
             stale,
         );
-        let members: Vec<GpuRef<'_>> = scope
-            .members
-            .iter()
-            .map(|&(i, _)| gpus[i].clone())
-            .collect();
-        let shares: Vec<f64> = scope.members.iter().map(|&(_, s)| s).collect();
         apply_cut(
             &cut,
-            &members,
+            gpus,
+            &scope.members,
             &limited,
-            &shares,
             prior,
             scope.rule,
             &mut wanted,
@@ -368,11 +364,9 @@ pub fn evaluate(
     // add before the next tick reserved
     let limited: Vec<Claim> = claims
         .iter()
-        .zip(gpus)
-        .map(|(c, g)| Claim {
-            demand_w: wanted
-                .get(&g.id)
-                .map_or(c.demand_w, |w| w.watts.min(c.demand_w)),
+        .zip(&wanted)
+        .map(|(c, w)| Claim {
+            demand_w: w.as_ref().map_or(c.demand_w, |w| w.watts.min(c.demand_w)),
             ..*c
         })
         .collect();
@@ -394,12 +388,12 @@ pub fn evaluate(
         rule,
         stale,
     );
-    let ones = vec![1.0; gpus.len()];
+    let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
     apply_cut(
         &cut,
-        &gpus,
+        gpus,
+        &all,
         &limited,
-        &ones,
         prior,
         "budget.facility",
         &mut wanted,
@@ -497,65 +491,62 @@ enum Cut {
     Lift,
 }
 
+/// Applies a scope's cut to its members (`(GPU index, share)`), tightening `wanted`.
 fn apply_cut(
     cut: &Cut,
     gpus: &[GpuRef<'_>],
+    members: &[(usize, f64)],
     claims: &[Claim],
-    shares: &[f64],
     prior: &State,
     name: &'static str,
-    wanted: &mut BTreeMap<EntityId, BudgetCap>,
+    wanted: &mut [Option<BudgetCap>],
 ) {
     match cut {
         Cut::Lift => {}
         Cut::Keep => {
             // between the two thresholds: budget caps in force stay as they are
-            for g in gpus {
-                if let Some(c) = prior.caps.get(&g.id).filter(|c| c.rule == name) {
-                    tighten(wanted, &g.id, c.watts, name);
+            if prior.caps.is_empty() {
+                return;
+            }
+            for &(i, _) in members {
+                if let Some(c) = prior.caps.get(&gpus[i].id).filter(|c| c.rule == name) {
+                    tighten(&mut wanted[i], c.watts, name);
                 }
             }
         }
         Cut::To(alloc) => {
-            for (((g, c), a), share) in gpus.iter().zip(claims).zip(alloc).zip(shares) {
+            for ((&(i, share), c), a) in members.iter().zip(claims).zip(alloc) {
                 if *a < c.demand_w - 1e-6 {
                     // the allocation is of the share through this scope: the GPU's cap
                     // is the allocation over its share
-                    tighten(wanted, &g.id, g.model.clamp_limit(*a / share), name);
+                    tighten(&mut wanted[i], gpus[i].model.clamp_limit(*a / share), name);
                 }
             }
         }
     }
 }
 
-fn tighten(
-    wanted: &mut BTreeMap<EntityId, BudgetCap>,
-    id: &EntityId,
-    watts: f64,
-    rule: &'static str,
-) {
-    match wanted.get(id) {
+fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
+    match slot {
         Some(w) if w.watts <= watts => {}
-        _ => {
-            wanted.insert(id.clone(), BudgetCap { watts, rule });
-        }
+        _ => *slot = Some(BudgetCap { watts, rule }),
     }
 }
 
 /// Power that queued jobs (pending, not held) may add before the next tick: the
 /// scheduler can start them on idle GPUs at any moment, each GPU at its maximum.
-fn queued_reserve_w(
-    gpus: &[GpuRef<'_>],
-    busy: &BTreeMap<EntityId, i64>,
-    jobs: &[Job],
-    prior: &State,
-) -> f64 {
+fn queued_reserve_w(gpus: &[GpuRef<'_>], busy: &[i64], jobs: &[Job], prior: &State) -> f64 {
     let queued: usize = jobs
         .iter()
         .filter(|j| j.state == telemetry::JobState::Pending && !prior.holds.contains_key(&j.id))
         .map(|j| j.gpus as usize)
         .sum();
-    let idle: Vec<&GpuRef<'_>> = gpus.iter().filter(|g| !busy.contains_key(&g.id)).collect();
+    let idle: Vec<&GpuRef<'_>> = gpus
+        .iter()
+        .zip(busy)
+        .filter(|(_, b)| **b == i64::MIN)
+        .map(|(g, _)| g)
+        .collect();
     let n = queued.min(idle.len());
     if n == 0 {
         return 0.0;
@@ -571,8 +562,12 @@ fn queued_reserve_w(
 /// The cut order of each busy GPU: GPUs of jobs whose class comes first in
 /// `cut_order` are cut first, then by job priority (lower first). Idle GPUs (not in the
 /// map) are cut before any job's.
-fn job_priority_by_gpu(jobs: &[Job], cut_order: &[String]) -> BTreeMap<EntityId, i64> {
-    let mut m = BTreeMap::new();
+fn job_priority_by_gpu(
+    index: &crate::rules_eval::Index<'_>,
+    jobs: &[Job],
+    cut_order: &[String],
+) -> Vec<i64> {
+    let mut m = vec![i64::MIN; index.gpus.len()];
     for j in jobs
         .iter()
         .filter(|j| j.state == telemetry::JobState::Running)
@@ -582,7 +577,9 @@ fn job_priority_by_gpu(jobs: &[Job], cut_order: &[String]) -> BTreeMap<EntityId,
             .position(|c| c == &j.class)
             .unwrap_or(cut_order.len()) as i64;
         for g in &j.allocated {
-            m.insert(g.clone(), (rank << 33) + i64::from(j.priority));
+            if let Some(i) = index.gpu_index(g) {
+                m[i] = (rank << 33) + i64::from(j.priority);
+            }
         }
     }
     m

@@ -56,8 +56,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         policy,
         forecast,
     } = *inputs;
-    let mut enforce: BTreeMap<EntityId, Want> = BTreeMap::new();
-    let mut observe: BTreeMap<EntityId, Want> = BTreeMap::new();
+    let n = site.gpu_count();
+    // wanted caps by GPU index
+    let mut enforce: Vec<Option<Want>> = vec![None; n];
+    let mut observe: Vec<Option<Want>> = vec![None; n];
     let mut why: Why = BTreeMap::new();
 
     let mut next = State::default();
@@ -67,7 +69,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let gpus = &index.gpus;
     if policy.budget.enabled {
         let (wanted, views) =
-            budget::evaluate(site, gpus, snapshot, jobs, prior, &policy.budget, now);
+            budget::evaluate(site, &index, snapshot, jobs, prior, &policy.budget, now);
         pacing = views.last().map(|facility| price::Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
@@ -80,8 +82,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         } else {
             &mut enforce
         };
-        for (gpu, w) in wanted {
-            offer(target, gpu, w.watts, w.rule, policy.budget.lease_s);
+        for (i, w) in wanted.into_iter().enumerate() {
+            if let Some(w) = w {
+                offer(target, i, w.watts, w.rule, policy.budget.lease_s);
+            }
         }
         for v in &views {
             let rule = match v.scope.kind {
@@ -119,15 +123,17 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         } else {
             &mut enforce
         };
-        for g in gpus {
-            if let Some(l) = levels.get(&g.rack.id) {
-                offer(
-                    target,
-                    g.id.clone(),
-                    g.model.default_w * l.fraction,
-                    "thermal.inlet",
-                    policy.thermal.lease_s,
-                );
+        if !levels.is_empty() {
+            for (i, g) in gpus.iter().enumerate() {
+                if let Some(l) = levels.get(&g.rack.id) {
+                    offer(
+                        target,
+                        i,
+                        g.model.default_w * l.fraction,
+                        "thermal.inlet",
+                        policy.thermal.lease_s,
+                    );
+                }
             }
         }
         for s in steps {
@@ -165,7 +171,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &mut enforce
         };
         for &(g, watts) in &wants.caps {
-            offer(target, index.gpus[g].id.clone(), watts, &id, rule.lease_s);
+            offer(target, g, watts, &id, rule.lease_s);
         }
         for w in &wants.why {
             for &r in &w.racks {
@@ -273,18 +279,16 @@ fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
         / gpus.len().max(1) as f64
 }
 
-fn offer(map: &mut BTreeMap<EntityId, Want>, gpu: EntityId, watts: f64, rule: &str, lease_s: f64) {
-    match map.get(&gpu) {
+fn offer(map: &mut [Option<Want>], gpu: usize, watts: f64, rule: &str, lease_s: f64) {
+    let slot = &mut map[gpu];
+    match slot {
         Some(w) if w.watts <= watts => {}
         _ => {
-            map.insert(
-                gpu,
-                Want {
-                    watts,
-                    rule: rule.to_string(),
-                    lease_s,
-                },
-            );
+            *slot = Some(Want {
+                watts,
+                rule: rule.to_string(),
+                lease_s,
+            })
         }
     }
 }
@@ -315,16 +319,20 @@ fn budget_reason(v: &ScopeView) -> String {
 fn settle(
     gpus: &[GpuRef<'_>],
     prior: &BTreeMap<EntityId, Cap>,
-    wants: &BTreeMap<EntityId, Want>,
+    wants: &[Option<Want>],
     policy: &Policy,
     now: Timestamp,
 ) -> BTreeMap<EntityId, Cap> {
     let b = &policy.budget;
     let mut out = BTreeMap::new();
-    for g in gpus {
+    for (g, want) in gpus.iter().zip(wants) {
         let model = g.model;
-        let old = prior.get(&g.id);
-        let want = wants.get(&g.id);
+        let old = if prior.is_empty() {
+            None
+        } else {
+            prior.get(&g.id)
+        };
+        let want = want.as_ref();
         let current = old.map_or(model.default_w, |c| c.watts);
         let target = model.clamp_limit(want.map_or(model.default_w, |w| w.watts));
         let lease_s = want.map_or(b.lease_s, |w| w.lease_s);

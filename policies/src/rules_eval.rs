@@ -3,6 +3,7 @@
 //! and what the active rule wants (caps, clock locks, holds, releases, requeues,
 //! suspensions), each with a lease.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{Datelike, Timelike};
@@ -127,7 +128,11 @@ impl<'a> Index<'a> {
     }
 
     /// Every entity of a scope the selector picks, with the GPU indexes inside it.
-    pub fn targets(&self, scope: ScopeKind, sel: &Selector) -> Vec<(EntityId, Vec<usize>)> {
+    pub fn targets(
+        &self,
+        scope: ScopeKind,
+        sel: &Selector,
+    ) -> Vec<(Cow<'_, EntityId>, Vec<usize>)> {
         let names = |n: &str| sel.names.is_empty() || sel.names.iter().any(|g| g.matches(n));
         let racks_ok = self.racks_selected(sel);
         let gpus_where = |f: &dyn Fn(&GpuRef<'_>) -> bool| -> Vec<usize> {
@@ -143,19 +148,19 @@ impl<'a> Index<'a> {
         match scope {
             ScopeKind::Site => {
                 if names(&s.name) {
-                    out.push((s.site_entity(), gpus_where(&|_| true)));
+                    out.push((Cow::Owned(s.site_entity()), gpus_where(&|_| true)));
                 }
             }
             ScopeKind::Room => {
                 for room in s.rooms.iter().filter(|r| names(r)) {
                     let g = gpus_where(&|g| self.room_of(g.rack_index) == room);
-                    out.push((EntityId::new(EntityKind::Room, room), g));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Room, room)), g));
                 }
             }
             ScopeKind::Row => {
                 for row in s.rows.iter().filter(|r| names(&r.id)) {
                     let g = gpus_where(&|g| g.rack.row == row.id);
-                    out.push((EntityId::new(EntityKind::Row, &row.id), g));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Row, &row.id)), g));
                 }
             }
             ScopeKind::Rack => {
@@ -166,7 +171,7 @@ impl<'a> Index<'a> {
                 }
                 for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
                     if racks_ok[i] && names(&r.id) {
-                        out.push((EntityId::rack(&r.id), g));
+                        out.push((Cow::Owned(EntityId::rack(&r.id)), g));
                     }
                 }
             }
@@ -180,27 +185,30 @@ impl<'a> Index<'a> {
                         continue;
                     };
                     if racks_ok[rack] && names(&node.id) {
-                        out.push((EntityId::node(&node.id), per.remove(&n).unwrap_or_default()));
+                        out.push((
+                            Cow::Owned(EntityId::node(&node.id)),
+                            per.remove(&n).unwrap_or_default(),
+                        ));
                     }
                 }
             }
             ScopeKind::Gpu => {
                 for (i, g) in self.gpus.iter().enumerate() {
                     if racks_ok[g.rack_index] && names(&g.id.name) {
-                        out.push((g.id.clone(), vec![i]));
+                        out.push((Cow::Borrowed(&g.id), vec![i]));
                     }
                 }
             }
             ScopeKind::Cooling => {
                 for c in s.cooling.iter().filter(|c| names(&c.id)) {
                     let g = gpus_where(&|g| c.racks.contains(&g.rack.id));
-                    out.push((EntityId::new(EntityKind::Cooling, &c.id), g));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Cooling, &c.id)), g));
                 }
             }
             ScopeKind::Pdu => {
                 for p in s.pdus.iter().filter(|p| names(&p.id)) {
                     let g = gpus_where(&|g| g.rack.pdus.contains(&p.id));
-                    out.push((EntityId::new(EntityKind::Pdu, &p.id), g));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Pdu, &p.id)), g));
                 }
             }
             ScopeKind::Feed => {
@@ -212,7 +220,7 @@ impl<'a> Index<'a> {
                         .map(|p| p.id.as_str())
                         .collect();
                     let g = gpus_where(&|g| g.rack.pdus.iter().any(|p| pdus.contains(&p.as_str())));
-                    out.push((EntityId::new(EntityKind::Feed, &f.id), g));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Feed, &f.id)), g));
                 }
             }
             ScopeKind::Job => {}
@@ -284,11 +292,8 @@ impl Ctx<'_> {
         job: Option<&Job>,
         seen: &mut Seen,
     ) -> Val {
-        let v = self.signal_inner(s, entity, gpus, job);
-        if let Val::Ok(x) = v {
-            seen.insert(signal_name(s), (x * 1000.0).round() / 1000.0);
-        }
-        v
+        let _ = seen;
+        self.signal_inner(s, entity, gpus, job)
     }
 
     fn observe(&self, entity: &EntityId, metric: &str) -> Val {
@@ -511,6 +516,22 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// The values of every signal of the rule's conditions for one target (for the
+    /// audit; computed only for targets the rule acts on).
+    fn values(&self, rule: &Rule, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Seen {
+        let mut seen = Seen::new();
+        for c in [&rule.when, &rule.release].into_iter().flatten() {
+            for (sig, _) in c.signals() {
+                if let Val::Ok(x) = self.signal_inner(sig, entity, gpus, job) {
+                    seen.insert(signal_name(sig), (x * 1000.0).round() / 1000.0);
+                }
+            }
+        }
+        seen
+    }
+}
+
 fn signal_name(s: &Signal) -> String {
     let dur = |w: f64| {
         if w % 3600.0 == 0.0 {
@@ -582,28 +603,33 @@ pub fn run(
     };
     let mut wants = Wants::default();
     let mut next = BTreeMap::new();
-    let targets: Vec<(EntityId, Vec<usize>, Option<&Job>)> = if rule.scope == ScopeKind::Job {
-        jobs.iter()
-            .filter(|j| !j.state.is_done() && rule.select.matches_job(j))
-            .map(|j| {
-                let gpus = j
-                    .allocated
-                    .iter()
-                    .filter_map(|g| index.gpu_index(g))
-                    .collect();
-                (EntityId::new(EntityKind::Site, &j.id), gpus, Some(j))
-            })
-            .collect()
-    } else {
-        index
-            .targets(rule.scope, &rule.select)
-            .into_iter()
-            .map(|(e, g)| (e, g, None))
-            .collect()
-    };
+    let site_entity = index.site.site_entity();
+    let targets: Vec<(Cow<'_, EntityId>, Vec<usize>, Option<&Job>)> =
+        if rule.scope == ScopeKind::Job {
+            jobs.iter()
+                .filter(|j| !j.state.is_done() && rule.select.matches_job(j))
+                .map(|j| {
+                    let gpus = j
+                        .allocated
+                        .iter()
+                        .filter_map(|g| index.gpu_index(g))
+                        .collect();
+                    (Cow::Borrowed(&site_entity), gpus, Some(j))
+                })
+                .collect()
+        } else {
+            index
+                .targets(rule.scope, &rule.select)
+                .into_iter()
+                .map(|(e, g)| (e, g, None))
+                .collect()
+        };
     for (entity, gpus, job) in targets {
-        let key = job.map_or_else(|| entity.to_string(), |j| format!("job/{}", j.id));
-        let mut mem = memory.get(&key).cloned().unwrap_or(RuleMemory {
+        let entity: &EntityId = &entity;
+        // memory is keyed by the target's name (a job's id): the rule fixes the kind
+        let key: &str = job.map_or(entity.name.as_str(), |j| j.id.as_str());
+        let target_name = || job.map_or_else(|| entity.to_string(), |j| format!("job/{}", j.id));
+        let mut mem = memory.get(key).cloned().unwrap_or(RuleMemory {
             active: false,
             since: now,
             when_true: BTreeMap::new(),
@@ -615,12 +641,12 @@ pub fn run(
         let mut seen = Seen::new();
         let w = match &rule.when {
             None => Tri::True,
-            Some(c) => ctx.cond(&c.cond, &entity, &gpus, job, &mut mem.when_true, &mut seen),
+            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.when_true, &mut seen),
         };
         let r = match &rule.release {
             Some(c) => ctx.cond(
                 &c.cond,
-                &entity,
+                entity,
                 &gpus,
                 job,
                 &mut mem.release_true,
@@ -665,9 +691,13 @@ pub fn run(
         } else {
             condition_text(rule.when.as_ref())
         };
-        if stale {
-            seen.insert("stale_inputs".into(), 1.0);
-        }
+        let values = || {
+            let mut v = ctx.values(rule, entity, &gpus, job);
+            if stale {
+                v.insert("stale_inputs".into(), 1.0);
+            }
+            v
+        };
         // what the active rule does
         let mut keep = mem.active || !mem.when_true.is_empty() || !mem.release_true.is_empty();
         match rule.action {
@@ -716,7 +746,7 @@ pub fn run(
                     }
                 }
                 if capped || switched_on {
-                    let mut values = seen.clone();
+                    let mut values = values();
                     values.insert(
                         match rule.action {
                             RuleAction::CapPct(_) => "cap_pct".into(),
@@ -725,7 +755,7 @@ pub fn run(
                         (level * 10.0).round() / 10.0,
                     );
                     wants.why.push(Why {
-                        target: entity.to_string(),
+                        target: target_name(),
                         values,
                         reason: reason.clone(),
                         release: release_text.clone(),
@@ -740,8 +770,8 @@ pub fn run(
                         wants.clocks.push((g, mhz));
                     }
                     wants.why.push(Why {
-                        target: entity.to_string(),
-                        values: seen.clone(),
+                        target: target_name(),
+                        values: values(),
                         reason: reason.clone(),
                         release: release_text.clone(),
                         racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
@@ -789,7 +819,7 @@ pub fn run(
                     if acted {
                         wants.why.push(Why {
                             target: format!("job/{}", j.id),
-                            values: seen.clone(),
+                            values: values(),
                             reason: reason.clone(),
                             release: release_text.clone(),
                             racks: BTreeSet::new(),
@@ -800,7 +830,7 @@ pub fn run(
             }
         }
         if keep {
-            next.insert(key, mem);
+            next.insert(key.to_string(), mem);
         }
     }
     (wants, next)
