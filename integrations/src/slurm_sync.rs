@@ -180,9 +180,12 @@ impl SlurmSync {
                 None => Some(("gone", "the job is gone from Slurm")),
                 Some(j) if j.is_held() => None,
                 Some(j) if begin && j.is_pending() => None,
+                Some(j) if !j.is_pending() && !is_running(j) => {
+                    Some(("gone", "the job ended while powerplane held it"))
+                }
                 Some(j) if !j.is_pending() => Some((
                     "released_externally",
-                    "the job left the queue while powerplane held it",
+                    "the job started while powerplane held it; someone released it",
                 )),
                 Some(_) if h.confirmed => Some((
                     "released_externally",
@@ -537,6 +540,13 @@ impl SlurmSync {
             warn!(job = id, error = %e, "cannot delete a Slurm hold record");
         }
     }
+}
+
+fn is_running(j: &SlurmJob) -> bool {
+    matches!(
+        j.state.as_str(),
+        "RUNNING" | "SUSPENDED" | "COMPLETING" | "CONFIGURING" | "STAGE_OUT" | "RESIZING"
+    )
 }
 
 /// Slurm answered that the call cannot succeed (the job ended, is unknown, or cannot
