@@ -543,9 +543,12 @@ impl Outbox {
                         tx.put_record(OUTBOX, &seq_key(seq), &d);
                         self.queue.insert(seq, d.clone());
                         blocked.insert(d.job.clone());
-                        // a receiver that is down or slow is so for every job: stop this
-                        // pass, so a hanging receiver costs one timeout per tick at most
-                        break;
+                        // a receiver that is down or hangs is so for every job: stop this
+                        // pass, so it costs one timeout per tick at most; one that
+                        // answered (an HTTP error) may still take other jobs' actions
+                        if !e.starts_with("HTTP ") {
+                            break;
+                        }
                     }
                 }
             }
