@@ -194,9 +194,9 @@ impl JobEvent {
                 && s.chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         };
-        if !ok_name(&e.scheduler) || e.scheduler == "slurm" {
+        if !ok_name(&e.scheduler) || e.scheduler == "slurm" || e.scheduler == "kubernetes" {
             return Err(format!(
-                "scheduler {:?}: use 1-64 of [A-Za-z0-9_-], not \"slurm\" (Slurm is polled)",
+                "scheduler {:?}: use 1-64 of [A-Za-z0-9_-], not \"slurm\" or \"kubernetes\" (their adapters report their jobs)",
                 e.scheduler
             ));
         }
@@ -700,6 +700,7 @@ mod tests {
         for bad in [
             &br#"{"event":"exploded","scheduler":"lsf","job":"1"}"#[..],
             br#"{"event":"submitted","scheduler":"slurm","job":"1"}"#,
+            br#"{"event":"submitted","scheduler":"kubernetes","job":"1"}"#,
             br#"{"event":"submitted","scheduler":"lsf","job":""}"#,
             br#"{"event":"submitted","scheduler":"lsf","job":"1","est_duration_s":-1}"#,
             br#"{"event":"submitted","scheduler":"lsf","job":"1","deadline":"tomorrow"}"#,
