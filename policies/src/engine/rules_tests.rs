@@ -903,3 +903,21 @@ fn a_branch_circuit_is_kept_under_its_derated_rating() {
     let total: f64 = sim.state.caps.values().map(|c| c.watts).sum::<f64>() + 200.0;
     assert!(total <= 1600.0 * 0.97 + 1e-6, "{total}");
 }
+
+#[test]
+fn a_hold_rule_in_observe_mode_reports_without_holding() {
+    let mut sim = Sim::new(policy(&format!("{DEFER}observe = true\n")));
+    let jobs = [batch("far", Some(12.0 * 3600.0))];
+    let d = sim.tick(&priced(&site(), 0.5, 0.0), &jobs, 0.0);
+    assert!(sim.state.holds.is_empty());
+    assert!(sim.state.observed_holds.contains_key("far"));
+    assert!(d.iter().all(|d| d.observe_only) && d.len() == 1, "{d:?}");
+    assert!(
+        sim.tick(&priced(&site(), 0.5, 60.0), &jobs, 60.0)
+            .is_empty(),
+        "said once"
+    );
+    let d = sim.tick(&priced(&site(), 0.1, 120.0), &jobs, 120.0);
+    assert!(sim.state.observed_holds.is_empty());
+    assert!(matches!(d[0].action, Action::Release) && d[0].observe_only);
+}
