@@ -16,6 +16,7 @@
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
 //! - [`probe`]: `powerplane telemetry probe`, what the sources deliver, as a table or JSON.
+//! - [`policy_cli`]: `powerplane policy explain|diff|test`: the engine on inputs from files.
 //! - [`energy_report`]: `powerplane report`: the ledger grouped, as table, CSV, JSON or HTML.
 //! - [`report`]: the demo's HTML and CSV reports.
 #![forbid(unsafe_code)]
@@ -29,6 +30,7 @@ pub mod energy_report;
 pub mod fleet;
 pub mod http;
 pub mod overrides;
+pub mod policy_cli;
 pub mod probe;
 pub mod registry;
 pub mod report;

@@ -1,0 +1,227 @@
+//! `powerplane policy diff OLD NEW`: both policies on the same inputs; what would
+//! change in the file (rules added, removed, changed) and in the plan (GPUs whose cap
+//! differs, by rack; jobs held by one and not the other).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use policies::{Cap, Hold, Plan, Policy};
+use serde_json::Value;
+
+use super::{cap_text, units, World};
+
+/// What differs between two policies' files and plans.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Diff {
+    /// `added NAME`, `removed NAME`, `changed NAME: field OLD → NEW, ...`.
+    pub rules: Vec<String>,
+    /// Per rack: (GPUs, old cap, new cap).
+    pub caps: Vec<(String, usize, String, String)>,
+    /// Same for caps of rules in observe mode.
+    pub observed_caps: Vec<(String, usize, String, String)>,
+    /// (job, old, new): who holds it.
+    pub holds: Vec<(String, String, String)>,
+    pub observed_holds: Vec<(String, String, String)>,
+}
+
+impl Diff {
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+            && self.caps.is_empty()
+            && self.observed_caps.is_empty()
+            && self.holds.is_empty()
+            && self.observed_holds.is_empty()
+    }
+}
+
+/// Compares two policies and their plans on the same world.
+pub fn diff(old: &Policy, new: &Policy, w: &World, a: &Plan, b: &Plan) -> Diff {
+    Diff {
+        rules: rules(old, new),
+        caps: caps(w, &a.state.caps, &b.state.caps),
+        observed_caps: caps(w, &a.state.observed_caps, &b.state.observed_caps),
+        holds: holds(&a.state.holds, &b.state.holds),
+        observed_holds: holds(&a.state.observed_holds, &b.state.observed_holds),
+    }
+}
+
+/// Rules added, removed and changed, compared as parsed (defaults filled in), so a
+/// comment or a default written out is no change.
+pub fn rules(old: &Policy, new: &Policy) -> Vec<String> {
+    let a: BTreeMap<String, Value> = units(&serde_json::to_value(old).unwrap_or(Value::Null))
+        .into_iter()
+        .collect();
+    let b: BTreeMap<String, Value> = units(&serde_json::to_value(new).unwrap_or(Value::Null))
+        .into_iter()
+        .collect();
+    let mut out = Vec::new();
+    for (name, va) in &a {
+        match b.get(name) {
+            None => out.push(format!("removed {name}")),
+            Some(vb) if vb != va => {
+                let (mut fa, mut fb) = (BTreeMap::new(), BTreeMap::new());
+                flatten("", va, &mut fa);
+                flatten("", vb, &mut fb);
+                let mut fields = Vec::new();
+                let keys: std::collections::BTreeSet<&String> =
+                    fa.keys().chain(fb.keys()).collect();
+                for k in keys {
+                    let (x, y) = (fa.get(k), fb.get(k));
+                    if x != y {
+                        let show =
+                            |v: Option<&Value>| v.map_or("(none)".to_string(), |v| v.to_string());
+                        let field = if k.is_empty() {
+                            name.clone()
+                        } else {
+                            k.clone()
+                        };
+                        fields.push(format!("{field} {} → {}", show(x), show(y)));
+                    }
+                }
+                out.push(format!("changed {name}: {}", fields.join(", ")));
+            }
+            Some(_) => {}
+        }
+    }
+    for name in b.keys().filter(|n| !a.contains_key(*n)) {
+        out.push(format!("added {name}"));
+    }
+    out
+}
+
+fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&p, x, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_string(), v.clone());
+        }
+    }
+}
+
+fn caps(
+    w: &World,
+    a: &BTreeMap<telemetry::EntityId, Cap>,
+    b: &BTreeMap<telemetry::EntityId, Cap>,
+) -> Vec<(String, usize, String, String)> {
+    let mut out: Vec<(String, usize, String, String)> = Vec::new();
+    for g in w.site.gpus() {
+        let (x, y) = (a.get(&g.id), b.get(&g.id));
+        let same = match (x, y) {
+            (None, None) => true,
+            (Some(x), Some(y)) => (x.watts - y.watts).abs() < 0.5 && x.rule == y.rule,
+            _ => false,
+        };
+        if same {
+            continue;
+        }
+        let (tx, ty) = (cap_text(x), cap_text(y));
+        match out
+            .iter_mut()
+            .find(|e| e.0 == g.rack.id && e.2 == tx && e.3 == ty)
+        {
+            Some(e) => e.1 += 1,
+            None => out.push((g.rack.id.clone(), 1, tx, ty)),
+        }
+    }
+    out
+}
+
+fn holds(a: &BTreeMap<String, Hold>, b: &BTreeMap<String, Hold>) -> Vec<(String, String, String)> {
+    let show =
+        |h: Option<&Hold>| h.map_or("not held".to_string(), |h| format!("held ({})", h.rule));
+    let jobs: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    jobs.into_iter()
+        .filter(|j| a.get(*j).map(|h| &h.rule) != b.get(*j).map(|h| &h.rule))
+        .map(|j| ((*j).clone(), show(a.get(j)), show(b.get(j))))
+        .collect()
+}
+
+/// The diff as text.
+pub fn text(old_file: &str, new_file: &str, w: &World, d: &Diff) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "--- {old_file}\n+++ {new_file}\nat {} on site {}",
+        w.now, w.site.name
+    );
+    if d.is_empty() {
+        let _ = writeln!(s, "\nno difference: same rules, same plan");
+        return s;
+    }
+    if !d.rules.is_empty() {
+        let _ = writeln!(s, "\nRULES");
+        for r in &d.rules {
+            let _ = writeln!(s, "  {r}");
+        }
+    }
+    let cap_block = |s: &mut String, title: &str, caps: &[(String, usize, String, String)]| {
+        if caps.is_empty() {
+            return;
+        }
+        let _ = writeln!(s, "\n{title}");
+        let _ = writeln!(s, "  {:<10} {:>5}  {:<28} NEW", "RACK", "GPUS", "OLD");
+        for (rack, n, a, b) in caps {
+            let _ = writeln!(s, "  {rack:<10} {n:>5}  {a:<28} {b}");
+        }
+    };
+    cap_block(&mut s, "CAPS (GPUs whose cap differs)", &d.caps);
+    cap_block(
+        &mut s,
+        "OBSERVED CAPS (rules in observe mode)",
+        &d.observed_caps,
+    );
+    let hold_block = |s: &mut String, title: &str, holds: &[(String, String, String)]| {
+        if holds.is_empty() {
+            return;
+        }
+        let _ = writeln!(s, "\n{title}");
+        let _ = writeln!(s, "  {:<20} {:<24} NEW", "JOB", "OLD");
+        for (job, a, b) in holds {
+            let _ = writeln!(s, "  {job:<20} {a:<24} {b}");
+        }
+    };
+    hold_block(
+        &mut s,
+        "HOLDS (jobs held by one and not the other)",
+        &d.holds,
+    );
+    hold_block(&mut s, "OBSERVED HOLDS", &d.observed_holds);
+    if d.caps.is_empty() && d.holds.is_empty() {
+        let _ = writeln!(s, "\nthe plan in force is the same on these inputs");
+    }
+    s
+}
+
+/// The diff as JSON.
+pub fn json(old_file: &str, new_file: &str, w: &World, d: &Diff) -> Value {
+    let caps = |c: &[(String, usize, String, String)]| {
+        c.iter()
+            .map(|(r, n, a, b)| serde_json::json!({"rack": r, "gpus": n, "old": a, "new": b}))
+            .collect::<Vec<_>>()
+    };
+    let holds = |h: &[(String, String, String)]| {
+        h.iter()
+            .map(|(j, a, b)| serde_json::json!({"job": j, "old": a, "new": b}))
+            .collect::<Vec<_>>()
+    };
+    serde_json::json!({
+        "old": old_file,
+        "new": new_file,
+        "at": w.now,
+        "same": d.is_empty(),
+        "rules": d.rules,
+        "caps": caps(&d.caps),
+        "observed_caps": caps(&d.observed_caps),
+        "holds": holds(&d.holds),
+        "observed_holds": holds(&d.observed_holds),
+    })
+}
