@@ -12,6 +12,7 @@
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
+//! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
@@ -33,6 +34,7 @@ pub mod overrides;
 pub mod policy_cli;
 pub mod probe;
 pub mod registry;
+pub mod reload;
 pub mod report;
 pub mod serve;
 pub mod sim;
