@@ -148,7 +148,7 @@ pub struct FileResult {
     pub problems: Vec<String>,
 }
 
-/// The test files a path names: the file, or every `*.toml` under the folder.
+/// The test files a path names: the file, or every `*.toml` directly in the folder.
 pub fn collect(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Vec<String>> {
     let mut out = Vec::new();
     let mut problems = Vec::new();
@@ -182,9 +182,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>, problems: &mut Vec<String>) {
         Ok(rd) => {
             for e in rd.flatten() {
                 let p = e.path();
-                if p.is_dir() {
-                    walk(&p, out, problems);
-                } else if p.extension().is_some_and(|x| x == "toml") {
+                // not below: a subfolder may hold the policies and states the tests name
+                if p.is_file() && p.extension().is_some_and(|x| x == "toml") {
                     out.push(p);
                 }
             }
@@ -334,11 +333,13 @@ pub fn run_file(path: &Path, filter: Option<&str>) -> FileResult {
     result
 }
 
-/// One telemetry signal of a case: its value holds, reported fresh every tick, until
-/// it changes or stops.
+/// One telemetry signal of a case (one metric of one entity): its value holds,
+/// read again at every tick, until it changes or stops.
 struct Signal {
-    reading: RawReading,
-    samples: Vec<Sample>,
+    /// Its last sample; re-stamped every tick unless it was given an absolute time.
+    sample: Sample,
+    age_s: f64,
+    fixed_time: bool,
 }
 
 fn run_case(
@@ -354,8 +355,7 @@ fn run_case(
         return Err("the case has no [[case.tick]]".into());
     }
     let mut snapshot = Snapshot::new();
-    // in the order they were last set: a later statement wins where two overlap
-    let mut signals: Vec<((String, String), Signal)> = Vec::new();
+    let mut signals: BTreeMap<(EntityId, String), Signal> = BTreeMap::new();
     let mut jobs: Vec<Job> = Vec::new();
     let mut forecast = Forecast::default();
     let mut last: Option<Timestamp> = None;
@@ -375,14 +375,13 @@ fn run_case(
             return Err(problem("ticks must go forward in time".into()));
         }
         last = Some(now);
+        // in order: a later reading of the same entity and metric replaces an earlier one
         for r in &tick.readings {
-            let key = (r.entity.clone(), r.metric.clone());
-            let was = signals.iter().position(|(k, _)| *k == key);
-            if let Some(i) = was {
-                signals.remove(i);
-            }
             if r.stop {
-                if was.is_none() {
+                let ids = inputs::entities(site, &r.entity).map_err(&problem)?;
+                let n = signals.len();
+                signals.retain(|(e, m), _| !(m == &r.metric && ids.contains(e)));
+                if signals.len() == n {
                     return Err(problem(format!(
                         "{} {}: stop names a reading that was never set",
                         r.entity, r.metric
@@ -390,38 +389,32 @@ fn run_case(
                 }
                 continue;
             }
-            let samples = r.samples(site, now, "test").map_err(&problem)?;
-            signals.push((
-                key,
-                Signal {
-                    reading: r.clone(),
-                    samples,
-                },
-            ));
-        }
-        // every signal still reporting is read again at this tick (one given with an
-        // absolute time is read once, as given)
-        let mut once = Vec::new();
-        let mut latest: BTreeMap<(EntityId, String), Sample> = BTreeMap::new();
-        for (k, s) in signals.iter_mut() {
-            if s.reading.time.is_none() {
-                s.samples = s.reading.samples(site, now, "test").map_err(&problem)?;
-            } else {
-                once.push(k.clone());
-            }
-            for sample in &s.samples {
-                latest.insert(
+            for sample in r.samples(site, now, "test").map_err(&problem)? {
+                signals.insert(
                     (sample.entity.clone(), sample.metric.as_str().to_string()),
-                    sample.clone(),
+                    Signal {
+                        sample,
+                        age_s: r.age_s.unwrap_or(0.0),
+                        fixed_time: r.time.is_some(),
+                    },
                 );
             }
         }
-        for sample in latest.into_values() {
+        // every signal still reporting is read again at this tick (one given with an
+        // absolute time is read once, as given)
+        let mut latest: Vec<Sample> = Vec::new();
+        for s in signals.values_mut() {
+            if !s.fixed_time {
+                s.sample.ts = now.plus_secs(-s.age_s);
+            }
+            latest.push(s.sample.clone());
+        }
+        signals.retain(|_, s| !s.fixed_time);
+        for sample in latest {
             snapshot
                 .ingest(sample, now)
                 .map_err(|e| problem(e.to_string()))?;
         }
-        signals.retain(|(k, _)| !once.contains(k));
         for j in &tick.jobs {
             let job = j.job(site, now).map_err(problem)?;
             match jobs.iter_mut().find(|o| o.id == job.id) {
@@ -448,9 +441,7 @@ fn run_case(
         ]
         .into_iter()
         .filter(|m| {
-            signals.iter().any(|((e, metric), _)| {
-                metric == m && inputs::entities(site, e).is_ok_and(|ids| ids.contains(&site_id))
-            })
+            signals.contains_key(&(site_id.clone(), m.to_string()))
         })
         .collect();
         inputs::signals_from_forecast(site, &mut snapshot, &forecast, now, &own);
