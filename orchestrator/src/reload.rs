@@ -108,7 +108,7 @@ impl PolicyWatch {
         let seen = stat(&self.path);
         let changed = seen != self.seen;
         self.seen = seen;
-        if !(force || changed || self.polls % REHASH_EVERY == 0) {
+        if !(force || changed || self.polls.is_multiple_of(REHASH_EVERY)) {
             return None;
         }
         let name = self.path.display().to_string();

@@ -440,9 +440,7 @@ fn run_case(
             telemetry::metric::names::CARBON_G_PER_KWH,
         ]
         .into_iter()
-        .filter(|m| {
-            signals.contains_key(&(site_id.clone(), m.to_string()))
-        })
+        .filter(|m| signals.contains_key(&(site_id.clone(), m.to_string())))
         .collect();
         inputs::signals_from_forecast(site, &mut snapshot, &forecast, now, &own);
         let plan = policies::evaluate(

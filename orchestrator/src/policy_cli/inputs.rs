@@ -547,24 +547,39 @@ struct RawJobsToml {
     jobs: Vec<toml::Spanned<RawJob>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawJobsJson {
-    List(Vec<RawJob>),
-    Wrapped { jobs: Vec<RawJob> },
-}
-
 /// A jobs file: TOML `[[jobs]]`, or JSON (a list, or `{"jobs": [...]}`).
 pub fn jobs_file(file: &str, src: &str, site: &Site, now: Timestamp) -> Result<Vec<Job>, Problems> {
     let raw: Vec<(Pos, RawJob)> = if is_json(file) {
-        let r: RawJobsJson = serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
-        let list = match r {
-            RawJobsJson::List(l) | RawJobsJson::Wrapped { jobs: l } => l,
+        let v: serde_json::Value =
+            serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
+        let list = match v {
+            serde_json::Value::Array(l) => l,
+            serde_json::Value::Object(mut m) => match m.remove("jobs") {
+                Some(serde_json::Value::Array(l)) => l,
+                _ => {
+                    return Err(vec![format!(
+                        "{file}: expected a list of jobs or {{\"jobs\": [...]}}"
+                    )])
+                }
+            },
+            _ => {
+                return Err(vec![format!(
+                    "{file}: expected a list of jobs or {{\"jobs\": [...]}}"
+                )])
+            }
         };
-        list.into_iter()
-            .enumerate()
-            .map(|(i, j)| (Pos::Path(format!("jobs[{i}]")), j))
-            .collect()
+        let mut out = Vec::new();
+        let mut problems = Vec::new();
+        for (i, j) in list.into_iter().enumerate() {
+            match serde_json::from_value::<RawJob>(j) {
+                Ok(j) => out.push((Pos::Path(format!("jobs[{i}]")), j)),
+                Err(e) => problems.push(format!("{file}: jobs[{i}]: {e}")),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        out
     } else {
         let r: RawJobsToml = toml::from_str(src).map_err(|e| vec![toml_error(file, src, &e)])?;
         r.jobs
