@@ -1,4 +1,5 @@
-//! Power budgets: keep the facility and every rack under their usable power.
+//! Power budgets: keep the facility, every utility feed, PDU, branch circuit, rack, and
+//! the rows and rooms the policy gives budgets to under their usable power.
 //!
 //! When the demand of a scope is over its budget, the excess is cut by water-filling in
 //! priority order: the GPUs of the lowest-priority jobs (and idle GPUs) are lowered
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
-use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
+use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
 use crate::policy::{BudgetRule, OnStale};
 use crate::State;
@@ -94,6 +95,8 @@ pub struct ScopeView {
     pub demand_kw: f64,
     pub feasible: bool,
     pub stale_inputs: usize,
+    /// Indexes of the racks the scope covers.
+    pub racks: Vec<usize>,
 }
 
 impl ScopeView {
@@ -115,6 +118,166 @@ pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// One power budget of the hierarchy, with the GPUs behind it and the share of each
+/// GPU's draw that flows through it (a node fed by two PDUs draws half through each).
+struct Scope {
+    entity: EntityId,
+    rule: &'static str,
+    budget_kw: f64,
+    members: Vec<(usize, f64)>,
+    base_w: f64,
+}
+
+/// Every budget of the site, innermost first: racks, PDU branch circuits, PDUs, rows
+/// and rooms (from the policy's `[[budget.limits]]`), utility feeds, the facility.
+fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
+    let limit = |kind: &str, name: &str| {
+        rule.limits
+            .iter()
+            .find(|l| l.scope == kind && l.name == name)
+            .map(|l| l.limit_kw * l.derate)
+    };
+    let mut out = Vec::new();
+    // racks
+    let mut per_rack: Vec<Vec<(usize, f64)>> = vec![Vec::new(); site.racks.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        per_rack[g.rack_index].push((i, 1.0));
+    }
+    let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); site.nodes.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        per_node[g.node_index].push(i);
+    }
+    for (r, members) in site.racks.iter().zip(per_rack.clone()) {
+        out.push(Scope {
+            entity: EntityId::rack(&r.id),
+            rule: "budget.rack",
+            budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
+            base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
+            members,
+        });
+    }
+    // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
+    for p in &site.pdus {
+        for b in &p.branches {
+            let mut members = Vec::new();
+            let mut base_w = 0.0;
+            for (n, node) in site.nodes.iter().enumerate() {
+                let on = node
+                    .outlets
+                    .iter()
+                    .filter(|o| {
+                        o.split_once('.').is_some_and(|(pdu, outlet)| {
+                            pdu == p.id
+                                && p.outlets
+                                    .iter()
+                                    .any(|x| x.id == outlet && x.branch.as_deref() == Some(&b.id))
+                        })
+                    })
+                    .count();
+                if on == 0 {
+                    continue;
+                }
+                let share = on as f64 / node.outlets.len() as f64;
+                base_w += node.base_w * share;
+                members.extend(per_node[n].iter().map(|&i| (i, share)));
+            }
+            if !members.is_empty() {
+                let name = format!("{}.{}", p.id, b.id);
+                out.push(Scope {
+                    budget_kw: limit("branch", &name).unwrap_or(b.rating_kw * p.derate),
+                    entity: EntityId::new(EntityKind::Branch, name),
+                    rule: "budget.branch",
+                    base_w,
+                    members,
+                });
+            }
+        }
+    }
+    // PDUs: a rack's GPUs split evenly over the rack's PDUs
+    let rack_share = |r: &telemetry::site::Rack, pdus: &dyn Fn(&str) -> bool| {
+        let n = r.pdus.iter().filter(|p| pdus(p)).count();
+        n as f64 / r.pdus.len().max(1) as f64
+    };
+    let grouped = |pred: &dyn Fn(&str) -> bool| {
+        let mut members = Vec::new();
+        let mut base_w = 0.0;
+        for (ri, r) in site.racks.iter().enumerate() {
+            let share = rack_share(r, pred);
+            if share <= 0.0 {
+                continue;
+            }
+            base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>() * share;
+            members.extend(per_rack[ri].iter().map(|&(i, _)| (i, share)));
+        }
+        (members, base_w)
+    };
+    for p in &site.pdus {
+        let (members, base_w) = grouped(&|x: &str| x == p.id);
+        if !members.is_empty() {
+            out.push(Scope {
+                entity: EntityId::new(EntityKind::Pdu, &p.id),
+                rule: "budget.pdu",
+                budget_kw: limit("pdu", &p.id).unwrap_or(p.usable_kw()),
+                members,
+                base_w,
+            });
+        }
+    }
+    // rows and rooms have budgets only when the policy gives them
+    for l in rule
+        .limits
+        .iter()
+        .filter(|l| l.scope == "row" || l.scope == "room")
+    {
+        let in_scope = |r: &telemetry::site::Rack| match l.scope.as_str() {
+            "row" => r.row == l.name,
+            _ => site
+                .rows
+                .iter()
+                .any(|row| row.id == r.row && row.room == l.name),
+        };
+        let mut members = Vec::new();
+        let mut base_w = 0.0;
+        for (ri, r) in site.racks.iter().enumerate().filter(|(_, r)| in_scope(r)) {
+            base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>();
+            members.extend(per_rack[ri].iter().copied());
+        }
+        out.push(Scope {
+            entity: EntityId::new(
+                if l.scope == "row" {
+                    EntityKind::Row
+                } else {
+                    EntityKind::Room
+                },
+                &l.name,
+            ),
+            rule: if l.scope == "row" {
+                "budget.row"
+            } else {
+                "budget.room"
+            },
+            budget_kw: l.limit_kw * l.derate,
+            members,
+            base_w,
+        });
+    }
+    // feeds: the PDUs they supply (only worth a scope when there is more than one)
+    if site.feeds.len() > 1 {
+        for f in &site.feeds {
+            let on_feed = |x: &str| site.pdus.iter().any(|p| p.id == x && p.feed == f.id);
+            let (members, base_w) = grouped(&on_feed);
+            out.push(Scope {
+                entity: EntityId::new(EntityKind::Feed, &f.id),
+                rule: "budget.feed",
+                budget_kw: limit("feed", &f.id).unwrap_or(f.usable_kw()),
+                members,
+                base_w,
+            });
+        }
+    }
+    out
+}
+
 /// Wanted caps per GPU, and what each scope looked like.
 pub fn evaluate(
     site: &Site,
@@ -125,7 +288,7 @@ pub fn evaluate(
     now: Timestamp,
 ) -> (BTreeMap<EntityId, BudgetCap>, Vec<ScopeView>) {
     let gpus = site.gpus();
-    let priority = job_priority_by_gpu(jobs);
+    let priority = job_priority_by_gpu(jobs, &rule.cut_order);
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
@@ -142,40 +305,67 @@ pub fn evaluate(
 
     let mut wanted: BTreeMap<EntityId, BudgetCap> = BTreeMap::new();
     let mut views = Vec::new();
-    // racks first: each rack's GPUs share what its budget leaves after the rest of the rack
-    let mut start = 0;
-    for rack in &site.racks {
-        let n: usize = rack
-            .nodes
+    // innermost first; each scope shares what its budget leaves among demands already
+    // limited by the scopes inside it
+    for scope in scopes(site, &gpus, rule) {
+        let limited: Vec<Claim> = scope
+            .members
             .iter()
-            .map(|&i| site.nodes[i].gpus as usize)
-            .sum();
-        let range = start..start + n;
-        start += n;
-        let base_w: f64 = rack.nodes.iter().map(|&i| site.nodes[i].base_w).sum();
-        let entity = EntityId::rack(&rack.id);
-        let view = scope_cut(
-            &entity,
-            rack.power_budget_kw,
-            snapshot.observe(&entity, POWER_W, now),
-            base_w,
+            .map(|&(i, share)| {
+                let c = claims[i];
+                let d = wanted
+                    .get(&gpus[i].id)
+                    .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
+                Claim {
+                    demand_w: d * share,
+                    min_w: c.min_w * share,
+                    priority: c.priority,
+                }
+            })
+            .collect();
+        let scope_draws: Vec<f64> = scope
+            .members
+            .iter()
+            .map(|&(i, share)| draws[i] * share)
+            .collect();
+        let (view, cut) = scope_cut(
+            &scope.entity,
+            scope.budget_kw,
+            snapshot.observe(&scope.entity, POWER_W, now),
+            scope.base_w,
             0.0,
-            &claims[range.clone()],
-            &draws[range.clone()],
+            &limited,
+            &scope_draws,
             rule,
             stale,
         );
+        let members: Vec<GpuRef<'_>> = scope
+            .members
+            .iter()
+            .map(|&(i, _)| gpus[i].clone())
+            .collect();
+        let shares: Vec<f64> = scope.members.iter().map(|&(_, s)| s).collect();
         apply_cut(
-            &view.1,
-            &gpus[range.clone()],
-            &claims[range],
+            &cut,
+            &members,
+            &limited,
+            &shares,
             prior,
-            "budget.rack",
+            scope.rule,
             &mut wanted,
         );
-        views.push(view.0);
+        let mut view = view;
+        view.racks = scope
+            .members
+            .iter()
+            .map(|&(i, _)| gpus[i].rack_index)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        views.push(view);
     }
-    // then the facility, over demands already limited by the racks
+    // then the facility (the contract with the utility), with the power queued jobs may
+    // add before the next tick reserved
     let limited: Vec<Claim> = claims
         .iter()
         .zip(&gpus)
@@ -188,9 +378,14 @@ pub fn evaluate(
         .collect();
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
-    let view = scope_cut(
+    let budget_kw = rule
+        .limits
+        .iter()
+        .find(|l| l.scope == "site")
+        .map_or(site.facility_budget_kw(), |l| l.limit_kw * l.derate);
+    let (mut view, cut) = scope_cut(
         &entity,
-        site.facility_budget_kw(),
+        budget_kw,
         snapshot.observe(&entity, POWER_W, now),
         base_w,
         queued_reserve_w(&gpus, &priority, jobs, prior),
@@ -199,15 +394,18 @@ pub fn evaluate(
         rule,
         stale,
     );
+    let ones = vec![1.0; gpus.len()];
     apply_cut(
-        &view.1,
+        &cut,
         &gpus,
         &limited,
+        &ones,
         prior,
         "budget.facility",
         &mut wanted,
     );
-    views.push(view.0);
+    view.racks = (0..site.racks.len()).collect();
+    views.push(view);
     (wanted, views)
 }
 
@@ -276,6 +474,7 @@ fn scope_cut(
         demand_kw: demand_w / 1000.0,
         feasible,
         stale_inputs: stale,
+        racks: Vec::new(),
     };
     let cut = if demand_w > budget_kw * 1000.0 * (1.0 - rule.margin) {
         Cut::To(alloc)
@@ -302,6 +501,7 @@ fn apply_cut(
     cut: &Cut,
     gpus: &[GpuRef<'_>],
     claims: &[Claim],
+    shares: &[f64],
     prior: &State,
     name: &'static str,
     wanted: &mut BTreeMap<EntityId, BudgetCap>,
@@ -317,9 +517,11 @@ fn apply_cut(
             }
         }
         Cut::To(alloc) => {
-            for ((g, c), a) in gpus.iter().zip(claims).zip(alloc) {
+            for (((g, c), a), share) in gpus.iter().zip(claims).zip(alloc).zip(shares) {
                 if *a < c.demand_w - 1e-6 {
-                    tighten(wanted, &g.id, g.model.clamp_limit(*a), name);
+                    // the allocation is of the share through this scope: the GPU's cap
+                    // is the allocation over its share
+                    tighten(wanted, &g.id, g.model.clamp_limit(*a / share), name);
                 }
             }
         }
@@ -366,14 +568,21 @@ fn queued_reserve_w(
     n as f64 * mean_extra
 }
 
-fn job_priority_by_gpu(jobs: &[Job]) -> BTreeMap<EntityId, i64> {
+/// The cut order of each busy GPU: GPUs of jobs whose class comes first in
+/// `cut_order` are cut first, then by job priority (lower first). Idle GPUs (not in the
+/// map) are cut before any job's.
+fn job_priority_by_gpu(jobs: &[Job], cut_order: &[String]) -> BTreeMap<EntityId, i64> {
     let mut m = BTreeMap::new();
     for j in jobs
         .iter()
         .filter(|j| j.state == telemetry::JobState::Running)
     {
+        let rank = cut_order
+            .iter()
+            .position(|c| c == &j.class)
+            .unwrap_or(cut_order.len()) as i64;
         for g in &j.allocated {
-            m.insert(g.clone(), i64::from(j.priority));
+            m.insert(g.clone(), (rank << 33) + i64::from(j.priority));
         }
     }
     m

@@ -10,8 +10,11 @@ use std::collections::BTreeMap;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 
 use crate::budget::{self, ScopeView};
+use crate::plan::ClockLock;
 use crate::plan::{Action, Cap, Decision, Hold, Plan, State, Target};
 use crate::price::{self, Verdict};
+use crate::rules::{Rule, RuleAction};
+use crate::rules_eval;
 use crate::thermal;
 use crate::Policy;
 
@@ -29,7 +32,7 @@ pub struct Inputs<'a> {
 }
 
 /// Per (rule, scope): the values a rule looked at and what it says about them.
-type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String)>;
+type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String, String)>;
 
 /// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt).
 type Groups = Vec<((String, String, Option<i64>), Vec<EntityId>)>;
@@ -50,7 +53,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         jobs,
         prior,
         policy,
-        forecast: _,
+        forecast,
     } = *inputs;
     let mut enforce: BTreeMap<EntityId, Want> = BTreeMap::new();
     let mut observe: BTreeMap<EntityId, Want> = BTreeMap::new();
@@ -76,15 +79,32 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             offer(target, gpu, w.watts, w.rule, policy.budget.lease_s);
         }
         for v in &views {
-            let rule = if v.scope.kind == telemetry::EntityKind::Site {
-                "budget.facility"
-            } else {
-                "budget.rack"
+            let rule = match v.scope.kind {
+                telemetry::EntityKind::Site => "budget.facility",
+                telemetry::EntityKind::Rack => "budget.rack",
+                telemetry::EntityKind::Branch => "budget.branch",
+                telemetry::EntityKind::Pdu => "budget.pdu",
+                telemetry::EntityKind::Row => "budget.row",
+                telemetry::EntityKind::Room => "budget.room",
+                _ => "budget.feed",
             };
-            why.insert(
-                (rule.to_string(), v.scope.to_string()),
-                (v.values(), budget_reason(v)),
+            let entry = (
+                v.values(),
+                budget_reason(v),
+                budget_release(v, &policy.budget),
             );
+            if rule == "budget.facility" || rule == "budget.rack" {
+                why.insert((rule.to_string(), v.scope.to_string()), entry);
+            } else {
+                // cap decisions are grouped by rack: explain each rack by its scope
+                for &r in &v.racks {
+                    why.entry((
+                        rule.to_string(),
+                        EntityId::rack(&site.racks[r].id).to_string(),
+                    ))
+                    .or_insert_with(|| entry.clone());
+                }
+            }
         }
     }
     if policy.thermal.enabled {
@@ -108,10 +128,54 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         for s in steps {
             why.insert(
                 ("thermal.inlet".into(), EntityId::rack(&s.rack).to_string()),
-                (s.values, s.reason),
+                (s.values, s.reason, s.release),
             );
         }
         next.thermal = levels;
+    }
+
+    // the SREs' rules
+    let index = rules_eval::Index::new(site, site.gpus());
+    let mut rule_wants: Vec<(&Rule, rules_eval::Wants)> = Vec::new();
+    for rule in policy.rules.iter().filter(|r| r.enabled) {
+        let empty = BTreeMap::new();
+        let memory = prior.rules.get(&rule.name).unwrap_or(&empty);
+        let (wants, mem) = rules_eval::run(
+            rule,
+            &index,
+            snapshot,
+            forecast,
+            jobs,
+            memory,
+            policy.price.margin_s,
+            policy.price.max_defer_s,
+            now,
+        );
+        if !mem.is_empty() {
+            next.rules.insert(rule.name.clone(), mem);
+        }
+        let id = rule.id();
+        let target = if rule.observe {
+            &mut observe
+        } else {
+            &mut enforce
+        };
+        for &(g, watts) in &wants.caps {
+            offer(target, index.gpus[g].id.clone(), watts, &id, rule.lease_s);
+        }
+        for w in &wants.why {
+            for &r in &w.racks {
+                let key = (id.clone(), EntityId::rack(&site.racks[r].id).to_string());
+                why.entry(key).or_insert_with(|| {
+                    (
+                        w.values.clone(),
+                        format!("{}: {}", w.target, w.reason),
+                        w.release.clone(),
+                    )
+                });
+            }
+        }
+        rule_wants.push((rule, wants));
     }
 
     let mut decisions = Vec::new();
@@ -136,9 +200,20 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         &mut decisions,
     );
 
+    clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
+    preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
+
     if policy.price.enabled {
-        let (verdicts, values) =
+        let (mut verdicts, values) =
             price::evaluate(site, snapshot, jobs, prior, &policy.price, pacing, now);
+        merge_rule_holds(
+            &mut verdicts,
+            jobs,
+            prior,
+            &rule_wants,
+            policy.price.observe,
+            now,
+        );
         let observe_only = policy.price.observe;
         let (prior_holds, holds) = if observe_only {
             (&prior.observed_holds, &mut next.observed_holds)
@@ -156,15 +231,26 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &mut decisions,
         );
     } else {
+        let mut verdicts = BTreeMap::new();
         for job in prior.holds.keys() {
-            decisions.push(release(
-                job,
-                "price rule disabled",
-                &BTreeMap::new(),
-                false,
-                now,
-            ));
+            verdicts.insert(
+                job.clone(),
+                Verdict::Release {
+                    reason: "price rule disabled".into(),
+                },
+            );
         }
+        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, false, now);
+        hold_decisions(
+            jobs,
+            &prior.holds,
+            verdicts,
+            &BTreeMap::new(),
+            false,
+            now,
+            &mut next.holds,
+            &mut decisions,
+        );
     }
     Plan {
         state: next,
@@ -318,10 +404,10 @@ fn cap_decisions(
         } else {
             EntityId::rack(&rack)
         };
-        let (values, reason) = why
+        let (values, reason, release_text) = why
             .get(&(rule.clone(), scope.to_string()))
             .cloned()
-            .unwrap_or_else(|| (BTreeMap::new(), String::new()));
+            .unwrap_or_else(|| (BTreeMap::new(), String::new(), String::new()));
         let (action, reason) = match watts {
             Some(w) => (
                 Action::Cap {
@@ -345,11 +431,15 @@ fn cap_decisions(
                 entity: EntityId::rack(&rack),
                 gpus,
             },
+            release: if matches!(action, Action::Uncap) {
+                String::new()
+            } else {
+                release_text
+            },
             action,
             values,
             reason,
             observe_only,
-            release: String::new(),
         });
     }
 }
@@ -379,13 +469,20 @@ fn hold_decisions(
                         values: values.clone(),
                         reason: h.reason.clone(),
                         observe_only,
-                        release: String::new(),
+                        release: format!(
+                            "released when the rule no longer holds it, and by {} at the latest",
+                            h.lease_until
+                        ),
                     });
                 }
                 holds.insert(job, h);
             }
             Verdict::Release { reason } => {
-                out.push(release(&job, &reason, values, observe_only, now))
+                let mut d = release(&job, &reason, values, observe_only, now);
+                if let Some(h) = prior.get(&job) {
+                    d.rule = h.rule.clone();
+                }
+                out.push(d)
             }
         }
     }
@@ -425,3 +522,265 @@ fn release(
 
 #[cfg(test)]
 mod tests;
+
+/// What would lift a budget cap.
+fn budget_release(v: &ScopeView, rule: &crate::policy::BudgetRule) -> String {
+    format!(
+        "demand under {:.1} kW ({}% of the budget)",
+        v.budget_kw * rule.release_ratio,
+        (rule.release_ratio * 100.0).round()
+    )
+}
+
+/// Holds and releases wanted by rules, merged into the price rule's verdicts: a hold by
+/// any rule keeps a job held; a `release` rule wins over every hold (it protects
+/// something the SREs chose: a deadline, a class); holds placed by a rule that no
+/// longer wants them are released.
+fn merge_rule_holds(
+    verdicts: &mut BTreeMap<String, Verdict>,
+    jobs: &[Job],
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    price_observe: bool,
+    now: Timestamp,
+) {
+    let prior_holds = &prior.holds;
+    let mut held: BTreeMap<&str, (&Rule, Timestamp)> = BTreeMap::new();
+    let mut exempt: BTreeMap<&str, &Rule> = BTreeMap::new();
+    for (rule, w) in rules.iter().filter(|(r, _)| !r.observe) {
+        for (job, until) in &w.holds {
+            held.entry(job.as_str()).or_insert((rule, *until));
+        }
+        for job in &w.releases {
+            exempt.entry(job.as_str()).or_insert(rule);
+        }
+    }
+    let _ = price_observe;
+    for (job, (rule, until)) in held {
+        if exempt.contains_key(job) {
+            continue;
+        }
+        if let Some(Verdict::Hold(_)) = verdicts.get(job) {
+            continue;
+        }
+        let since = prior_holds.get(job).map_or(now, |h| h.since);
+        let reason = rules
+            .iter()
+            .find(|(r, _)| r.name == rule.name)
+            .and_then(|(_, w)| w.why.iter().find(|x| x.target == format!("job/{job}")))
+            .map_or_else(|| rule.id(), |w| w.reason.clone());
+        verdicts.insert(
+            job.to_string(),
+            Verdict::Hold(Hold {
+                rule: rule.id(),
+                since,
+                lease_until: until,
+                reason,
+            }),
+        );
+    }
+    for (job, rule) in exempt {
+        let was_held = prior_holds.contains_key(job);
+        match verdicts.get(job) {
+            Some(Verdict::Hold(_)) | None if was_held => {
+                verdicts.insert(
+                    job.to_string(),
+                    Verdict::Release {
+                        reason: format!("released by rule {}", rule.name),
+                    },
+                );
+            }
+            Some(Verdict::Hold(_)) => {
+                verdicts.remove(job);
+            }
+            _ => {}
+        }
+    }
+    // holds of rules that no longer want them
+    for (job, h) in prior_holds {
+        if h.rule.starts_with("rules.") && !verdicts.contains_key(job) {
+            let still = jobs.iter().any(|j| &j.id == job);
+            verdicts.insert(
+                job.clone(),
+                Verdict::Release {
+                    reason: if still {
+                        format!("{} no longer holds it", h.rule)
+                    } else {
+                        "job is no longer known".into()
+                    },
+                },
+            );
+        }
+    }
+}
+
+/// Clock locks wanted by rules: the lowest clock wins, each with the rule's lease;
+/// decisions per rack for what changed.
+fn clocks(
+    index: &rules_eval::Index<'_>,
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    now: Timestamp,
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    let mut want: BTreeMap<usize, (f64, &Rule)> = BTreeMap::new();
+    for (rule, w) in rules.iter().filter(|(r, _)| !r.observe) {
+        for &(g, mhz) in &w.clocks {
+            match want.get(&g) {
+                Some((m, _)) if *m <= mhz => {}
+                _ => {
+                    want.insert(g, (mhz, rule));
+                }
+            }
+        }
+    }
+    for (g, (mhz, rule)) in &want {
+        let id = index.gpus[*g].id.clone();
+        let since = prior
+            .clocks
+            .get(&id)
+            .filter(|c| c.mhz == *mhz)
+            .map_or(now, |c| c.since);
+        next.clocks.insert(
+            id,
+            ClockLock {
+                mhz: *mhz,
+                rule: rule.id(),
+                since,
+                lease_until: now + rule.lease_s,
+            },
+        );
+    }
+    // decisions grouped by rack and new value
+    let mut groups: BTreeMap<(usize, String, Option<i64>), Vec<EntityId>> = BTreeMap::new();
+    for (i, g) in index.gpus.iter().enumerate() {
+        let (old, new) = (prior.clocks.get(&g.id), next.clocks.get(&g.id));
+        let changed = match (old, new) {
+            (None, None) => false,
+            (Some(a), Some(b)) => a.mhz != b.mhz,
+            _ => true,
+        };
+        if changed {
+            let rule = new.or(old).map(|c| c.rule.clone()).unwrap_or_default();
+            groups
+                .entry((g.rack_index, rule, new.map(|c| c.mhz.round() as i64)))
+                .or_default()
+                .push(g.id.clone());
+            let _ = i;
+        }
+    }
+    for ((rack, rule, mhz), gpus) in groups {
+        let w = rules
+            .iter()
+            .find(|(r, _)| r.id() == rule)
+            .and_then(|(_, w)| w.why.iter().find(|x| x.racks.contains(&rack)));
+        out.push(Decision {
+            time: now,
+            rule,
+            target: Target::Gpus {
+                entity: EntityId::rack(&index.site.racks[rack].id),
+                gpus,
+            },
+            action: match mhz {
+                Some(m) => Action::LockClocks { mhz: m as f64 },
+                None => Action::UnlockClocks,
+            },
+            values: w.map(|w| w.values.clone()).unwrap_or_default(),
+            reason: w.map_or_else(
+                || "no rule wants the clocks locked any more".to_string(),
+                |w| w.reason.clone(),
+            ),
+            release: w.map(|w| w.release.clone()).unwrap_or_default(),
+            observe_only: false,
+        });
+    }
+}
+
+/// Requeues and suspensions of preemptible jobs wanted by rules; a suspension ends when
+/// no rule wants it (resume) or, for an agentless controller, when its lease runs out.
+fn preempt(
+    jobs: &[Job],
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    now: Timestamp,
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    let why = |rule: &Rule, w: &rules_eval::Wants, job: &str| {
+        w.why
+            .iter()
+            .find(|x| x.target == format!("job/{job}"))
+            .map_or_else(
+                || (BTreeMap::new(), rule.id(), String::new()),
+                |x| (x.values.clone(), x.reason.clone(), x.release.clone()),
+            )
+    };
+    for (rule, w) in rules {
+        for job in &w.requeues {
+            let (values, reason, _) = why(rule, w, job);
+            out.push(Decision {
+                time: now,
+                rule: rule.id(),
+                target: Target::Job { job: job.clone() },
+                action: Action::Requeue,
+                values,
+                reason,
+                release: String::new(),
+                observe_only: rule.observe,
+            });
+        }
+        if rule.observe {
+            continue;
+        }
+        for (job, until) in &w.suspends {
+            if next.suspended.contains_key(job) {
+                continue;
+            }
+            let (values, reason, release) = why(rule, w, job);
+            let since = prior.suspended.get(job).map_or(now, |h| h.since);
+            if !prior.suspended.contains_key(job) {
+                out.push(Decision {
+                    time: now,
+                    rule: rule.id(),
+                    target: Target::Job { job: job.clone() },
+                    action: Action::Suspend { until: *until },
+                    values,
+                    reason: reason.clone(),
+                    release,
+                    observe_only: false,
+                });
+            }
+            next.suspended.insert(
+                job.clone(),
+                Hold {
+                    rule: rule.id(),
+                    since,
+                    lease_until: *until,
+                    reason,
+                },
+            );
+        }
+    }
+    for (job, h) in &prior.suspended {
+        if next.suspended.contains_key(job) {
+            continue;
+        }
+        let known = jobs.iter().any(|j| &j.id == job && !j.state.is_done());
+        out.push(Decision {
+            time: now,
+            rule: h.rule.clone(),
+            target: Target::Job { job: job.clone() },
+            action: Action::Resume,
+            values: BTreeMap::new(),
+            reason: if known {
+                format!("{} no longer wants it suspended", h.rule)
+            } else {
+                "job is no longer known".into()
+            },
+            release: String::new(),
+            observe_only: false,
+        });
+    }
+    let _ = RuleAction::Hold;
+}
