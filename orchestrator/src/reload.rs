@@ -193,10 +193,12 @@ impl PolicyWatch {
     }
 }
 
-/// Checks a policy text as `serve` would run it.
+/// Checks a policy text as `serve` would run it: parsed, and checked against the site
+/// (selectors that pick nothing, caps below a GPU's minimum, unknown equipment).
 pub fn validate(name: &str, text: &str, site: &Site) -> Result<Policy, String> {
-    let _ = site;
-    Policy::parse(name, text).map_err(|e| e.to_string())
+    let p = Policy::parse(name, text).map_err(|e| e.to_string())?;
+    p.check_site(name, text, site).map_err(|e| e.to_string())?;
+    Ok(p)
 }
 
 /// `serve`'s side: the watcher, SIGHUP, and where the outcome shows.

@@ -91,6 +91,23 @@ struct Expect {
     decisions: Vec<DecisionExpect>,
     #[serde(default)]
     no_decisions: bool,
+    /// Jobs suspended by a rule.
+    #[serde(default)]
+    suspended: Vec<String>,
+    /// Locked clocks: `{ gpu = "...", mhz = 1200 }` or `{ rack = "a01", mhz = 1200 }`.
+    #[serde(default)]
+    clocks: Vec<ClockExpect>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClockExpect {
+    #[serde(default)]
+    gpu: Option<String>,
+    #[serde(default)]
+    rack: Option<String>,
+    #[serde(default)]
+    mhz: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,7 +261,14 @@ pub fn run_file(path: &Path, filter: Option<&str>) -> FileResult {
     let mut load_policy = |p: &str| -> Result<Policy, String> {
         policies
             .entry(p.to_string())
-            .or_insert_with(|| super::load_policy(&resolve(p)).map_err(|e| e.join("\n")))
+            .or_insert_with(|| {
+                let site = site
+                    .as_ref()
+                    .ok_or_else(|| "the site file has problems".to_string())?;
+                super::load_policy(&resolve(p), site)
+                    .map(|(p, _)| p)
+                    .map_err(|e| e.join("\n"))
+            })
             .clone()
     };
     let default_policy = load_policy(raw.policy.get_ref());
@@ -288,7 +312,7 @@ pub fn run_file(path: &Path, filter: Option<&str>) -> FileResult {
         },
         None => State::default(),
     };
-    let (Some(site), Ok(default_policy)) = (site, default_policy) else {
+    let (Some(site), Ok(default_policy)) = (site.as_ref(), default_policy) else {
         return result;
     };
     if !result.problems.is_empty() {
@@ -577,6 +601,35 @@ fn check(site: &Site, e: &Expect, state: &State, decisions: &[Decision]) -> Resu
                 "expect.observed_holds: job {job} expected held in observe mode, got not held (observed holds: {})",
                 list(state.observed_holds.keys())
             ));
+        }
+    }
+    for job in &e.suspended {
+        if !state.suspended.contains_key(job) {
+            return Err(format!(
+                "expect.suspended: job {job} expected suspended, got not suspended (suspended: {})",
+                list(state.suspended.keys())
+            ));
+        }
+    }
+    for (i, c) in e.clocks.iter().enumerate() {
+        let what = match (&c.gpu, &c.rack) {
+            (Some(g), None) => g.clone(),
+            (None, Some(r)) if r.contains('/') => r.clone(),
+            (None, Some(r)) => format!("rack/{r}"),
+            _ => return Err(format!("expect.clocks[{i}]: give one of gpu or rack")),
+        };
+        for g in gpus_under(site, &what).map_err(|m| format!("expect.clocks[{i}]: {m}"))? {
+            let got = state.clocks.get(&g);
+            if !got.is_some_and(|l| c.mhz.is_none_or(|m| (l.mhz - m).abs() < 0.5)) {
+                return Err(format!(
+                    "expect.clocks[{i}]: {g} expected locked{}, got {}",
+                    c.mhz.map_or(String::new(), |m| format!(" at {m} MHz")),
+                    got.map_or("unlocked".to_string(), |l| format!(
+                        "{:.0} MHz ({})",
+                        l.mhz, l.rule
+                    ))
+                ));
+            }
         }
     }
     for job in &e.released {

@@ -35,9 +35,12 @@ impl Diff {
 }
 
 /// Compares two policies and their plans on the same world.
-pub fn diff(old: &Policy, new: &Policy, w: &World, a: &Plan, b: &Plan) -> Diff {
+/// `old` and `new` are the policies with their texts.
+pub fn diff(old: (&Policy, &str), new: (&Policy, &str), w: &World, a: &Plan, b: &Plan) -> Diff {
+    let mut r = rules(old.0, new.0);
+    r.extend(rule_tables(old, new));
     Diff {
-        rules: rules(old, new),
+        rules: r,
         caps: caps(w, &a.state.caps, &b.state.caps),
         observed_caps: caps(w, &a.state.observed_caps, &b.state.observed_caps),
         holds: holds(&a.state.holds, &b.state.holds),
@@ -85,6 +88,65 @@ pub fn rules(old: &Policy, new: &Policy) -> Vec<String> {
     }
     for name in b.keys().filter(|n| !a.contains_key(*n)) {
         out.push(format!("added {name}"));
+    }
+    out
+}
+
+/// The `[[rules]]` added, removed and changed, by name: changed as the engine sees them
+/// (positions in the file aside), described by the keys of their tables as written.
+pub fn rule_tables(old: (&Policy, &str), new: (&Policy, &str)) -> Vec<String> {
+    let compiled = |p: &Policy| -> BTreeMap<String, policies::rules::Rule> {
+        p.rules
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                (r.at, r.select_at, r.action_at) = (0, 0, 0);
+                (r.name.clone(), r)
+            })
+            .collect()
+    };
+    let written = |src: &str| -> BTreeMap<String, Value> {
+        let t: toml::Table = toml::from_str(src).unwrap_or_default();
+        let mut out = BTreeMap::new();
+        if let Some(toml::Value::Array(rules)) = t.get("rules") {
+            for r in rules {
+                let v = serde_json::to_value(r).unwrap_or(Value::Null);
+                if let Some(name) = v.get("name").and_then(Value::as_str) {
+                    out.insert(name.to_string(), v.clone());
+                }
+            }
+        }
+        out
+    };
+    let (a, b) = (compiled(old.0), compiled(new.0));
+    let (wa, wb) = (written(old.1), written(new.1));
+    let mut out = Vec::new();
+    for (name, ra) in &a {
+        match b.get(name) {
+            None => out.push(format!("removed rules.{name}")),
+            Some(rb) if rb != ra => {
+                let (mut fa, mut fb) = (BTreeMap::new(), BTreeMap::new());
+                flatten("", wa.get(name).unwrap_or(&Value::Null), &mut fa);
+                flatten("", wb.get(name).unwrap_or(&Value::Null), &mut fb);
+                let keys: std::collections::BTreeSet<&String> =
+                    fa.keys().chain(fb.keys()).collect();
+                let fields: Vec<String> = keys
+                    .into_iter()
+                    .filter(|k| fa.get(*k) != fb.get(*k))
+                    .map(|k| {
+                        let show = |v: Option<&Value>| {
+                            v.map_or("(default)".to_string(), |v| v.to_string())
+                        };
+                        format!("{k} {} → {}", show(fa.get(k)), show(fb.get(k)))
+                    })
+                    .collect();
+                out.push(format!("changed rules.{name}: {}", fields.join(", ")));
+            }
+            Some(_) => {}
+        }
+    }
+    for name in b.keys().filter(|n| !a.contains_key(*n)) {
+        out.push(format!("added rules.{name}"));
     }
     out
 }

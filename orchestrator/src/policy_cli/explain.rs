@@ -32,6 +32,40 @@ pub fn text(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> Strin
     caps(&mut s, w, &plan.state.caps);
     let _ = writeln!(s, "\nHOLDS IN FORCE AFTER THE TICK");
     holds(&mut s, &plan.state.holds);
+    if !plan.state.clocks.is_empty() {
+        let _ = writeln!(s, "\nCLOCKS LOCKED AFTER THE TICK");
+        let _ = writeln!(
+            s,
+            "  {:<10} {:>5} {:>9}  {:<16} LEASE UNTIL",
+            "RACK", "GPUS", "CLOCK", "RULE"
+        );
+        let mut rows: Vec<(String, usize, f64, String, String)> = Vec::new();
+        for g in w.site.gpus() {
+            let Some(c) = plan.state.clocks.get(&g.id) else {
+                continue;
+            };
+            match rows
+                .iter_mut()
+                .find(|r| r.0 == g.rack.id && (r.2 - c.mhz).abs() < 0.5 && r.3 == c.rule)
+            {
+                Some(r) => r.1 += 1,
+                None => rows.push((
+                    g.rack.id.clone(),
+                    1,
+                    c.mhz,
+                    c.rule.clone(),
+                    c.lease_until.to_string(),
+                )),
+            }
+        }
+        for (rack, n, mhz, rule, lease) in rows {
+            let _ = writeln!(s, "  {rack:<10} {n:>5} {mhz:>5.0} MHz  {rule:<16} {lease}");
+        }
+    }
+    if !plan.state.suspended.is_empty() {
+        let _ = writeln!(s, "\nSUSPENDED JOBS AFTER THE TICK");
+        holds(&mut s, &plan.state.suspended);
+    }
     let (observe, disabled) = rule_modes(policy);
     let _ = writeln!(
         s,

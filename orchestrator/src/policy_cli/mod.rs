@@ -60,8 +60,7 @@ pub struct World {
 impl World {
     /// Reads every input; every problem of every file at once.
     pub fn load(a: &InputArgs) -> Result<World, Problems> {
-        let (n, t) = inputs::read(&a.site)?;
-        let site = Site::parse(&n, &t).map_err(|e| vec![e.to_string()])?;
+        let site = load_site(&a.site)?;
         let mut problems = Vec::new();
         let (sn, st) = inputs::read(&a.snapshot)?;
         let file = inputs::SnapshotFile::parse(&sn, &st)?;
@@ -143,10 +142,18 @@ impl World {
     }
 }
 
-/// Reads and checks a policy file.
-pub fn load_policy(path: &Path) -> Result<Policy, Problems> {
+/// Reads and checks a policy file, against the site as `serve` does; with its text.
+pub fn load_policy(path: &Path, site: &Site) -> Result<(Policy, String), Problems> {
     let (n, t) = inputs::read(path)?;
-    Policy::parse(&n, &t).map_err(|e| vec![e.to_string()])
+    crate::reload::validate(&n, &t, site)
+        .map(|p| (p, t))
+        .map_err(|e| vec![e])
+}
+
+/// Reads the site file.
+pub fn load_site(path: &Path) -> Result<Site, Problems> {
+    let (n, t) = inputs::read(path)?;
+    Site::parse(&n, &t).map_err(|e| vec![e.to_string()])
 }
 
 /// Caps grouped by rack, rule and watts, in site order: (rack, rule, watts, GPUs, cap).
@@ -184,6 +191,13 @@ pub fn rule_modes(policy: &Policy) -> (Vec<String>, Vec<String>) {
             disabled.push(name);
         } else if unit.get("observe") == Some(&Value::Bool(true)) {
             observe.push(name);
+        }
+    }
+    for r in &policy.rules {
+        if !r.enabled {
+            disabled.push(r.id());
+        } else if r.observe {
+            observe.push(r.id());
         }
     }
     (observe, disabled)
@@ -268,12 +282,12 @@ pub struct TestArgs {
 
 /// Runs `policy explain`: exit 0, or 1 on a problem with the inputs.
 pub fn explain_cmd(a: &ExplainArgs) -> anyhow::Result<std::process::ExitCode> {
-    let policy = match load_policy(&a.policy) {
-        Ok(p) => p,
-        Err(e) => return Ok(report(&e)),
-    };
     let world = match World::load(&a.inputs) {
         Ok(w) => w,
+        Err(e) => return Ok(report(&e)),
+    };
+    let policy = match load_policy(&a.policy, &world.site) {
+        Ok((p, _)) => p,
         Err(e) => return Ok(report(&e)),
     };
     let plan = world.evaluate(&policy);
@@ -297,7 +311,14 @@ pub fn diff_cmd(a: &DiffArgs) -> anyhow::Result<std::process::ExitCode> {
         }
         Ok(std::process::ExitCode::from(2))
     };
-    let (old, new) = match (load_policy(&a.old), load_policy(&a.new)) {
+    let world = match World::load(&a.inputs) {
+        Ok(w) => w,
+        Err(e) => return fail(&e),
+    };
+    let ((old, old_src), (new, new_src)) = match (
+        load_policy(&a.old, &world.site),
+        load_policy(&a.new, &world.site),
+    ) {
         (Ok(o), Ok(n)) => (o, n),
         (o, n) => {
             let mut p = o.err().unwrap_or_default();
@@ -305,12 +326,8 @@ pub fn diff_cmd(a: &DiffArgs) -> anyhow::Result<std::process::ExitCode> {
             return fail(&p);
         }
     };
-    let world = match World::load(&a.inputs) {
-        Ok(w) => w,
-        Err(e) => return fail(&e),
-    };
     let (pa, pb) = (world.evaluate(&old), world.evaluate(&new));
-    let d = diff::diff(&old, &new, &world, &pa, &pb);
+    let d = diff::diff((&old, &old_src), (&new, &new_src), &world, &pa, &pb);
     let (on, nn) = (a.old.display().to_string(), a.new.display().to_string());
     if a.format == "json" {
         println!(
