@@ -558,3 +558,52 @@ fn serve_swaps_in_a_valid_edit_and_keeps_running_through_a_broken_one() {
     );
     assert!(log.contains("policy reloaded"), "{log}");
 }
+
+#[test]
+fn with_polling_off_serve_rereads_its_policy_on_sighup_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::copy(root().join(SITE), d.join("site.toml")).expect("site");
+    let policy = "version = 1\n";
+    save(&d.join("policy.toml"), policy);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.2\npolicy_reload_s = 0\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"grafana\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n"
+        ),
+    )
+    .expect("config");
+    let mut serve = powerplane()
+        .args(["serve", "--run-for-s", "30", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve");
+    wait_for(port, "/api/v1/policy", "serve up", |v| {
+        v["sha256"] == sha256_hex(policy)
+    });
+    let edited = "version = 1\n[thermal]\nstep_pct = 20\n";
+    save(&d.join("policy.toml"), edited);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        get_json(port, "/api/v1/policy")["sha256"],
+        sha256_hex(policy),
+        "no polling: the edit waits for SIGHUP"
+    );
+    let hup = Command::new("kill")
+        .args(["-HUP", &serve.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    let p = wait_for(port, "/api/v1/policy", "reloaded on SIGHUP", |v| {
+        v["sha256"] == sha256_hex(edited)
+    });
+    assert_eq!(p["reloads"]["ok"], 1);
+    let _ = serve.kill();
+    let _ = serve.wait();
+}

@@ -570,7 +570,15 @@ pub fn jobs_file(file: &str, src: &str, site: &Site, now: Timestamp) -> Result<V
         };
         let mut out = Vec::new();
         let mut problems = Vec::new();
-        for (i, j) in list.into_iter().enumerate() {
+        for (i, mut j) in list.into_iter().enumerate() {
+            // `/api/v1/jobs` lists {"job": {...}, "held": ...}
+            if let Some(inner) = j
+                .get_mut("job")
+                .filter(|v| v.is_object())
+                .map(std::mem::take)
+            {
+                j = inner;
+            }
             match serde_json::from_value::<RawJob>(j) {
                 Ok(j) => out.push((Pos::Path(format!("jobs[{i}]")), j)),
                 Err(e) => problems.push(format!("{file}: jobs[{i}]: {e}")),
