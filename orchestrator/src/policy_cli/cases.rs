@@ -343,7 +343,7 @@ pub fn run_file(path: &Path, filter: Option<&str>) -> FileResult {
         };
         let failure = match (policy, prior, case_start) {
             (Ok(policy), Ok(prior), Ok(t0)) => {
-                run_case(&file, &src, &site, &policy, prior, t0, case).err()
+                run_case(&file, &src, site, &policy, prior, t0, case).err()
             }
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 Some(inputs::at(&file, &src, &inputs::Pos::Span(c.span()), &e))
