@@ -784,3 +784,5 @@ fn preempt(
     }
     let _ = RuleAction::Hold;
 }
+#[cfg(test)]
+mod rules_tests;

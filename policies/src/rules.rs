@@ -833,6 +833,85 @@ mod tests {
     }
 
     #[test]
+    fn policy_check_reports_every_problem_with_its_position() {
+        let src = r#"version = 1
+
+[[rules]]
+name = "flap"
+scope = "rack"
+when = "inlet_temp_c > 32 for 30s"
+release = "inlet_temp_c < 34"
+action = { cap_pct = 80 }
+
+[[rules]]
+name = "typo"
+scope = "rack"
+when = "inlet_temp > 30"
+action = { cap_w = 250 }
+
+[[rules]]
+name = "hot"
+scope = "racks"
+action = { cap_pct = 80 }
+
+[[rules]]
+name = "boil"
+scope = "rack"
+when = "inlet_temp_c > 500"
+action = { cap_w = 250 }
+
+[[rules]]
+name = "defer"
+scope = "job"
+select = { class = "batch" }
+when = "price > 0.3"
+action = { hold = true }
+
+[[rules]]
+name = "undefer"
+scope = "job"
+select = { class = "batch" }
+when = "price > 0.3"
+action = { release = true }
+
+[[rules]]
+name = "two"
+scope = "rack"
+action = { cap_w = 200, hold = true }
+
+[[rules]]
+name = "bad-syntax"
+scope = "rack"
+when = "inlet_temp_c >> 3"
+action = { cap_w = 200 }
+
+[[rules]]
+name = "wrong-scope"
+scope = "rack"
+select = { class = "batch" }
+when = "job.wait_s > 60"
+action = { hold = true }
+"#;
+        let err = crate::Policy::parse("p.toml", src).expect_err("invalid");
+        let text = err.to_string();
+        for want in [
+            "p.toml:7:11: rule `flap`: release `inlet_temp_c < 34` can hold together with when",
+            "p.toml:13:9: rule `typo`: unknown metric `inlet_temp` (did you mean inlet_temp_c?)",
+            "p.toml:18:9: rule `hot`: unknown scope `racks`",
+            "p.toml:24:9: rule `boil`: impossible threshold: inlet_temp_c > 500 is never true",
+            "p.toml:35:8: rule `undefer` contradicts rule `defer`",
+            "p.toml:44:10: rule `two`: one action per rule (found cap_w, hold)",
+            "p.toml:49:23: rule `bad-syntax`: when: expected a number or a signal",
+            "p.toml:55:10: rule `wrong-scope`: class, project, user, priority, deferrable and preemptible select jobs",
+            "p.toml:56:9: rule `wrong-scope`: job signals need scope = \"job\"",
+            "p.toml:57:10: rule `wrong-scope`: hold acts on jobs; use scope = \"job\"",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        assert_eq!(err.problems.len(), 10, "{text}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("30s"), Ok(30.0));
         assert_eq!(parse_duration("1h30m"), Ok(5400.0));
