@@ -318,7 +318,8 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let (n, t) = read(&cfg.controller.site, base)?;
     let site = Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (n, t) = read(&cfg.controller.policy, base)?;
-    let policy = Policy::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // checked against the site, as a reload is
+    let policy = crate::reload::validate(&n, &t, &site).map_err(anyhow::Error::msg)?;
     let mapping = match &cfg.mqtt {
         Some(m) => {
             let (n, t) = read(&m.mapping, base)?;
