@@ -607,3 +607,67 @@ fn with_polling_off_serve_rereads_its_policy_on_sighup_only() {
     let _ = serve.kill();
     let _ = serve.wait();
 }
+
+#[test]
+fn diff_and_explain_follow_rules_by_name() {
+    const RULES: &str = "examples/policies/row-b-rules.toml";
+    let src = std::fs::read_to_string(root().join(RULES)).expect("rules policy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let new = dir.path().join("new.toml");
+    let edited = src.replace("action = { cap_pct = 80 }", "action = { cap_pct = 70 }")
+        + "\n[[rules]]\nname = \"night-cap\"\nscope = \"rack\"\nwhen = \"hour >= 23\"\naction = { cap_w = 250 }\n";
+    let edited = edited.replacen("name = \"carbon-batch\"", "name = \"carbon-jobs\"", 1);
+    std::fs::write(&new, &edited).expect("write");
+    let out = powerplane()
+        .args(["policy", "diff", RULES])
+        .arg(&new)
+        .args(["--site", SITE, "--snapshot", SNAPSHOT, "--format", "json"])
+        .current_dir(root())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rules: Vec<&str> = v["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert!(
+        rules.contains(&"changed rules.hot-aisle-b: action.cap_pct 80 → 70"),
+        "{rules:?}"
+    );
+    assert!(rules.contains(&"added rules.night-cap"), "{rules:?}");
+    assert!(rules.contains(&"added rules.carbon-jobs"), "{rules:?}");
+    assert!(rules.contains(&"removed rules.carbon-batch"), "{rules:?}");
+    assert_eq!(v["same"], false);
+
+    let out = run(&[
+        "policy",
+        "explain",
+        "--policy",
+        RULES,
+        "--site",
+        SITE,
+        "--snapshot",
+        SNAPSHOT,
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        v["observe_mode"],
+        serde_json::json!(["rules.row-a-expensive-hours"])
+    );
+    assert_eq!(v["disabled"], serde_json::json!(["thermal"]));
+    // the snapshot's price (0.31) is over the trial rule's 0.25: row A capped, observed only
+    assert_eq!(v["caps_by_rack"], serde_json::json!([]));
+    let observed: Vec<&str> = v["observed_caps_by_rack"]
+        .as_array()
+        .expect("observed")
+        .iter()
+        .filter_map(|c| c["rack"].as_str())
+        .collect();
+    assert_eq!(observed, ["a01", "a02", "a03"]);
+}
