@@ -378,6 +378,7 @@ fn run_case(
     if case.ticks.is_empty() {
         return Err("the case has no [[case.tick]]".into());
     }
+    let names = inputs::Names::new(site);
     let mut snapshot = Snapshot::new();
     let mut signals: BTreeMap<(EntityId, String), Signal> = BTreeMap::new();
     let mut jobs: Vec<Job> = Vec::new();
@@ -402,7 +403,7 @@ fn run_case(
         // in order: a later reading of the same entity and metric replaces an earlier one
         for r in &tick.readings {
             if r.stop {
-                let ids = inputs::entities(site, &r.entity).map_err(&problem)?;
+                let ids = names.resolve(&r.entity).map_err(&problem)?;
                 let n = signals.len();
                 signals.retain(|(e, m), _| !(m == &r.metric && ids.contains(e)));
                 if signals.len() == n {
@@ -413,7 +414,7 @@ fn run_case(
                 }
                 continue;
             }
-            for sample in r.samples(site, now, "test").map_err(&problem)? {
+            for sample in r.samples(&names, now, "test").map_err(&problem)? {
                 signals.insert(
                     (sample.entity.clone(), sample.metric.as_str().to_string()),
                     Signal {
@@ -440,7 +441,7 @@ fn run_case(
                 .map_err(|e| problem(e.to_string()))?;
         }
         for j in &tick.jobs {
-            let job = j.job(site, now).map_err(problem)?;
+            let job = j.job(&names, now).map_err(problem)?;
             match jobs.iter_mut().find(|o| o.id == job.id) {
                 Some(o) => *o = job,
                 None => jobs.push(job),
@@ -479,7 +480,7 @@ fn run_case(
             now,
         );
         if let Some(e) = &tick.expect {
-            check(site, e, &plan.state, &plan.decisions).map_err(|m| {
+            check(&names, e, &plan.state, &plan.decisions).map_err(|m| {
                 let (line, _) = telemetry::diag::line_col(src, t.span().start);
                 format!("tick {} ({}, {file}:{line}): {m}", i + 1, tick.at)
             })?;
@@ -490,8 +491,9 @@ fn run_case(
 }
 
 /// The site's GPUs under an entity or pattern (a GPU, node, rack, row or the site).
-fn gpus_under(site: &Site, what: &str) -> Result<Vec<EntityId>, String> {
-    let ids = inputs::entities(site, what)?;
+fn gpus_under(names: &inputs::Names<'_>, what: &str) -> Result<Vec<EntityId>, String> {
+    let site = names.site;
+    let ids = names.resolve(what)?;
     let mut out = Vec::new();
     for g in site.gpus() {
         let under = ids.iter().any(|e| match e.kind {
@@ -516,7 +518,12 @@ fn show(c: Option<&policies::Cap>) -> String {
     super::cap_text(c)
 }
 
-fn check(site: &Site, e: &Expect, state: &State, decisions: &[Decision]) -> Result<(), String> {
+fn check(
+    names: &inputs::Names<'_>,
+    e: &Expect,
+    state: &State,
+    decisions: &[Decision],
+) -> Result<(), String> {
     for (i, c) in e.caps.iter().enumerate() {
         let what = match (&c.gpu, &c.rack) {
             (Some(g), None) => g.clone(),
@@ -552,7 +559,7 @@ fn check(site: &Site, e: &Expect, state: &State, decisions: &[Decision]) -> Resu
         } else {
             format!("capped {}", want.join(", "))
         };
-        for g in gpus_under(site, &what).map_err(|m| format!("expect.caps[{i}]: {m}"))? {
+        for g in gpus_under(names, &what).map_err(|m| format!("expect.caps[{i}]: {m}"))? {
             let got = caps.get(&g);
             let ok = got.is_some_and(|cap| {
                 c.watts.is_none_or(|w| (cap.watts - w).abs() < 0.5)
@@ -570,7 +577,7 @@ fn check(site: &Site, e: &Expect, state: &State, decisions: &[Decision]) -> Resu
         }
     }
     for what in &e.uncapped {
-        for g in gpus_under(site, what).map_err(|m| format!("expect.uncapped: {m}"))? {
+        for g in gpus_under(names, what).map_err(|m| format!("expect.uncapped: {m}"))? {
             if let Some(c) = state.caps.get(&g) {
                 return Err(format!(
                     "expect.uncapped: {g} ({what}) expected uncapped, got {}",
@@ -618,7 +625,7 @@ fn check(site: &Site, e: &Expect, state: &State, decisions: &[Decision]) -> Resu
             (None, Some(r)) => format!("rack/{r}"),
             _ => return Err(format!("expect.clocks[{i}]: give one of gpu or rack")),
         };
-        for g in gpus_under(site, &what).map_err(|m| format!("expect.clocks[{i}]: {m}"))? {
+        for g in gpus_under(names, &what).map_err(|m| format!("expect.clocks[{i}]: {m}"))? {
             let got = state.clocks.get(&g);
             if !got.is_some_and(|l| c.mhz.is_none_or(|m| (l.mhz - m).abs() < 0.5)) {
                 return Err(format!(

@@ -138,24 +138,43 @@ pub fn glob(pattern: &str, text: &str) -> bool {
     pi == p.len()
 }
 
-/// The site's entities an id or pattern names (`rack/a01`, `gpu/a01-*`, `gpu/*`).
-pub fn entities(site: &Site, pattern: &str) -> Result<Vec<EntityId>, String> {
-    if pattern.contains('*') {
-        let found: Vec<EntityId> = site
-            .entities()
-            .into_iter()
-            .filter(|e| glob(pattern, &e.to_string()))
-            .collect();
-        if found.is_empty() {
-            return Err(format!("{pattern:?} matches no entity of the site"));
+/// The site's entities, to resolve ids and patterns against (built once per input).
+pub struct Names<'a> {
+    pub site: &'a Site,
+    all: std::collections::BTreeSet<EntityId>,
+}
+
+impl<'a> Names<'a> {
+    pub fn new(site: &'a Site) -> Self {
+        Names {
+            site,
+            all: site.entities(),
         }
-        return Ok(found);
     }
-    let id: EntityId = pattern.parse()?;
-    if !site.entities().contains(&id) {
-        return Err(format!("{id} is not an entity of the site {:?}", site.name));
+
+    /// The site's entities an id or pattern names (`rack/a01`, `gpu/a01-*`, `gpu/*`).
+    pub fn resolve(&self, pattern: &str) -> Result<Vec<EntityId>, String> {
+        if pattern.contains('*') {
+            let found: Vec<EntityId> = self
+                .all
+                .iter()
+                .filter(|e| glob(pattern, &e.to_string()))
+                .cloned()
+                .collect();
+            if found.is_empty() {
+                return Err(format!("{pattern:?} matches no entity of the site"));
+            }
+            return Ok(found);
+        }
+        let id: EntityId = pattern.parse()?;
+        if !self.all.contains(&id) {
+            return Err(format!(
+                "{id} is not an entity of the site {:?}",
+                self.site.name
+            ));
+        }
+        Ok(vec![id])
     }
-    Ok(vec![id])
 }
 
 /// One reading as written in a snapshot file or a test tick.
@@ -186,7 +205,7 @@ impl RawReading {
     /// The samples this reading stands for at `now`.
     pub fn samples(
         &self,
-        site: &Site,
+        names: &Names<'_>,
         now: Timestamp,
         source: &str,
     ) -> Result<Vec<Sample>, String> {
@@ -213,7 +232,7 @@ impl RawReading {
             }
             (None, a) => now.plus_secs(-a.unwrap_or(0.0)),
         };
-        let ids = entities(site, &self.entity)?;
+        let ids = names.resolve(&self.entity)?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let mut s = Sample::new(
@@ -407,8 +426,9 @@ impl SnapshotFile {
         // a later reading of the same entity and metric replaces an earlier one (a
         // pattern first, then the exceptions), whatever their ages
         let mut latest: BTreeMap<(EntityId, String), (Sample, &Pos)> = BTreeMap::new();
+        let names = Names::new(site);
         for (pos, r) in &self.readings {
-            match r.samples(site, now, &self.file) {
+            match r.samples(&names, now, &self.file) {
                 Ok(samples) => {
                     for s in samples {
                         latest.insert((s.entity.clone(), s.metric.as_str().to_string()), (s, pos));
@@ -487,7 +507,7 @@ pub struct RawJob {
 
 impl RawJob {
     /// The job, with defaults, and times (RFC 3339 or offsets) placed relative to `now`.
-    pub fn job(&self, site: &Site, now: Timestamp) -> Result<Job, String> {
+    pub fn job(&self, names: &Names<'_>, now: Timestamp) -> Result<Job, String> {
         if self.id.trim().is_empty() {
             return Err("a job needs a non-empty id".into());
         }
@@ -498,7 +518,9 @@ impl RawJob {
         };
         let mut allocated = Vec::new();
         for a in &self.allocated {
-            let ids = entities(site, a).map_err(|e| format!("job {}: allocated: {e}", self.id))?;
+            let ids = names
+                .resolve(a)
+                .map_err(|e| format!("job {}: allocated: {e}", self.id))?;
             if let Some(bad) = ids.iter().find(|e| e.kind != telemetry::EntityKind::Gpu) {
                 return Err(format!("job {}: allocated: {bad} is not a GPU", self.id));
             }
@@ -597,8 +619,9 @@ pub fn jobs_file(file: &str, src: &str, site: &Site, now: Timestamp) -> Result<V
     };
     let mut problems = Vec::new();
     let mut jobs: Vec<Job> = Vec::new();
+    let names = Names::new(site);
     for (pos, r) in raw {
-        match r.job(site, now) {
+        match r.job(&names, now) {
             Ok(j) if jobs.iter().any(|o| o.id == j.id) => problems.push(at(
                 file,
                 src,
