@@ -54,6 +54,21 @@ fn the_shipped_policy_tests_pass_one_line_per_case() {
         }
     }
     assert!(cases >= 5, "the examples hold {cases} cases");
+    // every shipped example policy has tests
+    let tests: String = std::fs::read_dir(root().join("examples/policies/tests"))
+        .expect("dir")
+        .filter_map(|e| std::fs::read_to_string(e.expect("entry").path()).ok())
+        .collect();
+    for e in std::fs::read_dir(root().join("examples/policies")).expect("dir") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let name = p.file_name().expect("name").to_string_lossy().to_string();
+            assert!(
+                tests.contains(&format!("policy = \"../{name}\"")),
+                "no test file names examples/policies/{name}"
+            );
+        }
+    }
     let passed = stdout
         .lines()
         .filter(|l| l.trim_start().starts_with("PASS "))

@@ -97,6 +97,9 @@ struct Expect {
     /// Locked clocks: `{ gpu = "...", mhz = 1200 }` or `{ rack = "a01", mhz = 1200 }`.
     #[serde(default)]
     clocks: Vec<ClockExpect>,
+    /// No GPU under these entities has a locked clock.
+    #[serde(default)]
+    unlocked: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -635,6 +638,16 @@ fn check(
                         "{:.0} MHz ({})",
                         l.mhz, l.rule
                     ))
+                ));
+            }
+        }
+    }
+    for what in &e.unlocked {
+        for g in gpus_under(names, what).map_err(|m| format!("expect.unlocked: {m}"))? {
+            if let Some(l) = state.clocks.get(&g) {
+                return Err(format!(
+                    "expect.unlocked: {g} ({what}) expected unlocked, got {:.0} MHz ({})",
+                    l.mhz, l.rule
                 ));
             }
         }
