@@ -686,3 +686,69 @@ fn diff_and_explain_follow_rules_by_name() {
         .collect();
     assert_eq!(observed, ["a01", "a02", "a03"]);
 }
+
+#[test]
+fn explain_chained_by_state_shows_a_rule_with_a_duration_and_diff_its_clock_change() {
+    const EMERGENCY: &str = "examples/policies/emergency.toml";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let snap = dir.path().join("snapshot.toml");
+    std::fs::write(
+        &snap,
+        "at = \"2026-01-05T12:00:00Z\"\nreadings = [\n  { entity = \"gpu/*\", metric = \"power_w\", value = 120 },\n  { entity = \"rack/*\", metric = \"inlet_temp_c\", value = 25 },\n  { entity = \"rack/b02\", metric = \"inlet_temp_c\", value = 34 },\n  { entity = \"site/demo-hall\", metric = \"power_w\", value = 20000 },\n]\n",
+    )
+    .expect("write");
+    let explain = |extra: &[&str]| {
+        let out = powerplane()
+            .args(["policy", "explain", "--policy", EMERGENCY, "--site", SITE])
+            .arg("--snapshot")
+            .arg(&snap)
+            .args(extra)
+            .current_dir(root())
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // cooling-overload needs a minute over 33 °C: nothing locked on the first tick
+    let t0 = explain(&["--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&t0).expect("json");
+    assert!(v["state"]["clocks"].is_null(), "{}", v["state"]);
+    let prior = dir.path().join("t0.json");
+    std::fs::write(&prior, &t0).expect("write");
+    let p = prior.to_str().expect("utf-8");
+    let t1 = explain(&["--state", p, "--at", "+1m"]);
+    assert!(
+        t1.contains("rules.cooling-overload lock clocks at 1200 MHz on 32 GPUs of rack/b02"),
+        "{t1}"
+    );
+    assert!(t1.contains("release: inlet_temp_c < 30 for 5m"), "{t1}");
+    assert!(t1.contains("CLOCKS LOCKED AFTER THE TICK"), "{t1}");
+
+    let new = dir.path().join("new.toml");
+    let src = std::fs::read_to_string(root().join(EMERGENCY)).expect("policy");
+    std::fs::write(
+        &new,
+        src.replace("lock_clocks_mhz = 1200", "lock_clocks_mhz = 1000"),
+    )
+    .expect("write");
+    let out = powerplane()
+        .args(["policy", "diff", EMERGENCY])
+        .arg(&new)
+        .args(["--site", SITE, "--snapshot"])
+        .arg(&snap)
+        .args(["--state", p, "--at", "+1m"])
+        .current_dir(root())
+        .output()
+        .expect("run");
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("b02"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        line.contains("1200 MHz (rules.cooling-overload)")
+            && line.contains("1000 MHz (rules.cooling-overload)"),
+        "{line}"
+    );
+}

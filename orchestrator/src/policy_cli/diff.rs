@@ -22,6 +22,10 @@ pub struct Diff {
     /// (job, old, new): who holds it.
     pub holds: Vec<(String, String, String)>,
     pub observed_holds: Vec<(String, String, String)>,
+    /// Per rack: (GPUs, old clock lock, new clock lock).
+    pub clocks: Vec<(String, usize, String, String)>,
+    /// (job, old, new): who suspends it.
+    pub suspended: Vec<(String, String, String)>,
 }
 
 impl Diff {
@@ -31,6 +35,8 @@ impl Diff {
             && self.observed_caps.is_empty()
             && self.holds.is_empty()
             && self.observed_holds.is_empty()
+            && self.clocks.is_empty()
+            && self.suspended.is_empty()
     }
 }
 
@@ -43,8 +49,12 @@ pub fn diff(old: (&Policy, &str), new: (&Policy, &str), w: &World, a: &Plan, b: 
         rules: r,
         caps: caps(w, &a.state.caps, &b.state.caps),
         observed_caps: caps(w, &a.state.observed_caps, &b.state.observed_caps),
-        holds: holds(&a.state.holds, &b.state.holds),
-        observed_holds: holds(&a.state.observed_holds, &b.state.observed_holds),
+        holds: holds(&a.state.holds, &b.state.holds, "held"),
+        observed_holds: holds(&a.state.observed_holds, &b.state.observed_holds, "held"),
+        clocks: by_rack(w, &a.state.clocks, &b.state.clocks, "unlocked", |c| {
+            (format!("{:.0} MHz ({})", c.mhz, c.rule), c.mhz)
+        }),
+        suspended: holds(&a.state.suspended, &b.state.suspended, "suspended"),
     }
 }
 
@@ -174,18 +184,32 @@ fn caps(
     a: &BTreeMap<telemetry::EntityId, Cap>,
     b: &BTreeMap<telemetry::EntityId, Cap>,
 ) -> Vec<(String, usize, String, String)> {
+    by_rack(w, a, b, "uncapped", |c| (cap_text(Some(c)), c.watts))
+}
+
+/// GPUs whose entry differs, grouped by rack and by old and new text; `show` gives an
+/// entry's text and value (the same text within 0.5 of the value is no change), `none`
+/// the text for no entry.
+fn by_rack<T>(
+    w: &World,
+    a: &BTreeMap<telemetry::EntityId, T>,
+    b: &BTreeMap<telemetry::EntityId, T>,
+    none: &str,
+    show: impl Fn(&T) -> (String, f64),
+) -> Vec<(String, usize, String, String)> {
     let mut out: Vec<(String, usize, String, String)> = Vec::new();
     for g in w.site.gpus() {
-        let (x, y) = (a.get(&g.id), b.get(&g.id));
-        let same = match (x, y) {
+        let (x, y) = (a.get(&g.id).map(&show), b.get(&g.id).map(&show));
+        let same = match (&x, &y) {
             (None, None) => true,
-            (Some(x), Some(y)) => (x.watts - y.watts).abs() < 0.5 && x.rule == y.rule,
+            (Some(x), Some(y)) => (x.1 - y.1).abs() < 0.5 && x.0 == y.0,
             _ => false,
         };
         if same {
             continue;
         }
-        let (tx, ty) = (cap_text(x), cap_text(y));
+        let text = |v: Option<(String, f64)>| v.map_or(none.to_string(), |v| v.0);
+        let (tx, ty) = (text(x), text(y));
         match out
             .iter_mut()
             .find(|e| e.0 == g.rack.id && e.2 == tx && e.3 == ty)
@@ -197,9 +221,14 @@ fn caps(
     out
 }
 
-fn holds(a: &BTreeMap<String, Hold>, b: &BTreeMap<String, Hold>) -> Vec<(String, String, String)> {
+/// Jobs held (or suspended: `verb`) by one and not the other, or by another rule.
+fn holds(
+    a: &BTreeMap<String, Hold>,
+    b: &BTreeMap<String, Hold>,
+    verb: &str,
+) -> Vec<(String, String, String)> {
     let show =
-        |h: Option<&Hold>| h.map_or("not held".to_string(), |h| format!("held ({})", h.rule));
+        |h: Option<&Hold>| h.map_or(format!("not {verb}"), |h| format!("{verb} ({})", h.rule));
     let jobs: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     jobs.into_iter()
         .filter(|j| a.get(*j).map(|h| &h.rule) != b.get(*j).map(|h| &h.rule))
@@ -229,10 +258,16 @@ pub fn text(old_file: &str, new_file: &str, w: &World, d: &Diff) -> String {
         if caps.is_empty() {
             return;
         }
+        let wide = caps
+            .iter()
+            .map(|c| c.2.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(24);
         let _ = writeln!(s, "\n{title}");
-        let _ = writeln!(s, "  {:<10} {:>5}  {:<28} NEW", "RACK", "GPUS", "OLD");
+        let _ = writeln!(s, "  {:<10} {:>5}  {:<wide$}  NEW", "RACK", "GPUS", "OLD");
         for (rack, n, a, b) in caps {
-            let _ = writeln!(s, "  {rack:<10} {n:>5}  {a:<28} {b}");
+            let _ = writeln!(s, "  {rack:<10} {n:>5}  {a:<wide$}  {b}");
         }
     };
     cap_block(&mut s, "CAPS (GPUs whose cap differs)", &d.caps);
@@ -245,19 +280,27 @@ pub fn text(old_file: &str, new_file: &str, w: &World, d: &Diff) -> String {
         if holds.is_empty() {
             return;
         }
+        let wide = holds
+            .iter()
+            .map(|h| h.1.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(24);
         let _ = writeln!(s, "\n{title}");
-        let _ = writeln!(s, "  {:<20} {:<24} NEW", "JOB", "OLD");
+        let _ = writeln!(s, "  {:<20} {:<wide$}  NEW", "JOB", "OLD");
         for (job, a, b) in holds {
-            let _ = writeln!(s, "  {job:<20} {a:<24} {b}");
+            let _ = writeln!(s, "  {job:<20} {a:<wide$}  {b}");
         }
     };
+    cap_block(&mut s, "CLOCKS (GPUs whose clock lock differs)", &d.clocks);
     hold_block(
         &mut s,
         "HOLDS (jobs held by one and not the other)",
         &d.holds,
     );
     hold_block(&mut s, "OBSERVED HOLDS", &d.observed_holds);
-    if d.caps.is_empty() && d.holds.is_empty() {
+    hold_block(&mut s, "SUSPENDED JOBS", &d.suspended);
+    if d.caps.is_empty() && d.holds.is_empty() && d.clocks.is_empty() && d.suspended.is_empty() {
         let _ = writeln!(s, "\nthe plan in force is the same on these inputs");
     }
     s
@@ -285,5 +328,7 @@ pub fn json(old_file: &str, new_file: &str, w: &World, d: &Diff) -> Value {
         "observed_caps": caps(&d.observed_caps),
         "holds": holds(&d.holds),
         "observed_holds": holds(&d.observed_holds),
+        "clocks": caps(&d.clocks),
+        "suspended": holds(&d.suspended),
     })
 }

@@ -34,11 +34,6 @@ pub fn text(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> Strin
     holds(&mut s, &plan.state.holds);
     if !plan.state.clocks.is_empty() {
         let _ = writeln!(s, "\nCLOCKS LOCKED AFTER THE TICK");
-        let _ = writeln!(
-            s,
-            "  {:<10} {:>5} {:>9}  {:<16} LEASE UNTIL",
-            "RACK", "GPUS", "CLOCK", "RULE"
-        );
         let mut rows: Vec<(String, usize, f64, String, String)> = Vec::new();
         for g in w.site.gpus() {
             let Some(c) = plan.state.clocks.get(&g.id) else {
@@ -58,8 +53,17 @@ pub fn text(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> Strin
                 )),
             }
         }
+        let wide = rows.iter().map(|r| r.3.len()).max().unwrap_or(0).max(16);
+        let _ = writeln!(
+            s,
+            "  {:<10} {:>5} {:>9}  {:<wide$}  LEASE UNTIL",
+            "RACK", "GPUS", "CLOCK", "RULE"
+        );
         for (rack, n, mhz, rule, lease) in rows {
-            let _ = writeln!(s, "  {rack:<10} {n:>5} {mhz:>5.0} MHz  {rule:<16} {lease}");
+            let _ = writeln!(
+                s,
+                "  {rack:<10} {n:>5} {mhz:>5.0} MHz  {rule:<wide$}  {lease}"
+            );
         }
     }
     if !plan.state.suspended.is_empty() {
@@ -95,6 +99,7 @@ pub fn text(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> Strin
 
 fn decision(s: &mut String, n: usize, d: &Decision, state: &State, observed: bool) {
     let _ = writeln!(s, "  {n:>2}. {:<16} {} on {}", d.rule, d.action, d.target);
+    // (a rule name longer than the column pushes the action right; the line stays whole)
     if !d.reason.is_empty() {
         let _ = writeln!(s, "      why:     {}", d.reason);
     }
@@ -106,8 +111,10 @@ fn decision(s: &mut String, n: usize, d: &Decision, state: &State, observed: boo
         let _ = writeln!(s, "      release: {}", d.release);
     }
     // the lease: what ends it if nothing renews it
-    let lease = match &d.target {
-        policies::Target::Gpus { gpus, .. } => gpus.first().and_then(|g| {
+    // the lease of what the decision put in force (nothing for an uncap or a release)
+    use policies::{Action, Target};
+    let lease = match (&d.target, &d.action) {
+        (Target::Gpus { gpus, .. }, Action::Cap { .. }) => gpus.first().and_then(|g| {
             if observed {
                 state.observed_caps.get(g)
             } else {
@@ -115,12 +122,20 @@ fn decision(s: &mut String, n: usize, d: &Decision, state: &State, observed: boo
             }
             .map(|c| c.lease_until)
         }),
-        policies::Target::Job { job } => if observed {
+        (Target::Gpus { gpus, .. }, Action::LockClocks { .. }) => gpus
+            .first()
+            .and_then(|g| state.clocks.get(g))
+            .map(|c| c.lease_until),
+        (Target::Job { job }, Action::Hold { .. }) => if observed {
             state.observed_holds.get(job)
         } else {
             state.holds.get(job)
         }
         .map(|h| h.lease_until),
+        (Target::Job { job }, Action::Suspend { .. }) => {
+            state.suspended.get(job).map(|h| h.lease_until)
+        }
+        _ => None,
     };
     if let Some(l) = lease {
         let _ = writeln!(s, "      lease:   until {l} unless the next tick renews it");
@@ -137,15 +152,16 @@ fn caps(
         let _ = writeln!(s, "  none: every GPU at its default limit");
         return;
     }
+    let wide = groups.iter().map(|g| g.1.len()).max().unwrap_or(0).max(16);
     let _ = writeln!(
         s,
-        "  {:<10} {:>5} {:>8}  {:<16} {:<22} LEASE UNTIL",
+        "  {:<10} {:>5} {:>8}  {:<wide$}  {:<22} LEASE UNTIL",
         "RACK", "GPUS", "CAP", "RULE", "SINCE"
     );
     for (rack, rule, watts, gpus, cap) in groups {
         let _ = writeln!(
             s,
-            "  {:<10} {:>5} {:>6.0} W  {:<16} {:<22} {}",
+            "  {:<10} {:>5} {:>6.0} W  {:<wide$}  {:<22} {}",
             rack,
             gpus.len(),
             watts,
@@ -161,15 +177,21 @@ fn holds(s: &mut String, holds: &std::collections::BTreeMap<String, policies::Ho
         let _ = writeln!(s, "  none");
         return;
     }
+    let wide = holds
+        .values()
+        .map(|h| h.rule.len())
+        .max()
+        .unwrap_or(0)
+        .max(14);
     let _ = writeln!(
         s,
-        "  {:<20} {:<14} {:<22} {:<22} REASON",
+        "  {:<20} {:<wide$}  {:<22} {:<22} REASON",
         "JOB", "RULE", "SINCE", "LEASE UNTIL"
     );
     for (job, h) in holds {
         let _ = writeln!(
             s,
-            "  {:<20} {:<14} {:<22} {:<22} {}",
+            "  {:<20} {:<wide$}  {:<22} {:<22} {}",
             job,
             h.rule,
             h.since.to_string(),
