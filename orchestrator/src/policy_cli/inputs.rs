@@ -643,10 +643,16 @@ pub fn jobs_file(file: &str, src: &str, site: &Site, now: Timestamp) -> Result<V
 /// ...}`), or the output of `policy explain --format json` (its `state`).
 pub fn state_file(file: &str, src: &str) -> Result<State, Problems> {
     let v: serde_json::Value = serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
-    let v = match v.get("state") {
+    let mut v = match v.get("state") {
         Some(s) if v.get("decisions").is_some() => s.clone(),
         _ => v,
     };
+    // a part of it will do (`/api/v1/holds` gives holds and observed_holds)
+    if let Some(m) = v.as_object_mut() {
+        for k in ["caps", "holds", "thermal"] {
+            m.entry(k).or_insert_with(|| serde_json::json!({}));
+        }
+    }
     serde_json::from_value(v).map_err(|e| vec![format!("{file}: not a state: {e}")])
 }
 
