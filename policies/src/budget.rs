@@ -281,18 +281,18 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 /// Wanted caps per GPU, and what each scope looked like.
 pub fn evaluate(
     site: &Site,
+    gpus: &[GpuRef<'_>],
     snapshot: &Snapshot,
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
     now: Timestamp,
 ) -> (BTreeMap<EntityId, BudgetCap>, Vec<ScopeView>) {
-    let gpus = site.gpus();
     let priority = job_priority_by_gpu(jobs, &rule.cut_order);
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
-    for g in &gpus {
+    for g in gpus {
         let (draw, demand, was_stale) = gpu_demand(g, snapshot, prior, rule, now);
         stale += usize::from(was_stale);
         draws.push(draw);
@@ -307,7 +307,7 @@ pub fn evaluate(
     let mut views = Vec::new();
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
-    for scope in scopes(site, &gpus, rule) {
+    for scope in scopes(site, gpus, rule) {
         let limited: Vec<Claim> = scope
             .members
             .iter()
@@ -368,7 +368,7 @@ pub fn evaluate(
     // add before the next tick reserved
     let limited: Vec<Claim> = claims
         .iter()
-        .zip(&gpus)
+        .zip(gpus)
         .map(|(c, g)| Claim {
             demand_w: wanted
                 .get(&g.id)
@@ -388,7 +388,7 @@ pub fn evaluate(
         budget_kw,
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        queued_reserve_w(&gpus, &priority, jobs, prior),
+        queued_reserve_w(gpus, &priority, jobs, prior),
         &limited,
         &draws,
         rule,

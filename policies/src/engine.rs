@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use telemetry::site::GpuRef;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 
 use crate::budget::{self, ScopeView};
@@ -61,14 +62,18 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     let mut next = State::default();
     let mut pacing = None;
+    // the site's GPUs, listed once: every step below indexes into this
+    let index = rules_eval::Index::new(site, site.gpus());
+    let gpus = &index.gpus;
     if policy.budget.enabled {
-        let (wanted, views) = budget::evaluate(site, snapshot, jobs, prior, &policy.budget, now);
+        let (wanted, views) =
+            budget::evaluate(site, gpus, snapshot, jobs, prior, &policy.budget, now);
         pacing = views.last().map(|facility| price::Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
                 * (facility.budget_kw * (1.0 - policy.budget.margin) - facility.demand_kw)
                 * 1000.0,
-            watts_per_gpu: typical_gpu_w(site),
+            watts_per_gpu: typical_gpu_w(gpus),
         });
         let target = if policy.budget.observe {
             &mut observe
@@ -114,7 +119,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         } else {
             &mut enforce
         };
-        for g in site.gpus() {
+        for g in gpus {
             if let Some(l) = levels.get(&g.rack.id) {
                 offer(
                     target,
@@ -135,7 +140,6 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     }
 
     // the SREs' rules
-    let index = rules_eval::Index::new(site, site.gpus());
     let mut rule_wants: Vec<(&Rule, rules_eval::Wants)> = Vec::new();
     for rule in policy.rules.iter().filter(|r| r.enabled) {
         let empty = BTreeMap::new();
@@ -179,9 +183,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     }
 
     let mut decisions = Vec::new();
-    next.caps = settle(site, &prior.caps, &enforce, policy, now);
+    next.caps = settle(gpus, &prior.caps, &enforce, policy, now);
     cap_decisions(
         site,
+        gpus,
         &prior.caps,
         &next.caps,
         &why,
@@ -189,9 +194,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.observed_caps = settle(site, &prior.observed_caps, &observe, policy, now);
+    next.observed_caps = settle(gpus, &prior.observed_caps, &observe, policy, now);
     cap_decisions(
         site,
+        gpus,
         &prior.observed_caps,
         &next.observed_caps,
         &why,
@@ -260,8 +266,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
 /// What a busy GPU of this site may draw, for pacing releases: its default limit plus
 /// its share of its node's base power (the worst case, so releases never overshoot).
-fn typical_gpu_w(site: &Site) -> f64 {
-    let gpus = site.gpus();
+fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
     gpus.iter()
         .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
         .sum::<f64>()
@@ -308,7 +313,7 @@ fn budget_reason(v: &ScopeView) -> String {
 
 /// Turns wanted caps into caps in force: clamped, rate limited, with leases.
 fn settle(
-    site: &Site,
+    gpus: &[GpuRef<'_>],
     prior: &BTreeMap<EntityId, Cap>,
     wants: &BTreeMap<EntityId, Want>,
     policy: &Policy,
@@ -316,7 +321,7 @@ fn settle(
 ) -> BTreeMap<EntityId, Cap> {
     let b = &policy.budget;
     let mut out = BTreeMap::new();
-    for g in site.gpus() {
+    for g in gpus {
         let model = g.model;
         let old = prior.get(&g.id);
         let want = wants.get(&g.id);
@@ -360,14 +365,16 @@ fn settle(
             }
         };
         if let Some(c) = cap {
-            out.insert(g.id, c);
+            out.insert(g.id.clone(), c);
         }
     }
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cap_decisions(
     site: &Site,
+    all: &[GpuRef<'_>],
     prior: &BTreeMap<EntityId, Cap>,
     next: &BTreeMap<EntityId, Cap>,
     why: &Why,
@@ -375,9 +382,14 @@ fn cap_decisions(
     now: Timestamp,
     out: &mut Vec<Decision>,
 ) {
+    if prior.is_empty() && next.is_empty() {
+        return;
+    }
     // group changed GPUs by rack, rule and new value, in site order
     let mut groups: Groups = Vec::new();
-    for g in site.gpus() {
+    let mut at: std::collections::HashMap<(String, String, Option<i64>), usize> =
+        std::collections::HashMap::new();
+    for g in all {
         let (old, new) = (prior.get(&g.id), next.get(&g.id));
         let changed = match (old, new) {
             (None, None) => false,
@@ -393,9 +405,12 @@ fn cap_decisions(
             rule,
             new.map(|c| (c.watts * 10.0).round() as i64),
         );
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(g.id),
-            None => groups.push((key, vec![g.id])),
+        match at.get(&key) {
+            Some(&i) => groups[i].1.push(g.id.clone()),
+            None => {
+                at.insert(key.clone(), groups.len());
+                groups.push((key, vec![g.id.clone()]));
+            }
         }
     }
     for ((rack, rule, watts), gpus) in groups {
@@ -486,8 +501,9 @@ fn hold_decisions(
             }
         }
     }
+    let known: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     for job in prior.keys() {
-        if !jobs.iter().any(|j| &j.id == job) {
+        if !known.contains(job.as_str()) {
             out.push(release(
                 job,
                 "job is no longer known",
@@ -556,6 +572,17 @@ fn merge_rule_holds(
         }
     }
     let _ = price_observe;
+    let reasons: std::collections::HashMap<(&str, &str), &str> = rules
+        .iter()
+        .flat_map(|(r, w)| {
+            w.why.iter().filter_map(move |x| {
+                x.target
+                    .strip_prefix("job/")
+                    .map(|j| ((r.name.as_str(), j), x.reason.as_str()))
+            })
+        })
+        .collect();
+    let known: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     for (job, (rule, until)) in held {
         if exempt.contains_key(job) {
             continue;
@@ -564,11 +591,9 @@ fn merge_rule_holds(
             continue;
         }
         let since = prior_holds.get(job).map_or(now, |h| h.since);
-        let reason = rules
-            .iter()
-            .find(|(r, _)| r.name == rule.name)
-            .and_then(|(_, w)| w.why.iter().find(|x| x.target == format!("job/{job}")))
-            .map_or_else(|| rule.id(), |w| w.reason.clone());
+        let reason = reasons
+            .get(&(rule.name.as_str(), job))
+            .map_or_else(|| rule.id(), |r| r.to_string());
         verdicts.insert(
             job.to_string(),
             Verdict::Hold(Hold {
@@ -599,7 +624,7 @@ fn merge_rule_holds(
     // holds of rules that no longer want them
     for (job, h) in prior_holds {
         if h.rule.starts_with("rules.") && !verdicts.contains_key(job) {
-            let still = jobs.iter().any(|j| &j.id == job);
+            let still = known.contains(job.as_str());
             verdicts.insert(
                 job.clone(),
                 Verdict::Release {
@@ -651,6 +676,9 @@ fn clocks(
                 lease_until: now + rule.lease_s,
             },
         );
+    }
+    if prior.clocks.is_empty() && next.clocks.is_empty() {
+        return;
     }
     // decisions grouped by rack and new value
     let mut groups: BTreeMap<(usize, String, Option<i64>), Vec<EntityId>> = BTreeMap::new();

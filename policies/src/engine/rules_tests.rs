@@ -733,3 +733,107 @@ proptest! {
         }
     }
 }
+
+/// Two racks on two PDUs each (a+b feeds), PDUs rated 1.2 kW: a rack alone fits its
+/// 2 kW budget but the PDU it shares with the other rack does not.
+const TWO_PDUS: &str = r#"
+version = 1
+[site]
+name = "t"
+[[feeds]]
+id = "fa"
+rating_kw = 10
+derate = 1.0
+[[feeds]]
+id = "fb"
+rating_kw = 10
+derate = 1.0
+[[pdus]]
+id = "pa"
+feed = "fa"
+rating_kw = 1.2
+derate = 1.0
+[[pdus]]
+id = "pb"
+feed = "fb"
+rating_kw = 10
+derate = 1.0
+[[cooling]]
+id = "c"
+capacity_kw = 10
+racks = ["r1", "r2"]
+[[rooms]]
+id = "h"
+[[rows]]
+id = "w"
+room = "h"
+[[racks]]
+id = "r1"
+row = "w"
+pdus = ["pa", "pb"]
+power_budget_kw = 2
+nodes = 1
+gpus_per_node = 4
+gpu_model = "A40"
+node_base_w = 200
+[[racks]]
+id = "r2"
+row = "w"
+pdus = ["pa", "pb"]
+power_budget_kw = 2
+nodes = 1
+gpus_per_node = 4
+gpu_model = "A40"
+node_base_w = 200
+"#;
+
+#[test]
+fn a_pdu_shared_by_two_racks_is_kept_under_its_rating() {
+    let mut p = Policy::default();
+    p.thermal.enabled = false;
+    p.price.enabled = false;
+    let mut sim = Sim::new(p);
+    sim.site = Site::parse("two.toml", TWO_PDUS).expect("valid");
+    // 8 × 300 W + 400 W = 2.8 kW, half of it (1.4 kW) through pa, rated 1.2 kW
+    let s = snapshot(&sim.site, &|_| 300.0, 25.0, t0());
+    sim.tick(&s, &[], 0.0);
+    assert_eq!(sim.state.caps.len(), 8);
+    assert!(sim.state.caps.values().all(|c| c.rule == "budget.pdu"));
+    let through_pa: f64 = sim.state.caps.values().map(|c| c.watts / 2.0).sum::<f64>() + 200.0;
+    assert!(through_pa <= 1200.0 * 0.97 + 1e-6, "{through_pa}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A feasible row budget set by the policy is never exceeded by what the GPUs may
+    /// draw under their caps.
+    #[test]
+    fn a_feasible_row_budget_is_never_exceeded(
+        draws in proptest::collection::vec(30.0f64..300.0, 8),
+        limit_kw in 1.0f64..3.5,
+    ) {
+        let mut p = Policy::default();
+        p.thermal.enabled = false;
+        p.price.enabled = false;
+        p.budget.limits = vec![crate::policy::Limit { scope: "row".into(), name: "w".into(), limit_kw, derate: 1.0 }];
+        let mut sim = Sim::new(p);
+        let site = site();
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+        let draw = |g: &EntityId| draws[ids.iter().position(|x| x == g).unwrap_or(0)];
+        let s = snapshot(&site, &draw, 25.0, t0());
+        sim.tick(&s, &[], 0.0);
+        let floor: f64 = 400.0 + draws.iter().map(|d| d.min(100.0)).sum::<f64>();
+        let target = limit_kw * 1000.0 * 0.97;
+        let after: f64 = 400.0
+            + ids.iter().map(|g| sim.state.caps.get(g).map_or(draw(g), |c| c.watts.min(draw(g)))).sum::<f64>();
+        let before: f64 = 400.0 + draws.iter().sum::<f64>();
+        if floor <= target && before > target {
+            prop_assert!(after <= target + 1e-6, "{after} > {target}");
+        }
+        for (g, c) in &sim.state.caps {
+            let _ = g;
+            prop_assert!(c.watts >= 100.0 && c.watts <= 300.0);
+        }
+    }
+}
