@@ -331,6 +331,29 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_that_does_not_fit_the_site_is_kept_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("policy.toml");
+        std::fs::write(&p, "version = 1\n").expect("write");
+        let site = site();
+        let mut w = PolicyWatch::new(&p, "version = 1\n", 60.0, Timestamp::from_secs(0));
+        // valid on its own; the demo hall has no rack named z*
+        std::fs::write(
+            &p,
+            "version = 1\n[[rules]]\nname = \"z-racks\"\nscope = \"rack\"\nselect = { name = \"z*\" }\naction = { cap_pct = 90 }\n",
+        )
+        .expect("write");
+        assert!(w.poll(true, &site, Timestamp::from_secs(1)).is_none());
+        let err = w.status.last_error.clone().expect("error");
+        assert!(
+            err.contains("policy.toml:") && err.contains("selects no rack"),
+            "{err}"
+        );
+        assert!(!w.status.valid);
+        assert_eq!(w.status.sha256, sha256_hex("version = 1\n"));
+    }
+
+    #[test]
     fn a_missing_file_keeps_the_policy_and_says_why() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("policy.toml");

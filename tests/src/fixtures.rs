@@ -143,7 +143,11 @@ pub fn state_b() -> State {
     }
     s.holds.clear();
     s.clocks.clear();
-    if let Some(m) = s.rules.get_mut("hot-racks").and_then(|m| m.get_mut("rack/b01")) {
+    if let Some(m) = s
+        .rules
+        .get_mut("hot-racks")
+        .and_then(|m| m.get_mut("rack/b01"))
+    {
         m.level = Some(80.0);
     }
     s
