@@ -777,9 +777,12 @@ pub fn run(paths: &[PathBuf], filter: Option<&str>) -> (String, bool) {
     let (mut passed, mut failed, mut broken) = (0, 0, 0);
     for f in &files {
         let r = run_file(f, filter);
+        if r.problems.is_empty() && r.cases.is_empty() {
+            continue;
+        }
         let _ = writeln!(out, "{}", r.file);
         for p in &r.problems {
-            let _ = writeln!(out, "  ERROR {p}");
+            let _ = writeln!(out, "  ERROR {}", p.replace('\n', "\n        "));
             broken += 1;
         }
         for c in &r.cases {
@@ -791,7 +794,7 @@ pub fn run(paths: &[PathBuf], filter: Option<&str>) -> (String, bool) {
                 Some(m) => {
                     failed += 1;
                     let _ = writeln!(out, "  FAIL {}", c.name);
-                    let _ = writeln!(out, "       {m}");
+                    let _ = writeln!(out, "       {}", m.replace('\n', "\n       "));
                 }
             }
         }
@@ -812,5 +815,12 @@ pub fn run(paths: &[PathBuf], filter: Option<&str>) -> (String, bool) {
             String::new()
         }
     );
+    if passed + failed + broken == 0 {
+        let _ = writeln!(
+            out,
+            "no case ran{}",
+            filter.map_or(String::new(), |f| format!(" (none named with {f:?})"))
+        );
+    }
     (out, failed == 0 && broken == 0 && passed > 0)
 }
