@@ -104,6 +104,13 @@ pub struct ControllerConfig {
     /// Samples the buffer holds between ticks; beyond it the oldest are dropped.
     #[serde(default = "default_buffer")]
     pub buffer_samples: usize,
+    /// How often to look at the policy file for edits (0: only on SIGHUP).
+    #[serde(default = "default_policy_reload")]
+    pub policy_reload_s: f64,
+}
+
+fn default_policy_reload() -> f64 {
+    crate::reload::DEFAULT_RELOAD_S
 }
 
 fn default_tick() -> f64 {
@@ -315,7 +322,8 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let (n, t) = read(&cfg.controller.site, base)?;
     let site = Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (n, t) = read(&cfg.controller.policy, base)?;
-    let policy = Policy::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // checked against the site, as a reload is
+    let policy = crate::reload::validate(&n, &t, &site).map_err(anyhow::Error::msg)?;
     let mapping = match &cfg.mqtt {
         Some(m) => {
             let (n, t) = read(&m.mapping, base)?;
@@ -375,6 +383,12 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     if let Some(s) = &cfg.schedulers {
         crate::schedulers::check(s, &name, base)?;
     }
+    anyhow::ensure!(
+        cfg.controller.policy_reload_s == 0.0
+            || (0.1..=3600.0).contains(&cfg.controller.policy_reload_s),
+        "{name}: controller.policy_reload_s must be 0 (only on SIGHUP) or within 0.1..=3600, got {}",
+        cfg.controller.policy_reload_s
+    );
     anyhow::ensure!(
         (0.1..=3600.0).contains(&cfg.controller.tick_s),
         "{name}: controller.tick_s must be within 0.1..=3600, got {}",
@@ -625,7 +639,12 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         policy_path.display().to_string(),
         wall_clock(),
     );
-    first_board.policy_text = std::fs::read_to_string(&policy_path).unwrap_or_default();
+    let mut reloader = start_policy_watch(
+        &policy_path,
+        cfg.controller.policy_reload_s,
+        &mut control,
+        &mut first_board,
+    )?;
     let board = Arc::new(std::sync::RwLock::new(first_board));
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
@@ -747,6 +766,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             }
             control.set_overrides(book.list.clone());
         }
+        reloader.between_ticks(&mut control, &board, now);
         // schedulers: their jobs in, the holds in force out (see crate::schedulers)
         let jobs = schedulers.jobs(now, control.store());
         let report = control.tick(now, samples, jobs, actuator.as_mut());
@@ -813,6 +833,23 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         "stopped"
     );
     Ok(())
+}
+
+/// Starts watching the policy file: the loop runs the file as it is now (an edit made
+/// since `load` included), and the board shows its text and hash.
+fn start_policy_watch(
+    path: &Path,
+    every_s: f64,
+    control: &mut ControlLoop,
+    board: &mut crate::http::Board,
+) -> Result<crate::reload::Reloader> {
+    let now = wall_clock();
+    let (reloader, policy, text) =
+        crate::reload::Reloader::start(path, every_s, control.site(), now)?;
+    control.set_policy(policy);
+    board.policy_text = text;
+    board.policy_status = reloader.status().clone();
+    Ok(reloader)
 }
 
 /// What the engine plans with: the next 48 hours of the feed while it is fresh, else

@@ -213,6 +213,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     );
 
     clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
+    observed_rule_holds(prior, &rule_wants, now, &mut next, &mut decisions);
     preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
 
     if policy.price.enabled {
@@ -822,3 +823,65 @@ fn preempt(
 }
 #[cfg(test)]
 mod rules_tests;
+
+/// What job rules in observe mode would hold: kept in `observed_holds` (never acted
+/// on) with observe-only decisions when they start and end.
+fn observed_rule_holds(
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    now: Timestamp,
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    for (rule, w) in rules.iter().filter(|(r, _)| r.observe) {
+        for (job, until) in &w.holds {
+            if next.observed_holds.contains_key(job) {
+                continue;
+            }
+            let why = w
+                .why
+                .iter()
+                .find(|x| x.target.strip_prefix("job/") == Some(job));
+            let reason = why.map_or_else(|| rule.id(), |x| x.reason.clone());
+            let since = match prior.observed_holds.get(job) {
+                Some(h) => h.since,
+                None => {
+                    out.push(Decision {
+                        time: now,
+                        rule: rule.id(),
+                        target: Target::Job { job: job.clone() },
+                        action: Action::Hold { until: *until },
+                        values: why.map(|x| x.values.clone()).unwrap_or_default(),
+                        reason: reason.clone(),
+                        release: why.map(|x| x.release.clone()).unwrap_or_default(),
+                        observe_only: true,
+                    });
+                    now
+                }
+            };
+            next.observed_holds.insert(
+                job.clone(),
+                Hold {
+                    rule: rule.id(),
+                    since,
+                    lease_until: *until,
+                    reason,
+                },
+            );
+        }
+    }
+    for (job, h) in &prior.observed_holds {
+        if h.rule.starts_with("rules.") && !next.observed_holds.contains_key(job) {
+            out.push(Decision {
+                time: now,
+                rule: h.rule.clone(),
+                target: Target::Job { job: job.clone() },
+                action: Action::Release,
+                values: BTreeMap::new(),
+                reason: format!("{} no longer holds it", h.rule),
+                release: String::new(),
+                observe_only: true,
+            });
+        }
+    }
+}

@@ -162,6 +162,8 @@ pub struct Board {
     pub schedulers: serde_json::Value,
     /// Scheduler counters for `/metrics`: (name, help, value).
     pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
+    /// The policy in force and the outcome of the last reload.
+    pub policy_status: crate::reload::PolicyStatus,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -201,6 +203,7 @@ impl Board {
             price_source: String::new(),
             schedulers: serde_json::Value::Null,
             scheduler_counters: Vec::new(),
+            policy_status: crate::reload::PolicyStatus::default(),
         }
     }
 
@@ -410,10 +413,7 @@ impl Api {
                     .collect();
                 json_reply(200, &json!({ "jobs": list }))
             }
-            "policy" => json_reply(
-                200,
-                &json!({ "file": board.policy_file, "text": board.policy_text, "reload_error": null }),
-            ),
+            "policy" => json_reply(200, &policy(&board)),
             "decisions" => match decisions(&board, query) {
                 Ok(v) => json_reply(200, &v),
                 Err(e) => error(400, &e),
@@ -581,6 +581,23 @@ impl Api {
     }
 }
 
+/// The policy in force, as written, and the outcome of the last reload.
+fn policy(b: &Board) -> serde_json::Value {
+    let p = &b.policy_status;
+    json!({
+        "file": b.policy_file,
+        "text": b.policy_text,
+        "sha256": p.sha256,
+        "loaded_at": p.loaded_at,
+        "valid": p.valid,
+        "last_error": p.last_error,
+        "last_error_at": p.last_error_at,
+        "rejected_sha256": p.rejected_sha256,
+        "reloads": { "ok": p.reloads_ok, "error": p.reloads_error },
+        "reload_error": p.last_error,
+    })
+}
+
 fn status(b: &Board) -> serde_json::Value {
     let site = b.site.site_entity();
     let obs = |m: &str| b.snapshot.observe(&site, m, b.time);
@@ -589,7 +606,7 @@ fn status(b: &Board) -> serde_json::Value {
         "time": b.time,
         "started": b.started,
         "policy_file": b.policy_file,
-        "policy_reload_error": null,
+        "policy_reload_error": b.policy_status.last_error,
         "facility": {
             "budget_w": b.site.facility_budget_kw() * 1000.0,
             "power_w": obs(POWER_W).map(|o| o.value),
@@ -766,7 +783,7 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/schedulers": get("The schedulers powerplane steers: Slurm's holds that are powerplane's, call counters and the last error, every job's lifecycle and the recent transitions", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
             "/api/v1/jobs": get("Pending and running jobs, each with its hold if powerplane holds it", "viewer"),
-            "/api/v1/policy": get("The policy in force, as written, and the last reload error", "viewer"),
+            "/api/v1/policy": get("The policy in force, as written (file, text, sha256, loaded_at), and the outcome of the last reload (valid, last_error as file:line:col lines, reloads)", "viewer"),
             "/api/v1/decisions": decisions,
             "/api/v1/overrides": {
                 "get": { "summary": "Overrides in force", "description": "Needs a viewer token.", "security": [{ "bearer": [] }], "responses": { "200": { "description": "OK" } } },

@@ -409,7 +409,7 @@ fn main() {
         Some("engine") => bench_engine(),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...]"
+                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R]"
             );
             std::process::exit(2);
         }
@@ -618,7 +618,7 @@ fn bench_engine() {
         let build_ms = t.elapsed().as_secs_f64() * 1000.0;
         let mut prior = policies::State::default();
         let mut times = Vec::new();
-        for i in 0..7 {
+        for i in 0..runs.max(1) {
             let t = Instant::now();
             let plan = policies::evaluate(
                 &policies::Inputs {
