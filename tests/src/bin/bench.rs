@@ -516,6 +516,11 @@ fn bench_engine() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    let runs: usize = std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(7);
     println!("engine: one evaluation (budgets, thermal, price, 4 rules), single thread");
     println!(
         "{:>9} {:>6} {:>7} {:>10} {:>10} {:>10} {:>12}",
