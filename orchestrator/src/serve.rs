@@ -268,7 +268,8 @@ impl Buffer {
     }
 }
 
-/// Actuation until agents and schedulers are wired: log what changed, command nothing.
+/// Caps without `[agents]`: log when the desired caps change, command nothing. (Holds
+/// go to the schedulers in `[schedulers]`, which log their own actions.)
 #[derive(Debug, Default)]
 pub struct ObserveOnly {
     last: State,
@@ -282,12 +283,10 @@ impl Actuator for ObserveOnly {
                 .map(|(g, c)| (g.clone(), c.watts.to_bits()))
                 .collect::<Vec<_>>()
         };
-        let held = |s: &State| s.holds.keys().cloned().collect::<Vec<_>>();
-        if watts(state) != watts(&self.last) || held(state) != held(&self.last) {
+        if watts(state) != watts(&self.last) {
             info!(
                 caps = state.caps.len(),
-                holds = state.holds.len(),
-                "desired state changed (observe-only: nothing commanded)"
+                "desired caps changed (no [agents]: nothing commanded)"
             );
         }
         self.last = state.clone();
@@ -412,23 +411,18 @@ pub(crate) fn resolve(base: &Path, p: &Path) -> PathBuf {
     }
 }
 
-/// Actuation through the GPU agents: the plan's caps become signed, leased commands;
-/// holds stay observe-only until the scheduler adapters land.
+/// Actuation through the GPU agents: the plan's caps and clock locks become signed,
+/// leased commands (holds go to the schedulers).
 pub struct AgentActuator {
     fleet: Arc<Mutex<Fleet>>,
     link: Link,
     status_file: Option<PathBuf>,
     in_sync: Option<usize>,
-    holds: ObserveOnly,
 }
 
 impl Actuator for AgentActuator {
     fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String> {
-        let holds_only = State {
-            holds: state.holds.clone(),
-            ..State::default()
-        };
-        let mut errors = self.holds.apply(&holds_only, now);
+        let mut errors = Vec::new();
         let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, payload) in fleet.commands(state, now) {
             if !self.link.publish(&topic, payload, true, false) {
@@ -629,7 +623,6 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 link,
                 status_file: a.status_file.map(|p| resolve(&base, &p)),
                 in_sync: None,
-                holds: ObserveOnly::default(),
             })
         }
     };
