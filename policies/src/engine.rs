@@ -494,8 +494,8 @@ fn hold_decisions(
                         reason: h.reason.clone(),
                         observe_only,
                         release: format!(
-                            "released when the rule no longer holds it, and by {} at the latest",
-                            h.lease_until
+                            "when {} no longer wants it held; never past the job's latest start (deadline − estimated duration − margin)",
+                            h.rule
                         ),
                     });
                 }
