@@ -150,7 +150,9 @@ impl PolicyWatch {
                         entity: site.site_entity(),
                         gpus: Vec::new(),
                     },
-                    action: Action::Release,
+                    action: Action::PolicyLoaded {
+                        sha256: sha.clone(),
+                    },
                     values: Default::default(),
                     reason: format!(
                         "policy reloaded from {name}: sha256 {} (was {})",

@@ -181,6 +181,7 @@ pub fn action_kind(a: &policies::Action) -> &'static str {
         policies::Action::Requeue => "requeue",
         policies::Action::Suspend { .. } => "suspend",
         policies::Action::Resume => "resume",
+        policies::Action::PolicyLoaded { .. } => "policy_loaded",
     }
 }
 
