@@ -332,8 +332,15 @@ pub fn evaluate(
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
-    for g in gpus {
-        let (draw, demand, was_stale) = gpu_demand(g, snapshot, prior, rule, now);
+    let no_caps = prior.caps.is_empty();
+    for (i, g) in gpus.iter().enumerate() {
+        let obs = index.gpu_observe(i, POWER_W, now);
+        let cap = if no_caps {
+            None
+        } else {
+            prior.caps.get(&g.id).map(|c| c.watts)
+        };
+        let (draw, demand, was_stale) = gpu_demand(g, obs, cap, rule);
         stale += usize::from(was_stale);
         draws.push(draw);
         claims.push(Claim {
@@ -445,12 +452,10 @@ pub fn evaluate(
 /// (what it draws now, what it would draw uncapped, whether its reading was stale)
 fn gpu_demand(
     g: &GpuRef<'_>,
-    snapshot: &Snapshot,
-    prior: &State,
+    obs: Option<telemetry::Observation>,
+    cap: Option<f64>,
     rule: &BudgetRule,
-    now: Timestamp,
 ) -> (f64, f64, bool) {
-    let obs = snapshot.observe(&g.id, POWER_W, now);
     let (draw, stale) = match obs {
         Some(o) if o.usable() => (o.value, false),
         Some(o) => match rule.on_stale {
@@ -463,11 +468,7 @@ fn gpu_demand(
             _ => (g.model.max_w, true),
         },
     };
-    let cap = prior
-        .caps
-        .get(&g.id)
-        .map(|c| c.watts)
-        .unwrap_or(g.model.default_w);
+    let cap = cap.unwrap_or(g.model.default_w);
     // a GPU drawing what its cap allows would draw more without it: assume its maximum
     let at_cap = draw >= cap - rule.deadband_w.max(cap * 0.03);
     let demand = if at_cap && cap < g.model.max_w {

@@ -65,7 +65,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let mut next = State::default();
     let mut pacing = None;
     // the site's GPUs, listed once: every step below indexes into this
-    let index = rules_eval::Index::new(site, site.gpus());
+    let index = rules_eval::Index::new(site, site.gpus()).with_snapshot(snapshot);
     let gpus = &index.gpus;
     if policy.budget.enabled {
         let (wanted, views) =

@@ -459,11 +459,25 @@ action = { suspend = true }
         "not preemptible"
     );
     assert!(sim.state.suspended.contains_key("batch-p"));
+    // the scheduler now reports the batch job suspended: it stays so, no resume
+    let jobs = [
+        jobs[0].clone(),
+        jobs[1].clone(),
+        Job {
+            state: JobState::Suspended,
+            ..jobs[2].clone()
+        },
+    ];
     let d = sim.tick(&priced(&site, 2.0, 30.0), &jobs, 30.0);
     assert!(
         !d.iter().any(|d| matches!(d.action, Action::Requeue)),
         "a requeue is sent once per activation"
     );
+    assert!(
+        !d.iter().any(|d| matches!(d.action, Action::Resume)),
+        "{d:?}"
+    );
+    assert!(sim.state.suspended.contains_key("batch-p"));
     let d = sim.tick(&priced(&site, 0.2, 60.0), &jobs, 60.0);
     assert!(sim.state.suspended.is_empty());
     assert!(d.iter().any(|d| matches!(d.action, Action::Resume)));
