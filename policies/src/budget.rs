@@ -318,10 +318,12 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 }
 
 /// Wanted caps per GPU, and what each scope looked like.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     site: &Site,
     index: &crate::rules_eval::Index<'_>,
     snapshot: &Snapshot,
+    prior_caps: &[Option<&crate::Cap>],
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
@@ -332,14 +334,9 @@ pub fn evaluate(
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
-    let no_caps = prior.caps.is_empty();
     for (i, g) in gpus.iter().enumerate() {
         let obs = index.gpu_observe(i, POWER_W, now);
-        let cap = if no_caps {
-            None
-        } else {
-            prior.caps.get(&g.id).map(|c| c.watts)
-        };
+        let cap = prior_caps[i].map(|c| c.watts);
         let (draw, demand, was_stale) = gpu_demand(g, obs, cap, rule);
         stale += usize::from(was_stale);
         draws.push(draw);
