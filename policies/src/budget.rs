@@ -389,7 +389,7 @@ pub fn evaluate(
             gpus,
             &scope.members,
             &limited,
-            prior,
+            prior_caps,
             scope.rule,
             &mut wanted,
         );
@@ -437,7 +437,7 @@ pub fn evaluate(
         gpus,
         &all,
         &limited,
-        prior,
+        prior_caps,
         "budget.facility",
         &mut wanted,
     );
@@ -534,7 +534,7 @@ fn apply_cut(
     gpus: &[GpuRef<'_>],
     members: &[(usize, f64)],
     claims: &[Claim],
-    prior: &State,
+    prior_caps: &[Option<&crate::Cap>],
     name: &'static str,
     wanted: &mut [Option<BudgetCap>],
 ) {
@@ -542,11 +542,8 @@ fn apply_cut(
         Cut::Lift => {}
         Cut::Keep => {
             // between the two thresholds: budget caps in force stay as they are
-            if prior.caps.is_empty() {
-                return;
-            }
             for &(i, _) in members {
-                if let Some(c) = prior.caps.get(&gpus[i].id).filter(|c| c.rule == name) {
+                if let Some(c) = prior_caps[i].filter(|c| c.rule == name) {
                     tighten(&mut wanted[i], c.watts, name);
                 }
             }

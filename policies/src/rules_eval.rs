@@ -780,18 +780,22 @@ pub fn run(
             mem.active = false;
             mem.since = now;
         }
-        let release_text = match (&rule.release, &rule.when) {
+        // texts for the audit, made only for targets the rule acts on
+        let release_text = || match (&rule.release, &rule.when) {
             (Some(r), _) => format!("{}{}", r.text, hold_note(rule)),
             (None, Some(w)) => format!("not ({}){}", w.text, hold_note(rule)),
             (None, None) => "the rule is removed or disabled".to_string(),
         };
-        let reason = if stale && rule.on_stale == OnStale::AssumeWorst && mem.active {
-            format!(
-                "{}: a signal is stale or missing, assumed the worst",
+        let assumed = stale && rule.on_stale == OnStale::AssumeWorst && mem.active;
+        let reason = || {
+            if assumed {
+                format!(
+                    "{}: a signal is stale or missing, assumed the worst",
+                    condition_text(rule.when.as_ref())
+                )
+            } else {
                 condition_text(rule.when.as_ref())
-            )
-        } else {
-            condition_text(rule.when.as_ref())
+            }
         };
         let values = || {
             let mut v = ctx.values(rule, entity, &gpus, job);
@@ -859,8 +863,8 @@ pub fn run(
                     wants.why.push(Why {
                         target: target_name(),
                         values,
-                        reason: reason.clone(),
-                        release: release_text.clone(),
+                        reason: reason(),
+                        release: release_text(),
                         racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
                         switched_on,
                     });
@@ -874,8 +878,8 @@ pub fn run(
                     wants.why.push(Why {
                         target: target_name(),
                         values: values(),
-                        reason: reason.clone(),
-                        release: release_text.clone(),
+                        reason: reason(),
+                        release: release_text(),
                         racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
                         switched_on,
                     });
@@ -923,8 +927,8 @@ pub fn run(
                         wants.why.push(Why {
                             target: format!("job/{}", j.id),
                             values: values(),
-                            reason: reason.clone(),
-                            release: release_text.clone(),
+                            reason: reason(),
+                            release: release_text(),
                             racks: BTreeSet::new(),
                             switched_on,
                         });

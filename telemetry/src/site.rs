@@ -163,6 +163,9 @@ pub struct Site {
     pub rows: Vec<Row>,
     pub racks: Vec<Rack>,
     pub nodes: Vec<Node>,
+    /// Each node's GPU ids, made once (a node changed after the site was built, in
+    /// name or GPU count, gets its ids made anew by [`Site::gpus`]).
+    pub gpu_ids: Vec<Vec<EntityId>>,
 }
 
 /// One GPU of the site, with where it sits.
@@ -214,9 +217,20 @@ impl Site {
                 let Some(model) = self.gpu_models.get(&node.gpu_model) else {
                     continue;
                 };
+                let cached = self.gpu_ids.get(n).filter(|ids| {
+                    ids.len() == node.gpus as usize
+                        && ids.first().is_none_or(|e| {
+                            e.name
+                                .strip_prefix(node.id.as_str())
+                                .is_some_and(|r| r.starts_with(':'))
+                        })
+                });
                 for index in 0..node.gpus {
                     out.push(GpuRef {
-                        id: EntityId::gpu(&node.id, index),
+                        id: match cached {
+                            Some(ids) => ids[index as usize].clone(),
+                            None => EntityId::gpu(&node.id, index),
+                        },
                         node_index: n,
                         rack_index,
                         node,
