@@ -50,7 +50,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         jobs,
         prior,
         policy,
-        forecast: _,
+        forecast,
     } = *inputs;
     let mut enforce: BTreeMap<EntityId, Want> = BTreeMap::new();
     let mut observe: BTreeMap<EntityId, Want> = BTreeMap::new();
@@ -137,8 +137,16 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     );
 
     if policy.price.enabled {
-        let (verdicts, values) =
-            price::evaluate(site, snapshot, jobs, prior, &policy.price, pacing, now);
+        let (verdicts, values) = price::evaluate(
+            site,
+            snapshot,
+            jobs,
+            prior,
+            &policy.price,
+            pacing,
+            forecast,
+            now,
+        );
         let observe_only = policy.price.observe;
         let (prior_holds, holds) = if observe_only {
             (&prior.observed_holds, &mut next.observed_holds)
