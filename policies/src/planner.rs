@@ -144,23 +144,30 @@ pub fn plan(
     });
     let mut placements: Vec<Option<Placement>> = vec![None; jobs.len()];
     let mut room = vec![0.0f64; n];
+    let mut ends = vec![0usize; n];
     for i in order {
         let job = &jobs[i];
+        let dur = job.duration_s.max(1.0);
         // the last start slot: the last one beginning at or before the latest start
         let last = starts
             .partition_point(|s| *s <= job.latest_start)
             .saturating_sub(1);
-        // slots a run starting in k covers: up to (but not counting) where it ends
-        let cover = |k: usize| {
-            let end = starts[k] + job.duration_s.max(1.0);
+        // slots a run starting in k covers: [k, ends[k]) (ends never decrease with k)
+        let mut e = 0;
+        for k in 0..=last {
+            let end = starts[k] + dur;
             if end >= horizon_end {
-                n - k
+                e = n;
             } else {
-                starts.partition_point(|s| *s < end) - k
+                while e < n && starts[e] < end {
+                    e += 1;
+                }
             }
-        };
+            ends[k] = e.max(k + 1);
+        }
+        let reach = ends[last];
         // room per slot: how many more jobs like this one fit (fractional is fine)
-        for k in 0..n {
+        for k in 0..reach {
             let g = f64::from(capacity.gpus.saturating_sub(gpus[k])) / f64::from(job.gpus.max(1));
             let w = if job.watts > 0.0 {
                 (capacity.power_w - watts[k]) / job.watts
@@ -169,13 +176,13 @@ pub fn plan(
             };
             room[k] = g.min(w);
         }
-        let fits = window_min_fits(&room, last, &cover);
+        let fits = window_min_fits(&room[..reach], &ends[..=last]);
         let mut best: Option<(f64, usize)> = None;
         for (k, ok) in fits.iter().enumerate() {
             if !ok {
                 continue;
             }
-            let c = run_cost(&prefix, &starts, &p, fill, k, job.duration_s, horizon_end);
+            let c = run_cost(&prefix, &starts, &p, fill, k, dur, horizon_end);
             if best.is_none_or(|(bc, _)| c < bc - 1e-12) {
                 best = Some((c, k));
             }
@@ -184,8 +191,8 @@ pub fn plan(
             Some((_, k)) => (k, false),
             None => (0, true),
         };
-        let cost = run_cost(&prefix, &starts, &p, fill, k, job.duration_s, horizon_end);
-        for slot in k..k + cover(k) {
+        let cost = run_cost(&prefix, &starts, &p, fill, k, dur, horizon_end);
+        for slot in k..ends[k] {
             gpus[slot] = gpus[slot].saturating_add(job.gpus);
             watts[slot] += job.watts;
         }
@@ -204,15 +211,14 @@ pub fn plan(
     }
 }
 
-/// For each start slot up to `last`: whether the job fits (room ≥ 1) in every slot its
-/// run covers. A sliding-window minimum; windows only shrink at the horizon's end.
-fn window_min_fits(room: &[f64], last: usize, cover: &dyn Fn(usize) -> usize) -> Vec<bool> {
-    let n = room.len();
-    let mut out = vec![false; n];
+/// For each start slot k: whether the job fits (room ≥ 1) in every slot of its run,
+/// `[k, ends[k])`. A sliding-window minimum (the windows' ends never move back).
+fn window_min_fits(room: &[f64], ends: &[usize]) -> Vec<bool> {
+    let mut out = vec![false; ends.len()];
     let mut dq: VecDeque<usize> = VecDeque::new();
     let mut hi = 0; // slots pushed: [k, hi)
-    for (k, slot) in out.iter_mut().enumerate().take(last.min(n - 1) + 1) {
-        let want = (k + cover(k)).min(n);
+    for (k, slot) in out.iter_mut().enumerate() {
+        let want = ends[k].min(room.len());
         while hi < want {
             while dq.back().is_some_and(|&b| room[b] >= room[hi]) {
                 dq.pop_back();

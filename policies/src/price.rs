@@ -195,16 +195,18 @@ fn eligible(job: &Job, rule: &PriceRule) -> bool {
 /// node's base power), and the site's idle floor (every GPU idle, every node at half
 /// its base power), in W.
 fn site_power_model(site: &Site) -> (f64, f64, u32) {
-    let gpus = site.gpus();
-    let n = gpus.len().max(1) as f64;
-    let busy = gpus
-        .iter()
-        .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
-        .sum::<f64>()
-        / n;
-    let floor = gpus.iter().map(|g| g.model.idle_w).sum::<f64>()
-        + site.nodes.iter().map(|nd| 0.5 * nd.base_w).sum::<f64>();
-    (busy, floor, gpus.len() as u32)
+    // by node, not by GPU: this runs every tick and a site may have thousands of GPUs
+    let (mut busy, mut floor, mut n) = (0.0, 0.0, 0u32);
+    for node in &site.nodes {
+        let Some(model) = site.gpu_models.get(&node.gpu_model) else {
+            continue;
+        };
+        let g = f64::from(node.gpus);
+        busy += g * model.default_w + if node.gpus > 0 { node.base_w } else { 0.0 };
+        floor += g * model.idle_w + 0.5 * node.base_w;
+        n += node.gpus;
+    }
+    (busy / f64::from(n.max(1)), floor, n)
 }
 
 /// Plan mode: every eligible waiting job gets a planned start; jobs whose start is
