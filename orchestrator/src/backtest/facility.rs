@@ -82,6 +82,8 @@ pub struct Totals {
     /// that follows load, and the cooling of both (the idle floor left out).
     pub job_kwh: f64,
     pub job_cost: f64,
+    /// GPU-hours of work delivered per day of the run (from its start).
+    pub gpu_hours_per_day: Vec<f64>,
 }
 
 /// The facility at one tick, for charts.
@@ -120,6 +122,7 @@ pub struct Facility {
     budget_kw: f64,
     cooling_factor: Box<dyn Fn(Timestamp) -> f64>,
     now: Timestamp,
+    start: Timestamp,
     pub totals: Totals,
 }
 
@@ -190,6 +193,7 @@ impl Facility {
             budget_kw,
             cooling_factor,
             now: start,
+            start,
             totals: Totals::default(),
         };
         f.arrive(start);
@@ -259,7 +263,13 @@ impl Facility {
             let run_s = (left / speed).min(dt_s);
             let job = &mut self.jobs[ji];
             job.done_s = (job.done_s + run_s * speed).min(job.work_s);
-            self.totals.work_gpu_s += run_s * speed * f64::from(job.job.gpus);
+            let work = run_s * speed * f64::from(job.job.gpus);
+            self.totals.work_gpu_s += work;
+            let day = (t0.secs_since(self.start) / 86400.0).max(0.0) as usize;
+            if self.totals.gpu_hours_per_day.len() <= day {
+                self.totals.gpu_hours_per_day.resize(day + 1, 0.0);
+            }
+            self.totals.gpu_hours_per_day[day] += work / 3600.0;
             for &g in &job.gpus {
                 busy_s[g] = run_s;
                 gpu_j[g] = self.gpus[g].power_w * run_s;

@@ -87,6 +87,9 @@ pub struct RunSummary {
     pub decisions: u64,
     /// Seconds the price series did not cover (counted at no cost).
     pub price_gap_s: f64,
+    /// GPU-hours delivered per day from the start (compare runs over the days of a
+    /// heat wave).
+    pub gpu_hours_per_day: Vec<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -392,6 +395,11 @@ fn summarize_run(f: &Facility, deferred: usize, decisions: u64) -> RunSummary {
         jobs_deferred: deferred,
         decisions,
         price_gap_s: t.price_gap_s,
+        gpu_hours_per_day: t
+            .gpu_hours_per_day
+            .iter()
+            .map(|h| (h * 1000.0).round() / 1000.0)
+            .collect(),
     }
 }
 
