@@ -47,7 +47,14 @@ impl Default for FleetConfig {
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum Want {
     Default,
-    Limit { watts: f64 },
+    Limit {
+        watts: f64,
+    },
+    /// SM clock locked at this frequency (a GPU with a power cap gets the cap instead:
+    /// an agent holds one target per GPU, and power is what budgets protect).
+    Clocks {
+        mhz: f64,
+    },
 }
 
 impl Want {
@@ -56,6 +63,7 @@ impl Want {
             Want::Default => -1,
             // a tenth of a watt is the same cap
             Want::Limit { watts } => (watts * 10.0).round() as i64,
+            Want::Clocks { mhz } => -2 - mhz.round() as i64,
         }
     }
 }
@@ -191,7 +199,9 @@ impl Fleet {
             b.desired = state
                 .caps
                 .get(id)
-                .map_or(Want::Default, |c| Want::Limit { watts: c.watts });
+                .map(|c| Want::Limit { watts: c.watts })
+                .or_else(|| state.clocks.get(id).map(|c| Want::Clocks { mhz: c.mhz }))
+                .unwrap_or(Want::Default);
             let due = match &b.sent {
                 None => Some(0),
                 Some(s) if s.want.key() != b.desired.key() => Some(0),
@@ -224,6 +234,11 @@ impl Fleet {
                 lease_s: self.cfg.lease_s,
                 action: match want {
                     Want::Default => Action::Reset { gpus: list },
+                    Want::Clocks { mhz } => Action::LockSmClocks {
+                        gpus: list,
+                        min_mhz: mhz,
+                        max_mhz: mhz,
+                    },
                     Want::Limit { watts } => Action::SetPowerLimit {
                         gpus: list,
                         watts: Some(watts),
@@ -585,6 +600,39 @@ gpu_model = "A40"
         );
         let ids: std::collections::BTreeSet<_> = cmds.iter().map(|(_, c)| c.id.clone()).collect();
         assert_eq!(ids.len(), 4, "every command has its own id");
+    }
+
+    #[test]
+    fn a_clock_lock_is_sent_as_a_locked_clock_unless_the_gpu_is_capped() {
+        let (mut f, site) = fleet();
+        let g = site.gpus();
+        let mut state = capped(&site, &[0], 180.0);
+        for i in [0, 1] {
+            state.clocks.insert(
+                g[i].id.clone(),
+                policies::ClockLock {
+                    mhz: 1200.0,
+                    rule: "rules.slow".into(),
+                    since: at(0.0),
+                    lease_until: at(300.0),
+                },
+            );
+        }
+        let cmds = open(&f.commands(&state, at(0.0)));
+        let for_gpu = |i: u32, node: &str| {
+            cmds.iter()
+                .find(|(t, c)| t.contains(node) && c.action.gpus().contains(i))
+                .map(|(_, c)| c.action.clone())
+                .expect("a command for every GPU")
+        };
+        assert!(matches!(
+            for_gpu(g[0].index, &g[0].node.id),
+            Action::SetPowerLimit { watts: Some(w), .. } if w == 180.0
+        ));
+        assert!(matches!(
+            for_gpu(g[1].index, &g[1].node.id),
+            Action::LockSmClocks { min_mhz, max_mhz, .. } if min_mhz == 1200.0 && max_mhz == 1200.0
+        ));
     }
 
     #[test]

@@ -226,6 +226,10 @@ enum PolicyCommand {
     Check {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Also check against a site: selectors that pick nothing, caps below a GPU's
+        /// minimum, budget limits naming unknown equipment.
+        #[arg(long)]
+        site: Option<PathBuf>,
     },
 }
 
@@ -322,12 +326,45 @@ fn main() -> ExitCode {
             command: TelemetryCommand::Probe(opts),
         } => probe(opts),
         Command::Policy {
-            command: PolicyCommand::Check { files },
-        } => check(&files, |name, text| {
-            Policy::parse(name, text)
-                .map(|_| "valid".to_string())
-                .map_err(|e| e.to_string())
-        }),
+            command: PolicyCommand::Check { files, site },
+        } => {
+            let site = match site {
+                Some(path) => {
+                    let name = path.display().to_string();
+                    let text = match std::fs::read_to_string(&path) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            eprintln!("error: cannot read {name}: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    match telemetry::Site::parse(&name, &text) {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            eprintln!("{e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+                None => None,
+            };
+            check(&files, |name, text| {
+                let p = Policy::parse(name, text).map_err(|e| e.to_string())?;
+                if let Some(site) = &site {
+                    p.check_site(name, text, site).map_err(|e| e.to_string())?;
+                }
+                let active = p.rules.iter().filter(|r| r.enabled).count();
+                Ok(format!(
+                    "{} rules, {active} enabled{}",
+                    p.rules.len(),
+                    if site.is_some() {
+                        ", checked against the site"
+                    } else {
+                        ""
+                    }
+                ))
+            })
+        }
     };
     match result {
         Ok(code) => code,

@@ -274,6 +274,70 @@ fn a_broken_policy_file_lists_every_problem_and_exits_1() {
 }
 
 #[test]
+fn the_example_policies_pass_check_against_the_demo_site() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files: Vec<_> = std::fs::read_dir(root.join("examples/policies"))
+        .expect("examples/policies")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    files.push(root.join("examples/demo/policy.toml"));
+    let out = powerplane()
+        .args(["policy", "check", "--site"])
+        .arg(root.join("examples/demo/site.toml"))
+        .args(&files)
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.matches("checked against the site").count(),
+        files.len(),
+        "{text}"
+    );
+}
+
+#[test]
+fn policy_check_against_a_site_finds_what_the_file_alone_cannot() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("policy.toml");
+    std::fs::write(
+        &p,
+        "version = 1\n[budget]\nlimits = [{ scope = \"row\", name = \"row-z\", limit_kw = 50 }]\n\n[[rules]]\nname = \"c-racks\"\nscope = \"rack\"\nselect = { name = \"c*\" }\naction = { cap_pct = 90 }\n\n[[rules]]\nname = \"floor\"\nscope = \"gpu\"\naction = { cap_w = 60 }\n",
+    )
+    .expect("write");
+    // the file alone is valid
+    let alone = powerplane()
+        .args(["policy", "check"])
+        .arg(&p)
+        .output()
+        .expect("run");
+    assert!(alone.status.success());
+    let out = powerplane()
+        .args(["policy", "check", "--site"])
+        .arg(root.join("examples/demo/site.toml"))
+        .arg(&p)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        ":3:35: budget.limits: site demo-hall has no row `row-z`",
+        ":8:10: rule `c-racks`: selects no rack of site demo-hall",
+        ":14:10: rule `floor`: cap below the GPUs' minimum (A40 accepts no less than 100 W)",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in {err}");
+    }
+}
+
+#[test]
 fn telemetry_probe_prints_what_a_redfish_pdu_reports() {
     let (mut server, port) = pdu_mockup();
     let url = format!("http://127.0.0.1:{port}");

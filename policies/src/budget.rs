@@ -1,4 +1,5 @@
-//! Power budgets: keep the facility and every rack under their usable power.
+//! Power budgets: keep the facility, every utility feed, PDU, branch circuit, rack, and
+//! the rows and rooms the policy gives budgets to under their usable power.
 //!
 //! When the demand of a scope is over its budget, the excess is cut by water-filling in
 //! priority order: the GPUs of the lowest-priority jobs (and idle GPUs) are lowered
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
-use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
+use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
 use crate::policy::{BudgetRule, OnStale};
 use crate::State;
@@ -94,6 +95,8 @@ pub struct ScopeView {
     pub demand_kw: f64,
     pub feasible: bool,
     pub stale_inputs: usize,
+    /// Indexes of the racks the scope covers.
+    pub racks: Vec<usize>,
 }
 
 impl ScopeView {
@@ -115,99 +118,288 @@ pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// One power budget of the hierarchy, with the GPUs behind it and the share of each
+/// GPU's draw that flows through it (a node fed by two PDUs draws half through each).
+struct Scope {
+    entity: EntityId,
+    rule: &'static str,
+    budget_kw: f64,
+    members: Vec<(usize, f64)>,
+    base_w: f64,
+}
+
+/// Every budget of the site, innermost first: racks, PDU branch circuits, PDUs, rows
+/// and rooms (from the policy's `[[budget.limits]]`), utility feeds, the facility.
+fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
+    let limit = |kind: &str, name: &str| {
+        rule.limits
+            .iter()
+            .find(|l| l.scope == kind && l.name == name)
+            .map(|l| l.limit_kw * l.derate)
+    };
+    let mut out = Vec::new();
+    // racks
+    let mut per_rack: Vec<Vec<(usize, f64)>> = vec![Vec::new(); site.racks.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        per_rack[g.rack_index].push((i, 1.0));
+    }
+    let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); site.nodes.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        per_node[g.node_index].push(i);
+    }
+    for (r, members) in site.racks.iter().zip(per_rack.clone()) {
+        out.push(Scope {
+            entity: EntityId::rack(&r.id),
+            rule: "budget.rack",
+            budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
+            base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
+            members,
+        });
+    }
+    // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
+    for p in &site.pdus {
+        for b in &p.branches {
+            let mut members = Vec::new();
+            let mut base_w = 0.0;
+            for (n, node) in site.nodes.iter().enumerate() {
+                let on = node
+                    .outlets
+                    .iter()
+                    .filter(|o| {
+                        o.split_once('.').is_some_and(|(pdu, outlet)| {
+                            pdu == p.id
+                                && p.outlets
+                                    .iter()
+                                    .any(|x| x.id == outlet && x.branch.as_deref() == Some(&b.id))
+                        })
+                    })
+                    .count();
+                if on == 0 {
+                    continue;
+                }
+                let share = on as f64 / node.outlets.len() as f64;
+                base_w += node.base_w * share;
+                members.extend(per_node[n].iter().map(|&i| (i, share)));
+            }
+            if !members.is_empty() {
+                let name = format!("{}.{}", p.id, b.id);
+                out.push(Scope {
+                    budget_kw: limit("branch", &name).unwrap_or(b.rating_kw * p.derate),
+                    entity: EntityId::new(EntityKind::Branch, name),
+                    rule: "budget.branch",
+                    base_w,
+                    members,
+                });
+            }
+        }
+    }
+    // PDUs: a rack's GPUs split evenly over the rack's PDUs
+    let rack_share = |r: &telemetry::site::Rack, pdus: &dyn Fn(&str) -> bool| {
+        let n = r.pdus.iter().filter(|p| pdus(p)).count();
+        n as f64 / r.pdus.len().max(1) as f64
+    };
+    let grouped = |pred: &dyn Fn(&str) -> bool| {
+        let mut members = Vec::new();
+        let mut base_w = 0.0;
+        for (ri, r) in site.racks.iter().enumerate() {
+            let share = rack_share(r, pred);
+            if share <= 0.0 {
+                continue;
+            }
+            base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>() * share;
+            members.extend(per_rack[ri].iter().map(|&(i, _)| (i, share)));
+        }
+        (members, base_w)
+    };
+    for p in &site.pdus {
+        let (members, base_w) = grouped(&|x: &str| x == p.id);
+        if !members.is_empty() {
+            out.push(Scope {
+                entity: EntityId::new(EntityKind::Pdu, &p.id),
+                rule: "budget.pdu",
+                budget_kw: limit("pdu", &p.id).unwrap_or(p.usable_kw()),
+                members,
+                base_w,
+            });
+        }
+    }
+    // rows and rooms have budgets only when the policy gives them
+    for l in rule
+        .limits
+        .iter()
+        .filter(|l| l.scope == "row" || l.scope == "room")
+    {
+        let in_scope = |r: &telemetry::site::Rack| match l.scope.as_str() {
+            "row" => r.row == l.name,
+            _ => site
+                .rows
+                .iter()
+                .any(|row| row.id == r.row && row.room == l.name),
+        };
+        let mut members = Vec::new();
+        let mut base_w = 0.0;
+        for (ri, r) in site.racks.iter().enumerate().filter(|(_, r)| in_scope(r)) {
+            base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>();
+            members.extend(per_rack[ri].iter().copied());
+        }
+        out.push(Scope {
+            entity: EntityId::new(
+                if l.scope == "row" {
+                    EntityKind::Row
+                } else {
+                    EntityKind::Room
+                },
+                &l.name,
+            ),
+            rule: if l.scope == "row" {
+                "budget.row"
+            } else {
+                "budget.room"
+            },
+            budget_kw: l.limit_kw * l.derate,
+            members,
+            base_w,
+        });
+    }
+    // feeds: the PDUs they supply (only worth a scope when there is more than one)
+    if site.feeds.len() > 1 {
+        for f in &site.feeds {
+            let on_feed = |x: &str| site.pdus.iter().any(|p| p.id == x && p.feed == f.id);
+            let (members, base_w) = grouped(&on_feed);
+            out.push(Scope {
+                entity: EntityId::new(EntityKind::Feed, &f.id),
+                rule: "budget.feed",
+                budget_kw: limit("feed", &f.id).unwrap_or(f.usable_kw()),
+                members,
+                base_w,
+            });
+        }
+    }
+    out
+}
+
 /// Wanted caps per GPU, and what each scope looked like.
 pub fn evaluate(
     site: &Site,
+    index: &crate::rules_eval::Index<'_>,
     snapshot: &Snapshot,
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
     now: Timestamp,
-) -> (BTreeMap<EntityId, BudgetCap>, Vec<ScopeView>) {
-    let gpus = site.gpus();
-    let priority = job_priority_by_gpu(jobs);
+) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
+    let gpus = &index.gpus[..];
+    let priority = job_priority_by_gpu(index, jobs, &rule.cut_order);
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
-    for g in &gpus {
+    for g in gpus {
         let (draw, demand, was_stale) = gpu_demand(g, snapshot, prior, rule, now);
         stale += usize::from(was_stale);
         draws.push(draw);
         claims.push(Claim {
             demand_w: demand,
             min_w: g.model.min_w,
-            priority: priority.get(&g.id).copied().unwrap_or(i64::MIN),
+            priority: priority[claims.len()],
         });
     }
 
-    let mut wanted: BTreeMap<EntityId, BudgetCap> = BTreeMap::new();
+    // by GPU index
+    let mut wanted: Vec<Option<BudgetCap>> = vec![None; gpus.len()];
     let mut views = Vec::new();
-    // racks first: each rack's GPUs share what its budget leaves after the rest of the rack
-    let mut start = 0;
-    for rack in &site.racks {
-        let n: usize = rack
-            .nodes
+    // innermost first; each scope shares what its budget leaves among demands already
+    // limited by the scopes inside it
+    for scope in scopes(site, gpus, rule) {
+        let limited: Vec<Claim> = scope
+            .members
             .iter()
-            .map(|&i| site.nodes[i].gpus as usize)
-            .sum();
-        let range = start..start + n;
-        start += n;
-        let base_w: f64 = rack.nodes.iter().map(|&i| site.nodes[i].base_w).sum();
-        let entity = EntityId::rack(&rack.id);
-        let view = scope_cut(
-            &entity,
-            rack.power_budget_kw,
-            snapshot.observe(&entity, POWER_W, now),
-            base_w,
+            .map(|&(i, share)| {
+                let c = claims[i];
+                let d = wanted[i]
+                    .as_ref()
+                    .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
+                Claim {
+                    demand_w: d * share,
+                    min_w: c.min_w * share,
+                    priority: c.priority,
+                }
+            })
+            .collect();
+        let scope_draws: Vec<f64> = scope
+            .members
+            .iter()
+            .map(|&(i, share)| draws[i] * share)
+            .collect();
+        let (view, cut) = scope_cut(
+            &scope.entity,
+            scope.budget_kw,
+            snapshot.observe(&scope.entity, POWER_W, now),
+            scope.base_w,
             0.0,
-            &claims[range.clone()],
-            &draws[range.clone()],
+            &limited,
+            &scope_draws,
             rule,
             stale,
         );
         apply_cut(
-            &view.1,
-            &gpus[range.clone()],
-            &claims[range],
+            &cut,
+            gpus,
+            &scope.members,
+            &limited,
             prior,
-            "budget.rack",
+            scope.rule,
             &mut wanted,
         );
-        views.push(view.0);
+        let mut view = view;
+        view.racks = scope
+            .members
+            .iter()
+            .map(|&(i, _)| gpus[i].rack_index)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        views.push(view);
     }
-    // then the facility, over demands already limited by the racks
+    // then the facility (the contract with the utility), with the power queued jobs may
+    // add before the next tick reserved
     let limited: Vec<Claim> = claims
         .iter()
-        .zip(&gpus)
-        .map(|(c, g)| Claim {
-            demand_w: wanted
-                .get(&g.id)
-                .map_or(c.demand_w, |w| w.watts.min(c.demand_w)),
+        .zip(&wanted)
+        .map(|(c, w)| Claim {
+            demand_w: w.as_ref().map_or(c.demand_w, |w| w.watts.min(c.demand_w)),
             ..*c
         })
         .collect();
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
-    let view = scope_cut(
+    let budget_kw = rule
+        .limits
+        .iter()
+        .find(|l| l.scope == "site")
+        .map_or(site.facility_budget_kw(), |l| l.limit_kw * l.derate);
+    let (mut view, cut) = scope_cut(
         &entity,
-        site.facility_budget_kw(),
+        budget_kw,
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        queued_reserve_w(&gpus, &priority, jobs, prior),
+        queued_reserve_w(gpus, &priority, jobs, prior),
         &limited,
         &draws,
         rule,
         stale,
     );
+    let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
     apply_cut(
-        &view.1,
-        &gpus,
+        &cut,
+        gpus,
+        &all,
         &limited,
         prior,
         "budget.facility",
         &mut wanted,
     );
-    views.push(view.0);
+    view.racks = (0..site.racks.len()).collect();
+    views.push(view);
     (wanted, views)
 }
 
@@ -276,6 +468,7 @@ fn scope_cut(
         demand_kw: demand_w / 1000.0,
         feasible,
         stale_inputs: stale,
+        racks: Vec::new(),
     };
     let cut = if demand_w > budget_kw * 1000.0 * (1.0 - rule.margin) {
         Cut::To(alloc)
@@ -298,62 +491,62 @@ enum Cut {
     Lift,
 }
 
+/// Applies a scope's cut to its members (`(GPU index, share)`), tightening `wanted`.
 fn apply_cut(
     cut: &Cut,
     gpus: &[GpuRef<'_>],
+    members: &[(usize, f64)],
     claims: &[Claim],
     prior: &State,
     name: &'static str,
-    wanted: &mut BTreeMap<EntityId, BudgetCap>,
+    wanted: &mut [Option<BudgetCap>],
 ) {
     match cut {
         Cut::Lift => {}
         Cut::Keep => {
             // between the two thresholds: budget caps in force stay as they are
-            for g in gpus {
-                if let Some(c) = prior.caps.get(&g.id).filter(|c| c.rule == name) {
-                    tighten(wanted, &g.id, c.watts, name);
+            if prior.caps.is_empty() {
+                return;
+            }
+            for &(i, _) in members {
+                if let Some(c) = prior.caps.get(&gpus[i].id).filter(|c| c.rule == name) {
+                    tighten(&mut wanted[i], c.watts, name);
                 }
             }
         }
         Cut::To(alloc) => {
-            for ((g, c), a) in gpus.iter().zip(claims).zip(alloc) {
+            for ((&(i, share), c), a) in members.iter().zip(claims).zip(alloc) {
                 if *a < c.demand_w - 1e-6 {
-                    tighten(wanted, &g.id, g.model.clamp_limit(*a), name);
+                    // the allocation is of the share through this scope: the GPU's cap
+                    // is the allocation over its share
+                    tighten(&mut wanted[i], gpus[i].model.clamp_limit(*a / share), name);
                 }
             }
         }
     }
 }
 
-fn tighten(
-    wanted: &mut BTreeMap<EntityId, BudgetCap>,
-    id: &EntityId,
-    watts: f64,
-    rule: &'static str,
-) {
-    match wanted.get(id) {
+fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
+    match slot {
         Some(w) if w.watts <= watts => {}
-        _ => {
-            wanted.insert(id.clone(), BudgetCap { watts, rule });
-        }
+        _ => *slot = Some(BudgetCap { watts, rule }),
     }
 }
 
 /// Power that queued jobs (pending, not held) may add before the next tick: the
 /// scheduler can start them on idle GPUs at any moment, each GPU at its maximum.
-fn queued_reserve_w(
-    gpus: &[GpuRef<'_>],
-    busy: &BTreeMap<EntityId, i64>,
-    jobs: &[Job],
-    prior: &State,
-) -> f64 {
+fn queued_reserve_w(gpus: &[GpuRef<'_>], busy: &[i64], jobs: &[Job], prior: &State) -> f64 {
     let queued: usize = jobs
         .iter()
         .filter(|j| j.state == telemetry::JobState::Pending && !prior.holds.contains_key(&j.id))
         .map(|j| j.gpus as usize)
         .sum();
-    let idle: Vec<&GpuRef<'_>> = gpus.iter().filter(|g| !busy.contains_key(&g.id)).collect();
+    let idle: Vec<&GpuRef<'_>> = gpus
+        .iter()
+        .zip(busy)
+        .filter(|(_, b)| **b == i64::MIN)
+        .map(|(g, _)| g)
+        .collect();
     let n = queued.min(idle.len());
     if n == 0 {
         return 0.0;
@@ -366,14 +559,27 @@ fn queued_reserve_w(
     n as f64 * mean_extra
 }
 
-fn job_priority_by_gpu(jobs: &[Job]) -> BTreeMap<EntityId, i64> {
-    let mut m = BTreeMap::new();
+/// The cut order of each busy GPU: GPUs of jobs whose class comes first in
+/// `cut_order` are cut first, then by job priority (lower first). Idle GPUs (not in the
+/// map) are cut before any job's.
+fn job_priority_by_gpu(
+    index: &crate::rules_eval::Index<'_>,
+    jobs: &[Job],
+    cut_order: &[String],
+) -> Vec<i64> {
+    let mut m = vec![i64::MIN; index.gpus.len()];
     for j in jobs
         .iter()
         .filter(|j| j.state == telemetry::JobState::Running)
     {
+        let rank = cut_order
+            .iter()
+            .position(|c| c == &j.class)
+            .unwrap_or(cut_order.len()) as i64;
         for g in &j.allocated {
-            m.insert(g.clone(), i64::from(j.priority));
+            if let Some(i) = index.gpu_index(g) {
+                m[i] = (rank << 33) + i64::from(j.priority);
+            }
         }
     }
     m

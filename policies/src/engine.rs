@@ -7,11 +7,15 @@
 
 use std::collections::BTreeMap;
 
+use telemetry::site::GpuRef;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 
 use crate::budget::{self, ScopeView};
+use crate::plan::ClockLock;
 use crate::plan::{Action, Cap, Decision, Hold, Plan, State, Target};
 use crate::price::{self, Verdict};
+use crate::rules::{Rule, RuleAction};
+use crate::rules_eval;
 use crate::thermal;
 use crate::Policy;
 
@@ -29,7 +33,7 @@ pub struct Inputs<'a> {
 }
 
 /// Per (rule, scope): the values a rule looked at and what it says about them.
-type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String)>;
+type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String, String)>;
 
 /// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt).
 type Groups = Vec<((String, String, Option<i64>), Vec<EntityId>)>;
@@ -52,39 +56,64 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         policy,
         forecast,
     } = *inputs;
-    let mut enforce: BTreeMap<EntityId, Want> = BTreeMap::new();
-    let mut observe: BTreeMap<EntityId, Want> = BTreeMap::new();
+    let n = site.gpu_count();
+    // wanted caps by GPU index
+    let mut enforce: Vec<Option<Want>> = vec![None; n];
+    let mut observe: Vec<Option<Want>> = vec![None; n];
     let mut why: Why = BTreeMap::new();
 
     let mut next = State::default();
     let mut pacing = None;
+    // the site's GPUs, listed once: every step below indexes into this
+    let index = rules_eval::Index::new(site, site.gpus());
+    let gpus = &index.gpus;
     if policy.budget.enabled {
-        let (wanted, views) = budget::evaluate(site, snapshot, jobs, prior, &policy.budget, now);
+        let (wanted, views) =
+            budget::evaluate(site, &index, snapshot, jobs, prior, &policy.budget, now);
         pacing = views.last().map(|facility| price::Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
                 * (facility.budget_kw * (1.0 - policy.budget.margin) - facility.demand_kw)
                 * 1000.0,
-            watts_per_gpu: typical_gpu_w(site),
+            watts_per_gpu: typical_gpu_w(gpus),
         });
         let target = if policy.budget.observe {
             &mut observe
         } else {
             &mut enforce
         };
-        for (gpu, w) in wanted {
-            offer(target, gpu, w.watts, w.rule, policy.budget.lease_s);
+        for (i, w) in wanted.into_iter().enumerate() {
+            if let Some(w) = w {
+                offer(target, i, w.watts, w.rule, policy.budget.lease_s);
+            }
         }
         for v in &views {
-            let rule = if v.scope.kind == telemetry::EntityKind::Site {
-                "budget.facility"
-            } else {
-                "budget.rack"
+            let rule = match v.scope.kind {
+                telemetry::EntityKind::Site => "budget.facility",
+                telemetry::EntityKind::Rack => "budget.rack",
+                telemetry::EntityKind::Branch => "budget.branch",
+                telemetry::EntityKind::Pdu => "budget.pdu",
+                telemetry::EntityKind::Row => "budget.row",
+                telemetry::EntityKind::Room => "budget.room",
+                _ => "budget.feed",
             };
-            why.insert(
-                (rule.to_string(), v.scope.to_string()),
-                (v.values(), budget_reason(v)),
+            let entry = (
+                v.values(),
+                budget_reason(v),
+                budget_release(v, &policy.budget),
             );
+            if rule == "budget.facility" || rule == "budget.rack" {
+                why.insert((rule.to_string(), v.scope.to_string()), entry);
+            } else {
+                // cap decisions are grouped by rack: explain each rack by its scope
+                for &r in &v.racks {
+                    why.entry((
+                        rule.to_string(),
+                        EntityId::rack(&site.racks[r].id).to_string(),
+                    ))
+                    .or_insert_with(|| entry.clone());
+                }
+            }
         }
     }
     if policy.thermal.enabled {
@@ -94,30 +123,76 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         } else {
             &mut enforce
         };
-        for g in site.gpus() {
-            if let Some(l) = levels.get(&g.rack.id) {
-                offer(
-                    target,
-                    g.id.clone(),
-                    g.model.default_w * l.fraction,
-                    "thermal.inlet",
-                    policy.thermal.lease_s,
-                );
+        if !levels.is_empty() {
+            for (i, g) in gpus.iter().enumerate() {
+                if let Some(l) = levels.get(&g.rack.id) {
+                    offer(
+                        target,
+                        i,
+                        g.model.default_w * l.fraction,
+                        "thermal.inlet",
+                        policy.thermal.lease_s,
+                    );
+                }
             }
         }
         for s in steps {
             why.insert(
                 ("thermal.inlet".into(), EntityId::rack(&s.rack).to_string()),
-                (s.values, s.reason),
+                (s.values, s.reason, s.release),
             );
         }
         next.thermal = levels;
     }
 
+    // the SREs' rules
+    let mut rule_wants: Vec<(&Rule, rules_eval::Wants)> = Vec::new();
+    for rule in policy.rules.iter().filter(|r| r.enabled) {
+        let empty = BTreeMap::new();
+        let memory = prior.rules.get(&rule.name).unwrap_or(&empty);
+        let (wants, mem) = rules_eval::run(
+            rule,
+            &index,
+            snapshot,
+            forecast,
+            jobs,
+            memory,
+            policy.price.margin_s,
+            policy.price.max_defer_s,
+            now,
+        );
+        if !mem.is_empty() {
+            next.rules.insert(rule.name.clone(), mem);
+        }
+        let id = rule.id();
+        let target = if rule.observe {
+            &mut observe
+        } else {
+            &mut enforce
+        };
+        for &(g, watts) in &wants.caps {
+            offer(target, g, watts, &id, rule.lease_s);
+        }
+        for w in &wants.why {
+            for &r in &w.racks {
+                let key = (id.clone(), EntityId::rack(&site.racks[r].id).to_string());
+                why.entry(key).or_insert_with(|| {
+                    (
+                        w.values.clone(),
+                        format!("{}: {}", w.target, w.reason),
+                        w.release.clone(),
+                    )
+                });
+            }
+        }
+        rule_wants.push((rule, wants));
+    }
+
     let mut decisions = Vec::new();
-    next.caps = settle(site, &prior.caps, &enforce, policy, now);
+    next.caps = settle(gpus, &prior.caps, &enforce, policy, now);
     cap_decisions(
         site,
+        gpus,
         &prior.caps,
         &next.caps,
         &why,
@@ -125,9 +200,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.observed_caps = settle(site, &prior.observed_caps, &observe, policy, now);
+    next.observed_caps = settle(gpus, &prior.observed_caps, &observe, policy, now);
     cap_decisions(
         site,
+        gpus,
         &prior.observed_caps,
         &next.observed_caps,
         &why,
@@ -136,8 +212,11 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         &mut decisions,
     );
 
+    clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
+    preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
+
     if policy.price.enabled {
-        let (verdicts, values) = price::evaluate(
+        let (mut verdicts, values) = price::evaluate(
             site,
             snapshot,
             jobs,
@@ -145,6 +224,14 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &policy.price,
             pacing,
             forecast,
+            now,
+        );
+        merge_rule_holds(
+            &mut verdicts,
+            jobs,
+            prior,
+            &rule_wants,
+            policy.price.observe,
             now,
         );
         let observe_only = policy.price.observe;
@@ -164,15 +251,26 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &mut decisions,
         );
     } else {
+        let mut verdicts = BTreeMap::new();
         for job in prior.holds.keys() {
-            decisions.push(release(
-                job,
-                "price rule disabled",
-                &BTreeMap::new(),
-                false,
-                now,
-            ));
+            verdicts.insert(
+                job.clone(),
+                Verdict::Release {
+                    reason: "price rule disabled".into(),
+                },
+            );
         }
+        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, false, now);
+        hold_decisions(
+            jobs,
+            &prior.holds,
+            verdicts,
+            &BTreeMap::new(),
+            false,
+            now,
+            &mut next.holds,
+            &mut decisions,
+        );
     }
     Plan {
         state: next,
@@ -182,26 +280,23 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
 /// What a busy GPU of this site may draw, for pacing releases: its default limit plus
 /// its share of its node's base power (the worst case, so releases never overshoot).
-fn typical_gpu_w(site: &Site) -> f64 {
-    let gpus = site.gpus();
+fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
     gpus.iter()
         .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
         .sum::<f64>()
         / gpus.len().max(1) as f64
 }
 
-fn offer(map: &mut BTreeMap<EntityId, Want>, gpu: EntityId, watts: f64, rule: &str, lease_s: f64) {
-    match map.get(&gpu) {
+fn offer(map: &mut [Option<Want>], gpu: usize, watts: f64, rule: &str, lease_s: f64) {
+    let slot = &mut map[gpu];
+    match slot {
         Some(w) if w.watts <= watts => {}
         _ => {
-            map.insert(
-                gpu,
-                Want {
-                    watts,
-                    rule: rule.to_string(),
-                    lease_s,
-                },
-            );
+            *slot = Some(Want {
+                watts,
+                rule: rule.to_string(),
+                lease_s,
+            })
         }
     }
 }
@@ -230,18 +325,22 @@ fn budget_reason(v: &ScopeView) -> String {
 
 /// Turns wanted caps into caps in force: clamped, rate limited, with leases.
 fn settle(
-    site: &Site,
+    gpus: &[GpuRef<'_>],
     prior: &BTreeMap<EntityId, Cap>,
-    wants: &BTreeMap<EntityId, Want>,
+    wants: &[Option<Want>],
     policy: &Policy,
     now: Timestamp,
 ) -> BTreeMap<EntityId, Cap> {
     let b = &policy.budget;
     let mut out = BTreeMap::new();
-    for g in site.gpus() {
+    for (g, want) in gpus.iter().zip(wants) {
         let model = g.model;
-        let old = prior.get(&g.id);
-        let want = wants.get(&g.id);
+        let old = if prior.is_empty() {
+            None
+        } else {
+            prior.get(&g.id)
+        };
+        let want = want.as_ref();
         let current = old.map_or(model.default_w, |c| c.watts);
         let target = model.clamp_limit(want.map_or(model.default_w, |w| w.watts));
         let lease_s = want.map_or(b.lease_s, |w| w.lease_s);
@@ -282,14 +381,16 @@ fn settle(
             }
         };
         if let Some(c) = cap {
-            out.insert(g.id, c);
+            out.insert(g.id.clone(), c);
         }
     }
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cap_decisions(
     site: &Site,
+    all: &[GpuRef<'_>],
     prior: &BTreeMap<EntityId, Cap>,
     next: &BTreeMap<EntityId, Cap>,
     why: &Why,
@@ -297,9 +398,14 @@ fn cap_decisions(
     now: Timestamp,
     out: &mut Vec<Decision>,
 ) {
+    if prior.is_empty() && next.is_empty() {
+        return;
+    }
     // group changed GPUs by rack, rule and new value, in site order
     let mut groups: Groups = Vec::new();
-    for g in site.gpus() {
+    let mut at: std::collections::HashMap<(String, String, Option<i64>), usize> =
+        std::collections::HashMap::new();
+    for g in all {
         let (old, new) = (prior.get(&g.id), next.get(&g.id));
         let changed = match (old, new) {
             (None, None) => false,
@@ -315,9 +421,12 @@ fn cap_decisions(
             rule,
             new.map(|c| (c.watts * 10.0).round() as i64),
         );
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(g.id),
-            None => groups.push((key, vec![g.id])),
+        match at.get(&key) {
+            Some(&i) => groups[i].1.push(g.id.clone()),
+            None => {
+                at.insert(key.clone(), groups.len());
+                groups.push((key, vec![g.id.clone()]));
+            }
         }
     }
     for ((rack, rule, watts), gpus) in groups {
@@ -326,10 +435,10 @@ fn cap_decisions(
         } else {
             EntityId::rack(&rack)
         };
-        let (values, reason) = why
+        let (values, reason, release_text) = why
             .get(&(rule.clone(), scope.to_string()))
             .cloned()
-            .unwrap_or_else(|| (BTreeMap::new(), String::new()));
+            .unwrap_or_else(|| (BTreeMap::new(), String::new(), String::new()));
         let (action, reason) = match watts {
             Some(w) => (
                 Action::Cap {
@@ -353,11 +462,15 @@ fn cap_decisions(
                 entity: EntityId::rack(&rack),
                 gpus,
             },
+            release: if matches!(action, Action::Uncap) {
+                String::new()
+            } else {
+                release_text
+            },
             action,
             values,
             reason,
             observe_only,
-            release: String::new(),
         });
     }
 }
@@ -387,18 +500,26 @@ fn hold_decisions(
                         values: values.clone(),
                         reason: h.reason.clone(),
                         observe_only,
-                        release: String::new(),
+                        release: format!(
+                            "released when the rule no longer holds it, and by {} at the latest",
+                            h.lease_until
+                        ),
                     });
                 }
                 holds.insert(job, h);
             }
             Verdict::Release { reason } => {
-                out.push(release(&job, &reason, values, observe_only, now))
+                let mut d = release(&job, &reason, values, observe_only, now);
+                if let Some(h) = prior.get(&job) {
+                    d.rule = h.rule.clone();
+                }
+                out.push(d)
             }
         }
     }
+    let known: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     for job in prior.keys() {
-        if !jobs.iter().any(|j| &j.id == job) {
+        if !known.contains(job.as_str()) {
             out.push(release(
                 job,
                 "job is no longer known",
@@ -433,3 +554,279 @@ fn release(
 
 #[cfg(test)]
 mod tests;
+
+/// What would lift a budget cap.
+fn budget_release(v: &ScopeView, rule: &crate::policy::BudgetRule) -> String {
+    format!(
+        "demand under {:.1} kW ({}% of the budget)",
+        v.budget_kw * rule.release_ratio,
+        (rule.release_ratio * 100.0).round()
+    )
+}
+
+/// Holds and releases wanted by rules, merged into the price rule's verdicts: a hold by
+/// any rule keeps a job held; a `release` rule wins over every hold (it protects
+/// something the SREs chose: a deadline, a class); holds placed by a rule that no
+/// longer wants them are released.
+fn merge_rule_holds(
+    verdicts: &mut BTreeMap<String, Verdict>,
+    jobs: &[Job],
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    price_observe: bool,
+    now: Timestamp,
+) {
+    let prior_holds = &prior.holds;
+    let mut held: BTreeMap<&str, (&Rule, Timestamp)> = BTreeMap::new();
+    let mut exempt: BTreeMap<&str, &Rule> = BTreeMap::new();
+    for (rule, w) in rules.iter().filter(|(r, _)| !r.observe) {
+        for (job, until) in &w.holds {
+            held.entry(job.as_str()).or_insert((rule, *until));
+        }
+        for job in &w.releases {
+            exempt.entry(job.as_str()).or_insert(rule);
+        }
+    }
+    let _ = price_observe;
+    let reasons: std::collections::HashMap<(&str, &str), &str> = rules
+        .iter()
+        .flat_map(|(r, w)| {
+            w.why.iter().filter_map(move |x| {
+                x.target
+                    .strip_prefix("job/")
+                    .map(|j| ((r.name.as_str(), j), x.reason.as_str()))
+            })
+        })
+        .collect();
+    let known: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    for (job, (rule, until)) in held {
+        if exempt.contains_key(job) {
+            continue;
+        }
+        if let Some(Verdict::Hold(_)) = verdicts.get(job) {
+            continue;
+        }
+        let since = prior_holds.get(job).map_or(now, |h| h.since);
+        let reason = reasons
+            .get(&(rule.name.as_str(), job))
+            .map_or_else(|| rule.id(), |r| r.to_string());
+        verdicts.insert(
+            job.to_string(),
+            Verdict::Hold(Hold {
+                rule: rule.id(),
+                since,
+                lease_until: until,
+                reason,
+            }),
+        );
+    }
+    for (job, rule) in exempt {
+        let was_held = prior_holds.contains_key(job);
+        match verdicts.get(job) {
+            Some(Verdict::Hold(_)) | None if was_held => {
+                verdicts.insert(
+                    job.to_string(),
+                    Verdict::Release {
+                        reason: format!("released by rule {}", rule.name),
+                    },
+                );
+            }
+            Some(Verdict::Hold(_)) => {
+                verdicts.remove(job);
+            }
+            _ => {}
+        }
+    }
+    // holds of rules that no longer want them
+    for (job, h) in prior_holds {
+        if h.rule.starts_with("rules.") && !verdicts.contains_key(job) {
+            let still = known.contains(job.as_str());
+            verdicts.insert(
+                job.clone(),
+                Verdict::Release {
+                    reason: if still {
+                        format!("{} no longer holds it", h.rule)
+                    } else {
+                        "job is no longer known".into()
+                    },
+                },
+            );
+        }
+    }
+}
+
+/// Clock locks wanted by rules: the lowest clock wins, each with the rule's lease;
+/// decisions per rack for what changed.
+fn clocks(
+    index: &rules_eval::Index<'_>,
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    now: Timestamp,
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    let mut want: BTreeMap<usize, (f64, &Rule)> = BTreeMap::new();
+    for (rule, w) in rules.iter().filter(|(r, _)| !r.observe) {
+        for &(g, mhz) in &w.clocks {
+            match want.get(&g) {
+                Some((m, _)) if *m <= mhz => {}
+                _ => {
+                    want.insert(g, (mhz, rule));
+                }
+            }
+        }
+    }
+    for (g, (mhz, rule)) in &want {
+        let id = index.gpus[*g].id.clone();
+        let since = prior
+            .clocks
+            .get(&id)
+            .filter(|c| c.mhz == *mhz)
+            .map_or(now, |c| c.since);
+        next.clocks.insert(
+            id,
+            ClockLock {
+                mhz: *mhz,
+                rule: rule.id(),
+                since,
+                lease_until: now + rule.lease_s,
+            },
+        );
+    }
+    if prior.clocks.is_empty() && next.clocks.is_empty() {
+        return;
+    }
+    // decisions grouped by rack and new value
+    let mut groups: BTreeMap<(usize, String, Option<i64>), Vec<EntityId>> = BTreeMap::new();
+    for (i, g) in index.gpus.iter().enumerate() {
+        let (old, new) = (prior.clocks.get(&g.id), next.clocks.get(&g.id));
+        let changed = match (old, new) {
+            (None, None) => false,
+            (Some(a), Some(b)) => a.mhz != b.mhz,
+            _ => true,
+        };
+        if changed {
+            let rule = new.or(old).map(|c| c.rule.clone()).unwrap_or_default();
+            groups
+                .entry((g.rack_index, rule, new.map(|c| c.mhz.round() as i64)))
+                .or_default()
+                .push(g.id.clone());
+            let _ = i;
+        }
+    }
+    for ((rack, rule, mhz), gpus) in groups {
+        let w = rules
+            .iter()
+            .find(|(r, _)| r.id() == rule)
+            .and_then(|(_, w)| w.why.iter().find(|x| x.racks.contains(&rack)));
+        out.push(Decision {
+            time: now,
+            rule,
+            target: Target::Gpus {
+                entity: EntityId::rack(&index.site.racks[rack].id),
+                gpus,
+            },
+            action: match mhz {
+                Some(m) => Action::LockClocks { mhz: m as f64 },
+                None => Action::UnlockClocks,
+            },
+            values: w.map(|w| w.values.clone()).unwrap_or_default(),
+            reason: w.map_or_else(
+                || "no rule wants the clocks locked any more".to_string(),
+                |w| w.reason.clone(),
+            ),
+            release: w.map(|w| w.release.clone()).unwrap_or_default(),
+            observe_only: false,
+        });
+    }
+}
+
+/// Requeues and suspensions of preemptible jobs wanted by rules; a suspension ends when
+/// no rule wants it (resume) or, for an agentless controller, when its lease runs out.
+fn preempt(
+    jobs: &[Job],
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    now: Timestamp,
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    let why = |rule: &Rule, w: &rules_eval::Wants, job: &str| {
+        w.why
+            .iter()
+            .find(|x| x.target == format!("job/{job}"))
+            .map_or_else(
+                || (BTreeMap::new(), rule.id(), String::new()),
+                |x| (x.values.clone(), x.reason.clone(), x.release.clone()),
+            )
+    };
+    for (rule, w) in rules {
+        for job in &w.requeues {
+            let (values, reason, _) = why(rule, w, job);
+            out.push(Decision {
+                time: now,
+                rule: rule.id(),
+                target: Target::Job { job: job.clone() },
+                action: Action::Requeue,
+                values,
+                reason,
+                release: String::new(),
+                observe_only: rule.observe,
+            });
+        }
+        if rule.observe {
+            continue;
+        }
+        for (job, until) in &w.suspends {
+            if next.suspended.contains_key(job) {
+                continue;
+            }
+            let (values, reason, release) = why(rule, w, job);
+            let since = prior.suspended.get(job).map_or(now, |h| h.since);
+            if !prior.suspended.contains_key(job) {
+                out.push(Decision {
+                    time: now,
+                    rule: rule.id(),
+                    target: Target::Job { job: job.clone() },
+                    action: Action::Suspend { until: *until },
+                    values,
+                    reason: reason.clone(),
+                    release,
+                    observe_only: false,
+                });
+            }
+            next.suspended.insert(
+                job.clone(),
+                Hold {
+                    rule: rule.id(),
+                    since,
+                    lease_until: *until,
+                    reason,
+                },
+            );
+        }
+    }
+    for (job, h) in &prior.suspended {
+        if next.suspended.contains_key(job) {
+            continue;
+        }
+        let known = jobs.iter().any(|j| &j.id == job && !j.state.is_done());
+        out.push(Decision {
+            time: now,
+            rule: h.rule.clone(),
+            target: Target::Job { job: job.clone() },
+            action: Action::Resume,
+            values: BTreeMap::new(),
+            reason: if known {
+                format!("{} no longer wants it suspended", h.rule)
+            } else {
+                "job is no longer known".into()
+            },
+            release: String::new(),
+            observe_only: false,
+        });
+    }
+    let _ = RuleAction::Hold;
+}
+#[cfg(test)]
+mod rules_tests;

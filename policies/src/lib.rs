@@ -22,14 +22,17 @@
 
 pub mod budget;
 pub mod engine;
+pub mod expr;
 pub mod forecast;
 pub mod plan;
 pub mod planner;
 pub mod policy;
 pub mod price;
+pub mod rules;
+pub mod rules_eval;
 pub mod thermal;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
-pub use plan::{Action, Cap, Decision, Hold, Plan, State, Target};
+pub use plan::{Action, Cap, ClockLock, Decision, Hold, Plan, RuleMemory, State, Target};
 pub use policy::Policy;

@@ -37,6 +37,35 @@ pub struct ThermalLevel {
     pub since: Timestamp,
 }
 
+/// A rule's memory for one of its targets (an entity or a job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleMemory {
+    pub active: bool,
+    /// When it last switched on or off.
+    pub since: Timestamp,
+    /// Since when each comparison of `when` has been true (by comparison index).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub when_true: BTreeMap<usize, Timestamp>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub release_true: BTreeMap<usize, Timestamp>,
+    /// The rule's cap level (W or %) while it ramps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<f64>,
+    pub level_at: Timestamp,
+    /// A one-shot action (requeue) was taken in this activation.
+    #[serde(default)]
+    pub done: bool,
+}
+
+/// A locked SM clock on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClockLock {
+    pub mhz: f64,
+    pub rule: String,
+    pub since: Timestamp,
+    pub lease_until: Timestamp,
+}
+
 /// Everything in force. The engine takes the prior one and returns the next.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
@@ -51,6 +80,15 @@ pub struct State {
     pub observed_caps: BTreeMap<EntityId, Cap>,
     #[serde(default)]
     pub observed_holds: BTreeMap<String, Hold>,
+    /// Locked SM clocks per GPU.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub clocks: BTreeMap<EntityId, ClockLock>,
+    /// Preemptible jobs suspended by a rule, with the lease of the suspension.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub suspended: BTreeMap<String, Hold>,
+    /// Each rule's memory per target: `rule name` → `target` → memory.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rules: BTreeMap<String, BTreeMap<String, RuleMemory>>,
 }
 
 /// What a decision is about. In JSON its fields sit in the decision itself:
@@ -81,10 +119,24 @@ impl fmt::Display for Target {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Action {
-    Cap { watts: f64 },
+    Cap {
+        watts: f64,
+    },
     Uncap,
-    Hold { until: Timestamp },
+    Hold {
+        until: Timestamp,
+    },
     Release,
+    LockClocks {
+        mhz: f64,
+    },
+    UnlockClocks,
+    /// Requeue a running preemptible job (it goes back to pending).
+    Requeue,
+    Suspend {
+        until: Timestamp,
+    },
+    Resume,
 }
 
 impl fmt::Display for Action {
@@ -94,6 +146,11 @@ impl fmt::Display for Action {
             Action::Uncap => f.write_str("uncap"),
             Action::Hold { until } => write!(f, "hold until {until}"),
             Action::Release => f.write_str("release"),
+            Action::LockClocks { mhz } => write!(f, "lock clocks at {mhz:.0} MHz"),
+            Action::UnlockClocks => f.write_str("unlock clocks"),
+            Action::Requeue => f.write_str("requeue"),
+            Action::Suspend { until } => write!(f, "suspend until {until}"),
+            Action::Resume => f.write_str("resume"),
         }
     }
 }

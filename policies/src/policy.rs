@@ -45,6 +45,31 @@ pub struct BudgetRule {
     pub on_stale: OnStale,
     pub lease_s: f64,
     pub observe: bool,
+    /// Job classes cut first, in order (after idle GPUs); unlisted classes last, each
+    /// by job priority.
+    pub cut_order: Vec<String>,
+    /// Budgets the site file does not give (rows, rooms) or that the policy lowers
+    /// (a contract limit for the site, a feed, a PDU, a rack).
+    pub limits: Vec<Limit>,
+}
+
+/// A power budget set by the policy: `{ scope = "row", name = "row-a", limit_kw = 120 }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    /// site, feed, pdu, branch (`pdu.branch`), row, room or rack.
+    pub scope: String,
+    /// The entity's name (ignored for the site).
+    #[serde(default)]
+    pub name: String,
+    pub limit_kw: f64,
+    /// Usable share of the limit (continuous-load derating).
+    #[serde(default = "one")]
+    pub derate: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Default for BudgetRule {
@@ -58,6 +83,8 @@ impl Default for BudgetRule {
             on_stale: OnStale::AssumeWorst,
             lease_s: 300.0,
             observe: false,
+            cut_order: Vec::new(),
+            limits: Vec::new(),
         }
     }
 }
@@ -75,6 +102,15 @@ pub struct ThermalRule {
     pub release_below_c: f64,
     /// A cap is kept at least this long before it relaxes.
     pub min_hold_s: f64,
+    /// Cooling units (CDUs): tighten the racks a unit serves while its supply
+    /// temperature is above this (°C); `None`: not checked.
+    pub supply_limit_c: Option<f64>,
+    /// … or its return temperature above this (°C); `None`: not checked.
+    pub return_limit_c: Option<f64>,
+    /// … or its heat load above capacity × this.
+    pub max_load_ratio: f64,
+    /// Relax only once the heat load is under capacity × this.
+    pub load_release_ratio: f64,
     pub on_stale: OnStale,
     pub lease_s: f64,
     pub observe: bool,
@@ -88,6 +124,10 @@ impl Default for ThermalRule {
             step_interval_s: 120.0,
             release_below_c: 1.5,
             min_hold_s: 300.0,
+            supply_limit_c: None,
+            return_limit_c: None,
+            max_load_ratio: 1.0,
+            load_release_ratio: 0.9,
             on_stale: OnStale::HoldLast,
             lease_s: 300.0,
             observe: false,
@@ -164,6 +204,12 @@ pub struct Policy {
     pub thermal: ThermalRule,
     #[serde(default)]
     pub price: PriceRule,
+    /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
+    #[serde(skip)]
+    pub rules: Vec<crate::rules::Rule>,
+    /// The `[[rules]]` tables as read; compiled into `rules` by [`Policy::parse`].
+    #[serde(default, rename = "rules", skip_serializing)]
+    raw_rules: Vec<toml::Value>,
 }
 
 impl Default for Policy {
@@ -173,6 +219,8 @@ impl Default for Policy {
             budget: BudgetRule::default(),
             thermal: ThermalRule::default(),
             price: PriceRule::default(),
+            rules: Vec::new(),
+            raw_rules: Vec::new(),
         }
     }
 }
@@ -186,14 +234,18 @@ struct Positions {
     thermal: Option<Spanned<toml::Table>>,
     #[serde(default)]
     price: Option<Spanned<toml::Table>>,
+    #[serde(default)]
+    rules: Vec<crate::rules::RawRule>,
 }
 
 impl Policy {
     /// Parses and validates a policy file; every problem at once, with positions.
     pub fn parse(file: &str, src: &str) -> Result<Policy, Diagnostics> {
-        let policy: Policy = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let mut policy: Policy = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
         let pos: Positions = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
         let mut c = Collector::new(file, src);
+        policy.raw_rules.clear();
+        policy.rules = crate::rules::compile(src, pos.rules.clone(), &mut c);
         if policy.version != 1 {
             c.at(
                 pos.version.span(),
@@ -259,6 +311,33 @@ impl Policy {
             "lease_s",
             format!("budget: lease_s must be at least 10, got {}", b.lease_s),
         );
+        for l in &b.limits {
+            check(
+                ["site", "feed", "pdu", "branch", "row", "room", "rack"]
+                    .contains(&l.scope.as_str()),
+                &pos.budget,
+                "limits",
+                format!(
+                    "budget.limits: scope `{}` must be site, feed, pdu, branch, row, room or rack",
+                    l.scope
+                ),
+            );
+            check(
+                l.scope == "site" || !l.name.is_empty(),
+                &pos.budget,
+                "limits",
+                format!("budget.limits: a {} limit needs a name", l.scope),
+            );
+            check(
+                l.limit_kw > 0.0 && l.limit_kw.is_finite() && l.derate > 0.0 && l.derate <= 1.0,
+                &pos.budget,
+                "limits",
+                format!(
+                    "budget.limits: {} {}: limit_kw must be positive and derate within 0..=1, got {} and {}",
+                    l.scope, l.name, l.limit_kw, l.derate
+                ),
+            );
+        }
         let t = &policy.thermal;
         check(
             t.step_pct > 0.0 && t.step_pct <= 50.0,
@@ -296,6 +375,31 @@ impl Policy {
                 t.min_hold_s
             ),
         );
+        check(
+            t.max_load_ratio > 0.0
+                && t.max_load_ratio <= 1.5
+                && t.load_release_ratio > 0.0
+                && t.load_release_ratio < t.max_load_ratio,
+            &pos.thermal,
+            "load_release_ratio",
+            format!(
+                "thermal: need 0 < load_release_ratio < max_load_ratio <= 1.5, got {} and {}",
+                t.load_release_ratio, t.max_load_ratio
+            ),
+        );
+        for (key, v) in [
+            ("supply_limit_c", t.supply_limit_c),
+            ("return_limit_c", t.return_limit_c),
+        ] {
+            if let Some(v) = v {
+                check(
+                    (5.0..=80.0).contains(&v),
+                    &pos.thermal,
+                    key,
+                    format!("thermal: {key} must be within 5..=80 °C, got {v}"),
+                );
+            }
+        }
         check(
             t.lease_s >= 10.0,
             &pos.thermal,
@@ -359,6 +463,106 @@ impl Policy {
         );
         c.finish()?;
         Ok(policy)
+    }
+}
+
+impl Policy {
+    /// Checks the policy against a site: selectors that pick nothing, caps below the
+    /// minimum limit of a GPU they apply to, budget limits naming unknown equipment.
+    /// `src` is the policy file's text (for positions).
+    pub fn check_site(
+        &self,
+        file: &str,
+        src: &str,
+        site: &telemetry::Site,
+    ) -> Result<(), Diagnostics> {
+        let mut c = Collector::new(file, src);
+        let index = crate::rules_eval::Index::new(site, site.gpus());
+        for rule in &self.rules {
+            if rule.scope == crate::rules::ScopeKind::Job {
+                continue;
+            }
+            let targets = index.targets(rule.scope, &rule.select);
+            if targets.is_empty() {
+                c.at(
+                    rule.select_at..rule.select_at,
+                    format!(
+                        "rule `{}`: selects no {} of site {}",
+                        rule.name,
+                        rule.scope.name(),
+                        site.name
+                    ),
+                );
+                continue;
+            }
+            let below: Vec<String> = match rule.action {
+                crate::rules::RuleAction::CapW(w) => {
+                    let mut models: Vec<(&str, f64)> = targets
+                        .iter()
+                        .flat_map(|(_, g)| g.iter().map(|&i| index.gpus[i].model))
+                        .filter(|m| w < m.min_w)
+                        .map(|m| (m.name.as_str(), m.min_w))
+                        .collect();
+                    models.sort_by(|a, b| a.0.cmp(b.0));
+                    models.dedup();
+                    models
+                        .into_iter()
+                        .map(|(n, min)| format!("{n} accepts no less than {min} W"))
+                        .collect()
+                }
+                crate::rules::RuleAction::CapPct(p) => {
+                    let mut models: Vec<(&str, f64)> = targets
+                        .iter()
+                        .flat_map(|(_, g)| g.iter().map(|&i| index.gpus[i].model))
+                        .filter(|m| m.default_w * p / 100.0 < m.min_w)
+                        .map(|m| (m.name.as_str(), m.min_w))
+                        .collect();
+                    models.sort_by(|a, b| a.0.cmp(b.0));
+                    models.dedup();
+                    models
+                        .into_iter()
+                        .map(|(n, min)| format!("{n} accepts no less than {min} W"))
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            if !below.is_empty() {
+                c.at(
+                    rule.action_at..rule.action_at,
+                    format!(
+                        "rule `{}`: cap below the GPUs' minimum ({}); it would be raised to the minimum",
+                        rule.name,
+                        below.join(", ")
+                    ),
+                );
+            }
+        }
+        let entities = site.entities();
+        let budget_at = src.find("[budget").unwrap_or(0);
+        for l in &self.budget.limits {
+            let kind = match l.scope.as_str() {
+                "site" => continue,
+                "feed" => telemetry::EntityKind::Feed,
+                "pdu" => telemetry::EntityKind::Pdu,
+                "branch" => telemetry::EntityKind::Branch,
+                "row" => telemetry::EntityKind::Row,
+                "room" => telemetry::EntityKind::Room,
+                _ => telemetry::EntityKind::Rack,
+            };
+            if !entities.contains(&telemetry::EntityId::new(kind, &l.name)) {
+                let at = src[budget_at..]
+                    .find(&format!("\"{}\"", l.name))
+                    .map_or(budget_at, |i| budget_at + i);
+                c.at(
+                    at..at,
+                    format!(
+                        "budget.limits: site {} has no {} `{}`",
+                        site.name, l.scope, l.name
+                    ),
+                );
+            }
+        }
+        c.finish()
     }
 }
 

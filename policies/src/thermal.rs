@@ -1,10 +1,12 @@
-//! Thermal headroom: a rack whose inlet is above its limit gets its GPUs capped, one
-//! step at a time, until the inlet falls; the cap relaxes one step at a time once the
-//! inlet is below limit − `release_below_c` and the cap has been held `min_hold_s`.
+//! Thermal headroom: a rack whose inlet is above its limit, or whose cooling unit is
+//! short of headroom (CDU supply or return temperature above its limit, heat load
+//! above its capacity), gets its GPUs capped, one step at a time, until it recovers;
+//! the cap relaxes one step at a time once every signal is back under its release
+//! threshold and the cap has been held `min_hold_s`.
 
 use std::collections::BTreeMap;
 
-use telemetry::metric::names::INLET_TEMP_C;
+use telemetry::metric::names::{HEAT_LOAD_KW, INLET_TEMP_C, RETURN_TEMP_C, SUPPLY_TEMP_C};
 use telemetry::{EntityId, Site, Snapshot, Timestamp};
 
 use crate::budget::round3;
@@ -20,6 +22,89 @@ pub struct Step {
     pub fraction: f64,
     pub values: BTreeMap<String, f64>,
     pub reason: String,
+    /// What would relax it.
+    pub release: String,
+}
+
+/// What a cooling unit's signals say: short of headroom (with why), recovered, or
+/// neither.
+#[derive(Debug, Clone, Default)]
+struct UnitState {
+    hot: Option<String>,
+    cool: bool,
+    values: BTreeMap<String, f64>,
+    release: Vec<String>,
+}
+
+/// Checks a cooling unit's supply and return temperatures and heat load against the
+/// rule's limits. A signal the unit never reported is not checked; one that went
+/// stale follows `on_stale`.
+fn unit_state(
+    unit: &telemetry::site::CoolingUnit,
+    snapshot: &Snapshot,
+    rule: &ThermalRule,
+    now: Timestamp,
+) -> UnitState {
+    let id = EntityId::new(telemetry::EntityKind::Cooling, &unit.id);
+    let mut st = UnitState {
+        cool: true,
+        ..UnitState::default()
+    };
+    let checks = [
+        (
+            SUPPLY_TEMP_C,
+            rule.supply_limit_c,
+            rule.supply_limit_c.map(|l| l - rule.release_below_c),
+            "°C",
+        ),
+        (
+            RETURN_TEMP_C,
+            rule.return_limit_c,
+            rule.return_limit_c.map(|l| l - rule.release_below_c),
+            "°C",
+        ),
+        (
+            HEAT_LOAD_KW,
+            Some(unit.capacity_kw * rule.max_load_ratio),
+            Some(unit.capacity_kw * rule.load_release_ratio),
+            "kW",
+        ),
+    ];
+    for (metric, limit, release, unit_name) in checks {
+        let (Some(limit), Some(release)) = (limit, release) else {
+            continue;
+        };
+        let Some(o) = snapshot.observe(&id, metric, now) else {
+            continue;
+        };
+        st.values
+            .insert(format!("{}.{metric}", unit.id), round3(o.value));
+        st.values
+            .insert(format!("{}.{metric}_limit", unit.id), round3(limit));
+        st.release
+            .push(format!("{}.{metric} < {}", unit.id, round3(release)));
+        if !o.usable() {
+            match rule.on_stale {
+                OnStale::AssumeWorst => {
+                    st.hot = Some(format!("{} {metric} stale: assuming the worst", unit.id));
+                    st.cool = false;
+                }
+                OnStale::HoldLast => st.cool = false,
+                OnStale::Ignore => {}
+            }
+            continue;
+        }
+        if o.value > limit {
+            st.hot = Some(format!(
+                "{} {metric} {:.1} {unit_name} above {:.1} {unit_name}",
+                unit.id, o.value, limit
+            ));
+        }
+        if o.value >= release {
+            st.cool = false;
+        }
+    }
+    st
 }
 
 /// The next thermal levels per rack, and the steps taken this tick.
@@ -33,7 +118,13 @@ pub fn evaluate(
     let mut levels = BTreeMap::new();
     let mut steps = Vec::new();
     let step = rule.step_pct / 100.0;
+    let units: BTreeMap<&str, UnitState> = site
+        .cooling
+        .iter()
+        .map(|u| (u.id.as_str(), unit_state(u, snapshot, rule, now)))
+        .collect();
     for rack in &site.racks {
+        let unit = units.get(rack.cooling.as_str());
         let prev = prior.thermal.get(&rack.id);
         let fraction = prev.map_or(1.0, |p| p.fraction);
         let since = prev.map_or(now, |p| p.since);
@@ -74,6 +165,31 @@ pub fn evaluate(
                 ),
             },
         };
+        // the cooling unit that serves the rack can make it hot and keep it from cooling
+        let (hot, cool, why) = match unit {
+            Some(u) => {
+                values.extend(u.values.clone());
+                match (&u.hot, hot) {
+                    (Some(h), false) => (true, false, h.clone()),
+                    (Some(h), true) => (true, false, format!("{why}; {h}")),
+                    (None, _) => (hot, cool && u.cool, why),
+                }
+            }
+            None => (hot, cool, why),
+        };
+        let mut release = vec![format!(
+            "inlet_temp_c < {:.1}",
+            rack.inlet_limit_c - rule.release_below_c
+        )];
+        if let Some(u) = unit {
+            release.extend(u.release.iter().cloned());
+        }
+        let release = format!(
+            "{} (one step per {}s, held at least {}s)",
+            release.join(" and "),
+            rule.step_interval_s,
+            rule.min_hold_s
+        );
         let mut next = ThermalLevel { fraction, since };
         let first = prev.is_none();
         if hot && fraction > 0.0 && (first || held_s >= rule.step_interval_s) {
@@ -86,6 +202,7 @@ pub fn evaluate(
                 fraction: next.fraction,
                 values: values.clone(),
                 reason: format!("{why}: tighten to {:.0}% of default", next.fraction * 100.0),
+                release: release.clone(),
             });
         } else if cool && prev.is_some() && held_s >= rule.min_hold_s.max(rule.step_interval_s) {
             let f = (fraction + step).min(1.0);
@@ -99,6 +216,7 @@ pub fn evaluate(
                 fraction: f,
                 values: values.clone(),
                 reason,
+                release: release.clone(),
             });
             next = ThermalLevel {
                 fraction: f,

@@ -13,6 +13,8 @@ pub enum JobState {
     /// Held (deferred) by powerplane; the scheduler will not start it.
     Held,
     Running,
+    /// Stopped by the scheduler at powerplane's request; resumes later.
+    Suspended,
     Finished,
     Cancelled,
 }

@@ -25,6 +25,12 @@ impl Metric {
     }
 }
 
+impl std::borrow::Borrow<str> for Metric {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for Metric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

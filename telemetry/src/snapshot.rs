@@ -164,14 +164,19 @@ impl Snapshot {
 
     /// The latest value of `metric` of `entity` as seen at `now`, with its age.
     pub fn observe(&self, entity: &EntityId, metric: &str, now: Timestamp) -> Option<Observation> {
-        let metric = Metric::new(metric);
-        let r = self.readings.get(entity)?.get(&metric)?;
+        let r = self.readings.get(entity)?.get(metric)?;
         let age_s = now.secs_since(r.ts).max(0.0);
+        let fresh_s = self
+            .freshness
+            .get(metric)
+            .copied()
+            .or_else(|| crate::metric::spec(metric).map(|s| s.freshness_s))
+            .unwrap_or(DEFAULT_FRESHNESS_S);
         Some(Observation {
             value: r.value,
             ts: r.ts,
             age_s,
-            stale: age_s > self.freshness_s(&metric),
+            stale: age_s > fresh_s,
             quality: r.quality,
         })
     }

@@ -99,6 +99,38 @@ pub fn state_a() -> State {
             since: t(0),
         },
     );
+    s.clocks.insert(
+        EntityId::gpu("b01-n01", 2),
+        policies::ClockLock {
+            mhz: 1200.0,
+            rule: "rules.slow".into(),
+            since: t(0),
+            lease_until: t(300),
+        },
+    );
+    s.suspended.insert(
+        "slurm:9".into(),
+        Hold {
+            rule: "rules.price-spike".into(),
+            since: t(0),
+            lease_until: t(1800),
+            reason: "price > 0.50 for 5m".into(),
+        },
+    );
+    let mut memory = std::collections::BTreeMap::new();
+    memory.insert(
+        "rack/b01".to_string(),
+        policies::RuleMemory {
+            active: true,
+            since: t(0),
+            when_true: [(0usize, t(0))].into_iter().collect(),
+            release_true: std::collections::BTreeMap::new(),
+            level: Some(85.0),
+            level_at: t(0),
+            done: false,
+        },
+    );
+    s.rules.insert("hot-racks".into(), memory);
     s
 }
 
@@ -110,5 +142,13 @@ pub fn state_b() -> State {
         c.watts = 200.0;
     }
     s.holds.clear();
+    s.clocks.clear();
+    if let Some(m) = s
+        .rules
+        .get_mut("hot-racks")
+        .and_then(|m| m.get_mut("rack/b01"))
+    {
+        m.level = Some(80.0);
+    }
     s
 }

@@ -151,6 +151,9 @@ const HOLDS: &str = "holds";
 const THERMAL: &str = "thermal";
 const OBSERVED_CAPS: &str = "observed_caps";
 const OBSERVED_HOLDS: &str = "observed_holds";
+const CLOCKS: &str = "clocks";
+const SUSPENDED: &str = "suspended";
+const RULES: &str = "rules";
 
 /// A batch under construction, with typed helpers.
 #[derive(Debug, Clone, Default)]
@@ -195,6 +198,9 @@ impl Tx {
         self.diff(THERMAL, &prior.thermal, &next.thermal);
         self.diff(OBSERVED_CAPS, &prior.observed_caps, &next.observed_caps);
         self.diff(OBSERVED_HOLDS, &prior.observed_holds, &next.observed_holds);
+        self.diff(CLOCKS, &prior.clocks, &next.clocks);
+        self.diff(SUSPENDED, &prior.suspended, &next.suspended);
+        self.diff(RULES, &prior.rules, &next.rules);
         self
     }
 
@@ -338,6 +344,9 @@ impl Store {
             thermal: self.keyed::<ThermalLevel>(THERMAL)?,
             observed_caps: self.entities::<Cap>(OBSERVED_CAPS)?,
             observed_holds: self.keyed::<Hold>(OBSERVED_HOLDS)?,
+            clocks: self.entities::<policies::ClockLock>(CLOCKS)?,
+            suspended: self.keyed::<Hold>(SUSPENDED)?,
+            rules: self.keyed(RULES)?,
         })
     }
 

@@ -162,13 +162,19 @@ pub struct Board {
 
 pub const RECENT_DECISIONS: usize = 10_000;
 
-/// `cap`, `uncap`, `hold`, `release`.
+/// `cap`, `uncap`, `hold`, `release`, `lock_clocks`, `unlock_clocks`, `requeue`,
+/// `suspend`, `resume`.
 pub fn action_kind(a: &policies::Action) -> &'static str {
     match a {
         policies::Action::Cap { .. } => "cap",
         policies::Action::Uncap => "uncap",
         policies::Action::Hold { .. } => "hold",
         policies::Action::Release => "release",
+        policies::Action::LockClocks { .. } => "lock_clocks",
+        policies::Action::UnlockClocks => "unlock_clocks",
+        policies::Action::Requeue => "requeue",
+        policies::Action::Suspend { .. } => "suspend",
+        policies::Action::Resume => "resume",
     }
 }
 

@@ -5,7 +5,7 @@ use telemetry::metric::names::*;
 use telemetry::{JobState, Sample};
 
 /// Two racks of one 4-GPU A40 node each; feed 3 kW usable, racks 2 kW each.
-const SITE: &str = r#"
+pub(super) const SITE: &str = r#"
 version = 1
 [site]
 name = "t"
@@ -40,16 +40,21 @@ gpu_model = "A40"
 node_base_w = 200
 "#;
 
-fn site() -> Site {
+pub(super) fn site() -> Site {
     Site::parse("t.toml", SITE).expect("valid test site")
 }
 
-fn t0() -> Timestamp {
+pub(super) fn t0() -> Timestamp {
     Timestamp::from_secs(1_700_000_000)
 }
 
 /// Every GPU drawing `w`, racks and site measured consistently, inlets at `inlet`.
-fn snapshot(site: &Site, gpu_w: &dyn Fn(&EntityId) -> f64, inlet: f64, now: Timestamp) -> Snapshot {
+pub(super) fn snapshot(
+    site: &Site,
+    gpu_w: &dyn Fn(&EntityId) -> f64,
+    inlet: f64,
+    now: Timestamp,
+) -> Snapshot {
     let mut s = Snapshot::new();
     let mut total = 0.0;
     for rack in &site.racks {
@@ -81,7 +86,7 @@ fn snapshot(site: &Site, gpu_w: &dyn Fn(&EntityId) -> f64, inlet: f64, now: Time
     s
 }
 
-fn job(id: &str, priority: i32, gpus: &[EntityId]) -> Job {
+pub(super) fn job(id: &str, priority: i32, gpus: &[EntityId]) -> Job {
     Job {
         id: id.into(),
         scheduler: "test".into(),

@@ -476,11 +476,245 @@ fn main() {
         Some("mqtt") => bench_mqtt(),
         Some("redfish") => bench_redfish(),
         Some("agent") => bench_agent(),
+        Some("engine") => bench_engine(),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench backtest [--jobs N,N]"
+                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] | bench backtest [--jobs N,N,...]"
             );
             std::process::exit(2);
         }
+    }
+}
+
+/// A synthetic site of `gpus` A40 GPUs: 50 per rack (5 nodes of 10), 20 racks per row,
+/// two PDUs per rack, a CRAH per row, four utility feeds.
+fn engine_site(gpus: usize) -> String {
+    use std::fmt::Write;
+    let racks = gpus.div_ceil(50);
+    let rows = racks.div_ceil(20);
+    let mut s = String::from("version = 1\n[site]\nname = \"bench\"\n[[rooms]]\nid = \"hall\"\n");
+    let feed_kw = racks as f64 * 18.0 / 4.0;
+    for f in 0..4 {
+        let _ = write!(s, "[[feeds]]\nid = \"f{f}\"\nrating_kw = {feed_kw}\n");
+    }
+    for r in 0..racks {
+        let _ = write!(
+            s,
+            "[[pdus]]\nid = \"p{r}a\"\nfeed = \"f{}\"\nrating_kw = 14\n[[pdus]]\nid = \"p{r}b\"\nfeed = \"f{}\"\nrating_kw = 14\n",
+            r % 4,
+            (r + 1) % 4
+        );
+    }
+    for w in 0..rows {
+        let members: Vec<String> = (w * 20..((w + 1) * 20).min(racks))
+            .map(|r| format!("\"r{r}\""))
+            .collect();
+        let _ = write!(
+            s,
+            "[[rows]]\nid = \"w{w}\"\nroom = \"hall\"\n[[cooling]]\nid = \"c{w}\"\ncapacity_kw = 400\nracks = [{}]\n",
+            members.join(", ")
+        );
+    }
+    for r in 0..racks {
+        let _ = write!(
+            s,
+            "[[racks]]\nid = \"r{r}\"\nrow = \"w{}\"\npdus = [\"p{r}a\", \"p{r}b\"]\nnodes = 5\ngpus_per_node = 10\ngpu_model = \"A40\"\nnode_base_w = 400\n",
+            r / 20
+        );
+    }
+    s
+}
+
+const ENGINE_POLICY: &str = r#"
+version = 1
+[budget]
+cut_order = ["batch"]
+[thermal]
+supply_limit_c = 24
+[price]
+defer_above = 0.25
+classes = ["batch"]
+
+[[rules]]
+name = "hot-racks"
+scope = "rack"
+when = "inlet_temp_c > 30 for 1m"
+release = "inlet_temp_c < 28 for 5m"
+action = { cap_pct = 85 }
+ramp_per_min = 5
+
+[[rules]]
+name = "hot-gpus"
+scope = "gpu"
+when = "gpu_temp_c > 85"
+release = "gpu_temp_c < 80"
+action = { cap_pct = 80 }
+
+[[rules]]
+name = "evening-peak"
+scope = "site"
+when = "hour >= 17 and hour < 21 and price > price.p75(24h)"
+action = { cap_pct = 90 }
+
+[[rules]]
+name = "cheapest-hours"
+scope = "job"
+select = { class = "batch", deferrable = true }
+when = "price > price.cheapest_before_deadline"
+action = { hold = true }
+"#;
+
+fn vm_hwm_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn bench_engine() {
+    use telemetry::metric::names::*;
+    use telemetry::{Job, JobState, Sample, Snapshot};
+    let arg = std::env::args()
+        .skip_while(|a| a != "--gpus")
+        .nth(1)
+        .unwrap_or_else(|| "10000,100000".into());
+    let sizes: Vec<usize> = arg
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    println!("engine: one evaluation (budgets, thermal, price, 4 rules), single thread");
+    println!(
+        "{:>9} {:>6} {:>7} {:>10} {:>10} {:>10} {:>12}",
+        "gpus", "racks", "jobs", "build_ms", "median_ms", "max_ms", "peak_rss_mb"
+    );
+    for gpus in sizes {
+        let text = engine_site(gpus);
+        let t = Instant::now();
+        let site = telemetry::Site::parse("bench.toml", &text).expect("bench site");
+        let policy = policies::Policy::parse("policy.toml", ENGINE_POLICY).expect("bench policy");
+        let now = powerplane_tests_now();
+        let mut snap = Snapshot::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % 10_000) as f64 / 10_000.0
+        };
+        let all = site.gpus();
+        let mut rack_w = vec![0.0; site.racks.len()];
+        for g in &all {
+            let w = 120.0 + 180.0 * next();
+            rack_w[g.rack_index] += w;
+            snap.ingest(Sample::new(g.id.clone(), POWER_W, w, now, "bench"), now)
+                .expect("sample");
+            snap.ingest(
+                Sample::new(g.id.clone(), GPU_TEMP_C, 50.0 + 40.0 * next(), now, "bench"),
+                now,
+            )
+            .expect("sample");
+        }
+        for (r, rack) in site.racks.iter().enumerate() {
+            let id = telemetry::EntityId::rack(&rack.id);
+            snap.ingest(
+                Sample::new(id.clone(), POWER_W, rack_w[r] + 2000.0, now, "bench"),
+                now,
+            )
+            .expect("sample");
+            snap.ingest(
+                Sample::new(id, INLET_TEMP_C, 22.0 + 10.0 * next(), now, "bench"),
+                now,
+            )
+            .expect("sample");
+        }
+        snap.ingest(
+            Sample::new(site.site_entity(), PRICE_PER_KWH, 0.3, now, "bench"),
+            now,
+        )
+        .expect("sample");
+        // half the jobs run on two GPUs each; the rest wait, most of them deferrable batch
+        let njobs = gpus / 2;
+        let running = njobs * 4 / 5;
+        let jobs: Vec<Job> = (0..njobs)
+            .map(|i| {
+                let run = i < running;
+                Job {
+                    id: format!("slurm:{i}"),
+                    scheduler: "slurm".into(),
+                    name: format!("job{i}"),
+                    user: format!("u{}", i % 50),
+                    project: format!("p{}", i % 20),
+                    class: if i % 3 == 0 {
+                        "batch".into()
+                    } else {
+                        "training".into()
+                    },
+                    priority: (i % 10) as i32,
+                    gpus: 2,
+                    allocated: if run {
+                        vec![all[2 * i].id.clone(), all[2 * i + 1].id.clone()]
+                    } else {
+                        vec![]
+                    },
+                    state: if run {
+                        JobState::Running
+                    } else {
+                        JobState::Pending
+                    },
+                    submit_time: now + -3600.0,
+                    start_time: None,
+                    end_time: None,
+                    deadline: Some(now + 86400.0),
+                    est_duration_s: 4.0 * 3600.0,
+                    deferrable: i % 3 == 0,
+                    preemptible: false,
+                }
+            })
+            .collect();
+        let forecast = policies::Forecast {
+            price: policies::StepSeries::new(
+                (0..48)
+                    .map(|h| (now + 3600.0 * h as f64, 0.1 + 0.3 * next()))
+                    .collect(),
+                3600.0,
+            ),
+            ..Default::default()
+        };
+        drop(all);
+        let build_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let mut prior = policies::State::default();
+        let mut times = Vec::new();
+        for i in 0..7 {
+            let t = Instant::now();
+            let plan = policies::evaluate(
+                &policies::Inputs {
+                    site: &site,
+                    snapshot: &snap,
+                    jobs: &jobs,
+                    prior: &prior,
+                    policy: &policy,
+                    forecast: &forecast,
+                },
+                now + 10.0 * i as f64,
+            );
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            prior = plan.state;
+        }
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        println!(
+            "{:>9} {:>6} {:>7} {:>10.0} {:>10.1} {:>10.1} {:>12.0}",
+            gpus,
+            site.racks.len(),
+            jobs.len(),
+            build_ms,
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() - 1],
+            vm_hwm_kb() as f64 / 1024.0
+        );
     }
 }

@@ -1,0 +1,849 @@
+//! Running `[[rules]]`: for each rule, its scope's entities (or jobs), the condition
+//! with its `for` timers, the release condition, minimum hold, ramp and stale handling,
+//! and what the active rule wants (caps, clock locks, holds, releases, requeues,
+//! suspensions), each with a lease.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{Datelike, Timelike};
+use telemetry::metric::names::PRICE_PER_KWH;
+use telemetry::site::GpuRef;
+use telemetry::{EntityId, EntityKind, Job, JobState, Site, Snapshot, Timestamp};
+
+use crate::expr::{Agg, BinOp, Cond, Condition, Expr, JobField, Series, Signal, Stat, TimeField};
+use crate::plan::RuleMemory;
+use crate::policy::OnStale;
+use crate::rules::{Rule, RuleAction, ScopeKind, Selector};
+use crate::Forecast;
+
+/// What one rule wants this tick.
+#[derive(Debug, Clone, Default)]
+pub struct Wants {
+    /// GPU index (into `site.gpus()`) → watts.
+    pub caps: Vec<(usize, f64)>,
+    /// GPU index → MHz.
+    pub clocks: Vec<(usize, f64)>,
+    /// Job id → hold lease end.
+    pub holds: Vec<(String, Timestamp)>,
+    pub releases: Vec<String>,
+    pub requeues: Vec<String>,
+    pub suspends: Vec<(String, Timestamp)>,
+    /// (entity, values, reason, what releases it) for each target that is active.
+    pub why: Vec<Why>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Why {
+    pub target: String,
+    pub values: BTreeMap<String, f64>,
+    pub reason: String,
+    pub release: String,
+    /// Racks the target's GPUs sit in (for grouping cap decisions).
+    pub racks: BTreeSet<usize>,
+    /// Whether the rule switched on this tick.
+    pub switched_on: bool,
+}
+
+/// The site seen as scopes: every entity with its GPUs, built once per evaluation.
+pub struct Index<'a> {
+    pub site: &'a Site,
+    pub gpus: Vec<GpuRef<'a>>,
+    /// GPU ids to indexes, for jobs' allocations (built on first use).
+    by_id: std::cell::OnceCell<std::collections::HashMap<EntityId, usize>>,
+}
+
+impl<'a> Index<'a> {
+    pub fn new(site: &'a Site, gpus: Vec<GpuRef<'a>>) -> Self {
+        Index {
+            site,
+            gpus,
+            by_id: std::cell::OnceCell::new(),
+        }
+    }
+
+    pub fn gpu_index(&self, id: &EntityId) -> Option<usize> {
+        self.by_id
+            .get_or_init(|| {
+                self.gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| (g.id.clone(), i))
+                    .collect()
+            })
+            .get(id)
+            .copied()
+    }
+
+    /// Rack index of each rack id.
+    fn rack_index(&self, id: &str) -> Option<usize> {
+        self.site.racks.iter().position(|r| r.id == id)
+    }
+
+    fn row_of(&self, rack: usize) -> &str {
+        &self.site.racks[rack].row
+    }
+
+    fn room_of(&self, rack: usize) -> &str {
+        let row = self.row_of(rack);
+        self.site
+            .rows
+            .iter()
+            .find(|r| r.id == row)
+            .map_or("", |r| r.room.as_str())
+    }
+
+    /// Whether a rack is inside a `kind/name` container.
+    fn rack_within(&self, rack: usize, within: &str) -> bool {
+        let Some((kind, name)) = within.split_once('/') else {
+            return false;
+        };
+        let r = &self.site.racks[rack];
+        match kind {
+            "rack" => r.id == name,
+            "row" => r.row == name,
+            "room" => self.room_of(rack) == name,
+            "cooling" => r.cooling == name,
+            "pdu" => r.pdus.iter().any(|p| p == name),
+            "feed" => r
+                .pdus
+                .iter()
+                .any(|p| self.site.pdus.iter().any(|x| &x.id == p && x.feed == name)),
+            _ => false,
+        }
+    }
+
+    fn racks_selected(&self, sel: &Selector) -> Vec<bool> {
+        self.site
+            .racks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                sel.labels
+                    .iter()
+                    .all(|(k, v)| r.labels.get(k).is_some_and(|x| x == v))
+                    && (sel.within.is_empty() || sel.within.iter().any(|w| self.rack_within(i, w)))
+            })
+            .collect()
+    }
+
+    /// Every entity of a scope the selector picks, with the GPU indexes inside it.
+    pub fn targets(
+        &self,
+        scope: ScopeKind,
+        sel: &Selector,
+    ) -> Vec<(Cow<'_, EntityId>, Vec<usize>)> {
+        let names = |n: &str| sel.names.is_empty() || sel.names.iter().any(|g| g.matches(n));
+        let racks_ok = self.racks_selected(sel);
+        let gpus_where = |f: &dyn Fn(&GpuRef<'_>) -> bool| -> Vec<usize> {
+            self.gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| racks_ok[g.rack_index] && f(g))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let s = self.site;
+        let mut out = Vec::new();
+        match scope {
+            ScopeKind::Site => {
+                if names(&s.name) {
+                    out.push((Cow::Owned(s.site_entity()), gpus_where(&|_| true)));
+                }
+            }
+            ScopeKind::Room => {
+                for room in s.rooms.iter().filter(|r| names(r)) {
+                    let g = gpus_where(&|g| self.room_of(g.rack_index) == room);
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Room, room)), g));
+                }
+            }
+            ScopeKind::Row => {
+                for row in s.rows.iter().filter(|r| names(&r.id)) {
+                    let g = gpus_where(&|g| g.rack.row == row.id);
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Row, &row.id)), g));
+                }
+            }
+            ScopeKind::Rack => {
+                // GPUs are in rack order: one pass
+                let mut per: Vec<Vec<usize>> = vec![Vec::new(); s.racks.len()];
+                for (i, g) in self.gpus.iter().enumerate() {
+                    per[g.rack_index].push(i);
+                }
+                for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
+                    if racks_ok[i] && names(&r.id) {
+                        out.push((Cow::Owned(EntityId::rack(&r.id)), g));
+                    }
+                }
+            }
+            ScopeKind::Node => {
+                let mut per: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+                for (i, g) in self.gpus.iter().enumerate() {
+                    per.entry(g.node_index).or_default().push(i);
+                }
+                for (n, node) in s.nodes.iter().enumerate() {
+                    let Some(rack) = self.rack_index(&node.rack) else {
+                        continue;
+                    };
+                    if racks_ok[rack] && names(&node.id) {
+                        out.push((
+                            Cow::Owned(EntityId::node(&node.id)),
+                            per.remove(&n).unwrap_or_default(),
+                        ));
+                    }
+                }
+            }
+            ScopeKind::Gpu => {
+                for (i, g) in self.gpus.iter().enumerate() {
+                    if racks_ok[g.rack_index] && names(&g.id.name) {
+                        out.push((Cow::Borrowed(&g.id), vec![i]));
+                    }
+                }
+            }
+            ScopeKind::Cooling => {
+                for c in s.cooling.iter().filter(|c| names(&c.id)) {
+                    let g = gpus_where(&|g| c.racks.contains(&g.rack.id));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Cooling, &c.id)), g));
+                }
+            }
+            ScopeKind::Pdu => {
+                for p in s.pdus.iter().filter(|p| names(&p.id)) {
+                    let g = gpus_where(&|g| g.rack.pdus.contains(&p.id));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Pdu, &p.id)), g));
+                }
+            }
+            ScopeKind::Feed => {
+                for f in s.feeds.iter().filter(|f| names(&f.id)) {
+                    let pdus: Vec<&str> = s
+                        .pdus
+                        .iter()
+                        .filter(|p| p.feed == f.id)
+                        .map(|p| p.id.as_str())
+                        .collect();
+                    let g = gpus_where(&|g| g.rack.pdus.iter().any(|p| pdus.contains(&p.as_str())));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Feed, &f.id)), g));
+                }
+            }
+            ScopeKind::Job => {}
+        }
+        out
+    }
+
+    fn limit(&self, entity: &EntityId, metric: &str) -> Option<f64> {
+        let s = self.site;
+        match (entity.kind, metric) {
+            (EntityKind::Site, "power_w") => Some(s.facility_budget_kw() * 1000.0),
+            (EntityKind::Feed, "power_w") => s
+                .feeds
+                .iter()
+                .find(|f| f.id == entity.name)
+                .map(|f| f.usable_kw() * 1000.0),
+            (EntityKind::Pdu, "power_w") => s
+                .pdus
+                .iter()
+                .find(|p| p.id == entity.name)
+                .map(|p| p.usable_kw() * 1000.0),
+            (EntityKind::Rack, "power_w") => {
+                s.rack(&entity.name).map(|r| r.power_budget_kw * 1000.0)
+            }
+            (EntityKind::Rack, "inlet_temp_c") => s.rack(&entity.name).map(|r| r.inlet_limit_c),
+            (EntityKind::Cooling, "heat_load_kw") => s
+                .cooling
+                .iter()
+                .find(|c| c.id == entity.name)
+                .map(|c| c.capacity_kw),
+            _ => None,
+        }
+    }
+}
+
+/// A signal's value, or why there is none.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Val {
+    Ok(f64),
+    /// Missing or stale: the rule's `on_stale` decides.
+    Stale,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tri {
+    True,
+    False,
+    Unknown,
+}
+
+struct Ctx<'a> {
+    index: &'a Index<'a>,
+    snapshot: &'a Snapshot,
+    forecast: &'a Forecast,
+    now: Timestamp,
+    local: chrono::DateTime<chrono_tz::Tz>,
+    max_defer_s: f64,
+}
+
+/// What the condition looked at, for the audit.
+type Seen = BTreeMap<String, f64>;
+
+impl Ctx<'_> {
+    fn signal(
+        &self,
+        s: &Signal,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+        seen: &mut Seen,
+    ) -> Val {
+        let _ = seen;
+        self.signal_inner(s, entity, gpus, job)
+    }
+
+    fn observe(&self, entity: &EntityId, metric: &str) -> Val {
+        match self.snapshot.observe(entity, metric, self.now) {
+            Some(o) if o.usable() => Val::Ok(o.value),
+            _ => Val::Stale,
+        }
+    }
+
+    fn signal_inner(
+        &self,
+        s: &Signal,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+    ) -> Val {
+        match s {
+            Signal::Metric(m) => self.observe(entity, m),
+            Signal::Gpus(agg, m) => {
+                let mut acc: Vec<f64> = Vec::with_capacity(gpus.len());
+                for &g in gpus {
+                    match self.observe(&self.index.gpus[g].id, m) {
+                        Val::Ok(v) => acc.push(v),
+                        Val::Stale => return Val::Stale,
+                    }
+                }
+                if acc.is_empty() {
+                    return match agg {
+                        Agg::Sum => Val::Ok(0.0),
+                        _ => Val::Stale,
+                    };
+                }
+                Val::Ok(match agg {
+                    Agg::Sum => acc.iter().sum(),
+                    Agg::Max => acc.iter().copied().fold(f64::MIN, f64::max),
+                    Agg::Min => acc.iter().copied().fold(f64::MAX, f64::min),
+                    Agg::Avg => acc.iter().sum::<f64>() / acc.len() as f64,
+                })
+            }
+            Signal::Headroom(m) => match (self.index.limit(entity, m), self.observe(entity, m)) {
+                (Some(limit), Val::Ok(v)) => Val::Ok(limit - v),
+                _ => Val::Stale,
+            },
+            Signal::Forecast(series, stat) => self.forecast_value(*series, stat, job),
+            Signal::Time(f) => Val::Ok(match f {
+                TimeField::Hour => {
+                    f64::from(self.local.hour()) + f64::from(self.local.minute()) / 60.0
+                }
+                TimeField::Minute => f64::from(self.local.minute()),
+                TimeField::Weekday => f64::from(self.local.weekday().number_from_monday()),
+                TimeField::Day => f64::from(self.local.day()),
+                TimeField::Month => f64::from(self.local.month()),
+                TimeField::Weekend => {
+                    f64::from(u8::from(self.local.weekday().number_from_monday() >= 6))
+                }
+            }),
+            Signal::Job(f) => {
+                let Some(j) = job else { return Val::Stale };
+                Val::Ok(match f {
+                    JobField::Priority => f64::from(j.priority),
+                    JobField::Gpus => f64::from(j.gpus),
+                    JobField::WaitS => self.now.secs_since(j.submit_time).max(0.0),
+                    JobField::SlackS => j.latest_start().map_or(1e12, |ls| ls.secs_since(self.now)),
+                    JobField::EstDurationS => j.est_duration_s,
+                })
+            }
+        }
+    }
+
+    fn forecast_value(&self, series: Series, stat: &Stat, job: Option<&Job>) -> Val {
+        let s = match series {
+            Series::Price => &self.forecast.price,
+            Series::Carbon => &self.forecast.carbon,
+        };
+        if let Stat::Now = stat {
+            let metric = match series {
+                Series::Price => PRICE_PER_KWH,
+                Series::Carbon => telemetry::metric::names::CARBON_G_PER_KWH,
+            };
+            let site = self.index.site.site_entity();
+            return match self.observe(&site, metric) {
+                Val::Ok(v) => Val::Ok(v),
+                Val::Stale if !self.forecast.stale => s.at(self.now).map_or(Val::Stale, Val::Ok),
+                Val::Stale => Val::Stale,
+            };
+        }
+        if self.forecast.stale {
+            return Val::Stale;
+        }
+        let now = self.now;
+        let stats = |w: f64| s.window(now, now + w).filter(|x| x.covered_s >= 0.5 * w);
+        let v = match stat {
+            Stat::Now => None,
+            Stat::Min(w) => stats(*w).map(|x| x.min),
+            Stat::Max(w) => stats(*w).map(|x| x.max),
+            Stat::Mean(w) => stats(*w).map(|x| x.mean),
+            Stat::Pct(p, w) => stats(*w).map(|x| x.percentile(*p)),
+            Stat::Cheapest(h, w) => stats(*w).and_then(|_| s.cheapest_threshold(*h, now, now + *w)),
+            Stat::CheapestBeforeDeadline => job.and_then(|j| {
+                let end = match j.deadline {
+                    Some(d) => d,
+                    None => j.submit_time + self.max_defer_s + j.est_duration_s,
+                };
+                let hours = j.est_duration_s / 3600.0;
+                if end <= now {
+                    return None;
+                }
+                s.cheapest_threshold(hours, now, end)
+            }),
+        };
+        v.map_or(Val::Stale, Val::Ok)
+    }
+
+    fn expr(
+        &self,
+        e: &Expr,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+        seen: &mut Seen,
+    ) -> Val {
+        match e {
+            Expr::Num(n) => Val::Ok(*n),
+            Expr::Signal(s, _) => self.signal(s, entity, gpus, job, seen),
+            Expr::Neg(e) => match self.expr(e, entity, gpus, job, seen) {
+                Val::Ok(v) => Val::Ok(-v),
+                x => x,
+            },
+            Expr::Bin(a, op, b) => {
+                let (a, b) = (
+                    self.expr(a, entity, gpus, job, seen),
+                    self.expr(b, entity, gpus, job, seen),
+                );
+                match (a, b) {
+                    (Val::Ok(a), Val::Ok(b)) => {
+                        let v = match op {
+                            BinOp::Add => a + b,
+                            BinOp::Sub => a - b,
+                            BinOp::Mul => a * b,
+                            BinOp::Div => a / b,
+                        };
+                        if v.is_finite() {
+                            Val::Ok(v)
+                        } else {
+                            Val::Stale
+                        }
+                    }
+                    _ => Val::Stale,
+                }
+            }
+        }
+    }
+
+    /// Evaluates a condition, keeping `timers` (since when each comparison has been
+    /// true) up to date.
+    #[allow(clippy::too_many_arguments)]
+    fn cond(
+        &self,
+        c: &Cond,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+        timers: &mut BTreeMap<usize, Timestamp>,
+        seen: &mut Seen,
+    ) -> Tri {
+        match c {
+            Cond::Cmp(x) => {
+                let a = self.expr(&x.lhs, entity, gpus, job, seen);
+                let b = self.expr(&x.rhs, entity, gpus, job, seen);
+                match (a, b) {
+                    (Val::Ok(a), Val::Ok(b)) => {
+                        if x.op.apply(a, b) {
+                            let since = *timers.entry(x.id).or_insert(self.now);
+                            if self.now.secs_since(since) + 1e-6 >= x.for_s {
+                                Tri::True
+                            } else {
+                                Tri::False
+                            }
+                        } else {
+                            timers.remove(&x.id);
+                            Tri::False
+                        }
+                    }
+                    // a stale input neither starts nor resets the timer
+                    _ => Tri::Unknown,
+                }
+            }
+            Cond::And(v) => {
+                let r: Vec<Tri> = v
+                    .iter()
+                    .map(|c| self.cond(c, entity, gpus, job, timers, seen))
+                    .collect();
+                if r.contains(&Tri::False) {
+                    Tri::False
+                } else if r.contains(&Tri::Unknown) {
+                    Tri::Unknown
+                } else {
+                    Tri::True
+                }
+            }
+            Cond::Or(v) => {
+                let r: Vec<Tri> = v
+                    .iter()
+                    .map(|c| self.cond(c, entity, gpus, job, timers, seen))
+                    .collect();
+                if r.contains(&Tri::True) {
+                    Tri::True
+                } else if r.contains(&Tri::Unknown) {
+                    Tri::Unknown
+                } else {
+                    Tri::False
+                }
+            }
+            Cond::Not(c) => match self.cond(c, entity, gpus, job, timers, seen) {
+                Tri::True => Tri::False,
+                Tri::False => Tri::True,
+                Tri::Unknown => Tri::Unknown,
+            },
+        }
+    }
+}
+
+impl Ctx<'_> {
+    /// The values of every signal of the rule's conditions for one target (for the
+    /// audit; computed only for targets the rule acts on).
+    fn values(&self, rule: &Rule, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Seen {
+        let mut seen = Seen::new();
+        for c in [&rule.when, &rule.release].into_iter().flatten() {
+            for (sig, _) in c.signals() {
+                if let Val::Ok(x) = self.signal_inner(sig, entity, gpus, job) {
+                    seen.insert(signal_name(sig), (x * 1000.0).round() / 1000.0);
+                }
+            }
+        }
+        seen
+    }
+}
+
+fn signal_name(s: &Signal) -> String {
+    let dur = |w: f64| {
+        if w % 3600.0 == 0.0 {
+            format!("{}h", w / 3600.0)
+        } else {
+            format!("{}m", w / 60.0)
+        }
+    };
+    let agg = |a: &Agg| match a {
+        Agg::Sum => "sum",
+        Agg::Max => "max",
+        Agg::Min => "min",
+        Agg::Avg => "avg",
+    };
+    match s {
+        Signal::Metric(m) => m.clone(),
+        Signal::Gpus(a, m) => format!("{}({m})", agg(a)),
+        Signal::Headroom(m) => format!("headroom({m})"),
+        Signal::Forecast(series, stat) => {
+            let n = match series {
+                Series::Price => "price",
+                Series::Carbon => "carbon",
+            };
+            match stat {
+                Stat::Now => n.to_string(),
+                Stat::Min(w) => format!("{n}.min({})", dur(*w)),
+                Stat::Max(w) => format!("{n}.max({})", dur(*w)),
+                Stat::Mean(w) => format!("{n}.mean({})", dur(*w)),
+                Stat::Pct(p, w) => format!("{n}.p{p}({})", dur(*w)),
+                Stat::Cheapest(h, w) => format!("{n}.cheapest({h}h, {})", dur(*w)),
+                Stat::CheapestBeforeDeadline => format!("{n}.cheapest_before_deadline"),
+            }
+        }
+        Signal::Time(t) => format!("{t:?}").to_lowercase(),
+        Signal::Job(f) => format!("job.{}", format!("{f:?}").to_lowercase()),
+    }
+}
+
+/// The last moment a job may be held: its latest start minus `margin_s`, or, without a
+/// deadline, `max_defer_s` after submission.
+pub fn release_by(job: &Job, margin_s: f64, max_defer_s: f64) -> Timestamp {
+    match job.latest_start() {
+        Some(ls) => ls + -margin_s,
+        None => job.submit_time + max_defer_s,
+    }
+}
+
+/// Runs one rule over its targets. `memory` is the rule's prior memory (keyed by
+/// target) and is replaced by the next one.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    rule: &Rule,
+    index: &Index<'_>,
+    snapshot: &Snapshot,
+    forecast: &Forecast,
+    jobs: &[Job],
+    memory: &BTreeMap<String, RuleMemory>,
+    hold_margin_s: f64,
+    max_defer_s: f64,
+    now: Timestamp,
+) -> (Wants, BTreeMap<String, RuleMemory>) {
+    let ctx = Ctx {
+        index,
+        snapshot,
+        forecast,
+        now,
+        local: now.to_datetime().with_timezone(&index.site.timezone),
+        max_defer_s,
+    };
+    let mut wants = Wants::default();
+    let mut next = BTreeMap::new();
+    let site_entity = index.site.site_entity();
+    let targets: Vec<(Cow<'_, EntityId>, Vec<usize>, Option<&Job>)> =
+        if rule.scope == ScopeKind::Job {
+            jobs.iter()
+                .filter(|j| !j.state.is_done() && rule.select.matches_job(j))
+                .map(|j| {
+                    let gpus = j
+                        .allocated
+                        .iter()
+                        .filter_map(|g| index.gpu_index(g))
+                        .collect();
+                    (Cow::Borrowed(&site_entity), gpus, Some(j))
+                })
+                .collect()
+        } else {
+            index
+                .targets(rule.scope, &rule.select)
+                .into_iter()
+                .map(|(e, g)| (e, g, None))
+                .collect()
+        };
+    for (entity, gpus, job) in targets {
+        let entity: &EntityId = &entity;
+        // memory is keyed by the target's name (a job's id): the rule fixes the kind
+        let key: &str = job.map_or(entity.name.as_str(), |j| j.id.as_str());
+        let target_name = || job.map_or_else(|| entity.to_string(), |j| format!("job/{}", j.id));
+        let mut mem = memory.get(key).cloned().unwrap_or(RuleMemory {
+            active: false,
+            since: now,
+            when_true: BTreeMap::new(),
+            release_true: BTreeMap::new(),
+            level: None,
+            level_at: now,
+            done: false,
+        });
+        let mut seen = Seen::new();
+        let w = match &rule.when {
+            None => Tri::True,
+            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.when_true, &mut seen),
+        };
+        let r = match &rule.release {
+            Some(c) => ctx.cond(
+                &c.cond,
+                entity,
+                &gpus,
+                job,
+                &mut mem.release_true,
+                &mut seen,
+            ),
+            None => match w {
+                Tri::True => Tri::False,
+                Tri::False => Tri::True,
+                Tri::Unknown => Tri::Unknown,
+            },
+        };
+        let stale = w == Tri::Unknown || r == Tri::Unknown;
+        let (on, off) = match rule.on_stale {
+            OnStale::AssumeWorst => (w != Tri::False, r == Tri::True),
+            OnStale::HoldLast => (w == Tri::True, r == Tri::True),
+            OnStale::Ignore => (w == Tri::True, r != Tri::False),
+        };
+        let mut switched_on = false;
+        if !mem.active && on {
+            mem.active = true;
+            mem.since = now;
+            mem.done = false;
+            switched_on = true;
+        } else if mem.active
+            && off
+            && !(rule.on_stale == OnStale::HoldLast && stale)
+            && now.secs_since(mem.since) + 1e-6 >= rule.min_hold_s
+        {
+            mem.active = false;
+            mem.since = now;
+        }
+        let release_text = match (&rule.release, &rule.when) {
+            (Some(r), _) => format!("{}{}", r.text, hold_note(rule)),
+            (None, Some(w)) => format!("not ({}){}", w.text, hold_note(rule)),
+            (None, None) => "the rule is removed or disabled".to_string(),
+        };
+        let reason = if stale && rule.on_stale == OnStale::AssumeWorst && mem.active {
+            format!(
+                "{}: a signal is stale or missing, assumed the worst",
+                condition_text(rule.when.as_ref())
+            )
+        } else {
+            condition_text(rule.when.as_ref())
+        };
+        let values = || {
+            let mut v = ctx.values(rule, entity, &gpus, job);
+            if stale {
+                v.insert("stale_inputs".into(), 1.0);
+            }
+            v
+        };
+        // what the active rule does
+        let mut keep = mem.active || !mem.when_true.is_empty() || !mem.release_true.is_empty();
+        match rule.action {
+            RuleAction::CapW(_) | RuleAction::CapPct(_) => {
+                let (target, open) = match rule.action {
+                    RuleAction::CapW(w) => (
+                        w,
+                        gpus.iter()
+                            .map(|&g| index.gpus[g].model.default_w)
+                            .fold(0.0, f64::max),
+                    ),
+                    RuleAction::CapPct(p) => (p, 100.0),
+                    _ => (0.0, 0.0),
+                };
+                let goal = if mem.active { target } else { open };
+                let level = match (rule.ramp_per_min, mem.level) {
+                    // a ramp moves the level toward the goal at its rate
+                    (Some(rate), Some(l)) => {
+                        let step = rate * now.secs_since(mem.level_at).max(0.0) / 60.0;
+                        if goal < l {
+                            (l - step).max(goal)
+                        } else {
+                            (l + step).min(goal)
+                        }
+                    }
+                    // a ramp starts from uncapped
+                    (Some(_), None) => open,
+                    (None, _) => goal,
+                };
+                let capped = level < open - 1e-9;
+                if capped || (mem.active && rule.ramp_per_min.is_some()) {
+                    mem.level = Some(level);
+                    mem.level_at = now;
+                    keep = true;
+                } else {
+                    mem.level = None;
+                }
+                if capped {
+                    for &g in &gpus {
+                        let m = index.gpus[g].model;
+                        let watts = match rule.action {
+                            RuleAction::CapPct(_) => m.default_w * level / 100.0,
+                            _ => level,
+                        };
+                        wants.caps.push((g, watts));
+                    }
+                }
+                if capped || switched_on {
+                    let mut values = values();
+                    values.insert(
+                        match rule.action {
+                            RuleAction::CapPct(_) => "cap_pct".into(),
+                            _ => "cap_w".into(),
+                        },
+                        (level * 10.0).round() / 10.0,
+                    );
+                    wants.why.push(Why {
+                        target: target_name(),
+                        values,
+                        reason: reason.clone(),
+                        release: release_text.clone(),
+                        racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
+                        switched_on,
+                    });
+                }
+            }
+            RuleAction::LockClocks(mhz) => {
+                if mem.active {
+                    for &g in &gpus {
+                        wants.clocks.push((g, mhz));
+                    }
+                    wants.why.push(Why {
+                        target: target_name(),
+                        values: values(),
+                        reason: reason.clone(),
+                        release: release_text.clone(),
+                        racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
+                        switched_on,
+                    });
+                }
+            }
+            RuleAction::Hold | RuleAction::Release | RuleAction::Requeue | RuleAction::Suspend => {
+                if let (true, Some(j)) = (mem.active, job) {
+                    let waiting = matches!(j.state, JobState::Pending | JobState::Held);
+                    let running = j.state == JobState::Running;
+                    let acted = match rule.action {
+                        RuleAction::Hold => {
+                            let by = release_by(j, hold_margin_s, max_defer_s);
+                            if waiting && now < by {
+                                let until = (now + rule.lease_s).min(by);
+                                wants.holds.push((j.id.clone(), until));
+                                true
+                            } else {
+                                false
+                            }
+                        }
+                        RuleAction::Release => {
+                            wants.releases.push(j.id.clone());
+                            true
+                        }
+                        RuleAction::Requeue => {
+                            if running && j.preemptible && !mem.done {
+                                wants.requeues.push(j.id.clone());
+                                mem.done = true;
+                                true
+                            } else {
+                                false
+                            }
+                        }
+                        _ => {
+                            if running && j.preemptible {
+                                wants.suspends.push((j.id.clone(), now + rule.lease_s));
+                                true
+                            } else {
+                                j.state == JobState::Suspended
+                            }
+                        }
+                    };
+                    if acted {
+                        wants.why.push(Why {
+                            target: format!("job/{}", j.id),
+                            values: values(),
+                            reason: reason.clone(),
+                            release: release_text.clone(),
+                            racks: BTreeSet::new(),
+                            switched_on,
+                        });
+                    }
+                }
+            }
+        }
+        if keep {
+            next.insert(key.to_string(), mem);
+        }
+    }
+    (wants, next)
+}
+
+fn condition_text(c: Option<&Condition>) -> String {
+    c.map_or_else(|| "always".to_string(), |c| c.text.clone())
+}
+
+fn hold_note(rule: &Rule) -> String {
+    if rule.min_hold_s > 0.0 {
+        format!(" (held at least {}s)", rule.min_hold_s)
+    } else {
+        String::new()
+    }
+}
