@@ -741,3 +741,32 @@ impl Summary {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_from_another_year_keeps_its_weekday_and_local_hour() {
+        let text = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+                    2017-10-09 07:01:55,66.0,1,66.0,a\n\
+                    2017-10-29 02:30:00,60.0,1,60.0,a\n\
+                    2017-12-24 23:00:00,60.0,1,60.0,a\n";
+        let (_, jobs) = trace::parse("p.csv", text).expect("trace");
+        let tz: Tz = "Europe/Berlin".parse().expect("tz");
+        let (align, statement) = alignment(&jobs, tz, Some(2024), Timestamp(0));
+        assert!(statement.contains("365 weeks"), "{statement}");
+        for j in &jobs {
+            let When::Local(orig) = j.submit else {
+                panic!("local times")
+            };
+            let moved = align(&j.submit)
+                .to_datetime()
+                .with_timezone(&tz)
+                .naive_local();
+            assert_eq!(moved.year(), 2024);
+            assert_eq!(moved.weekday(), orig.weekday());
+            assert_eq!(moved.time(), orig.time(), "{orig} -> {moved}");
+        }
+    }
+}
