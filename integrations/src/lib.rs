@@ -7,10 +7,20 @@
 //!   their leases). The typed [`store::Store`] sits on top of any backend; the Redis
 //!   backend lives here, the embedded one in the `orchestrator` crate.
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
+//! - [`slurm`]: a slurmrestd client (OpenAPI v0.0.38) and the mapping of Slurm jobs
+//!   to powerplane jobs; [`slurm_sync`] keeps Slurm's holds in step with the plan.
+//! - [`webhook`]: generic schedulers over signed webhooks: job events in, actions out
+//!   through a durable outbox with retries and a dead-letter list.
+//! - [`kubernetes`]: the admission webhook's scheduling gate, its removal through the
+//!   API server, and the scheduler extender's filter and prioritize answers.
 //! - [`feeds`]: price and carbon feeds in the formats sites have: CSV with columns,
 //!   units and local times, JSON, ENTSO-E day-ahead XML.
 #![forbid(unsafe_code)]
 
 pub mod feeds;
+pub mod kubernetes;
 pub mod prices;
+pub mod slurm;
+pub mod slurm_sync;
 pub mod store;
+pub mod webhook;

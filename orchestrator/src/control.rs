@@ -70,6 +70,9 @@ pub struct ControlLoop {
     actuated: State,
     /// Price and carbon forecasts the engine plans with.
     forecast: policies::Forecast,
+    /// Entries for the audit log from outside the engine (a policy reload), written
+    /// with the next tick's decisions.
+    noted: Vec<Decision>,
 }
 
 impl ControlLoop {
@@ -97,6 +100,7 @@ impl ControlLoop {
             overrides: Vec::new(),
             actuated: State::default(),
             forecast: policies::Forecast::default(),
+            noted: Vec::new(),
         })
     }
 
@@ -108,6 +112,11 @@ impl ControlLoop {
     /// Replaces the policy; the next tick evaluates the new one from the same state.
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
+    }
+
+    /// Adds an entry to the next tick's decisions (audited, logged, on the API).
+    pub fn note(&mut self, d: Decision) {
+        self.noted.push(d);
     }
 
     pub fn policy(&self) -> &Policy {
@@ -200,7 +209,11 @@ impl ControlLoop {
             now,
         );
         let actuated = crate::overrides::apply(&state, &self.overrides, &self.site, now);
-        let mut decisions = decisions;
+        let mut decisions = {
+            let mut noted = std::mem::take(&mut self.noted);
+            noted.extend(decisions);
+            noted
+        };
         decisions.extend(crate::overrides::decisions(
             &self.actuated,
             &actuated,

@@ -11,13 +11,16 @@
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
+//! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
+//! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
 //! - [`backtest`]: `powerplane backtest`, a job trace and real prices replayed under the
 //!   policy and under a no-policy baseline.
 //! - [`probe`]: `powerplane telemetry probe`, what the sources deliver, as a table or JSON.
+//! - [`policy_cli`]: `powerplane policy explain|diff|test`: the engine on inputs from files.
 //! - [`energy_report`]: `powerplane report`: the ledger grouped, as table, CSV, JSON or HTML.
 //! - [`report`]: the demo's HTML and CSV reports.
 #![forbid(unsafe_code)]
@@ -32,8 +35,11 @@ pub mod energy_report;
 pub mod fleet;
 pub mod http;
 pub mod overrides;
+pub mod policy_cli;
 pub mod probe;
 pub mod registry;
+pub mod reload;
 pub mod report;
+pub mod schedulers;
 pub mod serve;
 pub mod sim;

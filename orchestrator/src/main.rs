@@ -231,6 +231,14 @@ enum PolicyCommand {
         #[arg(long)]
         site: Option<PathBuf>,
     },
+    /// Run test files: cases of ticks with readings, jobs and expected caps and holds.
+    Test(orchestrator::policy_cli::TestArgs),
+    /// Evaluate a policy once on inputs from files; every decision, why, and what
+    /// would release it.
+    Explain(Box<orchestrator::policy_cli::ExplainArgs>),
+    /// Evaluate two policies on the same inputs: what would change (exit 1 when
+    /// anything would).
+    Diff(Box<orchestrator::policy_cli::DiffArgs>),
 }
 
 /// `serve` logs its decisions at info; the tools only warn.
@@ -365,6 +373,15 @@ fn main() -> ExitCode {
                 ))
             })
         }
+        Command::Policy {
+            command: PolicyCommand::Test(a),
+        } => orchestrator::policy_cli::test_cmd(&a),
+        Command::Policy {
+            command: PolicyCommand::Explain(a),
+        } => orchestrator::policy_cli::explain_cmd(&a),
+        Command::Policy {
+            command: PolicyCommand::Diff(a),
+        } => orchestrator::policy_cli::diff_cmd(&a),
     };
     match result {
         Ok(code) => code,

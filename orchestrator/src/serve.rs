@@ -5,8 +5,9 @@
 //! control loop drains it, evaluates the policy and commits to the store. With an
 //! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
 //! leased, acknowledged, renewed; see [`crate::fleet`]) and the agents' reports feed the
-//! snapshot; without it caps are observe-only. Holds are observe-only until the
-//! scheduler adapters land: computed, leased, audited, stored and logged.
+//! snapshot; without it caps are observe-only. With `[schedulers]` the holds in force
+//! are applied to the schedulers (see [`crate::schedulers`]); without it they are
+//! observe-only: computed, leased, audited, stored and logged.
 //! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
 
 use std::collections::VecDeque;
@@ -54,6 +55,9 @@ pub struct Config {
     /// `/metrics` and the JSON API.
     #[serde(default)]
     pub http: Option<crate::http::HttpSection>,
+    /// The schedulers to steer (without it, holds are observe-only).
+    #[serde(default)]
+    pub schedulers: Option<crate::schedulers::SchedulersSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -100,6 +104,13 @@ pub struct ControllerConfig {
     /// Samples the buffer holds between ticks; beyond it the oldest are dropped.
     #[serde(default = "default_buffer")]
     pub buffer_samples: usize,
+    /// How often to look at the policy file for edits (0: only on SIGHUP).
+    #[serde(default = "default_policy_reload")]
+    pub policy_reload_s: f64,
+}
+
+fn default_policy_reload() -> f64 {
+    crate::reload::DEFAULT_RELOAD_S
 }
 
 fn default_tick() -> f64 {
@@ -257,7 +268,8 @@ impl Buffer {
     }
 }
 
-/// Actuation until agents and schedulers are wired: log what changed, command nothing.
+/// Caps without `[agents]`: log when the desired caps change, command nothing. (Holds
+/// go to the schedulers in `[schedulers]`, which log their own actions.)
 #[derive(Debug, Default)]
 pub struct ObserveOnly {
     last: State,
@@ -271,12 +283,10 @@ impl Actuator for ObserveOnly {
                 .map(|(g, c)| (g.clone(), c.watts.to_bits()))
                 .collect::<Vec<_>>()
         };
-        let held = |s: &State| s.holds.keys().cloned().collect::<Vec<_>>();
-        if watts(state) != watts(&self.last) || held(state) != held(&self.last) {
+        if watts(state) != watts(&self.last) {
             info!(
                 caps = state.caps.len(),
-                holds = state.holds.len(),
-                "desired state changed (observe-only: nothing commanded)"
+                "desired caps changed (no [agents]: nothing commanded)"
             );
         }
         self.last = state.clone();
@@ -311,7 +321,8 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let (n, t) = read(&cfg.controller.site, base)?;
     let site = Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (n, t) = read(&cfg.controller.policy, base)?;
-    let policy = Policy::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // checked against the site, as a reload is
+    let policy = crate::reload::validate(&n, &t, &site).map_err(anyhow::Error::msg)?;
     let mapping = match &cfg.mqtt {
         Some(m) => {
             let (n, t) = read(&m.mapping, base)?;
@@ -368,6 +379,15 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     if let Some(h) = &cfg.http {
         crate::http::load_tokens(h, base)?;
     }
+    if let Some(s) = &cfg.schedulers {
+        crate::schedulers::check(s, &name, base)?;
+    }
+    anyhow::ensure!(
+        cfg.controller.policy_reload_s == 0.0
+            || (0.1..=3600.0).contains(&cfg.controller.policy_reload_s),
+        "{name}: controller.policy_reload_s must be 0 (only on SIGHUP) or within 0.1..=3600, got {}",
+        cfg.controller.policy_reload_s
+    );
     anyhow::ensure!(
         (0.1..=3600.0).contains(&cfg.controller.tick_s),
         "{name}: controller.tick_s must be within 0.1..=3600, got {}",
@@ -391,23 +411,18 @@ pub(crate) fn resolve(base: &Path, p: &Path) -> PathBuf {
     }
 }
 
-/// Actuation through the GPU agents: the plan's caps become signed, leased commands;
-/// holds stay observe-only until the scheduler adapters land.
+/// Actuation through the GPU agents: the plan's caps and clock locks become signed,
+/// leased commands (holds go to the schedulers).
 pub struct AgentActuator {
     fleet: Arc<Mutex<Fleet>>,
     link: Link,
     status_file: Option<PathBuf>,
     in_sync: Option<usize>,
-    holds: ObserveOnly,
 }
 
 impl Actuator for AgentActuator {
     fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String> {
-        let holds_only = State {
-            holds: state.holds.clone(),
-            ..State::default()
-        };
-        let mut errors = self.holds.apply(&holds_only, now);
+        let mut errors = Vec::new();
         let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, payload) in fleet.commands(state, now) {
             if !self.link.publish(&topic, payload, true, false) {
@@ -486,6 +501,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         jobs = control.registry().len(),
         "restored from the store"
     );
+    let mut schedulers =
+        crate::schedulers::Schedulers::open(cfg.schedulers.as_ref(), &base, control.store())?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -606,7 +623,6 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 link,
                 status_file: a.status_file.map(|p| resolve(&base, &p)),
                 in_sync: None,
-                holds: ObserveOnly::default(),
             })
         }
     };
@@ -616,7 +632,12 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         policy_path.display().to_string(),
         wall_clock(),
     );
-    first_board.policy_text = std::fs::read_to_string(&policy_path).unwrap_or_default();
+    let mut reloader = start_policy_watch(
+        &policy_path,
+        cfg.controller.policy_reload_s,
+        &mut control,
+        &mut first_board,
+    )?;
     let board = Arc::new(std::sync::RwLock::new(first_board));
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
@@ -637,6 +658,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             metrics_public: h.metrics_public,
             status_page_public: h.status_page_public,
             refresh_s: h.refresh_s.max(1),
+            events: schedulers.inbox(),
+            kubernetes: schedulers.kube_hooks(),
         };
         threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
     }
@@ -736,7 +759,17 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             }
             control.set_overrides(book.list.clone());
         }
-        let report = control.tick(now, samples, Vec::new(), actuator.as_mut());
+        reloader.between_ticks(&mut control, &board, now);
+        // schedulers: their jobs in, the holds in force out (see crate::schedulers)
+        let jobs = schedulers.jobs(now, control.store());
+        let report = control.tick(now, samples, jobs, actuator.as_mut());
+        if !schedulers.is_empty() {
+            let actuated = control.actuated().clone();
+            schedulers.apply(&actuated, &report.decisions, now, control.store());
+            if report.store_error.is_none() {
+                schedulers.stored();
+            }
+        }
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
         }
@@ -764,6 +797,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 buffer.dropped.load(Ordering::Relaxed),
             );
             b.jobs = control.registry().active();
+            b.schedulers = schedulers.status();
+            b.scheduler_counters = schedulers.counters();
             drop(b);
         }
         if let Some(e) = report.store_error {
@@ -791,6 +826,23 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         "stopped"
     );
     Ok(())
+}
+
+/// Starts watching the policy file: the loop runs the file as it is now (an edit made
+/// since `load` included), and the board shows its text and hash.
+fn start_policy_watch(
+    path: &Path,
+    every_s: f64,
+    control: &mut ControlLoop,
+    board: &mut crate::http::Board,
+) -> Result<crate::reload::Reloader> {
+    let now = wall_clock();
+    let (reloader, policy, text) =
+        crate::reload::Reloader::start(path, every_s, control.site(), now)?;
+    control.set_policy(policy);
+    board.policy_text = text;
+    board.policy_status = reloader.status().clone();
+    Ok(reloader)
 }
 
 /// What the engine plans with: the next 48 hours of the feed while it is fresh, else

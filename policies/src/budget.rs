@@ -157,28 +157,45 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         });
     }
     // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
+    let branch_of: std::collections::HashMap<(&str, &str), &str> = site
+        .pdus
+        .iter()
+        .flat_map(|p| {
+            p.outlets.iter().filter_map(move |o| {
+                o.branch
+                    .as_deref()
+                    .map(|b| ((p.id.as_str(), o.id.as_str()), b))
+            })
+        })
+        .collect();
+    let mut on_branch: std::collections::HashMap<(&str, &str), Vec<(usize, f64)>> =
+        std::collections::HashMap::new();
+    if !branch_of.is_empty() {
+        for (n, node) in site.nodes.iter().enumerate() {
+            let share = 1.0 / node.outlets.len().max(1) as f64;
+            for o in &node.outlets {
+                let Some((pdu, outlet)) = o.split_once('.') else {
+                    continue;
+                };
+                if let Some(b) = branch_of.get(&(pdu, outlet)) {
+                    let v = on_branch.entry((pdu, b)).or_default();
+                    match v.iter_mut().find(|(x, _)| *x == n) {
+                        Some(e) => e.1 += share,
+                        None => v.push((n, share)),
+                    }
+                }
+            }
+        }
+    }
     for p in &site.pdus {
         for b in &p.branches {
+            let Some(nodes) = on_branch.get(&(p.id.as_str(), b.id.as_str())) else {
+                continue;
+            };
             let mut members = Vec::new();
             let mut base_w = 0.0;
-            for (n, node) in site.nodes.iter().enumerate() {
-                let on = node
-                    .outlets
-                    .iter()
-                    .filter(|o| {
-                        o.split_once('.').is_some_and(|(pdu, outlet)| {
-                            pdu == p.id
-                                && p.outlets
-                                    .iter()
-                                    .any(|x| x.id == outlet && x.branch.as_deref() == Some(&b.id))
-                        })
-                    })
-                    .count();
-                if on == 0 {
-                    continue;
-                }
-                let share = on as f64 / node.outlets.len() as f64;
-                base_w += node.base_w * share;
+            for &(n, share) in nodes {
+                base_w += site.nodes[n].base_w * share;
                 members.extend(per_node[n].iter().map(|&i| (i, share)));
             }
             if !members.is_empty() {
@@ -194,25 +211,48 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         }
     }
     // PDUs: a rack's GPUs split evenly over the rack's PDUs
-    let rack_share = |r: &telemetry::site::Rack, pdus: &dyn Fn(&str) -> bool| {
-        let n = r.pdus.iter().filter(|p| pdus(p)).count();
-        n as f64 / r.pdus.len().max(1) as f64
-    };
-    let grouped = |pred: &dyn Fn(&str) -> bool| {
+    let rack_base: Vec<f64> = site
+        .racks
+        .iter()
+        .map(|r| r.nodes.iter().map(|&n| site.nodes[n].base_w).sum())
+        .collect();
+    // each group (a PDU, a feed) with the racks behind it and the share through it
+    let group = |shares: &[(usize, f64)]| {
         let mut members = Vec::new();
         let mut base_w = 0.0;
-        for (ri, r) in site.racks.iter().enumerate() {
-            let share = rack_share(r, pred);
-            if share <= 0.0 {
-                continue;
-            }
-            base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>() * share;
+        for &(ri, share) in shares {
+            base_w += rack_base[ri] * share;
             members.extend(per_rack[ri].iter().map(|&(i, _)| (i, share)));
         }
         (members, base_w)
     };
+    let mut by_pdu: std::collections::HashMap<&str, Vec<(usize, f64)>> =
+        std::collections::HashMap::new();
+    let feed_of: std::collections::HashMap<&str, &str> = site
+        .pdus
+        .iter()
+        .map(|p| (p.id.as_str(), p.feed.as_str()))
+        .collect();
+    let mut by_feed: std::collections::HashMap<&str, Vec<(usize, f64)>> =
+        std::collections::HashMap::new();
+    for (ri, r) in site.racks.iter().enumerate() {
+        let share = 1.0 / r.pdus.len().max(1) as f64;
+        let mut feeds: Vec<(&str, f64)> = Vec::new();
+        for p in &r.pdus {
+            by_pdu.entry(p.as_str()).or_default().push((ri, share));
+            if let Some(f) = feed_of.get(p.as_str()) {
+                match feeds.iter_mut().find(|(x, _)| x == f) {
+                    Some(e) => e.1 += share,
+                    None => feeds.push((f, share)),
+                }
+            }
+        }
+        for (f, sh) in feeds {
+            by_feed.entry(f).or_default().push((ri, sh));
+        }
+    }
     for p in &site.pdus {
-        let (members, base_w) = grouped(&|x: &str| x == p.id);
+        let (members, base_w) = group(by_pdu.get(p.id.as_str()).map_or(&[][..], |v| &v[..]));
         if !members.is_empty() {
             out.push(Scope {
                 entity: EntityId::new(EntityKind::Pdu, &p.id),
@@ -264,8 +304,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
     // feeds: the PDUs they supply (only worth a scope when there is more than one)
     if site.feeds.len() > 1 {
         for f in &site.feeds {
-            let on_feed = |x: &str| site.pdus.iter().any(|p| p.id == x && p.feed == f.id);
-            let (members, base_w) = grouped(&on_feed);
+            let (members, base_w) = group(by_feed.get(f.id.as_str()).map_or(&[][..], |v| &v[..]));
             out.push(Scope {
                 entity: EntityId::new(EntityKind::Feed, &f.id),
                 rule: "budget.feed",
@@ -279,10 +318,12 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 }
 
 /// Wanted caps per GPU, and what each scope looked like.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     site: &Site,
     index: &crate::rules_eval::Index<'_>,
     snapshot: &Snapshot,
+    prior_caps: &[Option<&crate::Cap>],
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
@@ -293,8 +334,10 @@ pub fn evaluate(
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
-    for g in gpus {
-        let (draw, demand, was_stale) = gpu_demand(g, snapshot, prior, rule, now);
+    for (i, g) in gpus.iter().enumerate() {
+        let obs = index.gpu_observe(i, POWER_W, now);
+        let cap = prior_caps[i].map(|c| c.watts);
+        let (draw, demand, was_stale) = gpu_demand(g, obs, cap, rule);
         stale += usize::from(was_stale);
         draws.push(draw);
         claims.push(Claim {
@@ -406,12 +449,10 @@ pub fn evaluate(
 /// (what it draws now, what it would draw uncapped, whether its reading was stale)
 fn gpu_demand(
     g: &GpuRef<'_>,
-    snapshot: &Snapshot,
-    prior: &State,
+    obs: Option<telemetry::Observation>,
+    cap: Option<f64>,
     rule: &BudgetRule,
-    now: Timestamp,
 ) -> (f64, f64, bool) {
-    let obs = snapshot.observe(&g.id, POWER_W, now);
     let (draw, stale) = match obs {
         Some(o) if o.usable() => (o.value, false),
         Some(o) => match rule.on_stale {
@@ -424,11 +465,7 @@ fn gpu_demand(
             _ => (g.model.max_w, true),
         },
     };
-    let cap = prior
-        .caps
-        .get(&g.id)
-        .map(|c| c.watts)
-        .unwrap_or(g.model.default_w);
+    let cap = cap.unwrap_or(g.model.default_w);
     // a GPU drawing what its cap allows would draw more without it: assume its maximum
     let at_cap = draw >= cap - rule.deadband_w.max(cap * 0.03);
     let demand = if at_cap && cap < g.model.max_w {

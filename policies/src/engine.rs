@@ -65,11 +65,20 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let mut next = State::default();
     let mut pacing = None;
     // the site's GPUs, listed once: every step below indexes into this
-    let index = rules_eval::Index::new(site, site.gpus());
+    let index = rules_eval::Index::new(site, site.gpus()).with_snapshot(snapshot);
     let gpus = &index.gpus;
+    let prior_caps = by_index(&index, &prior.caps);
     if policy.budget.enabled {
-        let (wanted, views) =
-            budget::evaluate(site, &index, snapshot, jobs, prior, &policy.budget, now);
+        let (wanted, views) = budget::evaluate(
+            site,
+            &index,
+            snapshot,
+            &prior_caps,
+            jobs,
+            prior,
+            &policy.budget,
+            now,
+        );
         pacing = views.last().map(|facility| price::Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
@@ -189,30 +198,34 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     }
 
     let mut decisions = Vec::new();
-    next.caps = settle(gpus, &prior.caps, &enforce, policy, now);
+    let caps = settle(gpus, &prior_caps, &enforce, policy, now);
     cap_decisions(
         site,
         gpus,
-        &prior.caps,
-        &next.caps,
+        &prior_caps,
+        &caps,
         &why,
         false,
         now,
         &mut decisions,
     );
-    next.observed_caps = settle(gpus, &prior.observed_caps, &observe, policy, now);
+    next.caps = to_map(gpus, &caps);
+    let prior_observed = by_index(&index, &prior.observed_caps);
+    let observed = settle(gpus, &prior_observed, &observe, policy, now);
     cap_decisions(
         site,
         gpus,
-        &prior.observed_caps,
-        &next.observed_caps,
+        &prior_observed,
+        &observed,
         &why,
         true,
         now,
         &mut decisions,
     );
+    next.observed_caps = to_map(gpus, &observed);
 
     clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
+    observed_rule_holds(prior, &rule_wants, now, &mut next, &mut decisions);
     preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
 
     if policy.price.enabled {
@@ -326,20 +339,16 @@ fn budget_reason(v: &ScopeView) -> String {
 /// Turns wanted caps into caps in force: clamped, rate limited, with leases.
 fn settle(
     gpus: &[GpuRef<'_>],
-    prior: &BTreeMap<EntityId, Cap>,
+    prior: &[Option<&Cap>],
     wants: &[Option<Want>],
     policy: &Policy,
     now: Timestamp,
-) -> BTreeMap<EntityId, Cap> {
+) -> Vec<Option<Cap>> {
     let b = &policy.budget;
-    let mut out = BTreeMap::new();
-    for (g, want) in gpus.iter().zip(wants) {
+    let mut out = Vec::with_capacity(gpus.len());
+    for ((g, want), old) in gpus.iter().zip(wants).zip(prior) {
         let model = g.model;
-        let old = if prior.is_empty() {
-            None
-        } else {
-            prior.get(&g.id)
-        };
+        let old = *old;
         let want = want.as_ref();
         let current = old.map_or(model.default_w, |c| c.watts);
         let target = model.clamp_limit(want.map_or(model.default_w, |w| w.watts));
@@ -380,9 +389,7 @@ fn settle(
                 })
             }
         };
-        if let Some(c) = cap {
-            out.insert(g.id.clone(), c);
-        }
+        out.push(cap);
     }
     out
 }
@@ -391,22 +398,22 @@ fn settle(
 fn cap_decisions(
     site: &Site,
     all: &[GpuRef<'_>],
-    prior: &BTreeMap<EntityId, Cap>,
-    next: &BTreeMap<EntityId, Cap>,
+    prior: &[Option<&Cap>],
+    next: &[Option<Cap>],
     why: &Why,
     observe_only: bool,
     now: Timestamp,
     out: &mut Vec<Decision>,
 ) {
-    if prior.is_empty() && next.is_empty() {
+    if prior.iter().all(Option::is_none) && next.iter().all(Option::is_none) {
         return;
     }
     // group changed GPUs by rack, rule and new value, in site order
     let mut groups: Groups = Vec::new();
     let mut at: std::collections::HashMap<(String, String, Option<i64>), usize> =
         std::collections::HashMap::new();
-    for g in all {
-        let (old, new) = (prior.get(&g.id), next.get(&g.id));
+    for ((g, old), new) in all.iter().zip(prior).zip(next) {
+        let (old, new) = (*old, new.as_ref());
         let changed = match (old, new) {
             (None, None) => false,
             (Some(a), Some(b)) => (a.watts - b.watts).abs() >= 0.5,
@@ -501,8 +508,8 @@ fn hold_decisions(
                         reason: h.reason.clone(),
                         observe_only,
                         release: format!(
-                            "released when the rule no longer holds it, and by {} at the latest",
-                            h.lease_until
+                            "when {} no longer wants it held; never past the job's latest start (deadline − estimated duration − margin)",
+                            h.rule
                         ),
                     });
                 }
@@ -830,3 +837,86 @@ fn preempt(
 }
 #[cfg(test)]
 mod rules_tests;
+
+/// What job rules in observe mode would hold: kept in `observed_holds` (never acted
+/// on) with observe-only decisions when they start and end.
+fn observed_rule_holds(
+    prior: &State,
+    rules: &[(&Rule, rules_eval::Wants)],
+    now: Timestamp,
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    for (rule, w) in rules.iter().filter(|(r, _)| r.observe) {
+        for (job, until) in &w.holds {
+            if next.observed_holds.contains_key(job) {
+                continue;
+            }
+            let why = w
+                .why
+                .iter()
+                .find(|x| x.target.strip_prefix("job/") == Some(job));
+            let reason = why.map_or_else(|| rule.id(), |x| x.reason.clone());
+            let since = match prior.observed_holds.get(job) {
+                Some(h) => h.since,
+                None => {
+                    out.push(Decision {
+                        time: now,
+                        rule: rule.id(),
+                        target: Target::Job { job: job.clone() },
+                        action: Action::Hold { until: *until },
+                        values: why.map(|x| x.values.clone()).unwrap_or_default(),
+                        reason: reason.clone(),
+                        release: why.map(|x| x.release.clone()).unwrap_or_default(),
+                        observe_only: true,
+                    });
+                    now
+                }
+            };
+            next.observed_holds.insert(
+                job.clone(),
+                Hold {
+                    rule: rule.id(),
+                    since,
+                    lease_until: *until,
+                    reason,
+                },
+            );
+        }
+    }
+    for (job, h) in &prior.observed_holds {
+        if h.rule.starts_with("rules.") && !next.observed_holds.contains_key(job) {
+            out.push(Decision {
+                time: now,
+                rule: h.rule.clone(),
+                target: Target::Job { job: job.clone() },
+                action: Action::Release,
+                values: BTreeMap::new(),
+                reason: format!("{} no longer holds it", h.rule),
+                release: String::new(),
+                observe_only: true,
+            });
+        }
+    }
+}
+
+/// Caps in force by GPU index.
+fn by_index<'c>(
+    index: &rules_eval::Index<'_>,
+    caps: &'c BTreeMap<EntityId, Cap>,
+) -> Vec<Option<&'c Cap>> {
+    let mut v = vec![None; index.gpus.len()];
+    for (id, c) in caps {
+        if let Some(i) = index.gpu_index(id) {
+            v[i] = Some(c);
+        }
+    }
+    v
+}
+
+fn to_map(gpus: &[GpuRef<'_>], caps: &[Option<Cap>]) -> BTreeMap<EntityId, Cap> {
+    gpus.iter()
+        .zip(caps)
+        .filter_map(|(g, c)| c.clone().map(|c| (g.id.clone(), c)))
+        .collect()
+}

@@ -137,6 +137,10 @@ pub enum Action {
         until: Timestamp,
     },
     Resume,
+    /// A new policy is in force (`serve` reloaded the file): audit only.
+    PolicyLoaded {
+        sha256: String,
+    },
 }
 
 impl fmt::Display for Action {
@@ -151,6 +155,9 @@ impl fmt::Display for Action {
             Action::Requeue => f.write_str("requeue"),
             Action::Suspend { until } => write!(f, "suspend until {until}"),
             Action::Resume => f.write_str("resume"),
+            Action::PolicyLoaded { sha256 } => {
+                write!(f, "policy {} in force", sha256.get(..12).unwrap_or(sha256))
+            }
         }
     }
 }

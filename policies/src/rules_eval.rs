@@ -45,12 +45,43 @@ pub struct Why {
     pub switched_on: bool,
 }
 
+/// FNV-1a: entity names are short and trusted (they come from the site file), so a
+/// simple hash beats SipHash on the hot paths.
+#[derive(Default)]
+pub struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type FnvMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
+type Readings = BTreeMap<telemetry::Metric, telemetry::snapshot::Reading>;
+
 /// The site seen as scopes: every entity with its GPUs, built once per evaluation.
 pub struct Index<'a> {
     pub site: &'a Site,
     pub gpus: Vec<GpuRef<'a>>,
-    /// GPU ids to indexes, for jobs' allocations (built on first use).
-    by_id: std::cell::OnceCell<std::collections::HashMap<EntityId, usize>>,
+    /// Node names to (node index, index of its first GPU in `gpus`), for looking GPUs
+    /// up by id (built on first use; a node's GPUs are contiguous in `gpus`).
+    nodes: std::cell::OnceCell<FnvMap<&'a str, (usize, usize)>>,
+    snapshot: Option<&'a Snapshot>,
+    /// Each GPU's readings in the snapshot (built on first use).
+    readings: std::cell::OnceCell<Vec<Option<&'a Readings>>>,
 }
 
 impl<'a> Index<'a> {
@@ -58,21 +89,61 @@ impl<'a> Index<'a> {
         Index {
             site,
             gpus,
-            by_id: std::cell::OnceCell::new(),
+            nodes: std::cell::OnceCell::new(),
+            snapshot: None,
+            readings: std::cell::OnceCell::new(),
         }
     }
 
+    /// The index with the snapshot whose GPU readings [`Index::gpu_observe`] reads.
+    pub fn with_snapshot(mut self, snapshot: &'a Snapshot) -> Self {
+        self.snapshot = Some(snapshot);
+        self
+    }
+
+    /// The position of a GPU in `gpus`, from its id (`node:index`).
     pub fn gpu_index(&self, id: &EntityId) -> Option<usize> {
-        self.by_id
-            .get_or_init(|| {
-                self.gpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, g)| (g.id.clone(), i))
-                    .collect()
-            })
-            .get(id)
-            .copied()
+        if id.kind != EntityKind::Gpu {
+            return None;
+        }
+        let (node, i) = id.name.rsplit_once(':')?;
+        let i: usize = i.parse().ok()?;
+        let nodes = self.nodes.get_or_init(|| {
+            let mut m = FnvMap::default();
+            let mut first: Vec<Option<usize>> = vec![None; self.site.nodes.len()];
+            for (k, g) in self.gpus.iter().enumerate() {
+                first[g.node_index].get_or_insert(k);
+            }
+            for (n, node) in self.site.nodes.iter().enumerate() {
+                if let Some(f) = first[n] {
+                    m.insert(node.id.as_str(), (n, f));
+                }
+            }
+            m
+        });
+        let &(n, f) = nodes.get(node)?;
+        (i < self.site.nodes[n].gpus as usize).then_some(f + i)
+    }
+
+    /// A GPU's reading of `metric` at `now` (as [`Snapshot::observe`], without finding
+    /// the GPU in the snapshot again for each metric).
+    pub fn gpu_observe(
+        &self,
+        gpu: usize,
+        metric: &str,
+        now: Timestamp,
+    ) -> Option<telemetry::Observation> {
+        let snap = self.snapshot?;
+        let readings = self.readings.get_or_init(|| {
+            let mut v = vec![None; self.gpus.len()];
+            for (e, r) in snap.entities() {
+                if let Some(i) = self.gpu_index(e) {
+                    v[i] = Some(r);
+                }
+            }
+            v
+        });
+        snap.observe_in(readings[gpu]?, metric, now)
     }
 
     /// Rack index of each rack id.
@@ -271,19 +342,20 @@ enum Tri {
     Unknown,
 }
 
-struct Ctx<'a> {
-    index: &'a Index<'a>,
+struct Ctx<'a, 'i> {
+    index: &'a Index<'i>,
     snapshot: &'a Snapshot,
     forecast: &'a Forecast,
     now: Timestamp,
     local: chrono::DateTime<chrono_tz::Tz>,
     max_defer_s: f64,
+    memo: std::cell::RefCell<FnvMap<(u8, i64, u64), Option<f64>>>,
 }
 
 /// What the condition looked at, for the audit.
 type Seen = BTreeMap<String, f64>;
 
-impl Ctx<'_> {
+impl Ctx<'_, '_> {
     fn signal(
         &self,
         s: &Signal,
@@ -294,6 +366,13 @@ impl Ctx<'_> {
     ) -> Val {
         let _ = seen;
         self.signal_inner(s, entity, gpus, job)
+    }
+
+    fn gpu(&self, gpu: usize, metric: &str) -> Val {
+        match self.index.gpu_observe(gpu, metric, self.now) {
+            Some(o) if o.usable() => Val::Ok(o.value),
+            _ => Val::Stale,
+        }
     }
 
     fn observe(&self, entity: &EntityId, metric: &str) -> Val {
@@ -311,11 +390,14 @@ impl Ctx<'_> {
         job: Option<&Job>,
     ) -> Val {
         match s {
-            Signal::Metric(m) => self.observe(entity, m),
+            Signal::Metric(m) => match gpus {
+                [g] if entity.kind == EntityKind::Gpu => self.gpu(*g, m),
+                _ => self.observe(entity, m),
+            },
             Signal::Gpus(agg, m) => {
                 let mut acc: Vec<f64> = Vec::with_capacity(gpus.len());
                 for &g in gpus {
-                    match self.observe(&self.index.gpus[g].id, m) {
+                    match self.gpu(g, m) {
                         Val::Ok(v) => acc.push(v),
                         Val::Stale => return Val::Stale,
                     }
@@ -401,7 +483,14 @@ impl Ctx<'_> {
                 if end <= now {
                     return None;
                 }
-                s.cheapest_threshold(hours, now, end)
+                // many jobs share a deadline and a duration: compute each pair once
+                let key = (series as u8, end.as_millis(), hours.to_bits());
+                if let Some(v) = self.memo.borrow().get(&key) {
+                    return *v;
+                }
+                let v = s.cheapest_threshold(hours, now, end);
+                self.memo.borrow_mut().insert(key, v);
+                v
             }),
         };
         v.map_or(Val::Stale, Val::Ok)
@@ -516,7 +605,7 @@ impl Ctx<'_> {
     }
 }
 
-impl Ctx<'_> {
+impl Ctx<'_, '_> {
     /// The values of every signal of the rule's conditions for one target (for the
     /// audit; computed only for targets the rule acts on).
     fn values(&self, rule: &Rule, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Seen {
@@ -600,6 +689,7 @@ pub fn run(
         now,
         local: now.to_datetime().with_timezone(&index.site.timezone),
         max_defer_s,
+        memo: Default::default(),
     };
     let mut wants = Wants::default();
     let mut next = BTreeMap::new();
@@ -607,7 +697,19 @@ pub fn run(
     let targets: Vec<(Cow<'_, EntityId>, Vec<usize>, Option<&Job>)> =
         if rule.scope == ScopeKind::Job {
             jobs.iter()
-                .filter(|j| !j.state.is_done() && rule.select.matches_job(j))
+                .filter(|j| {
+                    // only the jobs the action can apply to
+                    let relevant = match rule.action {
+                        RuleAction::Hold | RuleAction::Release => {
+                            matches!(j.state, JobState::Pending | JobState::Held)
+                        }
+                        RuleAction::Suspend => {
+                            matches!(j.state, JobState::Running | JobState::Suspended)
+                        }
+                        _ => j.state == JobState::Running,
+                    };
+                    relevant && rule.select.matches_job(j)
+                })
                 .map(|j| {
                     let gpus = j
                         .allocated
@@ -808,11 +910,12 @@ pub fn run(
                             }
                         }
                         _ => {
-                            if running && j.preemptible {
+                            // a job the scheduler reports suspended stays suspended
+                            if (running || j.state == JobState::Suspended) && j.preemptible {
                                 wants.suspends.push((j.id.clone(), now + rule.lease_s));
                                 true
                             } else {
-                                j.state == JobState::Suspended
+                                false
                             }
                         }
                     };

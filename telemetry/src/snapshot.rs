@@ -164,7 +164,23 @@ impl Snapshot {
 
     /// The latest value of `metric` of `entity` as seen at `now`, with its age.
     pub fn observe(&self, entity: &EntityId, metric: &str, now: Timestamp) -> Option<Observation> {
-        let r = self.readings.get(entity)?.get(metric)?;
+        self.observe_in(self.readings.get(entity)?, metric, now)
+    }
+
+    /// Every entity with its readings, in entity order: to look at many entities'
+    /// metrics without finding each entity again ([`Snapshot::observe_in`]).
+    pub fn entities(&self) -> impl Iterator<Item = (&EntityId, &BTreeMap<Metric, Reading>)> {
+        self.readings.iter()
+    }
+
+    /// [`Snapshot::observe`] on the readings of one entity from [`Snapshot::entities`].
+    pub fn observe_in(
+        &self,
+        readings: &BTreeMap<Metric, Reading>,
+        metric: &str,
+        now: Timestamp,
+    ) -> Option<Observation> {
+        let r = readings.get(metric)?;
         let age_s = now.secs_since(r.ts).max(0.0);
         let fresh_s = self
             .freshness

@@ -7,9 +7,11 @@
 //! - [`redis_url`] / [`redis_backend`]: the Redis the tests use. A test that needs
 //!   Redis fails when it is missing; it never skips.
 //! - [`fixtures`]: sample decisions, jobs and states.
+//! - [`slurm`]: the real single-node Slurm (`scripts/slurm up`) and its commands.
 #![forbid(unsafe_code)]
 
 pub mod fixtures;
+pub mod slurm;
 pub mod store_contract;
 
 use integrations::store::redis::RedisBackend;

@@ -204,6 +204,24 @@ impl Tx {
         self
     }
 
+    /// Puts a record in a collection of its own (adapters keep their state this way).
+    pub fn put_record<T: Serialize>(&mut self, collection: &str, key: &str, v: &T) -> &mut Self {
+        self.put(collection, key, v)
+    }
+
+    pub fn delete_record(&mut self, collection: &str, key: &str) -> &mut Self {
+        self.batch.ops.push(Op::Delete {
+            collection: collection.into(),
+            key: key.into(),
+        });
+        self
+    }
+
+    /// Appends a record to a log of its own.
+    pub fn append_record<T: Serialize>(&mut self, log: &str, v: &T) -> &mut Self {
+        self.append(log, v)
+    }
+
     /// Appends another transaction's writes after this one's.
     pub fn extend(&mut self, other: Tx) {
         self.batch.ops.extend(other.batch.ops);
@@ -348,6 +366,28 @@ impl Store {
             suspended: self.keyed::<Hold>(SUSPENDED)?,
             rules: self.keyed(RULES)?,
         })
+    }
+
+    /// Every record of a collection written with [`Tx::put_record`], in key order.
+    pub fn records<T: DeserializeOwned>(
+        &mut self,
+        collection: &str,
+    ) -> Result<BTreeMap<String, T>, StoreError> {
+        self.keyed(collection)
+    }
+
+    /// Records of a log written with [`Tx::append_record`], from `from` (1-based) on.
+    pub fn log_records<T: DeserializeOwned>(
+        &mut self,
+        log: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, T)>, StoreError> {
+        self.read(log, from, limit)
+    }
+
+    pub fn log_len(&mut self, log: &str) -> Result<u64, StoreError> {
+        self.backend.log_len(log)
     }
 
     fn read<T: DeserializeOwned>(

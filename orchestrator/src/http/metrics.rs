@@ -401,6 +401,14 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         c.actuation_errors as f64,
     );
+    for (name, help, v) in &b.scheduler_counters {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        o.add(name, kind, help, &[], *v);
+    }
     o.add(
         "store_errors_total",
         "counter",
@@ -440,6 +448,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         now.as_secs_f64(),
     );
+    policy(&mut o, &b.policy_status);
     if let Some(f) = fleet {
         o.add(
             "gpus_in_sync",
@@ -472,6 +481,33 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         }
     }
     o.render()
+}
+
+/// The policy in force and its reloads.
+fn policy(o: &mut Out, p: &crate::reload::PolicyStatus) {
+    for (result, n) in [("ok", p.reloads_ok), ("error", p.reloads_error)] {
+        o.add(
+            "policy_reloads_total",
+            "counter",
+            "Policy file reloads, by result (an invalid file keeps the policy in force)",
+            &[("result", result)],
+            n as f64,
+        );
+    }
+    o.add(
+        "policy_valid",
+        "gauge",
+        "1 when the policy file on disk is the policy in force, 0 while it is invalid",
+        &[],
+        f64::from(u8::from(p.valid)),
+    );
+    o.add(
+        "policy_loaded_timestamp_seconds",
+        "gauge",
+        "When the policy in force was loaded, labelled with its SHA-256",
+        &[("sha256", &p.sha256)],
+        p.loaded_at.as_secs_f64(),
+    );
 }
 
 #[cfg(test)]

@@ -158,6 +158,12 @@ pub struct Board {
     pub jobs: Vec<telemetry::Job>,
     /// Where the price comes from now: `feed`, `tariff` or `feed (stale)`.
     pub price_source: String,
+    /// The schedulers powerplane steers: holds in force, counters, job lifecycles.
+    pub schedulers: serde_json::Value,
+    /// Scheduler counters for `/metrics`: (name, help, value).
+    pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
+    /// The policy in force and the outcome of the last reload.
+    pub policy_status: crate::reload::PolicyStatus,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -175,6 +181,7 @@ pub fn action_kind(a: &policies::Action) -> &'static str {
         policies::Action::Requeue => "requeue",
         policies::Action::Suspend { .. } => "suspend",
         policies::Action::Resume => "resume",
+        policies::Action::PolicyLoaded { .. } => "policy_loaded",
     }
 }
 
@@ -195,6 +202,9 @@ impl Board {
             prices: Vec::new(),
             jobs: Vec::new(),
             price_source: String::new(),
+            schedulers: serde_json::Value::Null,
+            scheduler_counters: Vec::new(),
+            policy_status: crate::reload::PolicyStatus::default(),
         }
     }
 
@@ -236,6 +246,11 @@ pub struct Api {
     pub status_page_public: bool,
     pub refresh_s: u32,
     pub overrides: Arc<Mutex<crate::overrides::Book>>,
+    /// Inbound job events (`POST /api/v1/events`), with `[schedulers.webhook]`.
+    pub events: Option<Arc<crate::schedulers::Inbox>>,
+    /// The Kubernetes admission webhook and scheduler extender, with
+    /// `[schedulers.kubernetes]`.
+    pub kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
 }
 
 /// An answer: status, content type, body.
@@ -366,6 +381,9 @@ impl Api {
         let Some(route) = path.strip_prefix("/api/v1/") else {
             return error(404, "no such path (see /api/v1/openapi.json)");
         };
+        if let Some(verb) = route.strip_prefix("k8s/") {
+            return self.k8s(method, verb, body);
+        }
         if route == "overrides" || route.starts_with("overrides/") {
             return self.overrides(method, route, authorization, body);
         }
@@ -396,14 +414,12 @@ impl Api {
                     .collect();
                 json_reply(200, &json!({ "jobs": list }))
             }
-            "policy" => json_reply(
-                200,
-                &json!({ "file": board.policy_file, "text": board.policy_text, "reload_error": null }),
-            ),
+            "policy" => json_reply(200, &policy(&board)),
             "decisions" => match decisions(&board, query) {
                 Ok(v) => json_reply(200, &v),
                 Err(e) => error(400, &e),
             },
+            "schedulers" => json_reply(200, &board.schedulers),
             "agents" => match &self.fleet {
                 Some(f) => {
                     let f = f.lock().unwrap_or_else(|p| p.into_inner());
@@ -417,6 +433,87 @@ impl Api {
 }
 
 impl Api {
+    /// `POST /api/v1/k8s/{admission,filter,prioritize}`: called by the API server and
+    /// kube-scheduler, which send no bearer token.
+    fn k8s(&self, method: &str, verb: &str, body: &[u8]) -> Reply {
+        let Some(hooks) = &self.kubernetes else {
+            return error(404, "no [schedulers.kubernetes] section");
+        };
+        if method != "POST" {
+            return error(405, "POST an AdmissionReview or ExtenderArgs");
+        }
+        let v: serde_json::Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return error(400, &format!("not JSON: {e}")),
+        };
+        match verb {
+            "admission" => match hooks.pods.admit(&v) {
+                Ok(answer) => json_reply(200, &answer),
+                Err(e) => {
+                    warn!(error = %e, "bad AdmissionReview");
+                    error(400, &e)
+                }
+            },
+            "filter" | "prioritize" => {
+                let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+                let nodes = hooks.conditions(&board.site, &board.state);
+                drop(board);
+                let answer = if verb == "filter" {
+                    integrations::kubernetes::filter(&v, &nodes)
+                } else {
+                    integrations::kubernetes::prioritize(&v, &nodes)
+                };
+                json_reply(200, &answer)
+            }
+            _ => error(404, "no such path: admission, filter or prioritize"),
+        }
+    }
+
+    /// `POST /api/v1/events` (`body` is `None` when it was too large).
+    pub fn event(
+        &self,
+        method: &str,
+        timestamp: Option<&str>,
+        signature: Option<&str>,
+        authorization: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> Reply {
+        let Some(inbox) = &self.events else {
+            return error(
+                404,
+                "no [schedulers.webhook] section: job events are not taken",
+            );
+        };
+        if method != "POST" {
+            return error(405, "POST a job event");
+        }
+        let Some(body) = body else {
+            inbox.reject("too_large");
+            return error(413, &format!("events are limited to {MAX_BODY} bytes"));
+        };
+        // a bearer token, when sent, must be an operator's; else the signature decides
+        let bearer = match authorization {
+            Some(_) => match self.authorize(authorization, Role::Operator) {
+                Ok(_) => true,
+                Err(r) => {
+                    inbox.reject("bad_token");
+                    return r;
+                }
+            },
+            None => false,
+        };
+        match inbox.receive(
+            bearer,
+            timestamp,
+            signature,
+            body,
+            crate::probe::wall_clock(),
+        ) {
+            Ok(id) => json_reply(202, &json!({ "accepted": id })),
+            Err((status, why)) => error(status, &why),
+        }
+    }
+
     fn overrides(
         &self,
         method: &str,
@@ -485,6 +582,23 @@ impl Api {
     }
 }
 
+/// The policy in force, as written, and the outcome of the last reload.
+fn policy(b: &Board) -> serde_json::Value {
+    let p = &b.policy_status;
+    json!({
+        "file": b.policy_file,
+        "text": b.policy_text,
+        "sha256": p.sha256,
+        "loaded_at": p.loaded_at,
+        "valid": p.valid,
+        "last_error": p.last_error,
+        "last_error_at": p.last_error_at,
+        "rejected_sha256": p.rejected_sha256,
+        "reloads": { "ok": p.reloads_ok, "error": p.reloads_error },
+        "reload_error": p.last_error,
+    })
+}
+
 fn status(b: &Board) -> serde_json::Value {
     let site = b.site.site_entity();
     let obs = |m: &str| b.snapshot.observe(&site, m, b.time);
@@ -493,7 +607,7 @@ fn status(b: &Board) -> serde_json::Value {
         "time": b.time,
         "started": b.started,
         "policy_file": b.policy_file,
-        "policy_reload_error": null,
+        "policy_reload_error": b.policy_status.last_error,
         "facility": {
             "budget_w": b.site.facility_budget_kw() * 1000.0,
             "power_w": obs(POWER_W).map(|o| o.value),
@@ -667,9 +781,10 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force", "viewer"),
             "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
             "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
+            "/api/v1/schedulers": get("The schedulers powerplane steers: Slurm's holds that are powerplane's, call counters and the last error, every job's lifecycle and the recent transitions", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),
             "/api/v1/jobs": get("Pending and running jobs, each with its hold if powerplane holds it", "viewer"),
-            "/api/v1/policy": get("The policy in force, as written, and the last reload error", "viewer"),
+            "/api/v1/policy": get("The policy in force, as written (file, text, sha256, loaded_at), and the outcome of the last reload (valid, last_error as file:line:col lines, reloads)", "viewer"),
             "/api/v1/decisions": decisions,
             "/api/v1/overrides": {
                 "get": { "summary": "Overrides in force", "description": "Needs a viewer token.", "security": [{ "bearer": [] }], "responses": { "200": { "description": "OK" } } },
@@ -680,6 +795,23 @@ pub fn openapi() -> serde_json::Value {
                     "requestBody": { "required": true, "content": { "application/json": {} } },
                     "responses": { "201": { "description": "set" }, "400": { "description": "invalid, with the reason" }, "403": { "description": "not an operator" } }
                 }
+            },
+            "/api/v1/events": {
+                "post": {
+                    "summary": "A scheduler's job event: submitted, started, finished or cancelled",
+                    "description": "Signed (X-Powerplane-Timestamp: Unix seconds; X-Powerplane-Signature: sha256=HMAC-SHA256(key, timestamp + '.' + body) in hex) or with an operator bearer token. Body: {\"event\": \"submitted\", \"scheduler\": \"lsf\", \"job\": \"1234\", \"class\": \"batch\", \"project\": \"p\", \"user\": \"u\", \"gpus\": 2, \"deadline\": \"2030-01-01T00:00:00Z\", \"est_duration_s\": 3600}; see docs/schedulers.md. At most 64 KiB.",
+                    "requestBody": { "required": true, "content": { "application/json": {} } },
+                    "responses": { "202": { "description": "stored: the job is in the registry" }, "503": { "description": "taken but not stored within ack_wait_s, or too many events waiting; resend" }, "400": { "description": "bad event, with the reason" }, "401": { "description": "unsigned, bad signature, stale timestamp or unknown token" }, "404": { "description": "no [schedulers.webhook] section" }, "413": { "description": "too large" } }
+                }
+            },
+            "/api/v1/k8s/admission": {
+                "post": { "summary": "Mutating admission webhook: an AdmissionReview (admission.k8s.io/v1) in, the review with a JSONPatch adding powerplane's scheduling gate to pods of deferrable classes out", "description": "No token (the API server calls it). With [schedulers.kubernetes].", "requestBody": { "required": true, "content": { "application/json": {} } }, "responses": { "200": { "description": "the AdmissionReview response" }, "400": { "description": "not an AdmissionReview" } } }
+            },
+            "/api/v1/k8s/filter": {
+                "post": { "summary": "Scheduler extender filter: ExtenderArgs in, ExtenderFilterResult out; drops nodes in racks over their inlet limit while cooler ones remain", "description": "No token (kube-scheduler calls it).", "requestBody": { "required": true, "content": { "application/json": {} } }, "responses": { "200": { "description": "ExtenderFilterResult" } } }
+            },
+            "/api/v1/k8s/prioritize": {
+                "post": { "summary": "Scheduler extender prioritize: ExtenderArgs in, HostPriorityList (0-10) out; capped and hot nodes score lower", "description": "No token (kube-scheduler calls it).", "requestBody": { "required": true, "content": { "application/json": {} } }, "responses": { "200": { "description": "HostPriorityList" } } }
             },
             "/api/v1/overrides/{id}": {
                 "delete": {
@@ -706,6 +838,7 @@ pub fn serve(
     Ok(std::thread::Builder::new()
         .name("http".into())
         .spawn(move || {
+            let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             while keep_going() {
                 let mut req = match server.recv_timeout(Duration::from_millis(200)) {
                     Ok(Some(r)) => r,
@@ -730,6 +863,36 @@ pub fn serve(
                         .read_to_end(&mut body)
                         .is_err()
                     || body.len() > MAX_BODY;
+                if path == "/api/v1/events" {
+                    // answered on a thread of its own: the answer waits until the event
+                    // is stored, and other requests must not wait with it
+                    let header = |name: &'static str| {
+                        req.headers()
+                            .iter()
+                            .find(|h| h.field.equiv(name))
+                            .map(|h| h.value.as_str().to_string())
+                    };
+                    let ts = header(integrations::webhook::TIMESTAMP_HEADER);
+                    let sig = header(integrations::webhook::SIGNATURE_HEADER);
+                    let method = req.method().as_str().to_string();
+                    if waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= MAX_WAITING_EVENTS {
+                        waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        respond(req, error(503, "too many events waiting to be stored; retry"));
+                        continue;
+                    }
+                    let (api, auth, w) = (api.clone(), auth.clone(), waiting.clone());
+                    let body = (!too_big).then_some(body);
+                    let spawned = std::thread::Builder::new().name("event".into()).spawn(move || {
+                        let reply = api.event(&method, ts.as_deref(), sig.as_deref(), auth.as_deref(), body.as_deref());
+                        respond(req, reply);
+                        w.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    });
+                    if let Err(e) = spawned {
+                        waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        warn!(error = %e, "cannot start a thread for a job event; the connection is closed");
+                    }
+                    continue;
+                }
                 let reply = if too_big {
                     error(
                         413,
@@ -753,4 +916,23 @@ pub fn serve(
                 let _ = req.respond(resp);
             }
         })?)
+}
+
+/// Job events waiting for their answer at most (beyond, 503).
+const MAX_WAITING_EVENTS: usize = 64;
+
+fn respond(req: tiny_http::Request, reply: Reply) {
+    // bodies are in memory: send a Content-Length, never chunks
+    let mut resp = tiny_http::Response::from_data(reply.body)
+        .with_status_code(reply.status)
+        .with_chunked_threshold(usize::MAX);
+    if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", reply.content_type) {
+        resp = resp.with_header(h);
+    }
+    if reply.challenge {
+        if let Ok(h) = tiny_http::Header::from_bytes("WWW-Authenticate", "Bearer") {
+            resp = resp.with_header(h);
+        }
+    }
+    let _ = req.respond(resp);
 }

@@ -459,11 +459,25 @@ action = { suspend = true }
         "not preemptible"
     );
     assert!(sim.state.suspended.contains_key("batch-p"));
+    // the scheduler now reports the batch job suspended: it stays so, no resume
+    let jobs = [
+        jobs[0].clone(),
+        jobs[1].clone(),
+        Job {
+            state: JobState::Suspended,
+            ..jobs[2].clone()
+        },
+    ];
     let d = sim.tick(&priced(&site, 2.0, 30.0), &jobs, 30.0);
     assert!(
         !d.iter().any(|d| matches!(d.action, Action::Requeue)),
         "a requeue is sent once per activation"
     );
+    assert!(
+        !d.iter().any(|d| matches!(d.action, Action::Resume)),
+        "{d:?}"
+    );
+    assert!(sim.state.suspended.contains_key("batch-p"));
     let d = sim.tick(&priced(&site, 0.2, 60.0), &jobs, 60.0);
     assert!(sim.state.suspended.is_empty());
     assert!(d.iter().any(|d| matches!(d.action, Action::Resume)));
@@ -836,4 +850,88 @@ proptest! {
             prop_assert!(c.watts >= 100.0 && c.watts <= 300.0);
         }
     }
+}
+
+/// One rack of two nodes (4 A40 each), each node on one outlet of branch A (2 kW
+/// rated, derated 0.8 to 1.6 kW); the rack and the PDU have room to spare.
+const BRANCH: &str = r#"
+version = 1
+[site]
+name = "t"
+[[feeds]]
+id = "f"
+rating_kw = 20
+[[pdus]]
+id = "p1"
+feed = "f"
+rating_kw = 10
+derate = 0.8
+branches = [{ id = "A", rating_kw = 2 }]
+outlets = [{ id = "A1", branch = "A", rating_kw = 2 }, { id = "A2", branch = "A", rating_kw = 2 }]
+[[cooling]]
+id = "c"
+capacity_kw = 30
+racks = ["r"]
+[[rooms]]
+id = "h"
+[[rows]]
+id = "w"
+room = "h"
+[[racks]]
+id = "r"
+row = "w"
+pdus = ["p1"]
+power_budget_kw = 8
+[[nodes]]
+id = "n1"
+rack = "r"
+gpus = 4
+gpu_model = "A40"
+base_w = 100
+outlets = ["p1.A1"]
+[[nodes]]
+id = "n2"
+rack = "r"
+gpus = 4
+gpu_model = "A40"
+base_w = 100
+outlets = ["p1.A2"]
+"#;
+
+#[test]
+fn a_branch_circuit_is_kept_under_its_derated_rating() {
+    let mut p = Policy::default();
+    p.thermal.enabled = false;
+    p.price.enabled = false;
+    let mut sim = Sim::new(p);
+    sim.site = Site::parse("branch.toml", BRANCH).unwrap_or_else(|e| panic!("{e}"));
+    let mut s = Snapshot::new();
+    for g in sim.site.gpus() {
+        s.ingest(Sample::new(g.id.clone(), POWER_W, 300.0, t0(), "t"), t0())
+            .expect("ok");
+    }
+    let d = sim.tick(&s, &[], 0.0);
+    // 8 × 300 + 200 = 2.6 kW on a branch with 1.6 kW usable
+    assert_eq!(sim.state.caps.len(), 8, "{d:?}");
+    assert!(sim.state.caps.values().all(|c| c.rule == "budget.branch"));
+    let total: f64 = sim.state.caps.values().map(|c| c.watts).sum::<f64>() + 200.0;
+    assert!(total <= 1600.0 * 0.97 + 1e-6, "{total}");
+}
+
+#[test]
+fn a_hold_rule_in_observe_mode_reports_without_holding() {
+    let mut sim = Sim::new(policy(&format!("{DEFER}observe = true\n")));
+    let jobs = [batch("far", Some(12.0 * 3600.0))];
+    let d = sim.tick(&priced(&site(), 0.5, 0.0), &jobs, 0.0);
+    assert!(sim.state.holds.is_empty());
+    assert!(sim.state.observed_holds.contains_key("far"));
+    assert!(d.iter().all(|d| d.observe_only) && d.len() == 1, "{d:?}");
+    assert!(
+        sim.tick(&priced(&site(), 0.5, 60.0), &jobs, 60.0)
+            .is_empty(),
+        "said once"
+    );
+    let d = sim.tick(&priced(&site(), 0.1, 120.0), &jobs, 120.0);
+    assert!(sim.state.observed_holds.is_empty());
+    assert!(matches!(d[0].action, Action::Release) && d[0].observe_only);
 }

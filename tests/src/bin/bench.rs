@@ -479,7 +479,7 @@ fn main() {
         Some("engine") => bench_engine(),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] | bench backtest [--jobs N,N,...]"
+                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...]"
             );
             std::process::exit(2);
         }
@@ -586,6 +586,11 @@ fn bench_engine() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    let runs: usize = std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(7);
     println!("engine: one evaluation (budgets, thermal, price, 4 rules), single thread");
     println!(
         "{:>9} {:>6} {:>7} {:>10} {:>10} {:>10} {:>12}",
@@ -688,7 +693,7 @@ fn bench_engine() {
         let build_ms = t.elapsed().as_secs_f64() * 1000.0;
         let mut prior = policies::State::default();
         let mut times = Vec::new();
-        for i in 0..7 {
+        for i in 0..runs.max(1) {
             let t = Instant::now();
             let plan = policies::evaluate(
                 &policies::Inputs {

@@ -1,0 +1,706 @@
+//! The input files of `policy explain`, `policy diff` and `policy test`: snapshots, jobs,
+//! prior state and forecasts, each read with its problems as `file:line:col: message`
+//! (TOML) or `file: where: message` (JSON).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+
+use policies::{Forecast, State, StepSeries};
+use serde::Deserialize;
+use telemetry::diag::line_col;
+use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
+use telemetry::{EntityId, Job, JobState, Quality, Sample, Site, Snapshot, Timestamp};
+
+/// Problems found in input files, one per line.
+pub type Problems = Vec<String>;
+
+/// Reads a file, or says why not as `file: message`.
+pub fn read(path: &Path) -> Result<(String, String), Problems> {
+    let name = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok((name, t)),
+        Err(e) => Err(vec![format!("{name}: cannot read: {e}")]),
+    }
+}
+
+/// Whether a file is JSON (by its extension); everything else is TOML.
+pub fn is_json(name: &str) -> bool {
+    name.to_ascii_lowercase().ends_with(".json")
+}
+
+/// Where a problem sits: a byte span (TOML) or a path inside the document (JSON).
+#[derive(Debug, Clone)]
+pub enum Pos {
+    Span(Range<usize>),
+    Path(String),
+}
+
+/// Formats a problem at a position of a file.
+pub fn at(file: &str, src: &str, pos: &Pos, msg: &str) -> String {
+    match pos {
+        Pos::Span(s) => {
+            let (l, c) = line_col(src, s.start);
+            format!("{file}:{l}:{c}: {msg}")
+        }
+        Pos::Path(p) if p.is_empty() => format!("{file}: {msg}"),
+        Pos::Path(p) => format!("{file}: {p}: {msg}"),
+    }
+}
+
+/// A TOML or JSON syntax or type error with its position.
+pub fn toml_error(file: &str, src: &str, e: &toml::de::Error) -> String {
+    telemetry::diag::from_toml_error(file, src, e).to_string()
+}
+
+pub fn json_error(file: &str, e: &serde_json::Error) -> String {
+    format!("{file}:{}:{}: {e}", e.line(), e.column())
+        .replace(&format!(" at line {} column {}", e.line(), e.column()), "")
+}
+
+/// Seconds from a duration such as `30s`, `+5m`, `-1h30m`, `2d` or `90` (seconds).
+pub fn parse_offset(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (sign, body) = match t.as_bytes().first() {
+        Some(b'+') => (1.0, &t[1..]),
+        Some(b'-') => (-1.0, &t[1..]),
+        _ => (1.0, t),
+    };
+    if body.is_empty() {
+        return Err(format!("{s:?} is not a duration (e.g. +30s, 5m, -1h30m)"));
+    }
+    if let Ok(v) = body.parse::<f64>() {
+        return Ok(sign * v);
+    }
+    let mut total = 0.0;
+    let mut num = String::new();
+    for ch in body.chars() {
+        if ch.is_ascii_digit() || ch == '.' {
+            num.push(ch);
+            continue;
+        }
+        let unit = match ch {
+            's' => 1.0,
+            'm' => 60.0,
+            'h' => 3600.0,
+            'd' => 86_400.0,
+            _ => return Err(format!("{s:?} is not a duration (e.g. +30s, 5m, -1h30m)")),
+        };
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration (e.g. +30s, 5m, -1h30m)"))?;
+        total += v * unit;
+        num.clear();
+    }
+    if !num.is_empty() {
+        return Err(format!(
+            "{s:?}: a number without a unit after another one (e.g. 1h30m)"
+        ));
+    }
+    Ok(sign * total)
+}
+
+/// An instant: RFC 3339, or an offset (`+30s`, `-1h`) from `base`.
+pub fn parse_time(s: &str, base: Timestamp) -> Result<Timestamp, String> {
+    if let Ok(t) = Timestamp::parse_rfc3339(s.trim()) {
+        return Ok(t);
+    }
+    parse_offset(s).map(|d| base.plus_secs(d)).map_err(|_| {
+        format!("{s:?} is neither RFC 3339 (2026-11-30T12:00:00Z) nor an offset (+30s)")
+    })
+}
+
+/// Matches `pattern` (with `*` for any run of characters) against `text`.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// The site's entities, to resolve ids and patterns against (built once per input).
+pub struct Names<'a> {
+    pub site: &'a Site,
+    all: std::collections::BTreeSet<EntityId>,
+}
+
+impl<'a> Names<'a> {
+    pub fn new(site: &'a Site) -> Self {
+        Names {
+            site,
+            all: site.entities(),
+        }
+    }
+
+    /// The site's entities an id or pattern names (`rack/a01`, `gpu/a01-*`, `gpu/*`).
+    pub fn resolve(&self, pattern: &str) -> Result<Vec<EntityId>, String> {
+        if pattern.contains('*') {
+            let found: Vec<EntityId> = self
+                .all
+                .iter()
+                .filter(|e| glob(pattern, &e.to_string()))
+                .cloned()
+                .collect();
+            if found.is_empty() {
+                return Err(format!("{pattern:?} matches no entity of the site"));
+            }
+            return Ok(found);
+        }
+        let id: EntityId = pattern.parse()?;
+        if !self.all.contains(&id) {
+            return Err(format!(
+                "{id} is not an entity of the site {:?}",
+                self.site.name
+            ));
+        }
+        Ok(vec![id])
+    }
+}
+
+/// One reading as written in a snapshot file or a test tick.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReading {
+    /// An entity id or a pattern with `*`.
+    pub entity: String,
+    pub metric: String,
+    #[serde(default)]
+    pub value: Option<f64>,
+    /// How long before the evaluation time it was read (default 0).
+    #[serde(default)]
+    pub age_s: Option<f64>,
+    /// Or when it was read (RFC 3339).
+    #[serde(default)]
+    pub time: Option<String>,
+    #[serde(default)]
+    pub quality: Option<Quality>,
+    #[serde(default)]
+    pub source: Option<String>,
+    /// In tests: the source stops reporting; the last value stays and ages.
+    #[serde(default)]
+    pub stop: bool,
+}
+
+impl RawReading {
+    /// The samples this reading stands for at `now`.
+    pub fn samples(
+        &self,
+        names: &Names<'_>,
+        now: Timestamp,
+        source: &str,
+    ) -> Result<Vec<Sample>, String> {
+        let value = self
+            .value
+            .ok_or_else(|| format!("{} {}: value is missing", self.entity, self.metric))?;
+        let spec = telemetry::metric::spec(&self.metric).ok_or_else(|| {
+            format!(
+                "unknown metric {:?} (known: {})",
+                self.metric,
+                telemetry::metric::all()
+                    .iter()
+                    .map(|m| m.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        let ts = match (&self.time, self.age_s) {
+            (Some(_), Some(_)) => return Err("give age_s or time, not both".into()),
+            (Some(t), None) => Timestamp::parse_rfc3339(t)
+                .map_err(|e| format!("time {t:?}: {e} (use RFC 3339)"))?,
+            (None, Some(a)) if !(a.is_finite() && a >= 0.0) => {
+                return Err(format!("age_s must be 0 or more, got {a}"))
+            }
+            (None, a) => now.plus_secs(-a.unwrap_or(0.0)),
+        };
+        let ids = names.resolve(&self.entity)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let mut s = Sample::new(
+                id,
+                spec.name,
+                value,
+                ts,
+                self.source.as_deref().unwrap_or(source),
+            );
+            s.quality = self.quality.unwrap_or(Quality::Good);
+            out.push(s);
+        }
+        Ok(out)
+    }
+}
+
+/// A forecast point: `{ at = "+1h", value = 0.31 }` (an offset or RFC 3339).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPoint {
+    pub at: String,
+    pub value: f64,
+}
+
+/// Inline forecast series.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForecast {
+    #[serde(default)]
+    pub price: Vec<RawPoint>,
+    #[serde(default)]
+    pub carbon: Vec<RawPoint>,
+    /// How long the last point holds (default 3600).
+    #[serde(default)]
+    pub last_step_s: Option<f64>,
+    /// The feed behind it failed to refresh.
+    #[serde(default)]
+    pub stale: bool,
+}
+
+impl RawForecast {
+    pub fn forecast(&self, now: Timestamp) -> Result<Forecast, String> {
+        let series = |pts: &[RawPoint], what: &str| -> Result<StepSeries, String> {
+            let mut v = Vec::new();
+            for (i, p) in pts.iter().enumerate() {
+                let t = parse_time(&p.at, now).map_err(|e| format!("{what}[{i}]: {e}"))?;
+                if !p.value.is_finite() {
+                    return Err(format!("{what}[{i}]: value must be a finite number"));
+                }
+                v.push((t, p.value));
+            }
+            Ok(StepSeries::new(v, self.last_step_s.unwrap_or(3600.0)))
+        };
+        Ok(Forecast {
+            price: series(&self.price, "price")?,
+            carbon: series(&self.carbon, "carbon")?,
+            stale: self.stale,
+        })
+    }
+}
+
+/// Adds the forecast's price and carbon at `now` to the snapshot as the site's
+/// readings, as `serve` does with its feed, except the metrics in `own` (the inputs
+/// give those themselves).
+pub fn signals_from_forecast(
+    site: &Site,
+    snapshot: &mut Snapshot,
+    forecast: &Forecast,
+    now: Timestamp,
+    own: &[&str],
+) {
+    let id = site.site_entity();
+    for (metric, series) in [
+        (PRICE_PER_KWH, &forecast.price),
+        (CARBON_G_PER_KWH, &forecast.carbon),
+    ] {
+        if own.contains(&metric) {
+            continue;
+        }
+        if let Some(v) = series.at(now) {
+            let mut s = Sample::new(id.clone(), metric, v, now, "forecast");
+            if forecast.stale {
+                s.quality = Quality::Uncertain;
+            }
+            let _ = snapshot.ingest(s, now);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSnapshotToml {
+    #[serde(default)]
+    at: Option<toml::Spanned<String>>,
+    #[serde(default)]
+    readings: Vec<toml::Spanned<RawReading>>,
+    #[serde(default)]
+    freshness: BTreeMap<String, f64>,
+    #[serde(default)]
+    forecast: Option<toml::Spanned<RawForecast>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSnapshotJson {
+    #[serde(default)]
+    at: Option<String>,
+    #[serde(default)]
+    readings: Vec<RawReading>,
+    #[serde(default)]
+    freshness: BTreeMap<String, f64>,
+    #[serde(default)]
+    forecast: Option<RawForecast>,
+}
+
+/// A snapshot file, read but not yet placed in time.
+pub struct SnapshotFile {
+    file: String,
+    src: String,
+    pub at: Option<(Pos, String)>,
+    readings: Vec<(Pos, RawReading)>,
+    freshness: BTreeMap<String, f64>,
+    forecast: Option<(Pos, RawForecast)>,
+}
+
+impl SnapshotFile {
+    pub fn parse(file: &str, src: &str) -> Result<Self, Problems> {
+        if is_json(file) {
+            let raw: RawSnapshotJson =
+                serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
+            Ok(SnapshotFile {
+                file: file.into(),
+                src: src.into(),
+                at: raw.at.map(|a| (Pos::Path("at".into()), a)),
+                readings: raw
+                    .readings
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, r)| (Pos::Path(format!("readings[{i}]")), r))
+                    .collect(),
+                freshness: raw.freshness,
+                forecast: raw.forecast.map(|f| (Pos::Path("forecast".into()), f)),
+            })
+        } else {
+            let raw: RawSnapshotToml =
+                toml::from_str(src).map_err(|e| vec![toml_error(file, src, &e)])?;
+            let span = |s: Range<usize>| Pos::Span(s);
+            Ok(SnapshotFile {
+                file: file.into(),
+                src: src.into(),
+                at: raw.at.map(|a| (span(a.span()), a.into_inner())),
+                readings: raw
+                    .readings
+                    .into_iter()
+                    .map(|r| (span(r.span()), r.into_inner()))
+                    .collect(),
+                freshness: raw.freshness,
+                forecast: raw.forecast.map(|f| (span(f.span()), f.into_inner())),
+            })
+        }
+    }
+
+    /// The time the file names, if any.
+    pub fn time(&self) -> Result<Option<Timestamp>, Problems> {
+        match &self.at {
+            None => Ok(None),
+            Some((pos, s)) => Timestamp::parse_rfc3339(s).map(Some).map_err(|e| {
+                vec![at(
+                    &self.file,
+                    &self.src,
+                    pos,
+                    &format!("at {s:?}: {e} (use RFC 3339)"),
+                )]
+            }),
+        }
+    }
+
+    /// The snapshot and forecast as seen at `now`; every problem at once.
+    pub fn build(&self, site: &Site, now: Timestamp) -> Result<(Snapshot, Forecast), Problems> {
+        let mut problems = Vec::new();
+        let mut snap = Snapshot::new();
+        for (m, s) in &self.freshness {
+            if telemetry::metric::spec(m).is_none() || !(s.is_finite() && *s > 0.0) {
+                problems.push(format!(
+                    "{}: freshness.{m}: needs a known metric and a positive number of seconds",
+                    self.file
+                ));
+            }
+            snap.set_freshness(m, *s);
+        }
+        // a later reading of the same entity and metric replaces an earlier one (a
+        // pattern first, then the exceptions), whatever their ages
+        let mut latest: BTreeMap<(EntityId, String), (Sample, &Pos)> = BTreeMap::new();
+        let names = Names::new(site);
+        for (pos, r) in &self.readings {
+            match r.samples(&names, now, &self.file) {
+                Ok(samples) => {
+                    for s in samples {
+                        latest.insert((s.entity.clone(), s.metric.as_str().to_string()), (s, pos));
+                    }
+                }
+                Err(e) => problems.push(at(&self.file, &self.src, pos, &e)),
+            }
+        }
+        let mut bad: Vec<&Pos> = Vec::new();
+        for (s, pos) in latest.into_values() {
+            if let Err(e) = snap.ingest(s, now) {
+                // one problem per reading, not one per entity its pattern names
+                if !bad.iter().any(|b| std::ptr::eq(*b, pos)) {
+                    problems.push(at(&self.file, &self.src, pos, &e.to_string()));
+                    bad.push(pos);
+                }
+            }
+        }
+        let forecast = match &self.forecast {
+            Some((pos, f)) => match f.forecast(now) {
+                Ok(f) => f,
+                Err(e) => {
+                    problems.push(at(&self.file, &self.src, pos, &format!("forecast: {e}")));
+                    Forecast::default()
+                }
+            },
+            None => Forecast::default(),
+        };
+        if problems.is_empty() {
+            Ok((snap, forecast))
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// One job as written in a jobs file or a test tick: only `id` is required.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJob {
+    pub id: String,
+    #[serde(default)]
+    pub scheduler: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub class: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i32>,
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// GPU ids or patterns (`gpu/a01-n01:*`).
+    #[serde(default)]
+    pub allocated: Vec<String>,
+    #[serde(default)]
+    pub state: Option<JobState>,
+    #[serde(default)]
+    pub submit_time: Option<String>,
+    #[serde(default)]
+    pub start_time: Option<String>,
+    #[serde(default)]
+    pub end_time: Option<String>,
+    #[serde(default)]
+    pub deadline: Option<String>,
+    #[serde(default)]
+    pub est_duration_s: Option<f64>,
+    #[serde(default)]
+    pub deferrable: Option<bool>,
+    #[serde(default)]
+    pub preemptible: Option<bool>,
+}
+
+impl RawJob {
+    /// The job, with defaults, and times (RFC 3339 or offsets) placed relative to `now`.
+    pub fn job(&self, names: &Names<'_>, now: Timestamp) -> Result<Job, String> {
+        if self.id.trim().is_empty() {
+            return Err("a job needs a non-empty id".into());
+        }
+        let t = |what: &str, s: &Option<String>| -> Result<Option<Timestamp>, String> {
+            s.as_ref()
+                .map(|s| parse_time(s, now).map_err(|e| format!("job {}: {what}: {e}", self.id)))
+                .transpose()
+        };
+        let mut allocated = Vec::new();
+        for a in &self.allocated {
+            let ids = names
+                .resolve(a)
+                .map_err(|e| format!("job {}: allocated: {e}", self.id))?;
+            if let Some(bad) = ids.iter().find(|e| e.kind != telemetry::EntityKind::Gpu) {
+                return Err(format!("job {}: allocated: {bad} is not a GPU", self.id));
+            }
+            allocated.extend(ids);
+        }
+        let state = self.state.unwrap_or(if allocated.is_empty() {
+            JobState::Pending
+        } else {
+            JobState::Running
+        });
+        let gpus = self.gpus.unwrap_or((allocated.len() as u32).max(1));
+        let est = self.est_duration_s.unwrap_or(3600.0);
+        if !(est.is_finite() && est >= 0.0) {
+            return Err(format!("job {}: est_duration_s must be 0 or more", self.id));
+        }
+        Ok(Job {
+            id: self.id.clone(),
+            scheduler: self.scheduler.clone().unwrap_or_else(|| {
+                self.id
+                    .split_once(':')
+                    .map_or("file".to_string(), |(s, _)| s.to_string())
+            }),
+            name: self.name.clone().unwrap_or_else(|| self.id.clone()),
+            user: self.user.clone().unwrap_or_else(|| "unknown".into()),
+            project: self.project.clone().unwrap_or_else(|| "default".into()),
+            class: self.class.clone().unwrap_or_else(|| "batch".into()),
+            priority: self.priority.unwrap_or(0),
+            gpus,
+            allocated,
+            state,
+            submit_time: t("submit_time", &self.submit_time)?.unwrap_or(now),
+            start_time: t("start_time", &self.start_time)?,
+            end_time: t("end_time", &self.end_time)?,
+            deadline: t("deadline", &self.deadline)?,
+            est_duration_s: est,
+            deferrable: self.deferrable.unwrap_or(true),
+            preemptible: self.preemptible.unwrap_or(false),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJobsToml {
+    #[serde(default)]
+    jobs: Vec<toml::Spanned<RawJob>>,
+}
+
+/// A jobs file: TOML `[[jobs]]`, or JSON (a list, or `{"jobs": [...]}`).
+pub fn jobs_file(file: &str, src: &str, site: &Site, now: Timestamp) -> Result<Vec<Job>, Problems> {
+    let raw: Vec<(Pos, RawJob)> = if is_json(file) {
+        let v: serde_json::Value =
+            serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
+        let list = match v {
+            serde_json::Value::Array(l) => l,
+            serde_json::Value::Object(mut m) => match m.remove("jobs") {
+                Some(serde_json::Value::Array(l)) => l,
+                _ => {
+                    return Err(vec![format!(
+                        "{file}: expected a list of jobs or {{\"jobs\": [...]}}"
+                    )])
+                }
+            },
+            _ => {
+                return Err(vec![format!(
+                    "{file}: expected a list of jobs or {{\"jobs\": [...]}}"
+                )])
+            }
+        };
+        let mut out = Vec::new();
+        let mut problems = Vec::new();
+        for (i, mut j) in list.into_iter().enumerate() {
+            // `/api/v1/jobs` lists {"job": {...}, "held": ...}
+            if let Some(inner) = j
+                .get_mut("job")
+                .filter(|v| v.is_object())
+                .map(std::mem::take)
+            {
+                j = inner;
+            }
+            match serde_json::from_value::<RawJob>(j) {
+                Ok(j) => out.push((Pos::Path(format!("jobs[{i}]")), j)),
+                Err(e) => problems.push(format!("{file}: jobs[{i}]: {e}")),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        out
+    } else {
+        let r: RawJobsToml = toml::from_str(src).map_err(|e| vec![toml_error(file, src, &e)])?;
+        r.jobs
+            .into_iter()
+            .map(|j| (Pos::Span(j.span()), j.into_inner()))
+            .collect()
+    };
+    let mut problems = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
+    let names = Names::new(site);
+    for (pos, r) in raw {
+        match r.job(&names, now) {
+            Ok(j) if jobs.iter().any(|o| o.id == j.id) => problems.push(at(
+                file,
+                src,
+                &pos,
+                &format!("job {} is listed twice", j.id),
+            )),
+            Ok(j) => jobs.push(j),
+            Err(e) => problems.push(at(file, src, &pos, &e)),
+        }
+    }
+    if problems.is_empty() {
+        Ok(jobs)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Prior state: the engine's state as JSON (`{"caps": ..., "holds": ..., "thermal":
+/// ...}`), or the output of `policy explain --format json` (its `state`).
+pub fn state_file(file: &str, src: &str) -> Result<State, Problems> {
+    let v: serde_json::Value = serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
+    let mut v = match v.get("state") {
+        Some(s) if v.get("decisions").is_some() => s.clone(),
+        _ => v,
+    };
+    // a part of it will do (`/api/v1/holds` gives holds and observed_holds)
+    if let Some(m) = v.as_object_mut() {
+        for k in ["caps", "holds", "thermal"] {
+            m.entry(k).or_insert_with(|| serde_json::json!({}));
+        }
+    }
+    serde_json::from_value(v).map_err(|e| vec![format!("{file}: not a state: {e}")])
+}
+
+/// A price CSV as `serve` reads it (`start,price_per_kwh[,carbon_g_per_kwh]`).
+pub fn prices_file(file: &str, src: &str) -> Result<Forecast, Problems> {
+    use integrations::prices::Series;
+    let price = Series::from_csv(file, src, "price_per_kwh").map_err(|e| vec![e.to_string()])?;
+    let carbon = Series::from_csv(file, src, "carbon_g_per_kwh").unwrap_or_default();
+    let step = |s: &Series| {
+        let p = s.points();
+        match p.len() {
+            n if n >= 2 => p[n - 1].0.secs_since(p[n - 2].0),
+            _ => 3600.0,
+        }
+    };
+    Ok(Forecast {
+        price: StepSeries::new(price.points().to_vec(), step(&price)),
+        carbon: StepSeries::new(carbon.points().to_vec(), step(&carbon)),
+        stale: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_and_times() {
+        assert_eq!(parse_offset("+30s"), Ok(30.0));
+        assert_eq!(parse_offset("-1h30m"), Ok(-5400.0));
+        assert_eq!(parse_offset("90"), Ok(90.0));
+        assert_eq!(parse_offset("2d"), Ok(172_800.0));
+        assert!(parse_offset("soon").is_err());
+        assert!(parse_offset("1h30").is_err());
+        let base = Timestamp::from_secs(1_000);
+        assert_eq!(parse_time("+5m", base), Ok(Timestamp::from_secs(1_300)));
+        assert_eq!(
+            parse_time("1970-01-01T00:00:10Z", base),
+            Ok(Timestamp::from_secs(10))
+        );
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("gpu/*", "gpu/a01-n01:0"));
+        assert!(glob("gpu/a01-*:3", "gpu/a01-n02:3"));
+        assert!(!glob("gpu/a01-*:3", "gpu/a01-n02:4"));
+        assert!(glob("rack/a01", "rack/a01"));
+        assert!(!glob("rack/a0", "rack/a01"));
+    }
+}

@@ -1,0 +1,208 @@
+//! `powerplane serve` with `[schedulers.kubernetes]` against a fake API server: the
+//! admission webhook and the scheduler extender answer on the HTTP API; a gated pod
+//! whose deadline is near is let go at once, a deferrable one is kept gated while
+//! electricity is expensive and its gate removed when the price falls.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::http;
+use serde_json::{json, Value};
+
+const VIEWER: &str = "viewer-token-0123456789abcdef";
+
+struct Serve(Child);
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pod(name: &str, deadline: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "ml", "labels": { "powerplane.io/class": "batch" },
+                      "annotations": { "powerplane.io/deadline": deadline, "powerplane.io/est-duration-s": "600" },
+                      "creationTimestamp": chrono::Utc::now().to_rfc3339() },
+        "spec": { "containers": [{ "name": "c", "image": "x", "resources": { "limits": { "nvidia.com/gpu": "1" } } }],
+                  "schedulingGates": [{ "name": "powerplane.io/hold" }] },
+        "status": { "phase": "Pending" }
+    })
+}
+
+/// A fake API server; returns its URL, the pods, and when each gate was removed.
+type Pods = Arc<Mutex<Vec<Value>>>;
+type Removed = Arc<Mutex<Vec<(String, chrono::DateTime<chrono::Utc>)>>>;
+fn fake_api(pods: Vec<Value>) -> (String, Pods, Removed) {
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("fake api");
+    let base = format!(
+        "http://127.0.0.1:{}",
+        server.server_addr().to_ip().expect("ip").port()
+    );
+    let (pods, removed): (Pods, Removed) = (Arc::new(Mutex::new(pods)), Arc::default());
+    let (st, rm) = (pods.clone(), removed.clone());
+    std::thread::spawn(move || {
+        for mut req in server.incoming_requests() {
+            let url = req.url().to_string();
+            let mut body = String::new();
+            let _ = std::io::Read::read_to_string(req.as_reader(), &mut body);
+            let answer = if req.method().as_str() == "GET" && url.starts_with("/api/v1/pods?") {
+                let items = st.lock().expect("lock").clone();
+                json!({ "kind": "PodList", "apiVersion": "v1", "items": items }).to_string()
+            } else if req.method().as_str() == "PATCH" {
+                let patch: Value = serde_json::from_str(&body).expect("patch");
+                let name = url.rsplit('/').next().unwrap_or("").to_string();
+                let mut pods = st.lock().expect("lock");
+                if let Some(p) = pods
+                    .iter_mut()
+                    .find(|p| p["metadata"]["name"] == name.as_str())
+                {
+                    assert_eq!(patch[0]["value"], "powerplane.io/hold");
+                    p["spec"]["schedulingGates"] = json!([]);
+                    rm.lock().expect("lock").push((name, chrono::Utc::now()));
+                }
+                "{}".to_string()
+            } else {
+                let _ = req.respond(tiny_http::Response::from_string("{}").with_status_code(404));
+                continue;
+            };
+            let _ = req.respond(tiny_http::Response::from_string(answer));
+        }
+    });
+    (base, pods, removed)
+}
+
+#[test]
+fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\ndefer_above = 0.20\nclasses = [\"batch\"]\nmargin_s = 60\nmax_defer_s = 3600\non_stale = \"ignore\"\nlease_s = 120\n",
+    )
+    .expect("policy");
+    let now = chrono::Utc::now();
+    let cheap_at = now + chrono::Duration::seconds(15);
+    std::fs::write(
+        d.join("prices.csv"),
+        format!(
+            "start,price_per_kwh\n{},0.35\n{},0.08\n{},0.08\n",
+            (now - chrono::Duration::seconds(60)).to_rfc3339(),
+            cheap_at.to_rfc3339(),
+            (now + chrono::Duration::hours(2)).to_rfc3339()
+        ),
+    )
+    .expect("prices");
+    let far = (now + chrono::Duration::hours(6)).to_rfc3339();
+    let near = (now + chrono::Duration::minutes(5)).to_rfc3339();
+    let (api, _pods, removed) = fake_api(vec![pod("train", &far), pod("urgent", &near)]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[prices]\nfile = \"prices.csv\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n[schedulers.kubernetes]\napi = \"{api}\"\npoll_s = 0\n[schedulers.kubernetes.node_names]\ngpu-node-1 = \"a01-n01\"\n"
+        ),
+    )
+    .expect("config");
+    let _serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_powerplane"))
+            .args(["serve", "--run-for-s", "60", "--config"])
+            .arg(d.join("powerplane.toml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve"),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while http(port, "GET", "/api/v1/schedulers", Some(VIEWER), b"").0 != 200 {
+        assert!(Instant::now() < end, "serve never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // the admission webhook, as the API server calls it
+    let review = std::fs::read_to_string(
+        root.join("tests/fixtures/kubernetes/admission-review-pod-create.json"),
+    )
+    .expect("fixture");
+    let (code, _, body) = http(
+        port,
+        "POST",
+        "/api/v1/k8s/admission",
+        None,
+        review.as_bytes(),
+    );
+    assert_eq!(code, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        answer["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
+    assert_eq!(answer["response"]["patchType"], "JSONPatch");
+    let (code, _, _) = http(port, "POST", "/api/v1/k8s/admission", None, b"{}");
+    assert_eq!(code, 400);
+    // the extender, as kube-scheduler calls it: nothing capped or hot here
+    let args =
+        json!({ "Pod": {}, "NodeNames": ["gpu-node-1", "a02-n01", "elsewhere"] }).to_string();
+    let (code, _, body) = http(
+        port,
+        "POST",
+        "/api/v1/k8s/prioritize",
+        None,
+        args.as_bytes(),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).expect("json"),
+        json!([{ "Host": "gpu-node-1", "Score": 10 }, { "Host": "a02-n01", "Score": 10 }, { "Host": "elsewhere", "Score": 5 }])
+    );
+    let (_, _, body) = http(port, "POST", "/api/v1/k8s/filter", None, args.as_bytes());
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).expect("json")["NodeNames"],
+        json!(["gpu-node-1", "a02-n01", "elsewhere"])
+    );
+
+    // the near deadline is let go at once; the deferrable pod waits for the cheap hour
+    let end = Instant::now() + Duration::from_secs(45);
+    while !removed
+        .lock()
+        .expect("lock")
+        .iter()
+        .any(|(n, _)| n == "train")
+    {
+        assert!(Instant::now() < end, "the gate of train was never removed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let removed = removed.lock().expect("lock").clone();
+    let when = |name: &str| {
+        removed
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| *t)
+            .expect("removed")
+    };
+    assert!(
+        when("urgent") < now + chrono::Duration::seconds(10),
+        "urgent waited: {removed:?}"
+    );
+    assert!(
+        when("train") >= cheap_at,
+        "train released before the price fell: {removed:?}"
+    );
+    assert_eq!(removed.len(), 2, "each gate removed once: {removed:?}");
+    let (_, _, body) = http(port, "GET", "/api/v1/schedulers", Some(VIEWER), b"");
+    let st: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(st["kubernetes"]["counters"]["gates_removed"], 2, "{st}");
+}
