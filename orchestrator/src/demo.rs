@@ -151,6 +151,7 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
         let now = fac.now();
         let samples = fac.poll(now);
         let jobs = fac.jobs();
+        control.set_forecast(fac.forecast(now));
         let report = control.tick(now, samples, jobs, &mut fac);
         if let Some(e) = report.store_error {
             writeln!(progress, "warning: store: {e}")?;

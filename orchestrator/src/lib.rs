@@ -17,6 +17,8 @@
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
+//! - [`backtest`]: `powerplane backtest`, a job trace and real prices replayed under the
+//!   policy and under a no-policy baseline.
 //! - [`probe`]: `powerplane telemetry probe`, what the sources deliver, as a table or JSON.
 //! - [`policy_cli`]: `powerplane policy explain|diff|test`: the engine on inputs from files.
 //! - [`energy_report`]: `powerplane report`: the ledger grouped, as table, CSV, JSON or HTML.
@@ -25,6 +27,7 @@
 
 pub mod accounting;
 pub mod agent;
+pub mod backtest;
 pub mod control;
 pub mod demo;
 pub mod embedded;

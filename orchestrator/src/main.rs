@@ -50,6 +50,8 @@ enum Command {
         #[arg(long, default_value = demo::DEFAULT_START)]
         start: String,
     },
+    /// Replay a job trace with real prices under the policy and a no-policy baseline.
+    Backtest(orchestrator::backtest::cli::Args),
     /// Run the controller: ingest telemetry, evaluate the policy, keep the store.
     Serve {
         /// The controller's config file (powerplane.toml).
@@ -317,6 +319,7 @@ fn main() -> ExitCode {
             seed,
             ..
         } => agent(config, once, json, &backend, gpus, &gpu_model, node, seed),
+        Command::Backtest(args) => args.run(),
         Command::Report {
             config,
             site,

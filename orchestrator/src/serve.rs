@@ -217,7 +217,7 @@ pub struct FeedFormat {
 
 impl FeedFormat {
     /// Reads a feed; `simple_column` is the column of the default layout.
-    fn read(&self, name: &str, text: &str, simple_column: &str) -> Result<Series> {
+    pub fn read(&self, name: &str, text: &str, simple_column: &str) -> Result<Series> {
         use integrations::feeds;
         Ok(match (self.format.as_deref(), &self.csv, &self.json) {
             (None | Some("simple"), None, None) => Series::from_csv(name, text, simple_column)?,

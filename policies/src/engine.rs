@@ -229,8 +229,16 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
 
     if policy.price.enabled {
-        let (mut verdicts, values) =
-            price::evaluate(site, snapshot, jobs, prior, &policy.price, pacing, now);
+        let (mut verdicts, values) = price::evaluate(
+            site,
+            snapshot,
+            jobs,
+            prior,
+            &policy.price,
+            pacing,
+            forecast,
+            now,
+        );
         merge_rule_holds(
             &mut verdicts,
             jobs,

@@ -10,6 +10,8 @@
 //! - [`budget`]: facility and rack power budgets, cut by water-filling in priority order.
 //! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis.
 //! - [`forecast`]: price and carbon forecasts and their window statistics.
+//! - [`planner`]: when deferrable jobs should start, in the cheapest forecast slots
+//!   that have room.
 //! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
 //!   their latest start.
 //!
@@ -23,6 +25,7 @@ pub mod engine;
 pub mod expr;
 pub mod forecast;
 pub mod plan;
+pub mod planner;
 pub mod policy;
 pub mod price;
 pub mod rules;

@@ -135,12 +135,27 @@ impl Default for ThermalRule {
     }
 }
 
+/// How the price rule decides when a deferrable job may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PriceMode {
+    /// Hold while the price now is above `defer_above` (needs only the price now).
+    #[default]
+    Threshold,
+    /// Plan every waiting job's start into the cheapest slots of the price forecast
+    /// that the GPUs and the facility budget have room for (needs a forecast).
+    Plan,
+}
+
 /// Deferral of deferrable jobs while the price is high.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PriceRule {
     pub enabled: bool,
-    /// Defer while the price per kWh is above this.
+    /// `threshold` (the default, so that existing policies keep their meaning and a
+    /// site without a forecast feed loses nothing) or `plan`.
+    pub mode: PriceMode,
+    /// Defer while the price per kWh is above this (threshold mode).
     pub defer_above: f64,
     /// Job classes the rule may defer (empty: every deferrable job).
     pub classes: Vec<String>,
@@ -151,12 +166,22 @@ pub struct PriceRule {
     pub on_stale: OnStale,
     pub lease_s: f64,
     pub observe: bool,
+    /// Plan mode: length of a planning slot, in seconds.
+    pub plan_slot_s: f64,
+    /// Plan mode: how far ahead to plan, in seconds.
+    pub plan_horizon_s: f64,
+    /// Plan mode: the share of the facility budget planned load may fill.
+    pub plan_budget_share: f64,
 }
 
 impl Default for PriceRule {
     fn default() -> Self {
         PriceRule {
             enabled: true,
+            mode: PriceMode::Threshold,
+            plan_slot_s: 900.0,
+            plan_horizon_s: 48.0 * 3600.0,
+            plan_budget_share: 0.9,
             defer_above: 0.20,
             classes: Vec::new(),
             margin_s: 600.0,
@@ -408,6 +433,33 @@ impl Policy {
             &pos.price,
             "lease_s",
             format!("price: lease_s must be at least 10, got {}", p.lease_s),
+        );
+        check(
+            (60.0..=3600.0).contains(&p.plan_slot_s),
+            &pos.price,
+            "plan_slot_s",
+            format!(
+                "price: plan_slot_s must be within 60..=3600, got {}",
+                p.plan_slot_s
+            ),
+        );
+        check(
+            p.plan_horizon_s >= p.plan_slot_s && p.plan_horizon_s <= 7.0 * 86400.0,
+            &pos.price,
+            "plan_horizon_s",
+            format!(
+                "price: plan_horizon_s must be within plan_slot_s..=604800, got {}",
+                p.plan_horizon_s
+            ),
+        );
+        check(
+            p.plan_budget_share > 0.0 && p.plan_budget_share <= 1.0,
+            &pos.price,
+            "plan_budget_share",
+            format!(
+                "price: plan_budget_share must be within 0..=1, got {}",
+                p.plan_budget_share
+            ),
         );
         c.finish()?;
         Ok(policy)

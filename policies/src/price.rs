@@ -1,5 +1,7 @@
-//! Price deferral: deferrable jobs wait while electricity costs more than the threshold,
-//! and are always released by their latest start (deadline − duration − margin).
+//! Price deferral: deferrable jobs wait while electricity costs more than the threshold
+//! (threshold mode), or until the start the planner gave them in the cheapest slots of
+//! the price forecast that have room (plan mode); either way they are always released
+//! by their latest start (deadline − duration − margin).
 
 use std::collections::BTreeMap;
 
@@ -8,8 +10,9 @@ use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
 use crate::budget::round3;
 use crate::plan::Hold;
-use crate::policy::{OnStale, PriceRule};
-use crate::State;
+use crate::planner::{self, Capacity, Committed, Horizon, PlanJob};
+use crate::policy::{OnStale, PriceMode, PriceRule};
+use crate::{Forecast, State};
 
 /// A hold to place or renew, or a release, for one job.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +42,7 @@ pub struct Pacing {
 }
 
 /// A verdict for every job the rule is concerned with, and the values it looked at.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     site: &Site,
     snapshot: &Snapshot,
@@ -46,8 +50,12 @@ pub fn evaluate(
     prior: &State,
     rule: &PriceRule,
     pacing: Option<Pacing>,
+    forecast: &Forecast,
     now: Timestamp,
 ) -> (BTreeMap<String, Verdict>, BTreeMap<String, f64>) {
+    if rule.mode == PriceMode::Plan {
+        return evaluate_plan(site, jobs, prior, rule, pacing, forecast, now);
+    }
     let mut values = BTreeMap::new();
     values.insert("defer_above".to_string(), rule.defer_above);
     let obs = snapshot.observe(&site.site_entity(), PRICE_PER_KWH, now);
@@ -125,6 +133,29 @@ pub fn evaluate(
         ),
         _ => "price signal stale: not deferring on an unknown price".to_string(),
     };
+    pace(
+        cheap_again,
+        &reason,
+        rule,
+        pacing,
+        now,
+        &mut out,
+        &mut values,
+    );
+    (out, values)
+}
+
+/// Releases held jobs whose time has come, most urgent first, as far as the facility's
+/// headroom allows; the rest stay held a tick longer.
+fn pace(
+    mut cheap_again: Vec<(Timestamp, &Job, &Hold)>,
+    reason: &str,
+    rule: &PriceRule,
+    pacing: Option<Pacing>,
+    now: Timestamp,
+    out: &mut BTreeMap<String, Verdict>,
+    values: &mut BTreeMap<String, f64>,
+) {
     cheap_again.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
     // the headroom already counts queued jobs that are free to start
     let mut room = pacing.map_or(f64::INFINITY, |p| p.headroom_w);
@@ -138,7 +169,7 @@ pub fn evaluate(
             out.insert(
                 job.id.clone(),
                 Verdict::Release {
-                    reason: reason.clone(),
+                    reason: reason.to_string(),
                 },
             );
         } else {
@@ -153,5 +184,185 @@ pub fn evaluate(
             );
         }
     }
+}
+
+/// Whether a job is the rule's to defer, and waiting.
+fn eligible(job: &Job, rule: &PriceRule) -> bool {
+    job.deferrable && (rule.classes.is_empty() || rule.classes.contains(&job.class))
+}
+
+/// What a busy GPU of this site may draw (its default limit plus its share of its
+/// node's base power), and the site's idle floor (every GPU idle, every node at half
+/// its base power), in W.
+fn site_power_model(site: &Site) -> (f64, f64, u32) {
+    // by node, not by GPU: this runs every tick and a site may have thousands of GPUs
+    let (mut busy, mut floor, mut n) = (0.0, 0.0, 0u32);
+    for node in &site.nodes {
+        let Some(model) = site.gpu_models.get(&node.gpu_model) else {
+            continue;
+        };
+        let g = f64::from(node.gpus);
+        busy += g * model.default_w + if node.gpus > 0 { node.base_w } else { 0.0 };
+        floor += g * model.idle_w + 0.5 * node.base_w;
+        n += node.gpus;
+    }
+    (busy / f64::from(n.max(1)), floor, n)
+}
+
+/// Plan mode: every eligible waiting job gets a planned start; jobs whose start is
+/// later than now are held, held jobs whose start has come are released (paced).
+fn evaluate_plan(
+    site: &Site,
+    jobs: &[Job],
+    prior: &State,
+    rule: &PriceRule,
+    pacing: Option<Pacing>,
+    forecast: &Forecast,
+    now: Timestamp,
+) -> (BTreeMap<String, Verdict>, BTreeMap<String, f64>) {
+    let mut values = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    let price_now = forecast.price.at(now).filter(|_| !forecast.stale);
+    if let Some(p) = price_now {
+        values.insert("price_per_kwh".to_string(), round3(p));
+    }
+    let (busy_w, floor_w, total_gpus) = site_power_model(site);
+    let wpg = pacing.map_or(busy_w, |p| p.watts_per_gpu);
+    let mut plan_jobs = Vec::new();
+    let mut committed = Vec::new();
+    let mut candidates: Vec<(&Job, Timestamp)> = Vec::new();
+    for job in jobs {
+        let waiting = matches!(job.state, JobState::Pending | JobState::Held);
+        let held = prior.holds.get(&job.id);
+        let dur = job.est_duration_s.max(1.0);
+        if job.state == JobState::Running {
+            let end = job.start_time.map_or(now + dur, |s| s + dur);
+            committed.push(Committed {
+                gpus: job.gpus,
+                watts: f64::from(job.gpus) * wpg,
+                until: end.max(now + 1.0),
+            });
+            continue;
+        }
+        if !waiting {
+            continue;
+        }
+        if !eligible(job, rule) {
+            if held.is_some() {
+                out.insert(
+                    job.id.clone(),
+                    Verdict::Release {
+                        reason: "job no longer waiting or not deferrable".into(),
+                    },
+                );
+            }
+            // it starts as soon as the scheduler finds GPUs
+            committed.push(Committed {
+                gpus: job.gpus,
+                watts: f64::from(job.gpus) * wpg,
+                until: now + dur,
+            });
+            continue;
+        }
+        let by = release_by(job, rule);
+        if now >= by {
+            if held.is_some() {
+                out.insert(
+                    job.id.clone(),
+                    Verdict::Release {
+                        reason: format!("latest start {by} reached"),
+                    },
+                );
+            }
+            committed.push(Committed {
+                gpus: job.gpus,
+                watts: f64::from(job.gpus) * wpg,
+                until: now + dur,
+            });
+            continue;
+        }
+        candidates.push((job, by));
+        plan_jobs.push(PlanJob {
+            id: job.id.clone(),
+            gpus: job.gpus,
+            watts: f64::from(job.gpus) * wpg,
+            duration_s: dur,
+            latest_start: by,
+        });
+    }
+    let Some(price_now) = price_now else {
+        // no usable forecast: what on_stale says
+        let reason = "price forecast stale or missing".to_string();
+        let mut ready = Vec::new();
+        for (job, by) in candidates {
+            let held = prior.holds.get(&job.id);
+            let hold = match rule.on_stale {
+                OnStale::AssumeWorst => true,
+                OnStale::HoldLast => held.is_some(),
+                OnStale::Ignore => false,
+            };
+            if hold {
+                out.insert(
+                    job.id.clone(),
+                    Verdict::Hold(Hold {
+                        rule: "price.defer".into(),
+                        since: held.map_or(now, |h| h.since),
+                        lease_until: (now + rule.lease_s).min(by),
+                        reason: reason.clone(),
+                    }),
+                );
+            } else if let Some(h) = held {
+                ready.push((by, job, h));
+            }
+        }
+        let why = format!("{reason}: not deferring on an unknown price");
+        pace(ready, &why, rule, pacing, now, &mut out, &mut values);
+        return (out, values);
+    };
+    let capacity = Capacity {
+        gpus: total_gpus,
+        power_w: site.facility_budget_kw() * 1000.0 * rule.plan_budget_share - floor_w,
+    };
+    let horizon = Horizon {
+        slot_s: rule.plan_slot_s,
+        horizon_s: rule.plan_horizon_s,
+    };
+    let schedule = planner::plan(
+        &plan_jobs,
+        &committed,
+        capacity,
+        &forecast.price,
+        horizon,
+        now,
+    );
+    values.insert("planned_jobs".to_string(), plan_jobs.len() as f64);
+    let mut ready = Vec::new();
+    let mut later = 0usize;
+    for ((job, by), placed) in candidates.into_iter().zip(&schedule.placements) {
+        let held = prior.holds.get(&job.id);
+        if placed.start > now {
+            later += 1;
+            out.insert(
+                job.id.clone(),
+                Verdict::Hold(Hold {
+                    rule: "price.defer".into(),
+                    since: held.map_or(now, |h| h.since),
+                    lease_until: (now + rule.lease_s).min(by),
+                    reason: format!(
+                        "planned start {} in the cheapest slot with room: {:.3} per kWh over its run, {:.3} now",
+                        placed.start, placed.mean_price, price_now
+                    ),
+                }),
+            );
+        } else if let Some(h) = held {
+            ready.push((by, job, h));
+        }
+    }
+    values.insert("planned_later".to_string(), later as f64);
+    let reason = format!("planned start reached (price {price_now:.3} per kWh)");
+    pace(ready, &reason, rule, pacing, now, &mut out, &mut values);
     (out, values)
 }
+
+#[cfg(test)]
+mod plan_tests;

@@ -26,6 +26,73 @@ const CDU_KW_PER_KW: f64 = 0.12;
 /// Extra inlet rise of a rack per kW it draws above its cooling unit's rack average.
 const RACK_SKEW_C_PER_KW: f64 = 0.15;
 
+/// The thermal model of the simulated facility, shared by the demo and the backtest:
+/// where each rack's inlet is heading for the racks' power draw (W), and the electrical
+/// power each cooling unit spends (W). `capacity_factor` scales every cooling unit's
+/// capacity (a heat wave: 0.7).
+///
+/// Each unit's racks share its heat load: the inlet rises linearly with load up to the
+/// unit's capacity (`full_load_rise_c` at full capacity), faster above it
+/// (`overload_rise_c_per_kw`), and a rack drawing more than the unit's average sits
+/// hotter by `RACK_SKEW_C_PER_KW`. Inlets follow their target with the unit's time
+/// constant (first-order lag).
+pub fn thermal_targets(
+    site: &Site,
+    rack_power_w: &[f64],
+    capacity_factor: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut target = vec![22.0; site.racks.len()];
+    let mut cooling = vec![0.0; site.cooling.len()];
+    for (ci, unit) in site.cooling.iter().enumerate() {
+        let idx: Vec<usize> = unit
+            .racks
+            .iter()
+            .filter_map(|r| site.racks.iter().position(|x| &x.id == r))
+            .collect();
+        let capacity_kw = (unit.capacity_kw * capacity_factor).max(1e-6);
+        let heat_kw: f64 = idx.iter().map(|&i| rack_power_w[i]).sum::<f64>() / 1000.0;
+        let avg_kw = heat_kw / idx.len().max(1) as f64;
+        let base = unit.supply_temp_c
+            + unit.full_load_rise_c * heat_kw.min(capacity_kw) / capacity_kw
+            + unit.overload_rise_c_per_kw * (heat_kw - capacity_kw).max(0.0);
+        for &i in &idx {
+            target[i] = base + RACK_SKEW_C_PER_KW * (rack_power_w[i] / 1000.0 - avg_kw);
+        }
+        let per_kw = match unit.kind {
+            telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
+            telemetry::site::CoolingKind::Cdu => CDU_KW_PER_KW,
+        };
+        cooling[ci] = heat_kw.min(capacity_kw) * per_kw * 1000.0;
+    }
+    (target, cooling)
+}
+
+/// What the engine plans with in the simulator: the next `horizon_s` of the price and
+/// carbon series (as `serve` hands it the next 48 h of its feed).
+pub fn forecast(
+    prices: &Series,
+    carbon: &Series,
+    now: Timestamp,
+    horizon_s: f64,
+) -> policies::Forecast {
+    let horizon = now.plus_secs(horizon_s);
+    let window = |s: &Series| {
+        let pts = s.points();
+        let from = pts.partition_point(|(t, _)| *t <= now).saturating_sub(1);
+        let to = pts.partition_point(|(t, _)| *t < horizon);
+        let step = match pts.len() {
+            n if n >= 2 => pts[n - 1].0.secs_since(pts[n - 2].0),
+            _ => 3600.0,
+        };
+        policies::StepSeries::new(pts[from..to.max(from)].to_vec(), step)
+    };
+    policies::Forecast {
+        price: window(prices),
+        carbon: window(carbon),
+        stale: false,
+    }
+}
+
 struct SimGpu {
     id: EntityId,
     node: usize,
@@ -169,6 +236,11 @@ impl Facility {
 
     pub fn carbon_at(&self, t: Timestamp) -> Option<f64> {
         self.carbon.at(t)
+    }
+
+    /// The next 48 hours of the simulated price and carbon feeds.
+    pub fn forecast(&self, now: Timestamp) -> policies::Forecast {
+        forecast(&self.prices, &self.carbon, now, 48.0 * 3600.0)
     }
 
     /// Advances the world by `dt_s` seconds.
@@ -340,27 +412,8 @@ impl Facility {
 
     /// Where each rack's inlet is heading, and the cooling power spent.
     fn thermal_targets(&mut self) -> Vec<f64> {
-        let mut target = vec![22.0; self.site.racks.len()];
-        for (ci, unit) in self.site.cooling.iter().enumerate() {
-            let idx: Vec<usize> = unit
-                .racks
-                .iter()
-                .filter_map(|r| self.site.racks.iter().position(|x| &x.id == r))
-                .collect();
-            let heat_kw: f64 = idx.iter().map(|&i| self.rack_power_w[i]).sum::<f64>() / 1000.0;
-            let avg_kw = heat_kw / idx.len().max(1) as f64;
-            let base = unit.supply_temp_c
-                + unit.full_load_rise_c * heat_kw.min(unit.capacity_kw) / unit.capacity_kw
-                + unit.overload_rise_c_per_kw * (heat_kw - unit.capacity_kw).max(0.0);
-            for &i in &idx {
-                target[i] = base + RACK_SKEW_C_PER_KW * (self.rack_power_w[i] / 1000.0 - avg_kw);
-            }
-            let per_kw = match unit.kind {
-                telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
-                telemetry::site::CoolingKind::Cdu => CDU_KW_PER_KW,
-            };
-            self.cooling_power_w[ci] = heat_kw.min(unit.capacity_kw) * per_kw * 1000.0;
-        }
+        let (target, cooling) = thermal_targets(&self.site, &self.rack_power_w, 1.0);
+        self.cooling_power_w = cooling;
         target
     }
 

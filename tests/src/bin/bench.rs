@@ -12,6 +12,10 @@
 //!   signed command every 10 s as a controller's renewals; its CPU time and peak RSS
 //!   from `/proc`.
 //!
+//! - `bench backtest [--jobs N,N,...]`: `powerplane backtest` of the first N jobs (by
+//!   submission) of the Philly-derived trace in `../shared/data` with the 2024 DE-LU
+//!   prices on the 2,048-GPU example site, pinned to one core: time against trace length.
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -401,15 +405,81 @@ fn powerplane_tests_now() -> Timestamp {
     )
 }
 
+fn bench_backtest() {
+    use orchestrator::backtest::{run, BacktestConfig, Input};
+    let root = workspace_root();
+    let data = root.join("../shared/data");
+    let trace = data.join("traces/pollux_philly.csv");
+    let prices = data.join("prices/de_lu_2024_spot_ct_per_kwh_netztransparenz.csv");
+    if !trace.exists() || !prices.exists() {
+        eprintln!(
+            "bench backtest: {} or {} is absent: nothing to measure",
+            trace.display(),
+            prices.display()
+        );
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let lengths: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--jobs")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![10_000, 40_000, 82_247]);
+    pin(1);
+    let text = std::fs::read_to_string(&trace).expect("trace");
+    let mut lines: Vec<&str> = text.lines().collect();
+    let header = lines.remove(0);
+    // by submission time (the first column sorts as text)
+    lines.sort_by_key(|l| l.split(',').next().unwrap_or("").to_string());
+    let read = |p: &std::path::Path| Input::read(p).expect("input");
+    let ex = root.join("examples/backtest");
+    println!("backtest: Philly-derived trace, 2024 DE-LU prices, 2,048-GPU example site, 300 s ticks, one core");
+    for n in lengths {
+        let n = n.min(lines.len());
+        let mut t = String::from(header);
+        t.push('\n');
+        for l in &lines[..n] {
+            t.push_str(l);
+            t.push('\n');
+        }
+        let out = std::env::temp_dir().join(format!("bench-backtest-{n}"));
+        let cfg = BacktestConfig {
+            site: read(&ex.join("site.toml")),
+            policy: read(&ex.join("policy.toml")),
+            jobs: Input::builtin("philly", &t),
+            prices: read(&prices),
+            carbon: None,
+            scenario: Some(read(&ex.join("scenario.toml"))),
+            from: None,
+            to: None,
+            out,
+        };
+        let began = Instant::now();
+        let s = run(&cfg, &mut std::io::sink()).expect("backtest");
+        let took = began.elapsed().as_secs_f64();
+        println!(
+            "  {:>6} jobs: {:>7.1} s ({:>6.0} simulated hours, {:.2} ms per simulated hour; cost saving {:.1}%)",
+            n,
+            took,
+            s.span_h,
+            1000.0 * took / s.span_h.max(1.0),
+            s.savings_pct.cost
+        );
+    }
+    println!("  peak RSS: {:.1} MB", peak_rss_mb());
+}
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
+        Some("backtest") => bench_backtest(),
         Some("mqtt") => bench_mqtt(),
         Some("redfish") => bench_redfish(),
         Some("agent") => bench_agent(),
         Some("engine") => bench_engine(),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R]"
+                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...]"
             );
             std::process::exit(2);
         }

@@ -1,0 +1,96 @@
+//! The `powerplane backtest` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use chrono::{NaiveDate, TimeZone};
+use telemetry::{Site, Timestamp};
+
+use super::{BacktestConfig, Input};
+
+/// Replay a job trace and prices under the policy and under a no-policy baseline, and
+/// compare: energy, cost, carbon, peak, violations, deadline misses, waits.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Site file (site.toml).
+    #[arg(long)]
+    pub site: PathBuf,
+    /// Policy file (policy.toml).
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// Job trace: the Philly-derived trace, a Pollux workload, or the generic CSV
+    /// (submit,duration_s,gpus[,id,class,deadline,gpu_model,workload]).
+    #[arg(long)]
+    pub jobs: PathBuf,
+    /// Price series (format from the scenario's [prices]; default: start,price_per_kwh).
+    #[arg(long)]
+    pub prices: PathBuf,
+    /// Carbon-intensity series (format from the scenario's [carbon]; default:
+    /// start,carbon_g_per_kwh).
+    #[arg(long)]
+    pub carbon: Option<PathBuf>,
+    /// Replay only jobs submitted from this time on (after alignment to the price year):
+    /// RFC 3339 or YYYY-MM-DD (midnight in the site's time zone).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// ... and before this time.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Scenario file (TOML): classes and deadlines, heat wave, contract limit, price
+    /// spikes, feed formats, seed, tick.
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
+    /// Where to write summary.json and report.html.
+    #[arg(long, default_value = "backtest-out")]
+    pub out: PathBuf,
+}
+
+fn when(s: &str, site: &Site, flag: &str) -> Result<Timestamp> {
+    if let Ok(t) = Timestamp::parse_rfc3339(s) {
+        return Ok(t);
+    }
+    let d = NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .with_context(|| format!("{flag} {s:?} is neither RFC 3339 nor YYYY-MM-DD"))?;
+    let midnight = d
+        .and_hms_opt(0, 0, 0)
+        .with_context(|| format!("{flag} {s:?}"))?;
+    let local = site
+        .timezone
+        .from_local_datetime(&midnight)
+        .earliest()
+        .with_context(|| format!("{flag} {s:?} does not exist in {}", site.timezone))?;
+    Ok(Timestamp::from(local.with_timezone(&chrono::Utc)))
+}
+
+impl Args {
+    pub fn run(self) -> Result<ExitCode> {
+        let site = Input::read(&self.site)?;
+        let parsed = Site::parse(&site.name, &site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let from = self
+            .from
+            .as_deref()
+            .map(|s| when(s, &parsed, "--from"))
+            .transpose()?;
+        let to = self
+            .to
+            .as_deref()
+            .map(|s| when(s, &parsed, "--to"))
+            .transpose()?;
+        let cfg = BacktestConfig {
+            site,
+            policy: Input::read(&self.policy)?,
+            jobs: Input::read(&self.jobs)?,
+            prices: Input::read(&self.prices)?,
+            carbon: self.carbon.as_deref().map(Input::read).transpose()?,
+            scenario: self.scenario.as_deref().map(Input::read).transpose()?,
+            from,
+            to,
+            out: self.out.clone(),
+        };
+        let mut err = std::io::stderr();
+        let summary = super::run(&cfg, &mut err)?;
+        print!("{}", summary.table(&cfg.out));
+        Ok(ExitCode::SUCCESS)
+    }
+}

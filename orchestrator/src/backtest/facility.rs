@@ -1,0 +1,615 @@
+//! The backtest's facility: the demo's simulated facility, built for long traces.
+//!
+//! The same physics as `sim::Facility` (Zeus's measured A40 power/speed curves per power
+//! limit, node base power that follows how busy the node is, the demo's rack inlet
+//! model with each cooling unit's thermal lag, leases that revert caps and holds), with
+//! the job bookkeeping indexed so that a tick costs what is waiting and running, not
+//! what the trace holds. Jobs come from a trace instead of a generator; a run finishes
+//! jobs at their exact end inside a tick, so energy and waits do not depend on the tick.
+
+use std::collections::{BTreeMap, HashMap};
+
+use integrations::prices::Series;
+use policies::State;
+use telemetry::metric::names::*;
+use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Sample, Site, Timestamp};
+
+use crate::control::{Actuator, Telemetry};
+use crate::sim::curves::Curve;
+
+/// A job of the replay: what the scheduler knows, and what only the simulator knows.
+#[derive(Debug, Clone)]
+pub struct SimJob {
+    pub job: Job,
+    /// Run time at full power, seconds.
+    pub work_s: f64,
+    pub done_s: f64,
+    pub curve: usize,
+    pub gpu_model: Option<String>,
+    hold_until: Option<Timestamp>,
+    gpus: Vec<usize>,
+}
+
+impl SimJob {
+    pub fn new(job: Job, work_s: f64, curve: usize, gpu_model: Option<String>) -> Self {
+        SimJob {
+            job,
+            work_s,
+            done_s: 0.0,
+            curve,
+            gpu_model,
+            hold_until: None,
+            gpus: Vec::new(),
+        }
+    }
+}
+
+struct Gpu {
+    id: EntityId,
+    node: usize,
+    rack: usize,
+    model: GpuModel,
+    limit_w: f64,
+    lease_until: Option<Timestamp>,
+    job: Option<usize>,
+    power_w: f64,
+}
+
+struct Node {
+    model: String,
+    gpus: Vec<usize>,
+    free: u32,
+    base_w: f64,
+    rack: usize,
+}
+
+/// What the facility did over a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    pub it_kwh: f64,
+    pub cooling_kwh: f64,
+    pub cost: f64,
+    pub carbon_kg: f64,
+    pub peak_kw: f64,
+    pub budget_violation_s: f64,
+    pub thermal_violation_s: f64,
+    pub capped_gpu_s: f64,
+    /// GPU-seconds of work delivered (full-speed equivalent).
+    pub work_gpu_s: f64,
+    /// Seconds of the run the price series did not cover (counted at 0).
+    pub price_gap_s: f64,
+    /// The part of the energy that jobs drew: busy GPUs, the share of node base power
+    /// that follows load, and the cooling of both (the idle floor left out).
+    pub job_kwh: f64,
+    pub job_cost: f64,
+    /// GPU-hours of work delivered per day of the run (from its start).
+    pub gpu_hours_per_day: Vec<f64>,
+}
+
+/// The facility at one tick, for charts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub t: Timestamp,
+    pub it_kw: f64,
+    pub cooling_kw: f64,
+    pub budget_kw: f64,
+    pub price: f64,
+    pub hottest_inlet_c: f64,
+    pub waiting: usize,
+    pub held: usize,
+    pub running: usize,
+    pub busy_gpus: usize,
+}
+
+pub struct Facility {
+    site: Site,
+    curves: Vec<Curve>,
+    gpus: Vec<Gpu>,
+    gpu_index: HashMap<EntityId, usize>,
+    nodes: Vec<Node>,
+    pub jobs: Vec<SimJob>,
+    next_arrival: usize,
+    waiting: Vec<usize>,
+    running: Vec<usize>,
+    /// Finished since the controller last looked.
+    just_finished: Vec<usize>,
+    inlet_c: Vec<f64>,
+    rack_power_w: Vec<f64>,
+    cooling_power_w: Vec<f64>,
+    prices: Series,
+    carbon: Series,
+    /// The facility's limit (the contract, or the feeds' usable capacity).
+    budget_kw: f64,
+    cooling_factor: Box<dyn Fn(Timestamp) -> f64>,
+    now: Timestamp,
+    start: Timestamp,
+    pub totals: Totals,
+}
+
+impl Facility {
+    /// A facility at `start` with `jobs` to arrive (sorted by submission here).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        site: Site,
+        curves: Vec<Curve>,
+        prices: Series,
+        carbon: Series,
+        mut jobs: Vec<SimJob>,
+        budget_kw: f64,
+        cooling_factor: Box<dyn Fn(Timestamp) -> f64>,
+        start: Timestamp,
+    ) -> Self {
+        jobs.sort_by(|a, b| (a.job.submit_time, &a.job.id).cmp(&(b.job.submit_time, &b.job.id)));
+        let mut gpus = Vec::new();
+        let mut nodes: Vec<Node> = site
+            .nodes
+            .iter()
+            .map(|n| Node {
+                model: n.gpu_model.clone(),
+                gpus: Vec::new(),
+                free: 0,
+                base_w: n.base_w,
+                rack: 0,
+            })
+            .collect();
+        for g in site.gpus() {
+            let node = &mut nodes[g.node_index];
+            node.gpus.push(gpus.len());
+            node.free += 1;
+            node.rack = g.rack_index;
+            gpus.push(Gpu {
+                id: g.id,
+                node: g.node_index,
+                rack: g.rack_index,
+                model: g.model.clone(),
+                limit_w: g.model.default_w,
+                lease_until: None,
+                job: None,
+                power_w: g.model.idle_w,
+            });
+        }
+        let gpu_index = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.id.clone(), i))
+            .collect();
+        let racks = site.racks.len();
+        let mut f = Facility {
+            inlet_c: vec![22.0; racks],
+            rack_power_w: vec![0.0; racks],
+            cooling_power_w: vec![0.0; site.cooling.len()],
+            site,
+            curves,
+            gpus,
+            gpu_index,
+            nodes,
+            jobs,
+            next_arrival: 0,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            just_finished: Vec::new(),
+            prices,
+            carbon,
+            budget_kw,
+            cooling_factor,
+            now: start,
+            start,
+            totals: Totals::default(),
+        };
+        f.arrive(start);
+        f.update_power();
+        let (target, cooling) =
+            crate::sim::thermal_targets(&f.site, &f.rack_power_w, (f.cooling_factor)(start));
+        f.inlet_c = target;
+        f.cooling_power_w = cooling;
+        f
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// Whether every job has arrived and finished.
+    pub fn done(&self) -> bool {
+        self.next_arrival == self.jobs.len() && self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Whether nothing waits and nothing more will arrive (only running jobs are left).
+    pub fn draining(&self) -> bool {
+        self.next_arrival == self.jobs.len() && self.waiting.is_empty()
+    }
+
+    pub fn next_arrival(&self) -> Option<Timestamp> {
+        self.jobs.get(self.next_arrival).map(|j| j.job.submit_time)
+    }
+
+    fn arrive(&mut self, upto: Timestamp) {
+        while let Some(j) = self.jobs.get(self.next_arrival) {
+            if j.job.submit_time > upto {
+                break;
+            }
+            self.waiting.push(self.next_arrival);
+            self.next_arrival += 1;
+        }
+    }
+
+    /// Advances the world by `dt_s`: the scheduler starts what may start now, jobs run
+    /// (and end at their exact time), power, energy, cost and inlets follow, jobs
+    /// submitted meanwhile join the queue (the controller sees them before they start).
+    pub fn step(&mut self, dt_s: f64) {
+        let t0 = self.now;
+        let t1 = t0 + dt_s;
+        self.schedule(t0);
+        self.update_power();
+        let it_w: f64 = self.rack_power_w.iter().sum();
+        self.totals.peak_kw = self.totals.peak_kw.max(it_w / 1000.0);
+        if it_w / 1000.0 > self.budget_kw + 1e-9 {
+            self.totals.budget_violation_s += dt_s;
+        }
+        // progress; a job that ends inside the step frees its GPUs at its end
+        let mut busy_s: Vec<f64> = vec![0.0; self.gpus.len()];
+        let mut gpu_j: Vec<f64> = vec![0.0; self.gpus.len()];
+        let mut still = Vec::with_capacity(self.running.len());
+        for &ji in &self.running {
+            let job = &self.jobs[ji];
+            let curve = &self.curves[job.curve];
+            let mut speed: f64 = 1.0;
+            for &g in &job.gpus {
+                let gpu = &self.gpus[g];
+                speed = speed.min(curve.at(gpu.limit_w / gpu.model.max_w).1);
+            }
+            let speed = speed.max(1e-3);
+            let left = job.work_s - job.done_s;
+            let run_s = (left / speed).min(dt_s);
+            let job = &mut self.jobs[ji];
+            job.done_s = (job.done_s + run_s * speed).min(job.work_s);
+            let work = run_s * speed * f64::from(job.job.gpus);
+            self.totals.work_gpu_s += work;
+            let day = (t0.secs_since(self.start) / 86400.0).max(0.0) as usize;
+            if self.totals.gpu_hours_per_day.len() <= day {
+                self.totals.gpu_hours_per_day.resize(day + 1, 0.0);
+            }
+            self.totals.gpu_hours_per_day[day] += work / 3600.0;
+            for &g in &job.gpus {
+                busy_s[g] = run_s;
+                gpu_j[g] = self.gpus[g].power_w * run_s;
+            }
+            if job.done_s >= job.work_s - 1e-6 {
+                job.job.state = JobState::Finished;
+                job.job.end_time = Some(t0 + run_s);
+                for &g in &job.gpus {
+                    self.gpus[g].job = None;
+                    self.nodes[self.gpus[g].node].free += 1;
+                }
+                self.just_finished.push(ji);
+            } else {
+                still.push(ji);
+            }
+        }
+        self.running = still;
+        // energy over the step: busy GPUs for their busy time, idle for the rest
+        let mut rack_j = vec![0.0; self.site.racks.len()];
+        let mut node_busy_s = vec![0.0; self.nodes.len()];
+        for (gi, g) in self.gpus.iter_mut().enumerate() {
+            let idle_w = g.model.idle_w.min(g.limit_w);
+            let j = gpu_j[gi] + idle_w * (dt_s - busy_s[gi]);
+            rack_j[g.rack] += j;
+            node_busy_s[g.node] += busy_s[gi];
+            if busy_s[gi] > 0.0 && g.limit_w < g.model.default_w - 0.5 {
+                self.totals.capped_gpu_s += busy_s[gi];
+            }
+        }
+        let mut job_j: f64 = gpu_j.iter().sum();
+        for (ni, n) in self.nodes.iter().enumerate() {
+            let share = node_busy_s[ni] / (dt_s * n.gpus.len().max(1) as f64);
+            rack_j[n.rack] += n.base_w * (0.5 + 0.5 * share) * dt_s;
+            job_j += n.base_w * 0.5 * share * dt_s;
+        }
+        let avg_rack_w: Vec<f64> = rack_j.iter().map(|j| j / dt_s).collect();
+        let factor = (self.cooling_factor)(t0);
+        let (target, cooling) = crate::sim::thermal_targets(&self.site, &avg_rack_w, factor);
+        self.cooling_power_w = cooling;
+        for (ri, rack) in self.site.racks.iter().enumerate() {
+            let tau = self
+                .site
+                .cooling_of(&rack.id)
+                .map_or(300.0, |c| c.time_constant_s);
+            let k = 1.0 - (-dt_s / tau).exp();
+            self.inlet_c[ri] += (target[ri] - self.inlet_c[ri]) * k;
+        }
+        if self
+            .inlet_c
+            .iter()
+            .zip(&self.site.racks)
+            .any(|(t, r)| *t > r.inlet_limit_c)
+        {
+            self.totals.thermal_violation_s += dt_s;
+        }
+        let it_kwh = rack_j.iter().sum::<f64>() / 3.6e6;
+        let cooling_kwh = self.cooling_power_w.iter().sum::<f64>() * dt_s / 3.6e6;
+        self.totals.it_kwh += it_kwh;
+        self.totals.cooling_kwh += cooling_kwh;
+        let job_kwh = job_j / 3.6e6 * (1.0 + cooling_kwh / it_kwh.max(1e-12));
+        self.totals.job_kwh += job_kwh;
+        match self.prices.at(t0) {
+            Some(p) => {
+                self.totals.cost += p * (it_kwh + cooling_kwh);
+                self.totals.job_cost += p * job_kwh;
+            }
+            None => self.totals.price_gap_s += dt_s,
+        }
+        if let Some(c) = self.carbon.at(t0) {
+            self.totals.carbon_kg += c * (it_kwh + cooling_kwh) / 1000.0;
+        }
+        self.now = t1;
+        self.expire_leases(t1);
+        self.arrive(t1);
+        self.update_power();
+    }
+
+    fn expire_leases(&mut self, now: Timestamp) {
+        for g in &mut self.gpus {
+            if g.lease_until.is_some_and(|l| l <= now) {
+                g.limit_w = g.model.default_w;
+                g.lease_until = None;
+            }
+        }
+        for &ji in &self.waiting {
+            let j = &mut self.jobs[ji];
+            if j.hold_until.is_some_and(|h| h <= now) {
+                j.hold_until = None;
+                if j.job.state == JobState::Held {
+                    j.job.state = JobState::Pending;
+                }
+            }
+        }
+    }
+
+    /// Starts waiting jobs on free GPUs: priority first, then submission order; a job
+    /// that does not fit does not block smaller ones behind it (backfill).
+    fn schedule(&mut self, now: Timestamp) {
+        let jobs = &self.jobs;
+        self.waiting
+            .sort_by_key(|&i| (-jobs[i].job.priority, jobs[i].job.submit_time, i));
+        let mut free: u32 = self.nodes.iter().map(|n| n.free).sum();
+        let mut left = Vec::with_capacity(self.waiting.len());
+        let waiting = std::mem::take(&mut self.waiting);
+        for ji in waiting {
+            let j = &self.jobs[ji];
+            if j.job.state != JobState::Pending || j.job.gpus > free || !self.place(ji, now) {
+                left.push(ji);
+            } else {
+                free -= self.jobs[ji].job.gpus;
+            }
+        }
+        self.waiting = left;
+    }
+
+    /// Places a job: the node with the fewest free GPUs that fits it, else the nodes
+    /// with the most free GPUs first.
+    fn place(&mut self, ji: usize, now: Timestamp) -> bool {
+        let want = self.jobs[ji].job.gpus;
+        let model = self.jobs[ji].gpu_model.clone();
+        let ok = |n: &Node| n.free > 0 && model.as_ref().is_none_or(|m| &n.model == m);
+        let total: u32 = self.nodes.iter().filter(|n| ok(n)).map(|n| n.free).sum();
+        if total < want {
+            return false;
+        }
+        let best = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| ok(n) && n.free >= want)
+            .min_by_key(|(i, n)| (n.free, *i))
+            .map(|(i, _)| i);
+        let order: Vec<usize> = match best {
+            Some(i) => vec![i],
+            None => {
+                let mut v: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&i| ok(&self.nodes[i]))
+                    .collect();
+                v.sort_by_key(|&i| (std::cmp::Reverse(self.nodes[i].free), i));
+                v
+            }
+        };
+        let mut chosen = Vec::with_capacity(want as usize);
+        for ni in order {
+            for &g in &self.nodes[ni].gpus {
+                if chosen.len() as u32 == want {
+                    break;
+                }
+                if self.gpus[g].job.is_none() {
+                    chosen.push(g);
+                }
+            }
+        }
+        for &g in &chosen {
+            self.gpus[g].job = Some(ji);
+            self.nodes[self.gpus[g].node].free -= 1;
+        }
+        let j = &mut self.jobs[ji];
+        j.job.allocated = chosen.iter().map(|&g| self.gpus[g].id.clone()).collect();
+        j.gpus = chosen;
+        j.job.state = JobState::Running;
+        j.job.start_time = Some(now);
+        j.hold_until = None;
+        self.running.push(ji);
+        true
+    }
+
+    fn update_power(&mut self) {
+        let mut rack_w = vec![0.0; self.site.racks.len()];
+        let mut node_busy = vec![0u32; self.nodes.len()];
+        for g in &mut self.gpus {
+            g.power_w = match g.job {
+                Some(j) => {
+                    let (p, _) = self.curves[self.jobs[j].curve].at(g.limit_w / g.model.max_w);
+                    (p * g.model.max_w).max(g.model.idle_w)
+                }
+                None => g.model.idle_w.min(g.limit_w),
+            };
+            rack_w[g.rack] += g.power_w;
+            node_busy[g.node] += u32::from(g.job.is_some());
+        }
+        for (ni, n) in self.nodes.iter().enumerate() {
+            let share = f64::from(node_busy[ni]) / n.gpus.len().max(1) as f64;
+            rack_w[n.rack] += n.base_w * (0.5 + 0.5 * share);
+        }
+        self.rack_power_w = rack_w;
+    }
+
+    pub fn it_power_w(&self) -> f64 {
+        self.rack_power_w.iter().sum()
+    }
+
+    pub fn point(&self) -> Point {
+        let held = self
+            .waiting
+            .iter()
+            .filter(|&&i| self.jobs[i].job.state == JobState::Held)
+            .count();
+        Point {
+            t: self.now,
+            it_kw: self.it_power_w() / 1000.0,
+            cooling_kw: self.cooling_power_w.iter().sum::<f64>() / 1000.0,
+            budget_kw: self.budget_kw,
+            price: self.prices.at(self.now).unwrap_or(0.0),
+            hottest_inlet_c: self.inlet_c.iter().copied().fold(f64::MIN, f64::max),
+            waiting: self.waiting.len(),
+            held,
+            running: self.running.len(),
+            busy_gpus: self.gpus.iter().filter(|g| g.job.is_some()).count(),
+        }
+    }
+
+    /// The scheduler's view for the controller: what waits and runs, and what finished
+    /// since the last look.
+    pub fn take_jobs(&mut self) -> Vec<Job> {
+        let mut out: Vec<Job> =
+            Vec::with_capacity(self.waiting.len() + self.running.len() + self.just_finished.len());
+        for &i in self
+            .just_finished
+            .iter()
+            .chain(&self.waiting)
+            .chain(&self.running)
+        {
+            out.push(self.jobs[i].job.clone());
+        }
+        self.just_finished.clear();
+        out
+    }
+
+    /// Forgets the finished jobs the controller would have been told about (the
+    /// baseline has no controller).
+    pub fn forget_finished(&mut self) {
+        self.just_finished.clear();
+    }
+
+    pub fn prices(&self) -> &Series {
+        &self.prices
+    }
+
+    pub fn carbon(&self) -> &Series {
+        &self.carbon
+    }
+
+    pub fn site(&self) -> &Site {
+        &self.site
+    }
+
+    pub fn gpu_count(&self) -> usize {
+        self.gpus.len()
+    }
+
+    pub fn inlet_c(&self) -> &[f64] {
+        &self.inlet_c
+    }
+}
+
+impl Telemetry for Facility {
+    fn poll(&mut self, now: Timestamp) -> Vec<Sample> {
+        let src = "backtest";
+        let mut out = Vec::with_capacity(self.gpus.len() + self.site.racks.len() * 2 + 8);
+        // GPU power is what the rules read; the backtest integrates energy itself, so
+        // the energy counters and limits (for the ledger and the API) are not sent
+        for g in &self.gpus {
+            out.push(Sample::new(g.id.clone(), POWER_W, g.power_w, now, src));
+        }
+        for (ri, rack) in self.site.racks.iter().enumerate() {
+            let e = EntityId::rack(&rack.id);
+            out.push(Sample::new(
+                e.clone(),
+                POWER_W,
+                self.rack_power_w[ri],
+                now,
+                src,
+            ));
+            out.push(Sample::new(e, INLET_TEMP_C, self.inlet_c[ri], now, src));
+        }
+        for (ci, unit) in self.site.cooling.iter().enumerate() {
+            let e = EntityId::new(EntityKind::Cooling, &unit.id);
+            out.push(Sample::new(
+                e,
+                COOLING_POWER_W,
+                self.cooling_power_w[ci],
+                now,
+                src,
+            ));
+        }
+        let site = self.site.site_entity();
+        out.push(Sample::new(
+            site.clone(),
+            POWER_W,
+            self.it_power_w(),
+            now,
+            src,
+        ));
+        if let Some(p) = self.prices.at(now) {
+            out.push(Sample::new(site.clone(), PRICE_PER_KWH, p, now, src));
+        }
+        if let Some(c) = self.carbon.at(now) {
+            out.push(Sample::new(site, CARBON_G_PER_KWH, c, now, src));
+        }
+        out
+    }
+}
+
+impl Actuator for Facility {
+    fn apply(&mut self, state: &State, _now: Timestamp) -> Vec<String> {
+        let mut capped: BTreeMap<usize, (f64, Timestamp)> = BTreeMap::new();
+        for (id, c) in &state.caps {
+            if let Some(&i) = self.gpu_index.get(id) {
+                capped.insert(i, (c.watts, c.lease_until));
+            }
+        }
+        for (i, g) in self.gpus.iter_mut().enumerate() {
+            match capped.get(&i) {
+                Some(&(w, lease)) => {
+                    g.limit_w = g.model.clamp_limit(w);
+                    g.lease_until = Some(lease);
+                }
+                None => {
+                    g.limit_w = g.model.default_w;
+                    g.lease_until = None;
+                }
+            }
+        }
+        for &ji in &self.waiting {
+            let j = &mut self.jobs[ji];
+            match state.holds.get(&j.job.id) {
+                Some(h) => {
+                    j.job.state = JobState::Held;
+                    j.hold_until = Some(h.lease_until);
+                }
+                None => {
+                    if j.job.state == JobState::Held {
+                        j.job.state = JobState::Pending;
+                    }
+                    j.hold_until = None;
+                }
+            }
+        }
+        self.update_power();
+        Vec::new()
+    }
+}

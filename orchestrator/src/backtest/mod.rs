@@ -1,0 +1,772 @@
+//! `powerplane backtest`: replays a job trace against the simulated facility, once
+//! under the policy (through the same control loop and engine that `serve` runs) and
+//! once under a baseline with no policy (jobs start as soon as GPUs are free, no caps),
+//! in lockstep on the same ticks, and writes `summary.json` and `report.html`.
+//!
+//! - [`trace`]: the trace formats (Philly-derived, Pollux, generic CSV).
+//! - [`scenario`]: classes and deadlines for jobs that have none, heat wave, contract
+//!   limit, price spikes, the feeds' formats, the seed.
+//! - [`facility`]: the simulated facility, indexed for long traces.
+//!
+//! A trace from another year is moved into the price series' year by a whole number of
+//! weeks, so that every job keeps its weekday and local hour; the summary states the
+//! shift.
+
+pub mod cli;
+pub mod facility;
+mod report;
+pub mod scenario;
+pub mod trace;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone};
+use chrono_tz::Tz;
+use integrations::prices::Series;
+use integrations::store::{Backend, Batch, Op, Store, StoreError};
+use policies::{Action, Policy, Target};
+use serde::Serialize;
+use telemetry::{Job, JobState, Site, Timestamp};
+
+use crate::control::{ControlLoop, Telemetry};
+use crate::sim::curves;
+use crate::sim::rng::Rng;
+use facility::{Facility, Point, SimJob, Totals};
+use scenario::Scenario;
+use trace::{TraceJob, When};
+
+/// One input file: its name for messages, and its text.
+pub use crate::demo::Input;
+
+#[derive(Debug, Clone)]
+pub struct BacktestConfig {
+    pub site: Input,
+    pub policy: Input,
+    pub jobs: Input,
+    pub prices: Input,
+    pub carbon: Option<Input>,
+    pub scenario: Option<Input>,
+    /// Replay only jobs submitted in `[from, to)` (after alignment).
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
+    pub out: PathBuf,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// IT + cooling.
+    pub energy_kwh: f64,
+    pub it_kwh: f64,
+    pub cooling_kwh: f64,
+    pub cost: f64,
+    pub carbon_kg: f64,
+    /// The energy jobs drew (busy GPUs, the node power that follows load, and their
+    /// cooling): the idle floor of the hall left out, the part a policy can move.
+    pub job_energy_kwh: f64,
+    pub job_energy_cost: f64,
+    /// Highest facility IT power, kW.
+    pub peak_kw: f64,
+    /// Seconds the facility's IT power was above its limit.
+    pub budget_violation_s: f64,
+    /// Seconds any rack inlet was above its limit.
+    pub thermal_violation_s: f64,
+    pub deadline_misses: usize,
+    pub jobs_finished: usize,
+    pub wait_mean_s: f64,
+    pub wait_p95_s: f64,
+    /// (end − submit) / run time at full power.
+    pub slowdown_mean: f64,
+    pub slowdown_p95: f64,
+    /// GPU-hours of work delivered (at full-speed equivalent).
+    pub gpu_hours: f64,
+    pub capped_gpu_hours: f64,
+    /// Jobs the policy held at least once.
+    pub jobs_deferred: usize,
+    pub decisions: u64,
+    /// Seconds the price series did not cover (counted at no cost).
+    pub price_gap_s: f64,
+    /// GPU-hours delivered per day from the start (compare runs over the days of a
+    /// heat wave).
+    pub gpu_hours_per_day: Vec<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Savings {
+    pub cost: f64,
+    pub energy: f64,
+    pub carbon: f64,
+    /// On the cost of the energy jobs drew (the idle floor left out).
+    pub job_energy_cost: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub site: String,
+    pub gpus: usize,
+    pub trace: String,
+    pub trace_format: String,
+    pub jobs: usize,
+    pub deferrable_jobs: usize,
+    /// Jobs a deadline rule could not be met for (longer than its deadline): replayed
+    /// as not deferrable, without a deadline.
+    pub jobs_without_feasible_deadline: usize,
+    pub alignment: String,
+    pub start: String,
+    pub end: String,
+    pub span_h: f64,
+    pub budget_kw: f64,
+    pub seed: u64,
+    pub tick_s: f64,
+    pub scenario: Vec<String>,
+    pub baseline: RunSummary,
+    pub policy: RunSummary,
+    /// (baseline − policy) / baseline, in %.
+    pub savings_pct: Savings,
+    /// Seconds of wall-clock the replay took (not part of the comparison; left out of
+    /// the determinism check).
+    #[serde(skip)]
+    pub elapsed_s: f64,
+}
+
+/// A store that keeps nothing: the backtest reads its results from the facility and
+/// the tick reports, and a long replay should not grow a database.
+struct Discard {
+    seq: std::collections::BTreeMap<String, u64>,
+}
+
+impl Backend for Discard {
+    fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
+        let mut out = Vec::new();
+        for op in &batch.ops {
+            if let Op::Append { log, .. } = op {
+                let n = self.seq.entry(log.clone()).or_default();
+                *n += 1;
+                out.push(*n);
+            }
+        }
+        Ok(out)
+    }
+    fn get(&mut self, _: &str, _: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    fn list(&mut self, _: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn read_log(&mut self, _: &str, _: u64, _: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn log_len(&mut self, log: &str) -> Result<u64, StoreError> {
+        Ok(self.seq.get(log).copied().unwrap_or(0))
+    }
+    fn name(&self) -> &'static str {
+        "discard"
+    }
+}
+
+/// Reads a price or carbon file as the scenario says it is written.
+fn read_series(
+    input: &Input,
+    format: Option<&crate::serve::FeedFormat>,
+    column: &str,
+) -> Result<Series> {
+    let default = crate::serve::FeedFormat::default();
+    format
+        .unwrap_or(&default)
+        .read(&input.name, &input.text, column)
+}
+
+/// The local year most of a series lies in.
+fn series_year(s: &Series, tz: Tz) -> Option<i32> {
+    let pts = s.points();
+    let mid = pts.get(pts.len() / 2)?;
+    Some(mid.0.to_datetime().with_timezone(&tz).year())
+}
+
+fn localize(tz: Tz, n: NaiveDateTime) -> Timestamp {
+    use chrono::LocalResult;
+    let pick = |dt: chrono::DateTime<Tz>| Timestamp::from(dt.with_timezone(&chrono::Utc));
+    match tz.from_local_datetime(&n) {
+        LocalResult::Single(d) => pick(d),
+        LocalResult::Ambiguous(a, _) => pick(a),
+        // skipped by a DST change: an hour later exists
+        LocalResult::None => match tz.from_local_datetime(&(n + Duration::hours(1))) {
+            LocalResult::Single(d) | LocalResult::Ambiguous(d, _) => pick(d),
+            LocalResult::None => Timestamp::from(chrono::Utc.from_utc_datetime(&n)),
+        },
+    }
+}
+
+/// Moves trace times into the price year by whole weeks; returns a function from trace
+/// times to instants, and the statement of what was done.
+fn alignment(
+    jobs: &[TraceJob],
+    tz: Tz,
+    price_year: Option<i32>,
+    anchor: Timestamp,
+) -> (impl Fn(&When) -> Timestamp, String) {
+    let naive = |w: &When| match w {
+        When::Local(n) => Some(*n),
+        When::Instant(t) => Some(t.to_datetime().with_timezone(&tz).naive_local()),
+        When::Offset(_) => None,
+    };
+    let first = jobs.iter().filter_map(|j| naive(&j.submit)).min();
+    let (weeks, statement) = match (first, price_year) {
+        (Some(first), Some(year)) if first.year() != year => {
+            let d = first.date();
+            let target = NaiveDate::from_ymd_opt(year, d.month(), d.day())
+                .or_else(|| NaiveDate::from_ymd_opt(year, d.month(), 28))
+                .unwrap_or(d);
+            let days = (target - d).num_days();
+            let weeks = (days as f64 / 7.0).round() as i64;
+            let moved = first + Duration::weeks(weeks);
+            (
+                weeks,
+                format!(
+                    "trace from another year: every submit time moved by {weeks} weeks ({} days), so that each job keeps its weekday and local hour ({}); its first job, {} ({}), replays at {} ({}), in the prices' year {year}",
+                    weeks * 7,
+                    tz,
+                    first.format("%Y-%m-%d %H:%M"),
+                    first.format("%a"),
+                    moved.format("%Y-%m-%d %H:%M"),
+                    moved.format("%a"),
+                ),
+            )
+        }
+        (Some(_), Some(year)) => (
+            0,
+            format!("trace in the prices' year {year}: replayed at its own times ({tz})"),
+        ),
+        (Some(_), None) => (0, "no price year: trace replayed at its own times".into()),
+        (None, _) => (
+            0,
+            format!(
+                "trace of offsets: replayed from {} ({tz})",
+                anchor
+                    .to_datetime()
+                    .with_timezone(&tz)
+                    .format("%Y-%m-%d %H:%M %a")
+            ),
+        ),
+    };
+    let shift = Duration::weeks(weeks);
+    let f = move |w: &When| match w {
+        When::Local(n) => localize(tz, *n + shift),
+        When::Instant(t) => localize(tz, t.to_datetime().with_timezone(&tz).naive_local() + shift),
+        When::Offset(s) => anchor + *s,
+    };
+    (f, statement)
+}
+
+/// Jobs as the replay runs them: aligned, classed, with deadlines and curves.
+fn build_jobs(
+    trace: &[TraceJob],
+    scenario: &Scenario,
+    align: &dyn Fn(&When) -> Timestamp,
+    curves: &[curves::Curve],
+    from: Option<Timestamp>,
+    to: Option<Timestamp>,
+) -> (Vec<SimJob>, usize) {
+    let mut rng = Rng::new(scenario.seed);
+    let mut out = Vec::with_capacity(trace.len());
+    let mut infeasible = 0;
+    for t in trace {
+        // two draws per job whatever it has, so one job's columns never move another's
+        let u_class = rng.f64();
+        let u_curve = rng.f64();
+        let submit = align(&t.submit);
+        if from.is_some_and(|f| submit < f) || to.is_some_and(|e| submit >= e) {
+            continue;
+        }
+        let rule = match &t.class {
+            Some(c) => scenario.classes.iter().find(|r| &r.class == c),
+            None => {
+                let mut acc = 0.0;
+                scenario.classes.iter().find(|r| {
+                    acc += r.share;
+                    u_class < acc
+                })
+            }
+        };
+        let class = t
+            .class
+            .clone()
+            .or_else(|| rule.map(|r| r.class.clone()))
+            .unwrap_or_else(|| scenario.default_class.clone());
+        let mut deadline = t.deadline.as_ref().map(align);
+        let mut deferrable = match rule {
+            Some(r) => r.deferrable,
+            None => deadline.is_some(),
+        };
+        if deadline.is_none() {
+            if let Some(r) = rule {
+                deadline = match (r.deadline_h, r.slack_h) {
+                    (Some(h), _) => Some(submit + h * 3600.0),
+                    (None, Some(s)) => Some(submit + t.duration_s + s * 3600.0),
+                    _ => None,
+                };
+                if deadline.is_some_and(|d| d < submit + t.duration_s) {
+                    // the rule's deadline cannot be met even at once: not a deadline job
+                    infeasible += 1;
+                    deadline = None;
+                    deferrable = false;
+                }
+            }
+        }
+        let curve = t
+            .workload
+            .as_ref()
+            .and_then(|w| curves.iter().position(|c| &c.name == w))
+            .unwrap_or(((u_curve * curves.len() as f64) as usize).min(curves.len() - 1));
+        let job = Job {
+            id: t.id.clone(),
+            scheduler: "trace".into(),
+            name: t.id.clone(),
+            user: "trace".into(),
+            project: class.clone(),
+            class,
+            priority: rule.map_or(0, |r| r.priority),
+            gpus: t.gpus,
+            allocated: Vec::new(),
+            state: JobState::Pending,
+            submit_time: submit,
+            start_time: None,
+            end_time: None,
+            deadline,
+            est_duration_s: t.duration_s,
+            deferrable,
+            preemptible: false,
+        };
+        out.push(SimJob::new(job, t.duration_s, curve, t.gpu_model.clone()));
+    }
+    (out, infeasible)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn summarize_run(f: &Facility, deferred: usize, decisions: u64) -> RunSummary {
+    let t: &Totals = &f.totals;
+    let mut waits = Vec::new();
+    let mut slow = Vec::new();
+    let mut misses = 0;
+    for j in &f.jobs {
+        let job = &j.job;
+        if let Some(s) = job.start_time {
+            waits.push(s.secs_since(job.submit_time).max(0.0));
+        }
+        if let Some(e) = job.end_time {
+            slow.push(e.secs_since(job.submit_time) / j.work_s.max(1.0));
+            if job.deadline.is_some_and(|d| e > d) {
+                misses += 1;
+            }
+        } else if job.deadline.is_some() {
+            misses += 1;
+        }
+    }
+    waits.sort_by(f64::total_cmp);
+    slow.sort_by(f64::total_cmp);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    RunSummary {
+        energy_kwh: t.it_kwh + t.cooling_kwh,
+        it_kwh: t.it_kwh,
+        cooling_kwh: t.cooling_kwh,
+        cost: t.cost,
+        carbon_kg: t.carbon_kg,
+        job_energy_kwh: t.job_kwh,
+        job_energy_cost: t.job_cost,
+        peak_kw: t.peak_kw,
+        budget_violation_s: t.budget_violation_s,
+        thermal_violation_s: t.thermal_violation_s,
+        deadline_misses: misses,
+        jobs_finished: slow.len(),
+        wait_mean_s: mean(&waits),
+        wait_p95_s: percentile(&waits, 95.0),
+        slowdown_mean: mean(&slow),
+        slowdown_p95: percentile(&slow, 95.0),
+        gpu_hours: t.work_gpu_s / 3600.0,
+        capped_gpu_hours: t.capped_gpu_s / 3600.0,
+        jobs_deferred: deferred,
+        decisions,
+        price_gap_s: t.price_gap_s,
+        gpu_hours_per_day: t
+            .gpu_hours_per_day
+            .iter()
+            .map(|h| (h * 1000.0).round() / 1000.0)
+            .collect(),
+    }
+}
+
+fn pct(base: f64, with: f64) -> f64 {
+    if base.abs() < 1e-12 {
+        0.0
+    } else {
+        100.0 * (base - with) / base
+    }
+}
+
+/// Both runs' charts.
+pub(crate) struct Series2 {
+    pub baseline: Vec<Point>,
+    pub policy: Vec<Point>,
+}
+
+/// Runs the backtest and writes its files; progress lines go to `progress`.
+pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Summary> {
+    let started = std::time::Instant::now();
+    let mut site =
+        Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy =
+        Policy::parse(&cfg.policy.name, &cfg.policy.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let scenario = match &cfg.scenario {
+        Some(s) => Scenario::parse(&s.name, &s.text)?,
+        None => Scenario::default(),
+    };
+    let (format, trace) = trace::parse(&cfg.jobs.name, &cfg.jobs.text)?;
+    let mut prices = read_series(&cfg.prices, scenario.prices.as_ref(), "price_per_kwh")?;
+    let mut carbon = match &cfg.carbon {
+        Some(c) => read_series(c, scenario.carbon.as_ref(), "carbon_g_per_kwh")?,
+        None => Series::default(),
+    };
+    let mut carbon_note = None;
+    if let (Some(py), Some(cy)) = (
+        series_year(&prices, site.timezone),
+        series_year(&carbon, site.timezone),
+    ) {
+        if py != cy {
+            // the same alignment as the trace's: whole weeks, weekday and hour kept
+            let weeks = ((f64::from(py - cy) * 365.2425) / 7.0).round();
+            let shift = weeks * 7.0 * 86400.0;
+            carbon = Series::new(
+                carbon
+                    .points()
+                    .iter()
+                    .map(|(t, v)| (*t + shift, *v))
+                    .collect(),
+            );
+            carbon_note = Some(format!(
+                "carbon series from {cy} moved by {weeks} weeks into {py}"
+            ));
+        }
+    }
+    if !scenario.price_spike.is_empty() {
+        let mut pts = prices.points().to_vec();
+        scenario.spike(&mut pts);
+        prices = Series::new(pts);
+    }
+    if let Some(c) = &scenario.contract {
+        let usable = site.facility_budget_kw();
+        if usable > 0.0 {
+            let k = c.limit_kw / usable;
+            for f in &mut site.feeds {
+                f.derate *= k;
+            }
+        }
+    }
+    let budget_kw = site.facility_budget_kw();
+    let tz = site.timezone;
+    let anchor = scenario
+        .trace_start
+        .or(cfg.from)
+        .or_else(|| prices.points().first().map(|p| p.0))
+        .unwrap_or(Timestamp::from_secs(0));
+    let (align, mut alignment) = alignment(&trace, tz, series_year(&prices, tz), anchor);
+    if let Some(n) = carbon_note {
+        alignment = format!("{alignment}; {n}");
+    }
+    let curves = curves::a40();
+    anyhow::ensure!(!curves.is_empty(), "no measured GPU curves");
+    let (jobs, infeasible) = build_jobs(&trace, &scenario, &align, &curves, cfg.from, cfg.to);
+    anyhow::ensure!(
+        !jobs.is_empty(),
+        "{}: no jobs submitted in the window given by --from/--to (after alignment: {alignment})",
+        cfg.jobs.name
+    );
+    let n_jobs = jobs.len();
+    let deferrable = jobs.iter().filter(|j| j.job.deferrable).count();
+    let tick = scenario.tick_s;
+    let first = jobs
+        .iter()
+        .map(|j| j.job.submit_time)
+        .min()
+        .unwrap_or(anchor);
+    // start on the tick grid, so ticks meet the price steps
+    let grid = (tick * 1000.0) as i64;
+    let start = Timestamp(first.0.div_euclid(grid) * grid);
+    writeln!(
+        progress,
+        "backtest: {n_jobs} jobs ({deferrable} deferrable) of {} on {} GPUs; {alignment}",
+        cfg.jobs.name,
+        site.gpus().len()
+    )?;
+
+    let sc = scenario.clone();
+    let cool = move |t: Timestamp| sc.cooling_factor(t);
+    let sc2 = scenario.clone();
+    let cool2 = move |t: Timestamp| sc2.cooling_factor(t);
+    let mut base = Facility::new(
+        site.clone(),
+        curves.clone(),
+        prices.clone(),
+        carbon.clone(),
+        jobs.clone(),
+        budget_kw,
+        Box::new(cool),
+        start,
+    );
+    let mut pol = Facility::new(
+        site.clone(),
+        curves,
+        prices.clone(),
+        carbon.clone(),
+        jobs,
+        budget_kw,
+        Box::new(cool2),
+        start,
+    );
+    let store = Store::new(Box::new(Discard {
+        seq: Default::default(),
+    }));
+    let mut control = ControlLoop::restore(site.clone(), policy, store, 3600.0)?;
+    let mut deferred = std::collections::BTreeSet::new();
+    let mut series = Series2 {
+        baseline: Vec::new(),
+        policy: Vec::new(),
+    };
+    let mut next_note = start + 7.0 * 86400.0;
+    let mut ticks = 0u64;
+    loop {
+        let now = pol.now();
+        // the controller's tick, as serve runs it: forecast, telemetry, jobs → plan
+        control.set_forecast(crate::sim::forecast(
+            pol.prices(),
+            pol.carbon(),
+            now,
+            48.0 * 3600.0,
+        ));
+        let samples = pol.poll(now);
+        let jobs = pol.take_jobs();
+        let report = control.tick(now, samples, jobs, &mut pol);
+        ticks += 1;
+        for d in &report.decisions {
+            if let (Action::Hold { .. }, Target::Job { job }) = (&d.action, &d.target) {
+                deferred.insert(job.clone());
+            }
+        }
+        base.forget_finished();
+        if ticks % 12 == 1 || base.done() && pol.done() {
+            series.baseline.push(base.point());
+            series.policy.push(pol.point());
+        }
+        if base.done() && pol.done() {
+            break;
+        }
+        if now >= next_note {
+            writeln!(
+                progress,
+                "  {}: {} waiting, {} running under the policy",
+                now.to_datetime().with_timezone(&tz).format("%Y-%m-%d"),
+                series.policy.last().map_or(0, |p| p.waiting),
+                series.policy.last().map_or(0, |p| p.running)
+            )?;
+            next_note = next_note + 7.0 * 86400.0;
+        }
+        // nothing waits and nothing more arrives: hourly ticks until the last job ends
+        let dt = if base.draining() && pol.draining() {
+            let hour = 3_600_000;
+            let next = (now.0.div_euclid(hour) + 1) * hour;
+            (next - now.0) as f64 / 1000.0
+        } else {
+            tick
+        };
+        base.step(dt);
+        pol.step(dt);
+    }
+    let end = pol.now();
+    let decisions = control.counters.decisions;
+    let b = summarize_run(&base, 0, 0);
+    let p = summarize_run(&pol, deferred.len(), decisions);
+    let mut lines = Vec::new();
+    if let Some(h) = &scenario.heat_wave {
+        lines.push(format!(
+            "heat wave: cooling capacity −{:.0}% for {} days from {}",
+            h.cooling_drop * 100.0,
+            h.days,
+            h.start
+        ));
+    }
+    if let Some(c) = &scenario.contract {
+        lines.push(format!("contract limit lowered to {} kW", c.limit_kw));
+    }
+    for s in &scenario.price_spike {
+        lines.push(format!(
+            "price spike: ×{} + {} per kWh for {} h from {}",
+            s.factor, s.add_per_kwh, s.hours, s.start
+        ));
+    }
+    let summary = Summary {
+        site: site.name.clone(),
+        gpus: base.gpu_count(),
+        trace: cfg.jobs.name.clone(),
+        trace_format: format.name().to_string(),
+        jobs: n_jobs,
+        deferrable_jobs: deferrable,
+        jobs_without_feasible_deadline: infeasible,
+        alignment,
+        start: start.to_string(),
+        end: end.to_string(),
+        span_h: end.secs_since(start) / 3600.0,
+        budget_kw,
+        seed: scenario.seed,
+        tick_s: tick,
+        scenario: lines,
+        savings_pct: Savings {
+            cost: pct(b.cost, p.cost),
+            energy: pct(b.energy_kwh, p.energy_kwh),
+            carbon: pct(b.carbon_kg, p.carbon_kg),
+            job_energy_cost: pct(b.job_energy_cost, p.job_energy_cost),
+        },
+        baseline: b,
+        policy: p,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    std::fs::create_dir_all(&cfg.out)
+        .with_context(|| format!("cannot create {}", cfg.out.display()))?;
+    std::fs::write(
+        cfg.out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)? + "\n",
+    )?;
+    std::fs::write(
+        cfg.out.join("report.html"),
+        report::html(&summary, &site, &series),
+    )?;
+    Ok(summary)
+}
+
+impl Summary {
+    /// The end-of-run table.
+    pub fn table(&self, out: &Path) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "\npowerplane backtest: {} jobs ({} deferrable) on {} ({} GPUs), {:.0} h from {}\n  {}\n",
+            self.jobs, self.deferrable_jobs, self.site, self.gpus, self.span_h, self.start, self.alignment
+        );
+        for l in &self.scenario {
+            let _ = writeln!(s, "  scenario: {l}");
+        }
+        let _ = writeln!(s, "  {:<24} {:>16} {:>16}", "", "baseline", "policy");
+        let (b, p) = (&self.baseline, &self.policy);
+        let rows: Vec<(&str, String, String)> = vec![
+            (
+                "energy kWh",
+                format!("{:.0}", b.energy_kwh),
+                format!("{:.0}", p.energy_kwh),
+            ),
+            ("cost", format!("{:.2}", b.cost), format!("{:.2}", p.cost)),
+            (
+                "carbon kg",
+                format!("{:.0}", b.carbon_kg),
+                format!("{:.0}", p.carbon_kg),
+            ),
+            (
+                "job energy kWh",
+                format!("{:.0}", b.job_energy_kwh),
+                format!("{:.0}", p.job_energy_kwh),
+            ),
+            (
+                "job energy cost",
+                format!("{:.2}", b.job_energy_cost),
+                format!("{:.2}", p.job_energy_cost),
+            ),
+            (
+                "peak kW",
+                format!("{:.1}", b.peak_kw),
+                format!("{:.1}", p.peak_kw),
+            ),
+            (
+                "over budget s",
+                format!("{:.0}", b.budget_violation_s),
+                format!("{:.0}", p.budget_violation_s),
+            ),
+            (
+                "over inlet limit s",
+                format!("{:.0}", b.thermal_violation_s),
+                format!("{:.0}", p.thermal_violation_s),
+            ),
+            (
+                "deadline misses",
+                b.deadline_misses.to_string(),
+                p.deadline_misses.to_string(),
+            ),
+            (
+                "wait mean / p95 s",
+                format!("{:.0} / {:.0}", b.wait_mean_s, b.wait_p95_s),
+                format!("{:.0} / {:.0}", p.wait_mean_s, p.wait_p95_s),
+            ),
+            (
+                "slowdown mean / p95",
+                format!("{:.2} / {:.2}", b.slowdown_mean, b.slowdown_p95),
+                format!("{:.2} / {:.2}", p.slowdown_mean, p.slowdown_p95),
+            ),
+            (
+                "GPU-hours delivered",
+                format!("{:.0}", b.gpu_hours),
+                format!("{:.0}", p.gpu_hours),
+            ),
+            ("jobs deferred", "-".into(), p.jobs_deferred.to_string()),
+        ];
+        for (k, x, y) in rows {
+            let _ = writeln!(s, "  {k:<24} {x:>16} {y:>16}");
+        }
+        let _ = writeln!(
+            s,
+            "\n  savings: cost {:.1}%, energy {:.1}%, carbon {:.1}%; on the jobs' energy cost {:.1}%",
+            self.savings_pct.cost, self.savings_pct.energy, self.savings_pct.carbon, self.savings_pct.job_energy_cost
+        );
+        let _ = writeln!(
+            s,
+            "  replayed in {:.1} s; wrote {}/summary.json and {}/report.html",
+            self.elapsed_s,
+            out.display(),
+            out.display()
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_from_another_year_keeps_its_weekday_and_local_hour() {
+        let text = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+                    2017-10-09 07:01:55,66.0,1,66.0,a\n\
+                    2017-10-29 02:30:00,60.0,1,60.0,a\n\
+                    2017-12-24 23:00:00,60.0,1,60.0,a\n";
+        let (_, jobs) = trace::parse("p.csv", text).expect("trace");
+        let tz: Tz = "Europe/Berlin".parse().expect("tz");
+        let (align, statement) = alignment(&jobs, tz, Some(2024), Timestamp(0));
+        assert!(statement.contains("365 weeks"), "{statement}");
+        for j in &jobs {
+            let When::Local(orig) = j.submit else {
+                panic!("local times")
+            };
+            let moved = align(&j.submit)
+                .to_datetime()
+                .with_timezone(&tz)
+                .naive_local();
+            assert_eq!(moved.year(), 2024);
+            assert_eq!(moved.weekday(), orig.weekday());
+            assert_eq!(moved.time(), orig.time(), "{orig} -> {moved}");
+        }
+    }
+}

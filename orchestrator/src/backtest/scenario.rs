@@ -1,0 +1,234 @@
+//! The scenario file: what the trace does not say (classes, deadlines), what happens to
+//! the facility (a heat wave, a lowered contract limit, a price spike), how the price and
+//! carbon files are written, and the seed.
+//!
+//! ```toml
+//! seed = 1
+//! tick_s = 300
+//!
+//! # jobs without a class: the first rule whose share the seeded draw falls in
+//! [[classes]]
+//! class = "batch"
+//! share = 0.6
+//! deferrable = true
+//! slack_h = 24            # deadline = submit + duration + 24 h (or deadline_h: submit + N h)
+//! [[classes]]
+//! class = "interactive"
+//! share = 0.4
+//!
+//! [heat_wave]
+//! start = "2024-08-12T00:00:00+02:00"
+//! days = 3
+//! cooling_drop = 0.30     # every cooling unit loses 30% of its capacity
+//!
+//! [contract]
+//! limit_kw = 350          # the facility may draw no more, for the whole run
+//!
+//! [[price_spike]]
+//! start = "2024-09-03T17:00:00+02:00"
+//! hours = 4
+//! factor = 5.0            # and/or add_per_kwh = 0.5
+//!
+//! [prices]                # as `serve`'s [prices]: format = "simple" | "csv" | "json" | "entsoe"
+//! format = "csv"
+//! [prices.csv]
+//! time_column = "time"
+//! ...
+//! ```
+
+use serde::Deserialize;
+use telemetry::Timestamp;
+
+use crate::serve::FeedFormat;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRule {
+    pub class: String,
+    /// Share of the jobs without a class that get this one (the shares of all rules
+    /// should add up to 1; what is left over keeps `default_class`).
+    pub share: f64,
+    #[serde(default)]
+    pub deferrable: bool,
+    /// Deadline = submit + this many hours.
+    #[serde(default)]
+    pub deadline_h: Option<f64>,
+    /// Deadline = submit + duration + this many hours.
+    #[serde(default)]
+    pub slack_h: Option<f64>,
+    #[serde(default)]
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeatWave {
+    #[serde(deserialize_with = "ts")]
+    pub start: Timestamp,
+    pub days: f64,
+    /// The share of every cooling unit's capacity lost (0.3: 30%).
+    pub cooling_drop: f64,
+}
+
+/// A lowered contract limit: the facility may draw no more than this, for the whole
+/// run (the site's feeds are scaled to it, so the policy's budget follows).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Contract {
+    pub limit_kw: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSpike {
+    #[serde(deserialize_with = "ts")]
+    pub start: Timestamp,
+    pub hours: f64,
+    #[serde(default = "one")]
+    pub factor: f64,
+    #[serde(default)]
+    pub add_per_kwh: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn ts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+    let s = String::deserialize(d)?;
+    Timestamp::parse_rfc3339(&s)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not RFC 3339: {e}")))
+}
+
+fn opt_ts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+    ts(d).map(Some)
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(default = "seed")]
+    pub seed: u64,
+    /// Control loop period, simulated seconds.
+    #[serde(default = "tick")]
+    pub tick_s: f64,
+    /// The class of jobs no rule picks, and of every job when there are no rules.
+    #[serde(default = "default_class")]
+    pub default_class: String,
+    #[serde(default)]
+    pub classes: Vec<ClassRule>,
+    #[serde(default)]
+    pub heat_wave: Option<HeatWave>,
+    #[serde(default)]
+    pub contract: Option<Contract>,
+    #[serde(default)]
+    pub price_spike: Vec<PriceSpike>,
+    #[serde(default)]
+    pub prices: Option<FeedFormat>,
+    #[serde(default)]
+    pub carbon: Option<FeedFormat>,
+    /// Where a trace of offsets (Pollux) starts, RFC 3339 (default: `--from`, else the
+    /// first price).
+    #[serde(default, deserialize_with = "opt_ts")]
+    pub trace_start: Option<Timestamp>,
+}
+
+fn seed() -> u64 {
+    1
+}
+fn tick() -> f64 {
+    300.0
+}
+fn default_class() -> String {
+    "training".into()
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            seed: seed(),
+            tick_s: tick(),
+            default_class: default_class(),
+            classes: Vec::new(),
+            heat_wave: None,
+            contract: None,
+            price_spike: Vec::new(),
+            prices: None,
+            carbon: None,
+            trace_start: None,
+        }
+    }
+}
+
+impl Scenario {
+    pub fn parse(file: &str, text: &str) -> anyhow::Result<Scenario> {
+        let s: Scenario = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|sp| text[..sp.start.min(text.len())].lines().count().max(1))
+                .unwrap_or(1);
+            anyhow::anyhow!("{file}:{line}: {}", e.message())
+        })?;
+        let bad = |m: String| Err(anyhow::anyhow!("{file}: {m}"));
+        if !(30.0..=3600.0).contains(&s.tick_s) {
+            return bad(format!("tick_s must be within 30..=3600, got {}", s.tick_s));
+        }
+        let total: f64 = s.classes.iter().map(|c| c.share).sum();
+        if s.classes.iter().any(|c| !(0.0..=1.0).contains(&c.share)) || total > 1.0 + 1e-9 {
+            return bad(format!(
+                "class shares must each be within 0..=1 and add up to at most 1, got {total}"
+            ));
+        }
+        for c in &s.classes {
+            if c.deadline_h.is_some() && c.slack_h.is_some() {
+                return bad(format!(
+                    "class {:?}: give deadline_h or slack_h, not both",
+                    c.class
+                ));
+            }
+            if c.deferrable && c.deadline_h.is_none() && c.slack_h.is_none() {
+                return bad(format!(
+                    "class {:?} is deferrable: give it deadline_h or slack_h",
+                    c.class
+                ));
+            }
+        }
+        if let Some(h) = &s.heat_wave {
+            if !(0.0..1.0).contains(&h.cooling_drop) || h.days <= 0.0 {
+                return bad(format!(
+                    "heat_wave: cooling_drop must be within 0..1 and days positive, got {} and {}",
+                    h.cooling_drop, h.days
+                ));
+            }
+        }
+        if let Some(c) = &s.contract {
+            if c.limit_kw <= 0.0 {
+                return bad(format!(
+                    "contract: limit_kw must be positive, got {}",
+                    c.limit_kw
+                ));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The share of cooling capacity left at `t`.
+    pub fn cooling_factor(&self, t: Timestamp) -> f64 {
+        match &self.heat_wave {
+            Some(h) if t >= h.start && t < h.start + h.days * 86400.0 => 1.0 - h.cooling_drop,
+            _ => 1.0,
+        }
+    }
+
+    /// Applies the price spikes to a series' points.
+    pub fn spike(&self, points: &mut [(Timestamp, f64)]) {
+        for s in &self.price_spike {
+            let end = s.start + s.hours * 3600.0;
+            for p in points.iter_mut() {
+                if p.0 >= s.start && p.0 < end {
+                    p.1 = p.1 * s.factor + s.add_per_kwh;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! Job traces: the Philly-derived trace (Pollux artifact), the Pollux workload files,
+//! and a generic CSV. Every row error names its `file:line`.
+//!
+//! Generic CSV (header first, columns in any order; `#` lines are comments):
+//!
+//! | column | required | meaning |
+//! | --- | --- | --- |
+//! | `submit` | yes | RFC 3339 with offset, `YYYY-MM-DD HH:MM:SS` in the site's time zone, or seconds after the trace start |
+//! | `duration_s` | yes | run time at full power, seconds |
+//! | `gpus` | yes | GPUs the job needs |
+//! | `id` | no | job id (default: `job-<line>`) |
+//! | `class` | no | job class; empty: the scenario's rules decide |
+//! | `deadline` | no | latest end, written like `submit`; empty: the scenario's rules decide |
+//! | `gpu_model` | no | the GPU model the job must run on; empty: any |
+//! | `workload` | no | a measured power/speed curve (e.g. `imagenet/resnet50/bs128`); empty: drawn with the seed |
+
+use std::collections::BTreeMap;
+
+use chrono::NaiveDateTime;
+
+/// When something happens, as the trace writes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum When {
+    /// Wall-clock time without a zone: read in the site's time zone.
+    Local(NaiveDateTime),
+    /// An instant (RFC 3339 with offset).
+    Instant(telemetry::Timestamp),
+    /// Seconds after the trace's start.
+    Offset(f64),
+}
+
+/// One job of a trace, before alignment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceJob {
+    pub id: String,
+    pub submit: When,
+    pub duration_s: f64,
+    pub gpus: u32,
+    pub class: Option<String>,
+    pub deadline: Option<When>,
+    pub gpu_model: Option<String>,
+    pub workload: Option<String>,
+    /// The line it came from (1-based).
+    pub line: usize,
+}
+
+/// What kind of trace a header says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Philly,
+    Pollux,
+    Generic,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Philly => "Philly-derived (Pollux artifact)",
+            Format::Pollux => "Pollux workload",
+            Format::Generic => "generic CSV",
+        }
+    }
+}
+
+/// Assumed run times of the Pollux workload's applications (the file gives none), in
+/// hours at the job's GPU count, and the measured curve each one runs on.
+pub fn pollux_application(app: &str) -> Option<(f64, &'static str)> {
+    Some(match app {
+        "cifar10" => (1.0, "cifar100/shufflenetv2/bs128"),
+        "imagenet" => (12.0, "imagenet/resnet50/bs128"),
+        "deepspeech2" => (4.0, "librispeech/deepspeech2/bs32"),
+        "ncf" => (0.5, "movielens-1m/ncf/bs1024"),
+        "bert" => (2.0, "squad/bert_base_uncased/bs32"),
+        "yolov3" => (6.0, "imagenet/resnet50/bs64"),
+        _ => return None,
+    })
+}
+
+fn err(file: &str, line: usize, msg: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{file}:{line}: {msg}")
+}
+
+fn parse_when(s: &str) -> Option<When> {
+    let s = s.trim();
+    if let Ok(t) = telemetry::Timestamp::parse_rfc3339(s) {
+        return Some(When::Instant(t));
+    }
+    for f in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"] {
+        if let Ok(n) = NaiveDateTime::parse_from_str(s, f) {
+            return Some(When::Local(n));
+        }
+    }
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(When::Offset)
+}
+
+/// Reads a trace, recognising its format by its header.
+pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
+    let (hl, header) = lines
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{file}: empty trace"))?;
+    let cols: Vec<String> = header.split(',').map(|c| c.trim().to_string()).collect();
+    let idx: BTreeMap<&str, usize> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.as_str(), i))
+        .collect();
+    let has = |c: &str| idx.contains_key(c);
+    let format = if has("num_gpus") && has("timestamp") {
+        Format::Philly
+    } else if has("num_replicas") && has("application") {
+        Format::Pollux
+    } else if has("submit") || has("duration_s") || has("gpus") {
+        Format::Generic
+    } else {
+        return Err(err(
+            file,
+            hl,
+            format!(
+                "unknown trace header {header:?}: expected the Philly-derived trace \
+                 (timestamp,duration,num_gpus,...), a Pollux workload \
+                 (name,time,application,num_replicas,...) or the generic CSV \
+                 (submit,duration_s,gpus[,id,class,deadline,gpu_model,workload])"
+            ),
+        ));
+    };
+    let required: &[&str] = match format {
+        Format::Philly => &["timestamp", "duration", "num_gpus"],
+        Format::Pollux => &["name", "time", "application", "num_replicas"],
+        Format::Generic => &["submit", "duration_s", "gpus"],
+    };
+    for c in required {
+        if !has(c) {
+            return Err(err(
+                file,
+                hl,
+                format!(
+                    "missing column {c:?} for a {} trace (header {header:?})",
+                    format.name()
+                ),
+            ));
+        }
+    }
+    let col = |c: &str| idx.get(c).copied();
+    let mut jobs = Vec::new();
+    for (ln, line) in lines {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() < cols.len() {
+            return Err(err(
+                file,
+                ln,
+                format!("expected {} columns, got {}", cols.len(), f.len()),
+            ));
+        }
+        let get = |c: &str| col(c).map(|i| f[i]).unwrap_or("");
+        let opt = |c: &str| Some(get(c)).filter(|v| !v.is_empty()).map(str::to_string);
+        let num = |c: &str| -> anyhow::Result<f64> {
+            let v = get(c);
+            v.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| err(file, ln, format!("{c} {v:?} is not a non-negative number")))
+        };
+        let gpus_of = |c: &str| -> anyhow::Result<u32> {
+            let v = get(c);
+            v.parse::<u32>().ok().filter(|g| *g >= 1).ok_or_else(|| {
+                err(
+                    file,
+                    ln,
+                    format!("{c} {v:?} is not a GPU count (1 or more)"),
+                )
+            })
+        };
+        let job = match format {
+            Format::Philly => {
+                let ts = get("timestamp");
+                let submit = NaiveDateTime::parse_from_str(ts, "%Y-%m-%d %H:%M:%S")
+                    .map_err(|e| err(file, ln, format!("timestamp {ts:?}: {e}")))?;
+                TraceJob {
+                    id: format!("philly-{ln}"),
+                    submit: When::Local(submit),
+                    duration_s: num("duration")?,
+                    gpus: gpus_of("num_gpus")?,
+                    class: None,
+                    deadline: None,
+                    gpu_model: None,
+                    workload: None,
+                    line: ln,
+                }
+            }
+            Format::Pollux => {
+                let app = get("application");
+                let (hours, curve) = pollux_application(app)
+                    .ok_or_else(|| err(file, ln, format!("unknown Pollux application {app:?}")))?;
+                TraceJob {
+                    id: format!("pollux-{}", get("name")),
+                    submit: When::Offset(num("time")?),
+                    duration_s: hours * 3600.0,
+                    gpus: gpus_of("num_replicas")?,
+                    class: None,
+                    deadline: None,
+                    gpu_model: None,
+                    workload: Some(curve.to_string()),
+                    line: ln,
+                }
+            }
+            Format::Generic => {
+                let s = get("submit");
+                let submit = parse_when(s)
+                    .ok_or_else(|| err(file, ln, format!("submit {s:?} is not a time")))?;
+                let deadline =
+                    match opt("deadline") {
+                        Some(d) => Some(parse_when(&d).ok_or_else(|| {
+                            err(file, ln, format!("deadline {d:?} is not a time"))
+                        })?),
+                        None => None,
+                    };
+                TraceJob {
+                    id: opt("id").unwrap_or_else(|| format!("job-{ln}")),
+                    submit,
+                    duration_s: num("duration_s")?,
+                    gpus: gpus_of("gpus")?,
+                    class: opt("class"),
+                    deadline,
+                    gpu_model: opt("gpu_model"),
+                    workload: opt("workload"),
+                    line: ln,
+                }
+            }
+        };
+        if job.duration_s <= 0.0 {
+            // a job that ran for no time (the Philly trace has a few): nothing to replay
+            continue;
+        }
+        jobs.push(job);
+    }
+    if jobs.is_empty() {
+        return Err(anyhow::anyhow!("{file}: no jobs"));
+    }
+    Ok((format, jobs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_format_is_recognised_by_its_header() {
+        let philly = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,1,66.0,11cb48\n";
+        let (f, j) = parse("p.csv", philly).expect("philly");
+        assert_eq!(f, Format::Philly);
+        assert_eq!((j[0].duration_s, j[0].gpus), (66.0, 1));
+        let pollux =
+            "name,time,application,num_replicas,batch_size\ncifar10-0,107,cifar10,6,2048\n";
+        let (f, j) = parse("w.csv", pollux).expect("pollux");
+        assert_eq!(f, Format::Pollux);
+        assert_eq!(j[0].submit, When::Offset(107.0));
+        assert_eq!(j[0].gpus, 6);
+        let generic =
+            "submit,duration_s,gpus,class,deadline\n2024-06-03T10:00:00+02:00,600,2,batch,\n";
+        let (f, j) = parse("g.csv", generic).expect("generic");
+        assert_eq!(f, Format::Generic);
+        assert_eq!(j[0].class.as_deref(), Some("batch"));
+        assert_eq!(j[0].deadline, None);
+    }
+
+    #[test]
+    fn bad_rows_and_missing_columns_name_file_and_line() {
+        let e = parse("g.csv", "submit,gpus\n0,1\n").expect_err("missing");
+        assert!(
+            e.to_string()
+                .starts_with("g.csv:1: missing column \"duration_s\""),
+            "{e}"
+        );
+        let e = parse("g.csv", "submit,duration_s,gpus\n0,60,1\n# c\n0,sixty,1\n")
+            .expect_err("bad number");
+        assert_eq!(
+            e.to_string(),
+            "g.csv:4: duration_s \"sixty\" is not a non-negative number"
+        );
+        let e = parse("g.csv", "submit,duration_s,gpus\n0,60\n").expect_err("short row");
+        assert_eq!(e.to_string(), "g.csv:2: expected 3 columns, got 2");
+        let e = parse("p.csv", "a,b\n1,2\n").expect_err("unknown");
+        assert!(
+            e.to_string().starts_with("p.csv:1: unknown trace header"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! `powerplane backtest` end to end: the real binary on small in-repo fixtures (a
+//! 128-GPU site, 300 synthetic jobs over three days, a week of hourly prices).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/backtest")
+        .join(name)
+}
+
+fn backtest(out: &Path, jobs: &Path, scenario: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+        .arg("backtest")
+        .arg("--site")
+        .arg(fixture("site.toml"))
+        .arg("--policy")
+        .arg(fixture("policy.toml"))
+        .arg("--jobs")
+        .arg(jobs)
+        .arg("--prices")
+        .arg(fixture("prices.csv"))
+        .arg("--scenario")
+        .arg(fixture(scenario))
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("powerplane runs")
+}
+
+fn summary(out: &Path) -> Value {
+    let text = std::fs::read_to_string(out.join("summary.json")).expect("summary.json");
+    serde_json::from_str(&text).expect("summary.json is JSON")
+}
+
+fn num(v: &Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+}
+
+const FIELDS: [&str; 14] = [
+    "energy_kwh",
+    "cost",
+    "carbon_kg",
+    "peak_kw",
+    "budget_violation_s",
+    "thermal_violation_s",
+    "deadline_misses",
+    "wait_mean_s",
+    "wait_p95_s",
+    "slowdown_mean",
+    "slowdown_p95",
+    "gpu_hours",
+    "it_kwh",
+    "cooling_kwh",
+];
+
+#[test]
+fn the_summary_compares_both_runs_and_adds_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = backtest(dir.path(), &fixture("jobs.csv"), "scenario.toml");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(dir.path());
+    for run in ["baseline", "policy"] {
+        for f in FIELDS {
+            num(&s, &format!("/{run}/{f}"));
+        }
+        // energy is the sum of its parts
+        let e = num(&s, &format!("/{run}/energy_kwh"));
+        let parts = num(&s, &format!("/{run}/it_kwh")) + num(&s, &format!("/{run}/cooling_kwh"));
+        assert!(
+            (e - parts).abs() < 1e-6 * e.max(1.0),
+            "{run}: {e} vs {parts}"
+        );
+        // no more GPU-hours than the GPUs had hours
+        let cap = num(&s, "/gpus") * num(&s, "/span_h");
+        let gh = num(&s, &format!("/{run}/gpu_hours"));
+        assert!(gh > 0.0 && gh <= cap, "{run}: {gh} GPU-hours of {cap}");
+        assert!(num(&s, &format!("/{run}/wait_p95_s")) >= 0.0);
+        assert!(num(&s, &format!("/{run}/slowdown_mean")) >= 1.0 - 1e-9);
+    }
+    for f in ["cost", "energy"] {
+        num(&s, &format!("/savings_pct/{f}"));
+    }
+    assert_eq!(num(&s, "/jobs"), 300.0);
+    assert_eq!(
+        num(&s, "/policy/deadline_misses"),
+        0.0,
+        "the example policy meets every deadline"
+    );
+    // the same work is done either way
+    let (b, p) = (num(&s, "/baseline/gpu_hours"), num(&s, "/policy/gpu_hours"));
+    assert!((b - p).abs() < 1e-6 * b, "{b} vs {p}");
+    // the policy moved deferrable jobs into cheaper hours
+    assert!(num(&s, "/policy/jobs_deferred") > 0.0);
+    assert!(num(&s, "/policy/cost") < num(&s, "/baseline/cost"), "{}", s);
+    let savings = num(&s, "/savings_pct/cost");
+    let expect =
+        100.0 * (num(&s, "/baseline/cost") - num(&s, "/policy/cost")) / num(&s, "/baseline/cost");
+    assert!((savings - expect).abs() < 1e-9);
+    let html = std::fs::read_to_string(dir.path().join("report.html")).expect("report.html");
+    assert!(html.contains("<svg") && html.contains("Baseline against policy"));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("savings: cost"), "{stdout}");
+}
+
+#[test]
+fn the_same_inputs_and_seed_give_the_same_summary() {
+    let a = tempfile::tempdir().expect("tempdir");
+    let b = tempfile::tempdir().expect("tempdir");
+    for d in [&a, &b] {
+        let o = backtest(d.path(), &fixture("jobs.csv"), "scenario.toml");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let read = |d: &tempfile::TempDir| {
+        std::fs::read_to_string(d.path().join("summary.json")).expect("summary")
+    };
+    assert_eq!(read(&a), read(&b));
+}
+
+#[test]
+fn a_lowered_contract_is_kept_by_the_policy_and_broken_by_the_baseline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = backtest(dir.path(), &fixture("jobs.csv"), "scenario-contract.toml");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(dir.path());
+    assert_eq!(num(&s, "/budget_kw"), 16.0);
+    assert!(
+        num(&s, "/baseline/budget_violation_s") > 0.0,
+        "the baseline goes over 16 kW: {s}"
+    );
+    assert_eq!(num(&s, "/policy/budget_violation_s"), 0.0, "{s}");
+    assert!(num(&s, "/policy/peak_kw") <= 16.0);
+    assert_eq!(num(&s, "/policy/deadline_misses"), 0.0);
+    let scen = s["scenario"].as_array().expect("scenario lines");
+    assert!(scen
+        .iter()
+        .any(|l| l.as_str().is_some_and(|l| l.contains("16 kW"))));
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+#[test]
+fn bad_traces_are_refused_with_their_file_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = write(
+        dir.path(),
+        "missing.csv",
+        "submit,gpus\n2024-06-03 10:00:00,1\n",
+    );
+    let o = backtest(&dir.path().join("out"), &missing, "scenario.toml");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("missing.csv:1: missing column \"duration_s\""),
+        "{err}"
+    );
+    let bad = write(
+        dir.path(),
+        "bad.csv",
+        "submit,duration_s,gpus\n2024-06-03 10:00:00,600,1\n2024-06-03 10:05:00,600,two\n",
+    );
+    let o = backtest(&dir.path().join("out"), &bad, "scenario.toml");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("bad.csv:3: gpus \"two\" is not a GPU count"),
+        "{err}"
+    );
+    let when = write(
+        dir.path(),
+        "when.csv",
+        "submit,duration_s,gpus\nyesterday,600,1\n",
+    );
+    let o = backtest(&dir.path().join("out"), &when, "scenario.toml");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("when.csv:2: submit \"yesterday\" is not a time"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!dir.path().join("out/summary.json").exists());
+}
