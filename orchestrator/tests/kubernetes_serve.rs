@@ -6,22 +6,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::http;
+use common::{http, serve, VIEWER};
 use serde_json::{json, Value};
-
-const VIEWER: &str = "viewer-token-0123456789abcdef";
-
-struct Serve(Child);
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn pod(name: &str, deadline: &str) -> Value {
     json!({
@@ -117,15 +106,7 @@ fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
         ),
     )
     .expect("config");
-    let _serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_powerplane"))
-            .args(["serve", "--run-for-s", "60", "--config"])
-            .arg(d.join("powerplane.toml"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("serve"),
-    );
+    let _serve = serve(&d.join("powerplane.toml"), 60);
     let end = Instant::now() + Duration::from_secs(20);
     while http(port, "GET", "/api/v1/schedulers", Some(VIEWER), b"").0 != 200 {
         assert!(Instant::now() < end, "serve never answered");

@@ -6,12 +6,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::http;
-
-const VIEWER: &str = "viewer-token-0123456789abcdef";
+use common::{http, schedulers, serve, VIEWER};
 
 fn socket() -> String {
     std::env::var("PP_SLURMRESTD")
@@ -60,33 +58,6 @@ impl Drop for Cancel {
             let _ = Command::new("scancel").arg(id.to_string()).output();
         }
     }
-}
-
-struct Serve(Child);
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(config: &Path) -> Serve {
-    Serve(
-        Command::new(env!("CARGO_BIN_EXE_powerplane"))
-            .args(["serve", "--run-for-s", "120", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("serve"),
-    )
-}
-
-fn schedulers(port: u16) -> Option<serde_json::Value> {
-    let (code, _, body) = http(port, "GET", "/api/v1/schedulers", Some(VIEWER), b"");
-    (code == 200)
-        .then(|| serde_json::from_str(&body).ok())
-        .flatten()
 }
 
 /// Waits for `ok`, checking `always` on every look.
@@ -190,7 +161,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     cancel.0.extend([deferrable, urgent]);
     let never_held = || assert!(!is_held(urgent), "the job with a near deadline was held");
 
-    let first = serve(&d.join("powerplane.toml"));
+    let first = serve(&d.join("powerplane.toml"), 120);
     wait(
         "the deferrable job held in Slurm",
         Duration::from_secs(20),
@@ -211,7 +182,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     // killed without a chance to clean up, then restarted on the same store
     drop(first);
     assert!(is_held(deferrable), "a hold must outlive the controller");
-    let _second = serve(&d.join("powerplane.toml"));
+    let _second = serve(&d.join("powerplane.toml"), 120);
     wait(
         "the restarted serve answering",
         Duration::from_secs(20),

@@ -8,13 +8,12 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::http;
+use common::{http, schedulers, serve, VIEWER};
 
-const VIEWER: &str = "viewer-token-0123456789abcdef";
 const OPERATOR: &str = "operator-token-0123456789abcdef";
 const KEY: &str = "8f3c1d2e4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 
@@ -62,33 +61,6 @@ fn signed_post(port: u16, body: &str, ts: i64, sig: Option<String>) -> u16 {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
-}
-
-struct Serve(Child);
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(config: &Path) -> Serve {
-    Serve(
-        Command::new(env!("CARGO_BIN_EXE_powerplane"))
-            .args(["serve", "--run-for-s", "120", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("serve"),
-    )
-}
-
-fn schedulers(port: u16) -> Option<serde_json::Value> {
-    let (code, _, body) = http(port, "GET", "/api/v1/schedulers", Some(VIEWER), b"");
-    (code == 200)
-        .then(|| serde_json::from_str(&body).ok())
-        .flatten()
 }
 
 fn wait(what: &str, within: Duration, ok: &dyn Fn() -> bool) {
@@ -145,7 +117,7 @@ fn events_in_and_signed_actions_out_survive_a_receiver_outage_and_a_restart() {
     )
     .expect("config");
     let config = d.join("powerplane.toml");
-    let first = serve(&config);
+    let first = serve(&config, 120);
     wait("serve answering", Duration::from_secs(20), &|| {
         schedulers(port).is_some()
     });
@@ -222,7 +194,7 @@ fn events_in_and_signed_actions_out_survive_a_receiver_outage_and_a_restart() {
     assert_eq!(st["lifecycle"]["lsf:a"], "held", "{st}");
     // killed with the action undelivered, then restarted: the outbox is in the store
     drop(first);
-    let _second = serve(&config);
+    let _second = serve(&config, 120);
     wait(
         "the restarted serve answering",
         Duration::from_secs(20),

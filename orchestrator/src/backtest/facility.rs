@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use integrations::prices::Series;
 use policies::State;
 use telemetry::metric::names::*;
-use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Sample, Site, Timestamp};
+use telemetry::{EntityId, GpuModel, Job, JobState, Sample, Site, Timestamp};
 
 use crate::control::{Actuator, Telemetry};
 use crate::sim::curves::Curve;
@@ -535,41 +535,20 @@ impl Telemetry for Facility {
         for g in &self.gpus {
             out.push(Sample::new(g.id.clone(), POWER_W, g.power_w, now, src));
         }
-        for (ri, rack) in self.site.racks.iter().enumerate() {
-            let e = EntityId::rack(&rack.id);
-            out.push(Sample::new(
-                e.clone(),
-                POWER_W,
-                self.rack_power_w[ri],
-                now,
-                src,
-            ));
-            out.push(Sample::new(e, INLET_TEMP_C, self.inlet_c[ri], now, src));
-        }
-        for (ci, unit) in self.site.cooling.iter().enumerate() {
-            let e = EntityId::new(EntityKind::Cooling, &unit.id);
-            out.push(Sample::new(
-                e,
-                COOLING_POWER_W,
-                self.cooling_power_w[ci],
-                now,
-                src,
-            ));
-        }
-        let site = self.site.site_entity();
-        out.push(Sample::new(
-            site.clone(),
-            POWER_W,
-            self.it_power_w(),
+        crate::sim::facility_samples(
+            &crate::sim::FacilityReadings {
+                site: &self.site,
+                rack_power_w: &self.rack_power_w,
+                inlet_c: &self.inlet_c,
+                cooling_power_w: &self.cooling_power_w,
+                it_power_w: self.it_power_w(),
+                prices: &self.prices,
+                carbon: &self.carbon,
+            },
             now,
             src,
-        ));
-        if let Some(p) = self.prices.at(now) {
-            out.push(Sample::new(site.clone(), PRICE_PER_KWH, p, now, src));
-        }
-        if let Some(c) = self.carbon.at(now) {
-            out.push(Sample::new(site, CARBON_G_PER_KWH, c, now, src));
-        }
+            &mut out,
+        );
         out
     }
 }

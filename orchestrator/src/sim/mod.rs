@@ -478,42 +478,72 @@ impl Telemetry for Facility {
                 src,
             ));
         }
-        for (ri, rack) in self.site.racks.iter().enumerate() {
-            let e = EntityId::rack(&rack.id);
-            out.push(Sample::new(
-                e.clone(),
-                POWER_W,
-                self.rack_power_w[ri],
-                now,
-                src,
-            ));
-            out.push(Sample::new(e, INLET_TEMP_C, self.inlet_c[ri], now, src));
-        }
-        for (ci, unit) in self.site.cooling.iter().enumerate() {
-            let e = EntityId::new(EntityKind::Cooling, &unit.id);
-            out.push(Sample::new(
-                e,
-                COOLING_POWER_W,
-                self.cooling_power_w[ci],
-                now,
-                src,
-            ));
-        }
-        let site = self.site.site_entity();
+        facility_samples(
+            &FacilityReadings {
+                site: &self.site,
+                rack_power_w: &self.rack_power_w,
+                inlet_c: &self.inlet_c,
+                cooling_power_w: &self.cooling_power_w,
+                it_power_w: self.it_power_w(),
+                prices: &self.prices,
+                carbon: &self.carbon,
+            },
+            now,
+            src,
+            &mut out,
+        );
+        out
+    }
+}
+
+/// What a simulated facility reports above its GPUs, as both the demo's and the
+/// backtest's simulators publish it each tick.
+pub(crate) struct FacilityReadings<'a> {
+    pub site: &'a Site,
+    pub rack_power_w: &'a [f64],
+    pub inlet_c: &'a [f64],
+    pub cooling_power_w: &'a [f64],
+    pub it_power_w: f64,
+    pub prices: &'a Series,
+    pub carbon: &'a Series,
+}
+
+/// Rack power and inlet, cooling power, the site's IT power, and the price and carbon
+/// intensity in force, as samples.
+pub(crate) fn facility_samples(
+    r: &FacilityReadings<'_>,
+    now: Timestamp,
+    src: &str,
+    out: &mut Vec<Sample>,
+) {
+    for (ri, rack) in r.site.racks.iter().enumerate() {
+        let e = EntityId::rack(&rack.id);
         out.push(Sample::new(
-            site.clone(),
+            e.clone(),
             POWER_W,
-            self.it_power_w(),
+            r.rack_power_w[ri],
             now,
             src,
         ));
-        if let Some(p) = self.prices.at(now) {
-            out.push(Sample::new(site.clone(), PRICE_PER_KWH, p, now, src));
-        }
-        if let Some(c) = self.carbon.at(now) {
-            out.push(Sample::new(site, CARBON_G_PER_KWH, c, now, src));
-        }
-        out
+        out.push(Sample::new(e, INLET_TEMP_C, r.inlet_c[ri], now, src));
+    }
+    for (ci, unit) in r.site.cooling.iter().enumerate() {
+        let e = EntityId::new(EntityKind::Cooling, &unit.id);
+        out.push(Sample::new(
+            e,
+            COOLING_POWER_W,
+            r.cooling_power_w[ci],
+            now,
+            src,
+        ));
+    }
+    let site = r.site.site_entity();
+    out.push(Sample::new(site.clone(), POWER_W, r.it_power_w, now, src));
+    if let Some(p) = r.prices.at(now) {
+        out.push(Sample::new(site.clone(), PRICE_PER_KWH, p, now, src));
+    }
+    if let Some(c) = r.carbon.at(now) {
+        out.push(Sample::new(site, CARBON_G_PER_KWH, c, now, src));
     }
 }
 

@@ -114,3 +114,37 @@ pub fn chromium(url: &str, png: &std::path::Path) -> String {
     );
     String::from_utf8_lossy(&run("--dump-dom".into()).stdout).to_string()
 }
+
+/// The viewer token the scheduler tests configure.
+pub const VIEWER: &str = "viewer-token-0123456789abcdef";
+
+/// A running `powerplane serve`, killed when dropped.
+pub struct Serve(pub std::process::Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `powerplane serve --config CONFIG` for at most `run_for_s` seconds.
+pub fn serve(config: &std::path::Path, run_for_s: u32) -> Serve {
+    Serve(
+        Command::new(env!("CARGO_BIN_EXE_powerplane"))
+            .args(["serve", "--run-for-s", &run_for_s.to_string(), "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve"),
+    )
+}
+
+/// `GET /api/v1/schedulers` as the viewer, once serve answers.
+pub fn schedulers(port: u16) -> Option<serde_json::Value> {
+    let (code, _, body) = http(port, "GET", "/api/v1/schedulers", Some(VIEWER), b"");
+    (code == 200)
+        .then(|| serde_json::from_str(&body).ok())
+        .flatten()
+}
