@@ -187,9 +187,10 @@ pub struct SlurmSection {
     /// The `scontrol` that requeues (slurmrestd v0.0.38 cannot).
     #[serde(default = "default_scontrol")]
     pub scontrol: PathBuf,
-    /// `hold` (JobHeldAdmin until released) or `begin_time` (the job's begin time is
-    /// the lease: Slurm starts it if powerplane stops renewing).
-    #[serde(default)]
+    /// `begin_time` (the default: the job's begin time is the lease, so Slurm starts
+    /// it if powerplane stops renewing — no job stays held past its lease, even with a
+    /// dead controller) or `hold` (JobHeldAdmin until released).
+    #[serde(default = "default_hold_with")]
     pub hold_with: integrations::slurm_sync::HoldWith,
     #[serde(default)]
     pub mapping: JobMapping,
@@ -197,6 +198,10 @@ pub struct SlurmSection {
 
 fn default_poll() -> f64 {
     15.0
+}
+
+fn default_hold_with() -> integrations::slurm_sync::HoldWith {
+    integrations::slurm_sync::HoldWith::BeginTime
 }
 fn default_timeout() -> f64 {
     10.0

@@ -115,7 +115,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[prices]\nfile = \"prices.csv\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n[schedulers.slurm]\nendpoint = \"unix:{}\"\npoll_s = 0\n",
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[prices]\nfile = \"prices.csv\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n[schedulers.slurm]\nendpoint = \"unix:{}\"\npoll_s = 0\nhold_with = \"hold\"\n",
             socket()
         ),
     )
