@@ -14,7 +14,7 @@ use crate::budget::{self, ScopeView};
 use crate::plan::ClockLock;
 use crate::plan::{Action, Cap, Decision, Hold, Plan, State, Target};
 use crate::price::{self, Verdict};
-use crate::rules::{Rule, RuleAction};
+use crate::rules::Rule;
 use crate::rules_eval;
 use crate::thermal;
 use crate::Policy;
@@ -239,14 +239,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             forecast,
             now,
         );
-        merge_rule_holds(
-            &mut verdicts,
-            jobs,
-            prior,
-            &rule_wants,
-            policy.price.observe,
-            now,
-        );
+        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
         let observe_only = policy.price.observe;
         let (prior_holds, holds) = if observe_only {
             (&prior.observed_holds, &mut next.observed_holds)
@@ -273,7 +266,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                 },
             );
         }
-        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, false, now);
+        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
         hold_decisions(
             jobs,
             &prior.holds,
@@ -580,7 +573,6 @@ fn merge_rule_holds(
     jobs: &[Job],
     prior: &State,
     rules: &[(&Rule, rules_eval::Wants)],
-    price_observe: bool,
     now: Timestamp,
 ) {
     let prior_holds = &prior.holds;
@@ -594,7 +586,6 @@ fn merge_rule_holds(
             exempt.entry(job.as_str()).or_insert(rule);
         }
     }
-    let _ = price_observe;
     let reasons: std::collections::HashMap<(&str, &str), &str> = rules
         .iter()
         .flat_map(|(r, w)| {
@@ -705,7 +696,7 @@ fn clocks(
     }
     // decisions grouped by rack and new value
     let mut groups: BTreeMap<(usize, String, Option<i64>), Vec<EntityId>> = BTreeMap::new();
-    for (i, g) in index.gpus.iter().enumerate() {
+    for g in &index.gpus {
         let (old, new) = (prior.clocks.get(&g.id), next.clocks.get(&g.id));
         let changed = match (old, new) {
             (None, None) => false,
@@ -718,7 +709,6 @@ fn clocks(
                 .entry((g.rack_index, rule, new.map(|c| c.mhz.round() as i64)))
                 .or_default()
                 .push(g.id.clone());
-            let _ = i;
         }
     }
     for ((rack, rule, mhz), gpus) in groups {
@@ -833,7 +823,6 @@ fn preempt(
             observe_only: false,
         });
     }
-    let _ = RuleAction::Hold;
 }
 #[cfg(test)]
 mod rules_tests;

@@ -326,16 +326,14 @@ fn lex(src: &str) -> Result<Vec<(Tok, Span)>, ParseError> {
     Ok(out)
 }
 
-struct Parser<'a> {
+struct Parser {
     toks: Vec<(Tok, Span)>,
     pos: usize,
     end: usize,
     next_id: usize,
-    errors: Vec<ParseError>,
-    src: &'a str,
 }
 
-impl Parser<'_> {
+impl Parser {
     fn peek(&self) -> Option<&Tok> {
         self.toks.get(self.pos).map(|t| &t.0)
     }
@@ -391,7 +389,7 @@ impl Parser<'_> {
         // a parenthesis opens either a condition or an arithmetic expression: try the
         // condition first and fall back
         if self.peek() == Some(&Tok::LParen) {
-            let save = (self.pos, self.next_id, self.errors.len());
+            let save = (self.pos, self.next_id);
             self.bump();
             if let Ok(c) = self.or() {
                 if self.peek() == Some(&Tok::RParen) {
@@ -406,7 +404,6 @@ impl Parser<'_> {
             }
             self.pos = save.0;
             self.next_id = save.1;
-            self.errors.truncate(save.2);
         }
         self.compare()
     }
@@ -542,11 +539,10 @@ impl Parser<'_> {
             }
         }
         let span = sp.start..end;
-        let signal = resolve(&path, &args, &span).map_err(|message| ParseError {
+        let signal = resolve(&path, &args).map_err(|message| ParseError {
             at: span.start,
             message,
         })?;
-        let _ = self.src;
         Ok(Expr::Signal(signal, span))
     }
 }
@@ -571,7 +567,7 @@ fn name_arg(args: &[(Tok, Span)], what: &str) -> Result<String, String> {
 }
 
 /// Turns a dotted name with arguments into a signal, or says why it is not one.
-fn resolve(path: &[String], args: &[(Tok, Span)], _span: &Span) -> Result<Signal, String> {
+fn resolve(path: &[String], args: &[(Tok, Span)]) -> Result<Signal, String> {
     let p: Vec<&str> = path.iter().map(String::as_str).collect();
     let no_args = |s: Signal| {
         if args.is_empty() {
@@ -674,8 +670,6 @@ pub fn parse(src: &str) -> Result<Condition, Vec<ParseError>> {
         pos: 0,
         end: src.len(),
         next_id: 0,
-        errors: Vec::new(),
-        src,
     };
     let cond = p.or().map_err(|e| vec![e])?;
     if let Some((t, sp)) = p.toks.get(p.pos) {

@@ -21,11 +21,17 @@ pub enum Verdict {
     Release { reason: String },
 }
 
-/// The last moment a job may still be held.
+/// The last moment a job may still be held under the price rule.
 pub fn release_by(job: &Job, rule: &PriceRule) -> Timestamp {
+    hold_limit(job, rule.margin_s, rule.max_defer_s)
+}
+
+/// The last moment a job may be held by any rule: its latest start minus `margin_s`,
+/// or, without a deadline, `max_defer_s` after submission.
+pub fn hold_limit(job: &Job, margin_s: f64, max_defer_s: f64) -> Timestamp {
     match job.latest_start() {
-        Some(ls) => ls + -rule.margin_s,
-        None => job.submit_time + rule.max_defer_s,
+        Some(ls) => ls + -margin_s,
+        None => job.submit_time + max_defer_s,
     }
 }
 

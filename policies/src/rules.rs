@@ -21,7 +21,7 @@ use serde::Deserialize;
 use telemetry::diag::Collector;
 use toml::Spanned;
 
-use crate::expr::{self, Condition, Signal, Stat};
+use crate::expr::{self, Condition, Signal};
 use crate::policy::OnStale;
 
 /// What a rule is about.
@@ -813,11 +813,6 @@ fn contradictions(rules: &[Rule], c: &mut Collector<'_>) {
             }
         }
     }
-}
-
-/// Whether a forecast statistic looks into the future (a missing forecast makes it stale).
-pub fn is_forecast(stat: &Stat) -> bool {
-    !matches!(stat, Stat::Now)
 }
 
 #[cfg(test)]

@@ -356,15 +356,7 @@ struct Ctx<'a, 'i> {
 type Seen = BTreeMap<String, f64>;
 
 impl Ctx<'_, '_> {
-    fn signal(
-        &self,
-        s: &Signal,
-        entity: &EntityId,
-        gpus: &[usize],
-        job: Option<&Job>,
-        seen: &mut Seen,
-    ) -> Val {
-        let _ = seen;
+    fn signal(&self, s: &Signal, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Val {
         self.signal_inner(s, entity, gpus, job)
     }
 
@@ -496,25 +488,18 @@ impl Ctx<'_, '_> {
         v.map_or(Val::Stale, Val::Ok)
     }
 
-    fn expr(
-        &self,
-        e: &Expr,
-        entity: &EntityId,
-        gpus: &[usize],
-        job: Option<&Job>,
-        seen: &mut Seen,
-    ) -> Val {
+    fn expr(&self, e: &Expr, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Val {
         match e {
             Expr::Num(n) => Val::Ok(*n),
-            Expr::Signal(s, _) => self.signal(s, entity, gpus, job, seen),
-            Expr::Neg(e) => match self.expr(e, entity, gpus, job, seen) {
+            Expr::Signal(s, _) => self.signal(s, entity, gpus, job),
+            Expr::Neg(e) => match self.expr(e, entity, gpus, job) {
                 Val::Ok(v) => Val::Ok(-v),
                 x => x,
             },
             Expr::Bin(a, op, b) => {
                 let (a, b) = (
-                    self.expr(a, entity, gpus, job, seen),
-                    self.expr(b, entity, gpus, job, seen),
+                    self.expr(a, entity, gpus, job),
+                    self.expr(b, entity, gpus, job),
                 );
                 match (a, b) {
                     (Val::Ok(a), Val::Ok(b)) => {
@@ -546,12 +531,11 @@ impl Ctx<'_, '_> {
         gpus: &[usize],
         job: Option<&Job>,
         timers: &mut BTreeMap<usize, Timestamp>,
-        seen: &mut Seen,
     ) -> Tri {
         match c {
             Cond::Cmp(x) => {
-                let a = self.expr(&x.lhs, entity, gpus, job, seen);
-                let b = self.expr(&x.rhs, entity, gpus, job, seen);
+                let a = self.expr(&x.lhs, entity, gpus, job);
+                let b = self.expr(&x.rhs, entity, gpus, job);
                 match (a, b) {
                     (Val::Ok(a), Val::Ok(b)) => {
                         if x.op.apply(a, b) {
@@ -573,7 +557,7 @@ impl Ctx<'_, '_> {
             Cond::And(v) => {
                 let r: Vec<Tri> = v
                     .iter()
-                    .map(|c| self.cond(c, entity, gpus, job, timers, seen))
+                    .map(|c| self.cond(c, entity, gpus, job, timers))
                     .collect();
                 if r.contains(&Tri::False) {
                     Tri::False
@@ -586,7 +570,7 @@ impl Ctx<'_, '_> {
             Cond::Or(v) => {
                 let r: Vec<Tri> = v
                     .iter()
-                    .map(|c| self.cond(c, entity, gpus, job, timers, seen))
+                    .map(|c| self.cond(c, entity, gpus, job, timers))
                     .collect();
                 if r.contains(&Tri::True) {
                     Tri::True
@@ -596,7 +580,7 @@ impl Ctx<'_, '_> {
                     Tri::False
                 }
             }
-            Cond::Not(c) => match self.cond(c, entity, gpus, job, timers, seen) {
+            Cond::Not(c) => match self.cond(c, entity, gpus, job, timers) {
                 Tri::True => Tri::False,
                 Tri::False => Tri::True,
                 Tri::Unknown => Tri::Unknown,
@@ -656,15 +640,6 @@ fn signal_name(s: &Signal) -> String {
         }
         Signal::Time(t) => format!("{t:?}").to_lowercase(),
         Signal::Job(f) => format!("job.{}", format!("{f:?}").to_lowercase()),
-    }
-}
-
-/// The last moment a job may be held: its latest start minus `margin_s`, or, without a
-/// deadline, `max_defer_s` after submission.
-pub fn release_by(job: &Job, margin_s: f64, max_defer_s: f64) -> Timestamp {
-    match job.latest_start() {
-        Some(ls) => ls + -margin_s,
-        None => job.submit_time + max_defer_s,
     }
 }
 
@@ -740,20 +715,12 @@ pub fn run(
             level_at: now,
             done: false,
         });
-        let mut seen = Seen::new();
         let w = match &rule.when {
             None => Tri::True,
-            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.when_true, &mut seen),
+            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.when_true),
         };
         let r = match &rule.release {
-            Some(c) => ctx.cond(
-                &c.cond,
-                entity,
-                &gpus,
-                job,
-                &mut mem.release_true,
-                &mut seen,
-            ),
+            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.release_true),
             None => match w {
                 Tri::True => Tri::False,
                 Tri::False => Tri::True,
@@ -891,7 +858,7 @@ pub fn run(
                     let running = j.state == JobState::Running;
                     let acted = match rule.action {
                         RuleAction::Hold => {
-                            let by = release_by(j, hold_margin_s, max_defer_s);
+                            let by = crate::price::hold_limit(j, hold_margin_s, max_defer_s);
                             if waiting && now < by {
                                 let until = (now + rule.lease_s).min(by);
                                 wants.holds.push((j.id.clone(), until));
