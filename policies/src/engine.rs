@@ -355,7 +355,9 @@ fn settle(
             lease_until: now + lease_s,
             ..c.clone()
         };
-        let cap = if target < current - b.deadband_w {
+        // a cap falls whenever a rule wants it lower (a budget must not be exceeded by
+        // a deadband); only rises smaller than the deadband are skipped
+        let cap = if target < current - 0.5 {
             Some(Cap {
                 watts: target,
                 rule,
