@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use integrations::store::{Account, Conditions, InletCondition, LedgerEntry};
+use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::*;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
@@ -34,7 +35,7 @@ pub struct Accountant {
     interval_s: f64,
     window_start: Option<Timestamp>,
     last_tick: Option<Timestamp>,
-    last_energy_j: BTreeMap<EntityId, f64>,
+    last_energy_j: FnvMap<EntityId, f64>,
     pending: BTreeMap<(Account, Option<String>), Sums>,
     /// Intervals where a GPU counter went backwards.
     pub counter_resets: u64,
@@ -50,7 +51,7 @@ impl Accountant {
             interval_s,
             window_start: None,
             last_tick: None,
-            last_energy_j: BTreeMap::new(),
+            last_energy_j: FnvMap::default(),
             pending: BTreeMap::new(),
             counter_resets: 0,
             inlets: BTreeMap::new(),
@@ -95,17 +96,29 @@ impl Accountant {
         let price = value(&site.site_entity(), PRICE_PER_KWH).unwrap_or(0.0);
         let carbon = value(&site.site_entity(), CARBON_G_PER_KWH).unwrap_or(0.0);
         // a GPU held by several jobs (MPS, time slicing) is split evenly between them
-        let mut owners: BTreeMap<&EntityId, Vec<&Job>> = BTreeMap::new();
-        for j in jobs {
+        let mut owners: FnvMap<&EntityId, Vec<usize>> = FnvMap::default();
+        for (k, j) in jobs.iter().enumerate() {
             for g in &j.allocated {
-                owners.entry(g).or_default().push(j);
+                owners.entry(g).or_default().push(k);
             }
         }
-        // (account, rack, kWh, of which estimated as power × time, of which on a shared GPU)
-        let mut charges: Vec<(Account, Option<String>, f64, f64, f64)> = Vec::new();
+        // (kWh, of which estimated as power × time, of which on a shared GPU), summed
+        // per rack for idle GPUs and per (job, rack) for jobs' GPUs
+        let mut idle: Vec<Option<[f64; 3]>> = vec![None; site.racks.len()];
+        let mut by_job: BTreeMap<(usize, usize), [f64; 3]> = BTreeMap::new();
+        let add = |s: &mut [f64; 3], kwh: f64, est: f64, shared: f64| {
+            s[0] += kwh;
+            s[1] += est;
+            s[2] += shared;
+        };
         let gpus = site.gpus();
-        for rack in &site.racks {
-            let rack_gpus: Vec<_> = gpus.iter().filter(|g| g.rack.id == rack.id).collect();
+        let mut by_rack: Vec<Vec<usize>> = vec![Vec::new(); site.racks.len()];
+        for (i, g) in gpus.iter().enumerate() {
+            by_rack[g.rack_index].push(i);
+        }
+        for (ri, rack) in site.racks.iter().enumerate() {
+            let rack_gpus: Vec<&telemetry::site::GpuRef<'_>> =
+                by_rack[ri].iter().map(|&i| &gpus[i]).collect();
             let per_gpu: Vec<(f64, bool)> = rack_gpus
                 .iter()
                 .map(|g| self.gpu_energy_j(&g.id, snapshot, dt, now))
@@ -175,37 +188,50 @@ impl Accountant {
                 let kwh = (j + extra) / J_PER_KWH;
                 let estimated = if integrated { j / J_PER_KWH } else { 0.0 };
                 match owners.get(&g.id).map(Vec::as_slice) {
-                    None | Some([]) => {
-                        charges.push((Account::Idle, Some(rack.id.clone()), kwh, estimated, 0.0))
-                    }
+                    None | Some([]) => add(idle[ri].get_or_insert([0.0; 3]), kwh, estimated, 0.0),
                     Some(holders) => {
                         let k = holders.len() as f64;
                         let shared = if holders.len() > 1 { kwh / k } else { 0.0 };
-                        for job in holders {
-                            charges.push((
-                                Account::Job {
-                                    job: job.id.clone(),
-                                    project: job.project.clone(),
-                                    user: job.user.clone(),
-                                },
-                                Some(rack.id.clone()),
+                        for &job in holders {
+                            add(
+                                by_job.entry((job, ri)).or_default(),
                                 kwh / k,
                                 estimated / k,
                                 shared,
-                            ));
+                            );
                         }
                     }
                 }
             }
             if rack_gpus.is_empty() {
-                charges.push((
-                    Account::Idle,
-                    Some(rack.id.clone()),
+                add(
+                    idle[ri].get_or_insert([0.0; 3]),
                     rack_j / J_PER_KWH,
                     0.0,
                     0.0,
-                ));
+                );
             }
+        }
+        let mut charges: Vec<(Account, Option<String>, f64, f64, f64)> = Vec::new();
+        for (ri, s) in idle.iter().enumerate() {
+            if let Some([kwh, est, shared]) = *s {
+                let rack = Some(site.racks[ri].id.clone());
+                charges.push((Account::Idle, rack, kwh, est, shared));
+            }
+        }
+        for ((k, ri), [kwh, est, shared]) in by_job {
+            let job = &jobs[k];
+            charges.push((
+                Account::Job {
+                    job: job.id.clone(),
+                    project: job.project.clone(),
+                    user: job.user.clone(),
+                },
+                Some(site.racks[ri].id.clone()),
+                kwh,
+                est,
+                shared,
+            ));
         }
         for unit in &site.cooling {
             if let Some(w) = value(
@@ -286,7 +312,11 @@ impl Accountant {
         let Some(counter) = snapshot.observe(id, ENERGY_J, now).filter(|o| !o.stale) else {
             return (by_power, true);
         };
-        match self.last_energy_j.insert(id.clone(), counter.value) {
+        let prev = match self.last_energy_j.get_mut(id) {
+            Some(v) => Some(std::mem::replace(v, counter.value)),
+            None => self.last_energy_j.insert(id.clone(), counter.value),
+        };
+        match prev {
             Some(prev) if counter.value >= prev => (counter.value - prev, false),
             Some(_) => {
                 self.counter_resets += 1;

@@ -66,13 +66,17 @@ pub struct ControlLoop {
     pub counters: Counters,
     /// Operators' overrides, applied to what is actuated (not to the engine's state).
     overrides: Vec<crate::overrides::Override>,
-    /// What the actuator was last handed: the plan with the overrides applied.
-    actuated: State,
+    /// What the actuator was last handed: the plan with the overrides applied (`None`:
+    /// no override is set, the plan itself).
+    actuated: Option<State>,
     /// Price and carbon forecasts the engine plans with.
     forecast: policies::Forecast,
     /// Entries for the audit log from outside the engine (a policy reload), written
     /// with the next tick's decisions.
     noted: Vec<Decision>,
+    /// Whether ticks write the store (jobs, audit log, state) and the energy ledger;
+    /// off for replays, which account energy themselves.
+    records: bool,
 }
 
 impl ControlLoop {
@@ -98,10 +102,19 @@ impl ControlLoop {
             unsaved: Tx::new(),
             counters: Counters::default(),
             overrides: Vec::new(),
-            actuated: State::default(),
+            actuated: None,
             forecast: policies::Forecast::default(),
             noted: Vec::new(),
+            records: true,
         })
+    }
+
+    /// The same loop for a replay (`powerplane backtest`): the same decisions and
+    /// actuation, but nothing written to the store and no energy ledger kept (the
+    /// replay integrates energy itself); the counters still count.
+    pub fn without_records(mut self) -> Self {
+        self.records = false;
+        self
     }
 
     /// The price and carbon forecasts for the next ticks.
@@ -129,7 +142,7 @@ impl ControlLoop {
 
     /// What is in force: the plan with the operators' overrides applied.
     pub fn actuated(&self) -> &State {
-        &self.actuated
+        self.actuated.as_ref().unwrap_or(&self.state)
     }
 
     /// Replaces the overrides; the next tick applies them and audits those that start
@@ -193,46 +206,60 @@ impl ControlLoop {
             }
         }
         let mut tx = Tx::new();
-        for job in self.registry.sync(jobs) {
-            tx.put_job(&job);
+        let changed = self.registry.sync(jobs);
+        if self.records {
+            for job in changed {
+                tx.put_job(&job);
+            }
         }
         let active = self.registry.active();
         let Plan { state, decisions } = evaluate(
             &Inputs {
                 site: &self.site,
                 snapshot: &self.snapshot,
-                jobs: &active,
+                jobs: active,
                 prior: &self.state,
                 policy: &self.policy,
                 forecast: &self.forecast,
             },
             now,
         );
-        let actuated = crate::overrides::apply(&state, &self.overrides, &self.site, now);
         let mut decisions = {
             let mut noted = std::mem::take(&mut self.noted);
             noted.extend(decisions);
             noted
         };
-        decisions.extend(crate::overrides::decisions(
-            &self.actuated,
-            &actuated,
-            &self.overrides,
-            now,
-        ));
-        report.actuation_errors = actuator.apply(&actuated, now);
-        self.actuated = actuated;
+        // with no override set now or before, what is actuated is the plan itself
+        let actuated = if self.overrides.is_empty() && self.actuated.is_none() {
+            None
+        } else {
+            let actuated = crate::overrides::apply(&state, &self.overrides, &self.site, now);
+            decisions.extend(crate::overrides::decisions(
+                self.actuated.as_ref().unwrap_or(&self.state),
+                &actuated,
+                &self.overrides,
+                now,
+            ));
+            Some(actuated)
+        };
+        report.actuation_errors = actuator.apply(actuated.as_ref().unwrap_or(&state), now);
+        self.actuated = actuated.filter(|_| !self.overrides.is_empty());
         self.counters.actuation_errors += report.actuation_errors.len() as u64;
         for e in &report.actuation_errors {
             warn!(error = %e, "actuation failed");
         }
         self.counters.decisions += decisions.len() as u64;
+        if !self.records {
+            self.state = state;
+            report.decisions = decisions;
+            return report;
+        }
         for d in &decisions {
             tx.audit(d);
         }
         report.ledger = self
             .accountant
-            .record(&self.site, &self.snapshot, &active, now);
+            .record(&self.site, &self.snapshot, active, now);
         for e in &report.ledger {
             tx.ledger(e);
         }

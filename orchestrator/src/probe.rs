@@ -191,9 +191,9 @@ pub fn table(seen: &Seen, now: Timestamp) -> String {
             s.entity.to_string(),
             s.metric.to_string(),
             format!("{:.3}", s.value),
-            s.unit.clone(),
+            s.unit.to_string(),
             age,
-            s.source.clone(),
+            s.source.to_string(),
             format!("{:?}", s.quality).to_lowercase(),
         ]);
     }

@@ -1,57 +1,101 @@
 //! The job registry: every job powerplane knows, as its scheduler last reported it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
+use telemetry::fasthash::FnvMap;
 use telemetry::Job;
 
+/// How many finished jobs the registry remembers (to tell a finished job a scheduler
+/// reports again from a change); older ones are forgotten (the store keeps them).
+pub const FINISHED_KEPT: usize = 10_000;
+
+/// The jobs powerplane knows: the active ones (not finished or cancelled) in id order,
+/// and the most recently finished ones.
 #[derive(Debug, Clone, Default)]
 pub struct JobRegistry {
-    jobs: BTreeMap<String, Job>,
+    /// Sorted by id.
+    active: Vec<Job>,
+    finished: FnvMap<String, Job>,
+    /// Finished job ids, oldest first.
+    finished_order: VecDeque<String>,
 }
 
 impl JobRegistry {
     /// A registry holding the jobs restored from the store.
     pub fn from_jobs(jobs: impl IntoIterator<Item = Job>) -> Self {
-        JobRegistry {
-            jobs: jobs.into_iter().map(|j| (j.id.clone(), j)).collect(),
-        }
+        let mut r = JobRegistry::default();
+        r.sync(jobs);
+        r
     }
 
     /// Takes the scheduler's current view; returns the jobs that are new or changed.
+    /// Jobs not in `incoming` are left as they are.
     pub fn sync(&mut self, incoming: impl IntoIterator<Item = Job>) -> Vec<Job> {
         let mut changed = Vec::new();
         for job in incoming {
-            if self.jobs.get(&job.id) != Some(&job) {
-                changed.push(job.clone());
-                self.jobs.insert(job.id.clone(), job);
+            let at = self.active.binary_search_by(|j| j.id.as_str().cmp(&job.id));
+            match at {
+                Ok(i) if self.active[i] == job => continue,
+                Err(_) if self.finished.get(&job.id) == Some(&job) => continue,
+                _ => {}
+            }
+            changed.push(job.clone());
+            match (at, job.state.is_done()) {
+                (Ok(i), false) => self.active[i] = job,
+                (Ok(i), true) => {
+                    self.active.remove(i);
+                    self.finish(job);
+                }
+                (Err(i), false) => {
+                    // a finished job the scheduler brings back (requeued) is active again
+                    self.finished.remove(&job.id);
+                    self.active.insert(i, job);
+                }
+                (Err(_), true) => self.finish(job),
             }
         }
         changed
     }
 
+    fn finish(&mut self, job: Job) {
+        if self.finished.insert(job.id.clone(), job.clone()).is_none() {
+            self.finished_order.push_back(job.id);
+        }
+        while self.finished_order.len() > FINISHED_KEPT {
+            // (a job brought back to life and finished again is forgotten with its
+            // first finish: the store still has it)
+            if let Some(id) = self.finished_order.pop_front() {
+                self.finished.remove(&id);
+            }
+        }
+    }
+
     /// Jobs that are not finished or cancelled, in id order.
-    pub fn active(&self) -> Vec<Job> {
-        self.jobs
-            .values()
-            .filter(|j| !j.state.is_done())
-            .cloned()
-            .collect()
+    pub fn active(&self) -> &[Job] {
+        &self.active
     }
 
     pub fn get(&self, id: &str) -> Option<&Job> {
-        self.jobs.get(id)
+        match self.active.binary_search_by(|j| j.id.as_str().cmp(id)) {
+            Ok(i) => Some(&self.active[i]),
+            Err(_) => self.finished.get(id),
+        }
     }
 
+    /// Every job known (the active ones and the finished ones remembered), in id order.
     pub fn all(&self) -> impl Iterator<Item = &Job> {
-        self.jobs.values()
+        let mut v: Vec<&Job> = self.active.iter().chain(self.finished.values()).collect();
+        v.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        v.into_iter()
     }
 
+    /// Jobs known: the active ones and the finished ones remembered.
     pub fn len(&self) -> usize {
-        self.jobs.len()
+        self.active.len() + self.finished.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.len() == 0
     }
 }
 
@@ -203,6 +247,68 @@ mod tests {
             deferrable: true,
             preemptible: false,
         }
+    }
+
+    fn numbered(n: usize, state: JobState) -> Job {
+        Job {
+            id: format!("trace:{n:06}"),
+            ..job(state)
+        }
+    }
+
+    #[test]
+    fn the_registry_reports_changes_keeps_active_jobs_in_order_and_forgets_old_finished_ones() {
+        let mut r = JobRegistry::default();
+        let first: Vec<Job> = (0..5)
+            .rev()
+            .map(|n| numbered(n, JobState::Pending))
+            .collect();
+        assert_eq!(r.sync(first.clone()).len(), 5, "all new");
+        assert!(
+            r.sync(first).is_empty(),
+            "the same view again changes nothing"
+        );
+        let ids: Vec<&str> = r.active().iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "trace:000000",
+                "trace:000001",
+                "trace:000002",
+                "trace:000003",
+                "trace:000004"
+            ]
+        );
+        // one starts, one finishes; the others are not reported and stay as they were
+        let changed = r.sync([
+            numbered(1, JobState::Running),
+            numbered(3, JobState::Finished),
+        ]);
+        assert_eq!(changed.len(), 2);
+        assert_eq!(r.active().len(), 4);
+        assert_eq!(
+            r.get("trace:000001").map(|j| j.state),
+            Some(JobState::Running)
+        );
+        assert_eq!(
+            r.get("trace:000003").map(|j| j.state),
+            Some(JobState::Finished)
+        );
+        assert!(r.active().iter().all(|j| !j.state.is_done()));
+        // a scheduler listing a finished job again (Slurm keeps them a while) is no change
+        assert!(r.sync([numbered(3, JobState::Finished)]).is_empty());
+        // a finished job brought back (requeued) is active again
+        assert_eq!(r.sync([numbered(3, JobState::Pending)]).len(), 1);
+        assert!(r.active().iter().any(|j| j.id == "trace:000003"));
+        // a long-running controller does not keep every finished job for ever
+        let many = FINISHED_KEPT + 500;
+        r.sync((10..10 + many).map(|n| numbered(n, JobState::Finished)));
+        assert_eq!(r.len(), r.active().len() + FINISHED_KEPT);
+        assert!(
+            r.get("trace:000010").is_none(),
+            "the oldest finished job is forgotten"
+        );
+        assert!(r.get(&format!("trace:{:06}", 9 + many)).is_some());
     }
 
     #[test]

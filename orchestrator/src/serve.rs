@@ -796,7 +796,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 &report.decisions,
                 buffer.dropped.load(Ordering::Relaxed),
             );
-            b.jobs = control.registry().active();
+            b.jobs = control.registry().active().to_vec();
             b.schedulers = schedulers.status();
             b.scheduler_counters = schedulers.counters();
             drop(b);

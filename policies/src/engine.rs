@@ -519,7 +519,7 @@ fn hold_decisions(
             }
         }
     }
-    let known: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    let known: telemetry::fasthash::FnvSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     for job in prior.keys() {
         if !known.contains(job.as_str()) {
             out.push(release(
@@ -598,7 +598,7 @@ fn merge_rule_holds(
             })
         })
         .collect();
-    let known: std::collections::HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    let known: telemetry::fasthash::FnvSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     for (job, (rule, until)) in held {
         if exempt.contains_key(job) {
             continue;

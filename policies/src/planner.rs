@@ -9,12 +9,10 @@
 //! among those where it fits in every slot it covers and that begin no later than its
 //! latest start; a job that fits nowhere starts now (its deadline comes before cost).
 //!
-//! The work per job is linear in the number of slots (a prefix sum of prices and a
-//! sliding-window minimum of room), so 50,000 jobs over a 48-hour horizon of
+//! The work per job is linear in the number of slots (prefix sums of prices and of the
+//! slots without room), so 50,000 jobs over a 48-hour horizon of
 //! 15-minute slots plan in a few tens of milliseconds. Pure and deterministic: the same
 //! inputs give the same plan.
-
-use std::collections::VecDeque;
 
 use telemetry::Timestamp;
 
@@ -126,16 +124,25 @@ pub fn plan(
     }
     let horizon_end = end_of(n - 1);
 
+    // committed load: each covers the slots that start before it ends (a difference
+    // array, so many long-running jobs cost one search each)
+    let mut d_gpus = vec![0i64; n + 1];
+    let mut d_watts = vec![0.0f64; n + 1];
+    for c in committed {
+        let end = starts.partition_point(|s| *s < c.until);
+        d_gpus[0] += i64::from(c.gpus);
+        d_gpus[end] -= i64::from(c.gpus);
+        d_watts[0] += c.watts;
+        d_watts[end] -= c.watts;
+    }
     let mut gpus = vec![0u32; n];
     let mut watts = vec![0.0f64; n];
-    for c in committed {
-        for k in 0..n {
-            if starts[k] >= c.until {
-                break;
-            }
-            gpus[k] = gpus[k].saturating_add(c.gpus);
-            watts[k] += c.watts;
-        }
+    let (mut g_run, mut w_run) = (0i64, 0.0f64);
+    for k in 0..n {
+        g_run += d_gpus[k];
+        w_run += d_watts[k];
+        gpus[k] = u32::try_from(g_run.max(0)).unwrap_or(u32::MAX);
+        watts[k] = w_run;
     }
 
     let mut order: Vec<usize> = (0..jobs.len()).collect();
@@ -145,6 +152,8 @@ pub fn plan(
     let mut placements: Vec<Option<Placement>> = vec![None; jobs.len()];
     let mut room = vec![0.0f64; n];
     let mut ends = vec![0usize; n];
+    let mut fits: Vec<bool> = Vec::with_capacity(n);
+    let mut short: Vec<u32> = Vec::with_capacity(n + 1);
     for i in order {
         let job = &jobs[i];
         let dur = job.duration_s.max(1.0);
@@ -167,22 +176,28 @@ pub fn plan(
         }
         let reach = ends[last];
         // room per slot: how many more jobs like this one fit (fractional is fine)
+        let per_gpus = 1.0 / f64::from(job.gpus.max(1));
+        let per_watts = if job.watts > 0.0 {
+            1.0 / job.watts
+        } else {
+            0.0
+        };
         for k in 0..reach {
-            let g = f64::from(capacity.gpus.saturating_sub(gpus[k])) / f64::from(job.gpus.max(1));
+            let g = f64::from(capacity.gpus.saturating_sub(gpus[k])) * per_gpus;
             let w = if job.watts > 0.0 {
-                (capacity.power_w - watts[k]) / job.watts
+                (capacity.power_w - watts[k]) * per_watts
             } else {
                 f64::INFINITY
             };
             room[k] = g.min(w);
         }
-        let fits = window_min_fits(&room[..reach], &ends[..=last]);
+        window_fits(&room[..reach], &ends[..=last], &mut fits, &mut short);
         let mut best: Option<(f64, usize)> = None;
         for (k, ok) in fits.iter().enumerate() {
             if !ok {
                 continue;
             }
-            let c = run_cost(&prefix, &starts, &p, fill, k, dur, horizon_end);
+            let c = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
             if best.is_none_or(|(bc, _)| c < bc - 1e-12) {
                 best = Some((c, k));
             }
@@ -191,7 +206,7 @@ pub fn plan(
             Some((_, k)) => (k, false),
             None => (0, true),
         };
-        let cost = run_cost(&prefix, &starts, &p, fill, k, dur, horizon_end);
+        let cost = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
         for slot in k..ends[k] {
             gpus[slot] = gpus[slot].saturating_add(job.gpus);
             watts[slot] += job.watts;
@@ -212,36 +227,33 @@ pub fn plan(
 }
 
 /// For each start slot k: whether the job fits (room ≥ 1) in every slot of its run,
-/// `[k, ends[k])`. A sliding-window minimum (the windows' ends never move back).
-fn window_min_fits(room: &[f64], ends: &[usize]) -> Vec<bool> {
-    let mut out = vec![false; ends.len()];
-    let mut dq: VecDeque<usize> = VecDeque::new();
-    let mut hi = 0; // slots pushed: [k, hi)
-    for (k, slot) in out.iter_mut().enumerate() {
-        let want = ends[k].min(room.len());
-        while hi < want {
-            while dq.back().is_some_and(|&b| room[b] >= room[hi]) {
-                dq.pop_back();
-            }
-            dq.push_back(hi);
-            hi += 1;
-        }
-        while dq.front().is_some_and(|&f| f < k) {
-            dq.pop_front();
-        }
-        *slot = dq.front().is_some_and(|&f| room[f] >= 1.0 - 1e-9);
+/// `[k, ends[k])`: no slot without room in the window, by a running count of the slots
+/// without room (`short`, reused between jobs).
+fn window_fits(room: &[f64], ends: &[usize], out: &mut Vec<bool>, short: &mut Vec<u32>) {
+    short.clear();
+    short.push(0);
+    let mut c = 0u32;
+    for r in room {
+        c += u32::from(*r < 1.0 - 1e-9);
+        short.push(c);
     }
-    out
+    out.clear();
+    out.extend(ends.iter().enumerate().map(|(k, &e)| {
+        let e = e.min(room.len());
+        k < e && short[e] == short[k]
+    }));
 }
 
-/// Price × seconds of a run of `dur` seconds starting at slot `k`; past the horizon at
-/// `fill`.
+/// Price × seconds of a run of `dur` seconds starting at slot `k` and ending before slot
+/// `end_slot` (the first slot starting at or after its end); past the horizon at `fill`.
+#[allow(clippy::too_many_arguments)]
 fn run_cost(
     prefix: &[f64],
     starts: &[Timestamp],
     p: &[f64],
     fill: f64,
     k: usize,
+    end_slot: usize,
     dur: f64,
     horizon_end: Timestamp,
 ) -> f64 {
@@ -251,7 +263,7 @@ fn run_cost(
         let n = starts.len();
         return prefix[n] - prefix[k] + end.secs_since(horizon_end) * fill;
     }
-    let j = starts.partition_point(|s| *s <= end) - 1; // slot holding the end
+    let j = end_slot.max(k + 1) - 1; // the slot holding the end
     prefix[j] - prefix[k] + end.secs_since(starts[j]) * p[j]
 }
 

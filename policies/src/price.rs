@@ -344,10 +344,15 @@ fn evaluate_plan(
     values.insert("planned_jobs".to_string(), plan_jobs.len() as f64);
     let mut ready = Vec::new();
     let mut later = 0usize;
+    // many jobs share a planned start: its text is made once
+    let mut start_text: BTreeMap<Timestamp, String> = BTreeMap::new();
     for ((job, by), placed) in candidates.into_iter().zip(&schedule.placements) {
         let held = prior.holds.get(&job.id);
         if placed.start > now {
             later += 1;
+            let start = start_text
+                .entry(placed.start)
+                .or_insert_with(|| placed.start.to_string());
             out.insert(
                 job.id.clone(),
                 Verdict::Hold(Hold {
@@ -355,8 +360,8 @@ fn evaluate_plan(
                     since: held.map_or(now, |h| h.since),
                     lease_until: (now + rule.lease_s).min(by),
                     reason: format!(
-                        "planned start {} in the cheapest slot with room: {:.3} per kWh over its run, {:.3} now",
-                        placed.start, placed.mean_price, price_now
+                        "planned start {start} in the cheapest slot with room: {:.3} per kWh over its run, {price_now:.3} now",
+                        placed.mean_price
                     ),
                 }),
             );

@@ -45,30 +45,8 @@ pub struct Why {
     pub switched_on: bool,
 }
 
-/// FNV-1a: entity names are short and trusted (they come from the site file), so a
-/// simple hash beats SipHash on the hot paths.
-#[derive(Default)]
-pub struct Fnv(u64);
-
-impl std::hash::Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = h;
-    }
-}
-
-type FnvMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+pub use telemetry::fasthash::Fnv;
+use telemetry::fasthash::FnvMap;
 
 type Readings = BTreeMap<telemetry::Metric, telemetry::snapshot::Reading>;
 
@@ -459,6 +437,21 @@ impl Ctx<'_, '_> {
         }
         let now = self.now;
         let stats = |w: f64| s.window(now, now + w).filter(|x| x.covered_s >= 0.5 * w);
+        // a statistic over a window is the same for every target of the rule this tick:
+        // computed once (the keys' first part: 2 + 2 × kind + series, apart from the
+        // deadline pairs below, whose first part is the series alone)
+        let window_key = match stat {
+            Stat::Min(w) => Some((0u8, *w, 0.0)),
+            Stat::Max(w) => Some((1, *w, 0.0)),
+            Stat::Mean(w) => Some((2, *w, 0.0)),
+            Stat::Pct(p, w) => Some((3, *w, *p)),
+            Stat::Cheapest(h, w) => Some((4, *w, *h)),
+            Stat::Now | Stat::CheapestBeforeDeadline => None,
+        }
+        .map(|(kind, w, x)| (2 + 2 * kind + series as u8, w.to_bits() as i64, x.to_bits()));
+        if let Some(v) = window_key.and_then(|k| self.memo.borrow().get(&k).copied()) {
+            return v.map_or(Val::Stale, Val::Ok);
+        }
         let v = match stat {
             Stat::Now => None,
             Stat::Min(w) => stats(*w).map(|x| x.min),
@@ -485,6 +478,9 @@ impl Ctx<'_, '_> {
                 v
             }),
         };
+        if let Some(k) = window_key {
+            self.memo.borrow_mut().insert(k, v);
+        }
         v.map_or(Val::Stale, Val::Ok)
     }
 

@@ -27,6 +27,7 @@ pub mod agent_proto;
 pub mod decoder;
 pub mod diag;
 pub mod entity;
+pub mod fasthash;
 pub mod gpu;
 pub mod gpu_backend;
 pub mod job;

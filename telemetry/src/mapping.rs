@@ -446,9 +446,9 @@ impl SparkplugRule {
             entity,
             metric: self.to.clone(),
             value,
-            unit,
+            unit: unit.into(),
             ts,
-            source: source.to_string(),
+            source: source.to_string().into(),
             quality: Quality::Good,
         })
     }
@@ -718,9 +718,9 @@ impl JsonRule {
                 entity: entity.clone(),
                 metric: r.metric.clone(),
                 value,
-                unit,
+                unit: unit.into(),
                 ts,
-                source: source.to_string(),
+                source: source.to_string().into(),
                 quality,
             });
         }

@@ -1,5 +1,7 @@
 //! A sample: one reading of one metric of one entity, from one source.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{EntityId, Metric, Timestamp};
@@ -22,26 +24,38 @@ pub struct Sample {
     pub entity: EntityId,
     pub metric: Metric,
     pub value: f64,
-    pub unit: String,
+    pub unit: Cow<'static, str>,
     pub ts: Timestamp,
-    pub source: String,
+    pub source: Cow<'static, str>,
     pub quality: Quality,
 }
 
 impl Sample {
     /// A good sample of a canonical metric, with the metric's own unit.
     pub fn new(entity: EntityId, metric: &str, value: f64, ts: Timestamp, source: &str) -> Self {
-        let unit = crate::metric::spec(metric)
-            .map(|s| s.unit.to_string())
-            .unwrap_or_default();
+        let unit = crate::metric::spec(metric).map_or(Cow::Borrowed(""), |s| Cow::Borrowed(s.unit));
         Sample {
             entity,
             metric: Metric::new(metric),
             value,
             unit,
             ts,
-            source: source.to_string(),
+            source: Cow::Owned(source.to_string()),
             quality: Quality::Good,
+        }
+    }
+
+    /// [`Sample::new`] from a source named by a constant (no copy of the name).
+    pub fn from_static(
+        entity: EntityId,
+        metric: &str,
+        value: f64,
+        ts: Timestamp,
+        source: &'static str,
+    ) -> Self {
+        Sample {
+            source: Cow::Borrowed(source),
+            ..Sample::new(entity, metric, value, ts, "")
         }
     }
 }

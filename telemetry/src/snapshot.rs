@@ -23,7 +23,7 @@ pub const MAX_PAST_S: f64 = 86_400.0;
 pub struct Reading {
     pub value: f64,
     pub ts: Timestamp,
-    pub source: String,
+    pub source: std::borrow::Cow<'static, str>,
     pub quality: Quality,
 }
 
@@ -111,10 +111,12 @@ pub enum Ingested {
     CounterReset,
 }
 
-/// Latest value of every metric of every entity. Iteration order is deterministic.
+/// Latest value of every metric of every entity. Lookups are hashed; the iterators that
+/// list readings ([`Snapshot::iter`], [`Snapshot::samples`], [`Snapshot::stale`]) go in
+/// entity order, so what is listed is deterministic.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    readings: BTreeMap<EntityId, BTreeMap<Metric, Reading>>,
+    readings: crate::fasthash::FnvMap<EntityId, BTreeMap<Metric, Reading>>,
     freshness: BTreeMap<Metric, f64>,
 }
 
@@ -139,6 +141,29 @@ impl Snapshot {
     /// Validates a sample and keeps it if it is newer than what is there.
     pub fn ingest(&mut self, sample: Sample, now: Timestamp) -> Result<Ingested, Rejected> {
         validate(&sample, now)?;
+        // a known reading is updated in place
+        if let Some(old) = self
+            .readings
+            .get_mut(&sample.entity)
+            .and_then(|m| m.get_mut(sample.metric.as_str()))
+        {
+            if old.ts > sample.ts {
+                return Ok(Ingested::OlderIgnored);
+            }
+            let reset = sample.metric.as_str() == crate::metric::names::ENERGY_J
+                && sample.value < old.value;
+            old.value = sample.value;
+            old.ts = sample.ts;
+            old.quality = sample.quality;
+            if old.source != sample.source {
+                old.source = sample.source;
+            }
+            return Ok(if reset {
+                Ingested::CounterReset
+            } else {
+                Ingested::Updated
+            });
+        }
         let slot = self.readings.entry(sample.entity).or_default();
         let mut outcome = Ingested::Updated;
         if let Some(old) = slot.get(&sample.metric) {
@@ -167,10 +192,17 @@ impl Snapshot {
         self.observe_in(self.readings.get(entity)?, metric, now)
     }
 
-    /// Every entity with its readings, in entity order: to look at many entities'
-    /// metrics without finding each entity again ([`Snapshot::observe_in`]).
+    /// Every entity with its readings, in no particular order: to look at many
+    /// entities' metrics without finding each entity again ([`Snapshot::observe_in`]).
     pub fn entities(&self) -> impl Iterator<Item = (&EntityId, &BTreeMap<Metric, Reading>)> {
         self.readings.iter()
+    }
+
+    /// The entities in entity order.
+    fn sorted(&self) -> Vec<(&EntityId, &BTreeMap<Metric, Reading>)> {
+        let mut v: Vec<_> = self.readings.iter().collect();
+        v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        v
     }
 
     /// [`Snapshot::observe`] on the readings of one entity from [`Snapshot::entities`].
@@ -199,8 +231,8 @@ impl Snapshot {
 
     /// Every reading, by entity then metric.
     pub fn iter(&self) -> impl Iterator<Item = (&EntityId, &Metric, &Reading)> {
-        self.readings
-            .iter()
+        self.sorted()
+            .into_iter()
             .flat_map(|(e, m)| m.iter().map(move |(k, r)| (e, k, r)))
     }
 
@@ -212,7 +244,7 @@ impl Snapshot {
     /// Every stale reading at `now`, with the time it became stale.
     pub fn stale(&self, now: Timestamp) -> Vec<(EntityId, Metric, Timestamp)> {
         let mut out = Vec::new();
-        for (e, metrics) in &self.readings {
+        for (e, metrics) in self.sorted() {
             for (m, r) in metrics {
                 let since = r.ts + self.freshness_s(m);
                 if since < now {
@@ -243,13 +275,15 @@ impl Snapshot {
     /// Every reading as a sample, in entity and metric order.
     pub fn samples(&self) -> Vec<Sample> {
         let mut out = Vec::with_capacity(self.len());
-        for (e, metrics) in &self.readings {
+        for (e, metrics) in self.sorted() {
             for (m, r) in metrics {
                 out.push(Sample {
                     entity: e.clone(),
                     metric: m.clone(),
                     value: r.value,
-                    unit: m.spec().map(|s| s.unit.to_string()).unwrap_or_default(),
+                    unit: m
+                        .spec()
+                        .map_or(std::borrow::Cow::Borrowed(""), |s| s.unit.into()),
                     ts: r.ts,
                     source: r.source.clone(),
                     quality: r.quality,

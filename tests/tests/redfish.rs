@@ -252,7 +252,7 @@ fn after_discovery_only_the_resources_with_readings_are_read() {
                     (
                         s.entity.to_string(),
                         s.metric.to_string(),
-                        s.source.clone(),
+                        s.source.to_string(),
                         s.value.to_bits(),
                     )
                 })

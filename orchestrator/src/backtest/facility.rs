@@ -7,7 +7,7 @@
 //! what the trace holds. Jobs come from a trace instead of a generator; a run finishes
 //! jobs at their exact end inside a tick, so energy and waits do not depend on the tick.
 
-use std::collections::{BTreeMap, HashMap};
+use telemetry::fasthash::FnvMap;
 
 use integrations::prices::Series;
 use policies::State;
@@ -105,14 +105,19 @@ pub struct Facility {
     site: Site,
     curves: Vec<Curve>,
     gpus: Vec<Gpu>,
-    gpu_index: HashMap<EntityId, usize>,
+    gpu_index: FnvMap<EntityId, usize>,
+    job_index: FnvMap<String, usize>,
+    /// Per job: the lease of the hold the last plan gave it (scratch for `apply`).
+    hold_lease: Vec<Option<Timestamp>>,
     nodes: Vec<Node>,
     pub jobs: Vec<SimJob>,
     next_arrival: usize,
     waiting: Vec<usize>,
     running: Vec<usize>,
-    /// Finished since the controller last looked.
-    just_finished: Vec<usize>,
+    /// Jobs whose scheduler view (state, start, end, GPUs) changed since the controller
+    /// last looked, with a flag per job so each is listed once.
+    changed: Vec<usize>,
+    is_changed: Vec<bool>,
     inlet_c: Vec<f64>,
     rack_power_w: Vec<f64>,
     cooling_power_w: Vec<f64>,
@@ -174,7 +179,14 @@ impl Facility {
             .map(|(i, g)| (g.id.clone(), i))
             .collect();
         let racks = site.racks.len();
+        let job_index = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (j.job.id.clone(), i))
+            .collect();
         let mut f = Facility {
+            job_index,
+            hold_lease: vec![None; jobs.len()],
             inlet_c: vec![22.0; racks],
             rack_power_w: vec![0.0; racks],
             cooling_power_w: vec![0.0; site.cooling.len()],
@@ -187,7 +199,8 @@ impl Facility {
             next_arrival: 0,
             waiting: Vec::new(),
             running: Vec::new(),
-            just_finished: Vec::new(),
+            changed: Vec::new(),
+            is_changed: Vec::new(),
             prices,
             carbon,
             budget_kw,
@@ -229,6 +242,7 @@ impl Facility {
                 break;
             }
             self.waiting.push(self.next_arrival);
+            self.touch(self.next_arrival);
             self.next_arrival += 1;
         }
     }
@@ -250,7 +264,8 @@ impl Facility {
         let mut busy_s: Vec<f64> = vec![0.0; self.gpus.len()];
         let mut gpu_j: Vec<f64> = vec![0.0; self.gpus.len()];
         let mut still = Vec::with_capacity(self.running.len());
-        for &ji in &self.running {
+        let running = std::mem::take(&mut self.running);
+        for &ji in &running {
             let job = &self.jobs[ji];
             let curve = &self.curves[job.curve];
             let mut speed: f64 = 1.0;
@@ -281,7 +296,7 @@ impl Facility {
                     self.gpus[g].job = None;
                     self.nodes[self.gpus[g].node].free += 1;
                 }
-                self.just_finished.push(ji);
+                self.touch(ji);
             } else {
                 still.push(ji);
             }
@@ -354,14 +369,27 @@ impl Facility {
                 g.lease_until = None;
             }
         }
-        for &ji in &self.waiting {
+        for k in 0..self.waiting.len() {
+            let ji = self.waiting[k];
             let j = &mut self.jobs[ji];
             if j.hold_until.is_some_and(|h| h <= now) {
                 j.hold_until = None;
                 if j.job.state == JobState::Held {
                     j.job.state = JobState::Pending;
+                    self.touch(ji);
                 }
             }
+        }
+    }
+
+    /// Notes that the scheduler's view of a job changed.
+    fn touch(&mut self, ji: usize) {
+        if self.is_changed.len() < self.jobs.len() {
+            self.is_changed.resize(self.jobs.len(), false);
+        }
+        if !self.is_changed[ji] {
+            self.is_changed[ji] = true;
+            self.changed.push(ji);
         }
     }
 
@@ -434,6 +462,7 @@ impl Facility {
         j.job.start_time = Some(now);
         j.hold_until = None;
         self.running.push(ji);
+        self.touch(ji);
         true
     }
 
@@ -482,27 +511,24 @@ impl Facility {
         }
     }
 
-    /// The scheduler's view for the controller: what waits and runs, and what finished
-    /// since the last look.
+    /// The scheduler's view for the controller: the jobs that arrived, started, finished
+    /// or were held or let go since the last look (the registry keeps the rest).
     pub fn take_jobs(&mut self) -> Vec<Job> {
-        let mut out: Vec<Job> =
-            Vec::with_capacity(self.waiting.len() + self.running.len() + self.just_finished.len());
-        for &i in self
-            .just_finished
-            .iter()
-            .chain(&self.waiting)
-            .chain(&self.running)
-        {
+        let changed = std::mem::take(&mut self.changed);
+        let mut out = Vec::with_capacity(changed.len());
+        for i in changed {
+            self.is_changed[i] = false;
             out.push(self.jobs[i].job.clone());
         }
-        self.just_finished.clear();
         out
     }
 
-    /// Forgets the finished jobs the controller would have been told about (the
-    /// baseline has no controller).
-    pub fn forget_finished(&mut self) {
-        self.just_finished.clear();
+    /// Forgets the changes the controller would have been told about (the baseline has
+    /// no controller).
+    pub fn forget_changes(&mut self) {
+        for i in std::mem::take(&mut self.changed) {
+            self.is_changed[i] = false;
+        }
     }
 
     pub fn prices(&self) -> &Series {
@@ -533,7 +559,13 @@ impl Telemetry for Facility {
         // GPU power is what the rules read; the backtest integrates energy itself, so
         // the energy counters and limits (for the ledger and the API) are not sent
         for g in &self.gpus {
-            out.push(Sample::new(g.id.clone(), POWER_W, g.power_w, now, src));
+            out.push(Sample::from_static(
+                g.id.clone(),
+                POWER_W,
+                g.power_w,
+                now,
+                src,
+            ));
         }
         crate::sim::facility_samples(
             &crate::sim::FacilityReadings {
@@ -555,15 +587,15 @@ impl Telemetry for Facility {
 
 impl Actuator for Facility {
     fn apply(&mut self, state: &State, _now: Timestamp) -> Vec<String> {
-        let mut capped: BTreeMap<usize, (f64, Timestamp)> = BTreeMap::new();
+        let mut capped: Vec<Option<(f64, Timestamp)>> = vec![None; self.gpus.len()];
         for (id, c) in &state.caps {
             if let Some(&i) = self.gpu_index.get(id) {
-                capped.insert(i, (c.watts, c.lease_until));
+                capped[i] = Some((c.watts, c.lease_until));
             }
         }
         for (i, g) in self.gpus.iter_mut().enumerate() {
-            match capped.get(&i) {
-                Some(&(w, lease)) => {
+            match capped[i] {
+                Some((w, lease)) => {
                     g.limit_w = g.model.clamp_limit(w);
                     g.lease_until = Some(lease);
                 }
@@ -573,12 +605,21 @@ impl Actuator for Facility {
                 }
             }
         }
-        for &ji in &self.waiting {
+        let mut marked = Vec::with_capacity(state.holds.len());
+        for (id, h) in &state.holds {
+            if let Some(&ji) = self.job_index.get(id) {
+                self.hold_lease[ji] = Some(h.lease_until);
+                marked.push(ji);
+            }
+        }
+        for k in 0..self.waiting.len() {
+            let ji = self.waiting[k];
             let j = &mut self.jobs[ji];
-            match state.holds.get(&j.job.id) {
-                Some(h) => {
+            let before = j.job.state;
+            match self.hold_lease[ji] {
+                Some(lease) => {
                     j.job.state = JobState::Held;
-                    j.hold_until = Some(h.lease_until);
+                    j.hold_until = Some(lease);
                 }
                 None => {
                     if j.job.state == JobState::Held {
@@ -587,6 +628,12 @@ impl Actuator for Facility {
                     j.hold_until = None;
                 }
             }
+            if self.jobs[ji].job.state != before {
+                self.touch(ji);
+            }
+        }
+        for ji in marked {
+            self.hold_lease[ji] = None;
         }
         self.update_power();
         Vec::new()

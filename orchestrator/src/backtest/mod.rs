@@ -533,7 +533,7 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     let store = Store::new(Box::new(Discard {
         seq: Default::default(),
     }));
-    let mut control = ControlLoop::restore(site.clone(), policy, store, 3600.0)?;
+    let mut control = ControlLoop::restore(site.clone(), policy, store, 3600.0)?.without_records();
     let mut deferred = std::collections::BTreeSet::new();
     let mut series = Series2 {
         baseline: Vec::new(),
@@ -559,7 +559,7 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
                 deferred.insert(job.clone());
             }
         }
-        base.forget_finished();
+        base.forget_changes();
         if ticks % 12 == 1 || base.done() && pol.done() {
             series.baseline.push(base.point());
             series.policy.push(pol.point());

@@ -97,9 +97,9 @@ impl<'a> Walk<'a> {
                 entity: entity.clone(),
                 metric: crate::Metric::new(f.metric),
                 value: f.value,
-                unit,
+                unit: unit.into(),
                 ts: self.now,
-                source: format!("redfish:{}{}", self.ep.cfg.name, f.from),
+                source: format!("redfish:{}{}", self.ep.cfg.name, f.from).into(),
                 quality: f.quality,
             });
         }
