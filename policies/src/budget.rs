@@ -330,7 +330,7 @@ pub fn evaluate(
     now: Timestamp,
 ) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
     let gpus = &index.gpus[..];
-    let priority = job_priority_by_gpu(index, jobs, &rule.cut_order);
+    let priority = job_priority_by_gpu(index, jobs, rule, now);
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
@@ -415,11 +415,7 @@ pub fn evaluate(
         .collect();
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
-    let budget_kw = rule
-        .limits
-        .iter()
-        .find(|l| l.scope == "site")
-        .map_or(site.facility_budget_kw(), |l| l.limit_kw * l.derate);
+    let budget_kw = facility_budget_kw(site, rule);
     let (mut view, cut) = scope_cut(
         &entity,
         budget_kw,
@@ -444,6 +440,15 @@ pub fn evaluate(
     view.racks = (0..site.racks.len()).collect();
     views.push(view);
     (wanted, views)
+}
+
+/// The facility's budget in kW: the policy's `site` limit (a contract limit) where it
+/// gives one, else the sum of the site's feeds after derating.
+pub fn facility_budget_kw(site: &Site, rule: &BudgetRule) -> f64 {
+    rule.limits
+        .iter()
+        .find(|l| l.scope == "site")
+        .map_or(site.facility_budget_kw(), |l| l.limit_kw * l.derate)
 }
 
 /// (what it draws now, what it would draw uncapped, whether its reading was stale)
@@ -541,8 +546,12 @@ fn apply_cut(
     match cut {
         Cut::Lift => {}
         Cut::Keep => {
-            // between the two thresholds: budget caps in force stay as they are
-            for &(i, _) in members {
+            // between the two thresholds: budget caps in force stay as they are, but for
+            // jobs close to their deadline (the demand already counts them uncapped)
+            for (&(i, _), c) in members.iter().zip(claims) {
+                if is_protected(c.priority) {
+                    continue;
+                }
                 if let Some(c) = prior_caps[i].filter(|c| c.rule == name) {
                     tighten(&mut wanted[i], c.watts, name);
                 }
@@ -593,23 +602,41 @@ fn queued_reserve_w(gpus: &[GpuRef<'_>], busy: &[i64], jobs: &[Job], prior: &Sta
     n as f64 * mean_extra
 }
 
+/// The cut-order tier of jobs close to their deadline: above every class and priority.
+const PROTECTED_RANK: i64 = 1 << 24;
+
+/// Whether a cut-order value is that of a job close to its deadline.
+fn is_protected(priority: i64) -> bool {
+    priority >= (PROTECTED_RANK << 33) - (1 << 32)
+}
+
 /// The cut order of each busy GPU: GPUs of jobs whose class comes first in
-/// `cut_order` are cut first, then by job priority (lower first). Idle GPUs (not in the
-/// map) are cut before any job's.
+/// `cut_order` are cut first, then by job priority (lower first); jobs whose slack
+/// (latest start − now) is at most `protect_slack_s` are cut last, by priority. Idle
+/// GPUs (not in the map) are cut before any job's.
 fn job_priority_by_gpu(
     index: &crate::rules_eval::Index<'_>,
     jobs: &[Job],
-    cut_order: &[String],
+    rule: &BudgetRule,
+    now: Timestamp,
 ) -> Vec<i64> {
+    let cut_order = &rule.cut_order;
     let mut m = vec![i64::MIN; index.gpus.len()];
     for j in jobs
         .iter()
         .filter(|j| j.state == telemetry::JobState::Running)
     {
-        let rank = cut_order
-            .iter()
-            .position(|c| c == &j.class)
-            .unwrap_or(cut_order.len()) as i64;
+        let urgent = j
+            .latest_start()
+            .is_some_and(|ls| ls.secs_since(now) <= rule.protect_slack_s);
+        let rank = if urgent {
+            PROTECTED_RANK
+        } else {
+            cut_order
+                .iter()
+                .position(|c| c == &j.class)
+                .unwrap_or(cut_order.len()) as i64
+        };
         for g in &j.allocated {
             if let Some(i) = index.gpu_index(g) {
                 m[i] = (rank << 33) + i64::from(j.priority);

@@ -231,6 +231,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     if policy.price.enabled {
         let (mut verdicts, values) = price::evaluate(
             site,
+            budget::facility_budget_kw(site, &policy.budget),
             snapshot,
             jobs,
             prior,

@@ -48,6 +48,11 @@ pub struct BudgetRule {
     /// Job classes cut first, in order (after idle GPUs); unlisted classes last, each
     /// by job priority.
     pub cut_order: Vec<String>,
+    /// A running job whose slack (latest start − now, as `job.slack_s`: deadline −
+    /// estimated duration − now) is at most this many seconds is cut last, after every
+    /// other job whatever its class and priority, and a budget cap it carries is not
+    /// held between the two thresholds: slowed down, it would miss its deadline.
+    pub protect_slack_s: f64,
     /// Budgets the site file does not give (rows, rooms) or that the policy lowers
     /// (a contract limit for the site, a feed, a PDU, a rack).
     pub limits: Vec<Limit>,
@@ -84,6 +89,7 @@ impl Default for BudgetRule {
             lease_s: 300.0,
             observe: false,
             cut_order: Vec::new(),
+            protect_slack_s: 3600.0,
             limits: Vec::new(),
         }
     }
@@ -303,6 +309,15 @@ impl Policy {
             format!(
                 "budget: deadband_w must be within 0..=100, got {}",
                 b.deadband_w
+            ),
+        );
+        check(
+            b.protect_slack_s >= 0.0 && b.protect_slack_s.is_finite(),
+            &pos.budget,
+            "protect_slack_s",
+            format!(
+                "budget: protect_slack_s must be a number of seconds, 0 or more, got {}",
+                b.protect_slack_s
             ),
         );
         check(

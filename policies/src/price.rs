@@ -48,9 +48,12 @@ pub struct Pacing {
 }
 
 /// A verdict for every job the rule is concerned with, and the values it looked at.
+/// `facility_kw` is the facility's budget (the policy's contract limit where it sets
+/// one): the planner plans under its `plan_budget_share`.
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     site: &Site,
+    facility_kw: f64,
     snapshot: &Snapshot,
     jobs: &[Job],
     prior: &State,
@@ -60,7 +63,7 @@ pub fn evaluate(
     now: Timestamp,
 ) -> (BTreeMap<String, Verdict>, BTreeMap<String, f64>) {
     if rule.mode == PriceMode::Plan {
-        return evaluate_plan(site, jobs, prior, rule, pacing, forecast, now);
+        return evaluate_plan(site, facility_kw, jobs, prior, rule, pacing, forecast, now);
     }
     let mut values = BTreeMap::new();
     values.insert("defer_above".to_string(), rule.defer_above);
@@ -217,8 +220,10 @@ fn site_power_model(site: &Site) -> (f64, f64, u32) {
 
 /// Plan mode: every eligible waiting job gets a planned start; jobs whose start is
 /// later than now are held, held jobs whose start has come are released (paced).
+#[allow(clippy::too_many_arguments)]
 fn evaluate_plan(
     site: &Site,
+    facility_kw: f64,
     jobs: &[Job],
     prior: &State,
     rule: &PriceRule,
@@ -327,7 +332,7 @@ fn evaluate_plan(
     };
     let capacity = Capacity {
         gpus: total_gpus,
-        power_w: site.facility_budget_kw() * 1000.0 * rule.plan_budget_share - floor_w,
+        power_w: facility_kw * 1000.0 * rule.plan_budget_share - floor_w,
     };
     let horizon = Horizon {
         slot_s: rule.plan_slot_s,

@@ -420,9 +420,8 @@ pub(crate) struct Series2 {
 /// Runs the backtest and writes its files; progress lines go to `progress`.
 pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Summary> {
     let started = std::time::Instant::now();
-    let mut site =
-        Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let policy =
+    let site = Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut policy =
         Policy::parse(&cfg.policy.name, &cfg.policy.text).map_err(|e| anyhow::anyhow!("{e}"))?;
     let scenario = match &cfg.scenario {
         Some(s) => Scenario::parse(&s.name, &s.text)?,
@@ -460,16 +459,27 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         scenario.spike(&mut pts);
         prices = Series::new(pts);
     }
+    let mut budget_kw = site.facility_budget_kw();
     if let Some(c) = &scenario.contract {
-        let usable = site.facility_budget_kw();
-        if usable > 0.0 {
-            let k = c.limit_kw / usable;
-            for f in &mut site.feeds {
-                f.derate *= k;
+        // a contract limits what the whole facility draws, not each feed: the feeds keep
+        // their ratings, and the policy is told the limit as its `site` budget (as an
+        // operator would write it), unless it already has a lower one
+        budget_kw = c.limit_kw;
+        let limits = &mut policy.budget.limits;
+        match limits.iter_mut().find(|l| l.scope == "site") {
+            Some(l) if l.limit_kw * l.derate <= c.limit_kw => {}
+            Some(l) => {
+                l.limit_kw = c.limit_kw;
+                l.derate = 1.0;
             }
+            None => limits.push(policies::policy::Limit {
+                scope: "site".into(),
+                name: site.name.clone(),
+                limit_kw: c.limit_kw,
+                derate: 1.0,
+            }),
         }
     }
-    let budget_kw = site.facility_budget_kw();
     let tz = site.timezone;
     let anchor = scenario
         .trace_start
@@ -602,7 +612,10 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         ));
     }
     if let Some(c) = &scenario.contract {
-        lines.push(format!("contract limit lowered to {} kW", c.limit_kw));
+        lines.push(format!(
+            "contract limit lowered to {} kW (the policy's site budget; the feeds keep their ratings)",
+            c.limit_kw
+        ));
     }
     for s in &scenario.price_spike {
         lines.push(format!(

@@ -71,7 +71,7 @@ pub struct HeatWave {
 }
 
 /// A lowered contract limit: the facility may draw no more than this, for the whole
-/// run (the site's feeds are scaled to it, so the policy's budget follows).
+/// run (the policy gets it as its `site` budget limit; the feeds keep their ratings).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Contract {

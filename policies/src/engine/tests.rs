@@ -266,6 +266,171 @@ fn caps_lift_only_below_the_release_threshold_and_no_faster_than_the_rate_limit(
     assert!(fourth.decisions.iter().all(|d| d.action == Action::Uncap));
 }
 
+/// A running deferrable job whose latest start (deadline − estimated duration) is
+/// `slack_s` from t0.
+fn with_slack(id: &str, priority: i32, gpus: &[EntityId], slack_s: f64) -> Job {
+    let j = job(id, priority, gpus);
+    Job {
+        class: "batch".into(),
+        deferrable: true,
+        deadline: Some(t0() + slack_s + j.est_duration_s),
+        ..j
+    }
+}
+
+#[test]
+fn a_job_close_to_its_deadline_is_cut_last_whatever_its_priority() {
+    let site = site();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let snap = snapshot(&site, &|_| 300.0, 25.0, t0());
+    // same class and priority, 10 minutes of slack against 10 hours; and a job of a
+    // higher priority without a deadline
+    let jobs = vec![
+        with_slack("urgent", 0, &gpus[0..2], 600.0),
+        with_slack("roomy", 0, &gpus[2..4], 36_000.0),
+        job("high", 9, &gpus[4..8]),
+    ];
+    let cap = |plan: &Plan, g: &EntityId| plan.state.caps.get(g).map(|c| c.watts);
+    // 2.5 kW: 2425 W − 400 W of nodes leaves 2025 W for 2400 W of GPUs: the job with
+    // slack gives the 375 W
+    let mut small = site.clone();
+    small.feeds[0].rating_kw = 2.5;
+    let plan = run(
+        &small,
+        &snap,
+        &jobs,
+        &State::default(),
+        &only_budget(),
+        t0(),
+    );
+    for g in &gpus[2..4] {
+        assert!((cap(&plan, g).expect("capped") - 112.5).abs() < 0.01);
+    }
+    for g in gpus[0..2].iter().chain(&gpus[4..8]) {
+        assert_eq!(cap(&plan, g), None, "{g}: {:?}", plan.state.caps);
+    }
+    // 2.0 kW: 1540 W for the GPUs, 860 W to cut: the job with slack to its minimum
+    // (400 W), the higher priority job the rest (115 W per GPU); the urgent job last
+    small.feeds[0].rating_kw = 2.0;
+    let plan = run(
+        &small,
+        &snap,
+        &jobs,
+        &State::default(),
+        &only_budget(),
+        t0(),
+    );
+    for g in &gpus[2..4] {
+        assert_eq!(cap(&plan, g), Some(100.0));
+    }
+    for g in &gpus[4..8] {
+        assert!((cap(&plan, g).expect("capped") - 185.0).abs() < 0.01);
+    }
+    for g in &gpus[0..2] {
+        assert_eq!(cap(&plan, g), None, "{g}: {:?}", plan.state.caps);
+    }
+    // with a threshold under its slack it is an ordinary priority-0 job again, cut
+    // together with the other one
+    let mut policy = only_budget();
+    policy.budget.protect_slack_s = 300.0;
+    small.feeds[0].rating_kw = 2.5;
+    let plan = run(&small, &snap, &jobs, &State::default(), &policy, t0());
+    for g in &gpus[0..4] {
+        assert!((cap(&plan, g).expect("capped") - 206.25).abs() < 0.01);
+    }
+}
+
+#[test]
+fn between_the_thresholds_a_job_close_to_its_deadline_gets_its_budget_cap_lifted() {
+    let site = site();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let jobs = vec![
+        with_slack("urgent", 0, &gpus[0..2], 600.0),
+        with_slack("roomy", 0, &gpus[2..4], 36_000.0),
+        job("high", 9, &gpus[4..8]),
+    ];
+    // both deferrable jobs carry a facility cap of 200 W since a minute ago and draw it:
+    // counted at their maximum, demand is 2.8 kW, between 0.9 and 0.97 × 3 kW
+    let mut prior = State::default();
+    for g in &gpus[0..4] {
+        prior.caps.insert(
+            g.clone(),
+            Cap {
+                watts: 200.0,
+                rule: "budget.facility".into(),
+                since: t0() + -60.0,
+                lease_until: t0() + 240.0,
+            },
+        );
+    }
+    let capped: Vec<EntityId> = gpus[0..4].to_vec();
+    let snap = snapshot(
+        &site,
+        &|g| if capped.contains(g) { 200.0 } else { 300.0 },
+        25.0,
+        t0(),
+    );
+    let plan = run(&site, &snap, &jobs, &prior, &only_budget(), t0());
+    for g in &gpus[2..4] {
+        assert_eq!(
+            plan.state.caps[g].watts, 200.0,
+            "held between the thresholds"
+        );
+    }
+    for g in &gpus[0..2] {
+        // rising at 60 W a minute
+        assert_eq!(plan.state.caps[g].watts, 260.0, "{:?}", plan.state.caps[g]);
+    }
+}
+
+/// Four GPUs of rack r1 busy at 300 W, rack r2's four idle at 30 W (1.72 kW with the
+/// nodes), and a 4-GPU job waiting.
+fn busy_half_and_a_queued_job(held: bool) -> Plan {
+    let mut site = site();
+    site.feeds[0].rating_kw = 2.5;
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let busy: Vec<EntityId> = gpus[0..4].to_vec();
+    let snap = snapshot(
+        &site,
+        &|g| if busy.contains(g) { 300.0 } else { 30.0 },
+        25.0,
+        t0(),
+    );
+    let mut queued = job("queued", 5, &[]);
+    queued.state = JobState::Pending;
+    queued.gpus = 4;
+    queued.start_time = None;
+    let jobs = vec![job("running", 0, &busy), queued];
+    let mut prior = State::default();
+    if held {
+        prior.holds.insert(
+            "queued".into(),
+            Hold {
+                rule: "price.defer".into(),
+                since: t0(),
+                lease_until: t0() + 900.0,
+                reason: "test".into(),
+            },
+        );
+    }
+    run(&site, &snap, &jobs, &prior, &only_budget(), t0())
+}
+
+#[test]
+fn the_facility_reserves_power_for_queued_jobs_that_are_free_to_start_not_for_held_ones() {
+    // free to start: 4 × (300 − 30) W reserved, 2.8 kW against 2.425 kW: the running
+    // job gets what is left, (2425 − 400 − 1080 − 120) / 4 W per GPU
+    let plan = busy_half_and_a_queued_job(false);
+    assert_eq!(plan.state.caps.len(), 4, "{:?}", plan.state.caps);
+    for c in plan.state.caps.values() {
+        assert!((c.watts - 206.25).abs() < 0.01, "{c:?}");
+        assert_eq!(c.rule, "budget.facility");
+    }
+    // held, it cannot start before the next tick: nothing to reserve, nothing capped
+    let plan = busy_half_and_a_queued_job(true);
+    assert!(plan.state.caps.is_empty(), "{:?}", plan.state.caps);
+}
+
 #[test]
 fn a_hot_rack_is_stepped_down_and_released_with_hysteresis() {
     let site = site();

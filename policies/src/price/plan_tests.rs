@@ -186,6 +186,29 @@ fn a_job_is_held_until_its_planned_slot_and_released_when_it_comes() {
 }
 
 #[test]
+fn the_plan_has_the_room_the_contract_limit_leaves_not_the_feeds() {
+    let site = site();
+    let fc = forecast(&day_prices(3), false);
+    let now = t(5.0);
+    let jobs = vec![waiting("a", 4, 1.0, now, 20.0)];
+    // the feed has room: held for the cheap afternoon
+    let pol = policy(PriceMode::Plan);
+    let plan = step(&site, &jobs, &State::default(), &pol, &fc, now);
+    assert!(plan.state.holds.contains_key("a"));
+    // a 2 kW contract leaves 0.9 × 2 kW − 880 W of idle floor, less than the job's
+    // 1.4 kW in every slot: it fits nowhere, so it starts now
+    let mut pol = policy(PriceMode::Plan);
+    pol.budget.limits.push(crate::policy::Limit {
+        scope: "site".into(),
+        name: String::new(),
+        limit_kw: 2.0,
+        derate: 1.0,
+    });
+    let plan = step(&site, &jobs, &State::default(), &pol, &fc, now);
+    assert!(plan.state.holds.is_empty(), "{:?}", plan.state.holds);
+}
+
+#[test]
 fn the_latest_start_always_wins_over_the_plan() {
     let site = site();
     // every hour but the last is expensive: the plan would wait, the deadline says no
