@@ -5,7 +5,7 @@
 //! fall at once and rise at most `raise_w_per_min`; changes under `deadband_w` are not
 //! made. Rules in observe mode run the same way into a separate, never-actuated state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use telemetry::site::GpuRef;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
@@ -182,8 +182,13 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         for &(g, watts) in &wants.caps {
             offer(target, g, watts, &id, rule.lease_s);
         }
+        let mut seen_racks: BTreeSet<usize> = BTreeSet::new();
         for w in &wants.why {
             for &r in &w.racks {
+                // the first explanation of the rule in a rack is the one kept
+                if !seen_racks.insert(r) {
+                    continue;
+                }
                 let key = (id.clone(), EntityId::rack(&site.racks[r].id).to_string());
                 why.entry(key).or_insert_with(|| {
                     (

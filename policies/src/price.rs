@@ -241,10 +241,9 @@ fn evaluate_plan(
     let wpg = pacing.map_or(busy_w, |p| p.watts_per_gpu);
     let mut plan_jobs = Vec::new();
     let mut committed = Vec::new();
-    let mut candidates: Vec<(&Job, Timestamp)> = Vec::new();
+    let mut candidates: Vec<(&Job, Timestamp, Option<&Hold>)> = Vec::new();
     for job in jobs {
         let waiting = matches!(job.state, JobState::Pending | JobState::Held);
-        let held = prior.holds.get(&job.id);
         let dur = job.est_duration_s.max(1.0);
         if job.state == JobState::Running {
             let end = job.start_time.map_or(now + dur, |s| s + dur);
@@ -258,6 +257,7 @@ fn evaluate_plan(
         if !waiting {
             continue;
         }
+        let held = prior.holds.get(&job.id);
         if !eligible(job, rule) {
             if held.is_some() {
                 out.insert(
@@ -292,7 +292,7 @@ fn evaluate_plan(
             });
             continue;
         }
-        candidates.push((job, by));
+        candidates.push((job, by, held));
         plan_jobs.push(PlanJob {
             id: job.id.clone(),
             gpus: job.gpus,
@@ -305,8 +305,7 @@ fn evaluate_plan(
         // no usable forecast: what on_stale says
         let reason = "price forecast stale or missing".to_string();
         let mut ready = Vec::new();
-        for (job, by) in candidates {
-            let held = prior.holds.get(&job.id);
+        for (job, by, held) in candidates {
             let hold = match rule.on_stale {
                 OnStale::AssumeWorst => true,
                 OnStale::HoldLast => held.is_some(),
@@ -351,8 +350,7 @@ fn evaluate_plan(
     let mut later = 0usize;
     // many jobs share a planned start: its text is made once
     let mut start_text: BTreeMap<Timestamp, String> = BTreeMap::new();
-    for ((job, by), placed) in candidates.into_iter().zip(&schedule.placements) {
-        let held = prior.holds.get(&job.id);
+    for ((job, by, held), placed) in candidates.into_iter().zip(&schedule.placements) {
         if placed.start > now {
             later += 1;
             let start = start_text

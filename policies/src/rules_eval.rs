@@ -697,6 +697,8 @@ pub fn run(
                 .map(|(e, g)| (e, g, None))
                 .collect()
         };
+    // racks a cap of this rule is already explained in (see the cap action below)
+    let mut explained: BTreeSet<usize> = BTreeSet::new();
     for (entity, gpus, job) in targets {
         let entity: &EntityId = &entity;
         // memory is keyed by the target's name (a job's id): the rule fixes the kind
@@ -814,7 +816,12 @@ pub fn run(
                         wants.caps.push((g, watts));
                     }
                 }
-                if capped || switched_on {
+                // the audit explains a cap per rack (the first target of the rule in a
+                // rack says why): a target whose racks are all explained adds nothing
+                let racks: BTreeSet<usize> = gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
+                let explains = racks.iter().any(|r| !explained.contains(r));
+                if (capped || switched_on) && (explains || switched_on) {
+                    explained.extend(racks.iter().copied());
                     let mut values = values();
                     values.insert(
                         match rule.action {
@@ -828,7 +835,7 @@ pub fn run(
                         values,
                         reason: reason(),
                         release: release_text(),
-                        racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
+                        racks,
                         switched_on,
                     });
                 }
