@@ -818,7 +818,8 @@ pub fn run(
                 }
                 // the audit explains a cap per rack (the first target of the rule in a
                 // rack says why): a target whose racks are all explained adds nothing
-                let racks: BTreeSet<usize> = gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
+                let racks: BTreeSet<usize> =
+                    gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
                 let explains = racks.iter().any(|r| !explained.contains(r));
                 if (capped || switched_on) && (explains || switched_on) {
                     explained.extend(racks.iter().copied());
