@@ -821,7 +821,7 @@ pub fn run(
                 let racks: BTreeSet<usize> =
                     gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
                 let explains = racks.iter().any(|r| !explained.contains(r));
-                if (capped || switched_on) && (explains || switched_on) {
+                if switched_on || (capped && explains) {
                     explained.extend(racks.iter().copied());
                     let mut values = values();
                     values.insert(
