@@ -259,3 +259,61 @@ fn bad_telemetry_is_counted_by_reason_and_the_last_good_value_kept() {
         report.rejected
     );
 }
+
+/// The backtest runs the loop without records: it must decide and actuate exactly as the
+/// recording loop `serve` runs, and write nothing.
+#[test]
+fn a_loop_without_records_decides_and_actuates_as_the_recording_loop_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = |name: &str| {
+        Store::new(Box::new(
+            EmbeddedBackend::open(&dir.path().join(name)).expect("open"),
+        ))
+    };
+    let mut recording = control(open("a.redb"));
+    let mut replay = control(open("b.redb")).without_records();
+    let (mut fa, mut fb) = (facility(7), facility(7));
+    let (mut caps, mut holds, mut decisions) = (0, 0, 0);
+    for tick in 0..240 {
+        fa.step(15.0);
+        fb.step(15.0);
+        let now = fa.now();
+        let ra = recording.tick(now, fa.poll(now), fa.jobs(), &mut fa);
+        let rb = replay.tick(now, fb.poll(now), fb.jobs(), &mut fb);
+        let what = |r: &orchestrator::control::TickReport| {
+            r.decisions
+                .iter()
+                .map(|d| format!("{} {:?} {:?} {}", d.rule, d.target, d.action, d.reason))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(what(&ra), what(&rb), "tick {tick}: the same decisions");
+        assert_eq!(
+            recording.state(),
+            replay.state(),
+            "tick {tick}: the same plan"
+        );
+        assert_eq!(
+            recording.actuated(),
+            replay.actuated(),
+            "tick {tick}: the same actuation"
+        );
+        assert!(rb.ledger.is_empty(), "no ledger entries without records");
+        caps = caps.max(replay.state().caps.len());
+        holds = holds.max(replay.state().holds.len());
+        decisions += rb.decisions.len();
+    }
+    assert!(
+        caps > 0 && holds > 0 && decisions > 0,
+        "the run puts caps ({caps}) and holds ({holds}) in force, with {decisions} decisions"
+    );
+    assert!(recording.store().audit_len().expect("audit") > 0);
+    assert_eq!(
+        replay.store().audit_len().expect("audit"),
+        0,
+        "nothing audited"
+    );
+    assert!(
+        replay.store().jobs().expect("jobs").is_empty(),
+        "no job stored"
+    );
+}
