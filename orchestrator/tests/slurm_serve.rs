@@ -60,15 +60,19 @@ impl Drop for Cancel {
     }
 }
 
-/// Waits for `ok`, checking `always` on every look.
-fn wait(what: &str, within: Duration, always: &dyn Fn(), ok: &dyn Fn() -> bool) {
+/// Waits for `ok`, checking `always` on every look; a failure shows serve's log.
+fn wait(what: &str, within: Duration, always: &dyn Fn(), ok: &dyn Fn() -> bool, log: &Path) {
     let end = Instant::now() + within;
     loop {
         always();
         if ok() {
             return;
         }
-        assert!(Instant::now() < end, "{what}: not within {within:?}");
+        assert!(
+            Instant::now() < end,
+            "{what}: not within {within:?}; serve's log:\n{}",
+            common::serve_log(log)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -163,12 +167,14 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     )
     .expect("prices");
 
-    let first = serve(&d.join("powerplane.toml"), 120);
+    let config = d.join("powerplane.toml");
+    let first = serve(&config, 120);
     wait(
         "the deferrable job held in Slurm",
         Duration::from_secs(20),
         &never_held,
         &|| is_held(deferrable),
+        &config,
     );
     let st = schedulers(port).expect("schedulers");
     let key = format!("slurm:{deferrable}");
@@ -184,12 +190,13 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     // killed without a chance to clean up, then restarted on the same store
     drop(first);
     assert!(is_held(deferrable), "a hold must outlive the controller");
-    let _second = serve(&d.join("powerplane.toml"), 120);
+    let _second = serve(&config, 120);
     wait(
         "the restarted serve answering",
         Duration::from_secs(20),
         &never_held,
         &|| schedulers(port).is_some_and(|s| s["slurm"]["counters"]["polls"].as_u64() >= Some(3)),
+        &config,
     );
     let st = schedulers(port).expect("schedulers");
     assert!(
@@ -213,6 +220,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
         Duration::from_secs(60),
         &never_held,
         &|| !is_held(deferrable),
+        &config,
     );
     assert!(
         chrono::Utc::now() >= cheap_at,
@@ -235,6 +243,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
             let (s, _) = squeue(deferrable);
             s == "RUNNING" || s.is_empty()
         },
+        &config,
     );
     wait(
         "its lifecycle through held, released and running",
@@ -253,6 +262,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
                     || path.ends_with(&["released".into(), "running".into(), "finished".into()])
             })
         },
+        &config,
     );
     let (_, _, metrics) = http(port, "GET", "/metrics", None, b"");
     assert!(

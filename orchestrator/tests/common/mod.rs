@@ -128,17 +128,29 @@ impl Drop for Serve {
     }
 }
 
-/// Starts `powerplane serve --config CONFIG` for at most `run_for_s` seconds.
+/// Starts `powerplane serve --config CONFIG` for at most `run_for_s` seconds; its log
+/// goes to [`serve_log`] (appended, so a restarted serve adds to it).
 pub fn serve(config: &std::path::Path, run_for_s: u32) -> Serve {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(config.with_extension("log"))
+        .expect("serve log");
     Serve(
         Command::new(env!("CARGO_BIN_EXE_powerplane"))
             .args(["serve", "--run-for-s", &run_for_s.to_string(), "--config"])
             .arg(config)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("serve"),
     )
+}
+
+/// What the serve processes started with `config` logged, for a failing test to show.
+#[allow(dead_code)]
+pub fn serve_log(config: &std::path::Path) -> String {
+    std::fs::read_to_string(config.with_extension("log")).unwrap_or_default()
 }
 
 /// `GET /api/v1/schedulers` as the viewer, once serve answers.
