@@ -73,24 +73,9 @@ fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
         .expect("workspace");
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\ndefer_above = 0.20\nclasses = [\"batch\"]\nmargin_s = 60\nmax_defer_s = 3600\non_stale = \"ignore\"\nlease_s = 120\n",
-    )
-    .expect("policy");
+    common::write_site_and_deferral_policy(d);
     let now = chrono::Utc::now();
-    let cheap_at = now + chrono::Duration::seconds(15);
-    std::fs::write(
-        d.join("prices.csv"),
-        format!(
-            "start,price_per_kwh\n{},0.35\n{},0.08\n{},0.08\n",
-            (now - chrono::Duration::seconds(60)).to_rfc3339(),
-            cheap_at.to_rfc3339(),
-            (now + chrono::Duration::hours(2)).to_rfc3339()
-        ),
-    )
-    .expect("prices");
+    let cheap_at = common::write_price_step(d, 15);
     let far = (now + chrono::Duration::hours(6)).to_rfc3339();
     let near = (now + chrono::Duration::minutes(5)).to_rfc3339();
     let (api, _pods, removed) = fake_api(vec![pod("train", &far), pod("urgent", &near)]);

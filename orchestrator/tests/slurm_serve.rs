@@ -87,17 +87,9 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
             "http://x/slurm/v0.0.38/ping",
         ])
         .output();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace");
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\ndefer_above = 0.20\nclasses = [\"batch\"]\nmargin_s = 60\nmax_defer_s = 3600\non_stale = \"ignore\"\nlease_s = 120\n",
-    )
-    .expect("policy");
+    common::write_site_and_deferral_policy(d);
     let now = chrono::Utc::now();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("port")
@@ -154,18 +146,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     let never_held = || assert!(!is_held(urgent), "the job with a near deadline was held");
     // expensive from now (once the queue is set up, however long Slurm took to start the
     // blocker), cheap from 40 s on
-    let now = chrono::Utc::now();
-    let cheap_at = now + chrono::Duration::seconds(40);
-    std::fs::write(
-        d.join("prices.csv"),
-        format!(
-            "start,price_per_kwh\n{},0.35\n{},0.08\n{},0.08\n",
-            (now - chrono::Duration::seconds(60)).to_rfc3339(),
-            cheap_at.to_rfc3339(),
-            (now + chrono::Duration::hours(2)).to_rfc3339()
-        ),
-    )
-    .expect("prices");
+    let cheap_at = common::write_price_step(d, 40);
 
     let config = d.join("powerplane.toml");
     let first = serve(&config, 120);

@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,29 +83,11 @@ type Got = Arc<Mutex<Vec<(String, String, String, String)>>>;
 
 #[test]
 fn events_in_and_signed_actions_out_survive_a_receiver_outage_and_a_restart() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace");
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\ndefer_above = 0.20\nclasses = [\"batch\"]\nmargin_s = 60\nmax_defer_s = 3600\non_stale = \"ignore\"\nlease_s = 120\n",
-    )
-    .expect("policy");
+    common::write_site_and_deferral_policy(d);
     let now = chrono::Utc::now();
-    let cheap_at = now + chrono::Duration::seconds(30);
-    std::fs::write(
-        d.join("prices.csv"),
-        format!(
-            "start,price_per_kwh\n{},0.35\n{},0.08\n{},0.08\n",
-            (now - chrono::Duration::seconds(60)).to_rfc3339(),
-            cheap_at.to_rfc3339(),
-            (now + chrono::Duration::hours(2)).to_rfc3339()
-        ),
-    )
-    .expect("prices");
+    let cheap_at = common::write_price_step(d, 30);
     std::fs::write(d.join("webhook.key"), format!("{KEY}\n")).expect("key");
     let (port, rport) = (free_port(), free_port());
     std::fs::write(

@@ -160,3 +160,37 @@ pub fn schedulers(port: u16) -> Option<serde_json::Value> {
         .then(|| serde_json::from_str(&body).ok())
         .flatten()
 }
+
+/// Writes the demo site and a policy that defers `batch` jobs while the price is above
+/// 0.20 per kWh (at most an hour, released a minute before their latest start) into `d`.
+#[allow(dead_code)]
+pub fn write_site_and_deferral_policy(d: &std::path::Path) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\ndefer_above = 0.20\nclasses = [\"batch\"]\nmargin_s = 60\nmax_defer_s = 3600\non_stale = \"ignore\"\nlease_s = 120\n",
+    )
+    .expect("policy");
+}
+
+/// Writes `d/prices.csv`: 0.35 per kWh from a minute ago, 0.08 from `cheap_in_s` seconds
+/// on; returns the moment the price falls.
+#[allow(dead_code)]
+pub fn write_price_step(d: &std::path::Path, cheap_in_s: i64) -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now();
+    let cheap_at = now + chrono::Duration::seconds(cheap_in_s);
+    std::fs::write(
+        d.join("prices.csv"),
+        format!(
+            "start,price_per_kwh\n{},0.35\n{},0.08\n{},0.08\n",
+            (now - chrono::Duration::seconds(60)).to_rfc3339(),
+            cheap_at.to_rfc3339(),
+            (now + chrono::Duration::hours(2)).to_rfc3339()
+        ),
+    )
+    .expect("prices");
+    cheap_at
+}

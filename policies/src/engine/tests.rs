@@ -671,6 +671,37 @@ fn deferrable_jobs_wait_for_cheap_power_but_never_past_their_latest_start() {
 }
 
 proptest! {
+    /// Jobs close to their deadline are cut last and keep no budget cap between the
+    /// thresholds; the facility still never may draw more than its budget: over ticks
+    /// where every GPU draws what its cap allows, GPUs at their cap or at full power
+    /// and the nodes stay within the feed, whenever the GPUs' minimum fits under it.
+    #[test]
+    fn protecting_jobs_near_their_deadline_never_lets_the_facility_exceed_its_budget(
+        feed_kw in 1.3f64..3.6,
+        slack in proptest::collection::vec(prop_oneof![Just(300.0f64), Just(36_000.0)], 4),
+        priority in proptest::collection::vec(0i32..10, 4),
+    ) {
+        let mut site = site();
+        site.feeds[0].rating_kw = feed_kw;
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+        let jobs: Vec<Job> = (0..4)
+            .map(|k| with_slack(&format!("j{k}"), priority[k], &ids[2 * k..2 * k + 2], slack[k]))
+            .collect();
+        let budget_w = feed_kw * 1000.0;
+        let mut state = State::default();
+        for tick in 0..6 {
+            let now = t0() + 60.0 * f64::from(tick);
+            let caps = state.caps.clone();
+            let snap = snapshot(&site, &|g| caps.get(g).map_or(300.0, |c| c.watts.min(300.0)), 25.0, now);
+            let plan = run(&site, &snap, &jobs, &state, &only_budget(), now);
+            let worst: f64 = 400.0 + ids.iter().map(|g| plan.state.caps.get(g).map_or(300.0, |c| c.watts)).sum::<f64>();
+            if 400.0 + 8.0 * 100.0 <= budget_w * 0.97 {
+                prop_assert!(worst <= budget_w + 1e-6, "tick {tick}: {worst} W may be drawn under {budget_w} W");
+            }
+            state = plan.state;
+        }
+    }
+
     #[test]
     fn caps_stay_within_gpu_constraints_and_plans_are_deterministic(
         draws in proptest::collection::vec(0.0f64..400.0, 8),
