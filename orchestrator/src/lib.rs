@@ -13,6 +13,7 @@
 //! - [`embedded`]: the embedded (redb) store backend, the default.
 //! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
+//! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
 //! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
@@ -40,6 +41,7 @@ pub mod probe;
 pub mod registry;
 pub mod reload;
 pub mod report;
+pub mod runtime;
 pub mod schedulers;
 pub mod serve;
 pub mod sim;

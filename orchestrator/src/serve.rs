@@ -486,6 +486,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         prices,
     } = load(config_path)?;
     let base = config_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // every IO edge runs on this runtime (see crate::runtime); the control loop runs
+    // on this thread and never awaits an edge
+    let runtime = crate::runtime::Runtime::new(4)?;
     let store = open_store(&cfg.store, &base)?;
     let backend = store.backend_name();
     let mut control = ControlLoop::restore(
@@ -812,10 +815,12 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         }
     }
     stop.store(true, Ordering::Relaxed);
+    runtime.shutdown.cancel();
     for t in threads {
         let _ = t.join();
     }
     control.finish(wall_clock())?;
+    runtime.stop(crate::runtime::DEFAULT_GRACE);
     let c = &control.counters;
     info!(
         ticks = c.ticks,
