@@ -13,6 +13,7 @@
 //! - [`embedded`]: the embedded (redb) store backend, the default.
 //! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
+//! - [`notify`]: systemd's notify protocol: READY, WATCHDOG from the loop, STOPPING.
 //! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
 //! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
@@ -35,6 +36,7 @@ pub mod embedded;
 pub mod energy_report;
 pub mod fleet;
 pub mod http;
+pub mod notify;
 pub mod overrides;
 pub mod policy_cli;
 pub mod probe;

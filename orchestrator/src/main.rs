@@ -250,15 +250,37 @@ fn default_log_filter() -> &'static str {
     }
 }
 
+/// Logs to stderr: text for people (the default), or one JSON object a line with
+/// `POWERPLANE_LOG_FORMAT=json` for a log pipeline; `POWERPLANE_LOG` filters.
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("POWERPLANE_LOG")
+        .unwrap_or_else(|_| default_log_filter().into());
+    let format = std::env::var("POWERPLANE_LOG_FORMAT").unwrap_or_default();
+    if format.eq_ignore_ascii_case("json") {
+        tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init();
+        if !format.is_empty() && !format.eq_ignore_ascii_case("text") {
+            tracing::warn!(
+                value = %format,
+                "POWERPLANE_LOG_FORMAT must be \"text\" or \"json\"; logging text"
+            );
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("POWERPLANE_LOG")
-                .unwrap_or_else(|_| default_log_filter().into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logs();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo {

@@ -705,8 +705,17 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             );
         }
     }
+    // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
+    // by the loop itself, so a loop that stalls is restarted after WatchdogSec
+    let mut notify = crate::notify::Notifier::from_env();
+    notify.ready(&format!(
+        "{} racks, {} GPUs; store {backend}",
+        site.racks.len(),
+        site.gpu_count()
+    ));
     let mut next = Instant::now();
     while keep_going() {
+        notify.watchdog();
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
         for e in &dead {
@@ -809,11 +818,13 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         }
         next += tick;
         while keep_going() && Instant::now() < next {
+            notify.watchdog();
             std::thread::sleep(
                 Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
             );
         }
     }
+    notify.stopping();
     stop.store(true, Ordering::Relaxed);
     runtime.shutdown.cancel();
     for t in threads {

@@ -303,6 +303,10 @@ pub fn run(
     )?;
     info!(node = %node, cmd = %t_cmd, interval_s = cfg.interval_s, dry_run = cfg.dry_run, fail_safe = core.rules().fail_safe.name(), "agent starting");
     let interval = Duration::from_secs_f64(cfg.interval_s);
+    // systemd (Type=notify): ready once the link is opening; the watchdog is pinged
+    // by this loop, so a loop that stalls is restarted
+    let mut notify = crate::notify::Notifier::from_env();
+    notify.ready(&format!("node {node}: reading the GPUs"));
     let mut next = Instant::now();
     let mut reads_since_health = 0u32;
     let mut last_health = String::new();
@@ -317,6 +321,7 @@ pub fn run(
         *last = h.status;
     };
     while keep_going() {
+        notify.watchdog();
         let wait = next
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
@@ -355,6 +360,7 @@ pub fn run(
             }
         }
     }
+    notify.stopping();
     core.shutdown(on_exit, clock());
     let report = core.tick(clock());
     link.publish(&t_gpus, serde_json::to_vec(&report)?, true, false);

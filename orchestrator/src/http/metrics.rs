@@ -123,6 +123,13 @@ impl Out {
 pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
     let mut o = Out::default();
     let now = b.time;
+    o.add(
+        "build_info",
+        "gauge",
+        "1, labelled with the version of powerplane that serves these metrics",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
     // telemetry: every reading of a known metric, GPUs included
     for (e, m, r) in b.snapshot.iter() {
         let Some((name, scale, help)) = prom(m.as_str()) else {
