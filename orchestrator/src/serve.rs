@@ -312,94 +312,136 @@ pub struct Loaded {
 }
 
 /// Loads and checks everything the config names; every problem is an error here,
-/// before anything starts.
+/// before anything starts, and all of them are reported at once: the config's own
+/// (shape and values) and those of every file it names (site, policy, mapping, feeds,
+/// keys).
 pub fn load(config_path: &Path) -> Result<Loaded> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     let (name, text) = read(config_path, Path::new("."))?;
-    let cfg: Config = toml::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}", telemetry::diag::from_toml_error(&name, &text, &e)))?;
-    let (n, t) = read(&cfg.controller.site, base)?;
-    let site = Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (n, t) = read(&cfg.controller.policy, base)?;
+    // every problem of the file's shape at once, as file:line:col
+    let cfg: Config =
+        telemetry::diag::parse_all(&name, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut problems = Problems::default();
+    let site = problems.take(
+        read(&cfg.controller.site, base)
+            .and_then(|(n, t)| Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
+    );
     // checked against the site, as a reload is
-    let policy = crate::reload::validate(&n, &t, &site).map_err(anyhow::Error::msg)?;
-    let mapping = match &cfg.mqtt {
-        Some(m) => {
-            let (n, t) = read(&m.mapping, base)?;
-            Some(Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?)
-        }
-        None => None,
-    };
+    let policy =
+        site.as_ref().and_then(|site| {
+            problems.take(read(&cfg.controller.policy, base).and_then(|(n, t)| {
+                crate::reload::validate(&n, &t, site).map_err(anyhow::Error::msg)
+            }))
+        });
+    let mapping = cfg.mqtt.as_ref().and_then(|m| {
+        problems.take(
+            read(&m.mapping, base)
+                .and_then(|(n, t)| Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
+        )
+    });
     let prices = match &cfg.prices {
-        Some(p) => {
-            let (price, n, t) = match (&p.file, &p.url) {
-                (Some(f), None) => {
-                    let (n, t) = read(f, base)?;
-                    (p.format.read(&n, &t, "price_per_kwh")?, n, t)
-                }
-                // fetched by `serve` once it runs; until then the tariff applies
-                (None, Some(_)) => (Series::default(), String::new(), String::new()),
-                _ => anyhow::bail!("{name}: [prices] needs one of file or url"),
-            };
-            anyhow::ensure!(
-                p.refresh_s >= 10.0 && p.stale_after_s > 0.0,
-                "{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0"
-            );
-            let carbon = match &p.carbon {
-                Some(c) => {
-                    let (n, t) = read(&c.file, base)?;
-                    c.format.read(&n, &t, "carbon_g_per_kwh")?
-                }
-                None if p.format.format.is_none() && !t.is_empty() => {
-                    Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default()
-                }
-                None => Series::default(),
-            };
-            Some((price, carbon))
-        }
+        Some(p) => problems.take(load_prices(p, &name, base)),
         None => None,
     };
+    check_values(&cfg, &name, base, &mut problems);
+    problems.finish()?;
+    match (site, policy) {
+        (Some(site), Some(policy)) => Ok(Loaded {
+            config: cfg,
+            site,
+            policy,
+            mapping,
+            prices: prices.flatten(),
+        }),
+        _ => anyhow::bail!("{name}: the site or the policy did not load"),
+    }
+}
+
+/// Every problem `load` finds, reported together.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn take<T>(&mut self, r: Result<T>) -> Option<T> {
+        r.map_err(|e| self.0.push(format!("{e:#}"))).ok()
+    }
+
+    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(msg());
+        }
+    }
+
+    fn finish(self) -> Result<()> {
+        match self.0.is_empty() {
+            true => Ok(()),
+            false => Err(anyhow::anyhow!("{}", self.0.join("\n"))),
+        }
+    }
+}
+
+/// The price and carbon series of `[prices]` (None: fetched from its URL later).
+fn load_prices(p: &PricesSection, name: &str, base: &Path) -> Result<Option<(Series, Series)>> {
+    let (price, n, t) = match (&p.file, &p.url) {
+        (Some(f), None) => {
+            let (n, t) = read(f, base)?;
+            (p.format.read(&n, &t, "price_per_kwh")?, n, t)
+        }
+        // fetched by `serve` once it runs; until then the tariff applies
+        (None, Some(_)) => (Series::default(), String::new(), String::new()),
+        _ => anyhow::bail!("{name}: [prices] needs one of file or url"),
+    };
+    anyhow::ensure!(
+        p.refresh_s >= 10.0 && p.stale_after_s > 0.0,
+        "{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0"
+    );
+    let carbon = match &p.carbon {
+        Some(c) => {
+            let (n, t) = read(&c.file, base)?;
+            c.format.read(&n, &t, "carbon_g_per_kwh")?
+        }
+        None if p.format.format.is_none() && !t.is_empty() => {
+            Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default()
+        }
+        None => Series::default(),
+    };
+    Ok(Some((price, carbon)))
+}
+
+/// The config's values that its shape cannot say: ranges, relations, readable keys.
+fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) {
     if let Some(a) = &cfg.agents {
-        anyhow::ensure!(
+        problems.check(
             a.retry_s > 0.0 && a.retry_s <= a.renew_s && a.renew_s * 2.0 <= a.lease_s,
-            "{name}: [agents] needs 0 < retry_s <= renew_s <= lease_s / 2 (got retry_s = {}, renew_s = {}, lease_s = {}): a lease must survive a missed renewal",
-            a.retry_s,
-            a.renew_s,
-            a.lease_s
+            || format!(
+                "{name}: [agents] needs 0 < retry_s <= renew_s <= lease_s / 2 (got retry_s = {}, renew_s = {}, lease_s = {}): a lease must survive a missed renewal",
+                a.retry_s, a.renew_s, a.lease_s
+            ),
         );
         // commands go out on ticks: a renewal may wait up to one tick
-        anyhow::ensure!(
-            a.renew_s * 2.0 + cfg.controller.tick_s <= a.lease_s,
-            "{name}: [agents] lease_s ({}) must be at least 2 × renew_s + controller.tick_s ({}), or leases lapse between ticks",
-            a.lease_s,
-            a.renew_s * 2.0 + cfg.controller.tick_s
-        );
-        crate::agent::run::read_key(&resolve(base, &a.key_file))?;
+        problems.check(a.renew_s * 2.0 + cfg.controller.tick_s <= a.lease_s, || {
+            format!(
+                "{name}: [agents] lease_s ({}) must be at least 2 × renew_s + controller.tick_s ({}), or leases lapse between ticks",
+                a.lease_s,
+                a.renew_s * 2.0 + cfg.controller.tick_s
+            )
+        });
+        problems.take(crate::agent::run::read_key(&resolve(base, &a.key_file)));
     }
     if let Some(h) = &cfg.http {
-        crate::http::load_tokens(h, base)?;
+        problems.take(crate::http::load_tokens(h, base));
     }
     if let Some(s) = &cfg.schedulers {
-        crate::schedulers::check(s, &name, base)?;
+        problems.take(crate::schedulers::check(s, name, base));
     }
-    anyhow::ensure!(
-        cfg.controller.policy_reload_s == 0.0
-            || (0.1..=3600.0).contains(&cfg.controller.policy_reload_s),
-        "{name}: controller.policy_reload_s must be 0 (only on SIGHUP) or within 0.1..=3600, got {}",
-        cfg.controller.policy_reload_s
-    );
-    anyhow::ensure!(
-        (0.1..=3600.0).contains(&cfg.controller.tick_s),
-        "{name}: controller.tick_s must be within 0.1..=3600, got {}",
-        cfg.controller.tick_s
-    );
-    Ok(Loaded {
-        config: cfg,
-        site,
-        policy,
-        mapping,
-        prices,
-    })
+    let reload = cfg.controller.policy_reload_s;
+    problems.check(reload == 0.0 || (0.1..=3600.0).contains(&reload), || {
+        format!("{name}: controller.policy_reload_s must be 0 (only on SIGHUP) or within 0.1..=3600, got {reload}")
+    });
+    let tick = cfg.controller.tick_s;
+    problems.check((0.1..=3600.0).contains(&tick), || {
+        format!("{name}: controller.tick_s must be within 0.1..=3600, got {tick}")
+    });
 }
 
 /// A path from a config file: relative ones are relative to the file's folder.

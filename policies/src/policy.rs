@@ -247,7 +247,7 @@ struct Positions {
 impl Policy {
     /// Parses and validates a policy file; every problem at once, with positions.
     pub fn parse(file: &str, src: &str) -> Result<Policy, Diagnostics> {
-        let mut policy: Policy = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let mut policy: Policy = telemetry::diag::parse_all(file, src)?;
         let pos: Positions = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
         let mut c = Collector::new(file, src);
         policy.raw_rules.clear();

@@ -111,9 +111,177 @@ pub fn from_toml_error(file: &str, src: &str, err: &toml::de::Error) -> Diagnost
     }
 }
 
+/// The most shape problems (unknown keys, wrong types) one file reports.
+const MAX_SHAPE_PROBLEMS: usize = 50;
+
+/// Deserializes a TOML file into `T` and reports every problem of its shape in one
+/// pass (unknown keys, wrong types, missing fields), each at its position.
+///
+/// serde stops at the first problem, so each problem found is set aside (the line that
+/// holds it is commented out, keeping every other byte where it was, so positions stay
+/// true) and the file is read again, until it reads or nothing more can be set aside:
+/// a missing field, a syntax error or a problem spanning several lines ends the search
+/// after it is reported. A required key with a wrong value ends it too (setting its
+/// line aside makes the key missing), so problems serde would meet after it show on
+/// the next run.
+pub fn parse_all<T: serde::de::DeserializeOwned>(file: &str, src: &str) -> Result<T, Diagnostics> {
+    // a syntax error: nothing else can be read reliably
+    if let Err(e) = toml::from_str::<toml::Table>(src) {
+        return Err(from_toml_error(file, src, &e));
+    }
+    let mut text = src.to_string();
+    let mut problems: Vec<Problem> = Vec::new();
+    let mut set_aside_keys: Vec<String> = Vec::new();
+    loop {
+        let err = match toml::from_str::<T>(&text) {
+            Ok(v) if problems.is_empty() => return Ok(v),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let message = err.message().trim().to_string();
+        if let Some(field) = missing_field(&message) {
+            // a required key whose line was set aside is a consequence, not news
+            if !set_aside_keys.iter().any(|k| k == field) {
+                let (line, col) = err.span().map(|s| line_col(src, s.start)).unwrap_or((1, 1));
+                problems.push(Problem { line, col, message });
+            }
+            break;
+        }
+        let (line, col) = err.span().map(|s| line_col(src, s.start)).unwrap_or((1, 1));
+        if problems
+            .iter()
+            .any(|p| p.line == line && p.message == message)
+        {
+            break;
+        }
+        problems.push(Problem { line, col, message });
+        let Some(span) = err.span() else { break };
+        match set_aside(&mut text, span) {
+            Some(key) if problems.len() < MAX_SHAPE_PROBLEMS => set_aside_keys.push(key),
+            _ => break,
+        }
+    }
+    problems.sort_by_key(|p| (p.line, p.col));
+    Err(Diagnostics {
+        file: file.to_string(),
+        problems,
+    })
+}
+
+/// The field a serde "missing field `x`" message names.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
+}
+
+/// Comments out the one line holding `span` (same length, so every later position
+/// stays) and returns its key; None when that cannot help: the span covers several
+/// lines, or its line is a table header or already a comment, or its value goes on
+/// over more lines.
+fn set_aside(text: &mut String, span: Range<usize>) -> Option<String> {
+    let start = floor_char_boundary(text, span.start.min(text.len()));
+    let end = floor_char_boundary(text, span.end.min(text.len()));
+    if text[start..end].contains('\n') {
+        return None;
+    }
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line = &text[line_start..line_end];
+    let trimmed = line.trim_start();
+    if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with('[') {
+        return None;
+    }
+    let opens = line.matches(['[', '{']).count();
+    let closes = line.matches([']', '}']).count();
+    if opens != closes || line.contains("\"\"\"") || line.contains("'''") {
+        return None;
+    }
+    let key = trimmed
+        .split('=')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .trim_matches('"')
+        .to_string();
+    let at = line_start + (line.len() - trimmed.len());
+    let first = trimmed.chars().next().map_or(1, char::len_utf8);
+    text.replace_range(at..at + first, &"#".repeat(first));
+    Some(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Doc {
+        name: String,
+        #[serde(default)]
+        tick_s: Option<f64>,
+        #[serde(default)]
+        inner: Option<Inner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        #[serde(default)]
+        size: Option<u32>,
+        #[serde(default)]
+        kind: Option<Kind>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Kind {
+        Small,
+        Large,
+    }
+
+    #[test]
+    fn every_shape_problem_is_reported_at_its_place_in_one_pass() {
+        let src = "name = \"x\"\ntick_s = \"fast\"\nbogus = 1\n\n[inner]\nsize = -3\nkind = \"huge\"\ncolour = \"red\"\n";
+        let err = parse_all::<Doc>("powerplane.toml", src).expect_err("four problems");
+        let at: Vec<(usize, usize)> = err.problems.iter().map(|p| (p.line, p.col)).collect();
+        assert_eq!(at, [(2, 10), (3, 1), (6, 8), (7, 8), (8, 1)], "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("powerplane.toml:3:1: unknown field `bogus`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane.toml:7:8: unknown variant `huge`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_valid_file_reads_and_a_missing_field_is_reported_once() {
+        let ok: Doc = parse_all("a.toml", "name = \"x\"\ntick_s = 1.5\n").expect("valid");
+        assert_eq!(ok.tick_s, Some(1.5));
+        let err = parse_all::<Doc>("a.toml", "tick_s = 1\nbogus = 2\n").expect_err("bad");
+        assert_eq!(err.problems.len(), 2, "{err}");
+        assert!(err.to_string().contains("missing field `name`"), "{err}");
+    }
+
+    #[test]
+    fn a_required_key_with_a_wrong_value_is_reported() {
+        let err = parse_all::<Doc>("a.toml", "name = 3\n").expect_err("bad");
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert!(
+            err.to_string().starts_with("a.toml:1:8: invalid type"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_is_reported_where_it_is() {
+        let err = parse_all::<Doc>("a.toml", "name = \"x\"\ntick_s = = 2\n").expect_err("bad");
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(err.problems[0].line, 2);
+    }
 
     #[test]
     fn line_and_column_are_one_based() {

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::diag::{from_toml_error, Collector, Diagnostics};
+use crate::diag::{Collector, Diagnostics};
 use crate::metric;
 use crate::units::Unit;
 use crate::{EntityId, Metric, Quality, Sample, Timestamp};
@@ -191,7 +191,7 @@ pub struct Decoded {
 impl Mapping {
     /// Parses and validates a mapping file; every problem at once, with positions.
     pub fn parse(file: &str, src: &str) -> Result<Mapping, Diagnostics> {
-        let raw: RawMapping = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let raw: RawMapping = crate::diag::parse_all(file, src)?;
         let mut c = Collector::new(file, src);
         if *raw.version.get_ref() != 1 {
             c.at(

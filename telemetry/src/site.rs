@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::diag::{from_toml_error, Collector, Diagnostics};
+use crate::diag::{Collector, Diagnostics};
 use crate::{EntityId, EntityKind, GpuModel};
 use raw::RawSite;
 
@@ -188,7 +188,7 @@ pub const DEFAULT_NODE_BASE_W: f64 = 400.0;
 impl Site {
     /// Parses and validates a site file. `file` is the name used in diagnostics.
     pub fn parse(file: &str, src: &str) -> Result<Site, Diagnostics> {
-        let raw: RawSite = toml::from_str(src).map_err(|e| from_toml_error(file, src, &e))?;
+        let raw: RawSite = crate::diag::parse_all(file, src)?;
         let mut c = Collector::new(file, src);
         let site = build::build(raw, &mut c);
         c.finish()?;

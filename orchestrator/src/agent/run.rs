@@ -163,8 +163,8 @@ pub fn read_key(path: &Path) -> Result<Key> {
 pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {name}"))?;
-    let mut cfg: AgentConfig = toml::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}", telemetry::diag::from_toml_error(&name, &text, &e)))?;
+    let mut cfg: AgentConfig =
+        telemetry::diag::parse_all(&name, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
     cfg.dry_run |= dry_run;
     let base = path.parent().unwrap_or(Path::new("."));
     let key = read_key(&resolve(base, &cfg.key_file))?;

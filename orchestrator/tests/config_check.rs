@@ -1,0 +1,91 @@
+//! `powerplane serve --check`, `policy check` and `site check` report every problem of
+//! a file in one pass, each as file:line:col, instead of stopping at the first.
+
+use std::path::Path;
+use std::process::Command;
+
+fn powerplane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+}
+
+fn stderr_of(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("powerplane runs");
+    assert!(!out.status.success(), "a broken file must fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn serve_check_lists_every_problem_of_the_config_and_the_files_it_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::copy(root().join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    // the policy file is missing; the config has an unknown key, a wrong type and an
+    // out-of-range tick
+    std::fs::write(
+        d.join("powerplane.toml"),
+        "[controller]\nsite = \"site.toml\"\npolicy = \"nowhere.toml\"\ntick_s = 0\nticks = 4\nbuffer_samples = \"many\"\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n",
+    )
+    .expect("config");
+    let err = stderr_of(
+        powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(d.join("powerplane.toml")),
+    );
+    assert!(err.contains("powerplane.toml:5:1: unknown field `ticks`"), "{err}");
+    assert!(err.contains("powerplane.toml:6:18: invalid type"), "{err}");
+    // once the shape is right, the values and the named files are checked together
+    std::fs::write(
+        d.join("powerplane.toml"),
+        "[controller]\nsite = \"site.toml\"\npolicy = \"nowhere.toml\"\ntick_s = 0\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n",
+    )
+    .expect("config");
+    let err = stderr_of(
+        powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(d.join("powerplane.toml")),
+    );
+    assert!(err.contains("nowhere.toml"), "{err}");
+    assert!(
+        err.contains("controller.tick_s must be within 0.1..=3600, got 0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn policy_check_lists_unknown_keys_and_wrong_types_together() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("policy.toml");
+    let text = std::fs::read_to_string(root().join("examples/demo/policy.toml")).expect("policy");
+    // two unknown top-level keys and a wrong type, far apart
+    let broken = format!("colour = \"red\"\n{text}\nowner = 7\n");
+    std::fs::write(&p, &broken).expect("policy");
+    let err = stderr_of(powerplane().args(["policy", "check"]).arg(&p));
+    let lines = broken.lines().count();
+    assert!(err.contains("policy.toml:1:1: unknown field `colour`"), "{err}");
+    assert!(
+        err.contains(&format!("policy.toml:{lines}:1: unknown field `owner`")),
+        "{err}"
+    );
+}
+
+#[test]
+fn site_check_lists_every_unknown_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("site.toml");
+    let text = std::fs::read_to_string(root().join("examples/demo/site.toml")).expect("site");
+    let broken = format!("nickname = \"hall\"\n{text}\nowner = \"x\"\n");
+    std::fs::write(&p, &broken).expect("site");
+    let err = stderr_of(powerplane().args(["site", "check"]).arg(&p));
+    let lines = broken.lines().count();
+    assert!(err.contains("site.toml:1:1: unknown field `nickname`"), "{err}");
+    assert!(
+        err.contains(&format!("site.toml:{lines}:1: unknown field `owner`")),
+        "{err}"
+    );
+}
