@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //!
-//! - [`agent`]: `powerplane agent`: GPU backends, signed leased commands, fail-safe, drift.
+//! - [`agent`]: `powerplane agent` (the `powerplane-agent` crate, re-exported): GPU
+//!   backends, signed leased commands, fail-safe, drift.
 //! - [`http`]: `serve`'s `/metrics` and JSON API with bearer-token roles.
 //! - [`overrides`]: operators' pins and exemptions with an expiry.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
@@ -13,7 +14,8 @@
 //! - [`embedded`]: the embedded (redb) store backend, the default.
 //! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
-//! - [`notify`]: systemd's notify protocol: READY, WATCHDOG from the loop, STOPPING.
+//! - [`notify`]: systemd's notify protocol (from the agent crate): READY, WATCHDOG from
+//!   the loop, STOPPING.
 //! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
 //! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
@@ -28,7 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
-pub mod agent;
+pub use agent;
 pub mod backtest;
 pub mod control;
 pub mod demo;
@@ -36,7 +38,7 @@ pub mod embedded;
 pub mod energy_report;
 pub mod fleet;
 pub mod http;
-pub mod notify;
+pub use agent::notify;
 pub mod overrides;
 pub mod policy_cli;
 pub mod probe;

@@ -1,7 +1,6 @@
 //! `powerplane`: the controller, the agent and the operator's tools, in one binary.
 
-use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -66,37 +65,7 @@ enum Command {
     },
     /// The GPU node agent: publishes the node's GPUs, applies the controller's signed,
     /// leased commands, applies its fail-safe when the controller goes silent.
-    Agent {
-        /// The agent's config file (agent.toml).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Log what would be set; never call a setter.
-        #[arg(long)]
-        dry_run: bool,
-        /// Stop after this many seconds (as on SIGTERM).
-        #[arg(long)]
-        run_for_s: Option<f64>,
-        /// Read every GPU once and print it (with --config: the backend it names).
-        #[arg(long)]
-        once: bool,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// `nvml` (the node's NVIDIA GPUs) or `sim` (simulated GPUs).
-        #[arg(long, default_value = "nvml")]
-        backend: String,
-        /// Simulated GPUs (with --backend sim).
-        #[arg(long, default_value_t = 8)]
-        gpus: u32,
-        /// Simulated GPU model (with --backend sim).
-        #[arg(long, default_value = "A40")]
-        gpu_model: String,
-        /// This node's name (default: the host name).
-        #[arg(long)]
-        node: Option<String>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
+    Agent(agent::cli::AgentArgs),
     /// Check site files.
     Site {
         #[command(subcommand)]
@@ -250,37 +219,8 @@ fn default_log_filter() -> &'static str {
     }
 }
 
-/// Logs to stderr: text for people (the default), or one JSON object a line with
-/// `POWERPLANE_LOG_FORMAT=json` for a log pipeline; `POWERPLANE_LOG` filters.
-fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("POWERPLANE_LOG")
-        .unwrap_or_else(|_| default_log_filter().into());
-    let format = std::env::var("POWERPLANE_LOG_FORMAT").unwrap_or_default();
-    if format.eq_ignore_ascii_case("json") {
-        tracing_subscriber::fmt()
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .init();
-        if !format.is_empty() && !format.eq_ignore_ascii_case("text") {
-            tracing::warn!(
-                value = %format,
-                "POWERPLANE_LOG_FORMAT must be \"text\" or \"json\"; logging text"
-            );
-        }
-    }
-}
-
 fn main() -> ExitCode {
-    init_logs();
+    agent::logs::init(default_log_filter());
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo {
@@ -323,24 +263,7 @@ fn main() -> ExitCode {
                     .map(|_| ExitCode::SUCCESS)
             }
         }
-        Command::Agent {
-            config: Some(config),
-            dry_run,
-            run_for_s,
-            once: false,
-            ..
-        } => run_agent(&config, dry_run, run_for_s),
-        Command::Agent {
-            config,
-            once,
-            json,
-            backend,
-            gpus,
-            gpu_model,
-            node,
-            seed,
-            ..
-        } => agent(config, once, json, &backend, gpus, &gpu_model, node, seed),
+        Command::Agent(a) => a.run(),
         Command::Backtest(args) => args.run(),
         Command::Report {
             config,
@@ -663,136 +586,6 @@ fn energy_report(
         None => print!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn run_agent(config: &Path, dry_run: bool, run_for_s: Option<f64>) -> Result<ExitCode> {
-    use orchestrator::agent::run;
-    let loaded = run::load(config, dry_run)?;
-    let backend = match run::open_backend(&loaded.config.backend) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(ExitCode::from(1));
-        }
-    };
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
-    let started = std::time::Instant::now();
-    let keep_going = || {
-        !stop.load(std::sync::atomic::Ordering::Relaxed)
-            && run_for_s.is_none_or(|s| started.elapsed().as_secs_f64() < s)
-    };
-    run::run_wall(loaded, backend, &keep_going)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn agent(
-    config: Option<PathBuf>,
-    once: bool,
-    json: bool,
-    backend: &str,
-    gpus: u32,
-    gpu_model: &str,
-    node: Option<String>,
-    seed: u64,
-) -> Result<ExitCode> {
-    use telemetry::gpu_backend::GpuBackend;
-    anyhow::ensure!(
-        once,
-        "say what to run: `powerplane agent --config agent.toml`, or `powerplane agent --once` to read this node's GPUs"
-    );
-    let node = node.unwrap_or_else(orchestrator::agent::run::hostname);
-    if let Some(c) = config {
-        let loaded = orchestrator::agent::run::load(&c, true)?;
-        let node = loaded.rules.node.clone();
-        let mut b = match orchestrator::agent::run::open_backend(&loaded.config.backend) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Ok(ExitCode::from(1));
-            }
-        };
-        return print_once(&node, b.as_mut(), json);
-    }
-    let mut b: Box<dyn GpuBackend> = match backend {
-        "nvml" => match telemetry::sources::nvml::NvmlBackend::open() {
-            Ok(b) => Box::new(b),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return Ok(ExitCode::from(1));
-            }
-        },
-        "sim" => {
-            let model = telemetry::GpuModel::builtin(gpu_model).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "unknown --gpu-model {gpu_model:?} (known: {})",
-                    telemetry::GpuModel::BUILTIN_NAMES.join(", ")
-                )
-            })?;
-            Box::new(orchestrator::agent::SimGpus::new(gpus, model, seed))
-        }
-        other => anyhow::bail!("unknown --backend {other:?}: use nvml or sim"),
-    };
-    print_once(&node, b.as_mut(), json)
-}
-
-fn print_once(
-    node: &str,
-    b: &mut dyn telemetry::gpu_backend::GpuBackend,
-    json: bool,
-) -> Result<ExitCode> {
-    let report = match orchestrator::agent::once(node, b) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return Ok(ExitCode::from(1));
-        }
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!(
-            "{} ({}): {} GPUs",
-            report.node,
-            report.backend,
-            report.gpus.len()
-        );
-        println!(
-            "{:>3}  {:<24} {:>8} {:>8} {:>10} {:>6} {:>8} {:>5}  THROTTLE",
-            "GPU", "NAME", "POWER W", "LIMIT W", "MIN-MAX W", "TEMP", "SM MHz", "UTIL"
-        );
-        for g in &report.gpus {
-            println!(
-                "{:>3}  {:<24} {:>8.1} {:>8.1} {:>4.0}-{:<5.0} {:>6.1} {:>8.0} {:>4.0}%  {}",
-                g.index,
-                g.name,
-                g.power_w,
-                g.power_limit_w,
-                g.min_limit_w,
-                g.max_limit_w,
-                g.temp_c,
-                g.sm_clock_mhz,
-                g.utilization_pct,
-                g.throttle_reasons.join(",")
-            );
-        }
-    }
-    for e in &report.errors {
-        eprintln!(
-            "gpu {}: {} ({})",
-            e.index.map_or("-".into(), |i| i.to_string()),
-            e.message,
-            e.reason
-        );
-    }
-    Ok(if report.errors.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
 }
 
 fn finish_probe(args: orchestrator::probe::ProbeArgs, json: bool) -> Result<ExitCode> {

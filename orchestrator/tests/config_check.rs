@@ -37,7 +37,10 @@ fn serve_check_lists_every_problem_of_the_config_and_the_files_it_names() {
             .args(["serve", "--check", "--config"])
             .arg(d.join("powerplane.toml")),
     );
-    assert!(err.contains("powerplane.toml:5:1: unknown field `ticks`"), "{err}");
+    assert!(
+        err.contains("powerplane.toml:5:1: unknown field `ticks`"),
+        "{err}"
+    );
     assert!(err.contains("powerplane.toml:6:18: invalid type"), "{err}");
     // once the shape is right, the values and the named files are checked together
     std::fs::write(
@@ -67,7 +70,10 @@ fn policy_check_lists_unknown_keys_and_wrong_types_together() {
     std::fs::write(&p, &broken).expect("policy");
     let err = stderr_of(powerplane().args(["policy", "check"]).arg(&p));
     let lines = broken.lines().count();
-    assert!(err.contains("policy.toml:1:1: unknown field `colour`"), "{err}");
+    assert!(
+        err.contains("policy.toml:1:1: unknown field `colour`"),
+        "{err}"
+    );
     assert!(
         err.contains(&format!("policy.toml:{lines}:1: unknown field `owner`")),
         "{err}"
@@ -83,7 +89,10 @@ fn site_check_lists_every_unknown_key() {
     std::fs::write(&p, &broken).expect("site");
     let err = stderr_of(powerplane().args(["site", "check"]).arg(&p));
     let lines = broken.lines().count();
-    assert!(err.contains("site.toml:1:1: unknown field `nickname`"), "{err}");
+    assert!(
+        err.contains("site.toml:1:1: unknown field `nickname`"),
+        "{err}"
+    );
     assert!(
         err.contains(&format!("site.toml:{lines}:1: unknown field `owner`")),
         "{err}"

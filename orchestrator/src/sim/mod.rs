@@ -5,8 +5,7 @@
 //! with a first-order lag; jobs arrive, wait for GPUs (or for a hold to end) and run.
 //! It is deterministic: one seed, one run.
 
-pub mod curves;
-pub mod rng;
+pub use agent::{curves, rng};
 pub mod workload;
 
 use std::collections::BTreeMap;

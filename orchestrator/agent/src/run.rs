@@ -15,8 +15,7 @@ use telemetry::Timestamp;
 use tracing::{info, warn};
 
 use super::core::{Core, FailSafe, OnExit, Rules};
-use crate::probe::wall_clock;
-use crate::serve::resolve;
+use crate::wall_clock;
 
 /// `agent.toml`.
 #[derive(Debug, Clone, Deserialize)]
@@ -375,6 +374,15 @@ pub fn run(
     Ok(())
 }
 
+/// A path from a config file: relative ones are relative to the file's folder.
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
 /// Runs with a wall clock and the given stop flag.
 pub fn run_wall(
     loaded: Loaded,
@@ -390,7 +398,10 @@ mod tests {
 
     #[test]
     fn the_example_config_loads_with_a_key() {
-        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/agent/agent.toml");
+        let example = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/agent/agent.toml"
+        );
         let text = std::fs::read_to_string(example).expect("example");
         let dir = tempfile::tempdir().expect("tmp");
         std::fs::write(dir.path().join("site.key"), "0f".repeat(32)).expect("key");

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use telemetry::gpu_backend::{GpuBackend, GpuError, GpuReading};
 use telemetry::GpuModel;
 
-use crate::sim::curves::{self, Curve};
-use crate::sim::rng::Rng;
+use crate::curves::{self, Curve};
+use crate::rng::Rng;
 
 struct SimGpu {
     limit_w: f64,
@@ -334,7 +334,7 @@ impl<B: GpuBackend> GpuBackend for Shared<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::once;
+    use crate::once;
 
     fn a40() -> GpuModel {
         GpuModel::builtin("A40").expect("a40")

@@ -3,15 +3,32 @@
 //! applies the declared fail-safe when a lease ends unrenewed, and re-applies the
 //! desired state after drift. The wire protocol is `telemetry::agent_proto`.
 //!
+//! A crate of its own with a slim binary (`powerplane-agent`) that carries no store,
+//! HTTP server, scheduler client or policy engine; `powerplane agent` runs the same code.
+//!
+//! # Layout
+//!
 //! - [`backends`]: the simulated and fault-injecting GPU backends (NVML is in
 //!   `telemetry::sources::nvml`);
+//! - [`curves`], [`rng`]: the measured power-cap curves and the seeded generator the
+//!   simulated GPUs (and the controller's facility simulator) use;
 //! - [`core`]: the state machine, free of MQTT and clock;
 //! - [`procs`]: which job a GPU process belongs to;
-//! - [`run`]: the config file and the MQTT loop.
+//! - [`run`]: the config file and the MQTT loop;
+//! - [`cli`]: the command line both binaries share;
+//! - [`notify`]: systemd's notify protocol (READY, WATCHDOG, STOPPING), used by
+//!   `serve` too;
+//! - [`logs`]: text or JSON logs on stderr.
+#![forbid(unsafe_code)]
 
 pub mod backends;
+pub mod cli;
 pub mod core;
+pub mod curves;
+pub mod logs;
+pub mod notify;
 pub mod procs;
+pub mod rng;
 pub mod run;
 
 pub use backends::{Fault, Faulty, Shared, SimGpus};
@@ -33,6 +50,11 @@ pub struct OnceError {
     pub index: Option<u32>,
     pub reason: &'static str,
     pub message: String,
+}
+
+/// The time now, from the system clock.
+pub fn wall_clock() -> telemetry::Timestamp {
+    telemetry::Timestamp::from(chrono::Utc::now())
 }
 
 /// Reads every GPU once.

@@ -6,7 +6,7 @@ use telemetry::gpu_backend::{GpuBackend, GpuError, GpuReading};
 use telemetry::{GpuModel, Timestamp};
 
 use super::*;
-use crate::agent::{Fault, Faulty, Shared, SimGpus};
+use crate::{Fault, Faulty, Shared, SimGpus};
 
 const T0: i64 = 1_790_000_000;
 
