@@ -114,9 +114,7 @@ impl ScopeView {
     }
 }
 
-pub(crate) fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
+pub(crate) use crate::plan::round3;
 
 /// One power budget of the hierarchy, with the GPUs behind it and the share of each
 /// GPU's draw that flows through it (a node fed by two PDUs draws half through each).
@@ -321,7 +319,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     site: &Site,
-    index: &crate::rules_eval::Index<'_>,
+    index: &crate::index::Index<'_>,
     snapshot: &Snapshot,
     prior_caps: &[Option<&crate::Cap>],
     jobs: &[Job],
@@ -615,7 +613,7 @@ fn is_protected(priority: i64) -> bool {
 /// (latest start − now) is at most `protect_slack_s` are cut last, by priority. Idle
 /// GPUs (not in the map) are cut before any job's.
 fn job_priority_by_gpu(
-    index: &crate::rules_eval::Index<'_>,
+    index: &crate::index::Index<'_>,
     jobs: &[Job],
     rule: &BudgetRule,
     now: Timestamp,

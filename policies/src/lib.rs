@@ -9,6 +9,7 @@
 //!   most protective cap winning.
 //! - [`budget`]: facility and rack power budgets, cut by water-filling in priority order.
 //! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis.
+//! - [`index`]: the site seen as scopes, built once per evaluation.
 //! - [`forecast`]: price and carbon forecasts and their window statistics.
 //! - [`planner`]: when deferrable jobs should start, in the cheapest forecast slots
 //!   that have room.
@@ -24,6 +25,7 @@ pub mod budget;
 pub mod engine;
 pub mod expr;
 pub mod forecast;
+pub mod index;
 pub mod plan;
 pub mod planner;
 pub mod policy;

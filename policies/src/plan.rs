@@ -189,3 +189,8 @@ pub struct Plan {
     /// What changed, in a deterministic order.
     pub decisions: Vec<Decision>,
 }
+
+/// Rounded to three decimals, as values are written in decisions.
+pub(crate) fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}

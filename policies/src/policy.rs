@@ -16,17 +16,7 @@ use serde::{Deserialize, Serialize};
 use telemetry::diag::{from_toml_error, Collector, Diagnostics};
 use toml::Spanned;
 
-/// What a rule does when its signal is stale or missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStale {
-    /// Act as if the signal were past its threshold (the protective choice).
-    AssumeWorst,
-    /// Keep what is in force; neither tighten nor release.
-    HoldLast,
-    /// Act as if the rule's condition were false: release what it holds.
-    Ignore,
-}
+pub use crate::rules::OnStale;
 
 /// Facility and rack power budgets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -492,7 +482,7 @@ impl Policy {
         site: &telemetry::Site,
     ) -> Result<(), Diagnostics> {
         let mut c = Collector::new(file, src);
-        let index = crate::rules_eval::Index::new(site, site.gpus());
+        let index = crate::index::Index::new(site, site.gpus());
         for rule in &self.rules {
             if rule.scope == crate::rules::ScopeKind::Job {
                 continue;

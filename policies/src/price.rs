@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use telemetry::metric::names::PRICE_PER_KWH;
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
-use crate::budget::round3;
+use crate::plan::round3;
 use crate::plan::Hold;
 use crate::planner::{self, Capacity, Committed, Horizon, PlanJob};
 use crate::policy::{OnStale, PriceMode, PriceRule};

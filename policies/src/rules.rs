@@ -17,12 +17,23 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use telemetry::diag::Collector;
 use toml::Spanned;
 
 use crate::expr::{self, Condition, Signal};
-use crate::policy::OnStale;
+
+/// What a rule does when its signal is stale or missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStale {
+    /// Act as if the signal were past its threshold (the protective choice).
+    AssumeWorst,
+    /// Keep what is in force; neither tighten nor release.
+    HoldLast,
+    /// Act as if the rule's condition were false: release what it holds.
+    Ignore,
+}
 
 /// What a rule is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use telemetry::metric::names::{HEAT_LOAD_KW, INLET_TEMP_C, RETURN_TEMP_C, SUPPLY_TEMP_C};
 use telemetry::{EntityId, Site, Snapshot, Timestamp};
 
-use crate::budget::round3;
+use crate::plan::round3;
 use crate::plan::ThermalLevel;
 use crate::policy::{OnStale, ThermalRule};
 use crate::State;

@@ -15,7 +15,10 @@ fn check_reading(g: &GpuReading) {
         g.min_limit_w,
         g.max_limit_w
     );
-    for (what, w) in [("enforced", g.power_limit_w), ("default", g.default_limit_w)] {
+    for (what, w) in [
+        ("enforced", g.power_limit_w),
+        ("default", g.default_limit_w),
+    ] {
         assert!(
             (g.min_limit_w..=g.max_limit_w).contains(&w),
             "{at}: {what} limit {w} outside {}..={}",
@@ -28,7 +31,11 @@ fn check_reading(g: &GpuReading) {
         "{at}: power {} W",
         g.power_w
     );
-    assert!((0.0..=120.0).contains(&g.temp_c), "{at}: temperature {}", g.temp_c);
+    assert!(
+        (0.0..=120.0).contains(&g.temp_c),
+        "{at}: temperature {}",
+        g.temp_c
+    );
     assert!(g.sm_clock_mhz > 0.0, "{at}: SM clock");
     assert!(g.mem_clock_mhz > 0.0, "{at}: memory clock");
     assert!(
@@ -69,7 +76,11 @@ fn check_backend(b: &mut dyn GpuBackend) {
         check_reading(a);
         check_reading(z);
         assert_eq!(a.uuid, z.uuid);
-        assert!(z.energy_j >= a.energy_j, "gpu {}: energy went back", a.index);
+        assert!(
+            z.energy_j >= a.energy_j,
+            "gpu {}: energy went back",
+            a.index
+        );
     }
 }
 

@@ -1,0 +1,271 @@
+//! The site seen as scopes: every entity with its GPUs, the GPUs behind each rule's
+//! selector, and each GPU's readings, built once per evaluation and shared by the
+//! rules and the budget.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use telemetry::site::GpuRef;
+use telemetry::{EntityId, EntityKind, Site, Snapshot, Timestamp};
+
+use crate::rules::{ScopeKind, Selector};
+
+pub use telemetry::fasthash::Fnv;
+use telemetry::fasthash::FnvMap;
+
+type Readings = BTreeMap<telemetry::Metric, telemetry::snapshot::Reading>;
+
+/// The site seen as scopes: every entity with its GPUs, built once per evaluation.
+pub struct Index<'a> {
+    pub site: &'a Site,
+    pub gpus: Vec<GpuRef<'a>>,
+    /// Node names to (node index, index of its first GPU in `gpus`), for looking GPUs
+    /// up by id (built on first use; a node's GPUs are contiguous in `gpus`).
+    nodes: std::cell::OnceCell<FnvMap<&'a str, (usize, usize)>>,
+    snapshot: Option<&'a Snapshot>,
+    /// Each GPU's readings in the snapshot (built on first use).
+    readings: std::cell::OnceCell<Vec<Option<&'a Readings>>>,
+}
+
+impl<'a> Index<'a> {
+    pub fn new(site: &'a Site, gpus: Vec<GpuRef<'a>>) -> Self {
+        Index {
+            site,
+            gpus,
+            nodes: std::cell::OnceCell::new(),
+            snapshot: None,
+            readings: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The index with the snapshot whose GPU readings [`Index::gpu_observe`] reads.
+    pub fn with_snapshot(mut self, snapshot: &'a Snapshot) -> Self {
+        self.snapshot = Some(snapshot);
+        self
+    }
+
+    /// The position of a GPU in `gpus`, from its id (`node:index`).
+    pub fn gpu_index(&self, id: &EntityId) -> Option<usize> {
+        if id.kind != EntityKind::Gpu {
+            return None;
+        }
+        let (node, i) = id.name.rsplit_once(':')?;
+        let i: usize = i.parse().ok()?;
+        let nodes = self.nodes.get_or_init(|| {
+            let mut m = FnvMap::default();
+            let mut first: Vec<Option<usize>> = vec![None; self.site.nodes.len()];
+            for (k, g) in self.gpus.iter().enumerate() {
+                first[g.node_index].get_or_insert(k);
+            }
+            for (n, node) in self.site.nodes.iter().enumerate() {
+                if let Some(f) = first[n] {
+                    m.insert(node.id.as_str(), (n, f));
+                }
+            }
+            m
+        });
+        let &(n, f) = nodes.get(node)?;
+        (i < self.site.nodes[n].gpus as usize).then_some(f + i)
+    }
+
+    /// A GPU's reading of `metric` at `now` (as [`Snapshot::observe`], without finding
+    /// the GPU in the snapshot again for each metric).
+    pub fn gpu_observe(
+        &self,
+        gpu: usize,
+        metric: &str,
+        now: Timestamp,
+    ) -> Option<telemetry::Observation> {
+        let snap = self.snapshot?;
+        let readings = self.readings.get_or_init(|| {
+            let mut v = vec![None; self.gpus.len()];
+            for (e, r) in snap.entities() {
+                if let Some(i) = self.gpu_index(e) {
+                    v[i] = Some(r);
+                }
+            }
+            v
+        });
+        snap.observe_in(readings[gpu]?, metric, now)
+    }
+
+    /// Rack index of each rack id.
+    pub(crate) fn rack_index(&self, id: &str) -> Option<usize> {
+        self.site.racks.iter().position(|r| r.id == id)
+    }
+
+    pub(crate) fn row_of(&self, rack: usize) -> &str {
+        &self.site.racks[rack].row
+    }
+
+    pub(crate) fn room_of(&self, rack: usize) -> &str {
+        let row = self.row_of(rack);
+        self.site
+            .rows
+            .iter()
+            .find(|r| r.id == row)
+            .map_or("", |r| r.room.as_str())
+    }
+
+    /// Whether a rack is inside a `kind/name` container.
+    pub(crate) fn rack_within(&self, rack: usize, within: &str) -> bool {
+        let Some((kind, name)) = within.split_once('/') else {
+            return false;
+        };
+        let r = &self.site.racks[rack];
+        match kind {
+            "rack" => r.id == name,
+            "row" => r.row == name,
+            "room" => self.room_of(rack) == name,
+            "cooling" => r.cooling == name,
+            "pdu" => r.pdus.iter().any(|p| p == name),
+            "feed" => r
+                .pdus
+                .iter()
+                .any(|p| self.site.pdus.iter().any(|x| &x.id == p && x.feed == name)),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn racks_selected(&self, sel: &Selector) -> Vec<bool> {
+        self.site
+            .racks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                sel.labels
+                    .iter()
+                    .all(|(k, v)| r.labels.get(k).is_some_and(|x| x == v))
+                    && (sel.within.is_empty() || sel.within.iter().any(|w| self.rack_within(i, w)))
+            })
+            .collect()
+    }
+
+    /// Every entity of a scope the selector picks, with the GPU indexes inside it.
+    pub fn targets(
+        &self,
+        scope: ScopeKind,
+        sel: &Selector,
+    ) -> Vec<(Cow<'_, EntityId>, Vec<usize>)> {
+        let names = |n: &str| sel.names.is_empty() || sel.names.iter().any(|g| g.matches(n));
+        let racks_ok = self.racks_selected(sel);
+        let gpus_where = |f: &dyn Fn(&GpuRef<'_>) -> bool| -> Vec<usize> {
+            self.gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| racks_ok[g.rack_index] && f(g))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let s = self.site;
+        let mut out = Vec::new();
+        match scope {
+            ScopeKind::Site => {
+                if names(&s.name) {
+                    out.push((Cow::Owned(s.site_entity()), gpus_where(&|_| true)));
+                }
+            }
+            ScopeKind::Room => {
+                for room in s.rooms.iter().filter(|r| names(r)) {
+                    let g = gpus_where(&|g| self.room_of(g.rack_index) == room);
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Room, room)), g));
+                }
+            }
+            ScopeKind::Row => {
+                for row in s.rows.iter().filter(|r| names(&r.id)) {
+                    let g = gpus_where(&|g| g.rack.row == row.id);
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Row, &row.id)), g));
+                }
+            }
+            ScopeKind::Rack => {
+                // GPUs are in rack order: one pass
+                let mut per: Vec<Vec<usize>> = vec![Vec::new(); s.racks.len()];
+                for (i, g) in self.gpus.iter().enumerate() {
+                    per[g.rack_index].push(i);
+                }
+                for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
+                    if racks_ok[i] && names(&r.id) {
+                        out.push((Cow::Owned(EntityId::rack(&r.id)), g));
+                    }
+                }
+            }
+            ScopeKind::Node => {
+                let mut per: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+                for (i, g) in self.gpus.iter().enumerate() {
+                    per.entry(g.node_index).or_default().push(i);
+                }
+                for (n, node) in s.nodes.iter().enumerate() {
+                    let Some(rack) = self.rack_index(&node.rack) else {
+                        continue;
+                    };
+                    if racks_ok[rack] && names(&node.id) {
+                        out.push((
+                            Cow::Owned(EntityId::node(&node.id)),
+                            per.remove(&n).unwrap_or_default(),
+                        ));
+                    }
+                }
+            }
+            ScopeKind::Gpu => {
+                for (i, g) in self.gpus.iter().enumerate() {
+                    if racks_ok[g.rack_index] && names(&g.id.name) {
+                        out.push((Cow::Borrowed(&g.id), vec![i]));
+                    }
+                }
+            }
+            ScopeKind::Cooling => {
+                for c in s.cooling.iter().filter(|c| names(&c.id)) {
+                    let g = gpus_where(&|g| c.racks.contains(&g.rack.id));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Cooling, &c.id)), g));
+                }
+            }
+            ScopeKind::Pdu => {
+                for p in s.pdus.iter().filter(|p| names(&p.id)) {
+                    let g = gpus_where(&|g| g.rack.pdus.contains(&p.id));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Pdu, &p.id)), g));
+                }
+            }
+            ScopeKind::Feed => {
+                for f in s.feeds.iter().filter(|f| names(&f.id)) {
+                    let pdus: Vec<&str> = s
+                        .pdus
+                        .iter()
+                        .filter(|p| p.feed == f.id)
+                        .map(|p| p.id.as_str())
+                        .collect();
+                    let g = gpus_where(&|g| g.rack.pdus.iter().any(|p| pdus.contains(&p.as_str())));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Feed, &f.id)), g));
+                }
+            }
+            ScopeKind::Job => {}
+        }
+        out
+    }
+
+    pub(crate) fn limit(&self, entity: &EntityId, metric: &str) -> Option<f64> {
+        let s = self.site;
+        match (entity.kind, metric) {
+            (EntityKind::Site, "power_w") => Some(s.facility_budget_kw() * 1000.0),
+            (EntityKind::Feed, "power_w") => s
+                .feeds
+                .iter()
+                .find(|f| f.id == entity.name)
+                .map(|f| f.usable_kw() * 1000.0),
+            (EntityKind::Pdu, "power_w") => s
+                .pdus
+                .iter()
+                .find(|p| p.id == entity.name)
+                .map(|p| p.usable_kw() * 1000.0),
+            (EntityKind::Rack, "power_w") => {
+                s.rack(&entity.name).map(|r| r.power_budget_kw * 1000.0)
+            }
+            (EntityKind::Rack, "inlet_temp_c") => s.rack(&entity.name).map(|r| r.inlet_limit_c),
+            (EntityKind::Cooling, "heat_load_kw") => s
+                .cooling
+                .iter()
+                .find(|c| c.id == entity.name)
+                .map(|c| c.capacity_kw),
+            _ => None,
+        }
+    }
+}
