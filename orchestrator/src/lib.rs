@@ -45,3 +45,4 @@ pub mod runtime;
 pub mod schedulers;
 pub mod serve;
 pub mod sim;
+pub mod store_open;
