@@ -234,7 +234,7 @@ impl RedisBackend {
                 if lost(&e) {
                     self.failed(&e.to_string());
                 }
-                Err(StoreError::backend(NAME, what.to_string(), e))
+                Err(StoreError::backend(NAME, format!("{what}: {e}"), e))
             }
             Err(_) => {
                 let why = format!("no answer within {} ms", deadline.as_millis());

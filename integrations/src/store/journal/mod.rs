@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use file::Limits;
 use file::{AppendError, JournalFile};
@@ -153,12 +153,13 @@ impl Journaled {
                 StoreHealth::count(&self.health.journaled);
                 self.said_full = false;
                 self.gauges();
-                warn!(
-                    seq,
-                    depth = self.journal.depth(),
-                    error = %why,
-                    "store did not take the batch; journaled"
-                );
+                let depth = self.journal.depth();
+                // once when the outage starts, then every 100 batches
+                if depth % 100 == 1 {
+                    warn!(seq, depth, error = %why, "store did not take the batch; journaled");
+                } else {
+                    debug!(seq, depth, error = %why, "store did not take the batch; journaled");
+                }
                 Ok(())
             }
             Err(AppendError::Full { depth, bytes }) => {
@@ -192,26 +193,15 @@ impl Journaled {
 impl Backend for Journaled {
     fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
         let seq = self.next_seq;
-        if self.journal.depth() > 0 {
-            // the server may be back: the older batches go first
-            let _ = self.replay();
-        }
-        let failed = if self.journal.depth() == 0 {
-            match self.inner.commit_once(self.journal.writer(), seq, batch) {
-                Ok(_) => {
-                    self.next_seq += 1;
-                    return Ok(Vec::new());
-                }
-                Err(e) => e,
-            }
-        } else {
-            StoreError::Backend {
-                backend: "journal",
-                message: format!("{} batches still wait", self.journal.depth()),
-                source: None,
-            }
+        // the server may be back: the older batches go first
+        let older = match self.journal.depth() {
+            0 => Ok(()),
+            _ => self.replay(),
         };
-        self.journal(seq, batch, &failed)?;
+        let taken = older.and_then(|()| self.inner.commit_once(self.journal.writer(), seq, batch));
+        if let Err(failed) = taken {
+            self.journal(seq, batch, &failed)?;
+        }
         self.next_seq += 1;
         Ok(Vec::new())
     }
