@@ -4,6 +4,8 @@
 //! 30 s after it died, and serve starts again: Redis then holds what serve decided and
 //! actuated during the outage, every decision once.
 
+mod common;
+
 #[path = "../../tests/src/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
@@ -63,7 +65,7 @@ fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool, log: &
     }
 }
 
-fn write_config(d: &Path, url: &str) {
+fn write_config(d: &Path, url: &str, port: u16) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace");
@@ -77,7 +79,8 @@ fn write_config(d: &Path, url: &str) {
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\npolicy_reload_s = 0.5\n\n[store]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"serve-outage\"\n"
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\npolicy_reload_s = 0.5\n\n[store]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"serve-outage\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"grafana\"\nrole = \"viewer\"\ntoken = \"{}\"\n",
+            common::VIEWER
         ),
     )
     .expect("config");
@@ -88,7 +91,11 @@ fn serve_stopped_during_a_30_s_redis_outage_loses_nothing_it_decided() {
     let mut server = RedisServer::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    write_config(d, &server.url());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    write_config(d, &server.url(), port);
     let config = d.join("powerplane.toml");
     let log1 = d.join("serve1.log");
     let mut serve = powerplane()
@@ -127,6 +134,27 @@ fn serve_stopped_during_a_30_s_redis_outage_loses_nothing_it_decided() {
         &log1,
     );
     std::thread::sleep(Duration::from_secs(2));
+    // the outage on /metrics, in a form promtool accepts
+    let (code, _, metrics) = common::http(port, "GET", "/metrics", None, b"");
+    assert_eq!(code, 200, "{metrics}");
+    common::promtool_check(&metrics);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in:\n{metrics}"))
+    };
+    assert_eq!(value("powerplane_store_reachable"), 0.0);
+    assert!(value("powerplane_store_journal_depth") >= 5.0);
+    assert!(value("powerplane_store_journaled_total") >= 5.0);
+    assert!(value("powerplane_store_commits_ok_total") >= 1.0);
+    assert_eq!(value("powerplane_store_journal_full_total"), 0.0);
+    assert_eq!(
+        value("powerplane_store_errors_total"),
+        0.0,
+        "every tick's batch journaled"
+    );
     let term = Command::new("kill")
         .args(["-TERM", &serve.id().to_string()])
         .status()
