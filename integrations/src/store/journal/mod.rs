@@ -13,6 +13,8 @@
 
 mod codec;
 mod file;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
