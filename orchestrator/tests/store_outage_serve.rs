@@ -233,3 +233,100 @@ fn serve_stopped_during_a_30_s_redis_outage_loses_nothing_it_decided() {
         "the reload during the outage is audited"
     );
 }
+
+const OPERATOR: &str = "operator-token-0123456789abcdef";
+
+fn post_event(port: u16, job: &str) -> u16 {
+    let body = format!(
+        r#"{{"event":"submitted","scheduler":"lsf","job":"{job}","class":"training","gpus":1,"est_duration_s":600}}"#
+    );
+    common::http(
+        port,
+        "POST",
+        "/api/v1/events",
+        Some(OPERATOR),
+        body.as_bytes(),
+    )
+    .0
+}
+
+fn metric(port: u16, name: &str) -> Option<f64> {
+    let (_, _, m) = common::http(port, "GET", "/metrics", None, b"");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn job_events_get_503_only_while_neither_redis_nor_the_journal_takes_them() {
+    let mut server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+    };
+    let (port, receiver) = (free(), free());
+    write_config(d, &server.url(), port);
+    std::fs::write(d.join("webhook.key"), format!("{}\n", "ab".repeat(32))).expect("key");
+    let mut config = std::fs::read_to_string(d.join("powerplane.toml")).expect("config");
+    config = config.replace(
+        "prefix = \"serve-outage\"\n",
+        "prefix = \"serve-outage\"\njournal_max_batches = 6\n",
+    );
+    config.push_str(&format!(
+        "[[http.tokens]]\nname = \"sre\"\nrole = \"operator\"\ntoken = \"{OPERATOR}\"\n[schedulers.webhook]\nkey_file = \"webhook.key\"\nurl = \"http://127.0.0.1:{receiver}/hook\"\nack_wait_s = 3\n"
+    ));
+    std::fs::write(d.join("powerplane.toml"), config).expect("config");
+    let log = d.join("serve.log");
+    let mut serve = powerplane()
+        .args(["serve", "--run-for-s", "120", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("serve");
+    wait_for(
+        "serve answering",
+        Duration::from_secs(20),
+        || metric(port, "powerplane_store_reachable") == Some(1.0),
+        &log,
+    );
+    assert_eq!(post_event(port, "a"), 202, "redis up");
+    server.kill9();
+    assert_eq!(
+        post_event(port, "b"),
+        202,
+        "redis down, the journal takes it"
+    );
+    wait_for(
+        "the journal full",
+        Duration::from_secs(20),
+        || metric(port, "powerplane_store_journal_full_total").is_some_and(|n| n >= 1.0),
+        &log,
+    );
+    assert_eq!(
+        post_event(port, "c"),
+        503,
+        "neither redis nor the journal takes it"
+    );
+    server.restart();
+    wait_for(
+        "the journal replayed",
+        Duration::from_secs(20),
+        || metric(port, "powerplane_store_journal_depth") == Some(0.0),
+        &log,
+    );
+    assert_eq!(post_event(port, "d"), 202, "redis back");
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let mut store = redis_store(&server);
+    for job in ["lsf:a", "lsf:b", "lsf:c", "lsf:d"] {
+        assert!(
+            store.job(job).expect("read job").is_some(),
+            "{job} in Redis (c: taken, stored once Redis was back)"
+        );
+    }
+}
