@@ -227,3 +227,37 @@ fn a_full_journal_refuses_loudly_and_counts_while_what_it_took_survives() {
         "what was journaled is in the store; the refused batch is the caller's to keep"
     );
 }
+
+#[test]
+fn a_killed_client_connection_is_replaced_within_the_same_call() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = open(&server, &dir.path().join("journal.redb"), Limits::default());
+    let health = store.health().expect("health");
+    commit(&mut store, 0);
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port().to_string(),
+            "client",
+            "kill",
+            "type",
+            "normal",
+        ])
+        .output()
+        .expect("this test needs redis-cli");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim() != "0",
+        "redis-cli killed our connection: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    for i in 1..4 {
+        commit(&mut store, i);
+    }
+    assert_eq!(
+        health.journaled.load(Ordering::Relaxed),
+        0,
+        "the connection was replaced at once: nothing had to wait in the journal"
+    );
+    assert_audit(&mut store, 4);
+}
