@@ -5,7 +5,10 @@
 //! - [`store`]: the durable store behind one trait ([`store::Backend`]): what must
 //!   survive a restart (audit log, energy ledger, job registry, caps and holds with
 //!   their leases). The typed [`store::Store`] sits on top of any backend; the Redis
-//!   backend lives here, the embedded one in the `orchestrator` crate.
+//!   backend lives here (reconnecting, a deadline per call), with
+//!   [`store::journal`], the local journal that keeps what Redis cannot take and
+//!   replays it, and [`store::health`], its counters for `/metrics` and readiness;
+//!   the embedded backend is in the `orchestrator` crate.
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
 //! - [`slurm`]: a slurmrestd client (OpenAPI v0.0.38) and the mapping of Slurm jobs
 //!   to powerplane jobs; [`slurm_sync`] keeps Slurm's holds in step with the plan.

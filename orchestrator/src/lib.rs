@@ -12,6 +12,7 @@
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
+//! - [`store_open`]: `[store] kind = "redis"`: Redis on the runtime, behind its journal.
 //! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`notify`]: systemd's notify protocol (from the agent crate): READY, WATCHDOG from
@@ -49,3 +50,4 @@ pub mod runtime;
 pub mod schedulers;
 pub mod serve;
 pub mod sim;
+pub mod store_open;

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use integrations::prices::Series;
-use integrations::store::redis::RedisBackend;
 use integrations::store::Store;
 use policies::{Policy, State};
 use serde::Deserialize;
@@ -131,15 +130,7 @@ pub enum StoreConfig {
     Embedded {
         path: PathBuf,
     },
-    Redis {
-        url: String,
-        #[serde(default = "default_prefix")]
-        prefix: String,
-    },
-}
-
-fn default_prefix() -> String {
-    "powerplane".into()
+    Redis(crate::store_open::RedisStoreConfig),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -500,11 +491,16 @@ impl Actuator for AgentActuator {
 pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
     let loaded = load(config_path)?;
     let base = config_path.parent().unwrap_or(Path::new("."));
-    let store = open_store(&loaded.config.store, base)?;
+    let store = open_store(&loaded.config.store, base, None)?;
     Ok((loaded.site, store))
 }
 
-fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
+/// Opens the configured store; with `handle` (serve), Redis behind its journal.
+fn open_store(
+    cfg: &StoreConfig,
+    base: &Path,
+    handle: Option<tokio::runtime::Handle>,
+) -> Result<Store> {
     Ok(match cfg {
         StoreConfig::Memoryless => anyhow::bail!(
             "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
@@ -512,9 +508,10 @@ fn open_store(cfg: &StoreConfig, base: &Path) -> Result<Store> {
         StoreConfig::Embedded { path } => {
             Store::new(Box::new(EmbeddedBackend::open(&resolve(base, path))?))
         }
-        StoreConfig::Redis { url, prefix } => {
-            Store::new(Box::new(RedisBackend::connect(url, prefix)?))
-        }
+        StoreConfig::Redis(redis) => match handle {
+            Some(h) => redis.open_journaled(base, h)?,
+            None => redis.open_plain()?,
+        },
     })
 }
 
@@ -531,7 +528,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     // every IO edge runs on this runtime (see crate::runtime); the control loop runs
     // on this thread and never awaits an edge
     let runtime = crate::runtime::Runtime::new(4)?;
-    let store = open_store(&cfg.store, &base)?;
+    let store = open_store(&cfg.store, &base, Some(runtime.handle()))?;
     let backend = store.backend_name();
     let mut control = ControlLoop::restore(
         site.clone(),
@@ -677,6 +674,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         policy_path.display().to_string(),
         wall_clock(),
     );
+    first_board.store_health = control.store().health();
     let mut reloader = start_policy_watch(
         &policy_path,
         cfg.controller.policy_reload_s,

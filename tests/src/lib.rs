@@ -6,11 +6,13 @@
 //!   the embedded store and a real Redis (`tests/store.rs`).
 //! - [`redis_url`] / [`redis_backend`]: the Redis the tests use. A test that needs
 //!   Redis fails when it is missing; it never skips.
+//! - [`redis_server`]: a `redis-server` of a test's own, to kill and restart.
 //! - [`fixtures`]: sample decisions, jobs and states.
 //! - [`slurm`]: the real single-node Slurm (`scripts/slurm up`) and its commands.
 #![forbid(unsafe_code)]
 
 pub mod fixtures;
+pub mod redis_server;
 pub mod slurm;
 pub mod store_contract;
 

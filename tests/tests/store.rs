@@ -85,3 +85,49 @@ fn an_unreachable_redis_is_a_clear_error() {
         "{text}"
     );
 }
+
+/// Redis of the test's own behind a journal in `dir`: the contract holds through it.
+fn journaled(
+    server: &powerplane_tests::redis_server::RedisServer,
+    dir: &tempfile::TempDir,
+) -> Store {
+    use integrations::store::journal::{Journaled, Limits};
+    let redis = integrations::store::redis::RedisBackend::connect(&server.url(), "contract")
+        .expect("connect to the test redis");
+    Store::new(Box::new(
+        Journaled::open(
+            Box::new(redis),
+            &dir.path().join("journal.redb"),
+            Limits::default(),
+        )
+        .expect("journal"),
+    ))
+}
+
+#[test]
+fn journaled_redis_starts_empty() {
+    let server = powerplane_tests::redis_server::RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    contract::starts_empty(&mut journaled(&server, &dir));
+}
+
+#[test]
+fn journaled_redis_reads_back_what_it_commits() {
+    let server = powerplane_tests::redis_server::RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    contract::reads_back_what_it_commits(&mut journaled(&server, &dir));
+}
+
+#[test]
+fn journaled_redis_survives_a_restart() {
+    let server = powerplane_tests::redis_server::RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    contract::survives_a_restart(|| journaled(&server, &dir));
+}
+
+#[test]
+fn journaled_redis_empty_commit_is_a_no_op() {
+    let server = powerplane_tests::redis_server::RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    contract::empty_commit_is_a_no_op(&mut journaled(&server, &dir));
+}

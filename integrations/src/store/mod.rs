@@ -5,9 +5,12 @@
 //! go in one [`Batch`] and are committed atomically, so a crash leaves either the old
 //! state or the new one, never half of each.
 
+pub mod health;
+pub mod journal;
 pub mod redis;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use policies::plan::ThermalLevel;
 use policies::{Cap, Decision, Hold, State};
@@ -89,6 +92,22 @@ pub trait Backend: Send {
     fn log_len(&mut self, log: &str) -> Result<u64, StoreError>;
     /// A short name for logs and errors (`embedded`, `redis`).
     fn name(&self) -> &'static str;
+    /// Applies `batch` as batch `seq` of `writer`, unless that batch (or a later one of
+    /// the same writer) was applied already: then nothing is written and the answer is
+    /// `false`. A backend that keeps no such record applies it.
+    fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
+        let _ = (writer, seq);
+        self.commit(batch).map(|_| true)
+    }
+    /// The last batch of `writer` applied with [`Backend::commit_once`] (0: none known).
+    fn applied(&mut self, writer: &str) -> Result<u64, StoreError> {
+        let _ = writer;
+        Ok(0)
+    }
+    /// Counters and reachability, for backends with a server (`None`: always there).
+    fn health(&self) -> Option<Arc<health::StoreHealth>> {
+        None
+    }
 }
 
 /// Who an energy ledger entry is charged to.
@@ -231,6 +250,11 @@ impl Tx {
         self.batch.ops.is_empty()
     }
 
+    /// The writes as one batch, for a backend.
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
+
     pub fn len(&self) -> usize {
         self.batch.ops.len()
     }
@@ -298,6 +322,11 @@ impl Store {
 
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
+    }
+
+    /// The backend's counters and reachability (`None` for the embedded store).
+    pub fn health(&self) -> Option<Arc<health::StoreHealth>> {
+        self.backend.health()
     }
 
     /// Commits a transaction atomically.

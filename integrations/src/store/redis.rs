@@ -1,35 +1,183 @@
 //! The Redis backend: for deployments where several controllers share state.
 //!
 //! Collections are hashes (`{prefix}:c:{collection}`), logs are lists
-//! (`{prefix}:log:{log}`); a batch is one `MULTI`/`EXEC`. Redis must persist (AOF with
-//! `appendfsync everysec` or stricter) for the store to survive a Redis restart.
+//! (`{prefix}:log:{log}`); a batch is one Lua script, atomic in Redis, that also
+//! records the last batch each writer applied (`{prefix}:applied`), so that a batch
+//! replayed from the journal after a crash is not applied twice. Redis must persist
+//! (AOF with `appendfsync everysec` or stricter) for the store to survive a Redis
+//! restart.
+//!
+//! The connection is a [`ConnectionManager`] (it reconnects by itself) on a tokio
+//! runtime; the sync [`Backend`] calls drive it with `block_on` and a deadline per
+//! call. After a failure the backend backs off (250 ms doubling to 5 s): calls in
+//! between fail at once instead of waiting on a dead server, so a tick never waits
+//! more than one deadline for the store.
 
-use redis::{Commands, Connection, Value};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, RedisError, RedisResult, Value};
+use tokio::runtime::Handle;
+use tracing::{info, warn};
+
+use super::health::StoreHealth;
 use super::{Backend, Batch, Op, StoreError};
 
 const NAME: &str = "redis";
 
+/// How long one call may take by default (connect, send, answer).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
+const MIN_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Applies a batch atomically. KEYS[1]: the hash of applied sequence numbers;
+/// ARGV[1]: the writer, ARGV[2]: the batch's sequence number (0: no check), then the
+/// ops: `p key field value`, `d key field`, `a key value`. Returns -1 when the writer's
+/// batch `seq` (or a later one) was already applied, else the RPUSH replies.
+const COMMIT: &str = r#"
+local seq = tonumber(ARGV[2])
+if seq > 0 then
+  local applied = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+  if seq <= applied then return -1 end
+end
+local out = {}
+local i = 3
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 'p' then
+    redis.call('HSET', ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    i = i + 4
+  elseif op == 'd' then
+    redis.call('HDEL', ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  else
+    out[#out + 1] = redis.call('RPUSH', ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  end
+end
+if seq > 0 then redis.call('HSET', KEYS[1], ARGV[1], seq) end
+return out
+"#;
+
+/// Where the backend's futures run: the runtime `serve` owns, or one of its own.
+enum Rt {
+    Shared(Handle),
+    Owned(tokio::runtime::Runtime),
+}
+
+impl Rt {
+    fn block_on<F: Future>(&self, fut: F) -> F::Output {
+        match self {
+            Rt::Shared(h) => h.block_on(fut),
+            Rt::Owned(rt) => rt.block_on(fut),
+        }
+    }
+
+    fn handle(&self) -> Handle {
+        match self {
+            Rt::Shared(h) => h.clone(),
+            Rt::Owned(rt) => rt.handle().clone(),
+        }
+    }
+}
+
 /// A store in one Redis database, under a key prefix.
 pub struct RedisBackend {
-    conn: Connection,
+    conn: ConnectionManager,
+    rt: Rt,
     prefix: String,
+    url: String,
+    deadline: Duration,
+    /// While set and in the future, calls fail at once (the server failed lately).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    health: Arc<StoreHealth>,
+}
+
+fn unreachable(message: String) -> StoreError {
+    StoreError::Backend {
+        backend: NAME,
+        message,
+        source: None,
+    }
+}
+
+/// Whether an error says the server is gone (rather than that it refused a command).
+fn lost(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
 }
 
 impl RedisBackend {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`); every key starts with `prefix`.
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) on a small runtime of its
+    /// own (for tools and tests); every key starts with `prefix`.
     pub fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("powerplane-redis")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::backend(NAME, "cannot start its runtime", e))?;
+        Self::open(url, prefix, Rt::Owned(rt), DEFAULT_DEADLINE)
+    }
+
+    /// Connects to `url` with the connection's tasks on `handle` (the runtime `serve`
+    /// owns) and `deadline` per call. The calls themselves must come from a thread
+    /// outside that runtime's workers (the control loop's).
+    pub fn connect_on(
+        url: &str,
+        prefix: &str,
+        handle: Handle,
+        deadline: Duration,
+    ) -> Result<Self, StoreError> {
+        Self::open(url, prefix, Rt::Shared(handle), deadline)
+    }
+
+    fn open(url: &str, prefix: &str, rt: Rt, deadline: Duration) -> Result<Self, StoreError> {
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::backend(NAME, format!("bad url {url:?}"), e))?;
-        let conn = client
-            .get_connection_with_timeout(std::time::Duration::from_secs(5))
-            .map_err(|e| StoreError::backend(NAME, format!("cannot connect to {url}"), e))?;
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .map_err(|e| StoreError::backend(NAME, "set timeout", e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(deadline))
+            .set_response_timeout(Some(deadline))
+            // one attempt per call: the backend's own backoff spaces the attempts
+            .set_number_of_retries(0)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1));
+        let connecting = async move {
+            tokio::time::timeout(deadline, ConnectionManager::new_with_config(client, config)).await
+        };
+        let conn = match rt.block_on(connecting) {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(StoreError::backend(
+                    NAME,
+                    format!("cannot connect to {url}"),
+                    e,
+                ))
+            }
+            Err(_) => {
+                return Err(unreachable(format!(
+                    "cannot connect to {url}: no answer within {} ms",
+                    deadline.as_millis()
+                )))
+            }
+        };
         Ok(RedisBackend {
             conn,
+            rt,
             prefix: prefix.to_string(),
+            url: url.to_string(),
+            deadline,
+            retry_at: None,
+            backoff: MIN_BACKOFF,
+            health: Arc::new(StoreHealth::default()),
         })
+    }
+
+    /// The runtime the connection's tasks run on.
+    pub fn handle(&self) -> Handle {
+        self.rt.handle()
     }
 
     fn coll(&self, c: &str) -> String {
@@ -40,74 +188,189 @@ impl RedisBackend {
         format!("{}:log:{l}", self.prefix)
     }
 
+    fn applied_key(&self) -> String {
+        format!("{}:applied", self.prefix)
+    }
+
+    /// Runs one call with the deadline; `retry`: once more on a lost connection (the
+    /// manager reconnects in between), for calls that are safe to repeat.
+    fn call<T, F, Fut>(&mut self, what: &str, retry: bool, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        if Handle::try_current().is_ok() {
+            return Err(unreachable(format!(
+                "{what}: called from inside the async runtime (the store blocks)"
+            )));
+        }
+        if let Some(at) = self.retry_at {
+            let now = Instant::now();
+            if now < at {
+                return Err(unreachable(format!(
+                    "{what}: {} unreachable, next try in {} ms",
+                    self.url,
+                    at.duration_since(now).as_millis()
+                )));
+            }
+        }
+        let conn = self.conn.clone();
+        let deadline = self.deadline;
+        let attempt = async {
+            match f(conn.clone()).await {
+                Err(e) if retry && lost(&e) => f(conn).await,
+                other => other,
+            }
+        };
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, attempt).await })
+        {
+            Ok(Ok(v)) => {
+                self.answered();
+                Ok(v)
+            }
+            Ok(Err(e)) => {
+                if lost(&e) {
+                    self.failed(&e.to_string());
+                }
+                Err(StoreError::backend(NAME, format!("{what}: {e}"), e))
+            }
+            Err(_) => {
+                let why = format!("no answer within {} ms", deadline.as_millis());
+                self.failed(&why);
+                Err(unreachable(format!("{what}: {why}")))
+            }
+        }
+    }
+
+    fn answered(&mut self) {
+        self.retry_at = None;
+        self.backoff = MIN_BACKOFF;
+        if !self.health.set_reachable(true) {
+            StoreHealth::count(&self.health.reconnects);
+            info!(url = %self.url, "redis store answers again");
+        }
+    }
+
+    fn failed(&mut self, why: &str) {
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        if self.health.set_reachable(false) {
+            warn!(url = %self.url, error = why, "redis store unreachable; backing off");
+        }
+    }
+
     /// Deletes every key under the prefix (for tests and `--reset`).
     pub fn clear(&mut self) -> Result<(), StoreError> {
-        let keys: Vec<String> = self
-            .conn
-            .keys(format!("{}:*", self.prefix))
-            .map_err(|e| StoreError::backend(NAME, "list keys", e))?;
+        let pattern = format!("{}:*", self.prefix);
+        let keys: Vec<String> = self.call("list keys", true, |mut c| {
+            let pattern = pattern.clone();
+            async move { c.keys(pattern).await }
+        })?;
         if !keys.is_empty() {
-            let _: () = self
-                .conn
-                .del(keys)
-                .map_err(|e| StoreError::backend(NAME, "delete keys", e))?;
+            self.call("delete keys", true, |mut c| {
+                let keys = keys.clone();
+                async move { c.del::<_, ()>(keys).await }
+            })?;
         }
         Ok(())
     }
-}
 
-impl Backend for RedisBackend {
-    fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        let mut appends = Vec::new();
-        for (i, op) in batch.ops.iter().enumerate() {
+    /// The EVAL command that applies `batch` as batch `seq` of `writer` (0: always).
+    fn commit_cmd(&self, writer: &str, seq: u64, batch: &Batch) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(COMMIT)
+            .arg(1)
+            .arg(self.applied_key())
+            .arg(writer)
+            .arg(seq);
+        for op in &batch.ops {
             match op {
                 Op::Put {
                     collection,
                     key,
                     value,
                 } => {
-                    pipe.hset(self.coll(collection), key, value.as_slice());
+                    cmd.arg("p")
+                        .arg(self.coll(collection))
+                        .arg(key)
+                        .arg(value.as_slice());
                 }
                 Op::Delete { collection, key } => {
-                    pipe.hdel(self.coll(collection), key);
+                    cmd.arg("d").arg(self.coll(collection)).arg(key);
                 }
                 Op::Append { log, value } => {
-                    pipe.rpush(self.log(log), value.as_slice());
-                    appends.push(i);
+                    cmd.arg("a").arg(self.log(log)).arg(value.as_slice());
                 }
             }
         }
-        let results: Vec<Value> = pipe
-            .query(&mut self.conn)
-            .map_err(|e| StoreError::backend(NAME, "commit batch", e))?;
-        appends
-            .into_iter()
-            .map(|i| match results.get(i) {
-                Some(Value::Int(n)) => Ok(*n as u64),
-                other => Err(StoreError::Backend {
-                    backend: NAME,
-                    message: format!("unexpected RPUSH reply {other:?}"),
-                    source: None,
-                }),
-            })
-            .collect()
+        cmd
+    }
+
+    /// Runs a commit; `None` when the batch had been applied already.
+    fn run_commit(&mut self, cmd: redis::Cmd, retry: bool) -> Result<Option<Vec<u64>>, StoreError> {
+        let result = self.call("commit batch", retry, |mut c| {
+            let cmd = cmd.clone();
+            async move { cmd.query_async::<Value>(&mut c).await }
+        });
+        let health = self.health.clone();
+        StoreHealth::count(match &result {
+            Ok(_) => &health.commits_ok,
+            Err(_) => &health.commits_failed,
+        });
+        match result? {
+            Value::Int(-1) => Ok(None),
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::Int(n) => Ok(n as u64),
+                    other => Err(unreachable(format!("unexpected RPUSH reply {other:?}"))),
+                })
+                .collect::<Result<Vec<u64>, _>>()
+                .map(Some),
+            other => Err(unreachable(format!("unexpected commit reply {other:?}"))),
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
+        // not repeated on a lost connection: without a sequence number it could apply twice
+        let cmd = self.commit_cmd("", 0, batch);
+        Ok(self.run_commit(cmd, false)?.unwrap_or_default())
+    }
+
+    fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
+        let cmd = self.commit_cmd(writer, seq.max(1), batch);
+        Ok(self.run_commit(cmd, true)?.is_some())
+    }
+
+    fn applied(&mut self, writer: &str) -> Result<u64, StoreError> {
+        let key = self.applied_key();
+        let writer = writer.to_string();
+        let seq: Option<u64> = self.call("read applied batch", true, |mut c| {
+            let (key, writer) = (key.clone(), writer.clone());
+            async move { c.hget(key, writer).await }
+        })?;
+        Ok(seq.unwrap_or(0))
     }
 
     fn get(&mut self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let key_name = self.coll(collection);
-        self.conn
-            .hget(key_name, key)
-            .map_err(|e| StoreError::backend(NAME, format!("get {collection}/{key}"), e))
+        let (name, field) = (self.coll(collection), key.to_string());
+        self.call(&format!("get {collection}/{key}"), true, |mut c| {
+            let (name, field) = (name.clone(), field.clone());
+            async move { c.hget(name, field).await }
+        })
     }
 
     fn list(&mut self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let key_name = self.coll(collection);
-        let mut all: Vec<(String, Vec<u8>)> = self
-            .conn
-            .hgetall(key_name)
-            .map_err(|e| StoreError::backend(NAME, format!("list {collection}"), e))?;
+        let name = self.coll(collection);
+        let mut all: Vec<(String, Vec<u8>)> =
+            self.call(&format!("list {collection}"), true, |mut c| {
+                let name = name.clone();
+                async move { c.hgetall(name).await }
+            })?;
         all.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(all)
     }
@@ -123,11 +386,11 @@ impl Backend for RedisBackend {
         }
         let start = from.max(1) - 1;
         let stop = start + limit as u64 - 1;
-        let key_name = self.log(log);
-        let items: Vec<Vec<u8>> = self
-            .conn
-            .lrange(key_name, start as isize, stop as isize)
-            .map_err(|e| StoreError::backend(NAME, format!("read log {log}"), e))?;
+        let name = self.log(log);
+        let items: Vec<Vec<u8>> = self.call(&format!("read log {log}"), true, |mut c| {
+            let name = name.clone();
+            async move { c.lrange(name, start as isize, stop as isize).await }
+        })?;
         Ok(items
             .into_iter()
             .enumerate()
@@ -136,13 +399,18 @@ impl Backend for RedisBackend {
     }
 
     fn log_len(&mut self, log: &str) -> Result<u64, StoreError> {
-        let key_name = self.log(log);
-        self.conn
-            .llen(key_name)
-            .map_err(|e| StoreError::backend(NAME, format!("length of log {log}"), e))
+        let name = self.log(log);
+        self.call(&format!("length of log {log}"), true, |mut c| {
+            let name = name.clone();
+            async move { c.llen(name).await }
+        })
     }
 
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    fn health(&self) -> Option<Arc<StoreHealth>> {
+        Some(self.health.clone())
     }
 }

@@ -423,6 +423,9 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         c.store_errors as f64,
     );
+    for (name, kind, help, v) in b.store_health.iter().flat_map(|h| h.samples()) {
+        o.add(name, kind, help, &[], v);
+    }
     o.add(
         "buffer_dropped_samples_total",
         "counter",

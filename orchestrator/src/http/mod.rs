@@ -164,6 +164,9 @@ pub struct Board {
     pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
     /// The policy in force and the outcome of the last reload.
     pub policy_status: crate::reload::PolicyStatus,
+    /// The store's reachability and counters (`None`: the embedded store), for
+    /// `/metrics` and readiness.
+    pub store_health: Option<std::sync::Arc<integrations::store::health::StoreHealth>>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -186,6 +189,12 @@ pub fn action_kind(a: &policies::Action) -> &'static str {
 }
 
 impl Board {
+    /// Whether the store's server answered its last call (for `/readyz`); the embedded
+    /// store is always there.
+    pub fn store_reachable(&self) -> bool {
+        self.store_health.as_ref().is_none_or(|h| h.is_reachable())
+    }
+
     pub fn new(site: Site, policy_file: String, started: Timestamp) -> Self {
         Board {
             site,
@@ -205,6 +214,7 @@ impl Board {
             schedulers: serde_json::Value::Null,
             scheduler_counters: Vec::new(),
             policy_status: crate::reload::PolicyStatus::default(),
+            store_health: None,
         }
     }
 

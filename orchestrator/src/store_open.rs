@@ -1,0 +1,89 @@
+//! Opening the Redis store for `serve`: the reconnecting connection on the runtime's
+//! handle, behind the local journal that keeps what Redis cannot take (see
+//! `integrations::store::journal`); for tools (`report`), Redis alone.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use integrations::store::journal::{Journaled, Limits};
+use integrations::store::redis::RedisBackend;
+use integrations::store::Store;
+use serde::Deserialize;
+use tokio::runtime::Handle;
+use tracing::info;
+
+/// The journal file when `[store] journal` is not set: next to the config file.
+pub const DEFAULT_JOURNAL: &str = "powerplane-journal.redb";
+
+/// `[store] kind = "redis"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisStoreConfig {
+    pub url: String,
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Batches Redis cannot take wait here (relative to the config file).
+    #[serde(default = "default_journal")]
+    pub journal: PathBuf,
+    /// Bound on the journal: encoded size of its batches, in MiB.
+    #[serde(default = "default_journal_max_mib")]
+    pub journal_max_mib: u64,
+    /// Bound on the journal: number of batches (one per tick, about).
+    #[serde(default = "default_journal_max_batches")]
+    pub journal_max_batches: u64,
+    /// Deadline of each call to Redis.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+}
+
+fn default_prefix() -> String {
+    "powerplane".into()
+}
+fn default_journal() -> PathBuf {
+    PathBuf::from(DEFAULT_JOURNAL)
+}
+fn default_journal_max_mib() -> u64 {
+    Limits::default().max_bytes >> 20
+}
+fn default_journal_max_batches() -> u64 {
+    Limits::default().max_batches
+}
+fn default_timeout() -> f64 {
+    2.0
+}
+
+impl RedisStoreConfig {
+    fn deadline(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_s.clamp(0.05, 60.0))
+    }
+
+    /// For `serve`: Redis with its connection's tasks on `handle`, behind the journal
+    /// (replayed now if the last run left batches in it).
+    pub fn open_journaled(&self, base: &Path, handle: Handle) -> Result<Store> {
+        let redis = RedisBackend::connect_on(&self.url, &self.prefix, handle, self.deadline())?;
+        let path = crate::serve::resolve(base, &self.journal);
+        let limits = Limits {
+            max_bytes: self.journal_max_mib.saturating_mul(1 << 20),
+            max_batches: self.journal_max_batches,
+        };
+        let journaled = Journaled::open(Box::new(redis), &path, limits)
+            .with_context(|| format!("cannot open the store journal {}", path.display()))?;
+        info!(
+            journal = %path.display(),
+            waiting = journaled.depth(),
+            max_batches = limits.max_batches,
+            max_mib = self.journal_max_mib,
+            "redis store with a local journal"
+        );
+        Ok(Store::new(Box::new(journaled)))
+    }
+
+    /// For tools: Redis alone (the journal belongs to `serve`).
+    pub fn open_plain(&self) -> Result<Store> {
+        Ok(Store::new(Box::new(RedisBackend::connect(
+            &self.url,
+            &self.prefix,
+        )?)))
+    }
+}
