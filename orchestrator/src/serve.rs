@@ -310,9 +310,21 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     let (name, text) = read(config_path, Path::new("."))?;
     // every problem of the file's shape at once, as file:line:col
-    let cfg: Config =
+    let mut cfg: Config =
         telemetry::diag::parse_all(&name, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut problems = Problems::default();
+    // secrets from their files (`*_file`), read once here
+    if let Some(m) = cfg.mqtt.as_mut() {
+        let r = m.client.read_secrets(base);
+        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}")));
+    }
+    if let Some(a) = cfg.agents.as_mut() {
+        let r = a.mqtt.read_secrets(base);
+        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [agents.mqtt] {e}")));
+    }
+    if let StoreConfig::Redis(r) = &cfg.store {
+        problems.take(r.url(base).map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
     let site = problems.take(
         read(&cfg.controller.site, base)
             .and_then(|(n, t)| Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
@@ -510,7 +522,7 @@ fn open_store(
         }
         StoreConfig::Redis(redis) => match handle {
             Some(h) => redis.open_journaled(base, h)?,
-            None => redis.open_plain()?,
+            None => redis.open_plain(base)?,
         },
     })
 }

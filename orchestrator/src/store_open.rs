@@ -20,7 +20,12 @@ pub const DEFAULT_JOURNAL: &str = "powerplane-journal.redb";
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisStoreConfig {
-    pub url: String,
+    /// `redis://[:password@]host:port[/db]`; or give `url_file`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// A file holding the URL (with its password), readable by the controller only.
+    #[serde(default)]
+    pub url_file: Option<PathBuf>,
     #[serde(default = "default_prefix")]
     pub prefix: String,
     /// Batches Redis cannot take wait here (relative to the config file).
@@ -54,6 +59,22 @@ fn default_timeout() -> f64 {
 }
 
 impl RedisStoreConfig {
+    /// The URL, from `url` or from `url_file` (relative to the config's folder).
+    pub fn url(&self, base: &Path) -> Result<String> {
+        match (&self.url, &self.url_file) {
+            (Some(u), None) => Ok(u.clone()),
+            (None, Some(f)) => {
+                let p = crate::serve::resolve(base, f);
+                let text = std::fs::read_to_string(&p)
+                    .with_context(|| format!("[store] url_file: cannot read {}", p.display()))?;
+                let url = text.trim().to_string();
+                anyhow::ensure!(!url.is_empty(), "[store] url_file {} is empty", p.display());
+                Ok(url)
+            }
+            _ => anyhow::bail!("[store] kind = \"redis\" needs exactly one of url or url_file"),
+        }
+    }
+
     fn deadline(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s.clamp(0.05, 60.0))
     }
@@ -61,7 +82,8 @@ impl RedisStoreConfig {
     /// For `serve`: Redis with its connection's tasks on `handle`, behind the journal
     /// (replayed now if the last run left batches in it).
     pub fn open_journaled(&self, base: &Path, handle: Handle) -> Result<Store> {
-        let redis = RedisBackend::connect_on(&self.url, &self.prefix, handle, self.deadline())?;
+        let url = self.url(base)?;
+        let redis = RedisBackend::connect_on(&url, &self.prefix, handle, self.deadline())?;
         let path = crate::serve::resolve(base, &self.journal);
         let limits = Limits {
             max_bytes: self.journal_max_mib.saturating_mul(1 << 20),
@@ -80,9 +102,9 @@ impl RedisStoreConfig {
     }
 
     /// For tools: Redis alone (the journal belongs to `serve`).
-    pub fn open_plain(&self) -> Result<Store> {
+    pub fn open_plain(&self, base: &Path) -> Result<Store> {
         Ok(Store::new(Box::new(RedisBackend::connect(
-            &self.url,
+            &self.url(base)?,
             &self.prefix,
         )?)))
     }

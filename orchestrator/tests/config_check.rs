@@ -98,3 +98,62 @@ fn site_check_lists_every_unknown_key() {
         "{err}"
     );
 }
+
+#[test]
+fn secrets_come_from_files_and_both_forms_at_once_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    for f in ["site.toml", "policy.toml"] {
+        std::fs::copy(root().join("examples/demo").join(f), d.join(f)).expect("copy");
+    }
+    std::fs::write(
+        d.join("mapping.toml"),
+        "version = 1\n\n[[json]]\ntopic = \"dc1/{rack}/inlet\"\nentity = \"rack/{rack}\"\nmetric = \"inlet_temp_c\"\nvalue = \"\"\n",
+    )
+    .expect("mapping");
+    let write = |store: &str, mqtt: &str| {
+        std::fs::write(
+            d.join("powerplane.toml"),
+            format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\n\n[store]\nkind = \"redis\"\n{store}\n\n[mqtt]\nmapping = \"mapping.toml\"\nurl = \"mqtt://127.0.0.1:1883\"\nusername = \"pp\"\n{mqtt}\n"),
+        )
+        .expect("config");
+    };
+    let check = || {
+        powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(d.join("powerplane.toml"))
+            .output()
+            .expect("powerplane runs")
+    };
+    // both forms of each secret, and a url_file that is not there
+    write(
+        "url = \"redis://127.0.0.1:6379\"\nurl_file = \"redis.url\"",
+        "password = \"x\"\npassword_file = \"mqtt.password\"",
+    );
+    std::fs::write(d.join("mqtt.password"), "secret\n").expect("password");
+    let out = check();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("needs exactly one of url or url_file"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[mqtt] give one of password or password_file"),
+        "{err}"
+    );
+    write(
+        "url_file = \"redis.url\"",
+        "password_file = \"mqtt.password\"",
+    );
+    let err = String::from_utf8_lossy(&check().stderr).into_owned();
+    assert!(err.contains("url_file: cannot read"), "{err}");
+    // the files there: the config is valid
+    std::fs::write(d.join("redis.url"), "redis://:pw@127.0.0.1:6379\n").expect("url");
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -166,6 +166,9 @@ pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
         telemetry::diag::parse_all(&name, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
     cfg.dry_run |= dry_run;
     let base = path.parent().unwrap_or(Path::new("."));
+    cfg.mqtt
+        .read_secrets(base)
+        .map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}"))?;
     let key = read_key(&resolve(base, &cfg.key_file))?;
     let node = cfg.node.clone().unwrap_or_else(hostname);
     anyhow::ensure!(

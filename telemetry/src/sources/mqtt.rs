@@ -36,6 +36,10 @@ pub struct MqttConfig {
     pub username: Option<String>,
     #[serde(default)]
     pub password: Option<String>,
+    /// A file holding the password (preferred: readable by the service only); read by
+    /// [`MqttConfig::read_secrets`] when the config is loaded.
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
     /// Largest message accepted, in bytes.
     #[serde(default = "default_max_packet")]
     pub max_packet_bytes: usize,
@@ -70,6 +74,22 @@ fn default_keep_alive() -> u64 {
 }
 
 impl MqttConfig {
+    /// Reads `password_file` (relative to `base`) into `password`; both at once is an
+    /// error.
+    pub fn read_secrets(&mut self, base: &std::path::Path) -> Result<(), String> {
+        let Some(f) = self.password_file.take() else {
+            return Ok(());
+        };
+        if self.password.is_some() {
+            return Err("give one of password or password_file, not both".into());
+        }
+        let p = if f.is_absolute() { f } else { base.join(f) };
+        let text = std::fs::read_to_string(&p)
+            .map_err(|e| format!("password_file {}: {e}", p.display()))?;
+        self.password = Some(text.trim_end_matches(['\n', '\r']).to_string());
+        Ok(())
+    }
+
     pub fn new(url: &str) -> Self {
         MqttConfig {
             url: url.to_string(),
@@ -78,6 +98,7 @@ impl MqttConfig {
             qos: 0,
             username: None,
             password: None,
+            password_file: None,
             max_packet_bytes: default_max_packet(),
             keep_alive_s: default_keep_alive(),
             shared_group: None,
