@@ -5,6 +5,7 @@
 //! - [`agent`]: `powerplane agent`: GPU backends, signed leased commands, fail-safe, drift.
 //! - [`http`]: `serve`'s `/metrics` and JSON API with bearer-token roles.
 //! - [`overrides`]: operators' pins and exemptions with an expiry.
+//! - [`admit`]: the gate between the edges and the loop: only the site's entities pass.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
 //! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
 //!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
@@ -27,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
+pub mod admit;
 pub mod agent;
 pub mod backtest;
 pub mod control;
