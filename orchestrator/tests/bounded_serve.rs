@@ -199,13 +199,13 @@ fn write_config(d: &Path, broker: u16, http_port: u16, topic: &str, prefix: &str
     .expect("policy");
     std::fs::write(
         d.join("mapping.toml"),
-        format!("version = 1\n[[json]]\ntopic = \"{topic}\"\nentity = \"rack/{{/rack}}\"\nreadings = [\n  {{ metric = \"inlet_temp_c\", value = \"/c\" }},\n  {{ metric = \"humidity_pct\", value = \"/h\" }},\n  {{ metric = \"power_w\", value = \"/w\" }},\n]\n"),
+        format!("version = 1\n[[json]]\ntopic = \"{topic}\"\neach = \"/racks\"\nentity = \"rack/{{/rack}}\"\nreadings = [\n  {{ metric = \"inlet_temp_c\", value = \"/c\" }},\n  {{ metric = \"humidity_pct\", value = \"/h\" }},\n  {{ metric = \"power_w\", value = \"/w\" }},\n]\n"),
     )
     .expect("mapping");
     std::fs::write(d.join("site.key"), KEY).expect("key");
     std::fs::write(
         d.join("powerplane.toml"),
-        format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[mqtt]\nurl = \"mqtt://127.0.0.1:{broker}\"\nmapping = \"mapping.toml\"\n[agents]\nkey_file = \"site.key\"\ntopic_prefix = \"{prefix}\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{broker}\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\nmetrics_public = true\n"),
+        format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[mqtt]\nurl = \"mqtt://127.0.0.1:{broker}\"\nmapping = \"mapping.toml\"\n[agents]\nkey_file = \"site.key\"\ntopic_prefix = \"{prefix}\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{broker}\"\n[http]\nlisten = \"127.0.0.1:{http_port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{}\"\n", common::VIEWER),
     )
     .expect("config");
 }
@@ -244,7 +244,8 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     wait_for("serve answering", Duration::from_secs(30), &config, || {
         http(http_port, "GET", "/metrics", None, b"").0 == 200
     });
-    let known_rack = |c: f64| format!("{{\"rack\":\"a01\",\"c\":{c},\"h\":40,\"w\":5000}}\n");
+    let known_rack =
+        |c: f64| format!("{{\"racks\":[{{\"rack\":\"a01\",\"c\":{c},\"h\":40,\"w\":5000}}]}}\n");
     wait_for(
         "the site's readings",
         Duration::from_secs(30),
@@ -268,7 +269,7 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     let mut lines = String::new();
     for i in 0..RACKS {
         lines.push_str(&format!(
-            "{{\"rack\":\"made-up-{i}\",\"c\":25,\"h\":40,\"w\":5000}}\n"
+            "{{\"racks\":[{{\"rack\":\"made-up-{i}\",\"c\":25,\"h\":40,\"w\":5000}}]}}\n"
         ));
         if i == RACKS / 2 {
             lines.push_str(&known_rack(27.5));
