@@ -125,7 +125,7 @@ impl Tally {
 
 /// Every reject reason of the MQTT decoders (JSON mapping, Sparkplug B, the source's
 /// size limit): exported at 0 until seen, so dashboards and alerts find the series.
-pub const MQTT_REASONS: [&str; 12] = [
+pub const MQTT_REASONS: [&str; 13] = [
     "oversize",
     "bad_json",
     "no_mapping",
@@ -138,6 +138,7 @@ pub const MQTT_REASONS: [&str; 12] = [
     "no_birth",
     "sequence_gap",
     "unknown_alias",
+    "too_many_nodes",
 ];
 
 /// Every reason a job event is refused for (see [`crate::schedulers::Inbox`]).

@@ -489,14 +489,17 @@ impl Inbox {
             .stored
             .wait_timeout_while(g, self.ack_wait, |g| g.committed < mine)
             .unwrap_or_else(|p| p.into_inner());
-        drop(g);
+        let mut g = g;
         if timeout.timed_out() {
-            warn!(job = %id, "job event taken but not yet stored");
+            if let Some(left_out) = g.log.allow("not_stored", std::time::Instant::now()) {
+                warn!(job = %id, left_out, "job event taken but not yet stored");
+            }
             return Err((
                 503,
                 "taken but not yet stored (the store may be down); resend it".into(),
             ));
         }
+        drop(g);
         Ok(id)
     }
 
