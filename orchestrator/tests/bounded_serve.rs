@@ -273,6 +273,7 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
         ));
         if i == RACKS / 2 {
             lines.push_str(&known_rack(27.5));
+            lines.push_str("not json at all\n");
         }
     }
     let bport = broker.port;
@@ -324,6 +325,11 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     assert_eq!(value(&last, &gpu_power), Some(211.0), "{last}");
     assert!(!last.contains("made-up"), "no made-up name on /metrics");
     assert_eq!(
+        value(&last, "powerplane_mqtt_rejected_total{reason=\"bad_json\"}"),
+        Some(1.0),
+        "the decoder's reject is on /metrics"
+    );
+    assert_eq!(
         value(&last, "powerplane_buffer_dropped_samples_total"),
         Some(0.0)
     );
@@ -352,4 +358,33 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     assert!((1..=4).contains(&agents), "{agents} lines:\n{log}");
     let _ = s.0.kill();
     let _ = s.0.wait();
+}
+
+#[test]
+fn a_redfish_endpoint_naming_an_entity_the_site_lacks_stops_serve_before_it_starts() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    write_config(d, 1, free_port(), "bounded/racks", "bounded/v1");
+    let mut text = std::fs::read_to_string(d.join("powerplane.toml")).expect("config");
+    text.push_str("[redfish]\n[[redfish.endpoints]]\nname = \"pdu\"\nurl = \"http://127.0.0.1:1\"\nentities = { \"RackPDUs/1\" = \"pdu/pdu-a01\", \"RackPDUs/2\" = \"pdu/made-up\", \"Chassis/1\" = \"node/made-up\" }\n");
+    std::fs::write(d.join("powerplane.toml"), text).expect("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_powerplane"))
+        .args(["serve", "--check", "--config"])
+        .arg(d.join("powerplane.toml"))
+        .output()
+        .expect("serve --check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("entities.\"RackPDUs/2\" = \"pdu/made-up\": the site file has no such entity"),
+        "{err}"
+    );
+    assert!(
+        err.contains("\"node/made-up\""),
+        "every problem at once: {err}"
+    );
+    assert!(
+        !err.contains("pdu/pdu-a01\":"),
+        "the site's own PDU is fine: {err}"
+    );
 }
