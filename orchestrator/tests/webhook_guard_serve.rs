@@ -234,3 +234,62 @@ fn replayed_stale_over_long_and_bursting_events_are_refused_and_a_finished_job_s
     assert_eq!(value(&m, &series("bad_signature")), Some(0.0), "{m}");
     common::promtool_check(&m);
 }
+
+#[test]
+fn a_job_that_finished_before_a_restart_stays_finished_after_it() {
+    use integrations::store::{Store, Tx};
+    use orchestrator::schedulers::{Schedulers, SchedulersSection};
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    std::fs::write(d.join("webhook.key"), KEY).expect("key");
+    let mut store = Store::new(Box::new(
+        orchestrator::embedded::EmbeddedBackend::open(&d.join("s.redb")).expect("store"),
+    ));
+    // what a run before the restart stored: lsf:old submitted, started and finished
+    let now = orchestrator::probe::wall_clock();
+    let e = |json: &str| integrations::webhook::JobEvent::parse(json.as_bytes()).expect("event");
+    let job = e(r#"{"event":"submitted","scheduler":"lsf","job":"old","class":"batch"}"#).apply(
+        None,
+        &[],
+        now.plus_secs(-60.0),
+    );
+    let job = e(r#"{"event":"started","scheduler":"lsf","job":"old"}"#).apply(
+        Some(&job),
+        &[],
+        now.plus_secs(-50.0),
+    );
+    let job = e(r#"{"event":"finished","scheduler":"lsf","job":"old"}"#).apply(
+        Some(&job),
+        &[],
+        now.plus_secs(-10.0),
+    );
+    let mut tx = Tx::new();
+    tx.put_job(&job);
+    store.commit(tx).expect("commit");
+
+    let section: SchedulersSection =
+        toml::from_str("[webhook]\nkey_file = \"webhook.key\"\nack_wait_s = 0.2\n")
+            .expect("section");
+    let mut schedulers = Schedulers::open(Some(&section), d, &mut store).expect("open");
+    let inbox = schedulers.inbox().expect("inbox");
+    let submitted = br#"{"event":"submitted","scheduler":"lsf","job":"old","class":"batch"}"#;
+    let (status, why) = inbox
+        .receive(true, None, None, submitted, now)
+        .expect_err("a finished job does not come back");
+    assert_eq!(status, 409, "{why}");
+    // a new job is taken (503: nobody stores it in this test), the old one is not
+    let new = br#"{"event":"submitted","scheduler":"lsf","job":"new","class":"batch"}"#;
+    assert_eq!(
+        inbox.receive(true, None, None, new, now).map_err(|e| e.0),
+        Err(503)
+    );
+    let jobs = schedulers.jobs(now, &mut store);
+    let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, vec!["lsf:new"]);
+    assert_eq!(
+        schedulers
+            .events_rejected()
+            .and_then(|r| r.get("stale").copied()),
+        Some(1)
+    );
+}
