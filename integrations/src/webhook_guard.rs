@@ -82,13 +82,31 @@ impl ReplayWindow {
         }
     }
 
-    /// Remembers `id` until `forget_at`; refuses it when it is remembered already, or
-    /// when the window is full of ids still to be remembered.
+    /// [`ReplayWindow::seen`], then [`ReplayWindow::remember`].
     pub fn check(&mut self, id: &str, forget_at: Timestamp, now: Timestamp) -> Result<(), Refused> {
+        self.seen(id, now)?;
+        self.remember(id, forget_at, now)
+    }
+
+    /// Refuses `id` when it is remembered: a replay. (Checked before anything else, so
+    /// that a replay costs the sender's credential nothing.)
+    pub fn seen(&mut self, id: &str, now: Timestamp) -> Result<(), Refused> {
         self.expire(now);
         if self.seen.contains_key(id) {
             return Err(Refused::Replay(short(id)));
         }
+        Ok(())
+    }
+
+    /// Remembers `id` until `forget_at` (once the event is taken); refuses it when it is
+    /// remembered already, or when the window is full of ids still to be remembered.
+    pub fn remember(
+        &mut self,
+        id: &str,
+        forget_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), Refused> {
+        self.seen(id, now)?;
         if self.seen.len() >= self.cap {
             return Err(Refused::WindowFull(self.seen.len()));
         }
@@ -233,6 +251,19 @@ mod tests {
         // the timestamp check refuses it from here on; the window may forget it
         assert_eq!(w.check("sig-c", at(700.0), at(300.5)), Ok(()));
         assert_eq!(w.len(), 2, "sig-a forgotten, sig-b and sig-c remembered");
+    }
+
+    #[test]
+    fn an_id_only_looked_at_is_not_remembered() {
+        let mut w = ReplayWindow::new(10);
+        assert_eq!(w.seen("sig-a", at(0.0)), Ok(()));
+        assert_eq!(w.seen("sig-a", at(1.0)), Ok(()), "not taken: not a replay");
+        assert_eq!(w.remember("sig-a", at(300.0), at(2.0)), Ok(()));
+        assert!(w.seen("sig-a", at(3.0)).is_err());
+        assert!(
+            w.remember("sig-a", at(300.0), at(3.0)).is_err(),
+            "taken twice at once"
+        );
     }
 
     #[test]

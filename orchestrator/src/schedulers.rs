@@ -311,6 +311,14 @@ struct InboxInner {
     rejected: BTreeMap<&'static str, u64>,
 }
 
+/// A signed event's id in the replay window: its signature, as verified.
+fn replay_id(signature: &str) -> String {
+    signature
+        .trim()
+        .trim_start_matches("sha256=")
+        .to_ascii_lowercase()
+}
+
 /// Finished jobs the inbox remembers at most (the oldest are forgotten first).
 const DONE_KEPT: usize = 50_000;
 
@@ -379,8 +387,8 @@ impl Inbox {
         (status, why)
     }
 
-    /// The checks between the signature and the registry: the sender's rate, the
-    /// field lengths, a replay of a signed event, an event older than the job's last
+    /// The checks between the parser and the registry: the field lengths, a replay of
+    /// a signed event (remembered from here on), an event older than the job's last
     /// transition. `Ok(true)`: take the event; `Ok(false)`: it is already recorded
     /// (a repeat of a job's end), answer without taking it.
     fn guard(
@@ -397,11 +405,7 @@ impl Inbox {
         if let Some((ts, sig)) = signed {
             let secs: i64 = ts.trim().parse().unwrap_or(0);
             let forget_at = Timestamp::from_secs(secs).plus_secs(self.tolerance_s + 1.0);
-            let id = sig
-                .trim()
-                .trim_start_matches("sha256=")
-                .to_ascii_lowercase();
-            if let Err(r) = g.window.check(&id, forget_at, now) {
+            if let Err(r) = g.window.remember(&replay_id(sig), forget_at, now) {
                 drop(g);
                 return Err(self.refuse(r.reason(), r.status(), r.to_string()));
             }
@@ -454,6 +458,14 @@ impl Inbox {
                 return Err(self.refuse(r.reason(), 401, why));
             }
         }
+        // a replay is refused first, so that it costs the credential nothing
+        let signed = timestamp.zip(signature).filter(|_| !bearer);
+        if let Some(id) = signed.map(|(_, sig)| replay_id(sig)) {
+            let seen = self.lock().window.seen(&id, now);
+            if let Err(r) = seen {
+                return Err(self.refuse(r.reason(), r.status(), r.to_string()));
+            }
+        }
         // authenticated: the credential's rate, before anything is parsed
         let taken = self
             .lock()
@@ -472,7 +484,6 @@ impl Inbox {
                 ))
             }
         };
-        let signed = timestamp.zip(signature).filter(|_| !bearer);
         if !self.guard(&event, signed, now)? {
             return Ok(event.id());
         }
