@@ -103,6 +103,10 @@ impl Gate {
     /// Samples refused since the last call (the control loop adds them to its
     /// counters each tick).
     pub fn take_refused(&self) -> u64 {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .warn_suppressed("admit", Instant::now());
         self.refused.swap(0, Ordering::Relaxed)
     }
 }

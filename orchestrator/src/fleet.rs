@@ -208,6 +208,8 @@ impl Fleet {
     /// The commands to publish now, as `(topic, payload)`, so that every GPU heads to
     /// what `state` wants.
     pub fn commands(&mut self, state: &State, now: Timestamp) -> Vec<(String, Vec<u8>)> {
+        self.log
+            .warn_suppressed("agent messages", std::time::Instant::now());
         // (node, want) -> GPUs, and the retry count to carry
         let mut groups: BTreeMap<(String, i64), (Want, Vec<u32>, u32)> = BTreeMap::new();
         let (retry_s, renew_s) = (self.cfg.retry_s, self.cfg.renew_s);

@@ -525,6 +525,8 @@ impl Inbox {
     /// The jobs the events describe; finished ones are handed out once, then dropped.
     fn take(&self) -> Vec<Job> {
         let mut g = self.lock();
+        g.log
+            .warn_suppressed("job events", std::time::Instant::now());
         let out: Vec<Job> = g.jobs.values().cloned().collect();
         for j in out.iter().filter(|j| j.state.is_done()) {
             g.remember_done(j.clone());

@@ -686,6 +686,8 @@ impl Core {
     /// One read cycle: read, end leases, re-apply after drift, and the report to
     /// publish.
     pub fn tick(&mut self, now: Timestamp) -> NodeReport {
+        self.log_limit
+            .warn_suppressed("agent commands", std::time::Instant::now());
         let mut all = self.read();
         self.expire(now);
         if !self.rules.dry_run {

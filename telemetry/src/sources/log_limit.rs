@@ -68,6 +68,29 @@ impl LogLimiter {
         }
     }
 
+    /// The keys whose interval has passed with lines suppressed, and how many; each
+    /// such key starts a new interval now. Call it now and then (every tick), so that
+    /// what was left out is said even when no further line comes.
+    pub fn flush(&mut self, now: Instant) -> Vec<(String, u64)> {
+        let every = self.every;
+        let mut out = Vec::new();
+        for (k, (at, skipped)) in self.last.iter_mut() {
+            if *skipped > 0 && now.duration_since(*at) >= every {
+                out.push((k.clone(), *skipped));
+                *at = now;
+                *skipped = 0;
+            }
+        }
+        out
+    }
+
+    /// [`LogLimiter::flush`], with one warning per key: `what` names the call site.
+    pub fn warn_suppressed(&mut self, what: &'static str, now: Instant) {
+        for (key, suppressed) in self.flush(now) {
+            tracing::warn!(what, key = %key, suppressed, "repeated warnings suppressed");
+        }
+    }
+
     /// Keys tracked now (never more than the maximum, plus the overflow slot).
     pub fn keys(&self) -> usize {
         self.last.len()
@@ -110,6 +133,30 @@ mod tests {
             l.allow("bad_json", t0 + Duration::from_secs(22)),
             Some(0),
             "the count starts again after each line"
+        );
+    }
+
+    #[test]
+    fn what_was_left_out_is_said_once_the_interval_passes() {
+        let mut l = LogLimiter::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(l.allow("bad_json", t0), Some(0));
+        for i in 1..=5 {
+            assert_eq!(l.allow("bad_json", t0 + Duration::from_millis(i)), None);
+        }
+        assert!(l.flush(t0 + Duration::from_secs(5)).is_empty(), "not yet");
+        assert_eq!(
+            l.flush(t0 + Duration::from_secs(10)),
+            vec![("bad_json".to_string(), 5)]
+        );
+        assert!(
+            l.flush(t0 + Duration::from_secs(30)).is_empty(),
+            "said once"
+        );
+        assert_eq!(
+            l.allow("bad_json", t0 + Duration::from_secs(15)),
+            None,
+            "the summary started a new interval"
         );
     }
 
