@@ -222,6 +222,60 @@ fn wait_for(what: &str, within: Duration, config: &Path, mut ok: impl FnMut() ->
     }
 }
 
+/// One message of rack `a01`'s readings, with inlet `c`.
+fn known_rack(c: f64) -> String {
+    format!("{{\"racks\":[{{\"rack\":\"a01\",\"c\":{c},\"h\":40,\"w\":5000}}]}}\n")
+}
+
+/// Publishes the made-up racks (with one line of junk) and agents, and in the middle
+/// of them a reading of rack `a01` (27.5 °C) and a report of `known` (211 W).
+fn flood(port: u16, topic: &'static str, link: &Link, topics: &Topics, known: &str) {
+    let mut lines = String::new();
+    for i in 0..RACKS {
+        lines.push_str(&format!(
+            "{{\"racks\":[{{\"rack\":\"made-up-{i}\",\"c\":25,\"h\":40,\"w\":5000}}]}}\n"
+        ));
+        if i == RACKS / 2 {
+            lines.push_str(&known_rack(27.5));
+            lines.push_str("not json at all\n");
+        }
+    }
+    let racks = std::thread::spawn(move || publish_lines(port, topic, &lines));
+    for i in 0..NODES {
+        let node = format!("made-up-node-{i}");
+        let health = format!(
+            "{{\"v\":{VERSION},\"node\":\"{node}\",\"status\":\"online\",\"time\":null,\"dry_run\":false,\"fail_safe_gpus\":[],\"counters\":{{}}}}"
+        );
+        publish(
+            link,
+            &topics.topic(&node, Channel::Health),
+            health.into_bytes(),
+        );
+        publish(
+            link,
+            &topics.topic(&node, Channel::Gpus),
+            report(&node, 250.0),
+        );
+        if i == NODES / 2 {
+            publish(
+                link,
+                &topics.topic(known, Channel::Gpus),
+                report(known, 211.0),
+            );
+        }
+    }
+    racks.join().expect("publisher");
+}
+
+/// One warning per interval, with the count left out, not one per message.
+fn warnings_are_rate_limited(config: &Path) {
+    let log = serve_log(config);
+    let refused = log.matches("readings refused").count();
+    let agents = log.matches("agent message refused").count();
+    assert!((1..=4).contains(&refused), "{refused} lines:\n{log}");
+    assert!((1..=4).contains(&agents), "{agents} lines:\n{log}");
+}
+
 #[test]
 fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive() {
     let broker = Mosquitto::start();
@@ -244,8 +298,6 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     wait_for("serve answering", Duration::from_secs(30), &config, || {
         http(http_port, "GET", "/metrics", None, b"").0 == 200
     });
-    let known_rack =
-        |c: f64| format!("{{\"racks\":[{{\"rack\":\"a01\",\"c\":{c},\"h\":40,\"w\":5000}}]}}\n");
     wait_for(
         "the site's readings",
         Duration::from_secs(30),
@@ -266,42 +318,7 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     let (rss_before, metrics_before) = (rss_kb(pid), metrics(http_port).len());
 
     // the flood, with the site's own readings in the middle of it
-    let mut lines = String::new();
-    for i in 0..RACKS {
-        lines.push_str(&format!(
-            "{{\"racks\":[{{\"rack\":\"made-up-{i}\",\"c\":25,\"h\":40,\"w\":5000}}]}}\n"
-        ));
-        if i == RACKS / 2 {
-            lines.push_str(&known_rack(27.5));
-            lines.push_str("not json at all\n");
-        }
-    }
-    let bport = broker.port;
-    let racks = std::thread::spawn(move || publish_lines(bport, topic, &lines));
-    for i in 0..NODES {
-        let node = format!("made-up-node-{i}");
-        let health = format!(
-            "{{\"v\":{VERSION},\"node\":\"{node}\",\"status\":\"online\",\"time\":null,\"dry_run\":false,\"fail_safe_gpus\":[],\"counters\":{{}}}}"
-        );
-        publish(
-            &link,
-            &topics.topic(&node, Channel::Health),
-            health.into_bytes(),
-        );
-        publish(
-            &link,
-            &topics.topic(&node, Channel::Gpus),
-            report(&node, 250.0),
-        );
-        if i == NODES / 2 {
-            publish(
-                &link,
-                &topics.topic(known, Channel::Gpus),
-                report(known, 211.0),
-            );
-        }
-    }
-    racks.join().expect("publisher");
+    flood(broker.port, topic, &link, &topics, known);
 
     let unknown_entity = "powerplane_samples_rejected_total{reason=\"unknown_entity\"}";
     let unknown_node = "powerplane_agent_messages_total{kind=\"unknown_node\"}";
@@ -350,12 +367,7 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
     );
     common::promtool_check(&last);
 
-    // one warning per interval, with the count left out, not one per message
-    let log = serve_log(&config);
-    let refused = log.matches("readings refused").count();
-    let agents = log.matches("agent message refused").count();
-    assert!((1..=4).contains(&refused), "{refused} lines:\n{log}");
-    assert!((1..=4).contains(&agents), "{agents} lines:\n{log}");
+    warnings_are_rate_limited(&config);
     let _ = s.0.kill();
     let _ = s.0.wait();
 }
