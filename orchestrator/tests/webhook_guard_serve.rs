@@ -122,16 +122,12 @@ fn wait(what: &str, within: Duration, config: &std::path::Path, ok: &dyn Fn() ->
     }
 }
 
-#[test]
-fn replayed_stale_over_long_and_bursting_events_are_refused_and_a_finished_job_stays_finished() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let d = dir.path();
+/// The demo site, a policy that defers batch jobs, a price high for the next hour,
+/// and `serve` with signed webhooks to the receiver at `rport`: the config's path.
+fn write_config(d: &std::path::Path, port: u16, rport: u16) -> std::path::PathBuf {
     common::write_site_and_deferral_policy(d);
-    // expensive for the next hour: a batch job is held
     common::write_price_step(d, 3600);
     std::fs::write(d.join("webhook.key"), format!("{KEY}\n")).expect("key");
-    let (port, rport) = (free_port(), free_port());
-    let got = receiver(rport);
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
@@ -139,7 +135,27 @@ fn replayed_stale_over_long_and_bursting_events_are_refused_and_a_finished_job_s
         ),
     )
     .expect("config");
-    let config = d.join("powerplane.toml");
+    d.join("powerplane.toml")
+}
+
+/// As many new jobs' events as the per-minute limit, as fast as they are answered.
+fn burst(port: u16) -> Vec<u16> {
+    (0..PER_MINUTE)
+        .map(|i| {
+            let e = format!(
+                r#"{{"event":"submitted","scheduler":"lsf","job":"burst-{i}","class":"interactive"}}"#
+            );
+            post(port, &e, chrono::Utc::now().timestamp(), None).0
+        })
+        .collect()
+}
+
+#[test]
+fn replayed_stale_over_long_and_bursting_events_are_refused_and_a_finished_job_stays_finished() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (port, rport) = (free_port(), free_port());
+    let got = receiver(rport);
+    let config = write_config(dir.path(), port, rport);
     let _serve = serve(&config, 180);
     wait("serve answering", Duration::from_secs(30), &config, &|| {
         schedulers(port).is_some()
@@ -206,13 +222,7 @@ fn replayed_stale_over_long_and_bursting_events_are_refused_and_a_finished_job_s
     );
 
     // a burst over the per-minute limit
-    let mut codes = Vec::new();
-    for i in 0..PER_MINUTE {
-        let e = format!(
-            r#"{{"event":"submitted","scheduler":"lsf","job":"burst-{i}","class":"interactive"}}"#
-        );
-        codes.push(post(port, &e, chrono::Utc::now().timestamp(), None).0);
-    }
+    let codes = burst(port);
     assert!(codes.contains(&202), "{codes:?}");
     assert!(codes.contains(&429), "{codes:?}");
     let limited = codes.iter().filter(|c| **c == 429).count() as f64;
