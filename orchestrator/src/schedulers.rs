@@ -144,8 +144,8 @@ pub struct WebhookSection {
     /// Classes deferrable unless an event says otherwise.
     #[serde(default = "default_deferrable")]
     pub deferrable_classes: Vec<String>,
-    /// Events taken per minute per credential (the webhook key, or an operator's
-    /// token) at most; beyond it, 429.
+    /// Events taken per minute at most, signed ones and those with operator tokens
+    /// each; beyond it, 429.
     #[serde(default = "default_events_per_minute")]
     pub events_per_minute: u32,
 }
