@@ -14,6 +14,8 @@
 //!   to powerplane jobs; [`slurm_sync`] keeps Slurm's holds in step with the plan.
 //! - [`webhook`]: generic schedulers over signed webhooks: job events in, actions out
 //!   through a durable outbox with retries and a dead-letter list.
+//! - [`webhook_guard`]: inbound events' replay window, rate limit, field limits and
+//!   staleness, between the signature check and the job registry.
 //! - [`kubernetes`]: the admission webhook's scheduling gate, its removal through the
 //!   API server, and the scheduler extender's filter and prioritize answers.
 //! - [`feeds`]: price and carbon feeds in the formats sites have: CSV with columns,
@@ -27,3 +29,4 @@ pub mod slurm;
 pub mod slurm_sync;
 pub mod store;
 pub mod webhook;
+pub mod webhook_guard;

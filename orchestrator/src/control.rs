@@ -167,6 +167,14 @@ impl ControlLoop {
         &self.site
     }
 
+    /// Counts samples an edge refused before they reached the loop (see
+    /// [`crate::admit`]), under the same counter as the loop's own rejects.
+    pub fn count_rejected(&mut self, reason: &'static str, n: u64) {
+        if n > 0 {
+            *self.counters.samples_rejected.entry(reason).or_default() += n;
+        }
+    }
+
     /// Marks every reading of an entity bad (its source said it died).
     pub fn mark_bad(&mut self, entity: &telemetry::EntityId) {
         self.snapshot.mark_bad(entity);

@@ -18,8 +18,18 @@ use telemetry::agent_proto::{
 use telemetry::metric::names::{
     ENERGY_J, GPU_TEMP_C, POWER_LIMIT_W, POWER_W, SM_CLOCK_MHZ, UTILIZATION_PCT,
 };
+use telemetry::sources::log_limit::LogLimiter;
 use telemetry::{EntityId, Sample, Site, Timestamp};
 use tracing::{info, warn};
+
+/// `warn!` at most once per `$key` per interval of `$self.log`, with `left_out`.
+macro_rules! warn_limited {
+    ($self:expr, $key:expr, $($arg:tt)+) => {
+        if let Some(left_out) = $self.log.allow($key, std::time::Instant::now()) {
+            warn!(left_out, $($arg)+);
+        }
+    };
+}
 
 /// How the controller leases and retries.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +136,11 @@ pub struct Fleet {
     cfg: FleetConfig,
     books: BTreeMap<EntityId, GpuBook>,
     nodes: BTreeMap<String, NodeBook>,
+    /// The site's nodes: messages on other nodes' topics are refused and counted
+    /// (`unknown_node`), so made-up agents grow no state.
+    known_nodes: std::collections::BTreeSet<String>,
+    /// One warning per reason per interval, with the count left out.
+    log: LogLimiter,
     id_prefix: String,
     next_id: u64,
     pub counters: BTreeMap<&'static str, u64>,
@@ -174,6 +189,8 @@ impl Fleet {
             cfg,
             books,
             nodes: BTreeMap::new(),
+            known_nodes: site.nodes.iter().map(|n| n.id.clone()).collect(),
+            log: LogLimiter::new(std::time::Duration::from_secs(30)),
             id_prefix: format!("c{}", started.as_millis()),
             next_id: 0,
             counters: BTreeMap::new(),
@@ -191,6 +208,8 @@ impl Fleet {
     /// The commands to publish now, as `(topic, payload)`, so that every GPU heads to
     /// what `state` wants.
     pub fn commands(&mut self, state: &State, now: Timestamp) -> Vec<(String, Vec<u8>)> {
+        self.log
+            .warn_suppressed("agent messages", std::time::Instant::now());
         // (node, want) -> GPUs, and the retry count to carry
         let mut groups: BTreeMap<(String, i64), (Want, Vec<u32>, u32)> = BTreeMap::new();
         let (retry_s, renew_s) = (self.cfg.retry_s, self.cfg.renew_s);
@@ -278,6 +297,11 @@ impl Fleet {
         let Some((node, ch)) = self.topics.parse(topic) else {
             return Vec::new();
         };
+        if !self.known_nodes.contains(node) {
+            bump(&mut self.counters, "unknown_node");
+            warn_limited!(self, "unknown_node", node = %node, "agent message refused: the site file has no such node");
+            return Vec::new();
+        }
         let node = node.to_string();
         match ch {
             Channel::Ack => {
@@ -320,7 +344,7 @@ impl Fleet {
                     }
                     Err(e) => {
                         bump(&mut self.counters, "health_malformed");
-                        warn!(node = %node, error = %e, "malformed agent health");
+                        warn_limited!(self, "health_malformed", node = %node, error = %e, "malformed agent health");
                     }
                 }
                 Vec::new()
@@ -341,23 +365,23 @@ impl Fleet {
                         _ => "acks_malformed",
                     })
                     .or_default() += 1;
-                warn!(node = %node, reason = e.reason(), "ack refused: {e}");
+                warn_limited!(self, e.reason(), node = %node, reason = e.reason(), "ack refused: {e}");
                 return;
             }
         };
         if ack.node != node {
             bump(&mut self.counters, "acks_wrong_node");
-            warn!(node = %node, claims = %ack.node, "ack refused: it names another node");
+            warn_limited!(self, "acks_wrong_node", node = %node, claims = %ack.node, "ack refused: it names another node");
             return;
         }
         bump(&mut self.counters, "acks");
         let Some(id) = &ack.id else {
-            warn!(node = %node, reason = ?ack.reason, detail = ?ack.detail, "the agent rejected a command it could not read");
+            warn_limited!(self, "acks_unread", node = %node, reason = ?ack.reason, detail = ?ack.detail, "the agent rejected a command it could not read");
             return;
         };
         if ack.status == AckStatus::Rejected {
             bump(&mut self.counters, "acks_rejected");
-            warn!(node = %node, id = %id, reason = ?ack.reason, detail = ?ack.detail, "the agent rejected a command");
+            warn_limited!(self, "acks_rejected", node = %node, id = %id, reason = ?ack.reason, detail = ?ack.detail, "the agent rejected a command");
         }
         for b in self
             .books
@@ -392,7 +416,7 @@ impl Fleet {
             Ok(r) => r,
             Err(e) => {
                 bump(&mut self.counters, "reports_malformed");
-                warn!(node = %node, error = %e, "malformed agent report");
+                warn_limited!(self, "reports_malformed", node = %node, error = %e, "malformed agent report");
                 return Vec::new();
             }
         };
@@ -750,5 +774,25 @@ gpu_model = "A40"
         assert!(book.in_sync());
         f.on_message(&topic, b"{garbage", at(2.0));
         assert_eq!(f.counters.get("reports_malformed"), Some(&1));
+    }
+
+    #[test]
+    fn messages_from_nodes_the_site_does_not_know_are_refused_and_counted() {
+        let (mut f, _) = fleet();
+        let t = Topics::default();
+        let health = br#"{"v":1,"node":"x","status":"online","time":null,"dry_run":false,"fail_safe_gpus":[],"counters":{}}"#;
+        for i in 0..2000 {
+            let node = format!("made-up-{i}");
+            f.on_message(&t.topic(&node, Channel::Health), health, at(1.0));
+            let report = f.on_message(&t.topic(&node, Channel::Gpus), b"{}", at(1.0));
+            assert!(report.is_empty());
+        }
+        assert_eq!(f.counters.get("unknown_node"), Some(&4000));
+        assert!(f.nodes().is_empty(), "no state for made-up nodes");
+        assert_eq!(
+            f.counters.get("reports_malformed"),
+            None,
+            "refused before decoding"
+        );
     }
 }

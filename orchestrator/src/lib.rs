@@ -6,6 +6,7 @@
 //!   backends, signed leased commands, fail-safe, drift.
 //! - [`http`]: `serve`'s `/metrics` and JSON API with bearer-token roles.
 //! - [`overrides`]: operators' pins and exemptions with an expiry.
+//! - [`admit`]: the gate between the edges and the loop: only the site's entities pass.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
 //! - [`control`]: the control loop, tick → snapshot → evaluate → plan → actuate → audit,
 //!   over the [`control::Telemetry`] and [`control::Actuator`] seams.
@@ -31,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
+pub mod admit;
 pub use agent;
 pub mod backtest;
 pub mod control;

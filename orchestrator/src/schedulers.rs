@@ -23,6 +23,7 @@ use integrations::webhook::{
     Action as WebhookAction, JobEvent, Outbox, OutboxConfig, Rejected, WebhookKey,
     SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
+use integrations::webhook_guard::{PerMinute, ReplayWindow};
 use policies::State;
 use serde::Deserialize;
 use serde_json::json;
@@ -143,6 +144,14 @@ pub struct WebhookSection {
     /// Classes deferrable unless an event says otherwise.
     #[serde(default = "default_deferrable")]
     pub deferrable_classes: Vec<String>,
+    /// Events taken per minute at most, signed ones and those with operator tokens
+    /// each; beyond it, 429.
+    #[serde(default = "default_events_per_minute")]
+    pub events_per_minute: u32,
+}
+
+fn default_events_per_minute() -> u32 {
+    6000
 }
 
 fn default_tolerance() -> f64 {
@@ -242,8 +251,9 @@ pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Resul
                 && w.max_backoff_s >= w.backoff_s
                 && w.timeout_s > 0.0
                 && w.max_attempts >= 1
-                && w.per_tick >= 1,
-            "{file}: [schedulers.webhook] needs tolerance_s, backoff_s, timeout_s above 0, max_backoff_s >= backoff_s, max_attempts and per_tick at least 1"
+                && w.per_tick >= 1
+                && w.events_per_minute >= 1,
+            "{file}: [schedulers.webhook] needs tolerance_s, backoff_s, timeout_s above 0, max_backoff_s >= backoff_s, max_attempts, per_tick and events_per_minute at least 1"
         );
     }
     if let Some(sl) = &s.slurm {
@@ -283,15 +293,78 @@ pub struct Inbox {
     inner: std::sync::Mutex<InboxInner>,
 }
 
-#[derive(Default)]
 struct InboxInner {
     jobs: BTreeMap<String, Job>,
+    /// Finished and cancelled jobs, most recent last (at most [`DONE_KEPT`]): an event
+    /// for one of them does not bring it back.
+    done: BTreeMap<String, Job>,
+    done_order: std::collections::VecDeque<String>,
+    /// Signatures of the events taken while their timestamps are accepted.
+    window: ReplayWindow,
+    per_minute: PerMinute,
+    log: telemetry::sources::log_limit::LogLimiter,
     /// Events taken so far, handed to the loop so far, stored so far.
     seq: u64,
     taken: u64,
     committed: u64,
     accepted: u64,
     rejected: BTreeMap<&'static str, u64>,
+}
+
+/// A signed event's id in the replay window: its signature, as verified.
+fn replay_id(signature: &str) -> String {
+    signature
+        .trim()
+        .trim_start_matches("sha256=")
+        .to_ascii_lowercase()
+}
+
+/// Finished jobs the inbox remembers at most (the oldest are forgotten first).
+const DONE_KEPT: usize = 50_000;
+
+impl InboxInner {
+    fn new(
+        jobs: BTreeMap<String, Job>,
+        done: Vec<Job>,
+        events_per_minute: u32,
+        tolerance_s: f64,
+    ) -> Self {
+        // every event taken within twice the tolerance is remembered: the rate
+        // limit bounds how many that are (two credentials' worth, with room)
+        let minutes = (2.0 * tolerance_s / 60.0).ceil().max(1.0) as usize;
+        let cap = (events_per_minute as usize)
+            .saturating_mul(minutes)
+            .saturating_mul(2)
+            .max(1024);
+        let mut inner = InboxInner {
+            jobs,
+            done: BTreeMap::new(),
+            done_order: Default::default(),
+            window: ReplayWindow::new(cap),
+            per_minute: PerMinute::new(events_per_minute),
+            log: telemetry::sources::log_limit::LogLimiter::new(Duration::from_secs(30)),
+            seq: 0,
+            taken: 0,
+            committed: 0,
+            accepted: 0,
+            rejected: BTreeMap::new(),
+        };
+        for j in done {
+            inner.remember_done(j);
+        }
+        inner
+    }
+
+    fn remember_done(&mut self, job: Job) {
+        if self.done.insert(job.id.clone(), job.clone()).is_none() {
+            self.done_order.push_back(job.id);
+        }
+        while self.done_order.len() > DONE_KEPT {
+            if let Some(old) = self.done_order.pop_front() {
+                self.done.remove(&old);
+            }
+        }
+    }
 }
 
 impl Inbox {
@@ -302,6 +375,62 @@ impl Inbox {
     /// Counts a request refused before it reached [`Inbox::receive`].
     pub fn reject(&self, reason: &'static str) {
         *self.lock().rejected.entry(reason).or_default() += 1;
+    }
+
+    /// Counts and logs (rate-limited) a refused event; the sender's answer.
+    fn refuse(&self, reason: &'static str, status: u16, why: String) -> (u16, String) {
+        let mut g = self.lock();
+        *g.rejected.entry(reason).or_default() += 1;
+        if let Some(left_out) = g.log.allow(reason, std::time::Instant::now()) {
+            warn!(reason, status, left_out, "job event refused: {why}");
+        }
+        (status, why)
+    }
+
+    /// The checks between the parser and the registry: the field lengths, a replay of
+    /// a signed event (remembered from here on), an event older than the job's last
+    /// transition. `Ok(true)`: take the event; `Ok(false)`: it is already recorded
+    /// (a repeat of a job's end), answer without taking it.
+    fn guard(
+        &self,
+        event: &JobEvent,
+        signed: Option<(&str, &str)>,
+        now: Timestamp,
+    ) -> std::result::Result<bool, (u16, String)> {
+        use integrations::webhook_guard::check_lengths;
+        if let Err(r) = check_lengths(event) {
+            return Err(self.refuse(r.reason(), r.status(), format!("bad event: {r}")));
+        }
+        let mut g = self.lock();
+        if let Some((ts, sig)) = signed {
+            let secs: i64 = ts.trim().parse().unwrap_or(0);
+            let forget_at = Timestamp::from_secs(secs).plus_secs(self.tolerance_s + 1.0);
+            if let Err(r) = g.window.remember(&replay_id(sig), forget_at, now) {
+                drop(g);
+                return Err(self.refuse(r.reason(), r.status(), r.to_string()));
+            }
+        }
+        let id = event.id();
+        let at = event
+            .time
+            .as_deref()
+            .and_then(|t| Timestamp::parse_rfc3339(t).ok())
+            .unwrap_or(now);
+        let Some(prior) = g.jobs.get(&id).or_else(|| g.done.get(&id)) else {
+            return Ok(true);
+        };
+        if integrations::webhook_guard::is_stale(event, at, prior) {
+            let why = format!(
+                "job {id} is {:?} since {}: a {:?} event at {} does not change it",
+                prior.state,
+                integrations::webhook_guard::last_transition(prior),
+                event.event,
+                at
+            );
+            drop(g);
+            return Err(self.refuse("stale", 409, why));
+        }
+        Ok(!prior.state.is_done())
     }
 
     /// Takes one event: authenticated by `bearer` (an operator token the caller
@@ -320,25 +449,44 @@ impl Inbox {
                 .key
                 .verify(timestamp, signature, body, now, self.tolerance_s)
             {
-                self.reject(r.reason());
-                warn!(reason = r.reason(), "job event refused");
                 let why = match r {
                     Rejected::Unsigned => format!("sign the event ({TIMESTAMP_HEADER}, {SIGNATURE_HEADER}) or send an operator bearer token"),
                     Rejected::Stale => format!("{TIMESTAMP_HEADER} is more than {} s from the controller's clock", self.tolerance_s),
                     Rejected::BadTimestamp => format!("{TIMESTAMP_HEADER} must be Unix seconds"),
                     _ => "bad signature".to_string(),
                 };
-                return Err((401, why));
+                return Err(self.refuse(r.reason(), 401, why));
             }
+        }
+        // a replay is refused first, so that it costs the credential nothing
+        let signed = timestamp.zip(signature).filter(|_| !bearer);
+        if let Some(id) = signed.map(|(_, sig)| replay_id(sig)) {
+            let seen = self.lock().window.seen(&id, now);
+            if let Err(r) = seen {
+                return Err(self.refuse(r.reason(), r.status(), r.to_string()));
+            }
+        }
+        // authenticated: the credential's rate, before anything is parsed
+        let taken = self
+            .lock()
+            .per_minute
+            .take(if bearer { "bearer" } else { "signed" }, now);
+        if let Err(r) = taken {
+            return Err(self.refuse(r.reason(), r.status(), r.to_string()));
         }
         let event = match JobEvent::parse(body) {
             Ok(e) => e,
             Err(e) => {
-                self.reject(Rejected::BadEvent.reason());
-                warn!(error = %e, "job event refused");
-                return Err((400, format!("bad event: {e}")));
+                return Err(self.refuse(
+                    Rejected::BadEvent.reason(),
+                    400,
+                    format!("bad event: {e}"),
+                ))
             }
         };
+        if !self.guard(&event, signed, now)? {
+            return Ok(event.id());
+        }
         let id = event.id();
         let mut g = self.lock();
         let job = event.apply(g.jobs.get(&id), &self.deferrable_classes, now);
@@ -352,14 +500,17 @@ impl Inbox {
             .stored
             .wait_timeout_while(g, self.ack_wait, |g| g.committed < mine)
             .unwrap_or_else(|p| p.into_inner());
-        drop(g);
+        let mut g = g;
         if timeout.timed_out() {
-            warn!(job = %id, "job event taken but not yet stored");
+            if let Some(left_out) = g.log.allow("not_stored", std::time::Instant::now()) {
+                warn!(job = %id, left_out, "job event taken but not yet stored");
+            }
             return Err((
                 503,
                 "taken but not yet stored (the store may be down); resend it".into(),
             ));
         }
+        drop(g);
         Ok(id)
     }
 
@@ -374,7 +525,12 @@ impl Inbox {
     /// The jobs the events describe; finished ones are handed out once, then dropped.
     fn take(&self) -> Vec<Job> {
         let mut g = self.lock();
+        g.log
+            .warn_suppressed("job events", std::time::Instant::now());
         let out: Vec<Job> = g.jobs.values().cloned().collect();
+        for j in out.iter().filter(|j| j.state.is_done()) {
+            g.remember_done(j.clone());
+        }
         g.jobs.retain(|_, j| !j.state.is_done());
         g.taken = g.seq;
         out
@@ -450,22 +606,31 @@ impl Schedulers {
         let (mut inbox, mut outbox) = (None, None);
         if let Some(w) = section.and_then(|s| s.webhook.as_ref()) {
             let key = read_key(&crate::serve::resolve(base, &w.key_file))?;
-            let jobs = store
+            let (done, jobs): (Vec<Job>, Vec<Job>) = store
                 .jobs()?
                 .into_iter()
-                .filter(|j| j.scheduler != "slurm" && !j.state.is_done())
-                .map(|j| (j.id.clone(), j))
+                .filter(|j| j.scheduler != "slurm")
+                .partition(|j| j.state.is_done());
+            let jobs = jobs.into_iter().map(|j| (j.id.clone(), j)).collect();
+            // the most recently finished are remembered, so that no event brings them back
+            let mut done: Vec<Job> = done
+                .into_iter()
+                .filter(|j| j.scheduler != "kubernetes")
                 .collect();
+            done.sort_by_key(integrations::webhook_guard::last_transition);
+            let done = done.split_off(done.len().saturating_sub(DONE_KEPT));
             inbox = Some(std::sync::Arc::new(Inbox {
                 key: key.clone(),
                 tolerance_s: w.tolerance_s,
                 ack_wait: Duration::from_secs_f64(w.ack_wait_s),
                 stored: std::sync::Condvar::new(),
                 deferrable_classes: w.deferrable_classes.clone(),
-                inner: std::sync::Mutex::new(InboxInner {
+                inner: std::sync::Mutex::new(InboxInner::new(
                     jobs,
-                    ..Default::default()
-                }),
+                    done,
+                    w.events_per_minute,
+                    w.tolerance_s,
+                )),
             }));
             if let Some(url) = &w.url {
                 let o = Outbox::restore(
@@ -546,6 +711,11 @@ impl Schedulers {
         if let Some(i) = &self.inbox {
             i.stored();
         }
+    }
+
+    /// Job events refused, by reason (with `[schedulers.webhook]`).
+    pub fn events_rejected(&self) -> Option<BTreeMap<&'static str, u64>> {
+        self.inbox.as_ref().map(|i| i.lock().rejected.clone())
     }
 
     /// Where the HTTP server puts inbound job events (with `[schedulers.webhook]`).

@@ -346,6 +346,10 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         Some(p) => problems.take(load_prices(p, &name, base)),
         None => None,
     };
+    if let (Some(r), Some(site)) = (&cfg.redfish, &site) {
+        let r = crate::admit::check_redfish(&r.endpoints, site);
+        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
     check_values(&cfg, &name, base, &mut problems);
     problems.finish()?;
     match (site, policy) {
@@ -568,10 +572,14 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         move || !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| started.elapsed() < d)
     };
     let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
+    // only the site's entities reach the buffer (see crate::admit)
+    let gate = Arc::new(crate::admit::Gate::new(&site));
+    let mqtt_rejects = Arc::new(crate::admit::Tally::default());
     let mut threads = Vec::new();
     if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
         let mut source = MqttSource::new(m.client.clone(), mapping)?;
         let (buf, keep) = (buffer.clone(), keep_going.clone());
+        let (gate, tally) = (gate.clone(), mqtt_rejects.clone());
         info!(url = %m.client.url, filters = ?source.filters(), "mqtt source starting");
         threads.push(
             std::thread::Builder::new()
@@ -579,7 +587,13 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 .spawn(move || {
                     source.run(&keep, &wall_clock, &mut |ev| {
                         if let Event::Message { decoded, .. } = ev {
-                            buf.push(decoded.samples, decoded.dead);
+                            for r in &decoded.rejects {
+                                tally.add(r.reason, 1);
+                            }
+                            buf.push(
+                                gate.admit(decoded.samples, "mqtt"),
+                                gate.admit_dead(decoded.dead, "mqtt"),
+                            );
                         }
                     });
                 })?,
@@ -588,7 +602,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     if let Some(r) = cfg.redfish.clone() {
         let mut poller = Poller::new(r.endpoints, r.concurrency)?;
         poller.interval = Some(Duration::from_secs_f64(r.interval_s.max(1.0)));
-        let (buf, keep) = (buffer.clone(), keep_going.clone());
+        let (buf, keep, gate) = (buffer.clone(), keep_going.clone(), gate.clone());
         let interval = Duration::from_secs_f64(r.interval_s.max(1.0));
         info!(
             endpoints = poller.endpoints.len(),
@@ -602,7 +616,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                     while keep() {
                         let t = Instant::now();
                         for p in poller.poll(wall_clock()) {
-                            buf.push(p.samples, Vec::new());
+                            buf.push(gate.admit(p.samples, "redfish"), Vec::new());
                         }
                         if t.elapsed() > interval {
                             warn!(
@@ -650,6 +664,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             )?;
             info!(url = %a.mqtt.url, prefix = %a.topic_prefix, lease_s = a.lease_s, "commanding the GPU agents");
             let (buf, keep, fl) = (buffer.clone(), keep_going.clone(), fleet.clone());
+            let gate = gate.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("agents".into())
@@ -662,7 +677,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                                         .unwrap_or_else(|p| p.into_inner())
                                         .on_message(&topic, &payload, wall_clock());
                                     if !samples.is_empty() {
-                                        buf.push(samples, Vec::new());
+                                        buf.push(gate.admit(samples, "agents"), Vec::new());
                                     }
                                 }
                                 Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -770,6 +785,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         notify.watchdog();
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
+        control.count_rejected(crate::admit::UNKNOWN_ENTITY, gate.take_refused());
         for e in &dead {
             control.mark_bad(e);
         }
@@ -863,6 +879,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             b.jobs = control.registry().active().to_vec();
             b.schedulers = schedulers.status();
             b.scheduler_counters = schedulers.counters();
+            b.labeled_counters = crate::admit::labeled(
+                cfg.mqtt.is_some().then(|| mqtt_rejects.counts()),
+                schedulers.events_rejected(),
+            );
             drop(b);
         }
         if let Some(e) = report.store_error {

@@ -168,6 +168,13 @@ impl Handled {
     }
 }
 
+/// Edge nodes a session follows at most: beyond it a new node's messages are
+/// rejected (`too_many_nodes`), so a publisher of made-up node names cannot grow it.
+pub const MAX_NODES: usize = 10_000;
+/// Aliases and fed entities kept per edge node at most.
+pub const MAX_ALIASES: usize = 65_536;
+pub const MAX_ENTITIES: usize = 4_096;
+
 /// The state of every edge node seen, by (group, node).
 #[derive(Debug, Clone, Default)]
 pub struct Session {
@@ -181,10 +188,15 @@ impl Session {
 
     /// Records that `entity` was fed by this node/device (so a DEATH can mark it).
     pub fn remember(&mut self, t: &Topic<'_>, entity: &EntityId) {
-        let node = self
+        let Some(node) = self
             .nodes
-            .entry((t.group.to_string(), t.node.to_string()))
-            .or_default();
+            .get_mut(&(t.group.to_string(), t.node.to_string()))
+        else {
+            return;
+        };
+        if node.entities.values().map(BTreeSet::len).sum::<usize>() >= MAX_ENTITIES {
+            return;
+        }
         node.entities
             .entry(t.device.unwrap_or("").to_string())
             .or_default()
@@ -231,6 +243,26 @@ impl Session {
                 return Handled::problem("bad_protobuf", format!("{} from {}: {e}", t.kind, t.node))
             }
         };
+        if !self.nodes.contains_key(&key) {
+            if t.kind != "NBIRTH" {
+                return Handled::problem(
+                    "no_birth",
+                    format!(
+                        "{} from {} before its NBIRTH: aliases unknown",
+                        t.kind, t.node
+                    ),
+                );
+            }
+            if self.nodes.len() >= MAX_NODES {
+                return Handled::problem(
+                    "too_many_nodes",
+                    format!(
+                        "NBIRTH from {}: {MAX_NODES} edge nodes are followed already",
+                        t.node
+                    ),
+                );
+            }
+        }
         let node = self.nodes.entry(key).or_default();
         let device = t.device.unwrap_or("").to_string();
         let mut out = Handled::default();
@@ -271,8 +303,10 @@ impl Session {
         for m in &p.metrics {
             if birth {
                 if let (Some(name), Some(alias)) = (&m.name, m.alias) {
-                    node.aliases
-                        .insert((device.clone(), alias), (name.clone(), m.datatype));
+                    if node.aliases.len() < MAX_ALIASES {
+                        node.aliases
+                            .insert((device.clone(), alias), (name.clone(), m.datatype));
+                    }
                 }
             }
             let (name, dt) = match (&m.name, m.alias) {
@@ -529,5 +563,34 @@ mod tests {
             "no_birth",
             "a dead node must be born again"
         );
+    }
+
+    #[test]
+    fn made_up_edge_nodes_grow_the_session_only_up_to_its_bound() {
+        let mut s = Session::new();
+        let birth = payload(
+            0,
+            vec![metric(Some("temp"), Some(1), datatype::DOUBLE, 20.0)],
+        );
+        let data = payload(1, vec![metric(None, Some(1), datatype::DOUBLE, 21.0)]);
+        for i in 0..(MAX_NODES + 50) {
+            let node = format!("made-up-{i}");
+            let t = format!("spBv1.0/g/NDATA/{node}");
+            let h = s.handle(&parse_topic(&t).expect("topic"), &data);
+            assert_eq!(
+                h.problems[0].0, "no_birth",
+                "data before a birth keeps nothing"
+            );
+        }
+        assert_eq!(s.nodes.len(), 0);
+        let mut refused = 0;
+        for i in 0..(MAX_NODES + 50) {
+            let t = format!("spBv1.0/g/NBIRTH/made-up-{i}");
+            let h = s.handle(&parse_topic(&t).expect("topic"), &birth);
+            if h.problems.first().is_some_and(|p| p.0 == "too_many_nodes") {
+                refused += 1;
+            }
+        }
+        assert_eq!((s.nodes.len(), refused), (MAX_NODES, 50));
     }
 }

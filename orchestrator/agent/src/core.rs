@@ -357,6 +357,20 @@ impl Core {
         self.ack(id, now, reason, detail)
     }
 
+    /// What the agent answers on the wire to a message on its command topic: nothing
+    /// to one that fails its signature check (unsigned, bad signature, unreadable),
+    /// which is counted (`rejected_*`, `commands_unanswered`) and logged rate-limited
+    /// (an answer would let anyone make the agent publish at the rate they send
+    /// garbage); else the command's ack, as [`Core::handle`] gives it.
+    pub fn answer(&mut self, bytes: &[u8], now: Timestamp) -> Option<Ack> {
+        if let Err(e) = Command::open(&self.rules.key, bytes) {
+            self.reject(None, now, e.reason(), e.to_string());
+            bump(&mut self.counters, "commands_unanswered");
+            return None;
+        }
+        Some(self.handle(bytes, now))
+    }
+
     /// Checks and applies one command as received; the answer is its ack.
     pub fn handle(&mut self, bytes: &[u8], now: Timestamp) -> Ack {
         let cmd = match Command::open(&self.rules.key, bytes) {
@@ -672,6 +686,8 @@ impl Core {
     /// One read cycle: read, end leases, re-apply after drift, and the report to
     /// publish.
     pub fn tick(&mut self, now: Timestamp) -> NodeReport {
+        self.log_limit
+            .warn_suppressed("agent commands", std::time::Instant::now());
         let mut all = self.read();
         self.expire(now);
         if !self.rules.dry_run {

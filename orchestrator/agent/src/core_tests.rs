@@ -683,3 +683,43 @@ fn a_dry_run_leaves_nothing_for_a_real_run_to_apply() {
     assert_eq!(limit(&b, 0), 300.0);
     assert_eq!(b.lock().sets, 0);
 }
+
+#[test]
+fn a_message_that_fails_its_signature_check_gets_no_answer_but_is_counted() {
+    let b = gpus(2);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    let other = Key::from_text("somebody else's key, long enough").expect("key");
+    let forged = cmd("f", 0.0, 60.0, watts(vec![0], 150.0)).seal(&other);
+    let unsigned = format!(
+        "{{\"body\":{}}}",
+        serde_json::to_string(&cmd("u", 0.0, 60.0, watts(vec![0], 150.0))).expect("json")
+    );
+    for _ in 0..100 {
+        assert_eq!(c.answer(&forged, at(1.0)), None);
+        assert_eq!(c.answer(unsigned.as_bytes(), at(1.0)), None);
+        assert_eq!(c.answer(b"\xff not json", at(1.0)), None);
+    }
+    assert_eq!(c.counters.get("rejected_bad_signature"), Some(&100));
+    assert_eq!(c.counters.get("rejected_unsigned"), Some(&100));
+    assert_eq!(c.counters.get("rejected_malformed"), Some(&100));
+    assert_eq!(c.counters.get("commands_unanswered"), Some(&300));
+    assert_eq!(b.lock().sets, 0, "nothing reached a setter");
+    // an authentic command is still answered, a rejected one too (it names its id)
+    let good = c
+        .answer(
+            &cmd("g", 1.0, 60.0, watts(vec![0], 150.0)).seal(&key()),
+            at(1.0),
+        )
+        .expect("an ack");
+    assert_eq!(good.status, AckStatus::Applied);
+    let late = c
+        .answer(
+            &cmd("late", -50.0, 20.0, watts(vec![0], 150.0)).seal(&key()),
+            at(1.0),
+        )
+        .expect("an ack");
+    assert_eq!(
+        (late.status, late.id.as_deref()),
+        (AckStatus::Rejected, Some("late"))
+    );
+}

@@ -330,12 +330,14 @@ pub fn run(
         match events.recv_timeout(wait) {
             Ok(LinkEvent::Connected) => publish_health(&core, "online", &mut last_health),
             Ok(LinkEvent::Message { topic, payload }) if topic == t_cmd => {
-                let ack = core.handle(&payload, clock());
-                link.publish(&t_ack, ack.seal(&key), true, false);
-                // show a new state at once (not for rejections: garbage must not make
-                // the agent read its GPUs on demand)
-                if ack.status != telemetry::agent_proto::AckStatus::Rejected {
-                    next = Instant::now();
+                // a message that fails its signature check gets no answer
+                if let Some(ack) = core.answer(&payload, clock()) {
+                    link.publish(&t_ack, ack.seal(&key), true, false);
+                    // show a new state at once (not for rejections: garbage must not
+                    // make the agent read its GPUs on demand)
+                    if ack.status != telemetry::agent_proto::AckStatus::Rejected {
+                        next = Instant::now();
+                    }
                 }
             }
             Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}

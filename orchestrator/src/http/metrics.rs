@@ -416,6 +416,15 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         };
         o.add(name, kind, help, &[], *v);
     }
+    for c in &b.labeled_counters {
+        o.add(
+            c.name,
+            "counter",
+            c.help,
+            &[(c.label, c.value)],
+            c.count as f64,
+        );
+    }
     o.add(
         "store_errors_total",
         "counter",

@@ -162,6 +162,8 @@ pub struct Board {
     pub schedulers: serde_json::Value,
     /// Scheduler counters for `/metrics`: (name, help, value).
     pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
+    /// The edges' reject counters by reason, for `/metrics` (see [`crate::admit`]).
+    pub labeled_counters: Vec<crate::admit::LabeledCounter>,
     /// The policy in force and the outcome of the last reload.
     pub policy_status: crate::reload::PolicyStatus,
     /// The store's reachability and counters (`None`: the embedded store), for
@@ -213,6 +215,7 @@ impl Board {
             price_source: String::new(),
             schedulers: serde_json::Value::Null,
             scheduler_counters: Vec::new(),
+            labeled_counters: Vec::new(),
             policy_status: crate::reload::PolicyStatus::default(),
             store_health: None,
         }

@@ -216,6 +216,7 @@ impl MqttSource {
         let mut limiter = super::log_limit::LogLimiter::default();
         let source = format!("mqtt:{}", self.cfg.url);
         while keep_going() {
+            limiter.warn_suppressed("mqtt", Instant::now());
             match conn.next(Duration::from_millis(100)) {
                 Step::Idle | Step::Other => {}
                 Step::Closed => break,

@@ -383,7 +383,8 @@ impl Poller {
             concurrency: concurrency.max(1),
             interval: None,
             discovery_s: Mutex::new(0.0),
-            log: super::log_limit::LogLimiter::default(),
+            // keys are endpoint × reason: bounded by the config, not by what BMCs send
+            log: super::log_limit::LogLimiter::default().with_max_keys(16_384),
         })
     }
 
@@ -451,6 +452,7 @@ impl Poller {
         });
         let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
         results.sort_by_key(|r| r.0);
+        self.log.warn_suppressed("redfish", Instant::now());
         for (i, r) in &results {
             let ep = &mut self.endpoints[*i];
             if r.skipped || r.deferred {
