@@ -378,6 +378,7 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     }
     if let Some(h) = &cfg.http {
         crate::http::load_tokens(h, base)?;
+        crate::http::server::check(h, base)?;
     }
     if let Some(s) = &cfg.schedulers {
         crate::schedulers::check(s, &name, base)?;
@@ -641,7 +642,15 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         &mut control,
         &mut first_board,
     )?;
+    first_board.ready = crate::http::health::Readiness {
+        sources: usize::from(cfg.mqtt.is_some())
+            + usize::from(cfg.redfish.is_some())
+            + usize::from(cfg.agents.is_some()),
+        stale_after_s: cfg.http.as_ref().map_or(60.0, |h| h.ready_stale_s),
+        ..Default::default()
+    };
     let board = Arc::new(std::sync::RwLock::new(first_board));
+    let mut last_source_sample = None;
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
             cfg.http
@@ -663,8 +672,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             refresh_s: h.refresh_s.max(1),
             events: schedulers.inbox(),
             kubernetes: schedulers.kube_hooks(),
+            stats: Default::default(),
         };
-        threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
+        crate::http::serve(h, &base, api, &runtime)?;
     }
     // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
     let feed = Arc::new(std::sync::RwLock::new(prices.clone().unwrap_or_default()));
@@ -709,6 +719,11 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     while keep_going() {
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
+        last_source_sample = if samples.is_empty() {
+            last_source_sample
+        } else {
+            Some(now)
+        };
         for e in &dead {
             control.mark_bad(e);
         }
@@ -802,6 +817,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             b.jobs = control.registry().active().to_vec();
             b.schedulers = schedulers.status();
             b.scheduler_counters = schedulers.counters();
+            b.ready.store_ok = Some(report.store_error.is_none());
+            b.ready.store_error = report.store_error.as_ref().map(|e| e.to_string());
+            b.ready.last_source_sample = last_source_sample;
             drop(b);
         }
         if let Some(e) = report.store_error {
