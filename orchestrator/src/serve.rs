@@ -642,13 +642,12 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         &mut control,
         &mut first_board,
     )?;
-    first_board.ready = crate::http::health::Readiness {
-        sources: usize::from(cfg.mqtt.is_some())
-            + usize::from(cfg.redfish.is_some())
-            + usize::from(cfg.agents.is_some()),
-        stale_after_s: cfg.http.as_ref().map_or(60.0, |h| h.ready_stale_s),
-        ..Default::default()
-    };
+    let sources = [
+        cfg.mqtt.is_some(),
+        cfg.redfish.is_some(),
+        cfg.agents.is_some(),
+    ];
+    first_board.ready = crate::http::health::Readiness::new(&sources, cfg.http.as_ref());
     let board = Arc::new(std::sync::RwLock::new(first_board));
     let mut last_source_sample = None;
     let overrides = Arc::new(Mutex::new(
@@ -719,11 +718,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     while keep_going() {
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
-        last_source_sample = if samples.is_empty() {
-            last_source_sample
-        } else {
-            Some(now)
-        };
+        if !samples.is_empty() {
+            last_source_sample = Some(now);
+        }
         for e in &dead {
             control.mark_bad(e);
         }
@@ -817,9 +814,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             b.jobs = control.registry().active().to_vec();
             b.schedulers = schedulers.status();
             b.scheduler_counters = schedulers.counters();
-            b.ready.store_ok = Some(report.store_error.is_none());
-            b.ready.store_error = report.store_error.as_ref().map(|e| e.to_string());
-            b.ready.last_source_sample = last_source_sample;
+            b.ready
+                .after_tick(report.store_error.as_deref(), last_source_sample);
             drop(b);
         }
         if let Some(e) = report.store_error {

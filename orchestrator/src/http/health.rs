@@ -25,6 +25,25 @@ pub struct Readiness {
     pub stale_after_s: f64,
 }
 
+impl Readiness {
+    /// For a `serve` with these telemetry sources (each `true` when configured).
+    pub fn new(sources: &[bool], http: Option<&super::HttpSection>) -> Self {
+        Readiness {
+            sources: sources.iter().filter(|s| **s).count(),
+            stale_after_s: http
+                .map_or_else(super::server::default_ready_stale_s, |h| h.ready_stale_s),
+            ..Default::default()
+        }
+    }
+
+    /// What a tick saw: the store's error, if any, and a source's last delivery.
+    pub fn after_tick(&mut self, store_error: Option<&str>, last_source_sample: Option<Timestamp>) {
+        self.store_ok = Some(store_error.is_none());
+        self.store_error = store_error.map(str::to_string);
+        self.last_source_sample = last_source_sample;
+    }
+}
+
 /// One check: its name, whether it passes, and what it saw.
 fn check(name: &str, ok: bool, detail: serde_json::Value) -> (String, bool, serde_json::Value) {
     (name.to_string(), ok, detail)
