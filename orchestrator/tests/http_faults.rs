@@ -272,3 +272,51 @@ fn at_shutdown_a_request_in_flight_is_answered_and_new_ones_are_not_taken() {
     assert!(log.contains("draining"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[test]
+fn trickled_headers_are_dropped_and_a_body_too_slow_gets_408() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let cfg = config(
+        dir.path(),
+        port,
+        "header_timeout_s = 1\nbody_timeout_s = 1\n",
+        &kubernetes(),
+    );
+    let _serve = start(&cfg, port, None, false);
+    // headers one byte every 200 ms: cut off after the header deadline
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let t = Instant::now();
+    let mut closed = false;
+    for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+        std::thread::sleep(Duration::from_millis(200));
+        if s.write_all(&[*b]).is_err() {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "a client trickling its headers is dropped");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    // a body that stalls: 408 after the body deadline
+    let mut slow = Slow::open(port);
+    slow.0
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let t = Instant::now();
+    let mut answer = String::new();
+    let _ = slow.0.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(
+        metric(
+            port,
+            "powerplane_http_limit_hits_total{limit=\"body_timeout\"}"
+        ) >= 1.0
+    );
+    assert!(
+        metric(
+            port,
+            "powerplane_http_limit_hits_total{limit=\"header_timeout\"}"
+        ) >= 1.0
+    );
+}
