@@ -437,6 +437,7 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
     }
     if let Some(h) = &cfg.http {
         problems.take(crate::http::load_tokens(h, base));
+        problems.take(crate::http::server::check(h, base).map_err(anyhow::Error::from));
     }
     if let Some(s) = &cfg.schedulers {
         problems.take(crate::schedulers::check(s, name, base));
@@ -708,7 +709,14 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         &mut control,
         &mut first_board,
     )?;
+    let sources = [
+        cfg.mqtt.is_some(),
+        cfg.redfish.is_some(),
+        cfg.agents.is_some(),
+    ];
+    first_board.ready = crate::http::health::Readiness::new(&sources, cfg.http.as_ref());
     let board = Arc::new(std::sync::RwLock::new(first_board));
+    let mut last_source_sample = None;
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
             cfg.http
@@ -730,8 +738,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             refresh_s: h.refresh_s.max(1),
             events: schedulers.inbox(),
             kubernetes: schedulers.kube_hooks(),
+            stats: Default::default(),
         };
-        threads.push(crate::http::serve(&h.listen, api, keep_going.clone())?);
+        crate::http::serve(h, &base, api, &runtime)?;
     }
     // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
     let feed = Arc::new(std::sync::RwLock::new(prices.clone().unwrap_or_default()));
@@ -786,6 +795,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
         control.count_rejected(crate::admit::UNKNOWN_ENTITY, gate.take_refused());
+        if !samples.is_empty() {
+            last_source_sample = Some(now);
+        }
         for e in &dead {
             control.mark_bad(e);
         }
@@ -883,6 +895,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 cfg.mqtt.is_some().then(|| mqtt_rejects.counts()),
                 schedulers.events_rejected(),
             );
+            b.ready
+                .after_tick(report.store_error.as_deref(), last_source_sample);
             drop(b);
         }
         if let Some(e) = report.store_error {

@@ -88,7 +88,11 @@ fn the_api_answers_each_role_as_it_may_and_metrics_pass_promtool() {
     // authentication and roles
     let (code, head, _) = http(port, "GET", "/api/v1/status", None, b"");
     assert_eq!(code, 401);
-    assert!(head.contains("WWW-Authenticate: Bearer"), "{head}");
+    // header names are case-insensitive (hyper writes them in lowercase)
+    assert!(
+        head.to_lowercase().contains("www-authenticate: bearer"),
+        "{head}"
+    );
     assert_eq!(
         http(
             port,
@@ -305,13 +309,23 @@ fn the_status_page_renders_in_chromium_with_its_headings() {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_millis(1200));
-    let (code, head, _) = http(port, "GET", "/", None, b"");
+    let (code, head, form) = http(port, "GET", "/", None, b"");
     assert_eq!(
         code, 401,
         "the page needs a viewer token unless status_page_public"
     );
-    assert!(head.contains("WWW-Authenticate"), "{head}");
-    let (code, head, html) = http(port, "GET", &format!("/?token={VIEWER}"), None, b"");
+    assert!(head.to_lowercase().contains("www-authenticate"), "{head}");
+    assert!(
+        form.contains("action=\"/login\"") && form.contains("name=\"token\""),
+        "a login form instead: {form}"
+    );
+    assert_eq!(
+        http(port, "GET", &format!("/?token={VIEWER}"), None, b"").0,
+        401,
+        "a token in the URL grants nothing"
+    );
+    let cookie = login(port, VIEWER);
+    let (code, head, html) = get_with_cookie(port, "/", &cookie);
     assert_eq!(code, 200);
     assert!(head.contains("text/html"), "{head}");
     assert!(
@@ -323,7 +337,9 @@ fn the_status_page_renders_in_chromium_with_its_headings() {
         "no script, no external asset"
     );
 
-    let url = format!("http://127.0.0.1:{port}/?token={VIEWER}");
+    // Chromium sees the page through a proxy that adds the session cookie, as the
+    // browser of an operator who logged in sends it
+    let url = format!("http://127.0.0.1:{}/", cookie_proxy(port, cookie));
     let shot = dir.path().join("status.png");
     let chromium = |args: &[&str]| {
         Command::new("chromium")
@@ -382,4 +398,89 @@ fn the_status_page_renders_in_chromium_with_its_headings() {
     );
     let _ = serve.kill();
     let _ = serve.wait();
+}
+
+/// Logs in at `POST /login` with a token; returns the `Cookie` header value to send.
+fn login(port: u16, token: &str) -> String {
+    let (code, head, body) = http(
+        port,
+        "POST",
+        "/login",
+        None,
+        format!("token={token}").as_bytes(),
+    );
+    assert_eq!(code, 303, "login: {head}\n{body}");
+    let set = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("set-cookie")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no Set-Cookie in {head}"));
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set.contains(attr), "{attr} missing: {set}");
+    }
+    set.split(';').next().expect("cookie").to_string()
+}
+
+/// `GET path` with a `Cookie` header: (status, head, body).
+fn get_with_cookie(port: u16, path: &str, cookie: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (h, b) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let code = h
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, h.to_string(), b.to_string())
+}
+
+/// A proxy on a free port that forwards to `port`, adding `Cookie: cookie` to the
+/// first request of each connection; returns its port.
+fn cookie_proxy(port: u16, cookie: String) -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("proxy");
+    let proxy_port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for client in l.incoming().flatten() {
+            let cookie = cookie.clone();
+            std::thread::spawn(move || {
+                let mut client = client;
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match client.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_string();
+                let (first, rest) = text.split_once("\r\n").expect("request line");
+                let Ok(mut upstream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                    return;
+                };
+                let _ = write!(upstream, "{first}\r\nCookie: {cookie}\r\n{rest}");
+                let (mut c2, mut u2) = (
+                    client.try_clone().expect("clone"),
+                    upstream.try_clone().expect("clone"),
+                );
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c2, &mut u2);
+                });
+                let _ = std::io::copy(&mut upstream, &mut client);
+            });
+        }
+    });
+    proxy_port
 }

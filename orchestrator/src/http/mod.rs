@@ -4,14 +4,22 @@
 //! The control loop publishes a [`Board`] after every tick; requests read it and never
 //! touch the loop or the store, so a slow client cannot delay a tick.
 
+pub mod health;
 pub mod metrics;
 pub mod page;
+mod query;
+pub mod server;
+mod service;
+pub mod session;
+mod slots;
+pub mod stats;
+pub mod tls;
+
+pub use server::serve;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use policies::{Decision, State};
@@ -35,7 +43,8 @@ pub struct HttpSection {
     #[serde(default = "yes")]
     pub metrics_public: bool,
     /// The status page at `/` without a token (a control-room screen on a closed
-    /// network); otherwise a viewer token in the header or as `/?token=...`.
+    /// network); otherwise a viewer token in the header, or a login (`POST /login`)
+    /// that gives a session cookie.
     #[serde(default)]
     pub status_page_public: bool,
     /// How often the status page reloads itself.
@@ -47,6 +56,33 @@ pub struct HttpSection {
     pub overrides_file: Option<PathBuf>,
     /// Who may call the API.
     pub tokens: Vec<TokenConfig>,
+    /// Connections open at once at most: beyond, the one idle the longest is closed,
+    /// or the new one gets a `503` when every connection is in a request.
+    #[serde(default = "server::default_max_connections")]
+    pub max_connections: usize,
+    /// A client must send a request's headers within this (else it is dropped).
+    #[serde(default = "server::default_timeout_s")]
+    pub header_timeout_s: f64,
+    /// A client must send a request's body within this (else `408`).
+    #[serde(default = "server::default_timeout_s")]
+    pub body_timeout_s: f64,
+    /// Request line and headers at most (beyond, `431`).
+    #[serde(default = "server::default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// At shutdown, how long requests in flight may take to finish.
+    #[serde(default = "server::default_drain_s")]
+    pub drain_s: f64,
+    /// How long a status-page login lasts.
+    #[serde(default = "server::default_session_s")]
+    pub session_s: f64,
+    /// `/readyz` fails when no source delivered a sample for this long.
+    #[serde(default = "server::default_ready_stale_s")]
+    pub ready_stale_s: f64,
+    /// Serve HTTPS with this certificate chain (PEM) and key (PEM), reread on SIGHUP.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 fn five() -> u32 {
@@ -169,6 +205,8 @@ pub struct Board {
     /// The store's reachability and counters (`None`: the embedded store), for
     /// `/metrics` and readiness.
     pub store_health: Option<std::sync::Arc<integrations::store::health::StoreHealth>>,
+    /// What `/readyz` checks besides the policy: the store, the sources' freshness.
+    pub ready: health::Readiness,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -218,6 +256,7 @@ impl Board {
             labeled_counters: Vec::new(),
             policy_status: crate::reload::PolicyStatus::default(),
             store_health: None,
+            ready: health::Readiness::default(),
         }
     }
 
@@ -264,6 +303,8 @@ pub struct Api {
     /// The Kubernetes admission webhook and scheduler extender, with
     /// `[schedulers.kubernetes]`.
     pub kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
+    /// The HTTP edge's counters (connections, limits, logins, TLS) for `/metrics`.
+    pub stats: Arc<stats::HttpStats>,
 }
 
 /// An answer: status, content type, body.
@@ -311,7 +352,15 @@ impl Api {
 
     /// The role a request's `Authorization` header grants, if any.
     fn role(&self, authorization: Option<&str>) -> Option<(Role, &str)> {
-        let token = authorization?.strip_prefix("Bearer ")?.trim();
+        let (scheme, token) = authorization?.trim().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        self.token_role(token.trim())
+    }
+
+    /// The role a token itself grants, if any (compared by digest, in constant time).
+    fn token_role(&self, token: &str) -> Option<(Role, &str)> {
         let d: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // compare digests: no early exit on the secret itself
         self.tokens
@@ -349,44 +398,24 @@ impl Api {
                 .as_ref()
                 .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
             let status = fleet.as_ref().map(|f| f.status());
+            let mut text = metrics::render(&board, status.as_ref());
+            self.stats.render_into(&mut text);
             return Reply {
                 status: 200,
                 content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body: metrics::render(&board, status.as_ref()).into_bytes(),
+                body: text.into_bytes(),
                 challenge: false,
             };
         }
-        if path == "/" && method == "GET" {
-            if !self.status_page_public {
-                let from_query = query
-                    .split('&')
-                    .find_map(|kv| kv.strip_prefix("token="))
-                    .map(|t| format!("Bearer {t}"));
-                let auth = authorization.map(str::to_string).or(from_query);
-                match self.role(auth.as_deref()) {
-                    Some(_) => {}
-                    None => {
-                        return Reply {
-                            status: 401,
-                            content_type: "text/plain; charset=utf-8",
-                            body: b"a viewer token is required: open /?token=... or send Authorization: Bearer ...\n".to_vec(),
-                            challenge: true,
-                        }
-                    }
-                }
-            }
+        if path == "/healthz" || path == "/readyz" {
             let board = self.board.read().unwrap_or_else(|p| p.into_inner());
-            let fleet = self
-                .fleet
-                .as_ref()
-                .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
-            let status = fleet.as_ref().map(|f| f.status());
-            return Reply {
-                status: 200,
-                content_type: "text/html; charset=utf-8",
-                body: page::render(&board, status.as_ref(), self.refresh_s).into_bytes(),
-                challenge: false,
-            };
+            return health::answer(path, &board);
+        }
+        if path == "/" && method == "GET" {
+            if !self.status_page_public && self.role(authorization).is_none() {
+                return session::login_page(401, None);
+            }
+            return self.status_page();
         }
         if path == "/api/v1/openapi.json" && method == "GET" {
             return json_reply(200, &openapi());
@@ -446,6 +475,22 @@ impl Api {
 }
 
 impl Api {
+    /// The status page, rendered from the last tick (the caller checked access).
+    pub fn status_page(&self) -> Reply {
+        let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+        let fleet = self
+            .fleet
+            .as_ref()
+            .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
+        let status = fleet.as_ref().map(|f| f.status());
+        Reply {
+            status: 200,
+            content_type: "text/html; charset=utf-8",
+            body: page::render(&board, status.as_ref(), self.refresh_s).into_bytes(),
+            challenge: false,
+        }
+    }
+
     /// `POST /api/v1/k8s/{admission,filter,prioritize}`: called by the API server and
     /// kube-scheduler, which send no bearer token.
     fn k8s(&self, method: &str, verb: &str, body: &[u8]) -> Reply {
@@ -710,18 +755,15 @@ fn decisions(b: &Board, query: &str) -> Result<serde_json::Value, String> {
     let mut target = None;
     let mut since = None;
     let mut limit = 100usize;
-    for kv in query.split('&').filter(|s| !s.is_empty()) {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        let v = v.replace("%2F", "/").replace("%3A", ":").replace('+', " ");
-        match k {
+    for (k, v) in query::pairs(query)? {
+        match k.as_str() {
             "rule" => rule = Some(v),
             "action" => action = Some(v),
             "target" => target = Some(v),
             "since" => {
-                since =
-                    Some(Timestamp::parse_rfc3339(&v).map_err(|e| {
-                        format!("since: {e} (use RFC 3339, e.g. 2026-11-30T08:00:00Z)")
-                    })?)
+                since = Some(Timestamp::parse_rfc3339(&query::offset_plus(&v)).map_err(|e| {
+                    format!("since: {e} (use RFC 3339, e.g. 2026-11-30T08:00:00Z or ...T09:00:00%2B01:00)")
+                })?)
             }
             "limit" => {
                 limit = v
@@ -789,7 +831,11 @@ pub fn openapi() -> serde_json::Value {
         "info": { "title": "powerplane", "version": "1", "description": "The controller's status, decisions and agents. Roles: viewer < operator < admin." },
         "components": { "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } } },
         "paths": {
-            "/": { "get": { "summary": "The status page (HTML; a viewer token as ?token= unless status_page_public)", "responses": { "200": { "description": "text/html" } } } },
+            "/": { "get": { "summary": "The status page (HTML; a bearer token or the session cookie of POST /login, unless status_page_public)", "responses": { "200": { "description": "text/html" }, "401": { "description": "the login form" } } } },
+            "/login": { "post": { "summary": "Log in to the status page: a form field token=...; sets an HttpOnly, SameSite=Strict session cookie and redirects to /", "requestBody": { "required": true, "content": { "application/x-www-form-urlencoded": {} } }, "responses": { "303": { "description": "logged in" }, "401": { "description": "unknown token; the login form again" } } } },
+            "/logout": { "post": { "summary": "End the session of the cookie sent", "responses": { "303": { "description": "logged out" } } } },
+            "/healthz": { "get": { "summary": "Alive: 200 while the process serves", "responses": { "200": { "description": "alive" } } } },
+            "/readyz": { "get": { "summary": "Ready: the store reachable, the policy valid, the sources fresh; the HA role", "responses": { "200": { "description": "ready, with each check" }, "503": { "description": "not ready, naming each failing check" } } } },
             "/metrics": { "get": { "summary": "Prometheus metrics (public unless metrics_public = false)", "responses": { "200": { "description": "text exposition format 0.0.4" } } } },
             "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force", "viewer"),
             "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
@@ -837,115 +883,4 @@ pub fn openapi() -> serde_json::Value {
             "/api/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OK" } } } }
         }
     })
-}
-
-/// Serves until `keep_going` says stop.
-pub fn serve(
-    listen: &str,
-    api: Api,
-    keep_going: impl Fn() -> bool + Send + 'static,
-) -> Result<std::thread::JoinHandle<()>> {
-    let server = tiny_http::Server::http(listen)
-        .map_err(|e| anyhow::anyhow!("[http] cannot listen on {listen}: {e}"))?;
-    info!(listen, "http api listening");
-    Ok(std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || {
-            let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            while keep_going() {
-                let mut req = match server.recv_timeout(Duration::from_millis(200)) {
-                    Ok(Some(r)) => r,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        warn!(error = %e, "http accept failed");
-                        continue;
-                    }
-                };
-                let auth = req
-                    .headers()
-                    .iter()
-                    .find(|h| h.field.equiv("Authorization"))
-                    .map(|h| h.value.as_str().to_string());
-                let url = req.url().to_string();
-                let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-                let mut body = Vec::new();
-                let too_big = req.body_length().is_some_and(|n| n > MAX_BODY)
-                    || req
-                        .as_reader()
-                        .take(MAX_BODY as u64 + 1)
-                        .read_to_end(&mut body)
-                        .is_err()
-                    || body.len() > MAX_BODY;
-                if path == "/api/v1/events" {
-                    // answered on a thread of its own: the answer waits until the event
-                    // is stored, and other requests must not wait with it
-                    let header = |name: &'static str| {
-                        req.headers()
-                            .iter()
-                            .find(|h| h.field.equiv(name))
-                            .map(|h| h.value.as_str().to_string())
-                    };
-                    let ts = header(integrations::webhook::TIMESTAMP_HEADER);
-                    let sig = header(integrations::webhook::SIGNATURE_HEADER);
-                    let method = req.method().as_str().to_string();
-                    if waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= MAX_WAITING_EVENTS {
-                        waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                        respond(req, error(503, "too many events waiting to be stored; retry"));
-                        continue;
-                    }
-                    let (api, auth, w) = (api.clone(), auth.clone(), waiting.clone());
-                    let body = (!too_big).then_some(body);
-                    let spawned = std::thread::Builder::new().name("event".into()).spawn(move || {
-                        let reply = api.event(&method, ts.as_deref(), sig.as_deref(), auth.as_deref(), body.as_deref());
-                        respond(req, reply);
-                        w.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                    });
-                    if let Err(e) = spawned {
-                        waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                        warn!(error = %e, "cannot start a thread for a job event; the connection is closed");
-                    }
-                    continue;
-                }
-                let reply = if too_big {
-                    error(
-                        413,
-                        &format!("request bodies are limited to {MAX_BODY} bytes"),
-                    )
-                } else {
-                    api.handle(req.method().as_str(), path, query, auth.as_deref(), &body)
-                };
-                // bodies are in memory: send a Content-Length, never chunks
-                let mut resp = tiny_http::Response::from_data(reply.body)
-                    .with_status_code(reply.status)
-                    .with_chunked_threshold(usize::MAX);
-                if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", reply.content_type) {
-                    resp = resp.with_header(h);
-                }
-                if reply.challenge {
-                    if let Ok(h) = tiny_http::Header::from_bytes("WWW-Authenticate", "Bearer") {
-                        resp = resp.with_header(h);
-                    }
-                }
-                let _ = req.respond(resp);
-            }
-        })?)
-}
-
-/// Job events waiting for their answer at most (beyond, 503).
-const MAX_WAITING_EVENTS: usize = 64;
-
-fn respond(req: tiny_http::Request, reply: Reply) {
-    // bodies are in memory: send a Content-Length, never chunks
-    let mut resp = tiny_http::Response::from_data(reply.body)
-        .with_status_code(reply.status)
-        .with_chunked_threshold(usize::MAX);
-    if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", reply.content_type) {
-        resp = resp.with_header(h);
-    }
-    if reply.challenge {
-        if let Ok(h) = tiny_http::Header::from_bytes("WWW-Authenticate", "Bearer") {
-            resp = resp.with_header(h);
-        }
-    }
-    let _ = req.respond(resp);
 }

@@ -16,7 +16,14 @@
 //!   submission) of the Philly-derived trace in `../shared/data` with the 2024 DE-LU
 //!   prices on the 2,048-GPU example site, pinned to one core: time against trace length.
 //!
+//! - `bench http [--rate R] [--seconds S] [--connections N]`: the release `serve`'s
+//!   HTTP side driven at R req/s (`/metrics` and `/api/v1/status`) over N keep-alive
+//!   connections; p50/p99/max latency and errors (see `bench/http.rs`).
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
+
+#[path = "bench/http.rs"]
+mod http;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
@@ -477,9 +484,10 @@ fn main() {
         Some("redfish") => bench_redfish(),
         Some("agent") => bench_agent(),
         Some("engine") => bench_engine(),
+        Some("http") => http::bench_http(),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...]"
+                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N]"
             );
             std::process::exit(2);
         }
