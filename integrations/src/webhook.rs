@@ -25,6 +25,7 @@ use sha2::Sha256;
 use telemetry::{Job, JobState, Timestamp};
 use tracing::{info, warn};
 
+use crate::scheduler::Commit;
 use crate::store::{Store, StoreError, Tx};
 
 pub const TIMESTAMP_HEADER: &str = "X-Powerplane-Timestamp";
@@ -371,7 +372,7 @@ pub struct OutboxConfig {
     pub max_attempts: u32,
     pub backoff_s: f64,
     pub max_backoff_s: f64,
-    /// Deliveries tried per pass at most (the pass runs on the control loop's tick).
+    /// Deliveries tried per pass at most (a pass of the webhook reconciler).
     pub per_pass: usize,
 }
 
@@ -492,63 +493,111 @@ impl Outbox {
         self.counters.enqueued += 1;
     }
 
+    /// What is due now, oldest first, at most `per_pass`: a job's action only once
+    /// its earlier ones are delivered or dead, and not before its `next_at`.
+    pub fn due(&self, now: Timestamp) -> Vec<Delivery> {
+        let mut blocked: BTreeSet<&str> = BTreeSet::new();
+        let mut out = Vec::new();
+        for d in self.queue.values() {
+            if blocked.contains(d.job.as_str()) {
+                continue;
+            }
+            if d.next_at > now || out.len() >= self.config.per_pass {
+                blocked.insert(&d.job);
+                continue;
+            }
+            out.push(d.clone());
+        }
+        out
+    }
+
+    /// When the next action falls due (each job's first waiting action counts).
+    pub fn next_due(&self) -> Option<Timestamp> {
+        let mut seen: BTreeSet<&str> = BTreeSet::new();
+        self.queue
+            .values()
+            .filter(|d| seen.insert(d.job.as_str()))
+            .map(|d| d.next_at)
+            .min()
+    }
+
+    /// What posts actions: the receiver and the key, without the queue, so a POST
+    /// never holds the outbox.
+    pub fn sender(&self) -> Sender {
+        Sender {
+            config: self.config.clone(),
+            key: self.key.clone(),
+        }
+    }
+
+    /// Records the outcome of one attempt (`attempt`, 1-based) at `d`, durably with
+    /// `tx`: delivered, retried later with backoff and jitter, or dead-lettered.
+    pub fn record(
+        &mut self,
+        d: Delivery,
+        attempt: u32,
+        result: Result<(), (String, bool)>,
+        now: Timestamp,
+        tx: &mut Tx,
+    ) -> Outcome {
+        let seq = d.seq;
+        let (e, refused) = match result {
+            Ok(()) => {
+                tx.delete_record(OUTBOX, &seq_key(seq));
+                self.queue.remove(&seq);
+                self.counters.delivered += 1;
+                info!(job = %d.job, id = %d.id, attempt, "webhook action delivered");
+                return Outcome::Delivered;
+            }
+            Err(e) => e,
+        };
+        self.counters.failed_attempts += 1;
+        self.counters.last_error = Some(e.clone());
+        let mut d = d;
+        d.attempts = attempt;
+        d.last_error = Some(e.clone());
+        if refused || attempt >= self.config.max_attempts {
+            warn!(job = %d.job, id = %d.id, attempt, error = %e, "webhook action dead-lettered");
+            tx.delete_record(OUTBOX, &seq_key(seq));
+            tx.put_record(DEAD, &seq_key(seq), &d);
+            self.queue.remove(&seq);
+            self.counters.dead += 1;
+            return Outcome::Dead;
+        }
+        let backoff = (self.config.backoff_s * 2f64.powi(attempt.saturating_sub(1).min(30) as i32))
+            .min(self.config.max_backoff_s);
+        // half fixed, half random: retries of many senders spread out
+        d.next_at = now.plus_secs(backoff * (0.5 + 0.5 * jitter()));
+        warn!(job = %d.job, id = %d.id, attempt, retry_in_s = d.next_at.secs_since(now), error = %e, "webhook delivery failed; retrying");
+        tx.put_record(OUTBOX, &seq_key(seq), &d);
+        self.queue.insert(seq, d);
+        Outcome::Retry
+    }
+
     /// Tries what is due, oldest first, a job's actions in order. Returns the ids
-    /// delivered.
-    pub fn deliver(&mut self, now: Timestamp, store: &mut Store) -> Vec<String> {
+    /// delivered. A receiver that is down or hangs is so for every job: the pass
+    /// stops there, so it costs one timeout at most; one that answered (an HTTP
+    /// error) may still take other jobs' actions.
+    pub fn deliver(&mut self, now: Timestamp, store: &mut dyn Commit) -> Vec<String> {
         let mut delivered = Vec::new();
         let mut blocked: BTreeSet<String> = BTreeSet::new();
-        let mut tried = 0;
         let mut tx = Tx::new();
-        let seqs: Vec<u64> = self.queue.keys().copied().collect();
-        for seq in seqs {
-            let Some(d) = self.queue.get(&seq).cloned() else {
-                continue;
-            };
+        let sender = self.sender();
+        for d in self.due(now) {
             if blocked.contains(&d.job) {
                 continue;
             }
-            if d.next_at > now || tried >= self.config.per_pass {
-                blocked.insert(d.job.clone());
-                continue;
-            }
-            tried += 1;
             let attempt = d.attempts + 1;
-            match self.post(&d, attempt) {
-                Ok(()) => {
-                    tx.delete_record(OUTBOX, &seq_key(seq));
-                    self.queue.remove(&seq);
-                    self.counters.delivered += 1;
-                    info!(job = %d.job, id = %d.id, attempt, "webhook action delivered");
-                    delivered.push(d.id);
-                }
-                Err((e, refused)) => {
-                    self.counters.failed_attempts += 1;
-                    self.counters.last_error = Some(e.clone());
-                    let mut d = d;
-                    d.attempts = attempt;
-                    d.last_error = Some(e.clone());
-                    if refused || attempt >= self.config.max_attempts {
-                        warn!(job = %d.job, id = %d.id, attempt, error = %e, "webhook action dead-lettered");
-                        tx.delete_record(OUTBOX, &seq_key(seq));
-                        tx.put_record(DEAD, &seq_key(seq), &d);
-                        self.queue.remove(&seq);
-                        self.counters.dead += 1;
-                    } else {
-                        let backoff = (self.config.backoff_s
-                            * 2f64.powi(attempt.saturating_sub(1).min(30) as i32))
-                        .min(self.config.max_backoff_s);
-                        // half fixed, half random: retries of many senders spread out
-                        d.next_at = now.plus_secs(backoff * (0.5 + 0.5 * jitter()));
-                        warn!(job = %d.job, id = %d.id, attempt, retry_in_s = d.next_at.secs_since(now), error = %e, "webhook delivery failed; retrying");
-                        tx.put_record(OUTBOX, &seq_key(seq), &d);
-                        self.queue.insert(seq, d.clone());
-                        blocked.insert(d.job.clone());
-                        // a receiver that is down or hangs is so for every job: stop this
-                        // pass, so it costs one timeout per tick at most; one that
-                        // answered (an HTTP error) may still take other jobs' actions
-                        if !e.starts_with("HTTP ") {
-                            break;
-                        }
+            let result = sender.post(&d, attempt);
+            let unanswered = matches!(&result, Err((e, _)) if !e.starts_with("HTTP "));
+            let (job, id) = (d.job.clone(), d.id.clone());
+            match self.record(d, attempt, result, now, &mut tx) {
+                Outcome::Delivered => delivered.push(id),
+                Outcome::Dead => {}
+                Outcome::Retry => {
+                    blocked.insert(job);
+                    if unanswered {
+                        break;
                     }
                 }
             }
@@ -563,9 +612,28 @@ impl Outbox {
     pub fn dead(store: &mut Store) -> Result<Vec<Delivery>, StoreError> {
         Ok(store.records::<Delivery>(DEAD)?.into_values().collect())
     }
+}
 
+/// What became of one delivery attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Delivered,
+    /// Failed; tried again after a backoff.
+    Retry,
+    /// Refused, or out of attempts: moved to the dead-letter list.
+    Dead,
+}
+
+/// Posts outbox actions to the receiver, signed.
+#[derive(Clone)]
+pub struct Sender {
+    config: OutboxConfig,
+    key: WebhookKey,
+}
+
+impl Sender {
     /// One POST; `Err((why, refused))` with `refused` when retrying cannot help.
-    fn post(&self, d: &Delivery, attempt: u32) -> Result<(), (String, bool)> {
+    pub fn post(&self, d: &Delivery, attempt: u32) -> Result<(), (String, bool)> {
         let ts = (chrono::Utc::now().timestamp()).to_string();
         let sig = self.key.sign(&ts, d.body.as_bytes());
         let headers = [

@@ -11,7 +11,10 @@
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
-//! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
+//! - [`schedulers`]: `[schedulers]`: one reconciler per scheduler adapter (Slurm,
+//!   Kubernetes, the outbound webhook) on a thread of its own; jobs in, the plan's holds
+//!   out, job lifecycles.
+//! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
 //! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
@@ -29,6 +32,7 @@
 pub mod accounting;
 pub mod agent;
 pub mod backtest;
+pub mod cadence;
 pub mod control;
 pub mod demo;
 pub mod embedded;

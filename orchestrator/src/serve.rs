@@ -504,8 +504,15 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         jobs = control.registry().len(),
         "restored from the store"
     );
-    let mut schedulers =
-        crate::schedulers::Schedulers::open(cfg.schedulers.as_ref(), &base, control.store())?;
+    // each scheduler adapter reconciles on a thread of its own (see crate::schedulers)
+    let mut schedulers = crate::schedulers::Schedulers::open(
+        cfg.schedulers.as_ref(),
+        &base,
+        control.store(),
+        cfg.controller.tick_s,
+        runtime.handle(),
+        runtime.shutdown.clone(),
+    )?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -706,7 +713,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         }
     }
     let mut next = Instant::now();
+    let mut cadence = crate::cadence::Cadence::default();
     while keep_going() {
+        cadence.start(next);
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
         for e in &dead {
@@ -763,8 +772,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             control.set_overrides(book.list.clone());
         }
         reloader.between_ticks(&mut control, &board, now);
-        // schedulers: their jobs in, the holds in force out (see crate::schedulers)
-        let jobs = schedulers.jobs(now, control.store());
+        // schedulers: their jobs in, the holds in force out (see crate::schedulers);
+        // neither waits on a scheduler
+        let jobs = schedulers.jobs();
         let report = control.tick(now, samples, jobs, actuator.as_mut());
         if !schedulers.is_empty() {
             let actuated = control.actuated().clone();
@@ -802,20 +812,26 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             b.jobs = control.registry().active().to_vec();
             b.schedulers = schedulers.status();
             b.scheduler_counters = schedulers.counters();
+            b.cadence = cadence.clone();
             drop(b);
         }
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
+        cadence.end();
         next += tick;
+        // between ticks: the reconcilers' store writes (a Slurm hold's intent waits
+        // for its commit here, never for a tick)
         while keep_going() && Instant::now() < next {
-            std::thread::sleep(
+            schedulers.commit_writes(
+                control.store(),
                 Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
             );
         }
     }
     stop.store(true, Ordering::Relaxed);
     runtime.shutdown.cancel();
+    schedulers.stop(control.store(), crate::runtime::DEFAULT_GRACE);
     for t in threads {
         let _ = t.join();
     }
