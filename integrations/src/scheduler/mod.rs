@@ -61,6 +61,10 @@ pub struct Desired {
     pub suspended: BTreeMap<String, Hold>,
     /// Requeues not yet acknowledged, oldest first.
     pub requeues: Vec<Requeue>,
+    /// The poll of each adapter whose jobs the plan saw (its count of successful
+    /// polls): an adapter applies only a state computed on its latest poll, so a job
+    /// it just found is never let go by a plan that has not seen it yet.
+    pub polls: BTreeMap<SchedulerId, u64>,
 }
 
 /// One thing an adapter did to a job, for the log, the status and the audit.

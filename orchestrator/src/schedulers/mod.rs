@@ -58,8 +58,9 @@ pub struct Schedulers {
     writes: StoreWrites,
     webhook: Option<Webhook>,
     kube_hooks: Option<Arc<KubeHooks>>,
-    /// The jobs of the last tick.
+    /// The jobs of the last tick, and the poll of each reconciler they came from.
     jobs: Vec<Job>,
+    polls: BTreeMap<SchedulerId, u64>,
     lifecycles: Lifecycles,
     /// Transitions stored since start.
     pub transitions: u64,
@@ -127,6 +128,7 @@ impl Schedulers {
             webhook: hook,
             kube_hooks,
             jobs: Vec::new(),
+            polls: BTreeMap::new(),
             lifecycles,
             transitions: 0,
             recent: VecDeque::new(),
@@ -163,7 +165,9 @@ impl Schedulers {
     pub fn jobs(&mut self) -> Vec<Job> {
         self.jobs = Vec::new();
         for r in &self.reconcilers {
-            self.jobs.extend(r.reported().jobs.iter().cloned());
+            let c = r.reported();
+            self.jobs.extend(c.jobs.iter().cloned());
+            self.polls.insert(r.id, c.poll_seq);
         }
         if let Some(w) = &self.webhook {
             self.jobs.extend(w.inbox.take());
@@ -195,6 +199,7 @@ impl Schedulers {
             holds: actuated.holds.clone(),
             suspended: actuated.suspended.clone(),
             requeues,
+            polls: self.polls.clone(),
         });
         for r in &self.reconcilers {
             r.want(desired.clone());

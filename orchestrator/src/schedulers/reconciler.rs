@@ -45,6 +45,8 @@ pub struct Reported {
     pub requeued_up_to: u64,
     pub passes: u64,
     pub polls: u64,
+    /// Successful polls: the plan's [`Desired::polls`] names the one it saw.
+    pub poll_seq: u64,
     /// Since when the reconciler has been in a call to its scheduler (poll or pass).
     pub busy_since: Option<Instant>,
     pub last_pass: Option<Timestamp>,
@@ -137,6 +139,9 @@ struct Worker {
     retry_at: Option<Instant>,
     backoff: Duration,
     requeued_up_to: u64,
+    /// Successful polls, and the one the last pass applied a plan of.
+    poll_seq: u64,
+    applied_poll: u64,
 }
 
 impl Worker {
@@ -156,6 +161,8 @@ impl Worker {
             retry_at: None,
             backoff: BACKOFF,
             requeued_up_to: 0,
+            poll_seq: 0,
+            applied_poll: 0,
         }
     }
 
@@ -167,13 +174,12 @@ impl Worker {
         let id = self.adapter.id();
         info!(scheduler = %id, poll_s = ?self.settings.poll_every.map(|d| d.as_secs_f64()), "scheduler reconciler starting");
         while !self.settings.shutdown.is_cancelled() {
-            if self.settings.poll_every.is_some() && Instant::now() >= self.next_poll {
+            if self.poll_due() {
                 self.poll();
             }
             let ready = self.retry_at.is_none_or(|t| Instant::now() >= t);
             let due = self.adapter.next_due().is_some_and(|t| t <= wall_clock());
-            let have = self.rx.borrow().is_some();
-            if have && ready && (self.pending || due) {
+            if self.current() && ready && (self.pending || due) {
                 self.pass();
             }
             match self.wait() {
@@ -185,25 +191,59 @@ impl Worker {
         info!(scheduler = %id, "scheduler reconciler stopped");
     }
 
+    /// The next poll waits until a plan computed on the last one has been applied
+    /// (or, should no plan come, three intervals).
+    fn poll_due(&self) -> bool {
+        let Some(every) = self.settings.poll_every else {
+            return false;
+        };
+        let now = Instant::now();
+        now >= self.next_poll
+            && (self.applied_poll >= self.poll_seq || now >= self.next_poll + every * 2)
+    }
+
+    /// The newest desired state was computed on the adapter's latest poll (adapters
+    /// that do not poll take every state).
+    fn current(&self) -> bool {
+        let rx = self.rx.borrow();
+        let Some(d) = rx.as_ref() else {
+            return false;
+        };
+        self.settings.poll_every.is_none()
+            || (self.poll_seq > 0 && d.polls.get(&self.adapter.id()) == Some(&self.poll_seq))
+    }
+
     fn poll(&mut self) {
         self.cache().busy_since = Some(Instant::now());
         let got = self.adapter.poll(wall_clock(), &mut self.settings.store);
         if let Some(every) = self.settings.poll_every {
             self.next_poll = Instant::now() + every;
         }
+        let (view, status, counters) = (
+            self.adapter.view(),
+            self.adapter.status(),
+            self.adapter.counters(),
+        );
+        let jobs = match got {
+            Ok(Some(jobs)) => {
+                self.poll_seq += 1;
+                Some(jobs)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                warn!(scheduler = %self.adapter.id(), error = %e, "scheduler poll failed; the loop keeps the last view of its jobs");
+                None
+            }
+        };
+        let poll_seq = self.poll_seq;
         let mut c = self.cache();
         c.busy_since = None;
         c.polls += 1;
-        match got {
-            Ok(Some(jobs)) => c.jobs = jobs,
-            Ok(None) => {}
-            Err(e) => {
-                warn!(scheduler = %self.adapter.id(), error = %e, "scheduler poll failed; the loop keeps the last view of its jobs")
-            }
+        if let Some(jobs) = jobs {
+            c.jobs = jobs;
         }
-        c.view = self.adapter.view();
-        c.status = self.adapter.status();
-        c.counters = self.adapter.counters();
+        c.poll_seq = poll_seq;
+        (c.view, c.status, c.counters) = (view, status, counters);
         drop(c);
         // what the poll found may change what applying does (a job now pending)
         self.pending = true;
@@ -215,6 +255,7 @@ impl Worker {
             return;
         };
         self.pending = false;
+        self.applied_poll = self.poll_seq;
         self.cache().busy_since = Some(Instant::now());
         let pass = self
             .adapter
@@ -278,8 +319,12 @@ impl Worker {
     fn wait(&mut self) -> Woken {
         let now = Instant::now();
         let mut until = now + Duration::from_secs(1);
-        if self.settings.poll_every.is_some() {
-            until = until.min(self.next_poll);
+        if let Some(every) = self.settings.poll_every {
+            let waiting_for_plan = self.applied_poll < self.poll_seq;
+            until = until.min(match waiting_for_plan {
+                false => self.next_poll,
+                true => self.next_poll + every * 2,
+            });
         }
         if let Some(t) = self.retry_at.filter(|_| self.pending) {
             until = until.min(t);
@@ -288,9 +333,9 @@ impl Worker {
             let secs = t.secs_since(wall_clock()).max(0.0);
             until = until.min(now + Duration::from_secs_f64(secs.min(1.0)));
         }
-        // a pass already waits (for its backoff, or for a first desired state): only a
-        // first desired state is worth waking for
-        let listen = !self.pending || self.rx.borrow().is_none();
+        // a pass that waits for its backoff needs no wake-up; one that waits for a plan
+        // on the latest poll does
+        let listen = !self.pending || !self.current();
         let (token, rx) = (self.settings.shutdown.clone(), &mut self.rx);
         self.settings.handle.block_on(async move {
             let changed = async {
