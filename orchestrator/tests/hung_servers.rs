@@ -179,7 +179,7 @@ fn ticks_keep_their_cadence_and_agent_leases_are_renewed_while_every_server_hang
     let node = write_configs(d, &servers, port, &prefix);
     let config = d.join("powerplane.toml");
     let powerplane = env!("CARGO_BIN_EXE_powerplane");
-    let mut agent = Command::new(powerplane)
+    let agent = Command::new(powerplane)
         .args(["agent", "--config"])
         .arg(d.join("agent.toml"))
         .stderr(Stdio::piped())
@@ -198,9 +198,8 @@ fn ticks_keep_their_cadence_and_agent_leases_are_renewed_while_every_server_hang
         "the 30 jobs held",
         Duration::from_secs(10),
         &|| {
-            schedulers(port).is_some_and(|s| {
-                s["webhook"]["holds"].as_object().map(|h| h.len()) == Some(30)
-            })
+            schedulers(port)
+                .is_some_and(|s| s["webhook"]["holds"].as_object().map(|h| h.len()) == Some(30))
         },
         &config,
     );
@@ -231,7 +230,10 @@ fn ticks_keep_their_cadence_and_agent_leases_are_renewed_while_every_server_hang
         delay_max < MAX_TICK_DELAY_S,
         "the largest tick delay is {delay_max} s (bound {MAX_TICK_DELAY_S} s)"
     );
-    assert!(duration < MAX_TICK_DELAY_S, "the last tick took {duration} s");
+    assert!(
+        duration < MAX_TICK_DELAY_S,
+        "the last tick took {duration} s"
+    );
     // serve needs a few seconds to start; then a tick every 0.5 s
     assert!(
         ticks >= (elapsed - 6.0) * 2.0 * 0.9,
