@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
@@ -520,30 +519,25 @@ pub fn http_post(
         .map_err(|e| format!("connect {host}: {e}"))?
         .next()
         .ok_or_else(|| format!("connect {host}: no address"))?;
+    // the whole call, connect included, ends by `timeout`
+    let deadline = std::time::Instant::now() + timeout;
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("connect {host}: {e}"))?;
     let io = |e: std::io::Error| format!("{host}: {e}");
-    s.set_read_timeout(Some(timeout)).map_err(io)?;
-    s.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut req = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
-    );
+    )
+    .into_bytes();
     for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
+        req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).map_err(io)?;
-    s.write_all(body).map_err(io)?;
-    let mut head = [0u8; 64];
-    let mut got = 0;
-    while got < 12 {
-        match s.read(&mut head[got..]).map_err(io)? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    String::from_utf8_lossy(&head[..got])
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    // the status line is enough
+    let head = crate::scheduler::deadline::exchange(&mut s, &req, deadline, |got| got.len() >= 12)
+        .map_err(io)?;
+    String::from_utf8_lossy(&head)
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())

@@ -15,6 +15,7 @@
 //! Adding an adapter: a module here (or a folder) with a type that implements
 //! [`Scheduler`], and one registration line in `orchestrator::schedulers`.
 
+pub mod deadline;
 pub mod ids;
 pub mod kubernetes;
 pub mod slurm;
