@@ -123,11 +123,6 @@ impl std::fmt::Display for JobId {
     }
 }
 
-/// The adapter an id names (`None`: no prefix).
-pub fn scheduler_of(id: &str) -> Option<SchedulerId> {
-    JobId::parse(id).map(|j| j.scheduler())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

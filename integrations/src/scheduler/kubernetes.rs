@@ -3,7 +3,6 @@
 
 use serde_json::json;
 use telemetry::{Job, Timestamp};
-use tracing::info;
 
 use super::{Applied, Commit, Counter, Desired, Pass, Scheduler, SchedulerId, View};
 use crate::kubernetes::{KubeHttp, KubeSync};
@@ -25,13 +24,10 @@ impl Scheduler for KubeSync<KubeHttp> {
         let errors = self.counters.errors;
         let applied = KubeSync::apply(self, &desired.holds, now)
             .into_iter()
-            .map(|job| {
-                info!(job = %job, "scheduling gate removed: Kubernetes may schedule the pod");
-                Applied {
-                    job,
-                    action: "release",
-                    detail: "scheduling gate removed".into(),
-                }
+            .map(|job| Applied {
+                job,
+                action: "release",
+                detail: "scheduling gate removed: Kubernetes may schedule the pod".into(),
             })
             .collect();
         Pass {

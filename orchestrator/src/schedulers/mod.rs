@@ -232,14 +232,21 @@ impl Schedulers {
                     warn!(job = %job, "a Kubernetes pod cannot be requeued by powerplane; ignored")
                 }
                 Some(id) if id.scheduler() == SchedulerId::Slurm => {
-                    if self.reconciler(SchedulerId::Slurm).is_some() {
+                    // a job's requeue waiting for its ack is the same command
+                    if self.reconciler(SchedulerId::Slurm).is_some()
+                        && !self.requeues.contains_key(job)
+                    {
                         let seq = self.next_requeue;
-                        self.requeues.entry(job.clone()).or_insert_with(|| Requeue {
-                            seq,
-                            job: id,
-                            reason: d.reason.clone(),
-                        });
                         self.next_requeue += 1;
+                        let reason = d.reason.clone();
+                        self.requeues.insert(
+                            job.clone(),
+                            Requeue {
+                                seq,
+                                job: id,
+                                reason,
+                            },
+                        );
                     }
                 }
                 _ => webhook.push((job.clone(), d.reason.clone())),

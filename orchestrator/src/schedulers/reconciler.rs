@@ -352,3 +352,7 @@ impl Worker {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "reconciler_tests.rs"]
+mod tests;
