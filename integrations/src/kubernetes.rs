@@ -136,7 +136,7 @@ impl PodMapping {
             .and_then(|t| Timestamp::parse_rfc3339(t).ok())
             .unwrap_or(now);
         Job {
-            id: format!("k8s:{ns}/{name}"),
+            id: crate::scheduler::JobId::pod(ns, name).to_string(),
             scheduler: "kubernetes".into(),
             name: name.to_string(),
             user: get(pod, &["spec", "serviceAccountName"])

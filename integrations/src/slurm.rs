@@ -124,7 +124,7 @@ pub struct SlurmJob {
 impl SlurmJob {
     /// powerplane's id for it.
     pub fn id(&self) -> String {
-        format!("slurm:{}", self.job_id)
+        crate::scheduler::JobId::slurm(self.job_id).to_string()
     }
 
     /// Pending with a hold (user's or admin's: priority 0).

@@ -464,7 +464,10 @@ impl Outbox {
         let seq = self.next_seq;
         self.next_seq += 1;
         let id = format!("pp-{}-{seq}", now.0);
-        let (scheduler, job_id) = job.id.split_once(':').unwrap_or(("", &job.id));
+        let id_of = crate::scheduler::JobId::parse(&job.id);
+        let (scheduler, job_id) = id_of
+            .as_ref()
+            .map_or(("", job.id.as_str()), |j| (j.prefix(), j.local()));
         let mut body = serde_json::json!({
             "id": id,
             "time": now.to_datetime().to_rfc3339(),

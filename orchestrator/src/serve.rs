@@ -425,6 +425,8 @@ impl Actuator for AgentActuator {
         let mut errors = Vec::new();
         let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, payload) in fleet.commands(state, now) {
+            // never blocks the tick: `try_publish` into the client's bounded queue; a full
+            // queue (a broker that does not take them) counts a drop, retried with backoff
             if !self.link.publish(&topic, payload, true, false) {
                 errors.push(format!(
                     "{topic}: command not queued (the broker has been unreachable; retried with backoff)"
