@@ -164,6 +164,15 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
     assert!(st["slurm"]["holds"][&key].is_object(), "{st}");
     assert_eq!(st["slurm"]["counters"]["holds"], 1, "{st}");
     assert_eq!(st["lifecycle"][&key], "held", "{st}");
+    // the reconciler's ack of the hold, as the loop took it
+    assert!(
+        st["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["job"] == key.as_str()
+                && x["action"] == "hold"
+                && x["scheduler"] == "slurm")),
+        "{st}"
+    );
     assert_eq!(
         st["lifecycle"][&format!("slurm:{urgent}")],
         "pending",

@@ -30,9 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use integrations::scheduler::{
-    Applied, Counter, Desired, Hints, JobId, Requeue, Scheduler, SchedulerId,
-};
+use integrations::scheduler::{Counter, Desired, Hints, JobId, Requeue, Scheduler, SchedulerId};
 use integrations::store::{Store, Tx};
 use policies::State;
 use serde_json::json;
@@ -45,12 +43,15 @@ pub use kubernetes::KubeHooks;
 pub use webhook::Inbox;
 
 use crate::registry::{Lifecycle, Lifecycles, Seen, Transition, LIFECYCLES, TRANSITIONS};
-use reconciler::{Reconciler, Settings};
+use reconciler::{Ack, Reconciler, Settings};
 use store_link::StoreWrites;
 use webhook::Webhook;
 
 /// Transitions and acks kept for the API.
 const RECENT: usize = 1000;
+
+/// The store log of what the reconcilers applied.
+pub const ACKS: &str = "scheduler_acks";
 
 /// The schedulers of one `serve`.
 pub struct Schedulers {
@@ -70,7 +71,7 @@ pub struct Schedulers {
     requeues: BTreeMap<String, Requeue>,
     next_requeue: u64,
     /// What the reconcilers applied, most recent last, and how many since start.
-    acks: VecDeque<Applied>,
+    acks: VecDeque<Ack>,
     acks_total: u64,
 }
 
@@ -191,7 +192,7 @@ impl Schedulers {
         now: Timestamp,
         store: &mut Store,
     ) {
-        self.take_acks();
+        let acks = self.take_acks();
         let webhook_requeues = self.route_requeues(decisions);
         let mut requeues: Vec<Requeue> = self.requeues.values().cloned().collect();
         requeues.sort_by_key(|r| r.seq);
@@ -205,6 +206,9 @@ impl Schedulers {
             r.want(desired.clone());
         }
         let mut tx = Tx::new();
+        for a in &acks {
+            tx.append_record(ACKS, a);
+        }
         if let Some(w) = self.webhook.as_mut() {
             w.actuate(&self.jobs, actuated, &webhook_requeues, now, &mut tx);
         }
@@ -259,25 +263,28 @@ impl Schedulers {
         self.reconcilers.iter().find(|r| r.id == id)
     }
 
-    /// Takes what the reconcilers applied since the last tick, and drops the requeues
-    /// their reconciler has carried out.
-    fn take_acks(&mut self) {
+    /// Takes what the reconcilers applied since the last tick (returned, and the most
+    /// recent kept), and drops the requeues their reconciler has carried out.
+    fn take_acks(&mut self) -> Vec<Ack> {
         let mut done: BTreeMap<SchedulerId, u64> = BTreeMap::new();
+        let mut taken = Vec::new();
         for r in &self.reconcilers {
             let mut c = r.reported();
             done.insert(r.id, c.requeued_up_to);
-            for a in c.acks.drain(..) {
-                self.acks_total += 1;
-                if self.acks.len() == RECENT {
-                    self.acks.pop_front();
-                }
-                self.acks.push_back(a);
+            taken.extend(c.acks.drain(..));
+        }
+        for a in &taken {
+            self.acks_total += 1;
+            if self.acks.len() == RECENT {
+                self.acks.pop_front();
             }
+            self.acks.push_back(a.clone());
         }
         self.requeues.retain(|_, r| {
             done.get(&r.job.scheduler())
                 .is_none_or(|up_to| r.seq > *up_to)
         });
+        taken
     }
 
     /// Moves every job's lifecycle to what its scheduler and the plan show, with each

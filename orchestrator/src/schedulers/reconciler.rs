@@ -30,6 +30,16 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Acks kept for the loop at most; beyond it the oldest are dropped and counted.
 pub const ACKS: usize = 10_000;
 
+/// One thing a reconciler applied, with when and where: the loop logs it to the
+/// store (log `scheduler_acks`) and keeps the most recent for the API.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Ack {
+    pub time: Timestamp,
+    pub scheduler: SchedulerId,
+    #[serde(flatten)]
+    pub applied: Applied,
+}
+
 /// What a reconciler reports, read by the loop each tick.
 #[derive(Debug, Default)]
 pub struct Reported {
@@ -39,7 +49,7 @@ pub struct Reported {
     pub status: serde_json::Value,
     pub counters: Vec<Counter>,
     /// What passes applied since the loop last took them.
-    pub acks: VecDeque<Applied>,
+    pub acks: VecDeque<Ack>,
     pub acks_dropped: u64,
     /// Requeues carried out (or tried) up to this sequence number.
     pub requeued_up_to: u64,
@@ -309,7 +319,11 @@ impl Worker {
                 c.acks.pop_front();
                 c.acks_dropped += 1;
             }
-            c.acks.push_back(a);
+            c.acks.push_back(Ack {
+                time: wall_clock(),
+                scheduler: mine,
+                applied: a,
+            });
         }
         (c.view, c.status, c.counters) = (view, status, counters);
     }
