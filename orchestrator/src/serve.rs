@@ -822,13 +822,16 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         }
         cadence.end();
         next += tick;
-        // between ticks: the reconcilers' store writes (a Slurm hold's intent waits
-        // for its commit here, never for a tick)
-        while keep_going() && Instant::now() < next {
+        // between ticks (at least once, even after a tick that ran late): the
+        // reconcilers' store writes (a Slurm hold's intent waits for its commit here)
+        loop {
             schedulers.commit_writes(
                 control.store(),
                 Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
             );
+            if !keep_going() || Instant::now() >= next {
+                break;
+            }
         }
     }
     stop.store(true, Ordering::Relaxed);
