@@ -9,7 +9,6 @@
 //! removed cannot be held again.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use policies::Hold;
@@ -137,7 +136,7 @@ impl PodMapping {
             .and_then(|t| Timestamp::parse_rfc3339(t).ok())
             .unwrap_or(now);
         Job {
-            id: format!("k8s:{ns}/{name}"),
+            id: crate::scheduler::JobId::pod(ns, name).to_string(),
             scheduler: "kubernetes".into(),
             name: name.to_string(),
             user: get(pod, &["spec", "serviceAccountName"])
@@ -376,10 +375,11 @@ impl KubeHttp {
             .map_err(|e| format!("{host}: {e}"))?
             .next()
             .ok_or_else(|| format!("{host}: no address"))?;
+        // the whole call, connect included, ends by `timeout`
+        let deadline = std::time::Instant::now() + self.timeout;
         let mut s = std::net::TcpStream::connect_timeout(&addr, self.timeout)
             .map_err(|e| format!("connect {host}: {e}"))?;
         let io = |e: std::io::Error| format!("{host}: {e}");
-        s.set_read_timeout(Some(self.timeout)).map_err(io)?;
         let auth = self
             .token
             .as_ref()
@@ -389,9 +389,13 @@ impl KubeHttp {
             "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept: application/json\r\n{auth}Content-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
-        s.write_all(req.as_bytes()).map_err(io)?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).map_err(io)?;
+        let raw = crate::scheduler::deadline::exchange(
+            &mut s,
+            req.as_bytes(),
+            deadline,
+            crate::scheduler::deadline::to_end,
+        )
+        .map_err(io)?;
         let (status, body) = crate::slurm::parse_response(&raw)?;
         Ok((status, String::from_utf8_lossy(&body).to_string()))
     }

@@ -2,6 +2,10 @@
 //!
 //! # Layout
 //!
+//! - [`scheduler`]: the one [`scheduler::Scheduler`] trait every scheduler adapter
+//!   implements (Slurm, Kubernetes, the outbound webhook), with typed
+//!   [`scheduler::SchedulerId`] and [`scheduler::JobId`]; each runs on a reconciler of
+//!   its own in the orchestrator, off the control loop.
 //! - [`store`]: the durable store behind one trait ([`store::Backend`]): what must
 //!   survive a restart (audit log, energy ledger, job registry, caps and holds with
 //!   their leases). The typed [`store::Store`] sits on top of any backend; the Redis
@@ -25,6 +29,7 @@
 pub mod feeds;
 pub mod kubernetes;
 pub mod prices;
+pub mod scheduler;
 pub mod slurm;
 pub mod slurm_sync;
 pub mod store;

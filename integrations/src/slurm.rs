@@ -8,7 +8,6 @@
 //! authenticating proxy. One request per connection.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,6 +15,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use telemetry::{Job, JobState, Timestamp};
 use thiserror::Error;
+
+use crate::scheduler::deadline::{exchange, to_end};
 
 /// The OpenAPI plugin this client speaks.
 pub const API: &str = "/slurm/v0.0.38";
@@ -123,7 +124,7 @@ pub struct SlurmJob {
 impl SlurmJob {
     /// powerplane's id for it.
     pub fn id(&self) -> String {
-        format!("slurm:{}", self.job_id)
+        crate::scheduler::JobId::slurm(self.job_id).to_string()
     }
 
     /// Pending with a hold (user's or admin's: priority 0).
@@ -513,14 +514,12 @@ impl Client {
         }
         req.push_str("\r\n");
         req.push_str(body);
-        let mut raw = Vec::new();
-        match &self.endpoint {
+        // the whole call, connect included, ends by `timeout`
+        let deadline = std::time::Instant::now() + self.timeout;
+        let raw = match &self.endpoint {
             Endpoint::Unix(p) => {
                 let mut s = std::os::unix::net::UnixStream::connect(p).map_err(io)?;
-                s.set_read_timeout(Some(self.timeout)).map_err(io)?;
-                s.set_write_timeout(Some(self.timeout)).map_err(io)?;
-                s.write_all(req.as_bytes()).map_err(io)?;
-                s.read_to_end(&mut raw).map_err(io)?;
+                exchange(&mut s, req.as_bytes(), deadline, to_end).map_err(io)?
             }
             Endpoint::Tcp(h) => {
                 use std::net::ToSocketAddrs;
@@ -531,12 +530,9 @@ impl Client {
                     .ok_or_else(|| io(std::io::Error::other("no address")))?;
                 let mut s =
                     std::net::TcpStream::connect_timeout(&addr, self.timeout).map_err(io)?;
-                s.set_read_timeout(Some(self.timeout)).map_err(io)?;
-                s.set_write_timeout(Some(self.timeout)).map_err(io)?;
-                s.write_all(req.as_bytes()).map_err(io)?;
-                s.read_to_end(&mut raw).map_err(io)?;
+                exchange(&mut s, req.as_bytes(), deadline, to_end).map_err(io)?
             }
-        }
+        };
         parse_response(&raw).map_err(|message| SlurmError::Io {
             at: self.endpoint.to_string(),
             message,

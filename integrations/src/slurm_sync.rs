@@ -20,8 +20,11 @@ use serde::{Deserialize, Serialize};
 use telemetry::{Job, JobState, Timestamp};
 use tracing::{info, warn};
 
+use crate::scheduler::{Commit, JobId};
 use crate::slurm::{Client, JobMapping, SlurmError, SlurmJob};
 use crate::store::{Store, StoreError, Tx};
+
+pub use crate::scheduler::{Applied, Hints};
 
 const HOLDS: &str = "slurm_holds";
 const EXTERNAL: &str = "slurm_released_externally";
@@ -57,21 +60,6 @@ pub struct SlurmCounters {
     pub last_error: Option<String>,
 }
 
-/// What changed for a job in one pass, for the registry and the log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Applied {
-    pub job: String,
-    pub action: &'static str,
-    pub detail: String,
-}
-
-/// A hint the job alone does not carry: Slurm suspended or requeued it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Hints {
-    pub suspended: bool,
-    pub requeued: bool,
-}
-
 /// How powerplane keeps a Slurm job from starting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -101,7 +89,7 @@ pub struct SlurmSync {
 }
 
 fn slurm_id(id: &str) -> Option<u64> {
-    id.strip_prefix("slurm:").and_then(|n| n.parse().ok())
+    JobId::parse(id).and_then(|j| j.slurm_number())
 }
 
 impl SlurmSync {
@@ -142,8 +130,27 @@ impl SlurmSync {
     pub fn ours(&self) -> BTreeMap<String, OurHold> {
         self.holds
             .values()
-            .map(|h| (format!("slurm:{}", h.job_id), h.clone()))
+            .map(|h| (JobId::slurm(h.job_id).to_string(), h.clone()))
             .collect()
+    }
+
+    /// The jobs of the last poll that Slurm suspended or requeued, by powerplane id.
+    pub fn hinted(&self) -> BTreeMap<String, Hints> {
+        self.last
+            .keys()
+            .map(|n| (JobId::slurm(*n).to_string(), self.hints_of(*n)))
+            .filter(|(_, h)| *h != Hints::default())
+            .collect()
+    }
+
+    fn hints_of(&self, n: u64) -> Hints {
+        self.last
+            .get(&n)
+            .map(|j| Hints {
+                suspended: j.state == "SUSPENDED",
+                requeued: j.restarts > 0 && j.is_pending(),
+            })
+            .unwrap_or_default()
     }
 
     pub fn hints(&self, id: &str) -> Hints {
@@ -158,7 +165,7 @@ impl SlurmSync {
 
     /// Reads Slurm's jobs, reconciles the holds with what Slurm shows, and returns the
     /// jobs as powerplane sees them (jobs gone from Slurm come back once as finished).
-    pub fn poll(&mut self, now: Timestamp, store: &mut Store) -> Result<Vec<Job>, SlurmError> {
+    pub fn poll(&mut self, now: Timestamp, store: &mut dyn Commit) -> Result<Vec<Job>, SlurmError> {
         self.counters.polls += 1;
         let jobs = match self.client.jobs() {
             Ok(j) => j,
@@ -263,7 +270,7 @@ impl SlurmSync {
         &mut self,
         desired: &BTreeMap<String, Hold>,
         now: Timestamp,
-        store: &mut Store,
+        store: &mut dyn Commit,
     ) -> Vec<Applied> {
         let mut done = Vec::new();
         let wanted: BTreeMap<u64, &Hold> = desired
@@ -290,7 +297,7 @@ impl SlurmSync {
                         j.priority = j.priority.max(1);
                     }
                     done.push(Applied {
-                        job: format!("slurm:{id}"),
+                        job: JobId::slurm(id).to_string(),
                         action: "release",
                         detail: "released in Slurm".into(),
                     });
@@ -379,7 +386,7 @@ impl SlurmSync {
                     self.save(&h, store);
                     self.holds.insert(id, h);
                     done.push(Applied {
-                        job: format!("slurm:{id}"),
+                        job: JobId::slurm(id).to_string(),
                         action: "hold",
                         detail: format!("held in Slurm until {}", intent.lease_until),
                     });
@@ -398,7 +405,7 @@ impl SlurmSync {
     pub fn suspended(&self) -> BTreeMap<String, OurHold> {
         self.suspended
             .values()
-            .map(|h| (format!("slurm:{}", h.job_id), h.clone()))
+            .map(|h| (JobId::slurm(h.job_id).to_string(), h.clone()))
             .collect()
     }
 
@@ -410,7 +417,7 @@ impl SlurmSync {
         &mut self,
         desired: &BTreeMap<String, Hold>,
         now: Timestamp,
-        store: &mut Store,
+        store: &mut dyn Commit,
     ) -> Vec<Applied> {
         let mut done = Vec::new();
         let wanted: BTreeMap<u64, &Hold> = desired
@@ -429,7 +436,7 @@ impl SlurmSync {
                     if !gone {
                         self.counters.resumes += 1;
                         done.push(Applied {
-                            job: format!("slurm:{id}"),
+                            job: JobId::slurm(id).to_string(),
                             action: "resume",
                             detail: "resumed in Slurm".into(),
                         });
@@ -484,7 +491,7 @@ impl SlurmSync {
                     }
                     self.suspended.insert(id, rec);
                     done.push(Applied {
-                        job: format!("slurm:{id}"),
+                        job: JobId::slurm(id).to_string(),
                         action: "suspend",
                         detail: format!("suspended in Slurm until {}", h.lease_until),
                     });
@@ -524,7 +531,7 @@ impl SlurmSync {
         warn!(job = id, error = %e, "Slurm {what} failed; retried next pass");
     }
 
-    fn save(&mut self, h: &OurHold, store: &mut Store) {
+    fn save(&mut self, h: &OurHold, store: &mut dyn Commit) {
         let mut tx = Tx::new();
         tx.put_record(HOLDS, &h.job_id.to_string(), h);
         if let Err(e) = store.commit(tx) {
@@ -532,7 +539,7 @@ impl SlurmSync {
         }
     }
 
-    fn forget(&mut self, id: u64, store: &mut Store) {
+    fn forget(&mut self, id: u64, store: &mut dyn Commit) {
         self.holds.remove(&id);
         let mut tx = Tx::new();
         tx.delete_record(HOLDS, &id.to_string());

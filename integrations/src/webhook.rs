@@ -14,16 +14,15 @@
 //! (`Idempotency-Key`, also `id` in the body) that stays the same across retries and
 //! restarts, so a receiver that saw it already can answer 2xx and do nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use telemetry::{Job, JobState, Timestamp};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::store::{Store, StoreError, Tx};
 
@@ -31,6 +30,10 @@ pub const TIMESTAMP_HEADER: &str = "X-Powerplane-Timestamp";
 pub const SIGNATURE_HEADER: &str = "X-Powerplane-Signature";
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 pub const ATTEMPT_HEADER: &str = "X-Powerplane-Attempt";
+
+mod delivery;
+
+pub use delivery::{Outcome, Sender};
 
 const OUTBOX: &str = "webhook_outbox";
 const DEAD: &str = "webhook_dead";
@@ -371,7 +374,7 @@ pub struct OutboxConfig {
     pub max_attempts: u32,
     pub backoff_s: f64,
     pub max_backoff_s: f64,
-    /// Deliveries tried per pass at most (the pass runs on the control loop's tick).
+    /// Deliveries tried per pass at most (a pass of the webhook reconciler).
     pub per_pass: usize,
 }
 
@@ -461,7 +464,10 @@ impl Outbox {
         let seq = self.next_seq;
         self.next_seq += 1;
         let id = format!("pp-{}-{seq}", now.0);
-        let (scheduler, job_id) = job.id.split_once(':').unwrap_or(("", &job.id));
+        let id_of = crate::scheduler::JobId::parse(&job.id);
+        let (scheduler, job_id) = id_of
+            .as_ref()
+            .map_or(("", job.id.as_str()), |j| (j.prefix(), j.local()));
         let mut body = serde_json::json!({
             "id": id,
             "time": now.to_datetime().to_rfc3339(),
@@ -492,105 +498,9 @@ impl Outbox {
         self.counters.enqueued += 1;
     }
 
-    /// Tries what is due, oldest first, a job's actions in order. Returns the ids
-    /// delivered.
-    pub fn deliver(&mut self, now: Timestamp, store: &mut Store) -> Vec<String> {
-        let mut delivered = Vec::new();
-        let mut blocked: BTreeSet<String> = BTreeSet::new();
-        let mut tried = 0;
-        let mut tx = Tx::new();
-        let seqs: Vec<u64> = self.queue.keys().copied().collect();
-        for seq in seqs {
-            let Some(d) = self.queue.get(&seq).cloned() else {
-                continue;
-            };
-            if blocked.contains(&d.job) {
-                continue;
-            }
-            if d.next_at > now || tried >= self.config.per_pass {
-                blocked.insert(d.job.clone());
-                continue;
-            }
-            tried += 1;
-            let attempt = d.attempts + 1;
-            match self.post(&d, attempt) {
-                Ok(()) => {
-                    tx.delete_record(OUTBOX, &seq_key(seq));
-                    self.queue.remove(&seq);
-                    self.counters.delivered += 1;
-                    info!(job = %d.job, id = %d.id, attempt, "webhook action delivered");
-                    delivered.push(d.id);
-                }
-                Err((e, refused)) => {
-                    self.counters.failed_attempts += 1;
-                    self.counters.last_error = Some(e.clone());
-                    let mut d = d;
-                    d.attempts = attempt;
-                    d.last_error = Some(e.clone());
-                    if refused || attempt >= self.config.max_attempts {
-                        warn!(job = %d.job, id = %d.id, attempt, error = %e, "webhook action dead-lettered");
-                        tx.delete_record(OUTBOX, &seq_key(seq));
-                        tx.put_record(DEAD, &seq_key(seq), &d);
-                        self.queue.remove(&seq);
-                        self.counters.dead += 1;
-                    } else {
-                        let backoff = (self.config.backoff_s
-                            * 2f64.powi(attempt.saturating_sub(1).min(30) as i32))
-                        .min(self.config.max_backoff_s);
-                        // half fixed, half random: retries of many senders spread out
-                        d.next_at = now.plus_secs(backoff * (0.5 + 0.5 * jitter()));
-                        warn!(job = %d.job, id = %d.id, attempt, retry_in_s = d.next_at.secs_since(now), error = %e, "webhook delivery failed; retrying");
-                        tx.put_record(OUTBOX, &seq_key(seq), &d);
-                        self.queue.insert(seq, d.clone());
-                        blocked.insert(d.job.clone());
-                        // a receiver that is down or hangs is so for every job: stop this
-                        // pass, so it costs one timeout per tick at most; one that
-                        // answered (an HTTP error) may still take other jobs' actions
-                        if !e.starts_with("HTTP ") {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        if let Err(e) = store.commit(tx) {
-            warn!(error = %e, "cannot save the webhook outbox; deliveries may repeat after a restart");
-        }
-        delivered
-    }
-
     /// The dead-letter list.
     pub fn dead(store: &mut Store) -> Result<Vec<Delivery>, StoreError> {
         Ok(store.records::<Delivery>(DEAD)?.into_values().collect())
-    }
-
-    /// One POST; `Err((why, refused))` with `refused` when retrying cannot help.
-    fn post(&self, d: &Delivery, attempt: u32) -> Result<(), (String, bool)> {
-        let ts = (chrono::Utc::now().timestamp()).to_string();
-        let sig = self.key.sign(&ts, d.body.as_bytes());
-        let headers = [
-            ("Content-Type", "application/json".to_string()),
-            (TIMESTAMP_HEADER, ts),
-            (SIGNATURE_HEADER, sig),
-            (IDEMPOTENCY_HEADER, d.id.clone()),
-            (ATTEMPT_HEADER, attempt.to_string()),
-        ];
-        let status = http_post(
-            &self.config.url,
-            &headers,
-            d.body.as_bytes(),
-            self.config.timeout,
-        )
-        .map_err(|e| (e, false))?;
-        match status {
-            200..=299 => Ok(()),
-            408 | 429 => Err((format!("HTTP {status}"), false)),
-            400..=499 => Err((
-                format!("HTTP {status}: the receiver refused the action"),
-                true,
-            )),
-            _ => Err((format!("HTTP {status}"), false)),
-        }
     }
 }
 
@@ -612,30 +522,25 @@ pub fn http_post(
         .map_err(|e| format!("connect {host}: {e}"))?
         .next()
         .ok_or_else(|| format!("connect {host}: no address"))?;
+    // the whole call, connect included, ends by `timeout`
+    let deadline = std::time::Instant::now() + timeout;
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("connect {host}: {e}"))?;
     let io = |e: std::io::Error| format!("{host}: {e}");
-    s.set_read_timeout(Some(timeout)).map_err(io)?;
-    s.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut req = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
-    );
+    )
+    .into_bytes();
     for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
+        req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).map_err(io)?;
-    s.write_all(body).map_err(io)?;
-    let mut head = [0u8; 64];
-    let mut got = 0;
-    while got < 12 {
-        match s.read(&mut head[got..]).map_err(io)? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    String::from_utf8_lossy(&head[..got])
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    // the status line is enough
+    let head = crate::scheduler::deadline::exchange(&mut s, &req, deadline, |got| got.len() >= 12)
+        .map_err(io)?;
+    String::from_utf8_lossy(&head)
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())

@@ -14,7 +14,10 @@
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`embedded`]: the embedded (redb) store backend, the default.
 //! - [`store_open`]: `[store] kind = "redis"`: Redis on the runtime, behind its journal.
-//! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
+//! - [`schedulers`]: `[schedulers]`: one reconciler per scheduler adapter (Slurm,
+//!   Kubernetes, the outbound webhook) on a thread of its own; jobs in, the plan's holds
+//!   out, job lifecycles.
+//! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`notify`]: systemd's notify protocol (from the agent crate): READY, WATCHDOG from
 //!   the loop, STOPPING.
@@ -35,6 +38,7 @@ pub mod accounting;
 pub mod admit;
 pub use agent;
 pub mod backtest;
+pub mod cadence;
 pub mod control;
 pub mod demo;
 pub mod embedded;

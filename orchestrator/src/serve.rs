@@ -475,6 +475,8 @@ impl Actuator for AgentActuator {
         let mut errors = Vec::new();
         let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
         for (topic, payload) in fleet.commands(state, now) {
+            // never blocks the tick: `try_publish` into the client's bounded queue; a full
+            // queue (a broker that does not take them) counts a drop, retried with backoff
             if !self.link.publish(&topic, payload, true, false) {
                 errors.push(format!(
                     "{topic}: command not queued (the broker has been unreachable; retried with backoff)"
@@ -560,8 +562,15 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         jobs = control.registry().len(),
         "restored from the store"
     );
-    let mut schedulers =
-        crate::schedulers::Schedulers::open(cfg.schedulers.as_ref(), &base, control.store())?;
+    // each scheduler adapter reconciles on a thread of its own (see crate::schedulers)
+    let mut schedulers = crate::schedulers::Schedulers::open(
+        cfg.schedulers.as_ref(),
+        &base,
+        control.store(),
+        cfg.controller.tick_s,
+        runtime.handle(),
+        runtime.shutdown.clone(),
+    )?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -790,8 +799,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         site.gpu_count()
     ));
     let mut next = Instant::now();
+    let mut cadence = crate::cadence::Cadence::default();
     while keep_going() {
         notify.watchdog();
+        cadence.start(next);
         let now = wall_clock();
         let (mut samples, dead) = buffer.drain();
         control.count_rejected(crate::admit::UNKNOWN_ENTITY, gate.take_refused());
@@ -852,8 +863,9 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             control.set_overrides(book.list.clone());
         }
         reloader.between_ticks(&mut control, &board, now);
-        // schedulers: their jobs in, the holds in force out (see crate::schedulers)
-        let jobs = schedulers.jobs(now, control.store());
+        // schedulers: their jobs in, the holds in force out (see crate::schedulers);
+        // neither waits on a scheduler
+        let jobs = schedulers.jobs();
         let report = control.tick(now, samples, jobs, actuator.as_mut());
         if !schedulers.is_empty() {
             let actuated = control.actuated().clone();
@@ -897,22 +909,31 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             );
             b.ready
                 .after_tick(report.store_error.as_deref(), last_source_sample);
+            b.cadence = cadence.clone();
             drop(b);
         }
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
+        cadence.end();
         next += tick;
-        while keep_going() && Instant::now() < next {
+        // between ticks (at least once, even after a tick that ran late): the
+        // reconcilers' store writes (a Slurm hold's intent waits for its commit here)
+        loop {
             notify.watchdog();
-            std::thread::sleep(
+            schedulers.commit_writes(
+                control.store(),
                 Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
             );
+            if !keep_going() || Instant::now() >= next {
+                break;
+            }
         }
     }
     notify.stopping();
     stop.store(true, Ordering::Relaxed);
     runtime.shutdown.cancel();
+    schedulers.stop(control.store(), crate::runtime::DEFAULT_GRACE);
     for t in threads {
         let _ = t.join();
     }

@@ -150,18 +150,29 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
 
     let config = d.join("powerplane.toml");
     let first = serve(&config, 120);
+    let key = format!("slurm:{deferrable}");
+    // the reconciler holds the job off the tick; the API shows it from the next tick on
+    let shown = |what: &str| schedulers(port).is_some_and(|s| s["lifecycle"][&key] == what);
     wait(
         "the deferrable job held in Slurm",
         Duration::from_secs(20),
         &never_held,
-        &|| is_held(deferrable),
+        &|| is_held(deferrable) && shown("held"),
         &config,
     );
     let st = schedulers(port).expect("schedulers");
-    let key = format!("slurm:{deferrable}");
     assert!(st["slurm"]["holds"][&key].is_object(), "{st}");
     assert_eq!(st["slurm"]["counters"]["holds"], 1, "{st}");
     assert_eq!(st["lifecycle"][&key], "held", "{st}");
+    // the reconciler's ack of the hold, as the loop took it
+    assert!(
+        st["applied"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["job"] == key.as_str()
+                && x["action"] == "hold"
+                && x["scheduler"] == "slurm")),
+        "{st}"
+    );
     assert_eq!(
         st["lifecycle"][&format!("slurm:{urgent}")],
         "pending",
@@ -200,7 +211,7 @@ fn serve_holds_while_expensive_releases_when_cheap_and_a_restart_keeps_every_hol
         "the deferrable job released when the price fell",
         Duration::from_secs(60),
         &never_held,
-        &|| !is_held(deferrable),
+        &|| !is_held(deferrable) && !shown("held"),
         &config,
     );
     assert!(

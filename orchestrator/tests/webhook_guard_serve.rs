@@ -280,7 +280,16 @@ fn a_job_that_finished_before_a_restart_stays_finished_after_it() {
     let section: SchedulersSection =
         toml::from_str("[webhook]\nkey_file = \"webhook.key\"\nack_wait_s = 0.2\n")
             .expect("section");
-    let mut schedulers = Schedulers::open(Some(&section), d, &mut store).expect("open");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut schedulers = Schedulers::open(
+        Some(&section),
+        d,
+        &mut store,
+        1.0,
+        rt.handle().clone(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .expect("open");
     let inbox = schedulers.inbox().expect("inbox");
     let submitted = br#"{"event":"submitted","scheduler":"lsf","job":"old","class":"batch"}"#;
     let (status, why) = inbox
@@ -293,7 +302,7 @@ fn a_job_that_finished_before_a_restart_stays_finished_after_it() {
         inbox.receive(true, None, None, new, now).map_err(|e| e.0),
         Err(503)
     );
-    let jobs = schedulers.jobs(now, &mut store);
+    let jobs = schedulers.jobs();
     let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     assert_eq!(ids, vec!["lsf:new"]);
     assert_eq!(

@@ -408,6 +408,27 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         c.actuation_errors as f64,
     );
+    o.add(
+        "tick_delay_seconds",
+        "gauge",
+        "How late the last tick started past its due time",
+        &[],
+        b.cadence.delay_s,
+    );
+    o.add(
+        "tick_delay_max_seconds",
+        "gauge",
+        "The largest tick delay since start",
+        &[],
+        b.cadence.delay_max_s,
+    );
+    o.add(
+        "tick_duration_seconds",
+        "gauge",
+        "How long the last complete tick took",
+        &[],
+        b.cadence.duration_s,
+    );
     for (name, help, v) in &b.scheduler_counters {
         let kind = if name.ends_with("_total") {
             "counter"

@@ -207,6 +207,8 @@ pub struct Board {
     pub store_health: Option<std::sync::Arc<integrations::store::health::StoreHealth>>,
     /// What `/readyz` checks besides the policy: the store, the sources' freshness.
     pub ready: health::Readiness,
+    /// The control loop's tick delay and duration.
+    pub cadence: crate::cadence::Cadence,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -257,6 +259,7 @@ impl Board {
             policy_status: crate::reload::PolicyStatus::default(),
             store_health: None,
             ready: health::Readiness::default(),
+            cadence: Default::default(),
         }
     }
 

@@ -1,0 +1,85 @@
+//! Kubernetes as a [`Scheduler`]: the pods behind powerplane's scheduling gate, polled
+//! and let go by its reconciler.
+
+use serde_json::json;
+use telemetry::{Job, Timestamp};
+
+use super::{Applied, Commit, Counter, Desired, Pass, Scheduler, SchedulerId, View};
+use crate::kubernetes::{KubeHttp, KubeSync};
+
+impl Scheduler for KubeSync<KubeHttp> {
+    fn id(&self) -> SchedulerId {
+        SchedulerId::Kubernetes
+    }
+
+    fn poll(
+        &mut self,
+        now: Timestamp,
+        _store: &mut dyn Commit,
+    ) -> Result<Option<Vec<Job>>, String> {
+        KubeSync::poll(self, now).map(Some)
+    }
+
+    fn apply(&mut self, desired: &Desired, now: Timestamp, _store: &mut dyn Commit) -> Pass {
+        let errors = self.counters.errors;
+        let applied = KubeSync::apply(self, &desired.holds, now)
+            .into_iter()
+            .map(|job| Applied {
+                job,
+                action: "release",
+                detail: "scheduling gate removed: Kubernetes may schedule the pod".into(),
+            })
+            .collect();
+        Pass {
+            applied,
+            failed: (self.counters.errors - errors) as u32,
+        }
+    }
+
+    fn view(&self) -> View {
+        View {
+            held_by_us: self.gated().into_iter().collect(),
+            hints: Default::default(),
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        json!({
+            "api": self.api.base,
+            "gate": self.mapping.gate,
+            "gated": self.gated(),
+            "counters": self.counters,
+        })
+    }
+
+    fn counters(&self) -> Vec<Counter> {
+        let c = &self.counters;
+        vec![
+            (
+                "kubernetes_polls_total",
+                "Polls of the Kubernetes API for pods",
+                c.polls as f64,
+            ),
+            (
+                "kubernetes_poll_errors_total",
+                "Polls of the Kubernetes API that failed",
+                c.poll_errors as f64,
+            ),
+            (
+                "kubernetes_gates_removed_total",
+                "Scheduling gates powerplane removed",
+                c.gates_removed as f64,
+            ),
+            (
+                "kubernetes_errors_total",
+                "Gate removals that failed (retried)",
+                c.errors as f64,
+            ),
+            (
+                "kubernetes_pods_gated",
+                "Pods powerplane's gate holds now",
+                self.gated().len() as f64,
+            ),
+        ]
+    }
+}

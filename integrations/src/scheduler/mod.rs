@@ -1,0 +1,142 @@
+//! The one trait every scheduler adapter implements ([`Scheduler`]), with typed ids
+//! ([`SchedulerId`], [`JobId`]) and what the control loop and an adapter's reconciler
+//! hand each other: the desired state in ([`Desired`]), the jobs, the adapter's view of
+//! them and what it applied out ([`View`], [`Pass`]).
+//!
+//! Data flow: the control loop evaluates the plan and hands the holds, suspensions
+//! and requeues it wants to each adapter's reconciler (in `orchestrator::schedulers`),
+//! which runs the adapter on a thread of its own: [`Scheduler::poll`] reads the jobs,
+//! [`Scheduler::apply`] brings the scheduler to the desired state. Both are blocking
+//! calls with the adapter's deadline per request, and both are idempotent, so a newer
+//! desired state may supersede an older one that was never applied. Store writes go
+//! through [`Commit`], which the reconciler implements by sending them to the loop that
+//! owns the store.
+//!
+//! Adding an adapter: a module here (or a folder) with a type that implements
+//! [`Scheduler`], and one registration line in `orchestrator::schedulers`.
+
+pub mod deadline;
+pub mod ids;
+pub mod kubernetes;
+pub mod slurm;
+pub mod webhook;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use policies::Hold;
+use serde::Serialize;
+use telemetry::{Job, Timestamp};
+
+pub use ids::{JobId, SchedulerId};
+
+use crate::store::{Store, StoreError, Tx};
+
+/// Where an adapter's store writes go: the store itself (tests, tools) or the
+/// control loop that owns it.
+pub trait Commit {
+    /// Commits `tx` atomically; `Ok` once it is durable.
+    fn commit(&mut self, tx: Tx) -> Result<(), StoreError>;
+}
+
+impl Commit for Store {
+    fn commit(&mut self, tx: Tx) -> Result<(), StoreError> {
+        Store::commit(self, tx)
+    }
+}
+
+/// A requeue the plan decided, numbered so that a reconciler carries out each one once
+/// however many desired states repeat it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Requeue {
+    pub seq: u64,
+    pub job: JobId,
+    pub reason: String,
+}
+
+/// What the plan wants of the schedulers now (all adapters; each takes its own jobs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    /// The holds in force, by job id.
+    pub holds: BTreeMap<String, Hold>,
+    /// The suspensions in force, by job id.
+    pub suspended: BTreeMap<String, Hold>,
+    /// Requeues not yet acknowledged, oldest first.
+    pub requeues: Vec<Requeue>,
+    /// The poll of each adapter whose jobs the plan saw (its count of successful
+    /// polls): an adapter applies only a state computed on its latest poll, so a job
+    /// it just found is never let go by a plan that has not seen it yet.
+    pub polls: BTreeMap<SchedulerId, u64>,
+}
+
+/// One thing an adapter did to a job, for the log, the status and the audit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Applied {
+    pub job: String,
+    pub action: &'static str,
+    pub detail: String,
+}
+
+/// A hint the job alone does not carry: the scheduler suspended or requeued it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hints {
+    pub suspended: bool,
+    pub requeued: bool,
+}
+
+/// What an adapter knows about its jobs beyond the jobs themselves.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct View {
+    /// Jobs powerplane holds in this scheduler (by job id).
+    pub held_by_us: BTreeSet<String>,
+    /// Jobs with a hint, by job id.
+    pub hints: BTreeMap<String, Hints>,
+}
+
+/// The outcome of one [`Scheduler::apply`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pass {
+    pub applied: Vec<Applied>,
+    /// Calls that failed (retried on a later pass, after a backoff).
+    pub failed: u32,
+}
+
+/// A counter or gauge for `/metrics`: (name, help, value); names ending in `_total`
+/// are counters.
+pub type Counter = (&'static str, &'static str, f64);
+
+/// A scheduler powerplane steers. The calls block (each request under the adapter's
+/// deadline) and run on the adapter's reconciler thread, never on the control loop.
+pub trait Scheduler: Send {
+    fn id(&self) -> SchedulerId;
+
+    /// Reads the scheduler's jobs as powerplane sees them (a job gone from the
+    /// scheduler comes back once as finished). `Ok(None)`: this adapter learns of its
+    /// jobs otherwise (events).
+    fn poll(&mut self, now: Timestamp, store: &mut dyn Commit) -> Result<Option<Vec<Job>>, String>;
+
+    /// Brings the scheduler to `desired` (idempotent: what is already so is left).
+    fn apply(&mut self, desired: &Desired, now: Timestamp, store: &mut dyn Commit) -> Pass;
+
+    /// Requeues one of this adapter's jobs.
+    fn requeue(&mut self, job: &JobId) -> Result<(), String> {
+        Err(format!(
+            "job {job}: the {} adapter cannot requeue",
+            self.id()
+        ))
+    }
+
+    /// Which of its jobs powerplane holds, and hints, as of the last poll or pass.
+    fn view(&self) -> View;
+
+    /// What `/api/v1/schedulers` shows of this adapter.
+    fn status(&self) -> serde_json::Value;
+
+    /// The adapter's counters and gauges for `/metrics`.
+    fn counters(&self) -> Vec<Counter>;
+
+    /// When the adapter wants another pass without a new desired state (a retry
+    /// that falls due), if ever.
+    fn next_due(&self) -> Option<Timestamp> {
+        None
+    }
+}

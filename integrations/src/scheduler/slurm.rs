@@ -1,0 +1,100 @@
+//! Slurm as a [`Scheduler`]: [`SlurmSync`] polled and applied by its reconciler.
+
+use serde_json::json;
+use telemetry::{Job, Timestamp};
+use tracing::{info, warn};
+
+use super::{Commit, Counter, Desired, JobId, Pass, Scheduler, SchedulerId, View};
+use crate::slurm_sync::SlurmSync;
+
+impl Scheduler for SlurmSync {
+    fn id(&self) -> SchedulerId {
+        SchedulerId::Slurm
+    }
+
+    fn poll(&mut self, now: Timestamp, store: &mut dyn Commit) -> Result<Option<Vec<Job>>, String> {
+        SlurmSync::poll(self, now, store)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    fn apply(&mut self, desired: &Desired, now: Timestamp, store: &mut dyn Commit) -> Pass {
+        let errors = self.counters.action_errors;
+        let mut applied = SlurmSync::apply(self, &desired.holds, now, store);
+        applied.extend(self.apply_suspensions(&desired.suspended, now, store));
+        Pass {
+            applied,
+            failed: (self.counters.action_errors - errors) as u32,
+        }
+    }
+
+    fn requeue(&mut self, job: &JobId) -> Result<(), String> {
+        match SlurmSync::requeue(self, &job.to_string()) {
+            Ok(()) => {
+                info!(job = %job, "requeued in Slurm");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(job = %job, error = %e, "Slurm requeue failed");
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn view(&self) -> View {
+        View {
+            held_by_us: self.ours().into_keys().collect(),
+            hints: self.hinted(),
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        json!({
+            "endpoint": self.client.endpoint.to_string(),
+            "counters": self.counters,
+            "holds": self.ours(),
+            "suspended": self.suspended(),
+        })
+    }
+
+    fn counters(&self) -> Vec<Counter> {
+        let c = &self.counters;
+        vec![
+            (
+                "slurm_polls_total",
+                "Polls of slurmrestd's job list",
+                c.polls as f64,
+            ),
+            (
+                "slurm_poll_errors_total",
+                "Polls of slurmrestd that failed",
+                c.poll_errors as f64,
+            ),
+            (
+                "slurm_holds_total",
+                "Holds powerplane placed in Slurm",
+                c.holds as f64,
+            ),
+            (
+                "slurm_releases_total",
+                "Holds powerplane released in Slurm",
+                c.releases as f64,
+            ),
+            (
+                "slurm_action_errors_total",
+                "Slurm hold, release and requeue calls that failed (retried)",
+                c.action_errors as f64,
+            ),
+            (
+                "slurm_released_externally_total",
+                "Holds of powerplane's someone else released",
+                c.released_externally as f64,
+            ),
+            (
+                "slurm_holds_in_force",
+                "Slurm jobs powerplane holds now",
+                self.ours().len() as f64,
+            ),
+        ]
+    }
+}

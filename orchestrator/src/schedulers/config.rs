@@ -1,0 +1,215 @@
+//! `[schedulers]` in `powerplane.toml`: one section per adapter, and the checks run
+//! before anything starts (config → the adapters' reconcilers in [`super`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use integrations::kubernetes::PodMapping;
+use integrations::slurm::{Endpoint, JobMapping};
+use integrations::webhook::WebhookKey;
+use serde::Deserialize;
+
+/// `[schedulers]` in `powerplane.toml`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulersSection {
+    #[serde(default)]
+    pub slurm: Option<SlurmSection>,
+    #[serde(default)]
+    pub webhook: Option<WebhookSection>,
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesSection>,
+}
+
+/// `[schedulers.kubernetes]`: scheduling gates and the scheduler extender.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSection {
+    /// The API server, over plain HTTP (`kubectl proxy`): `http://127.0.0.1:8001`.
+    pub api: String,
+    /// A bearer token for the API server (a service account's).
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default = "default_poll")]
+    pub poll_s: f64,
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// The gate, the class label, the deferrable classes.
+    #[serde(default)]
+    pub pods: PodMapping,
+    /// Kubernetes node name → the site file's node id, where they differ.
+    #[serde(default)]
+    pub node_names: BTreeMap<String, String>,
+}
+
+/// `[schedulers.webhook]`: any scheduler, through signed webhooks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSection {
+    /// The shared key (hex, `openssl rand -hex 32`): verifies inbound events, signs
+    /// outbound actions.
+    pub key_file: PathBuf,
+    /// Where actions are POSTed (`http://host:port/path`); without it, none are sent.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Inbound timestamps further than this from the clock are refused.
+    #[serde(default = "default_tolerance")]
+    pub tolerance_s: f64,
+    /// An event is answered 202 once it is stored (on the next tick); if that takes
+    /// longer than this, 503 (the event is still taken: resending is harmless).
+    #[serde(default = "default_ack_wait")]
+    pub ack_wait_s: f64,
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// The first retry waits about this long; each next one twice as long.
+    #[serde(default = "default_backoff")]
+    pub backoff_s: f64,
+    #[serde(default = "default_max_backoff")]
+    pub max_backoff_s: f64,
+    #[serde(default = "default_hook_timeout")]
+    pub timeout_s: f64,
+    /// Deliveries tried per tick at most.
+    #[serde(default = "default_per_tick")]
+    pub per_tick: usize,
+    /// Classes deferrable unless an event says otherwise.
+    #[serde(default = "default_deferrable")]
+    pub deferrable_classes: Vec<String>,
+    /// Events taken per minute at most, signed ones and those with operator tokens
+    /// each; beyond it, 429.
+    #[serde(default = "default_events_per_minute")]
+    pub events_per_minute: u32,
+}
+
+fn default_events_per_minute() -> u32 {
+    6000
+}
+
+fn default_tolerance() -> f64 {
+    300.0
+}
+fn default_ack_wait() -> f64 {
+    30.0
+}
+fn default_attempts() -> u32 {
+    12
+}
+fn default_backoff() -> f64 {
+    1.0
+}
+fn default_max_backoff() -> f64 {
+    300.0
+}
+fn default_hook_timeout() -> f64 {
+    5.0
+}
+fn default_per_tick() -> usize {
+    50
+}
+fn default_deferrable() -> Vec<String> {
+    vec!["batch".into(), "training".into()]
+}
+
+/// `[schedulers.slurm]`: slurmrestd, and how its jobs map to powerplane's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmSection {
+    /// `unix:/path/to/slurmrestd.sock` (rest_auth/local) or `http://host:port`.
+    pub endpoint: String,
+    /// Sent as `X-SLURM-USER-NAME` (root on the unix socket may act as any user).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Seconds between polls of the job list (0: every tick).
+    #[serde(default = "default_poll")]
+    pub poll_s: f64,
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// The `scontrol` that requeues (slurmrestd v0.0.38 cannot).
+    #[serde(default = "default_scontrol")]
+    pub scontrol: PathBuf,
+    /// `begin_time` (the default: the job's begin time is the lease, so Slurm starts
+    /// it if powerplane stops renewing — no job stays held past its lease, even with a
+    /// dead controller) or `hold` (JobHeldAdmin until released).
+    #[serde(default = "default_hold_with")]
+    pub hold_with: integrations::slurm_sync::HoldWith,
+    #[serde(default)]
+    pub mapping: JobMapping,
+}
+
+fn default_poll() -> f64 {
+    15.0
+}
+
+fn default_hold_with() -> integrations::slurm_sync::HoldWith {
+    integrations::slurm_sync::HoldWith::BeginTime
+}
+fn default_timeout() -> f64 {
+    10.0
+}
+fn default_scontrol() -> PathBuf {
+    PathBuf::from("scontrol")
+}
+
+/// Checks the section before anything starts (`base`: the config file's folder).
+pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Result<()> {
+    if let Some(k) = &s.kubernetes {
+        anyhow::ensure!(
+            k.api.starts_with("http://"),
+            "{file}: [schedulers.kubernetes] api {:?}: only http:// (kubectl proxy)",
+            k.api
+        );
+        anyhow::ensure!(
+            k.poll_s >= 0.0 && k.timeout_s > 0.0 && !k.pods.gate.is_empty(),
+            "{file}: [schedulers.kubernetes] needs poll_s >= 0, timeout_s > 0 and a gate name"
+        );
+        if let Some(t) = &k.token_file {
+            std::fs::read_to_string(crate::serve::resolve(base, t))
+                .map_err(|e| anyhow::anyhow!("{file}: [schedulers.kubernetes] token_file: {e}"))?;
+        }
+    }
+    if let Some(w) = &s.webhook {
+        read_key(&crate::serve::resolve(base, &w.key_file))?;
+        if let Some(u) = &w.url {
+            anyhow::ensure!(
+                u.starts_with("http://"),
+                "{file}: [schedulers.webhook] url {u:?}: only http:// (put a TLS proxy in front for https)"
+            );
+        }
+        anyhow::ensure!(
+            w.tolerance_s > 0.0
+                && w.ack_wait_s > 0.0
+                && w.backoff_s > 0.0
+                && w.max_backoff_s >= w.backoff_s
+                && w.timeout_s > 0.0
+                && w.max_attempts >= 1
+                && w.per_tick >= 1
+                && w.events_per_minute >= 1,
+            "{file}: [schedulers.webhook] needs tolerance_s, backoff_s, timeout_s above 0, max_backoff_s >= backoff_s, max_attempts, per_tick and events_per_minute at least 1"
+        );
+    }
+    if let Some(sl) = &s.slurm {
+        Endpoint::parse(&sl.endpoint)
+            .map_err(|e| anyhow::anyhow!("{file}: [schedulers.slurm] endpoint {e}"))?;
+        anyhow::ensure!(
+            sl.poll_s >= 0.0 && sl.poll_s.is_finite(),
+            "{file}: [schedulers.slurm] poll_s must be 0 or more, got {}",
+            sl.poll_s
+        );
+        anyhow::ensure!(
+            sl.timeout_s > 0.0 && sl.timeout_s <= 300.0,
+            "{file}: [schedulers.slurm] timeout_s must be within (0, 300], got {}",
+            sl.timeout_s
+        );
+        anyhow::ensure!(
+            sl.mapping.default_duration_s > 0.0,
+            "{file}: [schedulers.slurm.mapping] default_duration_s must be above 0"
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn read_key(path: &std::path::Path) -> Result<WebhookKey> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the webhook key {}: {e}", path.display()))?;
+    WebhookKey::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}

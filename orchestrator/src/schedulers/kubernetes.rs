@@ -1,0 +1,91 @@
+//! Kubernetes glue: the adapter opened from `[schedulers.kubernetes]`, and what the
+//! admission webhook and the scheduler extender read (the HTTP side, off the loop).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Result;
+use integrations::kubernetes::{KubeHttp, KubeSync, NodeCondition, PodMapping};
+use integrations::scheduler::Scheduler;
+use policies::State;
+use tracing::info;
+
+use super::config::KubernetesSection;
+
+/// What the admission and extender endpoints need.
+pub struct KubeHooks {
+    pub pods: PodMapping,
+    pub node_names: BTreeMap<String, String>,
+}
+
+impl KubeHooks {
+    /// Per Kubernetes node: the share of its GPUs capped, and whether its rack is
+    /// being stepped down for heat (a thermal level below 1).
+    pub fn conditions(
+        &self,
+        site: &telemetry::Site,
+        state: &State,
+    ) -> BTreeMap<String, NodeCondition> {
+        let by_site: BTreeMap<&str, &str> = self
+            .node_names
+            .iter()
+            .map(|(k, v)| (v.as_str(), k.as_str()))
+            .collect();
+        site.nodes
+            .iter()
+            .map(|n| {
+                let capped = (0..n.gpus)
+                    .filter(|i| {
+                        state
+                            .caps
+                            .contains_key(&telemetry::EntityId::gpu(&n.id, *i))
+                    })
+                    .count();
+                let hot = state.thermal.get(&n.rack).is_some_and(|t| t.fraction < 1.0);
+                let name = by_site.get(n.id.as_str()).copied().unwrap_or(&n.id);
+                (
+                    name.to_string(),
+                    NodeCondition {
+                        capped: if n.gpus == 0 {
+                            0.0
+                        } else {
+                            capped as f64 / f64::from(n.gpus)
+                        },
+                        hot,
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// The Kubernetes adapter of `[schedulers.kubernetes]`, its poll interval, and the
+/// hooks the HTTP side reads.
+pub fn open(
+    k: &KubernetesSection,
+    base: &std::path::Path,
+) -> Result<(Box<dyn Scheduler>, f64, std::sync::Arc<KubeHooks>)> {
+    let token = match &k.token_file {
+        Some(t) => Some(
+            std::fs::read_to_string(crate::serve::resolve(base, t))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let api = KubeHttp {
+        base: k.api.clone(),
+        token,
+        timeout: Duration::from_secs_f64(k.timeout_s),
+    };
+    info!(api = %k.api, gate = %k.pods.gate, "steering Kubernetes pods through scheduling gates");
+    let hooks = std::sync::Arc::new(KubeHooks {
+        pods: k.pods.clone(),
+        node_names: k.node_names.clone(),
+    });
+    Ok((
+        Box::new(KubeSync::new(api, k.pods.clone())),
+        k.poll_s,
+        hooks,
+    ))
+}
