@@ -18,6 +18,7 @@
 //!   Kubernetes, the outbound webhook) on a thread of its own; jobs in, the plan's holds
 //!   out, job lifecycles.
 //! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`.
+//! - [`config`]: `powerplane.toml`, every problem of it and of the files it names in one pass.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`notify`]: systemd's notify protocol (from the agent crate): READY, WATCHDOG from
 //!   the loop, STOPPING.
@@ -39,6 +40,7 @@ pub mod admit;
 pub use agent;
 pub mod backtest;
 pub mod cadence;
+pub mod config;
 pub mod control;
 pub mod demo;
 pub mod embedded;
@@ -47,6 +49,7 @@ pub mod fleet;
 pub mod http;
 pub use agent::notify;
 pub mod overrides;
+pub mod paths;
 pub mod policy_cli;
 pub mod probe;
 pub mod registry;

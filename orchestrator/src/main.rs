@@ -254,7 +254,7 @@ fn main() -> ExitCode {
             check,
         } => {
             if check {
-                orchestrator::serve::load(&config).map(|_| {
+                orchestrator::config::load(&config).map(|_| {
                     println!("{}: ok", config.display());
                     ExitCode::SUCCESS
                 })
@@ -377,7 +377,7 @@ fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
         o.seconds
     );
     if let Some(config) = &o.config {
-        let loaded = orchestrator::serve::load(config)?;
+        let loaded = orchestrator::config::load(config)?;
         let args = ProbeArgs {
             mqtt: loaded.config.mqtt.as_ref().map(|m| m.client.clone()),
             mapping: loaded.mapping,

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use policies::{Action, Decision, Policy, Target};
@@ -21,7 +21,6 @@ use telemetry::{Site, Timestamp};
 use tracing::{info, warn};
 
 use crate::control::ControlLoop;
-use crate::http::Board;
 
 /// Polls between two reads of a file whose time and size did not change.
 pub const REHASH_EVERY: u32 = 15;
@@ -240,32 +239,31 @@ impl Reloader {
     }
 
     /// Between two ticks: looks at the file when due (or on SIGHUP), swaps a valid new
-    /// policy into the loop, audits it, and shows the outcome on the board.
+    /// policy into the loop and audits it; returns what the board should show when
+    /// something changed (the new policy's text, if one was swapped in, and the status).
     pub fn between_ticks(
         &mut self,
         control: &mut ControlLoop,
-        board: &RwLock<Board>,
         now: Timestamp,
-    ) {
+    ) -> Option<(Option<String>, PolicyStatus)> {
         let force = self.hup.swap(false, Ordering::Relaxed);
         if force {
             info!("SIGHUP: reading the policy file");
         }
         if !force && !self.enabled {
-            return;
+            return None;
         }
         let before = self.watch.status.clone();
         let reloaded = self.watch.poll(force, control.site(), now);
         if reloaded.is_none() && self.watch.status == before {
-            return;
+            return None;
         }
-        let mut b = board.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = reloaded {
+        let text = reloaded.map(|r| {
             control.set_policy(r.policy);
             control.note(r.decision);
-            b.policy_text = r.text;
-        }
-        b.policy_status = self.watch.status.clone();
+            r.text
+        });
+        Some((text, self.watch.status.clone()))
     }
 
     pub fn status(&self) -> &PolicyStatus {

@@ -19,210 +19,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use integrations::prices::Series;
 use integrations::store::Store;
-use policies::{Policy, State};
-use serde::Deserialize;
-use telemetry::mapping::Mapping;
+use policies::State;
 use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
-use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
-use telemetry::sources::redfish::{EndpointConfig, Poller};
+use telemetry::sources::mqtt::{Event, MqttSource};
+use telemetry::sources::redfish::Poller;
 use telemetry::{EntityId, Sample, Site, Timestamp};
 use tracing::{info, warn};
 
+use crate::config::{load, resolve, Loaded, StoreConfig};
 use crate::control::{Actuator, ControlLoop};
 use crate::embedded::EmbeddedBackend;
 use crate::fleet::{Fleet, FleetConfig};
 use crate::probe::wall_clock;
 use telemetry::agent_proto::{Channel, Topics};
 use telemetry::sources::mqtt::{Link, LinkEvent};
-
-/// `powerplane.toml`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    pub controller: ControllerConfig,
-    #[serde(default)]
-    pub store: StoreConfig,
-    #[serde(default)]
-    pub mqtt: Option<MqttSection>,
-    #[serde(default)]
-    pub redfish: Option<RedfishSection>,
-    #[serde(default)]
-    pub prices: Option<PricesSection>,
-    /// Command the GPU node agents (without it, caps are observe-only).
-    #[serde(default)]
-    pub agents: Option<AgentsSection>,
-    /// `/metrics` and the JSON API.
-    #[serde(default)]
-    pub http: Option<crate::http::HttpSection>,
-    /// The schedulers to steer (without it, holds are observe-only).
-    #[serde(default)]
-    pub schedulers: Option<crate::schedulers::SchedulersSection>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AgentsSection {
-    /// The site key the agents share (hex, `openssl rand -hex 32`).
-    pub key_file: PathBuf,
-    #[serde(default = "default_lease")]
-    pub lease_s: f64,
-    #[serde(default = "default_renew")]
-    pub renew_s: f64,
-    #[serde(default = "default_retry")]
-    pub retry_s: f64,
-    #[serde(default = "default_topic_prefix")]
-    pub topic_prefix: String,
-    /// Rewritten every tick: per GPU the desired, acknowledged and enforced state.
-    #[serde(default)]
-    pub status_file: Option<PathBuf>,
-    pub mqtt: MqttConfig,
-}
-
-fn default_lease() -> f64 {
-    90.0
-}
-fn default_renew() -> f64 {
-    30.0
-}
-fn default_retry() -> f64 {
-    5.0
-}
-fn default_topic_prefix() -> String {
-    telemetry::agent_proto::DEFAULT_PREFIX.into()
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ControllerConfig {
-    pub site: PathBuf,
-    pub policy: PathBuf,
-    #[serde(default = "default_tick")]
-    pub tick_s: f64,
-    #[serde(default = "default_ledger")]
-    pub ledger_interval_s: f64,
-    /// Samples the buffer holds between ticks; beyond it the oldest are dropped.
-    #[serde(default = "default_buffer")]
-    pub buffer_samples: usize,
-    /// How often to look at the policy file for edits (0: only on SIGHUP).
-    #[serde(default = "default_policy_reload")]
-    pub policy_reload_s: f64,
-}
-
-fn default_policy_reload() -> f64 {
-    crate::reload::DEFAULT_RELOAD_S
-}
-
-fn default_tick() -> f64 {
-    15.0
-}
-fn default_ledger() -> f64 {
-    60.0
-}
-fn default_buffer() -> usize {
-    200_000
-}
-
-#[derive(Debug, Clone, Deserialize, Default)]
-#[serde(deny_unknown_fields, tag = "kind", rename_all = "snake_case")]
-pub enum StoreConfig {
-    #[default]
-    Memoryless,
-    Embedded {
-        path: PathBuf,
-    },
-    Redis(crate::store_open::RedisStoreConfig),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MqttSection {
-    pub mapping: PathBuf,
-    #[serde(flatten)]
-    pub client: MqttConfig,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedfishSection {
-    #[serde(default = "default_interval")]
-    pub interval_s: f64,
-    #[serde(default = "default_concurrency")]
-    pub concurrency: usize,
-    pub endpoints: Vec<EndpointConfig>,
-}
-
-fn default_refresh() -> f64 {
-    3600.0
-}
-fn default_stale() -> f64 {
-    7200.0
-}
-
-fn default_interval() -> f64 {
-    10.0
-}
-fn default_concurrency() -> usize {
-    32
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PricesSection {
-    /// The price feed: by default a CSV with `start,price_per_kwh[,carbon_g_per_kwh]`.
-    #[serde(default)]
-    pub file: Option<PathBuf>,
-    /// Or fetched from here every `refresh_s` (a failed fetch keeps the last series).
-    #[serde(default)]
-    pub url: Option<String>,
-    #[serde(default = "default_refresh")]
-    pub refresh_s: f64,
-    /// The feed is stale this long after its last point: the site's tariff applies.
-    #[serde(default = "default_stale")]
-    pub stale_after_s: f64,
-    #[serde(flatten)]
-    pub format: FeedFormat,
-    /// A carbon-intensity feed of its own (else the `carbon_g_per_kwh` column).
-    #[serde(default)]
-    pub carbon: Option<CarbonSection>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CarbonSection {
-    pub file: PathBuf,
-    #[serde(flatten)]
-    pub format: FeedFormat,
-}
-
-/// How a feed file is written (see `integrations::feeds`).
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct FeedFormat {
-    /// `simple` (the default), `csv` (with `[csv]`), `json` (with `[json]`) or `entsoe`.
-    #[serde(default)]
-    pub format: Option<String>,
-    #[serde(default)]
-    pub csv: Option<integrations::feeds::CsvFormat>,
-    #[serde(default)]
-    pub json: Option<integrations::feeds::JsonFormat>,
-}
-
-impl FeedFormat {
-    /// Reads a feed; `simple_column` is the column of the default layout.
-    pub fn read(&self, name: &str, text: &str, simple_column: &str) -> Result<Series> {
-        use integrations::feeds;
-        Ok(match (self.format.as_deref(), &self.csv, &self.json) {
-            (None | Some("simple"), None, None) => Series::from_csv(name, text, simple_column)?,
-            (Some("csv"), Some(c), None) => feeds::parse_csv(name, text, c)?,
-            (Some("json"), None, Some(j)) => feeds::parse_json(name, text, j)?,
-            (Some("entsoe"), None, None) => feeds::parse_entsoe(name, text)?,
-            (f, c, j) => anyhow::bail!(
-                "{name}: format {f:?} with{} [csv] and with{} [json]: use format = \"simple\", \"csv\" with [csv], \"json\" with [json], or \"entsoe\"",
-                if c.is_some() { "" } else { "out" },
-                if j.is_some() { "" } else { "out" }
-            ),
-        })
-    }
-}
 
 /// Samples waiting for the next tick: bounded, keeps the newest, counts what it drops.
 #[derive(Debug)]
@@ -282,182 +92,6 @@ impl Actuator for ObserveOnly {
         }
         self.last = state.clone();
         Vec::new()
-    }
-}
-
-fn read(path: &Path, base: &Path) -> Result<(String, String)> {
-    let p = resolve(base, path);
-    let text =
-        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    Ok((p.display().to_string(), text))
-}
-
-/// Everything `serve` needs, read and checked.
-pub struct Loaded {
-    pub config: Config,
-    pub site: Site,
-    pub policy: Policy,
-    pub mapping: Option<Mapping>,
-    /// Price and carbon series.
-    pub prices: Option<(Series, Series)>,
-}
-
-/// Loads and checks everything the config names; every problem is an error here,
-/// before anything starts, and all of them are reported at once: the config's own
-/// (shape and values) and those of every file it names (site, policy, mapping, feeds,
-/// keys).
-pub fn load(config_path: &Path) -> Result<Loaded> {
-    let base = config_path.parent().unwrap_or(Path::new("."));
-    let (name, text) = read(config_path, Path::new("."))?;
-    // every problem of the file's shape at once, as file:line:col
-    let mut cfg: Config =
-        telemetry::diag::parse_all(&name, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut problems = Problems::default();
-    // secrets from their files (`*_file`), read once here
-    if let Some(m) = cfg.mqtt.as_mut() {
-        let r = m.client.read_secrets(base);
-        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}")));
-    }
-    if let Some(a) = cfg.agents.as_mut() {
-        let r = a.mqtt.read_secrets(base);
-        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [agents.mqtt] {e}")));
-    }
-    if let StoreConfig::Redis(r) = &cfg.store {
-        problems.take(r.url(base).map_err(|e| anyhow::anyhow!("{name}: {e}")));
-    }
-    let site = problems.take(
-        read(&cfg.controller.site, base)
-            .and_then(|(n, t)| Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
-    );
-    // checked against the site, as a reload is
-    let policy =
-        site.as_ref().and_then(|site| {
-            problems.take(read(&cfg.controller.policy, base).and_then(|(n, t)| {
-                crate::reload::validate(&n, &t, site).map_err(anyhow::Error::msg)
-            }))
-        });
-    let mapping = cfg.mqtt.as_ref().and_then(|m| {
-        problems.take(
-            read(&m.mapping, base)
-                .and_then(|(n, t)| Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
-        )
-    });
-    let prices = match &cfg.prices {
-        Some(p) => problems.take(load_prices(p, &name, base)),
-        None => None,
-    };
-    if let (Some(r), Some(site)) = (&cfg.redfish, &site) {
-        let r = crate::admit::check_redfish(&r.endpoints, site);
-        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));
-    }
-    check_values(&cfg, &name, base, &mut problems);
-    problems.finish()?;
-    match (site, policy) {
-        (Some(site), Some(policy)) => Ok(Loaded {
-            config: cfg,
-            site,
-            policy,
-            mapping,
-            prices: prices.flatten(),
-        }),
-        _ => anyhow::bail!("{name}: the site or the policy did not load"),
-    }
-}
-
-/// Every problem `load` finds, reported together.
-#[derive(Default)]
-struct Problems(Vec<String>);
-
-impl Problems {
-    fn take<T>(&mut self, r: Result<T>) -> Option<T> {
-        r.map_err(|e| self.0.push(format!("{e:#}"))).ok()
-    }
-
-    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
-        if !ok {
-            self.0.push(msg());
-        }
-    }
-
-    fn finish(self) -> Result<()> {
-        match self.0.is_empty() {
-            true => Ok(()),
-            false => Err(anyhow::anyhow!("{}", self.0.join("\n"))),
-        }
-    }
-}
-
-/// The price and carbon series of `[prices]` (None: fetched from its URL later).
-fn load_prices(p: &PricesSection, name: &str, base: &Path) -> Result<Option<(Series, Series)>> {
-    let (price, n, t) = match (&p.file, &p.url) {
-        (Some(f), None) => {
-            let (n, t) = read(f, base)?;
-            (p.format.read(&n, &t, "price_per_kwh")?, n, t)
-        }
-        // fetched by `serve` once it runs; until then the tariff applies
-        (None, Some(_)) => (Series::default(), String::new(), String::new()),
-        _ => anyhow::bail!("{name}: [prices] needs one of file or url"),
-    };
-    anyhow::ensure!(
-        p.refresh_s >= 10.0 && p.stale_after_s > 0.0,
-        "{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0"
-    );
-    let carbon = match &p.carbon {
-        Some(c) => {
-            let (n, t) = read(&c.file, base)?;
-            c.format.read(&n, &t, "carbon_g_per_kwh")?
-        }
-        None if p.format.format.is_none() && !t.is_empty() => {
-            Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default()
-        }
-        None => Series::default(),
-    };
-    Ok(Some((price, carbon)))
-}
-
-/// The config's values that its shape cannot say: ranges, relations, readable keys.
-fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) {
-    if let Some(a) = &cfg.agents {
-        problems.check(
-            a.retry_s > 0.0 && a.retry_s <= a.renew_s && a.renew_s * 2.0 <= a.lease_s,
-            || format!(
-                "{name}: [agents] needs 0 < retry_s <= renew_s <= lease_s / 2 (got retry_s = {}, renew_s = {}, lease_s = {}): a lease must survive a missed renewal",
-                a.retry_s, a.renew_s, a.lease_s
-            ),
-        );
-        // commands go out on ticks: a renewal may wait up to one tick
-        problems.check(a.renew_s * 2.0 + cfg.controller.tick_s <= a.lease_s, || {
-            format!(
-                "{name}: [agents] lease_s ({}) must be at least 2 × renew_s + controller.tick_s ({}), or leases lapse between ticks",
-                a.lease_s,
-                a.renew_s * 2.0 + cfg.controller.tick_s
-            )
-        });
-        problems.take(crate::agent::run::read_key(&resolve(base, &a.key_file)));
-    }
-    if let Some(h) = &cfg.http {
-        problems.take(crate::http::load_tokens(h, base));
-        problems.take(crate::http::server::check(h, base).map_err(anyhow::Error::from));
-    }
-    if let Some(s) = &cfg.schedulers {
-        problems.take(crate::schedulers::check(s, name, base));
-    }
-    let reload = cfg.controller.policy_reload_s;
-    problems.check(reload == 0.0 || (0.1..=3600.0).contains(&reload), || {
-        format!("{name}: controller.policy_reload_s must be 0 (only on SIGHUP) or within 0.1..=3600, got {reload}")
-    });
-    let tick = cfg.controller.tick_s;
-    problems.check((0.1..=3600.0).contains(&tick), || {
-        format!("{name}: controller.tick_s must be within 0.1..=3600, got {tick}")
-    });
-}
-
-/// A path from a config file: relative ones are relative to the file's folder.
-pub(crate) fn resolve(base: &Path, p: &Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
     }
 }
 
@@ -862,7 +496,13 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             }
             control.set_overrides(book.list.clone());
         }
-        reloader.between_ticks(&mut control, &board, now);
+        if let Some((text, status)) = reloader.between_ticks(&mut control, now) {
+            let mut b = board.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(text) = text {
+                b.policy_text = text;
+            }
+            b.policy_status = status;
+        }
         // schedulers: their jobs in, the holds in force out (see crate::schedulers);
         // neither waits on a scheduler
         let jobs = schedulers.jobs();

@@ -64,7 +64,7 @@ impl RedisStoreConfig {
         match (&self.url, &self.url_file) {
             (Some(u), None) => Ok(u.clone()),
             (None, Some(f)) => {
-                let p = crate::serve::resolve(base, f);
+                let p = crate::paths::resolve(base, f);
                 let text = std::fs::read_to_string(&p)
                     .with_context(|| format!("[store] url_file: cannot read {}", p.display()))?;
                 let url = text.trim().to_string();
@@ -84,7 +84,7 @@ impl RedisStoreConfig {
     pub fn open_journaled(&self, base: &Path, handle: Handle) -> Result<Store> {
         let url = self.url(base)?;
         let redis = RedisBackend::connect_on(&url, &self.prefix, handle, self.deadline())?;
-        let path = crate::serve::resolve(base, &self.journal);
+        let path = crate::paths::resolve(base, &self.journal);
         let limits = Limits {
             max_bytes: self.journal_max_mib.saturating_mul(1 << 20),
             max_batches: self.journal_max_batches,

@@ -168,10 +168,10 @@ impl Backend for Discard {
 /// Reads a price or carbon file as the scenario says it is written.
 fn read_series(
     input: &Input,
-    format: Option<&crate::serve::FeedFormat>,
+    format: Option<&crate::config::FeedFormat>,
     column: &str,
 ) -> Result<Series> {
-    let default = crate::serve::FeedFormat::default();
+    let default = crate::config::FeedFormat::default();
     format
         .unwrap_or(&default)
         .read(&input.name, &input.text, column)

@@ -39,7 +39,7 @@
 use serde::Deserialize;
 use telemetry::Timestamp;
 
-use crate::serve::FeedFormat;
+use crate::config::FeedFormat;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

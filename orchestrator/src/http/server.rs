@@ -17,10 +17,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use super::service::Ctx;
 use super::session::Sessions;
 use super::slots::{Admit, Slot, Slots};
 use super::stats::{bump, HttpStats};
@@ -68,22 +67,6 @@ pub enum ServeError {
     Invalid(String),
     #[error(transparent)]
     Tls(#[from] TlsError),
-}
-
-/// What every connection shares.
-pub(super) struct Ctx {
-    pub api: Api,
-    pub sessions: Sessions,
-    pub stats: Arc<HttpStats>,
-    /// Served over TLS (the session cookie is then `Secure`).
-    pub tls: bool,
-    pub header_timeout: Duration,
-    pub body_timeout: Duration,
-    pub max_header_bytes: usize,
-    /// Job events waiting to be stored (beyond, `503`).
-    pub events_waiting: Arc<Semaphore>,
-    pub tracker: TaskTracker,
-    pub shutdown: CancellationToken,
 }
 
 fn positive(name: &str, v: f64) -> Result<Duration, ServeError> {

@@ -4,18 +4,37 @@
 //! event waits until it is stored), so that no request holds up the runtime.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use super::server::Ctx;
+use super::session::Sessions;
 use super::slots::Marker;
-use super::stats::bump;
+use super::stats::{bump, HttpStats};
 use super::{error, query, session, Api, Reply, MAX_BODY};
+
+/// What every connection shares.
+pub(super) struct Ctx {
+    pub api: Api,
+    pub sessions: Sessions,
+    pub stats: Arc<HttpStats>,
+    /// Served over TLS (the session cookie is then `Secure`).
+    pub tls: bool,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_header_bytes: usize,
+    /// Job events waiting to be stored (beyond, `503`).
+    pub events_waiting: Arc<Semaphore>,
+    pub tracker: TaskTracker,
+    pub shutdown: CancellationToken,
+}
 
 /// Job events waiting for their answer at most (beyond, `503`).
 pub const MAX_WAITING_EVENTS: usize = 64;

@@ -163,12 +163,12 @@ pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Resul
             "{file}: [schedulers.kubernetes] needs poll_s >= 0, timeout_s > 0 and a gate name"
         );
         if let Some(t) = &k.token_file {
-            std::fs::read_to_string(crate::serve::resolve(base, t))
+            std::fs::read_to_string(crate::paths::resolve(base, t))
                 .map_err(|e| anyhow::anyhow!("{file}: [schedulers.kubernetes] token_file: {e}"))?;
         }
     }
     if let Some(w) = &s.webhook {
-        read_key(&crate::serve::resolve(base, &w.key_file))?;
+        read_key(&crate::paths::resolve(base, &w.key_file))?;
         if let Some(u) = &w.url {
             anyhow::ensure!(
                 u.starts_with("http://"),

@@ -67,7 +67,7 @@ pub fn open(
 ) -> Result<(Box<dyn Scheduler>, f64, std::sync::Arc<KubeHooks>)> {
     let token = match &k.token_file {
         Some(t) => Some(
-            std::fs::read_to_string(crate::serve::resolve(base, t))?
+            std::fs::read_to_string(crate::paths::resolve(base, t))?
                 .trim()
                 .to_string(),
         ),

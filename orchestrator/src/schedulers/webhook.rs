@@ -426,7 +426,7 @@ impl Webhook {
         base: &std::path::Path,
         store: &mut Store,
     ) -> Result<(Webhook, Option<Box<dyn Scheduler>>)> {
-        let key = read_key(&crate::serve::resolve(base, &w.key_file))?;
+        let key = read_key(&crate::paths::resolve(base, &w.key_file))?;
         let (done, jobs): (Vec<Job>, Vec<Job>) = store
             .jobs()?
             .into_iter()
