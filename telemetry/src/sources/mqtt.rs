@@ -328,6 +328,12 @@ impl Drop for Pump {
     }
 }
 
+/// Events between the client's connection and its reader. Overflow policy: block.
+/// A reader that falls this far behind stops the pump, so the connection stops being
+/// read and TCP pushes back on the broker (which queues or drops for a slow
+/// subscriber by its own limits); nothing grows here.
+pub const PUMP_QUEUE: usize = 4096;
+
 /// Runs `poll` on a thread of its own until it ends, `stop` is set or nobody listens;
 /// after an error it waits the backoff before polling again.
 fn pump<T: Send + 'static>(
@@ -335,7 +341,7 @@ fn pump<T: Send + 'static>(
     is_err: fn(&T) -> bool,
     mut poll: impl FnMut() -> Option<T> + Send + 'static,
 ) -> std::sync::mpsc::Receiver<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::sync_channel(PUMP_QUEUE);
     let spawned = std::thread::Builder::new()
         .name("mqtt-pump".into())
         .spawn(move || {
