@@ -246,7 +246,10 @@ impl ApiClient {
 
     /// Applies an update the way this version can (REST, or `scontrol`).
     pub fn update(&self, job_id: u64, update: Update) -> Result<(), SlurmApiError> {
-        match shapes::request(self.version, job_id, update) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        match shapes::request(self.version, job_id, update, now) {
             Request::Post { path, body } => self.call(Method::POST, &path, Some(&body)).map(|_| ()),
             Request::Scontrol { args } => self.scontrol(&args),
         }

@@ -234,12 +234,14 @@ pub enum Request {
     Scontrol { args: Vec<String> },
 }
 
-/// The request for an update in a version. Hold, release and the begin time are
-/// `POST /slurm/vX/job/{id}` in every version (v0.0.38 and v0.0.40+ take the job
-/// description itself, not wrapped); only the begin time's shape differs (a plain
-/// number in v0.0.38, `{set, number}` from v0.0.40). Requeue, suspend and resume have
-/// no REST call in v0.0.38 to v0.0.42: `scontrol`.
-pub fn request(version: ApiVersion, job_id: u64, update: Update) -> Request {
+/// The request for an update in a version, `now_unix_s` being the time now. Hold,
+/// release and the begin time are `POST /slurm/vX/job/{id}` in every version (v0.0.38
+/// and v0.0.40+ take the job description itself, not wrapped); only the begin time's
+/// shape differs: `{set, number}` from v0.0.40; in v0.0.38 a time string that
+/// slurmctld parses (`now+N`; its OpenAPI document says integer, but 22.05 answers
+/// "Unable to parse time" to a number). Requeue, suspend and resume have no REST call
+/// in v0.0.38 to v0.0.42: `scontrol`.
+pub fn request(version: ApiVersion, job_id: u64, update: Update, now_unix_s: i64) -> Request {
     let post = |body: Value| Request::Post {
         path: format!("{}/job/{job_id}", version.prefix()),
         body,
@@ -253,7 +255,10 @@ pub fn request(version: ApiVersion, job_id: u64, update: Update) -> Request {
         Update::BeginAt { unix_s } if version.is_data_parser() => post(
             json!({ "begin_time": { "set": true, "infinite": false, "number": unix_s.max(0) } }),
         ),
-        Update::BeginAt { unix_s } => post(json!({ "begin_time": unix_s.max(0) })),
+        Update::BeginAt { unix_s } if unix_s <= now_unix_s => post(json!({ "begin_time": "now" })),
+        Update::BeginAt { unix_s } => {
+            post(json!({ "begin_time": format!("now+{}", unix_s - now_unix_s) }))
+        }
         Update::Requeue => scontrol("requeue"),
         Update::Suspend => scontrol("suspend"),
         Update::Resume => scontrol("resume"),
@@ -335,15 +340,15 @@ mod tests {
             unix_s: 1_800_000_000,
         };
         assert_eq!(
-            request(ApiVersion::V0038, 7, at),
+            request(ApiVersion::V0038, 7, at, 1_799_996_400),
             Request::Post {
                 path: "/slurm/v0.0.38/job/7".into(),
-                body: json!({ "begin_time": 1_800_000_000 })
+                body: json!({ "begin_time": "now+3600" })
             }
         );
         for v in [ApiVersion::V0040, ApiVersion::V0041, ApiVersion::V0042] {
             assert_eq!(
-                request(v, 7, at),
+                request(v, 7, at, 1_799_996_400),
                 Request::Post {
                     path: format!("/slurm/{v}/job/7"),
                     body: json!({ "begin_time": { "set": true, "infinite": false, "number": 1_800_000_000 } })
@@ -361,7 +366,7 @@ mod tests {
                 (Update::Resume, "resume"),
             ] {
                 assert_eq!(
-                    request(v, 9, u),
+                    request(v, 9, u, 0),
                     Request::Scontrol {
                         args: vec![verb.into(), "9".into()]
                     }
