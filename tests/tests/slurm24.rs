@@ -214,6 +214,38 @@ fn over_tcp_with_jwt_calls_work_a_rotated_token_is_picked_up_and_a_wrong_one_is_
 }
 
 #[test]
+fn through_a_tls_proxy_with_a_ca_file_the_calls_work_and_a_wrong_ca_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key, _) = powerplane_tests::self_signed(dir.path());
+    let proxy = powerplane_tests::TlsBmc::start(&cert, &key, &s24::tcp());
+    let file = dir.path().join("token");
+    std::fs::write(&file, s24::token(600)).expect("write token");
+    let mut config = jwt_config(&file);
+    config.endpoint = proxy.url.clone();
+    config.ca_file = Some(cert.clone());
+    let c = build(&config);
+    assert_eq!(c.version(), ApiVersion::V0042);
+    let a = waiting_job();
+    let _cancel = Cancel(vec![a]);
+    assert!(c
+        .jobs()
+        .expect("jobs over TLS")
+        .iter()
+        .any(|j| j.job_id == a));
+
+    // a CA that did not sign the proxy's certificate
+    let other = tempfile::tempdir().expect("tempdir");
+    let (wrong, _, _) = powerplane_tests::self_signed(other.path());
+    config.ca_file = Some(wrong);
+    let e = config.build().err().expect("an unknown certificate");
+    assert!(matches!(e, SlurmApiError::Io { .. }), "{e}");
+    assert!(
+        e.to_string().contains("tls") && e.to_string().contains(&proxy.url),
+        "{e}"
+    );
+}
+
+#[test]
 fn without_a_token_the_jwt_listener_answers_401_and_the_error_says_what_to_do() {
     let mut c = SlurmApiConfig::new(&format!("http://{}", s24::tcp()));
     c.user = Some(s24::rest_user());

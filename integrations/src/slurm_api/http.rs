@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::header::{HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, ACCEPT, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
@@ -223,7 +223,9 @@ impl Http {
             .method(method)
             .uri(path)
             .header(HOST, host)
-            .header(ACCEPT, "application/json");
+            .header(ACCEPT, "application/json")
+            // one connection per call: slurmrestd (or a proxy) closes it after the answer
+            .header(CONNECTION, "close");
         if body.is_some() {
             b = b
                 .header(CONTENT_TYPE, "application/json")
