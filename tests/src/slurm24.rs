@@ -156,11 +156,16 @@ pub fn wait_squeue(id: u64, within: Duration, ok: impl Fn(&str, &str) -> bool) -
 
 /// A fresh JWT for the REST user from `scontrol token`.
 pub fn token(lifespan_s: u64) -> String {
+    token_for(&rest_user(), lifespan_s)
+}
+
+/// A fresh JWT for `user` (root may make one for anybody).
+pub fn token_for(user: &str, lifespan_s: u64) -> String {
     let out = run(&[
         &root(),
         "scontrol",
         "token",
-        &format!("username={}", rest_user()),
+        &format!("username={user}"),
         &format!("lifespan={lifespan_s}"),
     ]);
     out.trim_start_matches("SLURM_JWT=").to_string()

@@ -214,6 +214,28 @@ fn over_tcp_with_jwt_calls_work_a_rotated_token_is_picked_up_and_a_wrong_one_is_
 }
 
 #[test]
+fn with_slurmusers_token_another_users_job_is_held_and_released() {
+    let b = s24::sbatch_as_root(&[
+        "--begin=now+3600",
+        "--job-name=pp24-root",
+        "--wrap",
+        "sleep 1",
+    ]);
+    let _cancel = Cancel(vec![b]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("token");
+    std::fs::write(&file, s24::token_for("slurm", 600)).expect("write token");
+    let mut config = jwt_config(&file);
+    config.user = Some("slurm".into());
+    let c = build(&config);
+    c.update(b, Update::Hold)
+        .expect("SlurmUser may hold root's job");
+    assert_eq!(s24::squeue(b).expect("queued").1, "JobHeldAdmin");
+    c.update(b, Update::Release).expect("release");
+    assert!(!held(&s24::squeue(b).expect("queued").1));
+}
+
+#[test]
 fn through_a_tls_proxy_with_a_ca_file_the_calls_work_and_a_wrong_ca_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert, key, _) = powerplane_tests::self_signed(dir.path());

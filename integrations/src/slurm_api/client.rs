@@ -44,8 +44,9 @@ pub struct SlurmApiConfig {
     /// Answers over this many bytes are refused.
     #[serde(default = "default_max_answer")]
     pub max_answer_bytes: usize,
-    /// The command for what the REST API cannot do (requeue, suspend, resume).
-    #[serde(default = "default_scontrol")]
+    /// The command for what the REST API cannot do (requeue, suspend, resume):
+    /// `"scontrol"`, or a list (`["chroot", "/srv/slurm", "scontrol"]`).
+    #[serde(default = "default_scontrol", deserialize_with = "one_or_many")]
     pub scontrol: Vec<String>,
 }
 
@@ -57,6 +58,19 @@ fn default_max_answer() -> usize {
 }
 fn default_scontrol() -> Vec<String> {
     vec!["scontrol".into()]
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 impl SlurmApiConfig {
@@ -391,5 +405,44 @@ impl ApiClient {
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_reads_a_pin_and_scontrol_as_a_word_or_a_list_and_names_every_problem() {
+        let c: SlurmApiConfig = serde_json::from_value(serde_json::json!({
+            "endpoint": "unix:/run/slurmrestd.sock",
+            "api_version": "v0.0.41",
+            "scontrol": "scontrol",
+        }))
+        .expect("config");
+        assert_eq!(c.api_version, ApiPin::Exact(ApiVersion::V0041));
+        assert_eq!(c.scontrol, ["scontrol"]);
+        let c: SlurmApiConfig = serde_json::from_value(serde_json::json!({
+            "endpoint": "http://127.0.0.1:6820",
+            "scontrol": ["chroot", "/srv", "scontrol"],
+        }))
+        .expect("config");
+        assert_eq!((c.api_version, c.scontrol.len()), (ApiPin::Auto, 3));
+        assert!(c.validate().is_ok());
+
+        let mut bad = SlurmApiConfig::new("https://slurm.example");
+        bad.timeout_s = 0.0;
+        bad.token_file = Some("/etc/powerplane/slurm.jwt".into());
+        let e = bad.validate().expect_err("three problems").to_string();
+        assert!(
+            e.contains("timeout_s") && e.contains("needs user") && e.contains("ca_file"),
+            "{e}"
+        );
+        let e = serde_json::from_value::<SlurmApiConfig>(serde_json::json!({
+            "endpoint": "unix:/s", "api_version": "v0.0.37"
+        }))
+        .expect_err("unknown version")
+        .to_string();
+        assert!(e.contains("v0.0.37") && e.contains("auto"), "{e}");
     }
 }
