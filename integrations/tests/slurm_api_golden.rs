@@ -108,7 +108,7 @@ fn the_version_is_chosen_from_each_servers_openapi_document() {
     );
     let (o, ours) =
         choose(ApiPin::Exact(ApiVersion::V0038), &new).expect_err("24.11 lacks v0.0.38");
-    assert_eq!((o, ours), (new.clone(), vec!["v0.0.38".to_string()]));
+    assert_eq!((o, ours.len()), (new.clone(), 4));
 
     let old = offered(&fixture("22.05/openapi.json"));
     assert_eq!(old, ["v0.0.38"]);

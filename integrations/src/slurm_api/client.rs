@@ -124,6 +124,7 @@ impl SlurmApiConfig {
 
     /// The running client: validated, connected once to find the version.
     pub fn build(&self) -> Result<ApiClient, SlurmApiError> {
+        not_in_a_runtime()?;
         self.validate()?;
         let transport = Transport::parse(&self.endpoint, self.ca_file.as_deref())?;
         let auth = match (&self.token_file, &self.user) {
@@ -172,7 +173,18 @@ pub struct Counters {
     pub timeouts_total: AtomicU64,
 }
 
-/// A slurmrestd client speaking one API version.
+/// The facade blocks: inside an async task it would stall (or panic) that runtime.
+fn not_in_a_runtime() -> Result<(), SlurmApiError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Err(SlurmApiError::Config(
+            "the slurmrestd client blocks: call it from the scheduler's own thread or spawn_blocking, not from an async task".into(),
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// A slurmrestd client speaking one API version. Blocking: call it from a thread of
+/// its own (or `spawn_blocking`), and drop it there too (it owns a runtime).
 pub struct ApiClient {
     http: Http,
     rt: tokio::runtime::Runtime,
@@ -288,6 +300,7 @@ impl ApiClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, SlurmApiError> {
+        not_in_a_runtime()?;
         let answer = self.rt.block_on(self.http.call(method.clone(), path, body));
         let answer = answer.inspect_err(|e| match e {
             SlurmApiError::TooLarge { .. } => {
@@ -377,6 +390,7 @@ impl ApiClient {
 
     /// `scontrol <args>` within the call deadline.
     fn scontrol(&self, args: &[String]) -> Result<(), SlurmApiError> {
+        not_in_a_runtime()?;
         let shown = args.join(" ");
         let fail = |message: String| SlurmApiError::Command {
             args: shown.clone(),
@@ -444,5 +458,14 @@ mod tests {
         .expect_err("unknown version")
         .to_string();
         assert!(e.contains("v0.0.37") && e.contains("auto"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn inside_an_async_task_the_blocking_client_refuses_instead_of_stalling() {
+        let e = SlurmApiConfig::new("unix:/nonexistent.sock")
+            .build()
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("spawn_blocking"), "{e}");
     }
 }

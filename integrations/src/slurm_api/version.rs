@@ -118,20 +118,15 @@ pub fn offered(openapi: &Value) -> Vec<String> {
 }
 
 /// The version to speak: the pinned one if offered, else the newest both speak.
-/// `Err((offered, ours))`: nothing in common (the caller names the server).
+/// `Err((offered, ours))`: nothing in common, or the pinned one not offered (the
+/// caller names the server and the pin).
 pub fn choose(pin: ApiPin, offered: &[String]) -> Result<ApiVersion, (Vec<String>, Vec<String>)> {
     let has = |v: ApiVersion| offered.iter().any(|o| o == v.as_str());
     let found = match pin {
         ApiPin::Auto => ApiVersion::ALL.into_iter().find(|v| has(*v)),
         ApiPin::Exact(v) => Some(v).filter(|v| has(*v)),
     };
-    found.ok_or_else(|| {
-        let ours = match pin {
-            ApiPin::Auto => ApiVersion::ours(),
-            ApiPin::Exact(v) => vec![v.as_str().to_string()],
-        };
-        (offered.to_vec(), ours)
-    })
+    found.ok_or_else(|| (offered.to_vec(), ApiVersion::ours()))
 }
 
 #[cfg(test)]
@@ -161,7 +156,7 @@ mod tests {
             Ok(ApiVersion::V0040)
         );
         let (o, ours) = choose(ApiPin::Exact(ApiVersion::V0042), &offered).expect_err("refused");
-        assert_eq!((o.len(), ours), (2, vec!["v0.0.42".to_string()]));
+        assert_eq!((o.len(), ours.len()), (2, 4));
     }
 
     #[test]
