@@ -364,13 +364,16 @@ impl ApiClient {
             format!(": {detail}")
         };
         let (who, advice) = match &self.http.auth {
-            Auth::Jwt { user, token } => (
+            Auth::Jwt { user, token } => {
+                token.forget();
+                (
                 format!("user {user}'s token from {}", token.path.display()),
                 format!(
                     "the token expired or is wrong; write a fresh one with `scontrol token username={user} lifespan=86400` (the part after SLURM_JWT=) into {} — it is re-read on the next call",
                     token.path.display()
                 ),
-            ),
+                )
+            }
             Auth::Local { user } => (
                 match user {
                     Some(u) => format!("this process acting as {u}"),

@@ -4,6 +4,7 @@
 //! exchange and a cap on the answer's size. One connection per call (slurmrestd is
 //! called a few times a tick at most).
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -104,11 +105,14 @@ fn tls_config(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, SlurmApiError
 }
 
 /// A JWT in a file (what `scontrol token` printed, with or without `SLURM_JWT=`),
-/// read again whenever the file's length or modification time changes.
+/// read again whenever the file's modification time, length or inode changes (a
+/// rotation by `mv` is a new inode), and after slurmrestd refused it.
 pub struct TokenFile {
     pub path: PathBuf,
-    cached: Mutex<Option<(Option<SystemTime>, u64, String)>>,
+    cached: Mutex<Option<(Stamp, String)>>,
 }
+
+type Stamp = (Option<SystemTime>, u64, u64);
 
 impl TokenFile {
     pub fn new(path: PathBuf) -> TokenFile {
@@ -124,13 +128,13 @@ impl TokenFile {
             SlurmApiError::Config(format!("token_file {}: {why}", self.path.display()))
         };
         let meta = std::fs::metadata(&self.path).map_err(|e| bad(e.to_string()))?;
-        let stamp = (meta.modified().ok(), meta.len());
+        let stamp: Stamp = (meta.modified().ok(), meta.len(), meta.ino());
         let mut cached = self
             .cached
             .lock()
             .map_err(|_| bad("lock poisoned".into()))?;
-        if let Some((m, l, t)) = cached.as_ref() {
-            if (*m, *l) == stamp {
+        if let Some((s, t)) = cached.as_ref() {
+            if *s == stamp {
                 return Ok(t.clone());
             }
         }
@@ -146,8 +150,15 @@ impl TokenFile {
             ));
         }
         tracing::debug!(path = %self.path.display(), "read the slurmrestd token");
-        *cached = Some((stamp.0, stamp.1, token.clone()));
+        *cached = Some((stamp, token.clone()));
         Ok(token)
+    }
+
+    /// Read the file again on the next call (slurmrestd refused the token).
+    pub fn forget(&self) {
+        if let Ok(mut c) = self.cached.lock() {
+            *c = None;
+        }
     }
 }
 
@@ -355,6 +366,14 @@ mod tests {
         assert_eq!(t.token().expect("token"), "first");
         std::fs::write(&path, "second-token\n").expect("write");
         assert_eq!(t.token().expect("token"), "second-token");
+        // rotated by rename, the same length: a new inode
+        let next = path.with_extension("new");
+        std::fs::write(&next, "third-token!\n").expect("write");
+        std::fs::rename(&next, &path).expect("rename");
+        assert_eq!(t.token().expect("token"), "third-token!");
+        // refused by slurmrestd: read again even if nothing seems changed
+        t.forget();
+        assert_eq!(t.token().expect("token"), "third-token!");
         std::fs::write(&path, "\n").expect("write");
         let e = t.token().expect_err("empty");
         assert!(e.to_string().contains("token_file"), "{e}");
