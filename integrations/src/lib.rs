@@ -16,6 +16,8 @@
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
 //! - [`slurm`]: a slurmrestd client (OpenAPI v0.0.38) and the mapping of Slurm jobs
 //!   to powerplane jobs; [`slurm_sync`] keeps Slurm's holds in step with the plan.
+//! - [`slurm_api`]: the versioned slurmrestd layer (v0.0.38, v0.0.40 to v0.0.42):
+//!   version detection, per-version shapes, a hyper client with JWT and TLS.
 //! - [`webhook`]: generic schedulers over signed webhooks: job events in, actions out
 //!   through a durable outbox with retries and a dead-letter list.
 //! - [`webhook_guard`]: inbound events' replay window, rate limit, field limits and
@@ -31,6 +33,7 @@ pub mod kubernetes;
 pub mod prices;
 pub mod scheduler;
 pub mod slurm;
+pub mod slurm_api;
 pub mod slurm_sync;
 pub mod store;
 pub mod webhook;

@@ -14,6 +14,7 @@
 pub mod fixtures;
 pub mod redis_server;
 pub mod slurm;
+pub mod slurm24;
 pub mod store_contract;
 
 use integrations::store::redis::RedisBackend;
