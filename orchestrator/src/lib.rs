@@ -14,6 +14,7 @@
 //! - [`schedulers`]: `[schedulers]`: Slurm's jobs in, the plan's holds out, job lifecycles.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
 //! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
+//! - [`redfish`]: the `[redfish]` poller as a task of `serve`, its counters for `/metrics`.
 //! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
@@ -38,6 +39,7 @@ pub mod http;
 pub mod overrides;
 pub mod policy_cli;
 pub mod probe;
+pub mod redfish;
 pub mod registry;
 pub mod reload;
 pub mod report;

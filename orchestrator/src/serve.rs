@@ -1,6 +1,7 @@
 //! `powerplane serve`: the controller on a real clock.
 //!
-//! Sources run on threads of their own (MQTT, the Redfish poller) and put samples into
+//! Sources run on threads of their own (MQTT) or as tasks on the runtime (the Redfish
+//! poller, see [`crate::redfish`]) and put samples into
 //! one bounded buffer that keeps the newest and counts what it drops. Every tick the
 //! control loop drains it, evaluates the policy and commits to the store. With an
 //! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
@@ -25,7 +26,7 @@ use serde::Deserialize;
 use telemetry::mapping::Mapping;
 use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
 use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
-use telemetry::sources::redfish::{EndpointConfig, Poller};
+use telemetry::sources::redfish::EndpointConfig;
 use telemetry::{EntityId, Sample, Site, Timestamp};
 use tracing::{info, warn};
 
@@ -155,8 +156,16 @@ pub struct MqttSection {
 pub struct RedfishSection {
     #[serde(default = "default_interval")]
     pub interval_s: f64,
+    /// GETs in flight over all endpoints.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// GETs in flight to one endpoint.
+    #[serde(default = "crate::redfish::default_per_endpoint")]
+    pub per_endpoint: usize,
+    #[serde(default = "crate::redfish::default_rediscover_every")]
+    pub rediscover_every: u32,
+    #[serde(default = "crate::redfish::default_backoff_max_s")]
+    pub backoff_max_s: f64,
     pub endpoints: Vec<EndpointConfig>,
 }
 
@@ -171,7 +180,7 @@ fn default_interval() -> f64 {
     10.0
 }
 fn default_concurrency() -> usize {
-    32
+    256
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -534,38 +543,11 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 })?,
         );
     }
-    if let Some(r) = cfg.redfish.clone() {
-        let mut poller = Poller::new(r.endpoints, r.concurrency)?;
-        poller.interval = Some(Duration::from_secs_f64(r.interval_s.max(1.0)));
-        let (buf, keep) = (buffer.clone(), keep_going.clone());
-        let interval = Duration::from_secs_f64(r.interval_s.max(1.0));
-        info!(
-            endpoints = poller.endpoints.len(),
-            interval_s = r.interval_s,
-            "redfish poller starting"
-        );
-        threads.push(
-            std::thread::Builder::new()
-                .name("redfish".into())
-                .spawn(move || {
-                    while keep() {
-                        let t = Instant::now();
-                        for p in poller.poll(wall_clock()) {
-                            buf.push(p.samples, Vec::new());
-                        }
-                        if t.elapsed() > interval {
-                            warn!(
-                                took_ms = t.elapsed().as_millis() as u64,
-                                "redfish poll took longer than its interval"
-                            );
-                        }
-                        while keep() && t.elapsed() < interval {
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                })?,
-        );
-    }
+    // the Redfish poller: a task on the runtime (see crate::redfish)
+    let redfish = match &cfg.redfish {
+        Some(r) => Some(crate::redfish::spawn(r, &runtime, buffer.clone())?),
+        None => None,
+    };
 
     let tick = Duration::from_secs_f64(cfg.controller.tick_s);
     let mut fleet_handle = None;
@@ -802,6 +784,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             b.jobs = control.registry().active().to_vec();
             b.schedulers = schedulers.status();
             b.scheduler_counters = schedulers.counters();
+            b.redfish = redfish.as_ref().map(|r| r.snapshot()).unwrap_or_default();
             drop(b);
         }
         if let Some(e) = report.store_error {

@@ -164,6 +164,8 @@ pub struct Board {
     pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
     /// The policy in force and the outcome of the last reload.
     pub policy_status: crate::reload::PolicyStatus,
+    /// The Redfish poller's counters per endpoint (empty without `[redfish]`).
+    pub redfish: Vec<telemetry::sources::redfish::EndpointStats>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -205,6 +207,7 @@ impl Board {
             schedulers: serde_json::Value::Null,
             scheduler_counters: Vec::new(),
             policy_status: crate::reload::PolicyStatus::default(),
+            redfish: Vec::new(),
         }
     }
 
