@@ -8,9 +8,11 @@
 //!   Redis fails when it is missing; it never skips.
 //! - [`fixtures`]: sample decisions, jobs and states.
 //! - [`slurm`]: the real single-node Slurm (`scripts/slurm up`) and its commands.
+//! - [`mock_bmc`]: many simulated BMCs (a DMTF mockup, a delay per GET, switchable faults).
 #![forbid(unsafe_code)]
 
 pub mod fixtures;
+pub mod mock_bmc;
 pub mod slurm;
 pub mod store_contract;
 
