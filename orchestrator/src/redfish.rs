@@ -75,11 +75,10 @@ pub fn spawn(r: &RedfishSection, runtime: &Runtime, buffer: Arc<Buffer>) -> Resu
         "redfish poller starting"
     );
     let shutdown = runtime.shutdown.clone().cancelled_owned();
-    runtime.spawn(poller.run(interval, wall_clock, shutdown, move |polled| {
-        for p in polled {
-            // the buffer keeps the newest samples and counts what it drops
-            buffer.push(p.samples, Vec::new());
-        }
+    runtime.spawn(poller.run(interval, wall_clock, shutdown, move |p| {
+        // each endpoint's samples as soon as they are read; the buffer keeps the
+        // newest and counts what it drops
+        buffer.push(std::mem::take(&mut p.samples), Vec::new());
     }));
     Ok(stats)
 }

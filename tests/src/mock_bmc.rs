@@ -32,6 +32,8 @@ struct Shared {
     delay: Duration,
     modes: Vec<AtomicU8>,
     requests: Vec<AtomicU64>,
+    /// (endpoint, path) pairs answered with 404: resources that went away.
+    gone: std::sync::Mutex<Vec<(usize, String)>>,
 }
 
 /// The listener and its runtime; dropping it stops both.
@@ -82,6 +84,7 @@ impl MockBmcs {
             delay,
             modes: (0..n).map(|_| AtomicU8::new(Mode::Ok as u8)).collect(),
             requests: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            gone: std::sync::Mutex::new(Vec::new()),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
@@ -116,6 +119,16 @@ impl MockBmcs {
 
     pub fn set_mode(&self, i: usize, mode: Mode) {
         self.shared.modes[i].store(mode as u8, Ordering::SeqCst);
+    }
+
+    /// Endpoint `i` answers 404 for `path` (`/redfish/v1/...`) from now on, as when an
+    /// outlet or a PDU is removed.
+    pub fn remove(&self, i: usize, path: &str) {
+        self.shared
+            .gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((i, path.to_string()));
     }
 
     /// Requests endpoint `i` received so far.
@@ -193,6 +206,15 @@ async fn answer(sh: &Shared, target: &str) -> (&'static str, Arc<Vec<u8>>) {
         return ("200 OK", Arc::new(b"<html>not json</html>".to_vec()));
     }
     let key = format!("/{}", path.trim_end_matches('/'));
+    let gone = sh
+        .gone
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|(e, p)| *e == i && *p == key);
+    if gone {
+        return not_found();
+    }
     match sh.tree.get(&key) {
         Some(b) => ("200 OK", b.clone()),
         None => not_found(),

@@ -223,3 +223,45 @@ fn the_failure_counters_show_the_reason() {
         assert_eq!(v, Some(1.0), "{name} {reason}");
     }
 }
+
+#[test]
+fn a_resource_that_goes_away_is_rediscovered_without_backing_off() {
+    let bmcs = pdus(1, Duration::ZERO);
+    let mut poller =
+        Poller::new(vec![EndpointConfig::new("pdu", &bmcs.url(0))], 16).expect("poller");
+    let outlets = |p: &telemetry::sources::redfish::Polled| {
+        let mut v: Vec<String> = p
+            .samples
+            .iter()
+            .filter(|s| {
+                s.entity.kind == telemetry::EntityKind::Outlet && s.metric.as_str() == "power_w"
+            })
+            .map(|s| s.entity.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let first = poller.poll(now()).remove(0);
+    assert!(first.discovery && outlets(&first).len() == 9, "{first:?}");
+    let steady = poller.poll(now()).remove(0);
+    assert!(!steady.discovery && outlets(&steady).len() == 9);
+
+    bmcs.remove(0, "/redfish/v1/PowerEquipment/RackPDUs/1/Outlets/A1");
+    let gone = poller.poll(now()).remove(0);
+    assert!(gone.error.is_none(), "a 404 is not a dead BMC: {gone:?}");
+    assert_eq!(gone.rejects.first().map(|r| r.reason), Some("http_status"));
+    let again = poller.poll(now()).remove(0);
+    assert!(
+        again.discovery && !again.skipped,
+        "discovered again at once: {again:?}"
+    );
+    let left = outlets(&again);
+    assert_eq!(left.len(), 8, "{left:?}");
+    assert!(!left.iter().any(|o| o.ends_with(".A1")));
+    let steady = poller.poll(now()).remove(0);
+    assert!(!steady.discovery && steady.rejects.is_empty() && outlets(&steady) == left);
+    assert_eq!(
+        stats_of(&poller, "pdu").failures.get("status_4xx").copied(),
+        Some(2)
+    );
+}

@@ -43,6 +43,8 @@ fn item(kind: Kind, entity: &EntityId, path: String, value: Value) -> Item {
 /// One walk's fetching: the GETs it sent, the resources that failed.
 pub(super) struct Fetch<'a> {
     ep: &'a Endpoint,
+    /// A rediscovery beside the re-reads: its GETs take a background permit first.
+    background: bool,
     requests: AtomicUsize,
     rejects: Mutex<Vec<Reject>>,
     /// The first failure that means the endpoint cannot be talked to; once set, the
@@ -53,9 +55,10 @@ pub(super) struct Fetch<'a> {
 }
 
 impl<'a> Fetch<'a> {
-    pub(super) fn new(ep: &'a Endpoint) -> Self {
+    pub(super) fn new(ep: &'a Endpoint, background: bool) -> Self {
         Fetch {
             ep,
+            background,
             requests: AtomicUsize::new(0),
             rejects: Mutex::new(Vec::new()),
             fatal: Mutex::new(None),
@@ -73,6 +76,10 @@ impl<'a> Fetch<'a> {
 
     async fn get(&self, path: &str) -> Result<Value, RedfishError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        if self.background {
+            let _permit = self.ep.background.acquire().await;
+            return self.ep.get(path).await;
+        }
         self.ep.get(path).await
     }
 

@@ -31,6 +31,9 @@ pub struct Endpoint {
     token: tokio::sync::Mutex<Option<String>>,
     /// GETs in flight to this endpoint (`per_endpoint`).
     per: Semaphore,
+    /// GETs of a background rediscovery: half of `per_endpoint`, so that the re-reads
+    /// of the plan meanwhile wait behind two or so of them, not behind the whole walk.
+    pub(super) background: Semaphore,
     /// GETs in flight over all endpoints (`concurrency`), shared by the poller.
     global: Arc<Semaphore>,
     pub(super) plan: Mutex<Option<Plan>>,
@@ -62,6 +65,7 @@ impl Endpoint {
             client,
             token: tokio::sync::Mutex::new(None),
             per: Semaphore::new(per_endpoint.max(1)),
+            background: Semaphore::new((per_endpoint / 2).max(1)),
             global,
             plan: Mutex::new(None),
             counters: Arc::new(Counters::new()),

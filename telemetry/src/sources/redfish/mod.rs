@@ -12,6 +12,7 @@
 //! - `walk`: readings out of the fetched resources, in walk order (pure).
 //! - [`poll`]: the [`Poller`]: global concurrency, a deadline per poll, backoff with
 //!   jitter, discoveries in the background, the async loop for `serve`.
+//! - `task`: one endpoint's walk as a task: the re-reads of its plan, or a discovery.
 //! - [`stats`]: failures per endpoint and reason, poll durations, overruns.
 
 mod discover;
@@ -19,6 +20,7 @@ pub mod endpoint;
 pub mod extract;
 pub mod poll;
 pub mod stats;
+mod task;
 mod tls;
 mod walk;
 

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::discover::Fetch;
-use super::endpoint::{Endpoint, Plan};
+use super::endpoint::Endpoint;
 use super::stats::EndpointStats;
-use super::walk::Walk;
+use super::task;
 use super::{tls, EndpointConfig, RedfishError};
 use crate::mapping::Reject;
 use crate::{Sample, Timestamp};
@@ -71,7 +70,7 @@ pub struct Polled {
 }
 
 impl Polled {
-    fn named(ep: &Endpoint) -> Polled {
+    pub(super) fn named(ep: &Endpoint) -> Polled {
         Polled {
             endpoint: ep.cfg.name.clone(),
             ..Polled::default()
@@ -79,7 +78,7 @@ impl Polled {
     }
 
     /// An endpoint that could not be polled at all.
-    fn failed(ep: &Endpoint, e: &RedfishError) -> Polled {
+    pub(super) fn failed(ep: &Endpoint, e: &RedfishError) -> Polled {
         Polled {
             error: Some(e.to_string()),
             rejects: vec![Reject {
@@ -106,11 +105,19 @@ fn jitter(d: Duration, seed: u64) -> Duration {
 struct Slot {
     failures: u32,
     retry_at: Option<Instant>,
-    /// A walk from an earlier poll still running (a discovery).
-    running: Option<JoinHandle<Polled>>,
+    /// A discovery from an earlier poll still running.
+    running: Option<Running>,
     /// Where this endpoint's rediscovery cycle starts, spread by its name.
     first_rediscovery_at: u32,
     discovered_once: bool,
+}
+
+/// A discovery that outlasted the poll that started it.
+struct Running {
+    handle: JoinHandle<Option<Polled>>,
+    /// A rediscovery of an endpoint that has a plan: its plan is re-read meanwhile,
+    /// and the rediscovery's own readings are not delivered (the re-reads are newer).
+    again: bool,
 }
 
 /// Polls many endpoints in parallel, with backoff for the ones that fail.
@@ -189,6 +196,7 @@ impl Poller {
             opts: Options {
                 concurrency,
                 per_endpoint: per,
+                rediscover_every: opts.rediscover_every.max(1),
                 ..opts
             },
             discoveries: Arc::new(Semaphore::new(discoveries)),
@@ -244,74 +252,60 @@ impl Poller {
 
     /// One poll: every endpoint at once, under the limits, until the deadline.
     pub async fn poll_async(&mut self, now: Timestamp) -> Vec<Polled> {
+        self.poll_streaming(now, |_| {}).await
+    }
+
+    /// One poll, handing each endpoint's result to `on_done` as soon as it is known
+    /// (it may take the samples); all results, in endpoint order, at the end.
+    pub async fn poll_streaming<F: FnMut(&mut Polled)>(
+        &mut self,
+        now: Timestamp,
+        mut on_done: F,
+    ) -> Vec<Polled> {
         let started = Instant::now();
         let deadline = self.interval.map(|d| tokio::time::Instant::now() + d);
-        let mut out: Vec<Option<Polled>> = vec![None; self.endpoints.len()];
-        let mut started_now = Vec::new();
-        for (i, ep) in self.endpoints.iter().enumerate() {
-            let slot = &mut self.slots[i];
-            if let Some(h) = slot.running.take() {
-                if h.is_finished() {
-                    out[i] = Some(joined(ep, h.await));
-                } else {
-                    slot.running = Some(h);
-                    out[i] = Some(Polled {
-                        deferred: true,
-                        ..Polled::named(ep)
-                    });
+        let n = self.endpoints.len();
+        let mut out: Vec<Option<Polled>> = vec![None; n];
+        // one result per endpoint at most: never full
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Polled)>(n.max(1));
+        let mut in_flight: Vec<Option<(JoinHandle<Option<Polled>>, bool)>> = Vec::new();
+        in_flight.resize_with(n, || None);
+        for i in 0..n {
+            match self.start(i, now, started, &tx).await {
+                Started::Done(mut p) => {
+                    on_done(&mut p);
+                    out[i] = Some(p);
                 }
-                continue;
+                Started::Walking(h, discovery) => in_flight[i] = Some((h, discovery)),
             }
-            if slot.retry_at.is_some_and(|t| t > started) {
-                ep.counters.skipped();
-                out[i] = Some(Polled {
-                    skipped: true,
-                    ..Polled::named(ep)
-                });
-                continue;
-            }
-            let discovery = ep.needs_discovery(self.opts.rediscover_every);
-            let first_polls = if slot.discovered_once {
-                0
-            } else {
-                slot.first_rediscovery_at
-            };
-            let job = walk(
-                ep.clone(),
-                now,
-                discovery,
-                self.discoveries.clone(),
-                self.discovery_deadline(),
-                first_polls,
-            );
-            started_now.push((i, tokio::spawn(job), discovery));
         }
-        for (i, mut h, discovery) in started_now {
-            let ep = &self.endpoints[i];
-            let done = match deadline {
-                None => Some((&mut h).await),
-                Some(d) => tokio::time::timeout_at(d, &mut h).await.ok(),
+        drop(tx);
+        let mut left = in_flight.iter().filter(|h| h.is_some()).count();
+        let mut take = |i: usize, mut p: Polled, out: &mut Vec<Option<Polled>>| {
+            on_done(&mut p);
+            out[i] = Some(p);
+        };
+        while left > 0 {
+            let got = match deadline {
+                None => rx.recv().await,
+                Some(d) => tokio::time::timeout_at(d, rx.recv()).await.ok().flatten(),
             };
-            out[i] = Some(match done {
-                Some(r) => joined(ep, r),
-                None if discovery => {
-                    self.slots[i].running = Some(h);
-                    Polled {
-                        deferred: true,
-                        discovery: true,
-                        ..Polled::named(ep)
-                    }
-                }
-                None => {
-                    h.abort();
-                    ep.counters.overrun();
-                    let e = ep.fail("", "deadline", None, "poll not done within its interval");
-                    Polled {
-                        overrun: true,
-                        ..Polled::failed(ep, &e)
-                    }
-                }
-            });
+            let Some((i, p)) = got else { break };
+            in_flight[i] = None;
+            take(i, p, &mut out);
+            left -= 1;
+        }
+        // what arrived as the deadline struck still counts; later walks keep their result
+        rx.close();
+        while let Ok((i, p)) = rx.try_recv() {
+            in_flight[i] = None;
+            take(i, p, &mut out);
+        }
+        for (i, h) in in_flight.into_iter().enumerate() {
+            if let Some((h, discovery)) = h {
+                let p = self.cut_off(i, h, discovery);
+                take(i, p, &mut out);
+            }
         }
         let out: Vec<Polled> = out
             .into_iter()
@@ -320,6 +314,102 @@ impl Poller {
             .collect();
         self.settle(&out);
         out
+    }
+
+    /// Starts endpoint `i`'s walk for this poll; its result at once when there is
+    /// nothing to wait for (backing off, still discovering).
+    async fn start(
+        &mut self,
+        i: usize,
+        now: Timestamp,
+        started: Instant,
+        tx: &tokio::sync::mpsc::Sender<(usize, Polled)>,
+    ) -> Started {
+        let ep = self.endpoints[i].clone();
+        let deadline = self.discovery_deadline();
+        let slot = &mut self.slots[i];
+        let mut again_running = false;
+        if let Some(run) = slot.running.take() {
+            if !run.handle.is_finished() {
+                again_running = run.again;
+                let initial = !run.again;
+                slot.running = Some(run);
+                if initial {
+                    return Started::Done(Polled {
+                        deferred: true,
+                        discovery: true,
+                        ..Polled::named(&ep)
+                    });
+                }
+            } else {
+                let p = joined(&ep, run.handle.await);
+                if !run.again {
+                    return Started::Done(p);
+                }
+                // a rediscovery: its plan is in place; the re-read below reads now
+                if let Some(e) = &p.error {
+                    tracing::debug!(endpoint = %ep.cfg.name, error = %e, "redfish rediscovery failed; the old plan stays");
+                }
+            }
+        }
+        if slot.retry_at.is_some_and(|t| t > started) {
+            ep.counters.skipped();
+            return Started::Done(Polled {
+                skipped: true,
+                ..Polled::named(&ep)
+            });
+        }
+        let first_polls = if slot.discovered_once {
+            0
+        } else {
+            slot.first_rediscovery_at
+        };
+        let due = ep
+            .plan
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.polls >= self.opts.rediscover_every);
+        let slots = self.discoveries.clone();
+        let Some(due) = due else {
+            // never discovered (or the tree changed): this poll discovers
+            let job = task::discover(ep, now, slots, deadline, first_polls, false);
+            return Started::Walking(tokio::spawn(deliver(i, Some(tx.clone()), job)), true);
+        };
+        if due && !again_running {
+            // rediscover in the background while the plan is still re-read
+            let job = task::discover(ep.clone(), now, slots, deadline, 0, true);
+            slot.running = Some(Running {
+                handle: tokio::spawn(deliver(i, None, job)),
+                again: true,
+            });
+        }
+        let job = task::replay(ep, now);
+        Started::Walking(tokio::spawn(deliver(i, Some(tx.clone()), job)), false)
+    }
+
+    /// A walk not done at the deadline: a re-read is cut off (`overrun`); a discovery
+    /// goes on in the background and reports with a later poll.
+    fn cut_off(&mut self, i: usize, h: JoinHandle<Option<Polled>>, discovery: bool) -> Polled {
+        let ep = &self.endpoints[i];
+        if discovery {
+            self.slots[i].running = Some(Running {
+                handle: h,
+                again: false,
+            });
+            return Polled {
+                deferred: true,
+                discovery: true,
+                ..Polled::named(ep)
+            };
+        }
+        h.abort();
+        ep.counters.overrun();
+        let e = ep.fail("", "deadline", None, "poll not done within its interval");
+        Polled {
+            overrun: true,
+            ..Polled::failed(ep, &e)
+        }
     }
 
     /// How long one discovery may take: six intervals (at least 30 s), else 2 min.
@@ -371,14 +461,15 @@ impl Poller {
         }
     }
 
-    /// Polls every `interval` until `shutdown` completes, handing each poll's results
-    /// to `sink`. A poll never outlasts the interval (its deadline); the next starts on
-    /// the next tick, and a tick missed meanwhile is not caught up (no burst).
+    /// Polls every `interval` until `shutdown` completes, handing each endpoint's
+    /// result to `sink` as soon as it is read. A poll never outlasts the interval (its
+    /// deadline); the next starts on the next tick, and a tick missed meanwhile is not
+    /// caught up (no burst).
     pub async fn run<C, S, F>(mut self, interval: Duration, clock: C, shutdown: S, mut sink: F)
     where
         C: Fn() -> Timestamp,
         S: Future<Output = ()>,
-        F: FnMut(Vec<Polled>),
+        F: FnMut(&mut Polled),
     {
         self.interval = Some(interval);
         let mut ticker = tokio::time::interval(interval);
@@ -390,10 +481,10 @@ impl Poller {
                 _ = ticker.tick() => {}
             }
             let t = Instant::now();
-            let polled = tokio::select! {
+            tokio::select! {
                 _ = &mut shutdown => break,
-                p = self.poll_async(clock()) => p,
-            };
+                _ = self.poll_streaming(clock(), &mut sink) => {}
+            }
             let took = t.elapsed();
             if took > interval + Duration::from_millis(500) {
                 tracing::warn!(
@@ -401,7 +492,6 @@ impl Poller {
                     "redfish poll took longer than its interval"
                 );
             }
-            sink(polled);
         }
     }
 }
@@ -409,8 +499,8 @@ impl Poller {
 impl Drop for Poller {
     fn drop(&mut self) {
         for s in &mut self.slots {
-            if let Some(h) = s.running.take() {
-                h.abort();
+            if let Some(r) = s.running.take() {
+                r.handle.abort();
             }
         }
         if let Some(rt) = self.rt.take() {
@@ -421,97 +511,40 @@ impl Drop for Poller {
 }
 
 /// A walk's result, or a failure for a walk that panicked.
-fn joined(ep: &Endpoint, r: Result<Polled, tokio::task::JoinError>) -> Polled {
-    r.unwrap_or_else(|e| {
-        Polled::failed(
+fn joined(ep: &Endpoint, r: Result<Option<Polled>, tokio::task::JoinError>) -> Polled {
+    match r {
+        Ok(Some(p)) => p,
+        Ok(None) => Polled::named(ep),
+        Err(e) => Polled::failed(
             ep,
             &ep.fail("", "config", None, format!("the walk ended: {e}")),
-        )
-    })
+        ),
+    }
 }
 
-/// One walk of one endpoint: the re-reads of its plan, or a discovery (which first
-/// waits for one of the poller's discovery slots, then has `deadline` to finish).
-async fn walk(
-    ep: Arc<Endpoint>,
-    now: Timestamp,
-    discovery: bool,
-    slots: Arc<Semaphore>,
-    deadline: Duration,
-    first_polls: u32,
-) -> Polled {
-    if !discovery {
-        let t = Instant::now();
-        let plan = {
-            let mut g = ep.plan.lock().unwrap_or_else(|p| p.into_inner());
-            g.as_mut().map(|p| {
-                p.polls += 1;
-                p.reads.clone()
-            })
-        };
-        if let Some(reads) = plan {
-            let fetch = Fetch::new(&ep);
-            let got = fetch.replay(&reads).await;
-            let (requests, rejects) = fetch.into_parts();
-            let mut p = match got {
-                Ok(items) => {
-                    let mut w = Walk::new(&ep.cfg.name, now);
-                    w.read_all(&items);
-                    w.out.rejects = rejects;
-                    w.out
-                }
-                Err(e) => {
-                    if e.is_gone() {
-                        // the tree changed: the next poll discovers it again
-                        *ep.plan.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    }
-                    Polled::failed(&ep, &e)
-                }
-            };
-            p.requests = requests;
-            p.elapsed = t.elapsed();
-            ep.counters.polled(p.elapsed);
-            return p;
-        }
+/// What starting an endpoint's walk gave.
+enum Started {
+    Done(Polled),
+    /// A task, and whether it is a discovery.
+    Walking(JoinHandle<Option<Polled>>, bool),
+}
+
+/// Runs a walk and hands its result to the poll that started it; once that poll is
+/// over (its channel closed), the result stays with the task for a later poll.
+async fn deliver(
+    i: usize,
+    tx: Option<tokio::sync::mpsc::Sender<(usize, Polled)>>,
+    walk: impl Future<Output = Polled>,
+) -> Option<Polled> {
+    let p = walk.await;
+    match tx {
+        Some(tx) => match tx.try_send((i, p)) {
+            Ok(()) => None,
+            Err(tokio::sync::mpsc::error::TrySendError::Closed((_, p)))
+            | Err(tokio::sync::mpsc::error::TrySendError::Full((_, p))) => Some(p),
+        },
+        None => Some(p),
     }
-    let Ok(_slot) = slots.acquire_owned().await else {
-        return Polled::failed(&ep, &ep.fail("", "config", None, "poller closed"));
-    };
-    let t = Instant::now();
-    let fetch = Fetch::new(&ep);
-    let got = match tokio::time::timeout(deadline, fetch.discover()).await {
-        Ok(r) => r,
-        Err(_) => Err(ep.fail(
-            "/redfish/v1",
-            "deadline",
-            None,
-            format!("discovery not done within {:.0} s", deadline.as_secs_f64()),
-        )),
-    };
-    let (requests, rejects) = fetch.into_parts();
-    let mut p = match got {
-        Ok(items) => {
-            let mut w = Walk::new(&ep.cfg.name, now);
-            w.read_all(&items);
-            *ep.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
-                reads: std::mem::take(&mut w.plan),
-                polls: first_polls,
-            });
-            w.out.rejects = rejects;
-            w.out
-        }
-        Err(e) => {
-            if e.reason() == "deadline" {
-                ep.counters.failure(e.failure());
-            }
-            Polled::failed(&ep, &e)
-        }
-    };
-    p.discovery = true;
-    p.requests = requests;
-    p.elapsed = t.elapsed();
-    ep.counters.polled(p.elapsed);
-    p
 }
 
 /// The counters of every endpoint, readable while the poller runs elsewhere.
