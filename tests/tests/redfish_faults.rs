@@ -265,3 +265,42 @@ fn a_resource_that_goes_away_is_rediscovered_without_backing_off() {
         Some(2)
     );
 }
+
+#[test]
+fn a_due_rediscovery_runs_beside_the_re_reads_and_delays_none() {
+    let bmcs = pdus(1, Duration::from_millis(20));
+    let mut poller = Poller::with_options(
+        vec![EndpointConfig::new("pdu", &bmcs.url(0))],
+        Options {
+            concurrency: 16,
+            rediscover_every: 2,
+            ..Options::default()
+        },
+    )
+    .expect("poller");
+    let first = poller.poll(now()).remove(0);
+    assert!(first.discovery && first.error.is_none(), "{first:?}");
+    let discovery_gets = bmcs.requests(0);
+    poller.interval = Some(Duration::from_secs(1));
+    let polls = 8;
+    for _ in 0..polls {
+        let t = Instant::now();
+        let p = poller.poll(now()).remove(0);
+        assert!(
+            !p.deferred && !p.discovery && p.error.is_none() && !p.samples.is_empty(),
+            "read every poll while rediscovering: {p:?}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // 13 re-reads per poll; the rest are rediscoveries in the background
+    let extra = bmcs.requests(0) as i64 - discovery_gets as i64 - 13 * polls;
+    assert!(
+        extra >= discovery_gets as i64,
+        "at least one rediscovery: {extra} GETs beyond the re-reads"
+    );
+}

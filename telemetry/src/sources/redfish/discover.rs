@@ -32,12 +32,7 @@ fn members(v: &Value) -> Vec<String> {
 }
 
 fn item(kind: Kind, entity: &EntityId, path: String, value: Value) -> Item {
-    Item {
-        kind,
-        entity: entity.clone(),
-        path,
-        value,
-    }
+    Item::new(kind, entity, path, &value)
 }
 
 /// One walk's fetching: the GETs it sent, the resources that failed.
@@ -144,6 +139,30 @@ impl<'a> Fetch<'a> {
         .collect()
     }
 
+    /// The members of `parent`'s collection `key`, each read into an item as it
+    /// arrives, in order.
+    async fn read_members<F>(&self, parent: &Value, key: &str, to_item: F) -> Vec<Item>
+    where
+        F: Fn(String, Value) -> Item,
+    {
+        let Some(path) = link(parent, key) else {
+            return Vec::new();
+        };
+        let Some(coll) = self.try_get(&path).await else {
+            return Vec::new();
+        };
+        let to_item = &to_item;
+        join_all(
+            members(&coll)
+                .into_iter()
+                .map(|m| async move { self.try_get(&m).await.map(|v| to_item(m, v)) }),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     /// The resource `parent` links as `key`, as an item (none when missing or failed).
     async fn linked(&self, kind: Kind, entity: &EntityId, parent: &Value, key: &str) -> Vec<Item> {
         let Some(p) = link(parent, key) else {
@@ -242,13 +261,7 @@ impl<'a> Fetch<'a> {
             .flatten()
             .collect::<Vec<_>>()
         };
-        let sensors = async {
-            self.collection(c, "Sensors")
-                .await
-                .into_iter()
-                .map(|(sp, s)| item(Kind::Sensor, e, sp, s))
-                .collect::<Vec<_>>()
-        };
+        let sensors = self.read_members(c, "Sensors", |sp, s| item(Kind::Sensor, e, sp, s));
         // legacy first: where both exist, the current model's reading is the one kept
         let (power, thermal, tm, psus, env, sensors) = futures_util::join!(
             self.linked(Kind::LegacyPower, e, c, "Power"),
@@ -284,20 +297,13 @@ impl<'a> Fetch<'a> {
         // mains belong to the PDU itself; branches and outlets are entities of their own
         let circuits = |key: &'static str, own: Option<EntityKind>| {
             let entity = &entity;
-            async move {
-                self.collection(pdu, key)
-                    .await
-                    .into_iter()
-                    .map(|(p, v)| match own {
-                        None => item(Kind::Mains, entity, p, v),
-                        Some(k) => {
-                            let e =
-                                EntityId::new(k, format!("{}.{}", entity.name, last_segment(&p)));
-                            item(Kind::Circuit, &e, p, v)
-                        }
-                    })
-                    .collect::<Vec<_>>()
-            }
+            self.read_members(pdu, key, move |p, v| match own {
+                None => item(Kind::Mains, entity, p, v),
+                Some(k) => {
+                    let e = EntityId::new(k, format!("{}.{}", entity.name, last_segment(&p)));
+                    item(Kind::Circuit, &e, p, v)
+                }
+            })
         };
         let (mains, branches, outlets) = futures_util::join!(
             circuits("Mains", None),

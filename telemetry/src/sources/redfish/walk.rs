@@ -9,13 +9,25 @@ use super::extract::{self, Found};
 use super::poll::Polled;
 use crate::{EntityId, EntityKind, Sample, Timestamp};
 
-/// A fetched resource and how to read it.
+/// A fetched resource, read as soon as it arrived (so that a walk holds readings,
+/// not JSON trees, while its other GETs are in flight).
 #[derive(Debug, Clone)]
 pub(super) struct Item {
-    pub(super) kind: Kind,
-    pub(super) entity: EntityId,
-    pub(super) path: String,
-    pub(super) value: Value,
+    kind: Kind,
+    entity: EntityId,
+    path: String,
+    found: Vec<(EntityId, Vec<Found>)>,
+}
+
+impl Item {
+    pub(super) fn new(kind: Kind, entity: &EntityId, path: String, value: &Value) -> Self {
+        Item {
+            found: kind.extract(entity, &path, value),
+            kind,
+            entity: entity.clone(),
+            path,
+        }
+    }
 }
 
 /// The readings of one walk of one endpoint.
@@ -68,12 +80,11 @@ impl Walk {
 
     /// Extracts a resource's readings, emits them, and remembers the resource for the
     /// polls that follow discovery when it gave any.
-    pub(super) fn read(&mut self, item: &Item) {
-        let (kind, entity, path) = (item.kind, &item.entity, item.path.as_str());
-        let found = kind.extract(entity, path, &item.value);
+    pub(super) fn read(&mut self, item: Item) {
+        let (kind, entity, path, found) = (item.kind, &item.entity, item.path, item.found);
         if found.iter().any(|(_, f)| !f.is_empty()) || kind == Kind::Mains {
             self.plan.push(Read {
-                path: path.to_string(),
+                path,
                 kind,
                 entity: entity.clone(),
             });
@@ -91,7 +102,7 @@ impl Walk {
     }
 
     /// Reads every item in order, then sums each PDU's mains into its own readings.
-    pub(super) fn read_all(&mut self, items: &[Item]) {
+    pub(super) fn read_all(&mut self, items: Vec<Item>) {
         for i in items {
             self.read(i);
         }
