@@ -3,8 +3,10 @@
 //! DMTF rack-PDU mockup from `tests/fixtures`, served from memory by a tokio listener
 //! in this process, every GET answered after D ms, BMC `i` under `/bmc/{i}`), polled
 //! every S s until every BMC is discovered and K steady-state polls have run. Prints
-//! per poll its time, the time over the ideal (D × the longest chain of dependent GETs
-//! of one endpoint, measured first with one BMC and no limits), requests/s and RSS.
+//! per poll when the last endpoint read in it delivered, that time over the ideal (D ×
+//! the longest chain of dependent GETs of one endpoint, measured first with one BMC and
+//! no limits), when the poll ended, requests/s and RSS. Exits non-zero when a
+//! steady-state poll misses the interval.
 
 use std::time::{Duration, Instant};
 
@@ -157,7 +159,8 @@ pub fn run() {
         ),
         None => println!("  NOT every BMC discovered ({discovered} of {n})"),
     }
-    let verdict = if missed == 0 && steady >= steady_polls {
+    let ok = missed == 0 && steady >= steady_polls;
+    let verdict = if ok {
         "every steady-state poll inside the interval"
     } else {
         "a steady-state poll MISSED the interval (or too few steady polls)"
@@ -166,4 +169,7 @@ pub fn run() {
         "  {steady} steady-state polls: {verdict}; peak RSS {:.0} MB (poller and mock BMCs in one process)",
         rss_mb("VmHWM:")
     );
+    if !ok {
+        std::process::exit(1);
+    }
 }
