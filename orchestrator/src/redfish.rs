@@ -169,6 +169,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_bad_number_of_the_section_is_reported_at_once() {
+        let r: RedfishSection =
+            toml::from_str("interval_s = 0.5\nconcurrency = 0\nper_endpoint = 0\nendpoints = []\n")
+                .expect("section");
+        let e = check(&r).expect_err("refused").to_string();
+        for key in [
+            "interval_s must be at least 1, got 0.5",
+            "concurrency",
+            "per_endpoint",
+        ] {
+            assert!(e.contains(key), "{key}: {e}");
+        }
+        let ok: RedfishSection = toml::from_str("endpoints = []\n").expect("defaults");
+        assert!(check(&ok).is_ok());
+        assert_eq!(
+            (ok.concurrency, ok.per_endpoint, ok.rediscover_every),
+            (256, 4, 360)
+        );
+    }
+
+    #[test]
     fn failures_are_exported_per_endpoint_and_reason() {
         let mut e = EndpointStats {
             endpoint: "pdu-a01".into(),

@@ -327,6 +327,9 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let (name, text) = read(config_path, Path::new("."))?;
     let cfg: Config = toml::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{}", telemetry::diag::from_toml_error(&name, &text, &e)))?;
+    if let Some(r) = &cfg.redfish {
+        crate::redfish::check(r).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    }
     let (n, t) = read(&cfg.controller.site, base)?;
     let site = Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (n, t) = read(&cfg.controller.policy, base)?;
