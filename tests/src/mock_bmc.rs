@@ -34,6 +34,8 @@ struct Shared {
     requests: Vec<AtomicU64>,
     /// (endpoint, path) pairs answered with 404: resources that went away.
     gone: std::sync::Mutex<Vec<(usize, String)>>,
+    /// (endpoint, path) pairs answered with another body.
+    replaced: std::sync::Mutex<HashMap<(usize, String), Arc<Vec<u8>>>>,
 }
 
 /// The listener and its runtime; dropping it stops both.
@@ -85,6 +87,7 @@ impl MockBmcs {
             modes: (0..n).map(|_| AtomicU8::new(Mode::Ok as u8)).collect(),
             requests: (0..n).map(|_| AtomicU64::new(0)).collect(),
             gone: std::sync::Mutex::new(Vec::new()),
+            replaced: std::sync::Mutex::new(HashMap::new()),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
@@ -129,6 +132,15 @@ impl MockBmcs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((i, path.to_string()));
+    }
+
+    /// Endpoint `i` answers `path` (`/redfish/v1/...`) with `body` from now on.
+    pub fn replace(&self, i: usize, path: &str, body: Vec<u8>) {
+        self.shared
+            .replaced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((i, path.to_string()), Arc::new(body));
     }
 
     /// Requests endpoint `i` received so far.
@@ -214,6 +226,15 @@ async fn answer(sh: &Shared, target: &str) -> (&'static str, Arc<Vec<u8>>) {
         .any(|(e, p)| *e == i && *p == key);
     if gone {
         return not_found();
+    }
+    let replaced = sh
+        .replaced
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(i, key.clone()))
+        .cloned();
+    if let Some(b) = replaced {
+        return ("200 OK", b);
     }
     match sh.tree.get(&key) {
         Some(b) => ("200 OK", b.clone()),

@@ -304,3 +304,57 @@ fn a_due_rediscovery_runs_beside_the_re_reads_and_delays_none() {
         "at least one rediscovery: {extra} GETs beyond the re-reads"
     );
 }
+
+#[test]
+fn an_oversized_resource_or_collection_is_refused_and_the_rest_read() {
+    let bmcs = pdus(2, Duration::ZERO);
+    // a 9 MiB outlet (over the 8 MiB limit)
+    let big = format!("{{\"Id\": \"A1\", \"Oem\": \"{}\"}}", "x".repeat(9 << 20));
+    bmcs.replace(
+        0,
+        "/redfish/v1/PowerEquipment/RackPDUs/1/Outlets/A1",
+        big.into_bytes(),
+    );
+    // a sensor collection that lists 5,000 members
+    let listed: Vec<String> = (0..5000)
+        .map(|k| format!("{{\"@odata.id\": \"/redfish/v1/Chassis/PDU/Sensors/S{k}\"}}"))
+        .collect();
+    let coll = format!("{{\"Members\": [{}]}}", listed.join(","));
+    bmcs.replace(1, "/redfish/v1/Chassis/PDU/Sensors", coll.into_bytes());
+    let configs = (0..2)
+        .map(|i| EndpointConfig::new(&format!("pdu{i}"), &bmcs.url(i)))
+        .collect();
+    let mut poller = Poller::new(configs, 64).expect("poller");
+    let r = poller.poll(now());
+    let outlets = |p: &telemetry::sources::redfish::Polled| {
+        p.samples
+            .iter()
+            .filter(|s| {
+                s.entity.kind == telemetry::EntityKind::Outlet && s.metric.as_str() == "power_w"
+            })
+            .count()
+    };
+    assert!(r[0].error.is_none(), "{:?}", r[0].error);
+    assert!(
+        r[0].rejects.iter().any(|x| x.reason == "oversize"),
+        "{:?}",
+        r[0].rejects
+    );
+    assert_eq!(outlets(&r[0]), 8, "the other outlets are read");
+    assert_eq!(
+        stats_of(&poller, "pdu0").failures.get("oversize").copied(),
+        Some(1)
+    );
+
+    assert!(r[1].error.is_none(), "{:?}", r[1].error);
+    assert!(
+        r[1].rejects.iter().any(|x| x.reason == "oversize"),
+        "the long list is refused"
+    );
+    assert_eq!(outlets(&r[1]), 9);
+    let sent = bmcs.requests(1);
+    assert!(
+        (1024..1024 + 200).contains(&sent),
+        "{sent} GETs: 1,024 listed sensors read, not 5,000"
+    );
+}

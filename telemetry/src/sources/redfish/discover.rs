@@ -31,6 +31,10 @@ fn members(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The most members read from one collection; a BMC that lists more (broken or
+/// hostile) gets the first ones read and an `oversize` reject.
+pub const MAX_MEMBERS: usize = 1024;
+
 fn item(kind: Kind, entity: &EntityId, path: String, value: Value) -> Item {
     Item::new(kind, entity, path, &value)
 }
@@ -120,16 +124,34 @@ impl<'a> Fetch<'a> {
         }
     }
 
-    /// The members of `parent`'s collection `key`, fetched in parallel, in order.
-    async fn collection(&self, parent: &Value, key: &str) -> Vec<(String, Value)> {
+    /// The member links of `parent`'s collection `key`, at most [`MAX_MEMBERS`].
+    async fn member_links(&self, parent: &Value, key: &str) -> Vec<String> {
         let Some(path) = link(parent, key) else {
             return Vec::new();
         };
         let Some(coll) = self.try_get(&path).await else {
             return Vec::new();
         };
+        let mut m = members(&coll);
+        if m.len() > MAX_MEMBERS {
+            let e = self.ep.fail(
+                &path,
+                "oversize",
+                None,
+                format!("{} members listed; the first {MAX_MEMBERS} read", m.len()),
+            );
+            self.ep.counters.failure(e.failure());
+            self.reject(e);
+            m.truncate(MAX_MEMBERS);
+        }
+        m
+    }
+
+    /// The members of `parent`'s collection `key`, fetched in parallel, in order.
+    async fn collection(&self, parent: &Value, key: &str) -> Vec<(String, Value)> {
         join_all(
-            members(&coll)
+            self.member_links(parent, key)
+                .await
                 .into_iter()
                 .map(|m| async move { self.try_get(&m).await.map(|v| (m, v)) }),
         )
@@ -145,15 +167,10 @@ impl<'a> Fetch<'a> {
     where
         F: Fn(String, Value) -> Item,
     {
-        let Some(path) = link(parent, key) else {
-            return Vec::new();
-        };
-        let Some(coll) = self.try_get(&path).await else {
-            return Vec::new();
-        };
         let to_item = &to_item;
         join_all(
-            members(&coll)
+            self.member_links(parent, key)
+                .await
                 .into_iter()
                 .map(|m| async move { self.try_get(&m).await.map(|v| to_item(m, v)) }),
         )
