@@ -27,6 +27,9 @@ pub enum Mode {
     Junk = 3,
 }
 
+/// A body per (endpoint, path).
+type Bodies = HashMap<(usize, String), Arc<Vec<u8>>>;
+
 struct Shared {
     tree: HashMap<String, Arc<Vec<u8>>>,
     delay: Duration,
@@ -35,7 +38,7 @@ struct Shared {
     /// (endpoint, path) pairs answered with 404: resources that went away.
     gone: std::sync::Mutex<Vec<(usize, String)>>,
     /// (endpoint, path) pairs answered with another body.
-    replaced: std::sync::Mutex<HashMap<(usize, String), Arc<Vec<u8>>>>,
+    replaced: std::sync::Mutex<Bodies>,
 }
 
 /// The listener and its runtime; dropping it stops both.
