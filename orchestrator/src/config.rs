@@ -130,8 +130,16 @@ pub struct MqttSection {
 pub struct RedfishSection {
     #[serde(default = "default_interval")]
     pub interval_s: f64,
+    /// GETs in flight over all endpoints.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// GETs in flight to one endpoint.
+    #[serde(default = "crate::redfish::default_per_endpoint")]
+    pub per_endpoint: usize,
+    #[serde(default = "crate::redfish::default_rediscover_every")]
+    pub rediscover_every: u32,
+    #[serde(default = "crate::redfish::default_backoff_max_s")]
+    pub backoff_max_s: f64,
     pub endpoints: Vec<EndpointConfig>,
 }
 
@@ -146,7 +154,7 @@ fn default_interval() -> f64 {
     10.0
 }
 fn default_concurrency() -> usize {
-    32
+    256
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -269,6 +277,10 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         Some(p) => problems.take(load_prices(p, &name, base)),
         None => None,
     };
+    if let Some(r) = &cfg.redfish {
+        let checked = crate::redfish::check(r);
+        problems.take(checked.map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
     if let (Some(r), Some(site)) = (&cfg.redfish, &site) {
         let r = crate::admit::check_redfish(&r.endpoints, site);
         problems.take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));

@@ -23,6 +23,7 @@
 //! - [`notify`]: systemd's notify protocol (from the agent crate): READY, WATCHDOG from
 //!   the loop, STOPPING.
 //! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
+//! - [`redfish`]: the `[redfish]` poller as a task of `serve`, its counters for `/metrics`.
 //! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
 //! - [`sim`]: the simulated facility: GPUs that respond to caps as measured by Zeus,
 //!   racks whose inlets follow heat load, a price series and arriving jobs.
@@ -52,6 +53,7 @@ pub mod overrides;
 pub mod paths;
 pub mod policy_cli;
 pub mod probe;
+pub mod redfish;
 pub mod registry;
 pub mod reload;
 pub mod report;

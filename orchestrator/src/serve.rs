@@ -1,6 +1,7 @@
 //! `powerplane serve`: the controller on a real clock.
 //!
-//! Sources run on threads of their own (MQTT, the Redfish poller) and put samples into
+//! Sources run on threads of their own (MQTT) or as tasks on the runtime (the Redfish
+//! poller, see [`crate::redfish`]) and put samples into
 //! one bounded buffer that keeps the newest and counts what it drops. Every tick the
 //! control loop drains it, evaluates the policy and commits to the store. With an
 //! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
@@ -22,7 +23,6 @@ use integrations::store::Store;
 use policies::State;
 use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
 use telemetry::sources::mqtt::{Event, MqttSource};
-use telemetry::sources::redfish::Poller;
 use telemetry::{EntityId, Sample, Site, Timestamp};
 use tracing::{info, warn};
 
@@ -243,38 +243,17 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                 })?,
         );
     }
-    if let Some(r) = cfg.redfish.clone() {
-        let mut poller = Poller::new(r.endpoints, r.concurrency)?;
-        poller.interval = Some(Duration::from_secs_f64(r.interval_s.max(1.0)));
-        let (buf, keep, gate) = (buffer.clone(), keep_going.clone(), gate.clone());
-        let interval = Duration::from_secs_f64(r.interval_s.max(1.0));
-        info!(
-            endpoints = poller.endpoints.len(),
-            interval_s = r.interval_s,
-            "redfish poller starting"
-        );
-        threads.push(
-            std::thread::Builder::new()
-                .name("redfish".into())
-                .spawn(move || {
-                    while keep() {
-                        let t = Instant::now();
-                        for p in poller.poll(wall_clock()) {
-                            buf.push(gate.admit(p.samples, "redfish"), Vec::new());
-                        }
-                        if t.elapsed() > interval {
-                            warn!(
-                                took_ms = t.elapsed().as_millis() as u64,
-                                "redfish poll took longer than its interval"
-                            );
-                        }
-                        while keep() && t.elapsed() < interval {
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                })?,
-        );
-    }
+    // the Redfish poller: a task on the runtime (see crate::redfish); only the site's
+    // entities pass the gate
+    let redfish = match &cfg.redfish {
+        Some(r) => Some(crate::redfish::spawn(
+            r,
+            &runtime,
+            buffer.clone(),
+            gate.clone(),
+        )?),
+        None => None,
+    };
 
     let tick = Duration::from_secs_f64(cfg.controller.tick_s);
     let mut fleet_handle = None;
@@ -550,6 +529,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             b.ready
                 .after_tick(report.store_error.as_deref(), last_source_sample);
             b.cadence = cadence.clone();
+            b.redfish = redfish.as_ref().map(|r| r.snapshot()).unwrap_or_default();
             drop(b);
         }
         if let Some(e) = report.store_error {

@@ -9,9 +9,11 @@
 //! - [`redis_server`]: a `redis-server` of a test's own, to kill and restart.
 //! - [`fixtures`]: sample decisions, jobs and states.
 //! - [`slurm`]: the real single-node Slurm (`scripts/slurm up`) and its commands.
+//! - [`mock_bmc`]: many simulated BMCs (a DMTF mockup, a delay per GET, switchable faults).
 #![forbid(unsafe_code)]
 
 pub mod fixtures;
+pub mod mock_bmc;
 pub mod redis_server;
 pub mod slurm;
 pub mod slurm24;

@@ -489,6 +489,10 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         now.as_secs_f64(),
     );
     policy(&mut o, &b.policy_status);
+    for m in crate::redfish::metrics(&b.redfish) {
+        let labels: Vec<(&str, &str)> = m.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        o.add(m.name, m.kind, m.help, &labels, m.value);
+    }
     if let Some(f) = fleet {
         o.add(
             "gpus_in_sync",

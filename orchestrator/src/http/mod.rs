@@ -209,6 +209,8 @@ pub struct Board {
     pub ready: health::Readiness,
     /// The control loop's tick delay and duration.
     pub cadence: crate::cadence::Cadence,
+    /// The Redfish poller's counters per endpoint (empty without `[redfish]`).
+    pub redfish: Vec<telemetry::sources::redfish::EndpointStats>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -260,6 +262,7 @@ impl Board {
             store_health: None,
             ready: health::Readiness::default(),
             cadence: Default::default(),
+            redfish: Vec::new(),
         }
     }
 

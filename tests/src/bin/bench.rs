@@ -4,7 +4,7 @@
 //! - `bench mqtt [--messages N]`: JSON telemetry published to a private Mosquitto as
 //!   fast as one publisher can; powerplane's MQTT source (decode + snapshot) against
 //!   `mosquitto_sub` draining the same stream, in the same run, each pinned to one core.
-//! - `bench redfish [--endpoints N] [--interval-s S]`: N Redfish endpoints (the DMTF
+//! - `bench redfish [--bmcs N] [--delay-ms D] [--interval-s S]`: N Redfish endpoints (the DMTF
 //!   rack PDU mockup, from a local keep-alive HTTP server) polled for three intervals.
 //!
 //! - `bench agent [--seconds S] [--gpus N]`: `powerplane agent` (the release binary)
@@ -25,7 +25,7 @@
 #[path = "bench/http.rs"]
 mod http;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,8 +34,10 @@ use std::time::{Duration, Instant};
 use powerplane_tests::{workspace_root, Broker};
 use telemetry::mapping::Mapping;
 use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
-use telemetry::sources::redfish::{EndpointConfig, Poller};
 use telemetry::{Snapshot, Timestamp};
+
+#[path = "../bench/redfish.rs"]
+mod redfish;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -208,88 +210,6 @@ fn bench_mqtt() {
         "  peak RSS of the powerplane process: {:.1} MB",
         peak_rss_mb()
     );
-}
-
-/// A keep-alive HTTP/1.1 server for one mockup directory, many threads.
-fn serve_mockup(dir: std::path::PathBuf) -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = l.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            let dir = dir.clone();
-            std::thread::spawn(move || {
-                let mut r = BufReader::new(s.try_clone().expect("clone"));
-                let mut w = s;
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-                    loop {
-                        let mut h = String::new();
-                        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                            break;
-                        }
-                    }
-                    let rel = path.trim_start_matches("/redfish/v1").trim_matches('/');
-                    let file = if rel.is_empty() {
-                        dir.join("index.json")
-                    } else {
-                        dir.join(rel).join("index.json")
-                    };
-                    let (status, body) = match std::fs::File::open(&file) {
-                        Ok(mut f) => {
-                            let mut b = Vec::new();
-                            let _ = f.read_to_end(&mut b);
-                            ("200 OK", b)
-                        }
-                        Err(_) => ("404 Not Found", b"{}".to_vec()),
-                    };
-                    let head = format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
-                    if w.write_all(head.as_bytes())
-                        .and_then(|_| w.write_all(&body))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-fn bench_redfish() {
-    let n = arg("--endpoints", 500);
-    let interval = Duration::from_secs(arg("--interval-s", 10) as u64);
-    let port = serve_mockup(workspace_root().join("tests/fixtures/redfish/public-pdu"));
-    let configs = (0..n)
-        .map(|i| EndpointConfig::new(&format!("pdu{i}"), &format!("http://127.0.0.1:{port}")))
-        .collect();
-    let mut poller = Poller::new(configs, 64).expect("poller");
-    poller.interval = Some(interval);
-    println!(
-        "redfish: {n} endpoints (DMTF rack PDU mockup), concurrency 64, interval {} s",
-        interval.as_secs()
-    );
-    for round in 1..=8 {
-        let t = Instant::now();
-        let results = poller.poll(Timestamp::from(chrono::Utc::now()));
-        let took = t.elapsed();
-        let samples: usize = results.iter().map(|r| r.samples.len()).sum();
-        let requests: usize = results.iter().map(|r| r.requests).sum();
-        let failed = results.iter().filter(|r| r.error.is_some()).count();
-        let deferred = results.iter().filter(|r| r.deferred).count();
-        let verdict = if took < interval {
-            "within the interval"
-        } else {
-            "MISSED the interval"
-        };
-        println!("  poll {round}: {took:>8.3?} for {requests} GETs, {samples} samples, {failed} failed, {deferred} waiting for discovery: {verdict}");
-        std::thread::sleep(interval.saturating_sub(took));
-    }
-    println!("  peak RSS: {:.1} MB", peak_rss_mb());
 }
 
 /// utime + stime of a process, in seconds, and its peak RSS in MB.
@@ -481,13 +401,13 @@ fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("backtest") => bench_backtest(),
         Some("mqtt") => bench_mqtt(),
-        Some("redfish") => bench_redfish(),
+        Some("redfish") => redfish::run(),
         Some("agent") => bench_agent(),
         Some("engine") => bench_engine(),
         Some("http") => http::bench_http(),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--endpoints N] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N]"
             );
             std::process::exit(2);
         }

@@ -1,4 +1,5 @@
-//! One HTTP client per distinct TLS setting and timeout.
+//! The async HTTP client of an endpoint: one per distinct TLS setting and timeout,
+//! shared (with its connection pool) by the endpoints that have the same.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +7,7 @@ use std::time::Duration;
 use super::{EndpointConfig, RedfishError};
 use crate::sources::tls::{parse_fingerprint, provider, Pinned};
 
-pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::blocking::Client, RedfishError> {
+pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::Client, RedfishError> {
     let bad = |message: String| RedfishError::Config {
         endpoint: cfg.name.clone(),
         message,
@@ -20,9 +21,11 @@ pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::blocking::Client, 
         )));
     }
     let timeout = Duration::from_secs_f64(cfg.timeout_s);
-    let mut b = reqwest::blocking::Client::builder()
+    let mut b = reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
+        // a BMC closes idle connections early; do not keep them long
+        .pool_idle_timeout(Duration::from_secs(30))
         .user_agent(concat!("powerplane/", env!("CARGO_PKG_VERSION")));
     let tls = &cfg.tls;
     let modes = usize::from(tls.insecure)

@@ -1,18 +1,38 @@
-//! One walk of one endpoint: discovery from the service root, and the re-reads of what
-//! discovery found.
+//! Readings out of the resources one walk fetched, in walk order: samples, rejects and
+//! the plan of what to read again (pure; the fetching is in `discover`).
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 
 use super::extract::{self, Found};
-use super::{Endpoint, Polled, RedfishError};
-use crate::mapping::Reject;
+use super::poll::Polled;
 use crate::{EntityId, EntityKind, Sample, Timestamp};
 
-/// One walk of one endpoint, collecting samples and per-resource rejects.
-pub(super) struct Walk<'a> {
-    ep: &'a Endpoint,
+/// A fetched resource, read as soon as it arrived (so that a walk holds readings,
+/// not JSON trees, while its other GETs are in flight).
+#[derive(Debug, Clone)]
+pub(super) struct Item {
+    kind: Kind,
+    entity: EntityId,
+    path: String,
+    found: Vec<(EntityId, Vec<Found>)>,
+}
+
+impl Item {
+    pub(super) fn new(kind: Kind, entity: &EntityId, path: String, value: &Value) -> Self {
+        Item {
+            found: kind.extract(entity, &path, value),
+            kind,
+            entity: entity.clone(),
+            path,
+        }
+    }
+}
+
+/// The readings of one walk of one endpoint.
+pub(super) struct Walk {
+    name: String,
     pub(super) out: Polled,
     now: Timestamp,
     /// What discovery found worth reading again.
@@ -20,72 +40,25 @@ pub(super) struct Walk<'a> {
     mains: BTreeMap<EntityId, Vec<Found>>,
 }
 
-fn link(v: &Value, key: &str) -> Option<String> {
-    v.get(key)?.get("@odata.id")?.as_str().map(str::to_string)
-}
-
-fn members(v: &Value) -> Vec<String> {
-    v.get("Members")
-        .and_then(Value::as_array)
-        .map(|m| {
-            m.iter()
-                .filter_map(|x| x.get("@odata.id")?.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn last_segment(path: &str) -> &str {
+pub(super) fn last_segment(path: &str) -> &str {
     path.trim_end_matches('/')
         .rsplit('/')
         .next()
         .unwrap_or(path)
 }
 
-impl<'a> Walk<'a> {
-    pub(super) fn new(ep: &'a Endpoint, now: Timestamp) -> Self {
+impl Walk {
+    pub(super) fn new(name: &str, now: Timestamp) -> Self {
         Walk {
-            ep,
+            name: name.to_string(),
             out: Polled {
-                endpoint: ep.cfg.name.clone(),
+                endpoint: name.to_string(),
                 ..Polled::default()
             },
             now,
             plan: Vec::new(),
             mains: BTreeMap::new(),
         }
-    }
-
-    pub(super) fn get(&mut self, path: &str) -> Result<Value, RedfishError> {
-        self.out.requests += 1;
-        self.ep.get(path)
-    }
-
-    /// GET that records a failure as a reject and carries on.
-    fn try_get(&mut self, path: &str) -> Option<Value> {
-        match self.get(path) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.out.rejects.push(Reject {
-                    reason: e.reason(),
-                    detail: e.to_string(),
-                });
-                None
-            }
-        }
-    }
-
-    fn collection(&mut self, parent: &Value, key: &str) -> Vec<(String, Value)> {
-        let Some(path) = link(parent, key) else {
-            return Vec::new();
-        };
-        let Some(coll) = self.try_get(&path) else {
-            return Vec::new();
-        };
-        members(&coll)
-            .into_iter()
-            .filter_map(|m| self.try_get(&m).map(|v| (m, v)))
-            .collect()
     }
 
     fn emit(&mut self, entity: &EntityId, found: Vec<Found>) {
@@ -99,7 +72,7 @@ impl<'a> Walk<'a> {
                 value: f.value,
                 unit: unit.into(),
                 ts: self.now,
-                source: format!("redfish:{}{}", self.ep.cfg.name, f.from).into(),
+                source: format!("redfish:{}{}", self.name, f.from).into(),
                 quality: f.quality,
             });
         }
@@ -107,11 +80,11 @@ impl<'a> Walk<'a> {
 
     /// Extracts a resource's readings, emits them, and remembers the resource for the
     /// polls that follow discovery when it gave any.
-    fn read(&mut self, kind: Kind, entity: &EntityId, path: &str, v: &Value) {
-        let found = kind.extract(entity, path, v);
+    pub(super) fn read(&mut self, item: Item) {
+        let (kind, entity, path, found) = (item.kind, &item.entity, item.path, item.found);
         if found.iter().any(|(_, f)| !f.is_empty()) || kind == Kind::Mains {
             self.plan.push(Read {
-                path: path.to_string(),
+                path,
                 kind,
                 entity: entity.clone(),
             });
@@ -128,146 +101,13 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn read_link(&mut self, kind: Kind, entity: &EntityId, parent: &Value, key: &str) {
-        if let Some(p) = link(parent, key) {
-            if let Some(v) = self.try_get(&p) {
-                self.read(kind, entity, &p, &v);
-            }
+    /// Reads every item in order, then sums each PDU's mains into its own readings.
+    pub(super) fn read_all(&mut self, items: Vec<Item>) {
+        for i in items {
+            self.read(i);
         }
-    }
-
-    /// Sums each PDU's mains into its own readings.
-    fn flush_mains(&mut self) {
         for (e, found) in std::mem::take(&mut self.mains) {
             self.emit(&e, sum_by_metric(found));
-        }
-    }
-
-    /// The polls after discovery: only the resources that gave readings.
-    pub(super) fn replay(&mut self, plan: &[Read]) -> Result<(), RedfishError> {
-        for r in plan {
-            match self.get(&r.path) {
-                Ok(v) => self.read(r.kind, &r.entity, &r.path, &v),
-                Err(e) if e.reason() == "http_status" => return Err(e), // the tree changed: discover again
-                Err(e) if matches!(e.reason(), "timeout" | "unreachable" | "tls") => return Err(e),
-                Err(e) => self.out.rejects.push(Reject {
-                    reason: e.reason(),
-                    detail: e.to_string(),
-                }),
-            }
-        }
-        self.flush_mains();
-        Ok(())
-    }
-
-    pub(super) fn chassis(&mut self, root: &Value) {
-        for (path, c) in self.collection(root, "Chassis") {
-            let id = last_segment(&path).to_string();
-            let entity = self
-                .ep
-                .entity(&format!("Chassis/{id}"), EntityKind::Node, &id);
-            // legacy first: where both exist, the current model's reading is the one kept
-            self.read_link(Kind::LegacyPower, &entity, &c, "Power");
-            self.read_link(Kind::LegacyThermal, &entity, &c, "Thermal");
-            if let Some(ts) = link(&c, "ThermalSubsystem").and_then(|p| self.try_get(&p)) {
-                self.read_link(Kind::ThermalMetrics, &entity, &ts, "ThermalMetrics");
-            }
-            if let Some(ps) = link(&c, "PowerSubsystem").and_then(|p| self.try_get(&p)) {
-                for (pp, psu) in self.collection(&ps, "PowerSupplies") {
-                    let e = EntityId::new(
-                        EntityKind::Node,
-                        format!("{}.psu.{}", entity.name, last_segment(&pp)),
-                    );
-                    self.read_link(Kind::PowerSupply, &e, &psu, "Metrics");
-                }
-            }
-            self.read_link(Kind::Environment, &entity, &c, "EnvironmentMetrics");
-            for (sp, s) in self.collection(&c, "Sensors") {
-                self.read(Kind::Sensor, &entity, &sp, &s);
-            }
-        }
-    }
-
-    pub(super) fn power_equipment(&mut self, root: &Value) {
-        let Some(pe) = link(root, "PowerEquipment").and_then(|p| self.try_get(&p)) else {
-            return;
-        };
-        for (path, pdu) in self.collection(&pe, "RackPDUs") {
-            let id = last_segment(&path).to_string();
-            let entity = self
-                .ep
-                .entity(&format!("RackPDUs/{id}"), EntityKind::Pdu, &id);
-            for (mp, m) in self.collection(&pdu, "Mains") {
-                self.read(Kind::Mains, &entity, &mp, &m);
-            }
-            for (bp, b) in self.collection(&pdu, "Branches") {
-                let e = EntityId::new(
-                    EntityKind::Branch,
-                    format!("{}.{}", entity.name, last_segment(&bp)),
-                );
-                self.read(Kind::Circuit, &e, &bp, &b);
-            }
-            for (op, o) in self.collection(&pdu, "Outlets") {
-                let e = EntityId::new(
-                    EntityKind::Outlet,
-                    format!("{}.{}", entity.name, last_segment(&op)),
-                );
-                self.read(Kind::Circuit, &e, &op, &o);
-            }
-        }
-        self.flush_mains();
-    }
-
-    pub(super) fn thermal_equipment(&mut self, root: &Value) {
-        let Some(te) = link(root, "ThermalEquipment").and_then(|p| self.try_get(&p)) else {
-            return;
-        };
-        for (path, cdu) in self.collection(&te, "CDUs") {
-            let id = last_segment(&path).to_string();
-            let entity = self
-                .ep
-                .entity(&format!("CDUs/{id}"), EntityKind::Cooling, &id);
-            self.read_link(Kind::Environment, &entity, &cdu, "EnvironmentMetrics");
-            for (loop_key, loop_name) in [
-                ("PrimaryCoolantConnectors", "primary"),
-                ("SecondaryCoolantConnectors", "secondary"),
-            ] {
-                let conns = self.collection(&cdu, loop_key);
-                let single = conns.len() == 1;
-                for (cp, c) in conns {
-                    let name = if single {
-                        format!("{}.{loop_name}", entity.name)
-                    } else {
-                        format!("{}.{loop_name}{}", entity.name, last_segment(&cp))
-                    };
-                    self.read(
-                        Kind::Coolant,
-                        &EntityId::new(EntityKind::Cooling, name),
-                        &cp,
-                        &c,
-                    );
-                }
-            }
-            for (pp, p) in self.collection(&cdu, "Pumps") {
-                let e = EntityId::new(
-                    EntityKind::Cooling,
-                    format!("{}.pump{}", entity.name, last_segment(&pp)),
-                );
-                self.read(Kind::Pump, &e, &pp, &p);
-            }
-            if let Some((lp, ld)) =
-                link(&cdu, "LeakDetection").and_then(|p| self.try_get(&p).map(|v| (p, v)))
-            {
-                // detectors as linked resources, or inline in their groups
-                for (dp, d) in self.collection(&ld, "LeakDetectors") {
-                    let e = EntityId::new(
-                        EntityKind::Cooling,
-                        format!("{}.leak.{}", entity.name, last_segment(&dp)),
-                    );
-                    self.read(Kind::LeakDetector, &e, &dp, &d);
-                }
-                self.read(Kind::LeakGroups, &entity, &lp, &ld);
-            }
         }
     }
 }
@@ -349,9 +189,9 @@ impl Kind {
 /// One resource to GET on every poll, and how to read it.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Read {
-    path: String,
-    kind: Kind,
-    entity: EntityId,
+    pub(super) path: String,
+    pub(super) kind: Kind,
+    pub(super) entity: EntityId,
 }
 
 /// Several mains of one PDU: power, current and energy add up; voltage is the first.

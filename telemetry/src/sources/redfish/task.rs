@@ -1,0 +1,115 @@
+//! The walk of one endpoint as a task of a poll: the re-reads of its plan, or a
+//! discovery of its whole tree (which first waits for one of the poller's discovery
+//! slots); both end in a [`Polled`] for the poll (or a later one).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use super::discover::Fetch;
+use super::endpoint::{Endpoint, Plan};
+use super::poll::Polled;
+use super::walk::Walk;
+use crate::mapping::Reject;
+use crate::Timestamp;
+
+/// The re-reads of what discovery found.
+pub(super) async fn replay(ep: Arc<Endpoint>, now: Timestamp) -> Polled {
+    let t = Instant::now();
+    let reads = {
+        let mut g = ep.plan.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_mut().map(|p| {
+            p.polls += 1;
+            p.reads.clone()
+        })
+    };
+    let Some(reads) = reads else {
+        return Polled::named(&ep);
+    };
+    let fetch = Fetch::new(&ep, false);
+    let got = fetch.replay(&reads).await;
+    let (requests, rejects) = fetch.into_parts();
+    let mut p = match got {
+        Ok(items) => {
+            let mut w = Walk::new(&ep.cfg.name, now);
+            w.read_all(items);
+            w.out.rejects = rejects;
+            w.out
+        }
+        Err(e) if e.is_gone() => {
+            // the tree changed: not a failure; the next poll discovers it again
+            *ep.plan.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            Polled {
+                rejects: vec![Reject {
+                    reason: e.reason(),
+                    detail: e.to_string(),
+                }],
+                ..Polled::named(&ep)
+            }
+        }
+        Err(e) => Polled::failed(&ep, &e),
+    };
+    p.requests = requests;
+    p.elapsed = t.elapsed();
+    ep.counters.polled(p.elapsed);
+    p
+}
+
+/// A discovery: waits for a slot, then has `deadline` to walk the tree. On success
+/// the plan is replaced (its poll count starting at `first_polls`); a failed
+/// rediscovery (`again`) keeps the old plan and tries again after a full cycle.
+pub(super) async fn discover(
+    ep: Arc<Endpoint>,
+    now: Timestamp,
+    slots: Arc<Semaphore>,
+    deadline: Duration,
+    first_polls: u32,
+    again: bool,
+) -> Polled {
+    let Ok(_slot) = slots.acquire_owned().await else {
+        return Polled::failed(&ep, &ep.fail("", "config", None, "poller closed"));
+    };
+    let t = Instant::now();
+    let fetch = Fetch::new(&ep, again);
+    let got = match tokio::time::timeout(deadline, fetch.discover()).await {
+        Ok(r) => r,
+        Err(_) => Err(ep.fail(
+            "/redfish/v1",
+            "deadline",
+            None,
+            format!("discovery not done within {:.0} s", deadline.as_secs_f64()),
+        )),
+    };
+    let (requests, rejects) = fetch.into_parts();
+    let mut p = match got {
+        Ok(items) => {
+            let mut w = Walk::new(&ep.cfg.name, now);
+            w.read_all(items);
+            *ep.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
+                reads: std::mem::take(&mut w.plan),
+                polls: first_polls,
+            });
+            w.out.rejects = rejects;
+            w.out
+        }
+        Err(e) => {
+            if e.reason() == "deadline" {
+                ep.counters.failure(e.failure());
+            }
+            if again {
+                if let Some(plan) = ep.plan.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                    plan.polls = 0;
+                }
+            }
+            Polled::failed(&ep, &e)
+        }
+    };
+    p.discovery = true;
+    p.requests = requests;
+    p.elapsed = t.elapsed();
+    if !again {
+        ep.counters.polled(p.elapsed);
+    }
+    p
+}
