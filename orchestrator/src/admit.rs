@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use telemetry::sources::log_limit::LogLimiter;
+use telemetry::log_limit::LogLimiter;
 use telemetry::{EntityId, Sample, Site};
 use tracing::warn;
 
@@ -217,7 +217,7 @@ pub fn labeled(
 /// Checks that every entity a Redfish endpoint names is one of the site's; every
 /// problem at once.
 pub fn check_redfish(
-    endpoints: &[telemetry::sources::redfish::EndpointConfig],
+    endpoints: &[sources::redfish::EndpointConfig],
     site: &Site,
 ) -> Result<(), String> {
     let known = site.entities();
@@ -283,7 +283,7 @@ mod tests {
 
     #[test]
     fn redfish_entities_must_be_the_sites() {
-        use telemetry::sources::redfish::EndpointConfig;
+        use sources::redfish::EndpointConfig;
         let site = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("site");
         let mut good = EndpointConfig::new("pdu", "http://127.0.0.1:1");
         good.entities

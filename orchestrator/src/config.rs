@@ -12,9 +12,9 @@ use anyhow::{Context, Result};
 use integrations::prices::Series;
 use policies::Policy;
 use serde::Deserialize;
+use sources::mqtt::MqttConfig;
+use sources::redfish::EndpointConfig;
 use telemetry::mapping::Mapping;
-use telemetry::sources::mqtt::MqttConfig;
-use telemetry::sources::redfish::EndpointConfig;
 use telemetry::Site;
 
 pub use crate::paths::resolve;

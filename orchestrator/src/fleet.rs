@@ -15,10 +15,10 @@ use serde::Serialize;
 use telemetry::agent_proto::{
     Ack, AckStatus, Action, Channel, Command, GpuSel, Health, Key, NodeReport, Topics, VERSION,
 };
+use telemetry::log_limit::LogLimiter;
 use telemetry::metric::names::{
     ENERGY_J, GPU_TEMP_C, POWER_LIMIT_W, POWER_W, SM_CLOCK_MHZ, UTILIZATION_PCT,
 };
-use telemetry::sources::log_limit::LogLimiter;
 use telemetry::{EntityId, Sample, Site, Timestamp};
 use tracing::{info, warn};
 

@@ -370,7 +370,7 @@ fn check(
 
 fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
     use orchestrator::probe::ProbeArgs;
-    use telemetry::sources::redfish::{Auth, EndpointConfig, Tls};
+    use sources::redfish::{Auth, EndpointConfig, Tls};
     anyhow::ensure!(
         o.seconds > 0.0 && o.seconds <= 86_400.0,
         "--seconds must be within 0..=86400, got {}",
@@ -421,7 +421,7 @@ fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
         None => None,
     };
     let mqtt = o.mqtt.as_ref().map(|url| {
-        let mut c = telemetry::sources::mqtt::MqttConfig::new(url);
+        let mut c = sources::mqtt::MqttConfig::new(url);
         c.topics = o.topics.clone();
         c.qos = o.qos;
         c.protocol = o.mqtt_protocol.clone();

@@ -10,10 +10,10 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use sources::mqtt::{Event, MqttConfig, MqttSource};
+use sources::redfish::{EndpointConfig, Polled, Poller};
 use telemetry::mapping::Mapping;
 use telemetry::snapshot::Snapshot;
-use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
-use telemetry::sources::redfish::{EndpointConfig, Polled, Poller};
 use telemetry::Timestamp;
 
 pub struct ProbeArgs {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use telemetry::sources::redfish::{EndpointStats, Options, Poller, StatsHandle, FAILURE_REASONS};
+use sources::redfish::{EndpointStats, Options, Poller, StatsHandle, FAILURE_REASONS};
 use tracing::info;
 
 use crate::config::RedfishSection;

@@ -21,8 +21,8 @@ use anyhow::{Context, Result};
 use integrations::prices::Series;
 use integrations::store::Store;
 use policies::State;
+use sources::mqtt::{Event, MqttSource};
 use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
-use telemetry::sources::mqtt::{Event, MqttSource};
 use telemetry::{EntityId, Sample, Site, Timestamp};
 use tracing::{info, warn};
 
@@ -31,8 +31,8 @@ use crate::control::{Actuator, ControlLoop};
 use crate::embedded::EmbeddedBackend;
 use crate::fleet::{Fleet, FleetConfig};
 use crate::probe::wall_clock;
+use sources::mqtt::{Link, LinkEvent};
 use telemetry::agent_proto::{Channel, Topics};
-use telemetry::sources::mqtt::{Link, LinkEvent};
 
 /// Samples waiting for the next tick: bounded, keeps the newest, counts what it drops.
 #[derive(Debug)]
@@ -380,10 +380,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
                     .spawn(move || {
                         let every = Duration::from_secs_f64(p.refresh_s);
                         while keep() {
-                            let got = telemetry::sources::http::fetch_text(
+                            let got = sources::http::fetch_text(
                                 &url,
                                 Duration::from_secs(30),
-                                &telemetry::sources::tls::Tls::default(),
+                                &sources::tls::Tls::default(),
                             )
                             .map_err(anyhow::Error::msg)
                             .and_then(|text| p.format.read(&url, &text, "price_per_kwh"));

@@ -12,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{http, serve, serve_log};
+use sources::mqtt::{Link, LinkEvent, MqttConfig};
 use telemetry::agent_proto::{Channel, GpuReport, NodeReport, Topics, VERSION};
 use telemetry::gpu_backend::GpuReading;
-use telemetry::sources::mqtt::{Link, LinkEvent, MqttConfig};
 
 const KEY: &str = "3f6c0a1e9b2d4c8e7f5a6b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e";
 const RACKS: usize = 20_000;

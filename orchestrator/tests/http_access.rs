@@ -263,11 +263,11 @@ fn https(
     path: &str,
     token: Option<&str>,
 ) -> Result<(u16, String, String), String> {
-    let tls = telemetry::sources::tls::Tls {
+    let tls = sources::tls::Tls {
         pinned_sha256: Some(pin.to_string()),
         ..Default::default()
     };
-    let config = telemetry::sources::tls::client_config(&tls)?;
+    let config = sources::tls::client_config(&tls)?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name.to_owned())
         .map_err(|e| e.to_string())?;

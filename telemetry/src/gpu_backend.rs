@@ -1,5 +1,5 @@
 //! GPU backends behind one trait: what a node agent reads from its GPUs and the few
-//! setters it may call. NVML is one implementation (`sources::nvml`); the simulator and
+//! setters it may call. NVML is one implementation (`sources::nvml`, in `telemetry-sources`); the simulator and
 //! the fault-injecting backend live in the `orchestrator` crate.
 
 use serde::{Deserialize, Serialize};

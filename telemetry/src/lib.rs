@@ -13,14 +13,15 @@
 //! - [`site`]: the site file (`site.toml`): topology, power path, cooling path, validated
 //!   with `file:line:col` diagnostics.
 //! - [`units`]: units as sources write them, converted to canonical ones.
-//! - [`sources`]: the clients that produce samples (MQTT, Redfish, NVML).
+//! - [`log_limit`]: repeated warnings, rate-limited, with a count of what was left out.
 //! - [`gpu`]: GPU models and their power-limit constraints; [`gpu_backend`]: the trait a
-//!   node agent reads and sets GPUs through (NVML in [`sources::nvml`]).
+//!   node agent reads and sets GPUs through (NVML in the `telemetry-sources` crate).
 //! - [`job`]: [`Job`], a scheduler's job as powerplane sees it.
 //! - [`diag`]: diagnostics with file, line and column, shared by every file parser.
 //!
-//! Only [`sources`] does IO. Everything else takes time and input as arguments: it never
-//! reads the clock, the environment or the network.
+//! Nothing here does IO (the clients are in the `telemetry-sources` crate,
+//! `telemetry/sources`): everything takes time and input as arguments, and never reads
+//! the clock, the environment or the network.
 #![forbid(unsafe_code)]
 
 pub mod agent_proto;
@@ -31,12 +32,12 @@ pub mod fasthash;
 pub mod gpu;
 pub mod gpu_backend;
 pub mod job;
+pub mod log_limit;
 pub mod mapping;
 pub mod metric;
 pub mod sample;
 pub mod site;
 pub mod snapshot;
-pub mod sources;
 pub mod sparkplug;
 pub mod tariff;
 pub mod time;

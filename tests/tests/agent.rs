@@ -15,11 +15,11 @@ use orchestrator::fleet::{Fleet, FleetConfig};
 use policies::plan::Cap;
 use policies::State;
 use powerplane_tests::mqtt_port;
+use sources::mqtt::{Link, LinkEvent, MqttConfig};
 use telemetry::agent_proto::{
     Ack, AckStatus, Action, Channel, Command, GpuSel, Health, Key, NodeReport, Topics, VERSION,
 };
 use telemetry::gpu_backend::GpuBackend;
-use telemetry::sources::mqtt::{Link, LinkEvent, MqttConfig};
 use telemetry::{GpuModel, Site, Timestamp};
 
 const KEY: &str = "3f6c0a1e9b2d4c8e7f5a6b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e";

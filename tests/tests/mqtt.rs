@@ -7,8 +7,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use powerplane_tests::{mosquitto_pub, mqtt_port, self_signed, Broker};
+use sources::mqtt::{Counters, Event, MqttConfig, MqttSource};
 use telemetry::mapping::Mapping;
-use telemetry::sources::mqtt::{Counters, Event, MqttConfig, MqttSource};
 use telemetry::{Snapshot, Timestamp};
 
 fn mapping(prefix: &str) -> Mapping {
@@ -381,7 +381,7 @@ to = "heat_load_kw"
 
 #[test]
 fn a_tls_broker_is_trusted_only_as_the_config_says() {
-    use telemetry::sources::tls::Tls;
+    use sources::tls::Tls;
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert, key, fingerprint) = self_signed(dir.path());
     let broker = Broker::start_tls(&cert, &key);

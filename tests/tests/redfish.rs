@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use powerplane_tests::{self_signed, BadBmc, Sushy, TlsBmc};
-use telemetry::sources::redfish::{EndpointConfig, Polled, Poller, Tls};
+use sources::redfish::{EndpointConfig, Polled, Poller, Tls};
 use telemetry::{Quality, Timestamp};
 
 fn now() -> Timestamp {
@@ -279,8 +279,8 @@ fn after_discovery_only_the_resources_with_readings_are_read() {
 
 #[test]
 fn basic_auth_and_sessions_are_used_as_configured() {
+    use sources::redfish::Auth;
     use std::sync::atomic::Ordering;
-    use telemetry::sources::redfish::Auth;
     let plain = Sushy::start("public-pdu", None);
 
     let basic = powerplane_tests::AuthBmc::start(&plain.url, false, usize::MAX);

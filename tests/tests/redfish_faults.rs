@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use powerplane_tests::mock_bmc::{MockBmcs, Mode};
 use powerplane_tests::{workspace_root, AuthBmc, BadBmc};
-use telemetry::sources::redfish::{EndpointConfig, EndpointStats, Options, Poller};
+use sources::redfish::{EndpointConfig, EndpointStats, Options, Poller};
 use telemetry::Timestamp;
 
 fn now() -> Timestamp {
@@ -229,7 +229,7 @@ fn a_resource_that_goes_away_is_rediscovered_without_backing_off() {
     let bmcs = pdus(1, Duration::ZERO);
     let mut poller =
         Poller::new(vec![EndpointConfig::new("pdu", &bmcs.url(0))], 16).expect("poller");
-    let outlets = |p: &telemetry::sources::redfish::Polled| {
+    let outlets = |p: &sources::redfish::Polled| {
         let mut v: Vec<String> = p
             .samples
             .iter()
@@ -326,7 +326,7 @@ fn an_oversized_resource_or_collection_is_refused_and_the_rest_read() {
         .collect();
     let mut poller = Poller::new(configs, 64).expect("poller");
     let r = poller.poll(now());
-    let outlets = |p: &telemetry::sources::redfish::Polled| {
+    let outlets = |p: &sources::redfish::Polled| {
         p.samples
             .iter()
             .filter(|s| {

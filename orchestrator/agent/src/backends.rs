@@ -1,4 +1,4 @@
-//! GPU backends of the node agent besides NVML (`telemetry::sources::nvml`): the
+//! GPU backends of the node agent besides NVML (`sources::nvml`): the
 //! simulated backend (power, energy, temperature and clocks that respond to load and
 //! caps as Zeus measured on A40s) and a backend that injects faults, for tests.
 

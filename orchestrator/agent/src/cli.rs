@@ -65,7 +65,7 @@ impl AgentArgs {
             };
         }
         let mut b: Box<dyn GpuBackend> = match self.backend.as_str() {
-            "nvml" => match telemetry::sources::nvml::NvmlBackend::open() {
+            "nvml" => match sources::nvml::NvmlBackend::open() {
                 Ok(b) => Box::new(b),
                 Err(e) => return failed(&e),
             },

@@ -119,7 +119,7 @@ pub struct Core {
     failing: BTreeSet<u32>,
     /// Re-applies after drift per GPU: attempts so far and when to try again.
     drift: BTreeMap<u32, (u32, Timestamp)>,
-    log_limit: telemetry::sources::log_limit::LogLimiter,
+    log_limit: telemetry::log_limit::LogLimiter,
     pub counters: BTreeMap<&'static str, u64>,
     seq: u64,
 }
@@ -169,9 +169,7 @@ impl Core {
             last: BTreeMap::new(),
             failing: BTreeSet::new(),
             drift: BTreeMap::new(),
-            log_limit: telemetry::sources::log_limit::LogLimiter::new(
-                std::time::Duration::from_secs(60),
-            ),
+            log_limit: telemetry::log_limit::LogLimiter::new(std::time::Duration::from_secs(60)),
             counters: BTreeMap::new(),
             seq: 0,
         };

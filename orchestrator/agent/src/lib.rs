@@ -9,7 +9,7 @@
 //! # Layout
 //!
 //! - [`backends`]: the simulated and fault-injecting GPU backends (NVML is in
-//!   `telemetry::sources::nvml`);
+//!   `sources::nvml`);
 //! - [`curves`], [`rng`]: the measured power-cap curves and the seeded generator the
 //!   simulated GPUs (and the controller's facility simulator) use;
 //! - [`core`]: the state machine, free of MQTT and clock;

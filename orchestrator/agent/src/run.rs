@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
+use sources::mqtt::{Link, LinkEvent, MqttConfig, Will};
 use telemetry::agent_proto::{Channel, Key, Topics};
 use telemetry::gpu_backend::GpuBackend;
-use telemetry::sources::mqtt::{Link, LinkEvent, MqttConfig, Will};
 use telemetry::Timestamp;
 use tracing::{info, warn};
 
@@ -247,9 +247,7 @@ pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
 /// The backend a config names.
 pub fn open_backend(b: &BackendConfig) -> Result<Box<dyn GpuBackend>> {
     Ok(match b.kind.as_str() {
-        "nvml" => Box::new(
-            telemetry::sources::nvml::NvmlBackend::open().map_err(|e| anyhow::anyhow!("{e}"))?,
-        ),
+        "nvml" => Box::new(sources::nvml::NvmlBackend::open().map_err(|e| anyhow::anyhow!("{e}"))?),
         "sim" => {
             let model = telemetry::GpuModel::builtin(&b.model).ok_or_else(|| {
                 anyhow::anyhow!(

@@ -87,7 +87,7 @@ fn check_backend(b: &mut dyn GpuBackend) {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn nvml_reads_every_field_of_every_gpu() {
-    let mut b = telemetry::sources::nvml::NvmlBackend::open().expect("NVML opens");
+    let mut b = sources::nvml::NvmlBackend::open().expect("NVML opens");
     check_backend(&mut b);
 }
 

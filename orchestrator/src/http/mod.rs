@@ -210,7 +210,7 @@ pub struct Board {
     /// The control loop's tick delay and duration.
     pub cadence: crate::cadence::Cadence,
     /// The Redfish poller's counters per endpoint (empty without `[redfish]`).
-    pub redfish: Vec<telemetry::sources::redfish::EndpointStats>,
+    pub redfish: Vec<sources::redfish::EndpointStats>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;

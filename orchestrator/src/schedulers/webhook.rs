@@ -42,7 +42,7 @@ struct InboxInner {
     /// Signatures of the events taken while their timestamps are accepted.
     window: ReplayWindow,
     per_minute: PerMinute,
-    log: telemetry::sources::log_limit::LogLimiter,
+    log: telemetry::log_limit::LogLimiter,
     /// Events taken so far, handed to the loop so far, stored so far.
     seq: u64,
     taken: u64,
@@ -82,7 +82,7 @@ impl InboxInner {
             done_order: Default::default(),
             window: ReplayWindow::new(cap),
             per_minute: PerMinute::new(events_per_minute),
-            log: telemetry::sources::log_limit::LogLimiter::new(Duration::from_secs(30)),
+            log: telemetry::log_limit::LogLimiter::new(Duration::from_secs(30)),
             seq: 0,
             taken: 0,
             committed: 0,

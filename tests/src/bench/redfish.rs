@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use powerplane_tests::mock_bmc::MockBmcs;
 use powerplane_tests::workspace_root;
-use telemetry::sources::redfish::{EndpointConfig, Options, Poller};
+use sources::redfish::{EndpointConfig, Options, Poller};
 use telemetry::Timestamp;
 
 use super::arg;

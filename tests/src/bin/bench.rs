@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use powerplane_tests::{workspace_root, Broker};
+use sources::mqtt::{Event, MqttConfig, MqttSource};
 use telemetry::mapping::Mapping;
-use telemetry::sources::mqtt::{Event, MqttConfig, MqttSource};
 use telemetry::{Snapshot, Timestamp};
 
 #[path = "../bench/redfish.rs"]
@@ -232,8 +232,8 @@ fn proc_usage(pid: u32) -> (f64, f64) {
 }
 
 fn bench_agent() {
+    use sources::mqtt::Link;
     use telemetry::agent_proto::{Action, Channel, Command as Cmd, GpuSel, Key, Topics};
-    use telemetry::sources::mqtt::Link;
     let seconds = arg("--seconds", 60);
     let gpus = arg("--gpus", 8);
     let root = workspace_root();
@@ -299,7 +299,7 @@ fn bench_agent() {
             );
             next_cmd += Duration::from_secs(10);
         }
-        if let Ok(telemetry::sources::mqtt::LinkEvent::Message { topic, .. }) =
+        if let Ok(sources::mqtt::LinkEvent::Message { topic, .. }) =
             events.recv_timeout(Duration::from_millis(100))
         {
             if topic.ends_with("/gpus") {

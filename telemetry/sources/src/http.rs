@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::sources::tls::{client_config, Tls};
+use crate::tls::{client_config, Tls};
 
 /// GETs `url` and returns its body as text; an HTTP error status is an error.
 pub fn fetch_text(url: &str, timeout: Duration, tls: &Tls) -> Result<String, String> {

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use thiserror::Error;
 
-pub use crate::sources::tls::Tls;
+pub use crate::tls::Tls;
 pub use endpoint::Endpoint;
 pub use poll::{backoff, Options, Polled, Poller, StatsHandle, REDISCOVER_EVERY};
 pub use stats::EndpointStats;

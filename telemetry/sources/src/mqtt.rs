@@ -12,11 +12,11 @@ use serde::Deserialize;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::decoder::Decoder;
-use crate::mapping::{Decoded, Mapping, Reject};
-use crate::sources::tls::{client_config, Tls};
-use crate::Timestamp;
+use crate::tls::{client_config, Tls};
 use std::sync::Arc;
+use telemetry::decoder::Decoder;
+use telemetry::mapping::{Decoded, Mapping, Reject};
+use telemetry::Timestamp;
 
 /// How to reach the broker and what to ask it for.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -213,7 +213,7 @@ impl MqttSource {
     ) {
         let mut conn = Conn::open(&self.cfg, &self.host, self.port, self.tls.clone());
         let mut failures: u32 = 0;
-        let mut limiter = super::log_limit::LogLimiter::default();
+        let mut limiter = telemetry::log_limit::LogLimiter::default();
         let source = format!("mqtt:{}", self.cfg.url);
         while keep_going() {
             limiter.warn_suppressed("mqtt", Instant::now());

@@ -5,8 +5,8 @@
 
 use serde_json::Value;
 
-use crate::metric::names::*;
-use crate::Quality;
+use telemetry::metric::names::*;
+use telemetry::Quality;
 
 /// One reading found in a resource, before it gets its entity and time.
 #[derive(Debug, Clone, PartialEq)]

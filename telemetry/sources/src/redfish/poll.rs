@@ -17,8 +17,8 @@ use super::endpoint::Endpoint;
 use super::stats::EndpointStats;
 use super::task;
 use super::{tls, EndpointConfig, RedfishError};
-use crate::mapping::Reject;
-use crate::{Sample, Timestamp};
+use telemetry::mapping::Reject;
+use telemetry::{Sample, Timestamp};
 
 /// How hard the poller may push the BMCs.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,7 +132,7 @@ pub struct Poller {
     /// Discoveries at once: at most half the global limit, so that re-reads of the
     /// endpoints already discovered always have the other half.
     discoveries: Arc<Semaphore>,
-    log: super::super::log_limit::LogLimiter,
+    log: telemetry::log_limit::LogLimiter,
     seed: std::collections::hash_map::RandomState,
     /// The runtime of the blocking [`Poller::poll`], started on its first call.
     rt: Option<tokio::runtime::Runtime>,
@@ -201,7 +201,7 @@ impl Poller {
             },
             discoveries: Arc::new(Semaphore::new(discoveries)),
             // keys are endpoint × reason: bounded by the config, not by what BMCs send
-            log: super::super::log_limit::LogLimiter::new(Duration::from_secs(60))
+            log: telemetry::log_limit::LogLimiter::new(Duration::from_secs(60))
                 .with_max_keys(16_384),
             seed: std::collections::hash_map::RandomState::new(),
             rt: None,

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use super::stats::Counters;
 use super::walk::Read;
 use super::{tls, Auth, EndpointConfig, RedfishError};
-use crate::{EntityId, EntityKind};
+use telemetry::{EntityId, EntityKind};
 
 /// The largest resource read; a bigger body is refused (`oversize`) so that a broken
 /// or hostile BMC cannot grow the controller.

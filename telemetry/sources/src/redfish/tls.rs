@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{EndpointConfig, RedfishError};
-use crate::sources::tls::{parse_fingerprint, provider, Pinned};
+use crate::tls::{parse_fingerprint, provider, Pinned};
 
 pub(super) fn client(cfg: &EndpointConfig) -> Result<reqwest::Client, RedfishError> {
     let bad = |message: String| RedfishError::Config {

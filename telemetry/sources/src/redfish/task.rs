@@ -11,8 +11,8 @@ use super::discover::Fetch;
 use super::endpoint::{Endpoint, Plan};
 use super::poll::Polled;
 use super::walk::Walk;
-use crate::mapping::Reject;
-use crate::Timestamp;
+use telemetry::mapping::Reject;
+use telemetry::Timestamp;
 
 /// The re-reads of what discovery found.
 pub(super) async fn replay(ep: Arc<Endpoint>, now: Timestamp) -> Polled {

@@ -6,7 +6,7 @@ use nvml_wrapper::enums::device::GpuLockedClocksSetting;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use crate::gpu_backend::{GpuBackend, GpuError, GpuReading};
+use telemetry::gpu_backend::{GpuBackend, GpuError, GpuReading};
 
 pub struct NvmlBackend {
     nvml: Nvml,

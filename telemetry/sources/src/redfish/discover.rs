@@ -13,8 +13,8 @@ use serde_json::Value;
 use super::endpoint::Endpoint;
 use super::walk::{last_segment, Item, Kind, Read};
 use super::RedfishError;
-use crate::mapping::Reject;
-use crate::{EntityId, EntityKind};
+use telemetry::mapping::Reject;
+use telemetry::{EntityId, EntityKind};
 
 fn link(v: &Value, key: &str) -> Option<String> {
     v.get(key)?.get("@odata.id")?.as_str().map(str::to_string)

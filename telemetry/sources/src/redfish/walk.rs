@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::extract::{self, Found};
 use super::poll::Polled;
-use crate::{EntityId, EntityKind, Sample, Timestamp};
+use telemetry::{EntityId, EntityKind, Sample, Timestamp};
 
 /// A fetched resource, read as soon as it arrived (so that a walk holds readings,
 /// not JSON trees, while its other GETs are in flight).
@@ -63,12 +63,12 @@ impl Walk {
 
     fn emit(&mut self, entity: &EntityId, found: Vec<Found>) {
         for f in found {
-            let unit = crate::metric::spec(f.metric)
+            let unit = telemetry::metric::spec(f.metric)
                 .map(|s| s.unit.to_string())
                 .unwrap_or_default();
             self.out.samples.push(Sample {
                 entity: entity.clone(),
-                metric: crate::Metric::new(f.metric),
+                metric: telemetry::Metric::new(f.metric),
                 value: f.value,
                 unit: unit.into(),
                 ts: self.now,
@@ -199,7 +199,7 @@ fn sum_by_metric(found: Vec<Found>) -> Vec<Found> {
     let mut out: Vec<Found> = Vec::new();
     for f in found {
         match out.iter_mut().find(|o| o.metric == f.metric) {
-            Some(o) if f.metric != crate::metric::names::VOLTAGE_V => {
+            Some(o) if f.metric != telemetry::metric::names::VOLTAGE_V => {
                 o.value += f.value;
                 o.quality = o.quality.max(f.quality);
             }
