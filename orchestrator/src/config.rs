@@ -249,6 +249,12 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         let r = m.client.read_secrets(base);
         problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}")));
     }
+    for e in cfg.redfish.iter_mut().flat_map(|r| r.endpoints.iter_mut()) {
+        let r = e.auth.read_secrets(base);
+        let endpoint = e.name.clone();
+        problems
+            .take(r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")));
+    }
     if let Some(a) = cfg.agents.as_mut() {
         let r = a.mqtt.read_secrets(base);
         problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [agents.mqtt] {e}")));

@@ -439,10 +439,16 @@ fn probe(o: Box<ProbeOpts>) -> Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("POWERPLANE_REDFISH_PASSWORD").ok());
     let auth = match (o.redfish_user.clone(), password) {
-        (Some(username), Some(password)) if o.redfish_session => {
-            Auth::Session { username, password }
-        }
-        (Some(username), Some(password)) => Auth::Basic { username, password },
+        (Some(username), Some(password)) if o.redfish_session => Auth::Session {
+            username,
+            password,
+            password_file: None,
+        },
+        (Some(username), Some(password)) => Auth::Basic {
+            username,
+            password,
+            password_file: None,
+        },
         (Some(_), None) => {
             anyhow::bail!("--redfish-user needs --redfish-password or POWERPLANE_REDFISH_PASSWORD")
         }

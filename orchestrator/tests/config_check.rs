@@ -111,10 +111,10 @@ fn secrets_come_from_files_and_both_forms_at_once_are_refused() {
         "version = 1\n\n[[json]]\ntopic = \"dc1/{rack}/inlet\"\nentity = \"rack/{rack}\"\nmetric = \"inlet_temp_c\"\nvalue = \"\"\n",
     )
     .expect("mapping");
-    let write = |store: &str, mqtt: &str| {
+    let write = |store: &str, mqtt: &str, bmc: &str| {
         std::fs::write(
             d.join("powerplane.toml"),
-            format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\n\n[store]\nkind = \"redis\"\n{store}\n\n[mqtt]\nmapping = \"mapping.toml\"\nurl = \"mqtt://127.0.0.1:1883\"\nusername = \"pp\"\n{mqtt}\n"),
+            format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\n\n[store]\nkind = \"redis\"\n{store}\n\n[mqtt]\nmapping = \"mapping.toml\"\nurl = \"mqtt://127.0.0.1:1883\"\nusername = \"pp\"\n{mqtt}\n\n[redfish]\n[[redfish.endpoints]]\nname = \"pdu\"\nurl = \"http://127.0.0.1:9\"\nauth = {{ kind = \"basic\", username = \"monitor\", {bmc} }}\n"),
         )
         .expect("config");
     };
@@ -129,6 +129,7 @@ fn secrets_come_from_files_and_both_forms_at_once_are_refused() {
     write(
         "url = \"redis://127.0.0.1:6379\"\nurl_file = \"redis.url\"",
         "password = \"x\"\npassword_file = \"mqtt.password\"",
+        "password = \"y\", password_file = \"bmc.password\"",
     );
     std::fs::write(d.join("mqtt.password"), "secret\n").expect("password");
     let out = check();
@@ -142,9 +143,15 @@ fn secrets_come_from_files_and_both_forms_at_once_are_refused() {
         err.contains("[mqtt] give one of password or password_file"),
         "{err}"
     );
+    assert!(
+        err.contains("[[redfish.endpoints]] pdu: give one of password or password_file"),
+        "{err}"
+    );
+    std::fs::write(d.join("bmc.password"), "bmc-secret\n").expect("password");
     write(
         "url_file = \"redis.url\"",
         "password_file = \"mqtt.password\"",
+        "password_file = \"bmc.password\"",
     );
     let err = String::from_utf8_lossy(&check().stderr).into_owned();
     assert!(err.contains("url_file: cannot read"), "{err}");

@@ -294,6 +294,7 @@ fn basic_auth_and_sessions_are_used_as_configured() {
     cfg.auth = Auth::Basic {
         username: "user".into(),
         password: "pass".into(),
+        password_file: None,
     };
     let p = poll_one(cfg.clone());
     assert!(p.error.is_none(), "{:?}", p.error);
@@ -301,6 +302,7 @@ fn basic_auth_and_sessions_are_used_as_configured() {
     cfg.auth = Auth::Basic {
         username: "user".into(),
         password: "wrong".into(),
+        password_file: None,
     };
     assert_eq!(
         poll_one(cfg).rejects.first().map(|r| r.reason),
@@ -313,6 +315,7 @@ fn basic_auth_and_sessions_are_used_as_configured() {
     cfg.auth = Auth::Session {
         username: "user".into(),
         password: "pass".into(),
+        password_file: None,
     };
     let p = poll_one(cfg.clone());
     assert!(
@@ -329,6 +332,7 @@ fn basic_auth_and_sessions_are_used_as_configured() {
     cfg.auth = Auth::Session {
         username: "user".into(),
         password: "nope".into(),
+        password_file: None,
     };
     assert_eq!(
         poll_one(cfg).rejects.first().map(|r| r.reason),

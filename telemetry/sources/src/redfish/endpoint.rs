@@ -108,9 +108,9 @@ impl Endpoint {
             let mut used = None;
             match &self.cfg.auth {
                 Auth::None => {}
-                Auth::Basic { username, password } => {
-                    req = req.basic_auth(username, Some(password))
-                }
+                Auth::Basic {
+                    username, password, ..
+                } => req = req.basic_auth(username, Some(password)),
                 Auth::Session { .. } => {
                     let t = self.session_token().await?;
                     req = req.header("X-Auth-Token", t.as_str());
@@ -176,7 +176,10 @@ impl Endpoint {
         if let Some(t) = guard.as_ref() {
             return Ok(t.clone());
         }
-        let Auth::Session { username, password } = &self.cfg.auth else {
+        let Auth::Session {
+            username, password, ..
+        } = &self.cfg.auth
+        else {
             return Err(self.fail("", "auth", None, "no session credentials"));
         };
         let path = "/redfish/v1/SessionService/Sessions";

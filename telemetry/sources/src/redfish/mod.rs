@@ -41,9 +41,56 @@ pub enum Auth {
     #[default]
     None,
     /// HTTP Basic on every request.
-    Basic { username: String, password: String },
+    Basic {
+        username: String,
+        #[serde(default)]
+        password: String,
+        /// A file holding the password (preferred); read when the config is loaded.
+        #[serde(default)]
+        password_file: Option<std::path::PathBuf>,
+    },
     /// A Redfish session: one login, then `X-Auth-Token` (logged in again on 401).
-    Session { username: String, password: String },
+    Session {
+        username: String,
+        #[serde(default)]
+        password: String,
+        #[serde(default)]
+        password_file: Option<std::path::PathBuf>,
+    },
+}
+
+impl Auth {
+    /// Reads `password_file` (relative to `base`) into `password`; both at once, or
+    /// neither for basic or session auth, is an error.
+    pub fn read_secrets(&mut self, base: &std::path::Path) -> Result<(), String> {
+        let (Auth::Basic {
+            password,
+            password_file,
+            ..
+        }
+        | Auth::Session {
+            password,
+            password_file,
+            ..
+        }) = self
+        else {
+            return Ok(());
+        };
+        match password_file.take() {
+            None if password.is_empty() => Err("auth needs password or password_file".into()),
+            None => Ok(()),
+            Some(_) if !password.is_empty() => {
+                Err("give one of password or password_file, not both".into())
+            }
+            Some(f) => {
+                let p = if f.is_absolute() { f } else { base.join(f) };
+                let text = std::fs::read_to_string(&p)
+                    .map_err(|e| format!("password_file {}: {e}", p.display()))?;
+                *password = text.trim_end_matches(['\n', '\r']).to_string();
+                Ok(())
+            }
+        }
+    }
 }
 
 /// One BMC, PDU or CDU.
