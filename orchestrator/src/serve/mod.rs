@@ -1,0 +1,411 @@
+//! `powerplane serve`: the controller on a real clock.
+//!
+//! Sources run on threads of their own (MQTT) or as tasks on the runtime (the Redfish
+//! poller, see [`crate::redfish`]) and put samples into
+//! one bounded buffer that keeps the newest and counts what it drops. Every tick the
+//! control loop drains it, evaluates the policy and commits to the store. With an
+//! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
+//! leased, acknowledged, renewed; see [`crate::fleet`]) and the agents' reports feed the
+//! snapshot; without it caps are observe-only. With `[schedulers]` the holds in force
+//! are applied to the schedulers (see [`crate::schedulers`]); without it they are
+//! observe-only: computed, leased, audited, stored and logged.
+//! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
+
+mod edges;
+mod prices;
+
+pub use edges::{AgentActuator, Buffer, ObserveOnly};
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use integrations::store::Store;
+use telemetry::Site;
+use tracing::{info, warn};
+
+use crate::config::{load, Config, Loaded, StoreConfig};
+use crate::control::ControlLoop;
+use crate::embedded::EmbeddedBackend;
+use crate::http::Board;
+use crate::paths::resolve;
+use crate::probe::wall_clock;
+use crate::schedulers::Schedulers;
+use prices::Prices;
+
+/// The site and the store a config names, for `powerplane report`.
+pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
+    let loaded = load(config_path)?;
+    let base = config_path.parent().unwrap_or(Path::new("."));
+    let store = open_store(&loaded.config.store, base, None)?;
+    Ok((loaded.site, store))
+}
+
+/// Opens the configured store; with `handle` (serve), Redis behind its journal.
+fn open_store(
+    cfg: &StoreConfig,
+    base: &Path,
+    handle: Option<tokio::runtime::Handle>,
+) -> Result<Store> {
+    Ok(match cfg {
+        StoreConfig::Memoryless => anyhow::bail!(
+            "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
+        ),
+        StoreConfig::Embedded { path } => {
+            Store::new(Box::new(EmbeddedBackend::open(&resolve(base, path))?))
+        }
+        StoreConfig::Redis(redis) => match handle {
+            Some(h) => redis.open_journaled(base, h)?,
+            None => redis.open_plain(base)?,
+        },
+    })
+}
+
+/// Runs the controller until a signal, or for `run_for` when given.
+pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
+    let Loaded {
+        config: cfg,
+        site,
+        policy,
+        mapping,
+        prices,
+    } = load(config_path)?;
+    let base = config_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // every IO edge runs on this runtime (see crate::runtime); the control loop runs
+    // on this thread and never awaits an edge
+    let runtime = crate::runtime::Runtime::new(4)?;
+    let store = open_store(&cfg.store, &base, Some(runtime.handle()))?;
+    let backend = store.backend_name();
+    let mut control = ControlLoop::restore(
+        site.clone(),
+        policy,
+        store,
+        cfg.controller.ledger_interval_s,
+    )?;
+    info!(
+        store = backend,
+        caps = control.state().caps.len(),
+        holds = control.state().holds.len(),
+        jobs = control.registry().len(),
+        "restored from the store"
+    );
+    // each scheduler adapter reconciles on a thread of its own (see crate::schedulers)
+    let schedulers = Schedulers::open(
+        cfg.schedulers.as_ref(),
+        &base,
+        control.store(),
+        cfg.controller.tick_s,
+        runtime.handle(),
+        runtime.shutdown.clone(),
+    )?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
+    }
+    let started = Instant::now();
+    let keep_going = {
+        let stop = stop.clone();
+        move || !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| started.elapsed() < d)
+    };
+    let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
+    // only the site's entities reach the buffer (see crate::admit)
+    let gate = Arc::new(crate::admit::Gate::new(&site));
+    let mqtt_rejects = Arc::new(crate::admit::Tally::default());
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
+        let (b, g, t) = (buffer.clone(), gate.clone(), mqtt_rejects.clone());
+        threads.push(edges::spawn_mqtt(m, mapping, b, g, t, keep_going.clone())?);
+    }
+    // the Redfish poller: a task on the runtime (see crate::redfish); only the site's
+    // entities pass the gate
+    let redfish = match &cfg.redfish {
+        Some(r) => Some(crate::redfish::spawn(
+            r,
+            &runtime,
+            buffer.clone(),
+            gate.clone(),
+        )?),
+        None => None,
+    };
+    let actuation = edges::open_agents(
+        cfg.agents.clone(),
+        &site,
+        &base,
+        buffer.clone(),
+        gate.clone(),
+        keep_going.clone(),
+    )?;
+    threads.extend(actuation.thread);
+    let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
+    let overrides = Arc::new(Mutex::new(
+        crate::overrides::Book::open(
+            cfg.http
+                .as_ref()
+                .and_then(|h| h.overrides_file.as_ref())
+                .map(|p| resolve(&base, p))
+                .as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("overrides: {e}"))?,
+    ));
+    if let Some(h) = &cfg.http {
+        let api = crate::http::Api {
+            overrides: overrides.clone(),
+            board: board.clone(),
+            fleet: actuation.fleet.clone(),
+            tokens: crate::http::load_tokens(h, &base)?,
+            metrics_public: h.metrics_public,
+            status_page_public: h.status_page_public,
+            refresh_s: h.refresh_s.max(1),
+            events: schedulers.inbox(),
+            kubernetes: schedulers.kube_hooks(),
+            stats: Default::default(),
+        };
+        crate::http::serve(h, &base, api, &runtime)?;
+    }
+    // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
+    let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
+    threads.extend(fetcher);
+    let mut serve = Serve {
+        cfg,
+        control,
+        schedulers,
+        actuator: actuation.actuator,
+        buffer,
+        gate,
+        mqtt_rejects,
+        redfish,
+        prices,
+        overrides,
+        reloader,
+        board,
+        cadence: crate::cadence::Cadence::default(),
+        last_source_sample: None,
+    };
+    // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
+    // by the loop itself, so a loop that stalls is restarted after WatchdogSec
+    let mut notify = crate::notify::Notifier::from_env();
+    notify.ready(&format!(
+        "{} racks, {} GPUs; store {backend}",
+        site.racks.len(),
+        site.gpu_count()
+    ));
+    let tick = Duration::from_secs_f64(serve.cfg.controller.tick_s);
+    let mut next = Instant::now();
+    while keep_going() {
+        notify.watchdog();
+        serve.tick(next);
+        next += tick;
+        serve.between_ticks(next, &keep_going, &mut notify);
+    }
+    notify.stopping();
+    stop.store(true, Ordering::Relaxed);
+    serve.stop(runtime, threads)
+}
+
+/// The board the API reads, with the policy file as it is now, and its watcher.
+fn first_board(
+    cfg: &Config,
+    base: &Path,
+    site: &Site,
+    control: &mut ControlLoop,
+) -> Result<(Arc<RwLock<Board>>, crate::reload::Reloader)> {
+    let policy_path = resolve(base, &cfg.controller.policy);
+    let mut board = Board::new(
+        site.clone(),
+        policy_path.display().to_string(),
+        wall_clock(),
+    );
+    board.store_health = control.store().health();
+    let reloader = start_policy_watch(
+        &policy_path,
+        cfg.controller.policy_reload_s,
+        control,
+        &mut board,
+    )?;
+    let sources = [
+        cfg.mqtt.is_some(),
+        cfg.redfish.is_some(),
+        cfg.agents.is_some(),
+    ];
+    board.ready = crate::http::health::Readiness::new(&sources, cfg.http.as_ref());
+    Ok((Arc::new(RwLock::new(board)), reloader))
+}
+
+/// The running controller: the loop and what it reads from and hands to the edges.
+struct Serve {
+    cfg: Config,
+    control: ControlLoop,
+    schedulers: Schedulers,
+    actuator: Box<dyn crate::control::Actuator>,
+    buffer: Arc<Buffer>,
+    gate: Arc<crate::admit::Gate>,
+    mqtt_rejects: Arc<crate::admit::Tally>,
+    redfish: Option<sources::redfish::StatsHandle>,
+    prices: Prices,
+    overrides: Arc<Mutex<crate::overrides::Book>>,
+    reloader: crate::reload::Reloader,
+    board: Arc<RwLock<Board>>,
+    cadence: crate::cadence::Cadence,
+    last_source_sample: Option<telemetry::Timestamp>,
+}
+
+impl Serve {
+    /// One tick, due at `due`: what the edges delivered in, the plan out to the
+    /// actuators and schedulers, the board for the API.
+    fn tick(&mut self, due: Instant) {
+        self.cadence.start(due);
+        let now = wall_clock();
+        let (mut samples, dead) = self.buffer.drain();
+        let refused = self.gate.take_refused();
+        self.control
+            .count_rejected(crate::admit::UNKNOWN_ENTITY, refused);
+        if !samples.is_empty() {
+            self.last_source_sample = Some(now);
+        }
+        for e in &dead {
+            self.control.mark_bad(e);
+        }
+        let site = self.control.site().clone();
+        let forecast = self.prices.tick(&site, now, &mut samples);
+        self.control.set_forecast(forecast);
+        {
+            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+            if book.expire(now) {
+                if let Err(e) = book.save() {
+                    warn!(error = %e, "cannot save the overrides");
+                }
+            }
+            self.control.set_overrides(book.list.clone());
+        }
+        if let Some((text, status)) = self.reloader.between_ticks(&mut self.control, now) {
+            let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(text) = text {
+                b.policy_text = text;
+            }
+            b.policy_status = status;
+        }
+        // schedulers: their jobs in, the holds in force out (see crate::schedulers);
+        // neither waits on a scheduler
+        let jobs = self.schedulers.jobs();
+        let report = self
+            .control
+            .tick(now, samples, jobs, self.actuator.as_mut());
+        if !self.schedulers.is_empty() {
+            let actuated = self.control.actuated().clone();
+            self.schedulers
+                .apply(&actuated, &report.decisions, now, self.control.store());
+            if report.store_error.is_none() {
+                self.schedulers.stored();
+            }
+        }
+        for d in &report.decisions {
+            info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
+        }
+        // the API reads a copy of the tick; without [http] nobody does
+        if self.cfg.http.is_some() {
+            self.publish(now, &report);
+        }
+        if let Some(e) = report.store_error {
+            warn!(error = %e, "store unavailable; writes kept for the next tick");
+        }
+        self.cadence.end();
+    }
+
+    /// The tick, copied for the API and `/metrics`.
+    fn publish(&self, now: telemetry::Timestamp, report: &crate::control::TickReport) {
+        let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
+        b.price_source = self.prices.source.to_string();
+        b.prices = self.prices.next_24h(now);
+        b.update(
+            now,
+            self.control.snapshot(),
+            self.control.actuated(),
+            &self.control.counters,
+            &report.decisions,
+            self.buffer.dropped.load(Ordering::Relaxed),
+        );
+        b.jobs = self.control.registry().active().to_vec();
+        b.schedulers = self.schedulers.status();
+        b.scheduler_counters = self.schedulers.counters();
+        b.labeled_counters = crate::admit::labeled(
+            self.cfg.mqtt.is_some().then(|| self.mqtt_rejects.counts()),
+            self.schedulers.events_rejected(),
+        );
+        b.ready
+            .after_tick(report.store_error.as_deref(), self.last_source_sample);
+        b.cadence = self.cadence.clone();
+        b.redfish = self
+            .redfish
+            .as_ref()
+            .map(|r| r.snapshot())
+            .unwrap_or_default();
+    }
+
+    /// Until `next` (at least once, even after a tick that ran late): the
+    /// reconcilers' store writes (a Slurm hold's intent waits for its commit here)
+    /// and the watchdog.
+    fn between_ticks(
+        &mut self,
+        next: Instant,
+        keep_going: &dyn Fn() -> bool,
+        notify: &mut crate::notify::Notifier,
+    ) {
+        loop {
+            notify.watchdog();
+            self.schedulers.commit_writes(
+                self.control.store(),
+                Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
+            );
+            if !keep_going() || Instant::now() >= next {
+                break;
+            }
+        }
+    }
+
+    /// Shutdown: the reconcilers finish their pass, every edge is cancelled, the
+    /// ledger interval is closed and committed, then the runtime waits for its tasks.
+    fn stop(
+        mut self,
+        runtime: crate::runtime::Runtime,
+        threads: Vec<JoinHandle<()>>,
+    ) -> Result<()> {
+        runtime.shutdown.cancel();
+        self.schedulers
+            .stop(self.control.store(), crate::runtime::DEFAULT_GRACE);
+        for t in threads {
+            let _ = t.join();
+        }
+        self.control.finish(wall_clock())?;
+        runtime.stop(crate::runtime::DEFAULT_GRACE);
+        let c = &self.control.counters;
+        info!(
+            ticks = c.ticks,
+            accepted = c.samples_accepted,
+            rejected = c.samples_rejected.values().sum::<u64>(),
+            dropped = self.buffer.dropped.load(Ordering::Relaxed),
+            decisions = c.decisions,
+            "stopped"
+        );
+        Ok(())
+    }
+}
+
+/// Starts watching the policy file: the loop runs the file as it is now (an edit made
+/// since `load` included), and the board shows its text and hash.
+fn start_policy_watch(
+    path: &Path,
+    every_s: f64,
+    control: &mut ControlLoop,
+    board: &mut crate::http::Board,
+) -> Result<crate::reload::Reloader> {
+    let now = wall_clock();
+    let (reloader, policy, text) =
+        crate::reload::Reloader::start(path, every_s, control.site(), now)?;
+    control.set_policy(policy);
+    board.policy_text = text;
+    board.policy_status = reloader.status().clone();
+    Ok(reloader)
+}
