@@ -22,8 +22,6 @@ use workload::{Generated, Generator, Workload};
 /// Cooling electrical power per kW of heat removed (1 / coefficient of performance).
 const CRAH_KW_PER_KW: f64 = 0.25;
 const CDU_KW_PER_KW: f64 = 0.12;
-/// Extra inlet rise of a rack per kW it draws above its cooling unit's rack average.
-const RACK_SKEW_C_PER_KW: f64 = 0.15;
 
 /// The thermal model of the simulated facility, shared by the demo and the backtest:
 /// where each rack's inlet is heading for the racks' power draw (W), and the electrical
@@ -33,12 +31,26 @@ const RACK_SKEW_C_PER_KW: f64 = 0.15;
 /// Each unit's racks share its heat load: the inlet rises linearly with load up to the
 /// unit's capacity (`full_load_rise_c` at full capacity), faster above it
 /// (`overload_rise_c_per_kw`), and a rack drawing more than the unit's average sits
-/// hotter by `RACK_SKEW_C_PER_KW`. Inlets follow their target with the unit's time
+/// hotter by the unit's `rack_skew_c_per_kw`. Inlets follow their target with the unit's time
 /// constant (first-order lag).
 pub fn thermal_targets(
     site: &Site,
     rack_power_w: &[f64],
     capacity_factor: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    thermal_targets_by_unit(
+        site,
+        rack_power_w,
+        &vec![capacity_factor; site.cooling.len()],
+    )
+}
+
+/// [`thermal_targets`] with a capacity factor per cooling unit (a unit with a failed
+/// pump or a capacity drop has its own).
+pub fn thermal_targets_by_unit(
+    site: &Site,
+    rack_power_w: &[f64],
+    capacity_factor: &[f64],
 ) -> (Vec<f64>, Vec<f64>) {
     let mut target = vec![22.0; site.racks.len()];
     let mut cooling = vec![0.0; site.cooling.len()];
@@ -48,14 +60,15 @@ pub fn thermal_targets(
             .iter()
             .filter_map(|r| site.racks.iter().position(|x| &x.id == r))
             .collect();
-        let capacity_kw = (unit.capacity_kw * capacity_factor).max(1e-6);
+        let capacity_kw =
+            (unit.capacity_kw * capacity_factor.get(ci).copied().unwrap_or(1.0)).max(1e-6);
         let heat_kw: f64 = idx.iter().map(|&i| rack_power_w[i]).sum::<f64>() / 1000.0;
         let avg_kw = heat_kw / idx.len().max(1) as f64;
         let base = unit.supply_temp_c
             + unit.full_load_rise_c * heat_kw.min(capacity_kw) / capacity_kw
             + unit.overload_rise_c_per_kw * (heat_kw - capacity_kw).max(0.0);
         for &i in &idx {
-            target[i] = base + RACK_SKEW_C_PER_KW * (rack_power_w[i] / 1000.0 - avg_kw);
+            target[i] = base + unit.rack_skew_c_per_kw * (rack_power_w[i] / 1000.0 - avg_kw);
         }
         let per_kw = match unit.kind {
             telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
@@ -89,6 +102,46 @@ pub fn forecast(
         price: window(prices),
         carbon: window(carbon),
         stale: false,
+    }
+}
+
+/// A cooling fault the simulator injects: from `at_s` seconds into the run, the unit
+/// removes only `factor` of its capacity (a failed pump, a CDU capacity drop).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub unit: String,
+    pub at_s: f64,
+    pub factor: f64,
+}
+
+impl Fault {
+    /// What is left of a unit's capacity after one of its two pumps fails.
+    pub const PUMP_FAILURE_FACTOR: f64 = 0.5;
+
+    /// Parses `UNIT=FACTOR@MINUTES` or `UNIT=pump@MINUTES` (`crah-b=0.6@60`: from
+    /// minute 60, crah-b removes 60% of its capacity).
+    pub fn parse(s: &str, site: &Site) -> Result<Fault, String> {
+        let bad = || format!("fault {s:?}: expected UNIT=FACTOR@MINUTES or UNIT=pump@MINUTES");
+        let (unit, rest) = s.split_once('=').ok_or_else(bad)?;
+        let (what, at) = rest.split_once('@').ok_or_else(bad)?;
+        if !site.cooling.iter().any(|c| c.id == unit) {
+            return Err(format!("fault {s:?}: no cooling unit {unit:?} in the site"));
+        }
+        let factor = match what {
+            "pump" => Fault::PUMP_FAILURE_FACTOR,
+            f => f.parse::<f64>().map_err(|_| bad())?,
+        };
+        let minutes: f64 = at.parse().map_err(|_| bad())?;
+        if !(0.0..=1.0).contains(&factor) || !(minutes >= 0.0) {
+            return Err(format!(
+                "fault {s:?}: factor must be within 0..=1 and minutes not negative, got {factor} and {minutes}"
+            ));
+        }
+        Ok(Fault {
+            unit: unit.to_string(),
+            at_s: minutes * 60.0,
+            factor,
+        })
     }
 }
 
@@ -137,7 +190,9 @@ pub struct Facility {
     carbon: Series,
     gen: Generator,
     next_arrival: Timestamp,
+    start: Timestamp,
     now: Timestamp,
+    faults: Vec<Fault>,
     pub stats: SimStats,
 }
 
@@ -185,7 +240,9 @@ impl Facility {
             carbon,
             gen,
             next_arrival: start + first_gap,
+            start,
             now: start,
+            faults: Vec::new(),
             stats: SimStats::default(),
         };
         f.warm_start();
@@ -223,6 +280,35 @@ impl Facility {
 
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+
+    /// The facility with cooling faults to inject.
+    pub fn with_faults(mut self, faults: Vec<Fault>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Each cooling unit's share of its capacity now (faults in force).
+    fn capacity_factors(&self) -> Vec<f64> {
+        let at = self.now.secs_since(self.start);
+        self.site
+            .cooling
+            .iter()
+            .map(|u| {
+                self.faults
+                    .iter()
+                    .filter(|f| f.unit == u.id && f.at_s <= at)
+                    .map(|f| f.factor)
+                    .fold(1.0, f64::min)
+            })
+            .collect()
+    }
+
+    /// Power and inlets settled under the limits in force, as if the facility had run
+    /// under them for a while (a warm start under control).
+    pub fn settle(&mut self) {
+        self.update_power();
+        self.settle_thermal();
     }
 
     pub fn site(&self) -> &Site {
@@ -411,7 +497,8 @@ impl Facility {
 
     /// Where each rack's inlet is heading, and the cooling power spent.
     fn thermal_targets(&mut self) -> Vec<f64> {
-        let (target, cooling) = thermal_targets(&self.site, &self.rack_power_w, 1.0);
+        let factors = self.capacity_factors();
+        let (target, cooling) = thermal_targets_by_unit(&self.site, &self.rack_power_w, &factors);
         self.cooling_power_w = cooling;
         target
     }
@@ -491,6 +578,16 @@ impl Telemetry for Facility {
             src,
             &mut out,
         );
+        // what each cooling unit reports it can remove (its BMC's capacity reading)
+        for (unit, f) in self.site.cooling.iter().zip(self.capacity_factors()) {
+            out.push(Sample::new(
+                EntityId::new(EntityKind::Cooling, &unit.id),
+                COOLING_CAPACITY_KW,
+                unit.capacity_kw * f,
+                now,
+                src,
+            ));
+        }
         out
     }
 }
