@@ -139,6 +139,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                     prior,
                     &prior_caps,
                     &policy.thermal,
+                    policy.price.margin_s,
                     now,
                 );
                 next.thermal_models = o.fits;

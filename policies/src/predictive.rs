@@ -144,16 +144,23 @@ fn rack_loads(
 }
 
 /// GPUs of the queued jobs that may start within `horizon_s`: pending and not held, or
-/// held with a hold that ends within the horizon.
-fn queued_gpus(jobs: &[Job], prior: &State, now: Timestamp, horizon_s: f64) -> usize {
+/// held with a hold that must end within the horizon (the job's latest start, less the
+/// price rule's `release_margin_s`, falls in it). A hold's lease is renewed every tick,
+/// so it is not taken for its end.
+fn queued_gpus(
+    jobs: &[Job],
+    prior: &State,
+    now: Timestamp,
+    horizon_s: f64,
+    release_margin_s: f64,
+) -> usize {
+    let ends_soon = |j: &Job| {
+        j.latest_start()
+            .is_some_and(|t| t + -release_margin_s <= now + horizon_s)
+    };
     jobs.iter()
         .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
-        .filter(|j| {
-            prior
-                .holds
-                .get(&j.id)
-                .is_none_or(|h| h.lease_until <= now + horizon_s)
-        })
+        .filter(|j| !prior.holds.contains_key(&j.id) || ends_soon(j))
         .map(|j| j.gpus as usize)
         .sum()
 }
@@ -242,16 +249,37 @@ pub fn evaluate(
     prior: &State,
     prior_caps: &[Option<&Cap>],
     rule: &ThermalRule,
+    release_margin_s: f64,
     now: Timestamp,
 ) -> Outcome {
     let loads = rack_loads(index, snapshot, jobs, prior_caps, now);
     let mut out = Outcome::default();
+    let ctx = UnitInputs {
+        site,
+        loads: &loads,
+        snapshot,
+        jobs,
+        prior,
+        rule,
+        release_margin_s,
+        now,
+    };
     for unit in &site.cooling {
-        unit_evaluate(
-            site, unit, &loads, snapshot, jobs, prior, rule, now, &mut out,
-        );
+        unit_evaluate(&ctx, unit, &mut out);
     }
     out
+}
+
+/// What every cooling unit's evaluation looks at.
+struct UnitInputs<'a> {
+    site: &'a Site,
+    loads: &'a [RackLoad],
+    snapshot: &'a Snapshot,
+    jobs: &'a [Job],
+    prior: &'a State,
+    rule: &'a ThermalRule,
+    release_margin_s: f64,
+    now: Timestamp,
 }
 
 /// The fitted model of each rack of `unit`, updated with this tick's readings.
@@ -304,21 +332,20 @@ fn rack_views(
     (views, capacity_kw)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn unit_evaluate(
-    site: &Site,
-    unit: &CoolingUnit,
-    loads: &[RackLoad],
-    snapshot: &Snapshot,
-    jobs: &[Job],
-    prior: &State,
-    rule: &ThermalRule,
-    now: Timestamp,
-    out: &mut Outcome,
-) {
+fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome) {
+    let UnitInputs {
+        site,
+        loads,
+        snapshot,
+        jobs,
+        prior,
+        rule,
+        release_margin_s,
+        now,
+    } = *inputs;
     let (views, capacity_kw) = rack_views(site, unit, loads, snapshot, prior, rule, now, out);
     let horizon_s = rule.horizon_tau * unit.time_constant_s;
-    let queued = queued_gpus(jobs, prior, now, horizon_s);
+    let queued = queued_gpus(jobs, prior, now, horizon_s, release_margin_s);
     let step = rule.step_pct / 100.0;
     let fits = |f: f64, slack: f64| {
         predictions(loads, &views, f, queued, horizon_s)
