@@ -6,7 +6,7 @@
 //! these hashes in the same commit and says why.
 //!
 //! The demo runs here as it ran then: the reactive thermal controller (the demo policy
-//! with `[thermal] mode = "reactive"`, orchestrator/tests/fixtures/demo-reactive-policy.toml)
+//! with `[thermal] mode = "reactive"`, examples/demo/policy-reactive.toml)
 //! and the facility started uncapped (`--uncontrolled-start`). The predictive controller,
 //! the default since, changes these outputs on purpose; its figures are in
 //! docs/performance.md (scripts/thermal-bench). The backtest likewise runs its fixture
@@ -77,7 +77,7 @@ fn the_demo_writes_the_same_audit_log_and_report_as_before_the_rebuild() {
             out.as_os_str(),
             "--policy".as_ref(),
             root()
-                .join("orchestrator/tests/fixtures/demo-reactive-policy.toml")
+                .join("examples/demo/policy-reactive.toml")
                 .as_os_str(),
             "--uncontrolled-start".as_ref(),
         ]);

@@ -502,7 +502,10 @@ fn rack_step(
             fraction: target,
             since: now,
         };
-        let values = ctx.values(target, rule, fit.as_ref());
+        let mut values = ctx.values(target, rule, fit.as_ref());
+        if let Some(p) = ctx.values(fraction, rule, None).get("predicted_peak_c") {
+            values.insert("predicted_peak_unchanged_c".into(), *p);
+        }
         let reason = if why.is_empty() {
             format!(
                 "predicted inlet {:.1} °C within {:.0} s at the current load, against limit {:.1} °C − margin {:.1} °C",
