@@ -150,15 +150,16 @@ pub fn update(
     now: Timestamp,
 ) -> RackFit {
     let Some(old) = fit else {
-        return RackFit::prior(unit, now, inlet_c);
+        return persistable(RackFit::prior(unit, now, inlet_c));
     };
     let mut f = old.clone();
     f.last_at = now;
     f.last_inlet_c = inlet_c;
+    let f0 = persistable(f.clone());
     let dt = now.secs_since(old.last_at);
     let k = 1.0 - (-dt / params.tau_s).exp();
     if dt <= 0.0 || dt > params.tau_s || k < 0.01 {
-        return f;
+        return f0;
     }
     // the fit's own one-tick error, for its quality
     let own = params.with_fit(old);
@@ -189,7 +190,21 @@ pub fn update(
         cap((p11 - k1 * g1) / FORGET),
     ];
     f.samples = old.samples.saturating_add(1);
-    f
+    persistable(f)
+}
+
+/// The fit with every value rounded to 1e-9: numbers of at most 15 significant digits
+/// come back from the store's JSON bit for bit, so a restart resumes the same fit.
+fn persistable(f: RackFit) -> RackFit {
+    let r = |x: f64| (x * 1e9).round() / 1e9;
+    RackFit {
+        offset_c: r(f.offset_c),
+        rise_c: r(f.rise_c),
+        cov: f.cov.map(r),
+        rms_c: r(f.rms_c),
+        last_inlet_c: r(f.last_inlet_c),
+        ..f
+    }
 }
 
 #[cfg(test)]
