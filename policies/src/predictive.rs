@@ -284,15 +284,19 @@ struct UnitInputs<'a> {
 
 /// The fitted model of each rack of `unit`, updated with this tick's readings.
 fn rack_views(
-    site: &Site,
+    inputs: &UnitInputs<'_>,
     unit: &CoolingUnit,
-    loads: &[RackLoad],
-    snapshot: &Snapshot,
-    prior: &State,
-    rule: &ThermalRule,
-    now: Timestamp,
     out: &mut Outcome,
 ) -> (Vec<RackView>, f64) {
+    let UnitInputs {
+        site,
+        loads,
+        snapshot,
+        prior,
+        rule,
+        now,
+        ..
+    } = *inputs;
     let cooling = EntityId::new(EntityKind::Cooling, &unit.id);
     let capacity_kw = snapshot
         .observe(&cooling, COOLING_CAPACITY_KW, now)
@@ -343,7 +347,7 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
         release_margin_s,
         now,
     } = *inputs;
-    let (views, capacity_kw) = rack_views(site, unit, loads, snapshot, prior, rule, now, out);
+    let (views, capacity_kw) = rack_views(inputs, unit, out);
     let horizon_s = rule.horizon_tau * unit.time_constant_s;
     let queued = queued_gpus(jobs, prior, now, horizon_s, release_margin_s);
     let step = rule.step_pct / 100.0;
@@ -366,10 +370,9 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
         .find(|&f| fits(f, rule.release_below_c))
         .unwrap_or(0.0);
     let signals = unit_state(unit, snapshot, rule, now);
-    for (vi, v) in views.iter().enumerate() {
+    for vi in 0..views.len() {
         let ctx = RackCtx {
             site,
-            unit,
             loads,
             views: &views,
             vi,
@@ -378,14 +381,12 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
             capacity_kw,
         };
         rack_step(&ctx, prior, rule, &signals, (wanted, liftable), now, out);
-        let _ = v;
     }
 }
 
 /// Everything one rack's step looks at.
 struct RackCtx<'a> {
     site: &'a Site,
-    unit: &'a CoolingUnit,
     loads: &'a [RackLoad],
     views: &'a [RackView],
     vi: usize,
@@ -555,7 +556,6 @@ fn rack_step(
             since: now,
         };
     }
-    let _ = ctx.unit;
     if next.fraction < 1.0 - 1e-9 {
         out.levels.insert(rack.id.clone(), next);
     }

@@ -132,7 +132,7 @@ impl Fault {
             f => f.parse::<f64>().map_err(|_| bad())?,
         };
         let minutes: f64 = at.parse().map_err(|_| bad())?;
-        if !(0.0..=1.0).contains(&factor) || !(minutes >= 0.0) {
+        if !(0.0..=1.0).contains(&factor) || !(0.0..=1e6).contains(&minutes) {
             return Err(format!(
                 "fault {s:?}: factor must be within 0..=1 and minutes not negative, got {factor} and {minutes}"
             ));
