@@ -293,3 +293,64 @@ impl Scenario {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAULTS: &str = r#"
+[heat_wave]
+start = "2024-08-12T00:00:00Z"
+days = 3
+cooling_drop = 0.30
+[[cooling_fault]]
+unit = "cdu-1"
+start = "2024-08-13T00:00:00Z"
+hours = 6
+pump_failure = true
+[[cooling_fault]]
+unit = "crah-b"
+start = "2024-08-20T00:00:00Z"
+hours = 2
+capacity = 0.6
+"#;
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse_rfc3339(s).expect("time")
+    }
+
+    #[test]
+    fn cooling_faults_take_their_units_capacity_for_their_hours_on_top_of_a_heat_wave() {
+        let s = Scenario::parse("s.toml", FAULTS).expect("scenario");
+        let units = ["cdu-1".to_string(), "crah-b".to_string()];
+        let f = |t: &str| s.unit_factors(&units, at(t));
+        assert_eq!(f("2024-08-11T23:00:00Z"), vec![1.0, 1.0]);
+        assert_eq!(f("2024-08-12T12:00:00Z"), vec![0.7, 0.7], "the heat wave");
+        let both = f("2024-08-13T03:00:00Z");
+        assert!(
+            (both[0] - 0.35).abs() < 1e-12,
+            "pump failure in the heat wave: {both:?}"
+        );
+        assert_eq!(
+            f("2024-08-13T06:00:00Z")[0],
+            0.7,
+            "the pump is back after 6 h"
+        );
+        assert_eq!(f("2024-08-20T01:00:00Z"), vec![1.0, 0.6]);
+        assert_eq!(f("2024-08-20T02:00:00Z"), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn a_cooling_fault_needs_one_of_capacity_or_pump_failure() {
+        let both = "[[cooling_fault]]\nunit = \"c\"\nstart = \"2024-08-13T00:00:00Z\"\nhours = 1\ncapacity = 0.5\npump_failure = true\n";
+        let neither =
+            "[[cooling_fault]]\nunit = \"c\"\nstart = \"2024-08-13T00:00:00Z\"\nhours = 1\n";
+        for text in [both, neither] {
+            let e = Scenario::parse("s.toml", text).expect_err("refused");
+            assert!(
+                format!("{e:#}").contains("cooling_fault c: give capacity"),
+                "{e:#}"
+            );
+        }
+    }
+}

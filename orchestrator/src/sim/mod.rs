@@ -813,6 +813,50 @@ mod tests {
     }
 
     #[test]
+    fn a_cooling_fault_is_reported_as_capacity_and_heats_the_racks_it_cools() {
+        let site = Site::parse("site.toml", SITE).expect("site");
+        assert!(
+            Fault::parse("crah-z=0.5@10", &site).is_err(),
+            "no such unit"
+        );
+        assert!(
+            Fault::parse("crah-b=1.5@10", &site).is_err(),
+            "factor over 1"
+        );
+        assert!(Fault::parse("crah-b@10", &site).is_err(), "no factor");
+        let pump = Fault::parse("crah-b=pump@1", &site).expect("pump");
+        assert_eq!((pump.factor, pump.at_s), (Fault::PUMP_FAILURE_FACTOR, 60.0));
+        let run = |faults: Vec<Fault>| {
+            let mut f = facility().with_faults(faults);
+            for _ in 0..40 {
+                f.step(15.0);
+            }
+            let capacity = f
+                .poll(f.now())
+                .into_iter()
+                .find(|s| {
+                    s.entity == EntityId::new(EntityKind::Cooling, "crah-b")
+                        && s.metric.as_str() == COOLING_CAPACITY_KW
+                })
+                .map(|s| s.value);
+            (f.inlet_c().to_vec(), capacity)
+        };
+        let (calm, cap_calm) = run(Vec::new());
+        let (hot, cap_hot) = run(vec![pump]);
+        assert_eq!((cap_calm, cap_hot), (Some(16.0), Some(8.0)));
+        // a01..a03 are cooled by crah-a, b01..b03 by crah-b
+        assert_eq!(calm[..3], hot[..3], "crah-a's racks are untouched");
+        for i in 3..6 {
+            assert!(
+                hot[i] > calm[i] + 1.0,
+                "rack {i}: {} -> {}",
+                calm[i],
+                hot[i]
+            );
+        }
+    }
+
+    #[test]
     fn the_same_seed_gives_the_same_world() {
         let run = || {
             let mut f = facility();
