@@ -455,42 +455,20 @@ fn rack_step(
 ) {
     let v = &ctx.views[ctx.vi];
     let rack = &ctx.site.racks[v.rack];
-    let step = rule.step_pct / 100.0;
     let prev = prior.thermal.get(&rack.id);
     let fraction = prev.map_or(1.0, |p| p.fraction);
     let since = prev.map_or(now, |p| p.since);
     let held_s = now.secs_since(since);
     let may_step = prev.is_none() || held_s >= rule.step_interval_s;
-    let mut target = wanted;
-    let mut why = String::new();
-    let mut may_relax = signals.cool;
-    match v.inlet_c {
-        Some(t) if t > rack.inlet_limit_c && may_step => {
-            target = target.min(fraction - step);
-            why = format!(
-                "inlet {t:.1} °C over its limit {:.1} °C",
-                rack.inlet_limit_c
-            );
-        }
-        Some(_) => {}
-        None => match rule.on_stale {
-            OnStale::AssumeWorst if may_step => {
-                target = target.min(fraction - step);
-                why = "inlet reading stale or missing: assuming the worst".into();
-            }
-            OnStale::AssumeWorst | OnStale::HoldLast => may_relax = false,
-            OnStale::Ignore => {}
-        },
-    }
-    if let (Some(h), true) = (&signals.hot, may_step) {
-        target = target.min(fraction - step);
-        why = if why.is_empty() {
-            h.clone()
-        } else {
-            format!("{why}; {h}")
-        };
-    }
-    let target = target.max(0.0);
+    let (target, why, may_relax) = backstops(
+        v.inlet_c,
+        rack.inlet_limit_c,
+        fraction,
+        wanted,
+        may_step,
+        rule,
+        signals,
+    );
     let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
     let release = format!(
         "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
@@ -504,19 +482,16 @@ fn rack_step(
             since: now,
         };
         let mut values = ctx.values(target, rule, fit.as_ref());
-        if let Some(p) = ctx.values(fraction, rule, None).get("predicted_peak_c") {
-            values.insert("predicted_peak_unchanged_c".into(), *p);
-        }
+        let unchanged = ctx
+            .values(fraction, rule, None)
+            .get("predicted_peak_c")
+            .copied()
+            .unwrap_or(f64::NAN);
+        values.insert("predicted_peak_unchanged_c".into(), unchanged);
         let reason = if why.is_empty() {
             format!(
-                "predicted inlet {:.1} °C within {:.0} s at the current load, against limit {:.1} °C − margin {:.1} °C",
-                ctx.values(fraction, rule, None)
-                    .get("predicted_peak_c")
-                    .copied()
-                    .unwrap_or(f64::NAN),
-                ctx.horizon_s,
-                rack.inlet_limit_c,
-                rule.margin_c
+                "predicted inlet {unchanged:.1} °C within {:.0} s at the current load, against limit {:.1} °C − margin {:.1} °C",
+                ctx.horizon_s, rack.inlet_limit_c, rule.margin_c
             )
         } else {
             why
@@ -533,7 +508,7 @@ fn rack_step(
         && liftable > fraction + 1e-9
         && held_s >= rule.min_hold_s.max(rule.step_interval_s)
     {
-        let f = liftable.min(fraction + step).min(1.0);
+        let f = liftable.min(fraction + rule.step_pct / 100.0).min(1.0);
         let values = ctx.values(f, rule, fit.as_ref());
         let peak = values.get("predicted_peak_c").copied().unwrap_or(f64::NAN);
         let reason = if f >= 1.0 - 1e-9 {
@@ -559,6 +534,48 @@ fn rack_step(
     if next.fraction < 1.0 - 1e-9 {
         out.levels.insert(rack.id.clone(), next);
     }
+}
+
+/// The reactive backstops on top of the prediction: a reading over its limit, a stale
+/// reading (`on_stale`) and a cooling unit short of headroom. Returns the level wanted,
+/// why (empty: the prediction alone) and whether the cap may lift.
+fn backstops(
+    inlet_c: Option<f64>,
+    limit_c: f64,
+    fraction: f64,
+    wanted: f64,
+    may_step: bool,
+    rule: &ThermalRule,
+    signals: &crate::thermal::UnitState,
+) -> (f64, String, bool) {
+    let step = rule.step_pct / 100.0;
+    let mut target = wanted;
+    let mut why = String::new();
+    let mut may_relax = signals.cool;
+    match inlet_c {
+        Some(t) if t > limit_c && may_step => {
+            target = target.min(fraction - step);
+            why = format!("inlet {t:.1} °C over its limit {limit_c:.1} °C");
+        }
+        Some(_) => {}
+        None => match rule.on_stale {
+            OnStale::AssumeWorst if may_step => {
+                target = target.min(fraction - step);
+                why = "inlet reading stale or missing: assuming the worst".into();
+            }
+            OnStale::AssumeWorst | OnStale::HoldLast => may_relax = false,
+            OnStale::Ignore => {}
+        },
+    }
+    if let (Some(h), true) = (&signals.hot, may_step) {
+        target = target.min(fraction - step);
+        why = if why.is_empty() {
+            h.clone()
+        } else {
+            format!("{why}; {h}")
+        };
+    }
+    (target.max(0.0), why, may_relax)
 }
 
 #[cfg(test)]
