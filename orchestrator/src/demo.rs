@@ -64,6 +64,12 @@ pub struct DemoConfig {
     pub policy: Input,
     pub prices: Input,
     pub start: Timestamp,
+    /// Cooling faults to inject (`--fault`).
+    pub faults: Vec<crate::sim::Fault>,
+    /// Start from the facility as it was before powerplane acted (inlets and power
+    /// settled with no caps): the demo before predictive control. Otherwise the
+    /// facility is settled under the first tick's plan.
+    pub uncontrolled_start: bool,
 }
 
 /// The facility at one tick.
@@ -138,7 +144,8 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
         Workload::default(),
         cfg.seed,
         cfg.start,
-    );
+    )
+    .with_faults(cfg.faults.clone());
 
     let ticks = (f64::from(cfg.minutes) * 60.0 / cfg.tick_s).round() as u64;
     let mut points = Vec::with_capacity(ticks as usize + 1);
@@ -157,6 +164,9 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
             writeln!(progress, "warning: store: {e}")?;
         }
         decisions.extend(report.decisions);
+        if i == 0 && !cfg.uncontrolled_start {
+            fac.settle();
+        }
         let p = point(&fac, &control, now);
         let elapsed_min = now.secs_since(cfg.start) / 60.0;
         if elapsed_min >= next_note || i == ticks {
@@ -421,6 +431,11 @@ impl Summary {
                 self.sim.jobs_finished,
                 self.sim.deadline_misses
             ),
+        );
+        row(
+            &mut s,
+            "work delivered",
+            format!("{:.2} GPU-hours", self.sim.work_gpu_s / 3600.0),
         );
         row(
             &mut s,

@@ -48,6 +48,15 @@ enum Command {
         /// Simulated start time, RFC 3339.
         #[arg(long, default_value = demo::DEFAULT_START)]
         start: String,
+        /// A cooling fault to inject, repeatable: UNIT=FACTOR@MINUTES (from that minute
+        /// the unit removes only FACTOR of its capacity) or UNIT=pump@MINUTES (a failed
+        /// pump: half its capacity).
+        #[arg(long = "fault")]
+        faults: Vec<String>,
+        /// Start from the facility as it was with no caps (inlets and power settled
+        /// uncapped) instead of settled under the first tick's plan.
+        #[arg(long)]
+        uncontrolled_start: bool,
     },
     /// Replay a job trace with real prices under the policy and a no-policy baseline.
     Backtest(orchestrator::backtest::cli::Args),
@@ -232,7 +241,22 @@ fn main() -> ExitCode {
             policy,
             prices,
             start,
-        } => run_demo(minutes, out, seed, tick_s, site, policy, prices, &start),
+            faults,
+            uncontrolled_start,
+        } => run_demo(
+            DemoArgs {
+                minutes,
+                out,
+                seed,
+                tick_s,
+                site,
+                policy,
+                prices,
+                faults,
+                uncontrolled_start,
+            },
+            &start,
+        ),
         Command::Site {
             command: SiteCommand::Check { files },
         } => check(&files, |name, text| {
@@ -605,8 +629,8 @@ fn finish_probe(args: orchestrator::probe::ProbeArgs, json: bool) -> Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_demo(
+/// The demo's command line, as given.
+struct DemoArgs {
     minutes: u32,
     out: PathBuf,
     seed: u64,
@@ -614,8 +638,22 @@ fn run_demo(
     site: Option<PathBuf>,
     policy: Option<PathBuf>,
     prices: Option<PathBuf>,
-    start: &str,
-) -> Result<ExitCode> {
+    faults: Vec<String>,
+    uncontrolled_start: bool,
+}
+
+fn run_demo(args: DemoArgs, start: &str) -> Result<ExitCode> {
+    let DemoArgs {
+        minutes,
+        out,
+        seed,
+        tick_s,
+        site,
+        policy,
+        prices,
+        faults,
+        uncontrolled_start,
+    } = args;
     anyhow::ensure!(
         (1.0..=3600.0).contains(&tick_s),
         "--tick-s must be within 1..=3600, got {tick_s}"
@@ -627,11 +665,20 @@ fn run_demo(
     let load = |p: Option<PathBuf>, name: &str, text: &str| {
         p.map_or_else(|| Ok(Input::builtin(name, text)), |p| Input::read(&p))
     };
+    let site = load(site, "examples/demo/site.toml", demo::DEFAULT_SITE)?;
+    let parsed = Site::parse(&site.name, &site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let faults = faults
+        .iter()
+        .map(|f| orchestrator::sim::Fault::parse(f, &parsed))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--fault: {e}"))?;
     let cfg = DemoConfig {
         minutes,
         seed,
         tick_s,
-        site: load(site, "examples/demo/site.toml", demo::DEFAULT_SITE)?,
+        site,
+        faults,
+        uncontrolled_start,
         policy: load(policy, "examples/demo/policy.toml", demo::DEFAULT_POLICY)?,
         prices: load(prices, "examples/demo/prices.csv", demo::DEFAULT_PRICES)?,
         start: Timestamp::parse_rfc3339(start)

@@ -105,10 +105,30 @@ fn the_demo_writes_its_reports_and_an_audit_log_with_reasons() {
         .iter()
         .find(|r| r["rule"] == "thermal.inlet")
         .expect("a thermal cap");
+    // predictive (the default): the cap comes before the limit is crossed, because the
+    // inlet predicted at the level in force would pass limit − margin
+    let v = |k: &str| {
+        thermal["values"][k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} in {thermal}"))
+    };
+    assert!(v("inlet_temp_c") <= v("limit_c"), "{thermal}");
     assert!(
-        thermal["values"]["inlet_temp_c"].as_f64().expect("inlet")
-            > thermal["values"]["limit_c"].as_f64().expect("limit")
+        v("predicted_peak_unchanged_c") > v("limit_c") - v("margin_c"),
+        "{thermal}"
     );
+    assert!(
+        v("predicted_peak_c") <= v("limit_c") - v("margin_c"),
+        "{thermal}"
+    );
+    for k in [
+        "predicted_peak_in_s",
+        "model_tau_s",
+        "model_rise_c",
+        "model_fitted",
+    ] {
+        v(k);
+    }
     let budget = caps
         .iter()
         .find(|r| r["rule"].as_str().is_some_and(|s| s.starts_with("budget.")))

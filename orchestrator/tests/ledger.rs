@@ -22,6 +22,8 @@ fn the_ledger_conserves_the_simulated_facility_energy_within_half_a_percent() {
         prices: Input::builtin("prices.csv", demo::DEFAULT_PRICES),
         start: Timestamp::parse_rfc3339("2024-06-03T06:00:00+02:00").expect("start"),
         out: dir.path().to_path_buf(),
+        faults: Vec::new(),
+        uncontrolled_start: false,
     };
     let summary = demo::run(&cfg, &mut std::io::sink()).expect("demo");
     let mut store = Store::new(Box::new(

@@ -35,7 +35,9 @@ fn run(args: &[&str]) -> Output {
 }
 
 const SITE: &str = "examples/demo/site.toml";
-const POLICY: &str = "examples/demo/policy.toml";
+/// The demo policy with the reactive thermal rule: the explain and diff cases below pin
+/// its 10% steps (the predictive rule's explanation has a case of its own).
+const POLICY: &str = "examples/demo/policy-reactive.toml";
 const SNAPSHOT: &str = "examples/policies/inputs/snapshot.toml";
 const JOBS: &str = "examples/policies/inputs/jobs.toml";
 
@@ -264,6 +266,36 @@ fn explain_names_each_decision_its_values_and_what_is_in_force() {
     let next: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(next["at"], "2026-01-05T18:02:00Z");
     assert_eq!(next["caps_by_rack"][0]["watts"], 240.0, "{next}");
+}
+
+#[test]
+fn explain_shows_a_predictive_cap_with_its_prediction_and_model() {
+    let out = run(&[
+        "policy",
+        "explain",
+        "--policy",
+        "examples/demo/policy.toml",
+        "--site",
+        SITE,
+        "--snapshot",
+        SNAPSHOT,
+        "--jobs",
+        JOBS,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for want in [
+        "thermal.inlet    cap at",
+        "predicted inlet",
+        "against limit 32.0 °C − margin 0.5 °C",
+        "predicted_peak_c = ",
+        "predicted_peak_in_s = ",
+        "model_rise_c = ",
+        "model_fitted = 0",
+        "margin_c = 0.5",
+    ] {
+        assert!(stdout.contains(want), "explain lacks {want:?}:\n{stdout}");
+    }
 }
 
 #[test]

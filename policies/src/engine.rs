@@ -13,6 +13,8 @@ use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 use crate::budget::{self, ScopeView};
 use crate::plan::ClockLock;
 use crate::plan::{Action, Cap, Decision, Hold, Plan, State, Target};
+use crate::policy::ThermalMode;
+use crate::predictive;
 use crate::price::{self, Verdict};
 use crate::rules::Rule;
 use crate::rules_eval;
@@ -126,7 +128,24 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         }
     }
     if policy.thermal.enabled {
-        let (levels, steps) = thermal::evaluate(site, snapshot, prior, &policy.thermal, now);
+        let (levels, steps) = match policy.thermal.mode {
+            ThermalMode::Reactive => thermal::evaluate(site, snapshot, prior, &policy.thermal, now),
+            ThermalMode::Predictive => {
+                let o = predictive::evaluate(
+                    site,
+                    &index,
+                    snapshot,
+                    jobs,
+                    prior,
+                    &prior_caps,
+                    &policy.thermal,
+                    policy.price.margin_s,
+                    now,
+                );
+                next.thermal_models = o.fits;
+                (o.levels, o.steps)
+            }
+        };
         let target = if policy.thermal.observe {
             &mut observe
         } else {

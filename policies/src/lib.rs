@@ -8,7 +8,10 @@
 //! - [`engine`]: [`evaluate`], which runs the rules below in order and merges them, the
 //!   most protective cap winning.
 //! - [`budget`]: facility and rack power budgets, cut by water-filling in priority order.
-//! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis.
+//! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis
+//!   (the reactive mode).
+//! - [`thermal_model`] and [`predictive`]: a fitted first-order model of each rack's
+//!   inlet, and caps that keep its predicted peak under the limit (the default mode).
 //! - [`index`]: the site seen as scopes, built once per evaluation.
 //! - [`forecast`]: price and carbon forecasts and their window statistics.
 //! - [`planner`]: when deferrable jobs should start, in the cheapest forecast slots
@@ -29,10 +32,12 @@ pub mod index;
 pub mod plan;
 pub mod planner;
 pub mod policy;
+pub mod predictive;
 pub mod price;
 pub mod rules;
 pub mod rules_eval;
 pub mod thermal;
+pub mod thermal_model;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};

@@ -89,6 +89,9 @@ pub struct State {
     /// Each rule's memory per target: `rule name` → `target` → memory.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rules: BTreeMap<String, BTreeMap<String, RuleMemory>>,
+    /// The predictive thermal rule's fitted model per rack id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub thermal_models: BTreeMap<String, crate::thermal_model::RackFit>,
 }
 
 /// What a decision is about. In JSON its fields sit in the decision itself:

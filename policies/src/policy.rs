@@ -90,6 +90,16 @@ impl Default for BudgetRule {
 #[serde(deny_unknown_fields, default)]
 pub struct ThermalRule {
     pub enabled: bool,
+    /// `predictive` (the default): cap before the limit is crossed, from a thermal
+    /// model's prediction; `reactive`: step caps once a limit is crossed.
+    pub mode: ThermalMode,
+    /// Predictive: the predicted peak inlet is kept at least this far under the limit.
+    pub margin_c: f64,
+    /// Predictive: how far ahead to predict, in time constants of the rack's cooling unit.
+    pub horizon_tau: f64,
+    /// Predictive: a fitted model whose one-tick error (RMS) is above this falls back
+    /// to the site file's prior.
+    pub fit_max_rms_c: f64,
     /// How much the rack's GPU cap falls per step, in % of the GPU's default limit.
     pub step_pct: f64,
     /// Time between two steps (tighten or relax).
@@ -116,6 +126,10 @@ impl Default for ThermalRule {
     fn default() -> Self {
         ThermalRule {
             enabled: true,
+            mode: ThermalMode::Predictive,
+            margin_c: 0.5,
+            horizon_tau: 3.0,
+            fit_max_rms_c: 0.3,
             step_pct: 10.0,
             step_interval_s: 120.0,
             release_below_c: 1.5,
@@ -129,6 +143,18 @@ impl Default for ThermalRule {
             observe: false,
         }
     }
+}
+
+/// How the thermal rule decides when to cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThermalMode {
+    /// Step caps down once an inlet (or a cooling unit's signal) is over its limit.
+    Reactive,
+    /// Cap before the limit: keep the inlet predicted over the horizon under
+    /// limit − `margin_c` (see `thermal_model`).
+    #[default]
+    Predictive,
 }
 
 /// How the price rule decides when a deferrable job may start.
@@ -405,6 +431,33 @@ impl Policy {
                 );
             }
         }
+        check(
+            (0.0..=10.0).contains(&t.margin_c),
+            &pos.thermal,
+            "margin_c",
+            format!(
+                "thermal: margin_c must be within 0..=10, got {}",
+                t.margin_c
+            ),
+        );
+        check(
+            (0.5..=20.0).contains(&t.horizon_tau),
+            &pos.thermal,
+            "horizon_tau",
+            format!(
+                "thermal: horizon_tau must be within 0.5..=20, got {}",
+                t.horizon_tau
+            ),
+        );
+        check(
+            t.fit_max_rms_c > 0.0 && t.fit_max_rms_c <= 10.0,
+            &pos.thermal,
+            "fit_max_rms_c",
+            format!(
+                "thermal: fit_max_rms_c must be within 0..=10, got {}",
+                t.fit_max_rms_c
+            ),
+        );
         check(
             t.lease_s >= 10.0,
             &pos.thermal,

@@ -29,9 +29,9 @@ pub struct Step {
 /// What a cooling unit's signals say: short of headroom (with why), recovered, or
 /// neither.
 #[derive(Debug, Clone, Default)]
-struct UnitState {
-    hot: Option<String>,
-    cool: bool,
+pub(crate) struct UnitState {
+    pub(crate) hot: Option<String>,
+    pub(crate) cool: bool,
     values: BTreeMap<String, f64>,
     release: Vec<String>,
 }
@@ -39,7 +39,7 @@ struct UnitState {
 /// Checks a cooling unit's supply and return temperatures and heat load against the
 /// rule's limits. A signal the unit never reported is not checked; one that went
 /// stale follows `on_stale`.
-fn unit_state(
+pub(crate) fn unit_state(
     unit: &telemetry::site::CoolingUnit,
     snapshot: &Snapshot,
     rule: &ThermalRule,

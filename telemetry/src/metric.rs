@@ -69,6 +69,7 @@ pub mod names {
     pub const SUPPLY_TEMP_C: &str = "supply_temp_c";
     pub const RETURN_TEMP_C: &str = "return_temp_c";
     pub const HEAT_LOAD_KW: &str = "heat_load_kw";
+    pub const COOLING_CAPACITY_KW: &str = "cooling_capacity_kw";
     pub const COOLING_POWER_W: &str = "cooling_power_w";
     pub const FLOW_LPM: &str = "flow_lpm";
     pub const PRESSURE_KPA: &str = "pressure_kpa";
@@ -161,6 +162,14 @@ const SPECS: &[MetricSpec] = &[
         max: 100_000.0,
         freshness_s: 60.0,
         help: "heat removed by a cooling unit",
+    },
+    MetricSpec {
+        name: names::COOLING_CAPACITY_KW,
+        unit: "kW",
+        min: 0.0,
+        max: 100_000.0,
+        freshness_s: 60.0,
+        help: "heat a cooling unit can remove now (lower after a pump or fan fault)",
     },
     MetricSpec {
         name: names::COOLING_POWER_W,

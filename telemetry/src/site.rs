@@ -110,6 +110,8 @@ pub struct CoolingUnit {
     pub overload_rise_c_per_kw: f64,
     /// How fast inlets follow a change of load.
     pub time_constant_s: f64,
+    /// Extra inlet rise of a rack per kW it draws above the unit's rack average.
+    pub rack_skew_c_per_kw: f64,
     pub racks: Vec<String>,
 }
 

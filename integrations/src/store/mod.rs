@@ -173,6 +173,7 @@ const OBSERVED_HOLDS: &str = "observed_holds";
 const CLOCKS: &str = "clocks";
 const SUSPENDED: &str = "suspended";
 const RULES: &str = "rules";
+const THERMAL_MODELS: &str = "thermal_models";
 
 /// A batch under construction, with typed helpers.
 #[derive(Debug, Clone, Default)]
@@ -220,6 +221,7 @@ impl Tx {
         self.diff(CLOCKS, &prior.clocks, &next.clocks);
         self.diff(SUSPENDED, &prior.suspended, &next.suspended);
         self.diff(RULES, &prior.rules, &next.rules);
+        self.diff(THERMAL_MODELS, &prior.thermal_models, &next.thermal_models);
         self
     }
 
@@ -394,6 +396,7 @@ impl Store {
             clocks: self.entities::<policies::ClockLock>(CLOCKS)?,
             suspended: self.keyed::<Hold>(SUSPENDED)?,
             rules: self.keyed(RULES)?,
+            thermal_models: self.keyed(THERMAL_MODELS)?,
         })
     }
 

@@ -125,7 +125,8 @@ pub struct Facility {
     carbon: Series,
     /// The facility's limit (the contract, or the feeds' usable capacity).
     budget_kw: f64,
-    cooling_factor: Box<dyn Fn(Timestamp) -> f64>,
+    /// Each cooling unit's share of its capacity at a time.
+    cooling_factor: Box<dyn Fn(Timestamp) -> Vec<f64>>,
     now: Timestamp,
     start: Timestamp,
     pub totals: Totals,
@@ -141,7 +142,7 @@ impl Facility {
         carbon: Series,
         mut jobs: Vec<SimJob>,
         budget_kw: f64,
-        cooling_factor: Box<dyn Fn(Timestamp) -> f64>,
+        cooling_factor: Box<dyn Fn(Timestamp) -> Vec<f64>>,
         start: Timestamp,
     ) -> Self {
         jobs.sort_by(|a, b| (a.job.submit_time, &a.job.id).cmp(&(b.job.submit_time, &b.job.id)));
@@ -211,8 +212,11 @@ impl Facility {
         };
         f.arrive(start);
         f.update_power();
-        let (target, cooling) =
-            crate::sim::thermal_targets(&f.site, &f.rack_power_w, (f.cooling_factor)(start));
+        let (target, cooling) = crate::sim::thermal_targets_by_unit(
+            &f.site,
+            &f.rack_power_w,
+            &(f.cooling_factor)(start),
+        );
         f.inlet_c = target;
         f.cooling_power_w = cooling;
         f
@@ -321,8 +325,9 @@ impl Facility {
             job_j += n.base_w * 0.5 * share * dt_s;
         }
         let avg_rack_w: Vec<f64> = rack_j.iter().map(|j| j / dt_s).collect();
-        let factor = (self.cooling_factor)(t0);
-        let (target, cooling) = crate::sim::thermal_targets(&self.site, &avg_rack_w, factor);
+        let factors = (self.cooling_factor)(t0);
+        let (target, cooling) =
+            crate::sim::thermal_targets_by_unit(&self.site, &avg_rack_w, &factors);
         self.cooling_power_w = cooling;
         for (ri, rack) in self.site.racks.iter().enumerate() {
             let tau = self
@@ -581,6 +586,17 @@ impl Telemetry for Facility {
             src,
             &mut out,
         );
+        // what each cooling unit reports it can remove (its BMC's capacity reading)
+        let factors = (self.cooling_factor)(now);
+        for (unit, f) in self.site.cooling.iter().zip(factors) {
+            out.push(Sample::new(
+                telemetry::EntityId::new(telemetry::EntityKind::Cooling, &unit.id),
+                telemetry::metric::names::COOLING_CAPACITY_KW,
+                unit.capacity_kw * f,
+                now,
+                src,
+            ));
+        }
         out
     }
 }

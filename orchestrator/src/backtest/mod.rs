@@ -516,10 +516,11 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         site.gpus().len()
     )?;
 
-    let sc = scenario.clone();
-    let cool = move |t: Timestamp| sc.cooling_factor(t);
+    let units: Vec<String> = site.cooling.iter().map(|u| u.id.clone()).collect();
+    let (sc, units2) = (scenario.clone(), units.clone());
+    let cool = move |t: Timestamp| sc.unit_factors(&units, t);
     let sc2 = scenario.clone();
-    let cool2 = move |t: Timestamp| sc2.cooling_factor(t);
+    let cool2 = move |t: Timestamp| sc2.unit_factors(&units2, t);
     let mut base = Facility::new(
         site.clone(),
         curves.clone(),
@@ -609,6 +610,15 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
             h.cooling_drop * 100.0,
             h.days,
             h.start
+        ));
+    }
+    for f in &scenario.cooling_fault {
+        lines.push(format!(
+            "cooling fault: {} at {:.0}% of its capacity for {} h from {}",
+            f.unit,
+            f.capacity.unwrap_or(crate::sim::Fault::PUMP_FAILURE_FACTOR) * 100.0,
+            f.hours,
+            f.start
         ));
     }
     if let Some(c) = &scenario.contract {

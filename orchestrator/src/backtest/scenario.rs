@@ -24,6 +24,12 @@
 //! [contract]
 //! limit_kw = 350          # the facility may draw no more, for the whole run
 //!
+//! [[cooling_fault]]        # one cooling unit fails, unannounced
+//! unit = "cdu-1"
+//! start = "2024-08-20T14:00:00+02:00"
+//! hours = 6
+//! pump_failure = true     # one of two pumps: half the capacity; or capacity = 0.6
+//!
 //! [[price_spike]]
 //! start = "2024-09-03T17:00:00+02:00"
 //! hours = 4
@@ -78,6 +84,32 @@ pub struct Contract {
     pub limit_kw: f64,
 }
 
+/// A cooling unit that loses part of its capacity for a while (a failed pump, a CDU
+/// capacity drop): the controller learns of it only from the unit's capacity reading.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoolingFault {
+    pub unit: String,
+    #[serde(deserialize_with = "ts")]
+    pub start: Timestamp,
+    pub hours: f64,
+    /// The share of the unit's capacity left (0.6: 60%).
+    #[serde(default)]
+    pub capacity: Option<f64>,
+    /// One of the unit's two pumps fails: half its capacity is left.
+    #[serde(default)]
+    pub pump_failure: bool,
+}
+
+impl CoolingFault {
+    fn factor(&self) -> f64 {
+        match (self.capacity, self.pump_failure) {
+            (Some(c), _) => c,
+            (None, _) => crate::sim::Fault::PUMP_FAILURE_FACTOR,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PriceSpike {
@@ -124,6 +156,8 @@ pub struct Scenario {
     #[serde(default)]
     pub price_spike: Vec<PriceSpike>,
     #[serde(default)]
+    pub cooling_fault: Vec<CoolingFault>,
+    #[serde(default)]
     pub prices: Option<FeedFormat>,
     #[serde(default)]
     pub carbon: Option<FeedFormat>,
@@ -151,6 +185,7 @@ impl Default for Scenario {
             default_class: default_class(),
             classes: Vec::new(),
             heat_wave: None,
+            cooling_fault: Vec::new(),
             contract: None,
             price_spike: Vec::new(),
             prices: None,
@@ -201,6 +236,16 @@ impl Scenario {
                 ));
             }
         }
+        for f in &s.cooling_fault {
+            let one = f.capacity.is_some() != f.pump_failure;
+            let ok = f.capacity.is_none_or(|c| (0.0..=1.0).contains(&c));
+            if !one || !ok || f.hours <= 0.0 {
+                return bad(format!(
+                    "cooling_fault {}: give capacity (0..=1) or pump_failure = true, and hours positive",
+                    f.unit
+                ));
+            }
+        }
         if let Some(c) = &s.contract {
             if c.limit_kw <= 0.0 {
                 return bad(format!(
@@ -220,6 +265,22 @@ impl Scenario {
         }
     }
 
+    /// The share of each cooling unit's capacity left at `t` (in site order): the heat
+    /// wave's, and the faults in force.
+    pub fn unit_factors(&self, units: &[String], t: Timestamp) -> Vec<f64> {
+        let wave = self.cooling_factor(t);
+        units
+            .iter()
+            .map(|u| {
+                self.cooling_fault
+                    .iter()
+                    .filter(|f| &f.unit == u && t >= f.start && t < f.start + f.hours * 3600.0)
+                    .map(CoolingFault::factor)
+                    .fold(wave, |a, f| a * f)
+            })
+            .collect()
+    }
+
     /// Applies the price spikes to a series' points.
     pub fn spike(&self, points: &mut [(Timestamp, f64)]) {
         for s in &self.price_spike {
@@ -229,6 +290,67 @@ impl Scenario {
                     p.1 = p.1 * s.factor + s.add_per_kwh;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAULTS: &str = r#"
+[heat_wave]
+start = "2024-08-12T00:00:00Z"
+days = 3
+cooling_drop = 0.30
+[[cooling_fault]]
+unit = "cdu-1"
+start = "2024-08-13T00:00:00Z"
+hours = 6
+pump_failure = true
+[[cooling_fault]]
+unit = "crah-b"
+start = "2024-08-20T00:00:00Z"
+hours = 2
+capacity = 0.6
+"#;
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse_rfc3339(s).expect("time")
+    }
+
+    #[test]
+    fn cooling_faults_take_their_units_capacity_for_their_hours_on_top_of_a_heat_wave() {
+        let s = Scenario::parse("s.toml", FAULTS).expect("scenario");
+        let units = ["cdu-1".to_string(), "crah-b".to_string()];
+        let f = |t: &str| s.unit_factors(&units, at(t));
+        assert_eq!(f("2024-08-11T23:00:00Z"), vec![1.0, 1.0]);
+        assert_eq!(f("2024-08-12T12:00:00Z"), vec![0.7, 0.7], "the heat wave");
+        let both = f("2024-08-13T03:00:00Z");
+        assert!(
+            (both[0] - 0.35).abs() < 1e-12,
+            "pump failure in the heat wave: {both:?}"
+        );
+        assert_eq!(
+            f("2024-08-13T06:00:00Z")[0],
+            0.7,
+            "the pump is back after 6 h"
+        );
+        assert_eq!(f("2024-08-20T01:00:00Z"), vec![1.0, 0.6]);
+        assert_eq!(f("2024-08-20T02:00:00Z"), vec![1.0, 1.0]);
+    }
+
+    #[test]
+    fn a_cooling_fault_needs_one_of_capacity_or_pump_failure() {
+        let both = "[[cooling_fault]]\nunit = \"c\"\nstart = \"2024-08-13T00:00:00Z\"\nhours = 1\ncapacity = 0.5\npump_failure = true\n";
+        let neither =
+            "[[cooling_fault]]\nunit = \"c\"\nstart = \"2024-08-13T00:00:00Z\"\nhours = 1\n";
+        for text in [both, neither] {
+            let e = Scenario::parse("s.toml", text).expect_err("refused");
+            assert!(
+                format!("{e:#}").contains("cooling_fault c: give capacity"),
+                "{e:#}"
+            );
         }
     }
 }

@@ -6,7 +6,10 @@
 //! It is deterministic: one seed, one run.
 
 pub use agent::{curves, rng};
+mod fault;
 pub mod workload;
+
+pub use fault::Fault;
 
 use std::collections::BTreeMap;
 
@@ -22,8 +25,6 @@ use workload::{Generated, Generator, Workload};
 /// Cooling electrical power per kW of heat removed (1 / coefficient of performance).
 const CRAH_KW_PER_KW: f64 = 0.25;
 const CDU_KW_PER_KW: f64 = 0.12;
-/// Extra inlet rise of a rack per kW it draws above its cooling unit's rack average.
-const RACK_SKEW_C_PER_KW: f64 = 0.15;
 
 /// The thermal model of the simulated facility, shared by the demo and the backtest:
 /// where each rack's inlet is heading for the racks' power draw (W), and the electrical
@@ -33,12 +34,26 @@ const RACK_SKEW_C_PER_KW: f64 = 0.15;
 /// Each unit's racks share its heat load: the inlet rises linearly with load up to the
 /// unit's capacity (`full_load_rise_c` at full capacity), faster above it
 /// (`overload_rise_c_per_kw`), and a rack drawing more than the unit's average sits
-/// hotter by `RACK_SKEW_C_PER_KW`. Inlets follow their target with the unit's time
+/// hotter by the unit's `rack_skew_c_per_kw`. Inlets follow their target with the unit's time
 /// constant (first-order lag).
 pub fn thermal_targets(
     site: &Site,
     rack_power_w: &[f64],
     capacity_factor: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    thermal_targets_by_unit(
+        site,
+        rack_power_w,
+        &vec![capacity_factor; site.cooling.len()],
+    )
+}
+
+/// [`thermal_targets`] with a capacity factor per cooling unit (a unit with a failed
+/// pump or a capacity drop has its own).
+pub fn thermal_targets_by_unit(
+    site: &Site,
+    rack_power_w: &[f64],
+    capacity_factor: &[f64],
 ) -> (Vec<f64>, Vec<f64>) {
     let mut target = vec![22.0; site.racks.len()];
     let mut cooling = vec![0.0; site.cooling.len()];
@@ -48,14 +63,15 @@ pub fn thermal_targets(
             .iter()
             .filter_map(|r| site.racks.iter().position(|x| &x.id == r))
             .collect();
-        let capacity_kw = (unit.capacity_kw * capacity_factor).max(1e-6);
+        let capacity_kw =
+            (unit.capacity_kw * capacity_factor.get(ci).copied().unwrap_or(1.0)).max(1e-6);
         let heat_kw: f64 = idx.iter().map(|&i| rack_power_w[i]).sum::<f64>() / 1000.0;
         let avg_kw = heat_kw / idx.len().max(1) as f64;
         let base = unit.supply_temp_c
             + unit.full_load_rise_c * heat_kw.min(capacity_kw) / capacity_kw
             + unit.overload_rise_c_per_kw * (heat_kw - capacity_kw).max(0.0);
         for &i in &idx {
-            target[i] = base + RACK_SKEW_C_PER_KW * (rack_power_w[i] / 1000.0 - avg_kw);
+            target[i] = base + unit.rack_skew_c_per_kw * (rack_power_w[i] / 1000.0 - avg_kw);
         }
         let per_kw = match unit.kind {
             telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
@@ -137,7 +153,9 @@ pub struct Facility {
     carbon: Series,
     gen: Generator,
     next_arrival: Timestamp,
+    start: Timestamp,
     now: Timestamp,
+    faults: Vec<Fault>,
     pub stats: SimStats,
 }
 
@@ -185,7 +203,9 @@ impl Facility {
             carbon,
             gen,
             next_arrival: start + first_gap,
+            start,
             now: start,
+            faults: Vec::new(),
             stats: SimStats::default(),
         };
         f.warm_start();
@@ -223,6 +243,35 @@ impl Facility {
 
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+
+    /// The facility with cooling faults to inject.
+    pub fn with_faults(mut self, faults: Vec<Fault>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Each cooling unit's share of its capacity now (faults in force).
+    fn capacity_factors(&self) -> Vec<f64> {
+        let at = self.now.secs_since(self.start);
+        self.site
+            .cooling
+            .iter()
+            .map(|u| {
+                self.faults
+                    .iter()
+                    .filter(|f| f.unit == u.id && f.at_s <= at)
+                    .map(|f| f.factor)
+                    .fold(1.0, f64::min)
+            })
+            .collect()
+    }
+
+    /// Power and inlets settled under the limits in force, as if the facility had run
+    /// under them for a while (a warm start under control).
+    pub fn settle(&mut self) {
+        self.update_power();
+        self.settle_thermal();
     }
 
     pub fn site(&self) -> &Site {
@@ -411,7 +460,8 @@ impl Facility {
 
     /// Where each rack's inlet is heading, and the cooling power spent.
     fn thermal_targets(&mut self) -> Vec<f64> {
-        let (target, cooling) = thermal_targets(&self.site, &self.rack_power_w, 1.0);
+        let factors = self.capacity_factors();
+        let (target, cooling) = thermal_targets_by_unit(&self.site, &self.rack_power_w, &factors);
         self.cooling_power_w = cooling;
         target
     }
@@ -491,6 +541,16 @@ impl Telemetry for Facility {
             src,
             &mut out,
         );
+        // what each cooling unit reports it can remove (its BMC's capacity reading)
+        for (unit, f) in self.site.cooling.iter().zip(self.capacity_factors()) {
+            out.push(Sample::new(
+                EntityId::new(EntityKind::Cooling, &unit.id),
+                COOLING_CAPACITY_KW,
+                unit.capacity_kw * f,
+                now,
+                src,
+            ));
+        }
         out
     }
 }
@@ -580,150 +640,4 @@ impl Actuator for Facility {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use policies::{Cap, Hold};
-
-    const SITE: &str = include_str!("../../../examples/demo/site.toml");
-    const PRICES: &str = include_str!("../../../examples/demo/prices.csv");
-
-    fn facility() -> Facility {
-        let site = Site::parse("site.toml", SITE).expect("site");
-        let prices = Series::from_csv("p.csv", PRICES, "price_per_kwh").expect("prices");
-        let start = Timestamp::parse_rfc3339("2024-06-03T06:00:00+02:00").expect("start");
-        Facility::new(
-            site,
-            prices,
-            Series::default(),
-            Workload::default(),
-            9,
-            start,
-        )
-    }
-
-    fn limit(f: &Facility, id: &EntityId) -> f64 {
-        f.gpus
-            .iter()
-            .find(|g| &g.id == id)
-            .map(|g| g.limit_w)
-            .expect("gpu")
-    }
-
-    #[test]
-    fn a_cap_whose_lease_is_not_renewed_reverts_to_the_default_limit() {
-        let mut f = facility();
-        let gpu = EntityId::gpu("a01-n01", 0);
-        let now = f.now();
-        let mut state = State::default();
-        state.caps.insert(
-            gpu.clone(),
-            Cap {
-                watts: 150.0,
-                rule: "test".into(),
-                since: now,
-                lease_until: now + 300.0,
-            },
-        );
-        f.apply(&state, now);
-        assert_eq!(limit(&f, &gpu), 150.0);
-        for _ in 0..19 {
-            f.step(15.0);
-        }
-        assert_eq!(limit(&f, &gpu), 150.0, "still inside the lease at 285 s");
-        f.step(15.0);
-        assert_eq!(
-            limit(&f, &gpu),
-            300.0,
-            "the controller went silent: default restored at 300 s"
-        );
-        assert_eq!(f.stats.leases_expired, 1);
-    }
-
-    #[test]
-    fn a_hold_whose_lease_is_not_renewed_lets_the_job_run() {
-        let mut f = facility();
-        f.step(15.0);
-        let waiting = f
-            .jobs()
-            .into_iter()
-            .find(|j| j.state == JobState::Pending)
-            .or_else(|| {
-                (0..40).find_map(|_| {
-                    f.step(15.0);
-                    f.jobs().into_iter().find(|j| j.state == JobState::Pending)
-                })
-            });
-        let job = waiting.expect("a job arrives");
-        let now = f.now();
-        let mut state = State::default();
-        state.holds.insert(
-            job.id.clone(),
-            Hold {
-                rule: "test".into(),
-                since: now,
-                lease_until: now + 60.0,
-                reason: "test".into(),
-            },
-        );
-        f.apply(&state, now);
-        let state_of = |f: &Facility| {
-            f.jobs()
-                .into_iter()
-                .find(|j| j.id == job.id)
-                .map(|j| j.state)
-        };
-        assert_eq!(state_of(&f), Some(JobState::Held));
-        for _ in 0..3 {
-            f.step(15.0);
-        }
-        assert_eq!(state_of(&f), Some(JobState::Held), "held within its lease");
-        f.step(15.0);
-        assert_ne!(
-            state_of(&f),
-            Some(JobState::Held),
-            "released when the lease ran out"
-        );
-    }
-
-    #[test]
-    fn a_capped_gpu_draws_no_more_than_its_cap() {
-        let mut f = facility();
-        let busy = f
-            .gpus
-            .iter()
-            .position(|g| g.job.is_some())
-            .expect("warm start fills GPUs");
-        let id = f.gpus[busy].id.clone();
-        let p_full = f.gpus[busy].power_w;
-        let mut state = State::default();
-        let now = f.now();
-        state.caps.insert(
-            id.clone(),
-            Cap {
-                watts: 120.0,
-                rule: "test".into(),
-                since: now,
-                lease_until: now + 600.0,
-            },
-        );
-        f.apply(&state, now);
-        f.update_power();
-        let p_capped = f.gpus[busy].power_w;
-        assert!(
-            p_capped <= 120.0 + 1e-9 && p_capped < p_full,
-            "{p_full} W -> {p_capped} W"
-        );
-    }
-
-    #[test]
-    fn the_same_seed_gives_the_same_world() {
-        let run = || {
-            let mut f = facility();
-            for _ in 0..100 {
-                f.step(15.0);
-            }
-            (f.stats.clone(), f.it_power_w(), f.inlet_c().to_vec())
-        };
-        assert_eq!(run(), run());
-    }
-}
+mod tests;

@@ -115,10 +115,13 @@ fn only_budget() -> Policy {
     p
 }
 
+/// The reactive thermal rule alone: these cases pin its steps (the predictive rule,
+/// the default, has its own in `predictive::tests`).
 fn only_thermal() -> Policy {
     let mut p = Policy::default();
     p.budget.enabled = false;
     p.price.enabled = false;
+    p.thermal.mode = crate::policy::ThermalMode::Reactive;
     p
 }
 

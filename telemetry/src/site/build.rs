@@ -624,6 +624,14 @@ fn build_cooling(
                 86_400.0,
                 300.0,
             ),
+            rack_skew_c_per_kw: opt_range(
+                c,
+                &u.rack_skew_c_per_kw,
+                &format!("{owner}: rack_skew_c_per_kw"),
+                0.0,
+                5.0,
+                0.15,
+            ),
             racks: u
                 .racks
                 .get_ref()

@@ -129,6 +129,8 @@ pub(super) struct RawCooling {
     pub(super) full_load_rise_c: Option<S<f64>>,
     pub(super) overload_rise_c_per_kw: Option<S<f64>>,
     pub(super) time_constant_s: Option<S<f64>>,
+    #[serde(default)]
+    pub(super) rack_skew_c_per_kw: Option<S<f64>>,
     pub(super) racks: S<Vec<S<String>>>,
 }
 

@@ -1,0 +1,582 @@
+//! Predictive thermal headroom: for each cooling unit, the highest cap level (a fraction
+//! of each GPU's default limit, in steps of `step_pct`) under which every rack's inlet,
+//! predicted by [`crate::thermal_model`] over `horizon_tau` time constants with the
+//! planned load (running jobs at their demand, plus the queued jobs and the holds that
+//! end within the horizon landing on idle GPUs), stays under its limit − `margin_c`.
+//! Caps fall to that level at once (levels a quarter of `step_pct` apart); they lift
+//! at most one step per `step_interval_s`, after `min_hold_s`, to the highest level
+//! whose prediction is also under limit − margin − `release_below_c`.
+//! A reading over its limit (the model was wrong) or a cooling unit short of headroom
+//! tightens one more step, as the reactive rule does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use telemetry::metric::names::{COOLING_CAPACITY_KW, INLET_TEMP_C, POWER_W};
+use telemetry::site::CoolingUnit;
+use telemetry::{EntityId, EntityKind, Job, JobState, Site, Snapshot, Timestamp};
+
+use crate::index::Index;
+use crate::plan::{round3, ThermalLevel};
+use crate::policy::{OnStale, ThermalRule};
+use crate::thermal::{unit_state, Step};
+use crate::thermal_model::{self, Load, Params, RackFit};
+use crate::{Cap, State};
+
+/// What the predictive rule decided this tick.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub levels: BTreeMap<String, ThermalLevel>,
+    pub steps: Vec<Step>,
+    /// Each rack's fitted model after this tick's reading.
+    pub fits: BTreeMap<String, RackFit>,
+}
+
+/// One GPU as the planned load sees it.
+#[derive(Debug, Clone, Copy)]
+struct GpuLoad {
+    /// What it would draw under no cap (a running job's), or its idle draw.
+    demand_w: f64,
+    busy: bool,
+    default_w: f64,
+    min_w: f64,
+    max_w: f64,
+    idle_w: f64,
+    /// The share of its node's base power a job adds when it starts.
+    start_base_w: f64,
+}
+
+impl GpuLoad {
+    fn limit_w(&self, fraction: f64) -> f64 {
+        (self.default_w * fraction).clamp(self.min_w, self.max_w)
+    }
+
+    fn draw_w(&self, fraction: f64) -> f64 {
+        self.demand_w.min(self.limit_w(fraction))
+    }
+
+    /// What it adds when a queued job starts on it.
+    fn start_w(&self, fraction: f64) -> f64 {
+        (self.limit_w(fraction).min(self.default_w) - self.idle_w).max(0.0) + self.start_base_w
+    }
+}
+
+/// A rack's planned load: what is not GPU, and its GPUs.
+#[derive(Debug, Clone, Default)]
+struct RackLoad {
+    other_w: f64,
+    gpus: Vec<GpuLoad>,
+    /// The rack's power reading, when usable.
+    measured_w: Option<f64>,
+}
+
+impl RackLoad {
+    fn draw_w(&self, fraction: f64) -> f64 {
+        self.other_w + self.gpus.iter().map(|g| g.draw_w(fraction)).sum::<f64>()
+    }
+
+    /// What `n` queued GPUs add if they start on this rack's idle GPUs.
+    fn start_w(&self, fraction: f64, n: usize) -> f64 {
+        self.gpus
+            .iter()
+            .filter(|g| !g.busy)
+            .take(n)
+            .map(|g| g.start_w(fraction))
+            .sum()
+    }
+
+    fn idle(&self) -> usize {
+        self.gpus.iter().filter(|g| !g.busy).count()
+    }
+}
+
+/// Each rack's planned load, in site order.
+fn rack_loads(
+    index: &Index<'_>,
+    snapshot: &Snapshot,
+    jobs: &[Job],
+    prior_caps: &[Option<&Cap>],
+    now: Timestamp,
+) -> Vec<RackLoad> {
+    let site = index.site;
+    let busy: BTreeSet<&EntityId> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .flat_map(|j| j.allocated.iter())
+        .collect();
+    let mut out: Vec<RackLoad> = vec![RackLoad::default(); site.racks.len()];
+    let mut gpu_w = vec![0.0; site.racks.len()];
+    for (i, g) in index.gpus.iter().enumerate() {
+        let m = g.model;
+        let draw = index
+            .gpu_observe(i, POWER_W, now)
+            .filter(|o| o.usable())
+            .map(|o| o.value);
+        let is_busy = busy.contains(&g.id);
+        let cap = prior_caps[i].map(|c| c.watts);
+        // a GPU at its cap would draw more without it: its default limit
+        let demand_w = match (draw, cap) {
+            (Some(d), Some(c)) if d >= c - (0.03 * c).max(5.0) => m.default_w,
+            (Some(d), _) => d,
+            (None, _) if is_busy => m.default_w,
+            (None, _) => m.idle_w,
+        };
+        gpu_w[g.rack_index] += draw.unwrap_or(demand_w);
+        out[g.rack_index].gpus.push(GpuLoad {
+            demand_w,
+            busy: is_busy,
+            default_w: m.default_w,
+            min_w: m.min_w,
+            max_w: m.max_w,
+            idle_w: m.idle_w,
+            start_base_w: 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)),
+        });
+    }
+    for (ri, rack) in site.racks.iter().enumerate() {
+        let measured = snapshot
+            .observe(&EntityId::rack(&rack.id), POWER_W, now)
+            .filter(|o| o.usable())
+            .map(|o| o.value);
+        let base: f64 = rack.nodes.iter().map(|&n| site.nodes[n].base_w).sum();
+        out[ri].measured_w = measured;
+        out[ri].other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
+    }
+    out
+}
+
+/// GPUs of the queued jobs that may start within `horizon_s`: pending and not held, or
+/// held with a hold that must end within the horizon (the job's latest start, less the
+/// price rule's `release_margin_s`, falls in it). A hold's lease is renewed every tick,
+/// so it is not taken for its end.
+fn queued_gpus(
+    jobs: &[Job],
+    prior: &State,
+    now: Timestamp,
+    horizon_s: f64,
+    release_margin_s: f64,
+) -> usize {
+    let ends_soon = |j: &Job| {
+        j.latest_start()
+            .is_some_and(|t| t + -release_margin_s <= now + horizon_s)
+    };
+    jobs.iter()
+        .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
+        .filter(|j| !prior.holds.contains_key(&j.id) || ends_soon(j))
+        .map(|j| j.gpus as usize)
+        .sum()
+}
+
+/// One rack of a unit, as the unit's search sees it.
+struct RackView {
+    rack: usize,
+    inlet_c: Option<f64>,
+    limit_c: f64,
+    params: Params,
+}
+
+/// The unit's planned loads under `fraction`: (unit kW, each rack's kW).
+fn planned(loads: &[RackLoad], racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
+    let mut unit_w = 0.0;
+    let mut left = queued;
+    let mut rack_w = Vec::with_capacity(racks.len());
+    for v in racks {
+        let l = &loads[v.rack];
+        let n = left.min(l.idle());
+        left -= n;
+        unit_w += l.draw_w(fraction) + l.start_w(fraction, n);
+        // the rack itself: as if every queued GPU landed on it (the worst case)
+        rack_w.push(l.draw_w(fraction) + l.start_w(fraction, queued));
+    }
+    Load2 {
+        unit_kw: unit_w / 1000.0,
+        rack_kw: rack_w.into_iter().map(|w| w / 1000.0).collect(),
+    }
+}
+
+struct Load2 {
+    unit_kw: f64,
+    rack_kw: Vec<f64>,
+}
+
+/// The predicted inlet of each rack after `horizon_s` under `fraction`.
+fn predictions(
+    loads: &[RackLoad],
+    racks: &[RackView],
+    fraction: f64,
+    queued: usize,
+    horizon_s: f64,
+) -> Vec<Option<f64>> {
+    let l = planned(loads, racks, fraction, queued);
+    racks
+        .iter()
+        .zip(&l.rack_kw)
+        .map(|(v, &rack_kw)| {
+            v.inlet_c.map(|t| {
+                v.params.predict_c(
+                    t,
+                    Load {
+                        unit_kw: l.unit_kw,
+                        rack_kw,
+                    },
+                    horizon_s,
+                )
+            })
+        })
+        .collect()
+}
+
+/// Cap levels tried per `step_pct`: caps fall to the finer level the prediction needs.
+const GRID_PER_STEP: f64 = 4.0;
+
+/// The cap levels tried, from uncapped down: 1, 1 − step, …, 0 (each GPU's minimum).
+fn grid(step: f64) -> Vec<f64> {
+    let mut v = vec![1.0];
+    let mut f: f64 = 1.0;
+    while f - step > 1e-9 {
+        f -= step;
+        v.push((f * 1e6).round() / 1e6);
+    }
+    v.push(0.0);
+    v
+}
+
+/// Evaluates the predictive thermal rule.
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate(
+    site: &Site,
+    index: &Index<'_>,
+    snapshot: &Snapshot,
+    jobs: &[Job],
+    prior: &State,
+    prior_caps: &[Option<&Cap>],
+    rule: &ThermalRule,
+    release_margin_s: f64,
+    now: Timestamp,
+) -> Outcome {
+    let loads = rack_loads(index, snapshot, jobs, prior_caps, now);
+    let mut out = Outcome::default();
+    let ctx = UnitInputs {
+        site,
+        loads: &loads,
+        snapshot,
+        jobs,
+        prior,
+        rule,
+        release_margin_s,
+        now,
+    };
+    for unit in &site.cooling {
+        unit_evaluate(&ctx, unit, &mut out);
+    }
+    out
+}
+
+/// What every cooling unit's evaluation looks at.
+struct UnitInputs<'a> {
+    site: &'a Site,
+    loads: &'a [RackLoad],
+    snapshot: &'a Snapshot,
+    jobs: &'a [Job],
+    prior: &'a State,
+    rule: &'a ThermalRule,
+    release_margin_s: f64,
+    now: Timestamp,
+}
+
+/// The fitted model of each rack of `unit`, updated with this tick's readings.
+fn rack_views(
+    inputs: &UnitInputs<'_>,
+    unit: &CoolingUnit,
+    out: &mut Outcome,
+) -> (Vec<RackView>, f64) {
+    let UnitInputs {
+        site,
+        loads,
+        snapshot,
+        prior,
+        rule,
+        now,
+        ..
+    } = *inputs;
+    let cooling = EntityId::new(EntityKind::Cooling, &unit.id);
+    let capacity_kw = snapshot
+        .observe(&cooling, COOLING_CAPACITY_KW, now)
+        .filter(|o| o.usable())
+        .map_or(unit.capacity_kw, |o| o.value);
+    let idx: Vec<usize> = unit
+        .racks
+        .iter()
+        .filter_map(|r| site.racks.iter().position(|x| &x.id == r))
+        .collect();
+    let unit_w: Option<f64> = idx.iter().map(|&r| loads[r].measured_w).sum();
+    let mut views = Vec::new();
+    for &r in &idx {
+        let rack = &site.racks[r];
+        let obs = snapshot.observe(&EntityId::rack(&rack.id), INLET_TEMP_C, now);
+        let inlet_c = obs.filter(|o| o.usable()).map(|o| o.value);
+        let old = prior.thermal_models.get(&rack.id);
+        let mut fit = old.cloned();
+        if let (Some(t), Some(uw), Some(rw)) = (inlet_c, unit_w, loads[r].measured_w) {
+            let p = Params::new(unit, capacity_kw, old, rule.fit_max_rms_c);
+            let load = Load {
+                unit_kw: uw / 1000.0,
+                rack_kw: rw / 1000.0,
+            };
+            fit = Some(thermal_model::update(old, unit, &p, load, t, now));
+        }
+        if let Some(f) = &fit {
+            out.fits.insert(rack.id.clone(), f.clone());
+        }
+        views.push(RackView {
+            rack: r,
+            inlet_c,
+            limit_c: rack.inlet_limit_c,
+            params: Params::new(unit, capacity_kw, fit.as_ref(), rule.fit_max_rms_c),
+        });
+    }
+    (views, capacity_kw)
+}
+
+fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome) {
+    let UnitInputs {
+        site,
+        loads,
+        snapshot,
+        jobs,
+        prior,
+        rule,
+        release_margin_s,
+        now,
+    } = *inputs;
+    let (views, capacity_kw) = rack_views(inputs, unit, out);
+    let horizon_s = rule.horizon_tau * unit.time_constant_s;
+    let queued = queued_gpus(jobs, prior, now, horizon_s, release_margin_s);
+    let step = rule.step_pct / 100.0;
+    let fits = |f: f64, slack: f64| {
+        predictions(loads, &views, f, queued, horizon_s)
+            .iter()
+            .zip(&views)
+            .all(|(p, v)| p.is_none_or(|p| p <= v.limit_c - rule.margin_c - slack))
+    };
+    let levels = grid(step / GRID_PER_STEP);
+    let wanted = levels
+        .iter()
+        .copied()
+        .find(|&f| fits(f, 0.0))
+        .unwrap_or(0.0);
+    // the highest level the hysteresis allows lifting to
+    let liftable = levels
+        .iter()
+        .copied()
+        .find(|&f| fits(f, rule.release_below_c))
+        .unwrap_or(0.0);
+    let signals = unit_state(unit, snapshot, rule, now);
+    for vi in 0..views.len() {
+        let ctx = RackCtx {
+            site,
+            loads,
+            views: &views,
+            vi,
+            queued,
+            horizon_s,
+            capacity_kw,
+        };
+        rack_step(&ctx, prior, rule, &signals, (wanted, liftable), now, out);
+    }
+}
+
+/// Everything one rack's step looks at.
+struct RackCtx<'a> {
+    site: &'a Site,
+    loads: &'a [RackLoad],
+    views: &'a [RackView],
+    vi: usize,
+    queued: usize,
+    horizon_s: f64,
+    capacity_kw: f64,
+}
+
+impl RackCtx<'_> {
+    /// The values a decision shows: the inlet now, the predicted peak under `fraction`
+    /// and when, the margin, and the model's parameters and fit quality.
+    fn values(
+        &self,
+        fraction: f64,
+        rule: &ThermalRule,
+        fit: Option<&RackFit>,
+    ) -> BTreeMap<String, f64> {
+        let v = &self.views[self.vi];
+        let mut m = BTreeMap::new();
+        m.insert("limit_c".into(), v.limit_c);
+        m.insert("margin_c".into(), rule.margin_c);
+        let l = planned(self.loads, self.views, fraction, self.queued);
+        m.insert("planned_heat_kw".into(), round3(l.unit_kw));
+        m.insert("capacity_kw".into(), round3(self.capacity_kw));
+        if let Some(t) = v.inlet_c {
+            m.insert("inlet_temp_c".into(), round3(t));
+            let p = predictions(
+                self.loads,
+                self.views,
+                fraction,
+                self.queued,
+                self.horizon_s,
+            )[self.vi]
+                .unwrap_or(t);
+            m.insert("predicted_peak_c".into(), round3(p.max(t)));
+            m.insert(
+                "predicted_peak_in_s".into(),
+                if p > t { self.horizon_s } else { 0.0 },
+            );
+        }
+        let p = &v.params;
+        m.insert("model_tau_s".into(), p.tau_s);
+        m.insert("model_offset_c".into(), round3(p.offset_c));
+        m.insert("model_rise_c".into(), round3(p.rise_c));
+        m.insert("model_fitted".into(), f64::from(u8::from(p.fitted)));
+        if let Some(f) = fit {
+            m.insert("fit_rms_c".into(), round3(f.rms_c));
+            m.insert("fit_samples".into(), f64::from(f.samples));
+        }
+        m
+    }
+}
+
+/// One rack's next level: down at once to what the prediction allows (one step more
+/// when a reading is over its limit or the unit is short of headroom), up one step
+/// at a time with the hysteresis and the minimum hold.
+#[allow(clippy::too_many_arguments)]
+fn rack_step(
+    ctx: &RackCtx<'_>,
+    prior: &State,
+    rule: &ThermalRule,
+    signals: &crate::thermal::UnitState,
+    (wanted, liftable): (f64, f64),
+    now: Timestamp,
+    out: &mut Outcome,
+) {
+    let v = &ctx.views[ctx.vi];
+    let rack = &ctx.site.racks[v.rack];
+    let prev = prior.thermal.get(&rack.id);
+    let fraction = prev.map_or(1.0, |p| p.fraction);
+    let since = prev.map_or(now, |p| p.since);
+    let held_s = now.secs_since(since);
+    let may_step = prev.is_none() || held_s >= rule.step_interval_s;
+    let (target, why, may_relax) = backstops(
+        v.inlet_c,
+        rack.inlet_limit_c,
+        fraction,
+        wanted,
+        may_step,
+        rule,
+        signals,
+    );
+    let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
+    let release = format!(
+        "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
+        rule.step_interval_s, rule.min_hold_s
+    );
+    let fit = out.fits.get(&rack.id).cloned();
+    let mut next = ThermalLevel { fraction, since };
+    if target < fraction - 1e-9 {
+        next = ThermalLevel {
+            fraction: target,
+            since: now,
+        };
+        let mut values = ctx.values(target, rule, fit.as_ref());
+        let unchanged = ctx
+            .values(fraction, rule, None)
+            .get("predicted_peak_c")
+            .copied()
+            .unwrap_or(f64::NAN);
+        values.insert("predicted_peak_unchanged_c".into(), unchanged);
+        let reason = if why.is_empty() {
+            format!(
+                "predicted inlet {unchanged:.1} °C within {:.0} s at the current load, against limit {:.1} °C − margin {:.1} °C",
+                ctx.horizon_s, rack.inlet_limit_c, rule.margin_c
+            )
+        } else {
+            why
+        };
+        out.steps.push(Step {
+            rack: rack.id.clone(),
+            fraction: target,
+            values,
+            reason: format!("{reason}: tighten to {:.0}% of default", target * 100.0),
+            release,
+        });
+    } else if prev.is_some()
+        && may_relax
+        && liftable > fraction + 1e-9
+        && held_s >= rule.min_hold_s.max(rule.step_interval_s)
+    {
+        let f = liftable.min(fraction + rule.step_pct / 100.0).min(1.0);
+        let values = ctx.values(f, rule, fit.as_ref());
+        let peak = values.get("predicted_peak_c").copied().unwrap_or(f64::NAN);
+        let reason = if f >= 1.0 - 1e-9 {
+            format!("predicted inlet {peak:.1} °C uncapped: released")
+        } else {
+            format!(
+                "predicted inlet {peak:.1} °C: relax to {:.0}% of default",
+                f * 100.0
+            )
+        };
+        out.steps.push(Step {
+            rack: rack.id.clone(),
+            fraction: f,
+            values,
+            reason,
+            release,
+        });
+        next = ThermalLevel {
+            fraction: f,
+            since: now,
+        };
+    }
+    if next.fraction < 1.0 - 1e-9 {
+        out.levels.insert(rack.id.clone(), next);
+    }
+}
+
+/// The reactive backstops on top of the prediction: a reading over its limit, a stale
+/// reading (`on_stale`) and a cooling unit short of headroom. Returns the level wanted,
+/// why (empty: the prediction alone) and whether the cap may lift.
+fn backstops(
+    inlet_c: Option<f64>,
+    limit_c: f64,
+    fraction: f64,
+    wanted: f64,
+    may_step: bool,
+    rule: &ThermalRule,
+    signals: &crate::thermal::UnitState,
+) -> (f64, String, bool) {
+    let step = rule.step_pct / 100.0;
+    let mut target = wanted;
+    let mut why = String::new();
+    let mut may_relax = signals.cool;
+    match inlet_c {
+        Some(t) if t > limit_c && may_step => {
+            target = target.min(fraction - step);
+            why = format!("inlet {t:.1} °C over its limit {limit_c:.1} °C");
+        }
+        Some(_) => {}
+        None => match rule.on_stale {
+            OnStale::AssumeWorst if may_step => {
+                target = target.min(fraction - step);
+                why = "inlet reading stale or missing: assuming the worst".into();
+            }
+            OnStale::AssumeWorst | OnStale::HoldLast => may_relax = false,
+            OnStale::Ignore => {}
+        },
+    }
+    if let (Some(h), true) = (&signals.hot, may_step) {
+        target = target.min(fraction - step);
+        why = if why.is_empty() {
+            h.clone()
+        } else {
+            format!("{why}; {h}")
+        };
+    }
+    (target.max(0.0), why, may_relax)
+}
+
+#[cfg(test)]
+mod tests;
