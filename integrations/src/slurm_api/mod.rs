@@ -27,6 +27,7 @@ pub mod shapes;
 pub mod version;
 
 pub use client::{ApiClient, SlurmApiConfig};
+pub use http::TokenFile;
 pub use shapes::{JobView, Number, Request, Update};
 pub use version::{ApiPin, ApiVersion};
 
