@@ -139,7 +139,7 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
 mod tests {
     use super::*;
     use crate::kubernetes::{KubeApi, KubeHttp};
-    use crate::slurm::{Client, Endpoint};
+    use crate::slurm_api::SlurmApiConfig;
 
     /// A server that answers one byte every 500 ms, for ever.
     fn trickler() -> u16 {
@@ -167,9 +167,10 @@ mod tests {
             assert!(f(), "the call must fail");
             t.elapsed()
         };
-        let mut slurm = Client::new(Endpoint::Tcp(format!("127.0.0.1:{port}")));
-        slurm.timeout = timeout;
-        let t = took(&|| slurm.jobs().is_err());
+        let mut slurm = SlurmApiConfig::new(&format!("http://127.0.0.1:{port}"));
+        slurm.timeout_s = timeout.as_secs_f64();
+        // the build asks for the version: the first call
+        let t = took(&|| slurm.build().is_err());
         assert!(t < Duration::from_secs(3), "slurmrestd call took {t:?}");
         let kube = std::sync::Mutex::new(KubeHttp {
             base: format!("http://127.0.0.1:{port}"),

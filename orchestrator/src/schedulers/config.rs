@@ -283,3 +283,61 @@ pub(crate) fn read_key(path: &std::path::Path) -> Result<WebhookKey> {
         .map_err(|e| anyhow::anyhow!("cannot read the webhook key {}: {e}", path.display()))?;
     WebhookKey::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slurm_rest_keys_are_read_and_check_names_every_problem_at_once() {
+        let s: SchedulersSection = serde_json::from_value(serde_json::json!({ "slurm": {
+            "endpoint": "http://127.0.0.1:6820",
+            "api_version": "v0.0.41",
+            "user": "slurm",
+            "token_file": "slurm.jwt",
+            "max_answer_bytes": 1_000_000,
+            "scontrol": ["chroot", "/srv/slurm", "scontrol"],
+        }}))
+        .expect("section");
+        let sl = s.slurm.as_ref().expect("slurm");
+        let api = sl.api_config(std::path::Path::new("/etc/powerplane"));
+        assert_eq!(
+            api.api_version,
+            ApiPin::Exact(integrations::slurm_api::ApiVersion::V0041)
+        );
+        assert_eq!(
+            api.token_file.as_deref(),
+            Some(std::path::Path::new("/etc/powerplane/slurm.jwt"))
+        );
+        assert_eq!((api.max_answer_bytes, api.scontrol.len()), (1_000_000, 3));
+
+        let bad: SchedulersSection = serde_json::from_value(serde_json::json!({ "slurm": {
+            "endpoint": "https://slurm.example:8443",
+            "token_file": "/nonexistent/slurm.jwt",
+            "timeout_s": 0.0,
+            "max_answer_bytes": 10,
+            "poll_s": -1.0,
+        }}))
+        .expect("section");
+        let e = check(&bad, "powerplane.toml", std::path::Path::new("/"))
+            .expect_err("bad")
+            .to_string();
+        for part in [
+            "[schedulers.slurm]",
+            "poll_s",
+            "timeout_s",
+            "max_answer_bytes",
+            "ca_file",
+            "needs user",
+            "/nonexistent/slurm.jwt",
+        ] {
+            assert!(e.contains(part), "{part} missing in: {e}");
+        }
+        assert!(
+            serde_json::from_value::<SchedulersSection>(serde_json::json!({ "slurm": {
+                "endpoint": "unix:/s", "api_version": "v0.0.37",
+            }}))
+            .is_err()
+        );
+    }
+}
