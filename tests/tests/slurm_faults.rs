@@ -54,7 +54,7 @@ fn fake(mode: Arc<AtomicU8>) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
             }
             let text = String::from_utf8_lossy(&req).to_string();
             let mut words = text.split_whitespace();
-            let (method, path) = (words.next().unwrap_or(""), words.nth(0).unwrap_or("/"));
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or("/"));
             log.lock().expect("log").push(format!("{method} {path}"));
             let (status, body) = match (mode.load(Ordering::SeqCst), path) {
                 (DOWN, _) => (503, "slurmctld is down".to_string()),
