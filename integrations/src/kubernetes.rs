@@ -396,7 +396,7 @@ impl KubeHttp {
             crate::scheduler::deadline::to_end,
         )
         .map_err(io)?;
-        let (status, body) = crate::slurm::parse_response(&raw)?;
+        let (status, body) = crate::scheduler::deadline::parse_response(&raw)?;
         Ok((status, String::from_utf8_lossy(&body).to_string()))
     }
 }

@@ -14,8 +14,8 @@
 //!   replays it, and [`store::health`], its counters for `/metrics` and readiness;
 //!   the embedded backend is in the `orchestrator` crate.
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
-//! - [`slurm`]: a slurmrestd client (OpenAPI v0.0.38) and the mapping of Slurm jobs
-//!   to powerplane jobs; [`slurm_sync`] keeps Slurm's holds in step with the plan.
+//! - [`slurm`]: Slurm jobs and their mapping to powerplane jobs; [`slurm_sync`] keeps
+//!   Slurm's holds in step with the plan, through [`slurm_api`].
 //! - [`slurm_api`]: the versioned slurmrestd layer (v0.0.38, v0.0.40 to v0.0.42):
 //!   version detection, per-version shapes, a hyper client with JWT and TLS.
 //! - [`webhook`]: generic schedulers over signed webhooks: job events in, actions out

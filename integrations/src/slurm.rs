@@ -1,48 +1,12 @@
-//! Slurm through slurmrestd (OpenAPI v0.0.38, Slurm 22.05): list jobs, map them to
-//! powerplane's [`Job`], hold and release them; requeue through `scontrol` (v0.0.38 has
-//! no requeue call).
-//!
-//! slurmrestd is spoken to in plain HTTP/1.1 over its unix socket (`rest_auth/local`:
-//! the socket's peer uid authenticates; root may name a user with
-//! `X-SLURM-USER-NAME`), or over TCP to `http://host:port` for a slurmrestd behind an
-//! authenticating proxy. One request per connection.
+//! Slurm jobs as powerplane sees them: the version-neutral [`SlurmJob`] (what
+//! [`crate::slurm_api::JobView::to_slurm_job`] makes of any REST version's answer) and
+//! [`JobMapping`], how one becomes powerplane's [`Job`]. Below it: the versioned REST
+//! layer ([`crate::slurm_api`]); above it: the adapter ([`crate::slurm_sync`]).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::Value;
 use telemetry::{Job, JobState, Timestamp};
-use thiserror::Error;
-
-use crate::scheduler::deadline::{exchange, to_end};
-
-/// The OpenAPI plugin this client speaks.
-pub const API: &str = "/slurm/v0.0.38";
-
-#[derive(Debug, Error)]
-pub enum SlurmError {
-    #[error("slurmrestd at {at}: {message}")]
-    Io { at: String, message: String },
-    #[error("slurmrestd {method} {path}: HTTP {status}: {body}")]
-    Http {
-        method: String,
-        path: String,
-        status: u16,
-        body: String,
-    },
-    #[error("slurmrestd {method} {path}: {errors}")]
-    Api {
-        method: String,
-        path: String,
-        errors: String,
-    },
-    #[error("slurmrestd {path}: cannot decode the answer: {message}")]
-    Decode { path: String, message: String },
-    #[error("scontrol {args}: {message}")]
-    Command { args: String, message: String },
-}
 
 /// How Slurm jobs become powerplane jobs.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -135,44 +99,6 @@ impl SlurmJob {
 
     pub fn is_pending(&self) -> bool {
         self.state == "PENDING"
-    }
-
-    /// Parses one entry of `jobs` in a v0.0.38 answer.
-    pub fn from_json(v: &Value) -> Result<SlurmJob, String> {
-        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        let n = |k: &str| v.get(k).and_then(Value::as_i64);
-        let time = |k: &str| n(k).filter(|t| *t > 0).map(Timestamp::from_secs);
-        let job_id = v
-            .get("job_id")
-            .and_then(Value::as_u64)
-            .ok_or("a job without a numeric job_id")?;
-        let node_count = n("node_count").unwrap_or(1).max(1) as u32;
-        let gpus = gres_gpus(&s("tres_per_job"))
-            .or_else(|| gres_gpus(&s("tres_per_node")).map(|g| g * node_count))
-            .unwrap_or(0);
-        Ok(SlurmJob {
-            job_id,
-            name: s("name"),
-            user: s("user_name"),
-            account: s("account"),
-            partition: s("partition"),
-            qos: s("qos"),
-            comment: s("comment"),
-            state: s("job_state"),
-            reason: s("state_reason"),
-            priority: n("priority").unwrap_or(0),
-            gpus,
-            submit: time("submit_time"),
-            start: time("start_time"),
-            end: time("end_time"),
-            deadline: time("deadline"),
-            // minutes; null or absent: no limit
-            time_limit_s: n("time_limit")
-                .filter(|m| *m > 0 && *m < 0xFFFF_FFFF)
-                .map(|m| m as f64 * 60.0),
-            requeue: v.get("requeue").and_then(Value::as_bool).unwrap_or(false),
-            restarts: n("restart_cnt").unwrap_or(0).max(0) as u64,
-        })
     }
 }
 
@@ -281,330 +207,14 @@ impl JobMapping {
     }
 }
 
-/// Where slurmrestd listens.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Endpoint {
-    Unix(PathBuf),
-    Tcp(String),
-}
-
-impl Endpoint {
-    /// `unix:/path`, a path, or `http://host:port`.
-    pub fn parse(s: &str) -> Result<Endpoint, String> {
-        if let Some(rest) = s.strip_prefix("http://") {
-            let host = rest.trim_end_matches('/');
-            if host.is_empty() || host.contains('/') {
-                return Err(format!("{s:?}: use http://host:port"));
-            }
-            Ok(Endpoint::Tcp(host.to_string()))
-        } else if s.starts_with("https://") {
-            Err(format!(
-                "{s:?}: https is not supported; use the unix socket or a local http port"
-            ))
-        } else {
-            Ok(Endpoint::Unix(PathBuf::from(
-                s.strip_prefix("unix:").unwrap_or(s),
-            )))
-        }
-    }
-}
-
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
-            Endpoint::Tcp(h) => write!(f, "http://{h}"),
-        }
-    }
-}
-
-/// A slurmrestd client.
-#[derive(Debug, Clone)]
-pub struct Client {
-    pub endpoint: Endpoint,
-    /// Sent as `X-SLURM-USER-NAME` (root on the unix socket may act as this user).
-    pub user: Option<String>,
-    pub timeout: Duration,
-    /// The `scontrol` to requeue with.
-    pub scontrol: PathBuf,
-}
-
-impl Client {
-    pub fn new(endpoint: Endpoint) -> Self {
-        Client {
-            endpoint,
-            user: None,
-            timeout: Duration::from_secs(10),
-            scontrol: PathBuf::from("scontrol"),
-        }
-    }
-
-    /// Every job slurmctld knows (pending, running, and recently ended).
-    pub fn jobs(&self) -> Result<Vec<SlurmJob>, SlurmError> {
-        let path = format!("{API}/jobs");
-        let v = self.call("GET", &path, None)?;
-        let jobs = v
-            .get("jobs")
-            .and_then(Value::as_array)
-            .ok_or_else(|| SlurmError::Decode {
-                path: path.clone(),
-                message: "no jobs array".into(),
-            })?;
-        jobs.iter()
-            .map(|j| {
-                SlurmJob::from_json(j).map_err(|message| SlurmError::Decode {
-                    path: path.clone(),
-                    message,
-                })
-            })
-            .collect()
-    }
-
-    /// One job (`None`: slurmctld does not know it).
-    pub fn job(&self, job_id: u64) -> Result<Option<SlurmJob>, SlurmError> {
-        let path = format!("{API}/job/{job_id}");
-        match self.call("GET", &path, None) {
-            Ok(v) => match v
-                .get("jobs")
-                .and_then(Value::as_array)
-                .and_then(|a| a.first())
-            {
-                Some(j) => SlurmJob::from_json(j)
-                    .map(Some)
-                    .map_err(|message| SlurmError::Decode { path, message }),
-                None => Ok(None),
-            },
-            Err(SlurmError::Api { errors, .. } | SlurmError::Http { body: errors, .. })
-                if errors.contains("Invalid job id") =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Holds a pending job (priority 0: `JobHeldAdmin` when slurmrestd's user is an
-    /// operator, else `JobHeldUser`).
-    pub fn hold(&self, job_id: u64) -> Result<(), SlurmError> {
-        self.update(job_id, serde_json::json!({ "hold": true }))
-    }
-
-    /// Releases a held job.
-    pub fn release(&self, job_id: u64) -> Result<(), SlurmError> {
-        self.update(job_id, serde_json::json!({ "hold": false }))
-    }
-
-    /// Sets a pending job's begin time `secs` from now (0: now): Slurm will not
-    /// start it before.
-    pub fn set_begin(&self, job_id: u64, secs: u64) -> Result<(), SlurmError> {
-        let when = if secs == 0 {
-            "now".to_string()
-        } else {
-            format!("now+{secs}")
-        };
-        self.update(job_id, serde_json::json!({ "begin_time": when }))
-    }
-
-    fn update(&self, job_id: u64, body: Value) -> Result<(), SlurmError> {
-        self.call("POST", &format!("{API}/job/{job_id}"), Some(&body))
-            .map(|_| ())
-    }
-
-    /// Requeues a job (`scontrol requeue`; OpenAPI v0.0.38 has no requeue call).
-    pub fn requeue(&self, job_id: u64) -> Result<(), SlurmError> {
-        self.scontrol("requeue", job_id)
-    }
-
-    /// Suspends a running job (`scontrol suspend`; not in OpenAPI v0.0.38).
-    pub fn suspend(&self, job_id: u64) -> Result<(), SlurmError> {
-        self.scontrol("suspend", job_id)
-    }
-
-    /// Resumes a suspended job (`scontrol resume`).
-    pub fn resume(&self, job_id: u64) -> Result<(), SlurmError> {
-        self.scontrol("resume", job_id)
-    }
-
-    fn scontrol(&self, verb: &str, job_id: u64) -> Result<(), SlurmError> {
-        let args = format!("{verb} {job_id}");
-        let out = std::process::Command::new(&self.scontrol)
-            .args([verb, &job_id.to_string()])
-            .output()
-            .map_err(|e| SlurmError::Command {
-                args: args.clone(),
-                message: format!("cannot run {}: {e}", self.scontrol.display()),
-            })?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(SlurmError::Command {
-                args,
-                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            })
-        }
-    }
-
-    /// slurmrestd answers (and slurmctld with it).
-    pub fn ping(&self) -> Result<(), SlurmError> {
-        self.call("GET", &format!("{API}/ping"), None).map(|_| ())
-    }
-
-    /// One request; an answer with a non-empty `errors` array is an error.
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, SlurmError> {
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let (status, text) = self.exchange(method, path, &body)?;
-        let v: Option<Value> = serde_json::from_slice(&text).ok();
-        let errors = v
-            .as_ref()
-            .and_then(|v| v.get("errors"))
-            .and_then(Value::as_array)
-            .filter(|e| !e.is_empty())
-            .map(|e| {
-                e.iter()
-                    .map(|x| {
-                        let d = x.get("description").and_then(Value::as_str).unwrap_or("");
-                        let e = x.get("error").and_then(Value::as_str).unwrap_or("");
-                        [d, e]
-                            .into_iter()
-                            .filter(|s| !s.is_empty())
-                            .collect::<Vec<_>>()
-                            .join(": ")
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            });
-        if !(200..300).contains(&status) {
-            return Err(SlurmError::Http {
-                method: method.into(),
-                path: path.into(),
-                status,
-                body: errors
-                    .unwrap_or_else(|| String::from_utf8_lossy(&text).chars().take(300).collect()),
-            });
-        }
-        if let Some(errors) = errors {
-            return Err(SlurmError::Api {
-                method: method.into(),
-                path: path.into(),
-                errors,
-            });
-        }
-        v.ok_or_else(|| SlurmError::Decode {
-            path: path.into(),
-            message: "not JSON".into(),
-        })
-    }
-
-    fn exchange(&self, method: &str, path: &str, body: &str) -> Result<(u16, Vec<u8>), SlurmError> {
-        let io = |e: std::io::Error| SlurmError::Io {
-            at: self.endpoint.to_string(),
-            message: e.to_string(),
-        };
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: application/json\r\n"
-        );
-        if let Some(u) = &self.user {
-            req.push_str(&format!("X-SLURM-USER-NAME: {u}\r\n"));
-        }
-        if !body.is_empty() || method == "POST" {
-            req.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
-            ));
-        }
-        req.push_str("\r\n");
-        req.push_str(body);
-        // the whole call, connect included, ends by `timeout`
-        let deadline = std::time::Instant::now() + self.timeout;
-        let raw = match &self.endpoint {
-            Endpoint::Unix(p) => {
-                let mut s = std::os::unix::net::UnixStream::connect(p).map_err(io)?;
-                exchange(&mut s, req.as_bytes(), deadline, to_end).map_err(io)?
-            }
-            Endpoint::Tcp(h) => {
-                use std::net::ToSocketAddrs;
-                let addr = h
-                    .to_socket_addrs()
-                    .map_err(io)?
-                    .next()
-                    .ok_or_else(|| io(std::io::Error::other("no address")))?;
-                let mut s =
-                    std::net::TcpStream::connect_timeout(&addr, self.timeout).map_err(io)?;
-                exchange(&mut s, req.as_bytes(), deadline, to_end).map_err(io)?
-            }
-        };
-        parse_response(&raw).map_err(|message| SlurmError::Io {
-            at: self.endpoint.to_string(),
-            message,
-        })
-    }
-}
-
-/// Status and body of an HTTP/1.1 response (Content-Length, chunked, or to the end).
-pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("the answer has no header end")?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let body = &raw[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| format!("bad status line in {:?}", head.lines().next()))?;
-    let mut length = None;
-    let mut chunked = false;
-    for l in lines {
-        if let Some((k, v)) = l.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-            if k == "content-length" {
-                length = v.parse::<usize>().ok();
-            } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            }
-        }
-    }
-    if chunked {
-        let mut out = Vec::new();
-        let mut rest = body;
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .ok_or("truncated chunk")?;
-            let size = usize::from_str_radix(
-                String::from_utf8_lossy(&rest[..eol])
-                    .split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim(),
-                16,
-            )
-            .map_err(|e| format!("bad chunk size: {e}"))?;
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            if rest.len() < size {
-                return Err("truncated chunk".into());
-            }
-            out.extend_from_slice(&rest[..size]);
-            rest = rest.get(size + 2..).unwrap_or(&[]);
-        }
-        return Ok((status, out));
-    }
-    match length {
-        Some(n) if body.len() >= n => Ok((status, body[..n].to_vec())),
-        Some(n) => Err(format!("answer cut short: {} of {n} bytes", body.len())),
-        None => Ok((status, body.to_vec())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One job of a v0.0.38 answer, through the versioned layer.
+    fn v0038(v: &serde_json::Value) -> Result<SlurmJob, String> {
+        crate::slurm_api::JobView::from_json(v).map(|j| j.to_slurm_job())
+    }
 
     #[test]
     fn gpus_are_read_from_every_tres_form() {
@@ -617,15 +227,6 @@ mod tests {
     }
 
     #[test]
-    fn chunked_and_sized_answers_are_read() {
-        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
-        assert_eq!(parse_response(raw), Ok((200, b"{\"a\":1}".to_vec())));
-        let raw = b"HTTP/1.1 400 BAD REQUEST\r\nContent-Length: 2\r\n\r\nnoEXTRA";
-        assert_eq!(parse_response(raw), Ok((400, b"no".to_vec())));
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
-    }
-
-    #[test]
     fn the_comment_the_partition_and_the_time_limit_map_a_job() {
         let v = serde_json::json!({
             "job_id": 7, "name": "train", "user_name": "ana", "account": "physics",
@@ -635,7 +236,7 @@ mod tests {
             "time_limit": 90, "requeue": true, "restart_cnt": 0,
             "comment": "deadline=2023-11-15T00:00:00Z est=1800"
         });
-        let j = SlurmJob::from_json(&v).expect("job");
+        let j = v0038(&v).expect("job");
         let mut m = JobMapping::default();
         m.class_by_partition
             .insert("long".into(), "training".into());
@@ -655,11 +256,7 @@ mod tests {
         // without est=, the time limit (minutes) is the estimate
         let mut v2 = v.clone();
         v2["comment"] = "class=inference".into();
-        let job = m.map(
-            &SlurmJob::from_json(&v2).expect("job"),
-            false,
-            Timestamp::from_secs(0),
-        );
+        let job = m.map(&v0038(&v2).expect("job"), false, Timestamp::from_secs(0));
         assert_eq!(
             (job.class.as_str(), job.est_duration_s),
             ("inference", 5400.0)
@@ -669,23 +266,10 @@ mod tests {
         let mut v3 = v.clone();
         v3["state_reason"] = "JobHeldAdmin".into();
         v3["priority"] = 0.into();
-        let held = SlurmJob::from_json(&v3).expect("job");
+        let held = v0038(&v3).expect("job");
         assert!(!m.map(&held, false, Timestamp::from_secs(0)).deferrable);
         let ours = m.map(&held, true, Timestamp::from_secs(0));
         assert!(ours.deferrable);
         assert_eq!(ours.state, JobState::Held);
-    }
-
-    #[test]
-    fn endpoints_parse() {
-        assert_eq!(
-            Endpoint::parse("unix:/run/s.sock"),
-            Ok(Endpoint::Unix("/run/s.sock".into()))
-        );
-        assert_eq!(
-            Endpoint::parse("http://127.0.0.1:6820"),
-            Ok(Endpoint::Tcp("127.0.0.1:6820".into()))
-        );
-        assert!(Endpoint::parse("https://x").is_err());
     }
 }

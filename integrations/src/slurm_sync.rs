@@ -21,7 +21,8 @@ use telemetry::{Job, JobState, Timestamp};
 use tracing::{info, warn};
 
 use crate::scheduler::{Commit, JobId};
-use crate::slurm::{Client, JobMapping, SlurmError, SlurmJob};
+use crate::slurm::{JobMapping, SlurmJob};
+use crate::slurm_api::{ApiClient, SlurmApiConfig, SlurmApiError, Update};
 use crate::store::{Store, StoreError, Tx};
 
 pub use crate::scheduler::{Applied, Hints};
@@ -57,8 +58,36 @@ pub struct SlurmCounters {
     pub released_externally: u64,
     /// Holds not placed because the job was held by someone else or already running.
     pub skipped: u64,
+    /// Attempts to build the slurmrestd client (find its version) that failed.
+    pub connect_errors: u64,
     pub last_error: Option<String>,
 }
+
+/// The client's answer counters: those of the built client plus those of failed
+/// builds (a build that fails leaves no client to count them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AnswerCounts {
+    pub malformed: u64,
+    pub oversized: u64,
+    pub unauthorized: u64,
+    pub timeouts: u64,
+}
+
+impl AnswerCounts {
+    fn count(&mut self, e: &SlurmApiError) {
+        match e {
+            SlurmApiError::Decode { .. } => self.malformed += 1,
+            SlurmApiError::TooLarge { .. } => self.oversized += 1,
+            SlurmApiError::Unauthorized { .. } => self.unauthorized += 1,
+            SlurmApiError::Timeout { .. } => self.timeouts += 1,
+            _ => {}
+        }
+    }
+}
+
+/// Slurm's error numbers that say a call on a job can never succeed: invalid job id,
+/// already completing or completed, no longer pending.
+const FINAL_ERRORS: [i64; 3] = [2017, 2021, 2073];
 
 /// How powerplane keeps a Slurm job from starting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -74,7 +103,13 @@ pub enum HoldWith {
 }
 
 pub struct SlurmSync {
-    pub client: Client,
+    /// How slurmrestd is reached; the client is built from it on first use, on the
+    /// thread that calls the adapter (it blocks and does IO), and again after a
+    /// build fails.
+    pub api: SlurmApiConfig,
+    client: Option<ApiClient>,
+    /// Answer counters of builds that failed.
+    build_counts: AnswerCounts,
     pub mapping: JobMapping,
     pub hold_with: HoldWith,
     holds: BTreeMap<u64, OurHold>,
@@ -95,7 +130,7 @@ fn slurm_id(id: &str) -> Option<u64> {
 impl SlurmSync {
     /// The adapter with the holds the store says are ours.
     pub fn restore(
-        client: Client,
+        api: SlurmApiConfig,
         mapping: JobMapping,
         store: &mut Store,
     ) -> Result<Self, StoreError> {
@@ -114,7 +149,9 @@ impl SlurmSync {
             .map(|h| (h.job_id, h))
             .collect();
         Ok(SlurmSync {
-            client,
+            api,
+            client: None,
+            build_counts: AnswerCounts::default(),
             mapping,
             hold_with: HoldWith::default(),
             holds,
@@ -124,6 +161,62 @@ impl SlurmSync {
             live: BTreeMap::new(),
             counters: SlurmCounters::default(),
         })
+    }
+
+    /// The slurmrestd client, built (and its version found) if it is not yet.
+    ///
+    /// # Errors
+    /// The build's: slurmrestd unreachable, refused, or speaking no version of ours.
+    pub fn connect(&mut self) -> Result<&ApiClient, SlurmApiError> {
+        if self.client.is_none() {
+            match self.api.build() {
+                Ok(c) => {
+                    info!(endpoint = %self.api.endpoint, version = %c.version(), "slurmrestd client ready");
+                    self.client = Some(c);
+                }
+                Err(e) => {
+                    self.build_counts.count(&e);
+                    self.counters.connect_errors += 1;
+                    self.counters.last_error = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+        self.client
+            .as_ref()
+            .ok_or_else(|| SlurmApiError::Config("the slurmrestd client is not built".into()))
+    }
+
+    /// The REST version in use, once the client is built.
+    pub fn version(&self) -> Option<String> {
+        self.client.as_ref().map(|c| c.version().to_string())
+    }
+
+    /// Answers refused or failed, since start.
+    pub fn answer_counts(&self) -> AnswerCounts {
+        let mut n = self.build_counts;
+        if let Some(c) = &self.client {
+            let get =
+                |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            n.malformed += get(&c.counters.malformed_total);
+            n.oversized += get(&c.counters.oversized_total);
+            n.unauthorized += get(&c.counters.unauthorized_total);
+            n.timeouts += get(&c.counters.timeouts_total);
+        }
+        n
+    }
+
+    fn update(&mut self, job_id: u64, update: Update) -> Result<(), SlurmApiError> {
+        self.connect()?.update(job_id, update)
+    }
+
+    /// The begin time `secs` from now (0: now).
+    fn set_begin(&mut self, job_id: u64, secs: u64) -> Result<(), SlurmApiError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let unix_s = now.saturating_add(i64::try_from(secs).unwrap_or(i64::MAX));
+        self.update(job_id, Update::BeginAt { unix_s })
     }
 
     /// Holds powerplane has in Slurm, by powerplane job id.
@@ -165,9 +258,14 @@ impl SlurmSync {
 
     /// Reads Slurm's jobs, reconciles the holds with what Slurm shows, and returns the
     /// jobs as powerplane sees them (jobs gone from Slurm come back once as finished).
-    pub fn poll(&mut self, now: Timestamp, store: &mut dyn Commit) -> Result<Vec<Job>, SlurmError> {
+    /// A poll that fails leaves the previous view as it was.
+    pub fn poll(
+        &mut self,
+        now: Timestamp,
+        store: &mut dyn Commit,
+    ) -> Result<Vec<Job>, SlurmApiError> {
         self.counters.polls += 1;
-        let jobs = match self.client.jobs() {
+        let jobs = match self.connect().and_then(ApiClient::jobs) {
             Ok(j) => j,
             Err(e) => {
                 self.counters.poll_errors += 1;
@@ -175,7 +273,10 @@ impl SlurmSync {
                 return Err(e);
             }
         };
-        self.last = jobs.into_iter().map(|j| (j.job_id, j)).collect();
+        self.last = jobs
+            .into_iter()
+            .map(|j| (j.job_id, j.to_slurm_job()))
+            .collect();
         let mut tx = Tx::new();
         let ids: Vec<u64> = self.holds.keys().copied().collect();
         for id in ids {
@@ -285,8 +386,8 @@ impl SlurmSync {
                 continue;
             }
             let released = match self.hold_with {
-                HoldWith::Hold => self.client.release(id),
-                HoldWith::BeginTime => self.client.set_begin(id, 0),
+                HoldWith::Hold => self.update(id, Update::Release),
+                HoldWith::BeginTime => self.set_begin(id, 0),
             };
             match released {
                 Ok(()) => {
@@ -322,7 +423,7 @@ impl SlurmSync {
                         continue;
                     }
                     let secs = h.lease_until.secs_since(now).ceil().max(1.0) as u64;
-                    if let Err(e) = self.client.set_begin(id, secs) {
+                    if let Err(e) = self.set_begin(id, secs) {
                         self.failed("renew", id, &e);
                         continue;
                     }
@@ -367,10 +468,10 @@ impl SlurmSync {
             }
             self.holds.insert(id, intent.clone());
             let placed = match self.hold_with {
-                HoldWith::Hold => self.client.hold(id),
-                HoldWith::BeginTime => self
-                    .client
-                    .set_begin(id, h.lease_until.secs_since(now).ceil().max(1.0) as u64),
+                HoldWith::Hold => self.update(id, Update::Hold),
+                HoldWith::BeginTime => {
+                    self.set_begin(id, h.lease_until.secs_since(now).ceil().max(1.0) as u64)
+                }
             };
             match placed {
                 Ok(()) => {
@@ -430,7 +531,11 @@ impl SlurmSync {
                 continue;
             }
             let gone = self.last.get(&id).is_none_or(|j| j.state != "SUSPENDED");
-            let result = if gone { Ok(()) } else { self.client.resume(id) };
+            let result = if gone {
+                Ok(())
+            } else {
+                self.update(id, Update::Resume)
+            };
             match result {
                 Ok(()) => {
                     if !gone {
@@ -483,7 +588,7 @@ impl SlurmSync {
                 warn!(job = id, error = %e, "not suspended: the store cannot record it");
                 continue;
             }
-            match self.client.suspend(id) {
+            match self.update(id, Update::Suspend) {
                 Ok(()) => {
                     self.counters.suspends += 1;
                     if let Some(j) = self.last.get_mut(&id) {
@@ -508,12 +613,12 @@ impl SlurmSync {
     }
 
     /// Requeues a running job (only when Slurm allows it to requeue).
-    pub fn requeue(&mut self, id: &str) -> Result<(), SlurmError> {
-        let n = slurm_id(id).ok_or_else(|| SlurmError::Command {
+    pub fn requeue(&mut self, id: &str) -> Result<(), SlurmApiError> {
+        let n = slurm_id(id).ok_or_else(|| SlurmApiError::Command {
             args: format!("requeue {id}"),
             message: "not a Slurm job".into(),
         })?;
-        match self.client.requeue(n) {
+        match self.update(n, Update::Requeue) {
             Ok(()) => {
                 self.counters.requeues += 1;
                 Ok(())
@@ -525,7 +630,7 @@ impl SlurmSync {
         }
     }
 
-    fn failed(&mut self, what: &str, id: u64, e: &SlurmError) {
+    fn failed(&mut self, what: &str, id: u64, e: &SlurmApiError) {
         self.counters.action_errors += 1;
         self.counters.last_error = Some(e.to_string());
         warn!(job = id, error = %e, "Slurm {what} failed; retried next pass");
@@ -556,17 +661,8 @@ fn is_running(j: &SlurmJob) -> bool {
     )
 }
 
-/// Slurm answered that the call cannot succeed (the job ended, is unknown, or cannot
-/// be changed): retrying does not help.
-fn is_final(e: &SlurmError) -> bool {
-    match e {
-        SlurmError::Api { errors, .. } | SlurmError::Http { body: errors, .. } => {
-            let e = errors.to_ascii_lowercase();
-            e.contains("invalid job id")
-                || e.contains("already completed")
-                || e.contains("job is no longer pending")
-                || e.contains("not pending")
-        }
-        _ => false,
-    }
+/// Slurm answered that the call cannot succeed (the job ended, is unknown, or is no
+/// longer pending): retrying does not help. By Slurm's error numbers, not its text.
+fn is_final(e: &SlurmApiError) -> bool {
+    matches!(e, SlurmApiError::Api { numbers, .. } if numbers.iter().any(|n| FINAL_ERRORS.contains(n)))
 }

@@ -266,6 +266,7 @@ fn assert_cadence_kept(port: u16, started: Instant) {
     );
     for counter in [
         "powerplane_slurm_poll_errors_total",
+        "powerplane_slurm_timeouts_total",
         "powerplane_kubernetes_poll_errors_total",
         "powerplane_webhook_delivery_failures_total",
     ] {

@@ -1,5 +1,5 @@
-//! A deadline for a whole request of the adapters' blocking HTTP clients (slurmrestd,
-//! the Kubernetes API, the webhook receiver): a socket's read timeout bounds one read,
+//! A deadline for a whole request of the adapters' blocking HTTP clients (the Kubernetes
+//! API, the webhook receiver): a socket's read timeout bounds one read,
 //! so a server that trickles a byte now and then would hold a call for ever; here the
 //! whole exchange (the request written, the answer read) ends by its deadline.
 
@@ -73,11 +73,73 @@ pub fn to_end(_: &[u8]) -> bool {
     false
 }
 
+/// Status and body of an HTTP/1.1 response (Content-Length, chunked, or to the end).
+pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("the answer has no header end")?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let body = &raw[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| format!("bad status line in {:?}", head.lines().next()))?;
+    let mut length = None;
+    let mut chunked = false;
+    for l in lines {
+        if let Some((k, v)) = l.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+            if k == "content-length" {
+                length = v.parse::<usize>().ok();
+            } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                chunked = true;
+            }
+        }
+    }
+    if chunked {
+        let mut out = Vec::new();
+        let mut rest = body;
+        loop {
+            let eol = rest
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .ok_or("truncated chunk")?;
+            let size = usize::from_str_radix(
+                String::from_utf8_lossy(&rest[..eol])
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim(),
+                16,
+            )
+            .map_err(|e| format!("bad chunk size: {e}"))?;
+            rest = &rest[eol + 2..];
+            if size == 0 {
+                break;
+            }
+            if rest.len() < size {
+                return Err("truncated chunk".into());
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest = rest.get(size + 2..).unwrap_or(&[]);
+        }
+        return Ok((status, out));
+    }
+    match length {
+        Some(n) if body.len() >= n => Ok((status, body[..n].to_vec())),
+        Some(n) => Err(format!("answer cut short: {} of {n} bytes", body.len())),
+        None => Ok((status, body.to_vec())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kubernetes::{KubeApi, KubeHttp};
-    use crate::slurm::{Client, Endpoint};
+    use crate::slurm_api::SlurmApiConfig;
 
     /// A server that answers one byte every 500 ms, for ever.
     fn trickler() -> u16 {
@@ -105,9 +167,10 @@ mod tests {
             assert!(f(), "the call must fail");
             t.elapsed()
         };
-        let mut slurm = Client::new(Endpoint::Tcp(format!("127.0.0.1:{port}")));
-        slurm.timeout = timeout;
-        let t = took(&|| slurm.jobs().is_err());
+        let mut slurm = SlurmApiConfig::new(&format!("http://127.0.0.1:{port}"));
+        slurm.timeout_s = timeout.as_secs_f64();
+        // the build asks for the version: the first call
+        let t = took(&|| slurm.build().is_err());
         assert!(t < Duration::from_secs(3), "slurmrestd call took {t:?}");
         let kube = std::sync::Mutex::new(KubeHttp {
             base: format!("http://127.0.0.1:{port}"),
@@ -122,5 +185,14 @@ mod tests {
                 .is_err()
         });
         assert!(t < Duration::from_secs(3), "webhook POST took {t:?}");
+    }
+
+    #[test]
+    fn chunked_and_sized_answers_are_read() {
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n";
+        assert_eq!(parse_response(raw), Ok((200, b"{\"a\":1}".to_vec())));
+        let raw = b"HTTP/1.1 400 BAD REQUEST\r\nContent-Length: 2\r\n\r\nnoEXTRA";
+        assert_eq!(parse_response(raw), Ok((400, b"no".to_vec())));
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
     }
 }

@@ -19,6 +19,15 @@ impl Scheduler for SlurmSync {
     }
 
     fn apply(&mut self, desired: &Desired, now: Timestamp, store: &mut dyn Commit) -> Pass {
+        // no client (slurmrestd down at start, or refusing): one failure, so the
+        // reconciler retries the build after its backoff rather than once per job
+        if let Err(e) = self.connect() {
+            warn!(error = %e, "slurmrestd client not ready; retried after the backoff");
+            return Pass {
+                applied: Vec::new(),
+                failed: 1,
+            };
+        }
         let errors = self.counters.action_errors;
         let mut applied = SlurmSync::apply(self, &desired.holds, now, store);
         applied.extend(self.apply_suspensions(&desired.suspended, now, store));
@@ -50,7 +59,9 @@ impl Scheduler for SlurmSync {
 
     fn status(&self) -> serde_json::Value {
         json!({
-            "endpoint": self.client.endpoint.to_string(),
+            "endpoint": self.api.endpoint,
+            "api_version": self.version(),
+            "answers": self.answer_counts(),
             "counters": self.counters,
             "holds": self.ours(),
             "suspended": self.suspended(),
@@ -59,7 +70,33 @@ impl Scheduler for SlurmSync {
 
     fn counters(&self) -> Vec<Counter> {
         let c = &self.counters;
+        let a = self.answer_counts();
         vec![
+            (
+                "slurm_connect_errors_total",
+                "Attempts to reach slurmrestd and find its API version that failed",
+                c.connect_errors as f64,
+            ),
+            (
+                "slurm_malformed_total",
+                "slurmrestd answers that were not the JSON expected",
+                a.malformed as f64,
+            ),
+            (
+                "slurm_oversized_total",
+                "slurmrestd answers refused for exceeding max_answer_bytes",
+                a.oversized as f64,
+            ),
+            (
+                "slurm_unauthorized_total",
+                "slurmrestd calls refused for authentication (expired or wrong token, wrong uid)",
+                a.unauthorized as f64,
+            ),
+            (
+                "slurm_timeouts_total",
+                "slurmrestd calls that passed their deadline",
+                a.timeouts as f64,
+            ),
             (
                 "slurm_polls_total",
                 "Polls of slurmrestd's job list",

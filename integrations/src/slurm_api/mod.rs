@@ -18,7 +18,8 @@
 //!   scheduler's own thread (a current-thread runtime inside), built from
 //!   [`SlurmApiConfig`].
 //!
-//! Against a real server: `tests/tests/slurm24.rs` (Slurm 24.11 and 22.05); golden
+//! Against a real server: `tests/tests/slurm24.rs` (Slurm 24.11 and 22.05), and the
+//! adapter on it in `tests/tests/slurm.rs` and `orchestrator/tests/slurm_serve.rs`; golden
 //! inputs saved from both: `tests/fixtures/slurm/`.
 
 pub mod client;
@@ -27,6 +28,7 @@ pub mod shapes;
 pub mod version;
 
 pub use client::{ApiClient, SlurmApiConfig};
+pub use http::TokenFile;
 pub use shapes::{JobView, Number, Request, Update};
 pub use version::{ApiPin, ApiVersion};
 

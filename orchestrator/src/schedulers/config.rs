@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use integrations::kubernetes::PodMapping;
-use integrations::slurm::{Endpoint, JobMapping};
+use integrations::slurm::JobMapping;
+use integrations::slurm_api::{ApiPin, SlurmApiConfig, TokenFile};
 use integrations::webhook::WebhookKey;
 use serde::Deserialize;
 
@@ -114,19 +115,35 @@ fn default_deferrable() -> Vec<String> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlurmSection {
-    /// `unix:/path/to/slurmrestd.sock` (rest_auth/local) or `http://host:port`.
+    /// `unix:/path/to/slurmrestd.sock` (rest_auth/local), `http://host:port` or
+    /// `https://host:port` (with `ca_file`).
     pub endpoint: String,
-    /// Sent as `X-SLURM-USER-NAME` (root on the unix socket may act as any user).
+    /// `"auto"` (the newest version both speak) or one of `"v0.0.42"`, `"v0.0.41"`,
+    /// `"v0.0.40"`, `"v0.0.38"`.
+    #[serde(default)]
+    pub api_version: ApiPin,
+    /// Sent as `X-SLURM-USER-NAME` (root on the unix socket may act as any user;
+    /// with `token_file`, the token's user).
     #[serde(default)]
     pub user: Option<String>,
+    /// A JWT from `scontrol token` (auth/jwt), re-read when the file changes.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// The PEM CA of an `https://` endpoint's certificate.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Answers over this many bytes are refused (and counted).
+    #[serde(default = "default_max_answer")]
+    pub max_answer_bytes: usize,
     /// Seconds between polls of the job list (0: every tick).
     #[serde(default = "default_poll")]
     pub poll_s: f64,
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
-    /// The `scontrol` that requeues (slurmrestd v0.0.38 cannot).
+    /// The `scontrol` that requeues, suspends and resumes (no REST version can): a
+    /// command, or a list (`["chroot", "/srv/slurm", "scontrol"]`).
     #[serde(default = "default_scontrol")]
-    pub scontrol: PathBuf,
+    pub scontrol: Command,
     /// `begin_time` (the default: the job's begin time is the lease, so Slurm starts
     /// it if powerplane stops renewing — no job stays held past its lease, even with a
     /// dead controller) or `hold` (JobHeldAdmin until released).
@@ -136,8 +153,45 @@ pub struct SlurmSection {
     pub mapping: JobMapping,
 }
 
+/// A command: one word, or the words of a command line.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Command {
+    One(PathBuf),
+    Many(Vec<String>),
+}
+
+impl SlurmSection {
+    /// The REST client's config; relative paths are taken from `base` (the config
+    /// file's folder).
+    pub fn api_config(&self, base: &std::path::Path) -> SlurmApiConfig {
+        let mut c = SlurmApiConfig::new(&self.endpoint);
+        c.api_version = self.api_version;
+        c.user = self.user.clone();
+        c.token_file = self
+            .token_file
+            .as_ref()
+            .map(|t| crate::paths::resolve(base, t));
+        c.ca_file = self
+            .ca_file
+            .as_ref()
+            .map(|t| crate::paths::resolve(base, t));
+        c.timeout_s = self.timeout_s;
+        c.max_answer_bytes = self.max_answer_bytes;
+        c.scontrol = match &self.scontrol {
+            Command::One(p) => vec![p.display().to_string()],
+            Command::Many(v) => v.clone(),
+        };
+        c
+    }
+}
+
 fn default_poll() -> f64 {
     15.0
+}
+
+fn default_max_answer() -> usize {
+    SlurmApiConfig::new("unix:/").max_answer_bytes
 }
 
 fn default_hold_with() -> integrations::slurm_sync::HoldWith {
@@ -146,8 +200,8 @@ fn default_hold_with() -> integrations::slurm_sync::HoldWith {
 fn default_timeout() -> f64 {
     10.0
 }
-fn default_scontrol() -> PathBuf {
-    PathBuf::from("scontrol")
+fn default_scontrol() -> Command {
+    Command::One(PathBuf::from("scontrol"))
 }
 
 /// Checks the section before anything starts (`base`: the config file's folder).
@@ -188,23 +242,39 @@ pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Resul
         );
     }
     if let Some(sl) = &s.slurm {
-        Endpoint::parse(&sl.endpoint)
-            .map_err(|e| anyhow::anyhow!("{file}: [schedulers.slurm] endpoint {e}"))?;
-        anyhow::ensure!(
-            sl.poll_s >= 0.0 && sl.poll_s.is_finite(),
-            "{file}: [schedulers.slurm] poll_s must be 0 or more, got {}",
-            sl.poll_s
-        );
-        anyhow::ensure!(
-            sl.timeout_s > 0.0 && sl.timeout_s <= 300.0,
-            "{file}: [schedulers.slurm] timeout_s must be within (0, 300], got {}",
-            sl.timeout_s
-        );
-        anyhow::ensure!(
-            sl.mapping.default_duration_s > 0.0,
-            "{file}: [schedulers.slurm.mapping] default_duration_s must be above 0"
+        check_slurm(sl, file, base)?;
+    }
+    Ok(())
+}
+
+/// `[schedulers.slurm]`: every problem at once (the REST client's own checks
+/// included: endpoint, ca_file, timeout_s, max_answer_bytes, token_file and user).
+fn check_slurm(sl: &SlurmSection, file: &str, base: &std::path::Path) -> Result<()> {
+    let mut bad = Vec::new();
+    if !(sl.poll_s >= 0.0 && sl.poll_s.is_finite()) {
+        bad.push(format!("poll_s must be 0 or more, got {}", sl.poll_s));
+    }
+    if sl.mapping.default_duration_s <= 0.0 {
+        bad.push("mapping.default_duration_s must be above 0".to_string());
+    }
+    let api = sl.api_config(base);
+    if let Err(e) = api.validate() {
+        bad.push(
+            e.to_string()
+                .trim_start_matches("slurm api config: ")
+                .to_string(),
         );
     }
+    if let Some(t) = &api.token_file {
+        if let Err(e) = TokenFile::new(t.clone()).token() {
+            bad.push(e.to_string());
+        }
+    }
+    anyhow::ensure!(
+        bad.is_empty(),
+        "{file}: [schedulers.slurm] {}",
+        bad.join("; ")
+    );
     Ok(())
 }
 
@@ -212,4 +282,62 @@ pub(crate) fn read_key(path: &std::path::Path) -> Result<WebhookKey> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read the webhook key {}: {e}", path.display()))?;
     WebhookKey::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slurm_rest_keys_are_read_and_check_names_every_problem_at_once() {
+        let s: SchedulersSection = serde_json::from_value(serde_json::json!({ "slurm": {
+            "endpoint": "http://127.0.0.1:6820",
+            "api_version": "v0.0.41",
+            "user": "slurm",
+            "token_file": "slurm.jwt",
+            "max_answer_bytes": 1_000_000,
+            "scontrol": ["chroot", "/srv/slurm", "scontrol"],
+        }}))
+        .expect("section");
+        let sl = s.slurm.as_ref().expect("slurm");
+        let api = sl.api_config(std::path::Path::new("/etc/powerplane"));
+        assert_eq!(
+            api.api_version,
+            ApiPin::Exact(integrations::slurm_api::ApiVersion::V0041)
+        );
+        assert_eq!(
+            api.token_file.as_deref(),
+            Some(std::path::Path::new("/etc/powerplane/slurm.jwt"))
+        );
+        assert_eq!((api.max_answer_bytes, api.scontrol.len()), (1_000_000, 3));
+
+        let bad: SchedulersSection = serde_json::from_value(serde_json::json!({ "slurm": {
+            "endpoint": "https://slurm.example:8443",
+            "token_file": "/nonexistent/slurm.jwt",
+            "timeout_s": 0.0,
+            "max_answer_bytes": 10,
+            "poll_s": -1.0,
+        }}))
+        .expect("section");
+        let e = check(&bad, "powerplane.toml", std::path::Path::new("/"))
+            .expect_err("bad")
+            .to_string();
+        for part in [
+            "[schedulers.slurm]",
+            "poll_s",
+            "timeout_s",
+            "max_answer_bytes",
+            "ca_file",
+            "needs user",
+            "/nonexistent/slurm.jwt",
+        ] {
+            assert!(e.contains(part), "{part} missing in: {e}");
+        }
+        assert!(
+            serde_json::from_value::<SchedulersSection>(serde_json::json!({ "slurm": {
+                "endpoint": "unix:/s", "api_version": "v0.0.37",
+            }}))
+            .is_err()
+        );
+    }
 }

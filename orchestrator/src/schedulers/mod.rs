@@ -96,7 +96,7 @@ impl Schedulers {
         let mut adapters: Vec<(Box<dyn Scheduler>, Option<f64>)> = Vec::new();
         let (mut hook, mut kube_hooks) = (None, None);
         if let Some(c) = &s.slurm {
-            let (a, poll_s) = slurm::open(c, store)?;
+            let (a, poll_s) = slurm::open(c, base, store)?;
             adapters.push((a, Some(poll_s)));
         }
         if let Some(c) = &s.kubernetes {

@@ -1,26 +1,27 @@
 //! Slurm glue: the adapter opened from `[schedulers.slurm]`, with the holds the store
-//! says are powerplane's.
-
-use std::time::Duration;
+//! says are powerplane's. Its REST client is built later, on the reconciler's thread
+//! (the build finds slurmrestd's version, which is IO; a failed build is retried
+//! after the reconciler's backoff).
 
 use anyhow::Result;
 use integrations::scheduler::Scheduler;
-use integrations::slurm::{Client, Endpoint};
 use integrations::slurm_sync::SlurmSync;
 use integrations::store::Store;
 use tracing::info;
 
 use super::config::SlurmSection;
 
-/// The Slurm adapter of `[schedulers.slurm]` and its poll interval.
-pub fn open(s: &SlurmSection, store: &mut Store) -> Result<(Box<dyn Scheduler>, f64)> {
-    let endpoint = Endpoint::parse(&s.endpoint).map_err(anyhow::Error::msg)?;
-    let mut client = Client::new(endpoint);
-    client.user = s.user.clone();
-    client.timeout = Duration::from_secs_f64(s.timeout_s);
-    client.scontrol = s.scontrol.clone();
-    let mut sync = SlurmSync::restore(client, s.mapping.clone(), store)?;
+/// The Slurm adapter of `[schedulers.slurm]` and its poll interval (`base`: the
+/// config file's folder, for relative paths).
+pub fn open(
+    s: &SlurmSection,
+    base: &std::path::Path,
+    store: &mut Store,
+) -> Result<(Box<dyn Scheduler>, f64)> {
+    let api = s.api_config(base);
+    api.validate()?;
+    let mut sync = SlurmSync::restore(api, s.mapping.clone(), store)?;
     sync.hold_with = s.hold_with;
-    info!(endpoint = %s.endpoint, poll_s = s.poll_s, holds = sync.ours().len(), "steering Slurm through slurmrestd");
+    info!(endpoint = %s.endpoint, api_version = ?s.api_version, poll_s = s.poll_s, holds = sync.ours().len(), "steering Slurm through slurmrestd");
     Ok((Box::new(sync), s.poll_s))
 }
