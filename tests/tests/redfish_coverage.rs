@@ -1,0 +1,287 @@
+//! Coverage of the Redfish survey on DMTF's public mockups served by `sushy-static`:
+//! the ground truth is computed here from the mockup's JSON files (every numeric
+//! `Reading`, `ReadingCelsius`, `ReadingVolts`, `PowerConsumedWatts`, ... with its
+//! unit, each physical reading once), and compared with what the survey read, value
+//! and unit.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use powerplane_tests::{workspace_root, Sushy};
+use serde_json::Value;
+use sources::redfish::survey::{survey_blocking, Survey};
+use sources::redfish::EndpointConfig;
+
+/// One distinct reading of the ground truth: value in the canonical unit, and unit.
+#[derive(Debug)]
+struct Truth {
+    value: f64,
+    unit: Option<&'static str>,
+    own: bool,
+}
+
+/// Legacy properties that are readings, with their UCUM units.
+const LEGACY: &[(&str, &str)] = &[
+    ("ReadingCelsius", "Cel"),
+    ("ReadingVolts", "V"),
+    ("PowerConsumedWatts", "W"),
+    ("PowerInputWatts", "W"),
+    ("PowerOutputWatts", "W"),
+    ("LastPowerOutputWatts", "W"),
+    ("LineInputVoltage", "V"),
+];
+
+/// UCUM unit, or a property name's unit suffix, to (canonical unit, factor).
+fn to_canonical(unit: &str) -> Option<(&'static str, f64)> {
+    Some(match unit {
+        "Cel" | "Celsius" => ("°C", 1.0),
+        "W" | "Watts" => ("W", 1.0),
+        "A" | "Amps" => ("A", 1.0),
+        "V" | "Volts" | "Voltage" => ("V", 1.0),
+        "kW.h" | "kWh" => ("J", 3.6e6),
+        "J" | "Joules" => ("J", 1.0),
+        "L/min" | "LitersPerMinute" => ("L/min", 1.0),
+        "kPa" => ("kPa", 1.0),
+        "Pa" => ("kPa", 0.001),
+        "%" | "Percent" => ("%", 1.0),
+        "Hz" => ("Hz", 1.0),
+        "RPM" | "{rev}/min" => ("RPM", 1.0),
+        _ => return None,
+    })
+}
+
+fn unit_from_names(names: &[String]) -> Option<&'static str> {
+    const SUFFIX: &[&str] = &[
+        "kWh",
+        "Joules",
+        "Watts",
+        "Amps",
+        "Volts",
+        "Voltage",
+        "Celsius",
+        "LitersPerMinute",
+        "kPa",
+        "Percent",
+        "Hz",
+        "RPM",
+    ];
+    names
+        .iter()
+        .rev()
+        .find_map(|n| SUFFIX.iter().find(|s| n.ends_with(*s)).copied())
+}
+
+struct Collector<'a> {
+    path: &'a str,
+    out: &'a mut BTreeMap<String, Truth>,
+}
+
+impl Collector<'_> {
+    fn add(&mut self, key: String, t: Truth) {
+        match self.out.get(&key) {
+            Some(old) if old.own || !t.own => {}
+            _ => {
+                self.out.insert(key, t);
+            }
+        }
+    }
+
+    fn walk(&mut self, v: &Value, ptr: &str, names: &[String]) {
+        match v {
+            Value::Object(o) => {
+                if let Some(r) = o.get("Reading").and_then(Value::as_f64) {
+                    let own = ptr.is_empty();
+                    let stated = o.get("ReadingUnits").and_then(Value::as_str);
+                    let conv = match stated {
+                        Some(u) => to_canonical(u),
+                        None => unit_from_names(names).and_then(to_canonical),
+                    };
+                    let key = match (own, o.get("DataSourceUri").and_then(Value::as_str)) {
+                        (true, _) => self.path.to_string(),
+                        (false, Some(s)) => s.to_string(),
+                        (false, None) => format!("{}#{ptr}", self.path),
+                    };
+                    let t = Truth {
+                        value: conv.map_or(r, |c| r * c.1),
+                        unit: conv.map(|c| c.0),
+                        own,
+                    };
+                    self.add(key, t);
+                }
+                for (name, unit) in LEGACY {
+                    if let Some(x) = o.get(*name).and_then(Value::as_f64) {
+                        let (u, f) = to_canonical(unit).expect("legacy unit");
+                        self.add(
+                            format!("{}#{ptr}/{name}", self.path),
+                            Truth {
+                                value: x * f,
+                                unit: Some(u),
+                                own: false,
+                            },
+                        );
+                    }
+                }
+                for (k, x) in o {
+                    // thresholds are limits, not readings
+                    if k == "Thresholds" || k == "Links" || k == "Actions" {
+                        continue;
+                    }
+                    let mut n = names.to_vec();
+                    n.push(k.clone());
+                    self.walk(x, &format!("{ptr}/{k}"), &n);
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    self.walk(x, &format!("{ptr}/{i}"), names);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The ground truth of a mockup: every `index.json` under it, as the resource it is.
+fn ground_truth(dir: &Path) -> BTreeMap<String, Truth> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read mockup dir") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "index.json") {
+                let rel = p
+                    .parent()
+                    .and_then(|x| x.strip_prefix(dir).ok())
+                    .expect("under the mockup")
+                    .to_string_lossy()
+                    .to_string();
+                let path = if rel.is_empty() {
+                    "/redfish/v1".to_string()
+                } else {
+                    format!("/redfish/v1/{rel}")
+                };
+                let text = std::fs::read_to_string(&p).expect("read json");
+                let v: Value = serde_json::from_str(&text).expect("mockup json");
+                Collector {
+                    path: &path,
+                    out: &mut out,
+                }
+                .walk(&v, "", &[]);
+            }
+        }
+    }
+    out
+}
+
+struct Coverage {
+    distinct: usize,
+    matched: usize,
+    wrong: Vec<String>,
+    missing: Vec<String>,
+    named: usize,
+}
+
+fn compare(truth: &BTreeMap<String, Truth>, s: &Survey) -> Coverage {
+    let mut c = Coverage {
+        distinct: truth.len(),
+        matched: 0,
+        wrong: Vec::new(),
+        missing: Vec::new(),
+        named: 0,
+    };
+    let unknown: Vec<&str> = s
+        .not_understood
+        .values()
+        .flatten()
+        .map(|u| u.key.as_str())
+        .collect();
+    for (key, t) in truth {
+        match s.readings.get(key) {
+            Some(r) if Some(r.unit) == t.unit && (r.value - t.value).abs() <= 1e-9 * t.value.abs().max(1.0) => {
+                c.matched += 1
+            }
+            Some(r) => c.wrong.push(format!(
+                "{key}: read {} {}, the JSON says {} {:?}",
+                r.value, r.unit, t.value, t.unit
+            )),
+            None if unknown.contains(&key.as_str()) => c.named += 1,
+            None => c.missing.push(key.clone()),
+        }
+    }
+    c
+}
+
+fn coverage_of(mockup: &str) -> Coverage {
+    let bmc = Sushy::start(mockup, None);
+    let dir = workspace_root().join("tests/fixtures/redfish").join(mockup);
+    let truth = ground_truth(&dir);
+    let s = survey_blocking(EndpointConfig::new(mockup, &bmc.url)).expect("survey");
+    let c = compare(&truth, &s);
+    eprintln!(
+        "{mockup}: {}/{} distinct readings right ({:.1}%), {} named not understood, {} wrong, {} missing; {} GETs",
+        c.matched,
+        c.distinct,
+        100.0 * c.matched as f64 / c.distinct.max(1) as f64,
+        c.named,
+        c.wrong.len(),
+        c.missing.len(),
+        s.requests
+    );
+    for w in &c.wrong {
+        eprintln!("  wrong: {w}");
+    }
+    for m in &c.missing {
+        eprintln!("  missing: {m}");
+    }
+    c
+}
+
+fn assert_covered(mockup: &str) {
+    let c = coverage_of(mockup);
+    assert!(c.distinct > 0, "{mockup}: no readings in the ground truth");
+    assert!(c.wrong.is_empty(), "{mockup}: wrong values or units: {:?}", c.wrong);
+    assert!(
+        c.missing.is_empty(),
+        "{mockup}: readings neither read nor named not understood: {:?}",
+        c.missing
+    );
+    let share = c.matched as f64 / c.distinct as f64;
+    assert!(share >= 0.95, "{mockup}: {:.1}% of the distinct readings", 100.0 * share);
+}
+
+#[test]
+fn coverage_public_pdu() {
+    assert_covered("public-pdu");
+}
+
+#[test]
+fn coverage_public_rackmount1() {
+    assert_covered("public-rackmount1");
+}
+
+#[test]
+fn coverage_public_cooling_unit() {
+    assert_covered("public-cooling-unit");
+}
+
+#[test]
+fn coverage_public_acd() {
+    assert_covered("public-acd");
+}
+
+#[test]
+fn coverage_public_smartnic() {
+    assert_covered("public-smartnic");
+}
+
+#[test]
+fn coverage_public_bladed() {
+    assert_covered("public-bladed");
+}
+
+#[test]
+fn coverage_public_cxl_multiswitch() {
+    assert_covered("public-cxl-multiswitch");
+}
