@@ -46,6 +46,27 @@ fn to_canonical(unit: &str) -> Option<(&'static str, f64)> {
         "%" | "Percent" => ("%", 1.0),
         "Hz" => ("Hz", 1.0),
         "RPM" | "{rev}/min" => ("RPM", 1.0),
+        "kW" => ("kW", 1.0),
+        _ => return None,
+    })
+}
+
+/// The unit DSP0268 fixes for a `Sensor`'s `ReadingType`.
+fn unit_of_type(t: &str) -> Option<&'static str> {
+    Some(match t {
+        "Temperature" => "Cel",
+        "Humidity" | "Percent" => "%",
+        "Power" => "W",
+        "EnergykWh" => "kW.h",
+        "EnergyJoules" => "J",
+        "Voltage" => "V",
+        "Current" => "A",
+        "Frequency" => "Hz",
+        "PressurekPa" => "kPa",
+        "Pressure" | "PressurePa" => "Pa",
+        "Rotational" => "RPM",
+        "LiquidFlowLPM" => "L/min",
+        "Heat" => "kW",
         _ => return None,
     })
 }
@@ -91,7 +112,12 @@ impl Collector<'_> {
             Value::Object(o) => {
                 if let Some(r) = o.get("Reading").and_then(Value::as_f64) {
                     let own = ptr.is_empty();
-                    let stated = o.get("ReadingUnits").and_then(Value::as_str);
+                    let typed = o
+                        .get("ReadingType")
+                        .and_then(Value::as_str)
+                        .filter(|_| own)
+                        .and_then(unit_of_type);
+                    let stated = typed.or(o.get("ReadingUnits").and_then(Value::as_str));
                     let conv = match stated {
                         Some(u) => to_canonical(u),
                         None => unit_from_names(names).and_then(to_canonical),
@@ -141,8 +167,27 @@ impl Collector<'_> {
     }
 }
 
-/// The ground truth of a mockup: every `index.json` under it, as the resource it is.
-fn ground_truth(dir: &Path) -> BTreeMap<String, Truth> {
+/// Every link in `v`: `@odata.id` and `DataSourceUri`, fragments dropped.
+fn links(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o {
+                match (k.as_str(), x.as_str()) {
+                    ("@odata.id" | "DataSourceUri", Some(s)) => {
+                        let s = s.split('#').next().unwrap_or_default();
+                        out.push(s.trim_end_matches('/').to_string());
+                    }
+                    _ => links(x, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| links(x, out)),
+        _ => {}
+    }
+}
+
+/// Every `index.json` under `dir`, by the resource path it is served as.
+fn resources(dir: &Path) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -163,16 +208,35 @@ fn ground_truth(dir: &Path) -> BTreeMap<String, Truth> {
                     format!("/redfish/v1/{rel}")
                 };
                 let text = std::fs::read_to_string(&p).expect("read json");
-                let v: Value = serde_json::from_str(&text).expect("mockup json");
-                Collector {
-                    path: &path,
-                    out: &mut out,
-                }
-                .walk(&v, "", &[]);
+                out.insert(path, serde_json::from_str(&text).expect("mockup json"));
             }
         }
     }
     out
+}
+
+/// The ground truth of a mockup: the readings of every resource a client can reach
+/// from the service root by following links, and how many files no link reaches.
+fn ground_truth(dir: &Path) -> (BTreeMap<String, Truth>, usize) {
+    let all = resources(dir);
+    let mut reached = std::collections::BTreeSet::new();
+    let mut todo = vec!["/redfish/v1".to_string()];
+    while let Some(p) = todo.pop() {
+        if let Some(v) = all.get(&p) {
+            if reached.insert(p) {
+                links(v, &mut todo);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for p in &reached {
+        Collector {
+            path: p,
+            out: &mut out,
+        }
+        .walk(&all[p], "", &[]);
+    }
+    (out, all.len() - reached.len())
 }
 
 struct Coverage {
@@ -216,11 +280,11 @@ fn compare(truth: &BTreeMap<String, Truth>, s: &Survey) -> Coverage {
 fn coverage_of(mockup: &str) -> Coverage {
     let bmc = Sushy::start(mockup, None);
     let dir = workspace_root().join("tests/fixtures/redfish").join(mockup);
-    let truth = ground_truth(&dir);
+    let (truth, orphans) = ground_truth(&dir);
     let s = survey_blocking(EndpointConfig::new(mockup, &bmc.url)).expect("survey");
     let c = compare(&truth, &s);
     eprintln!(
-        "{mockup}: {}/{} distinct readings right ({:.1}%), {} named not understood, {} wrong, {} missing; {} GETs",
+        "{mockup}: {}/{} distinct readings right ({:.1}%), {} named not understood, {} wrong, {} missing; {} GETs; {orphans} files no link reaches",
         c.matched,
         c.distinct,
         100.0 * c.matched as f64 / c.distinct.max(1) as f64,
@@ -234,6 +298,12 @@ fn coverage_of(mockup: &str) -> Coverage {
     }
     for m in &c.missing {
         eprintln!("  missing: {m}");
+    }
+    for f in &s.failed {
+        eprintln!("  failed: {f}");
+    }
+    for (p, u) in &s.not_understood {
+        eprintln!("  not understood: {p}: {} numeric properties", u.len());
     }
     c
 }

@@ -3,8 +3,9 @@
 //! reading in them (by the schemas' conventions, see [`readings`]), each physical
 //! reading once, and every resource whose numeric readings were not understood.
 //!
-//! The crawl follows the links a resource holds to its own subordinates (URIs under its
-//! own path), outside `Links`, `Actions` and `Oem`; at most [`MAX_RESOURCES`] GETs,
+//! The crawl follows every link a resource holds (`@odata.id`, including `Links`, and a
+//! sensor excerpt's `DataSourceUri`) into those trees, outside `Actions` and `Oem`,
+//! fragments dropped, each resource once; at most [`MAX_RESOURCES`] GETs,
 //! [`PARALLEL`] at a time, each under the endpoint's GET timeout.
 
 pub mod readings;
@@ -80,43 +81,42 @@ impl Survey {
     }
 }
 
-/// The `@odata.id` links of `v` to resources under `own` (its subordinates).
-fn children(v: &Value, own: &str, out: &mut Vec<String>) {
+/// Every link of `v` (`@odata.id`, `DataSourceUri`) into the trees that hold readings,
+/// outside `Actions` and `Oem`, without fragments.
+fn links(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::Object(o) => {
             for (k, x) in o {
-                if matches!(k.as_str(), "Links" | "Actions" | "Oem" | "RelatedItem") {
+                if matches!(k.as_str(), "Actions" | "Oem") {
                     continue;
                 }
-                if k == "@odata.id" {
+                if k == "@odata.id" || k == "DataSourceUri" {
                     if let Some(s) = x.as_str() {
+                        let s = s.split('#').next().unwrap_or_default();
                         let s = s.trim_end_matches('/');
-                        let under = s.strip_prefix(own).is_some_and(|r| r.starts_with('/'));
+                        let tree = s
+                            .strip_prefix("/redfish/v1/")
+                            .and_then(|r| r.split('/').next())
+                            .is_some_and(|t| ROOTS.contains(&t));
                         let seg = s.rsplit('/').next().unwrap_or_default();
-                        if under && !s.contains('#') && !NOT_FOLLOWED.contains(&seg) {
+                        if tree && !NOT_FOLLOWED.contains(&seg) {
                             out.push(s.to_string());
                         }
                     }
                     continue;
                 }
-                children(x, own, out);
+                links(x, out);
             }
         }
-        Value::Array(a) => a.iter().for_each(|x| children(x, own, out)),
+        Value::Array(a) => a.iter().for_each(|x| links(x, out)),
         _ => {}
     }
 }
 
-/// The subordinate links of the resource at `path` that the crawl follows.
-fn follow(path: &str, v: &Value) -> Vec<String> {
+/// The links of a resource that the crawl follows.
+fn follow(v: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    children(v, path, &mut out);
-    if path == "/redfish/v1" {
-        out.retain(|p| {
-            p.strip_prefix("/redfish/v1/")
-                .is_some_and(|r| ROOTS.contains(&r))
-        });
-    }
+    links(v, &mut out);
     out
 }
 
@@ -132,7 +132,7 @@ pub async fn survey(ep: &Endpoint) -> Result<Survey, RedfishError> {
         ..Survey::default()
     };
     let mut seen: BTreeSet<String> = BTreeSet::from([root_path.to_string()]);
-    let mut next: Vec<String> = follow(root_path, &root);
+    let mut next: Vec<String> = follow(&root);
     while !next.is_empty() {
         let level: Vec<String> = std::mem::take(&mut next)
             .into_iter()
@@ -156,7 +156,7 @@ pub async fn survey(ep: &Endpoint) -> Result<Survey, RedfishError> {
                 Ok(v) => {
                     s.resources += 1;
                     s.add(&p, &v);
-                    next.extend(follow(&p, &v));
+                    next.extend(follow(&v));
                 }
                 Err(e) => s.failed.push(e.to_string()),
             }
@@ -188,25 +188,24 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_crawl_follows_subordinates_only() {
+    fn the_crawl_follows_links_into_the_trees_with_readings() {
         let c = json!({
             "Sensors": {"@odata.id": "/redfish/v1/Chassis/1/Sensors"},
-            "Links": {"ManagedBy": [{"@odata.id": "/redfish/v1/Managers/1"}]},
+            "Links": {"ManagedBy": [{"@odata.id": "/redfish/v1/Managers/1"}], "Contains": [{"@odata.id": "/redfish/v1/Chassis/2"}]},
             "PowerWatts": {"DataSourceUri": "/redfish/v1/Chassis/1/Sensors/P"},
             "Thermal": {"@odata.id": "/redfish/v1/Chassis/1/Thermal#/Fans/0"},
             "LogServices": {"@odata.id": "/redfish/v1/Chassis/1/LogServices"}
         });
+        let mut got = follow(&c);
+        got.sort();
         assert_eq!(
-            follow("/redfish/v1/Chassis/1", &c),
-            vec!["/redfish/v1/Chassis/1/Sensors".to_string()]
-        );
-        let root = json!({
-            "Chassis": {"@odata.id": "/redfish/v1/Chassis"},
-            "Managers": {"@odata.id": "/redfish/v1/Managers"}
-        });
-        assert_eq!(
-            follow("/redfish/v1", &root),
-            vec!["/redfish/v1/Chassis".to_string()]
+            got,
+            vec![
+                "/redfish/v1/Chassis/1/Sensors".to_string(),
+                "/redfish/v1/Chassis/1/Sensors/P".to_string(),
+                "/redfish/v1/Chassis/1/Thermal".to_string(),
+                "/redfish/v1/Chassis/2".to_string(),
+            ]
         );
     }
 

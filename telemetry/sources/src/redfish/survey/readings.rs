@@ -90,6 +90,29 @@ pub fn unit_of_name(name: &str) -> Option<&'static str> {
         .map(|(_, u)| *u)
 }
 
+/// The unit the schema fixes for a `Sensor`'s `ReadingType` (its `ReadingUnits` "shall
+/// be" this; services get it wrong, e.g. `kW` for an `EnergykWh` sensor).
+pub fn unit_of_type(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "Temperature" => "Cel",
+        "Humidity" | "Percent" => "%",
+        "Power" => "W",
+        "EnergykWh" => "kW.h",
+        "EnergyJoules" => "J",
+        "EnergyWh" => "W.h",
+        "Voltage" => "V",
+        "Current" => "A",
+        "Frequency" => "Hz",
+        "Pressure" | "PressurePa" => "Pa",
+        "PressurekPa" => "kPa",
+        "Rotational" => "RPM",
+        "AirFlowCMM" => "m3/min",
+        "LiquidFlowLPM" => "L/min",
+        "Heat" => "kW",
+        _ => return None,
+    })
+}
+
 /// The canonical metric, its unit and the factor from a Redfish unit; `hint` is the
 /// `ReadingType` or property name (it tells humidity and speed from other percents,
 /// heat from electrical kW).
@@ -179,9 +202,10 @@ impl Walker<'_> {
     }
 
     fn reading(&mut self, obj: &Map<String, Value>, ptr: &str, names: &[&str], kind: &str, top: bool, r: f64) {
+        let typed = if top { unit_of_type(kind) } else { None };
         let stated = obj.get("ReadingUnits").and_then(Value::as_str);
         let implied = names.iter().rev().find_map(|n| unit_of_name(n));
-        let unit = stated.or(implied);
+        let unit = typed.or(stated).or(implied);
         let source = obj.get("DataSourceUri").and_then(Value::as_str);
         let key = match (top, source) {
             (true, _) => self.path.to_string(),
