@@ -65,6 +65,7 @@ const SKIP: &[&str] = &["Links", "Actions", "Oem", "RelatedItem", "Thresholds"];
 pub fn unit_of_name(name: &str) -> Option<&'static str> {
     const SUFFIXES: &[(&str, &str)] = &[
         ("kWh", "kW.h"),
+        ("WattHours", "W.h"),
         ("Wh", "W.h"),
         ("Joules", "J"),
         ("kW", "kW"),
@@ -72,6 +73,7 @@ pub fn unit_of_name(name: &str) -> Option<&'static str> {
         ("Amps", "A"),
         ("Volts", "V"),
         ("Voltage", "V"),
+        ("Voltages", "V"),
         ("Celsius", "Cel"),
         ("LitersPerMinute", "L/min"),
         ("LPM", "L/min"),
