@@ -266,7 +266,10 @@ fn compare(truth: &BTreeMap<String, Truth>, s: &Survey) -> Coverage {
         .collect();
     for (key, t) in truth {
         match s.readings.get(key) {
-            Some(r) if Some(r.unit) == t.unit && (r.value - t.value).abs() <= 1e-9 * t.value.abs().max(1.0) => {
+            Some(r)
+                if Some(r.unit) == t.unit
+                    && (r.value - t.value).abs() <= 1e-9 * t.value.abs().max(1.0) =>
+            {
                 c.matched += 1
             }
             Some(r) => c.wrong.push(format!(
@@ -314,14 +317,22 @@ fn coverage_of(mockup: &str) -> Coverage {
 fn assert_covered(mockup: &str) {
     let c = coverage_of(mockup);
     assert!(c.distinct > 0, "{mockup}: no readings in the ground truth");
-    assert!(c.wrong.is_empty(), "{mockup}: wrong values or units: {:?}", c.wrong);
+    assert!(
+        c.wrong.is_empty(),
+        "{mockup}: wrong values or units: {:?}",
+        c.wrong
+    );
     assert!(
         c.missing.is_empty(),
         "{mockup}: readings neither read nor named not understood: {:?}",
         c.missing
     );
     let share = c.matched as f64 / c.distinct as f64;
-    assert!(share >= 0.95, "{mockup}: {:.1}% of the distinct readings", 100.0 * share);
+    assert!(
+        share >= 0.95,
+        "{mockup}: {:.1}% of the distinct readings",
+        100.0 * share
+    );
 }
 
 #[test]

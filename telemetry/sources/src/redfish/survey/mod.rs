@@ -142,14 +142,15 @@ pub async fn survey(ep: &Endpoint) -> Result<Survey, RedfishError> {
         if level.len() > room {
             s.truncated = true;
         }
-        let got: Vec<(String, Result<Value, RedfishError>)> = stream::iter(level.into_iter().take(room))
-            .map(|p| async move {
-                let r = ep.get(&p).await;
-                (p, r)
-            })
-            .buffered(PARALLEL)
-            .collect()
-            .await;
+        let got: Vec<(String, Result<Value, RedfishError>)> =
+            stream::iter(level.into_iter().take(room))
+                .map(|p| async move {
+                    let r = ep.get(&p).await;
+                    (p, r)
+                })
+                .buffered(PARALLEL)
+                .collect()
+                .await;
         for (p, r) in got {
             s.requests += 1;
             match r {

@@ -170,7 +170,14 @@ struct Walker<'a> {
 
 impl Walker<'_> {
     /// `names` are the property names from the resource down to `obj`.
-    fn object(&mut self, obj: &Map<String, Value>, ptr: &str, names: &[&str], kind: &str, top: bool) {
+    fn object(
+        &mut self,
+        obj: &Map<String, Value>,
+        ptr: &str,
+        names: &[&str],
+        kind: &str,
+        top: bool,
+    ) {
         if let Some(r) = obj.get("Reading").and_then(Value::as_f64) {
             self.reading(obj, ptr, names, kind, top, r);
         }
@@ -203,7 +210,15 @@ impl Walker<'_> {
         }
     }
 
-    fn reading(&mut self, obj: &Map<String, Value>, ptr: &str, names: &[&str], kind: &str, top: bool, r: f64) {
+    fn reading(
+        &mut self,
+        obj: &Map<String, Value>,
+        ptr: &str,
+        names: &[&str],
+        kind: &str,
+        top: bool,
+        r: f64,
+    ) {
         let typed = if top { unit_of_type(kind) } else { None };
         let stated = obj.get("ReadingUnits").and_then(Value::as_str);
         let implied = names.iter().rev().find_map(|n| unit_of_name(n));
@@ -291,7 +306,10 @@ mod tests {
 
     #[test]
     fn a_reading_without_a_known_unit_is_named_unknown() {
-        let f = resource(&json!({"Widget": {"Reading": 3.0}, "Level": {"Reading": 1.0, "ReadingUnits": "mm"}}), "/p");
+        let f = resource(
+            &json!({"Widget": {"Reading": 3.0}, "Level": {"Reading": 1.0, "ReadingUnits": "mm"}}),
+            "/p",
+        );
         assert!(f.readings.is_empty());
         assert_eq!(f.unknown.len(), 2);
     }
