@@ -97,6 +97,8 @@ fn unit_from_names(names: &[String]) -> Option<&'static str> {
 
 struct Collector<'a> {
     path: &'a str,
+    /// A `Control`'s `SetPointUnits`: the units of its sensor excerpt.
+    set_point_units: Option<String>,
     out: &'a mut BTreeMap<String, Truth>,
 }
 
@@ -113,6 +115,12 @@ impl Collector<'_> {
     fn walk(&mut self, v: &Value, ptr: &str, names: &[String]) {
         match v {
             Value::Object(o) => {
+                if ptr.is_empty() {
+                    self.set_point_units = o
+                        .get("SetPointUnits")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
+                }
                 if let Some(r) = o.get("Reading").and_then(Value::as_f64) {
                     let own = ptr.is_empty();
                     let typed = o
@@ -123,7 +131,9 @@ impl Collector<'_> {
                     let stated = typed.or(o.get("ReadingUnits").and_then(Value::as_str));
                     let conv = match stated {
                         Some(u) => to_canonical(u),
-                        None => unit_from_names(names).and_then(to_canonical),
+                        None => unit_from_names(names)
+                            .or(self.set_point_units.as_deref())
+                            .and_then(to_canonical),
                     };
                     let key = match (own, o.get("DataSourceUri").and_then(Value::as_str)) {
                         (true, _) => self.path.to_string(),
@@ -152,7 +162,10 @@ impl Collector<'_> {
                 }
                 for (k, x) in o {
                     // thresholds are limits, not readings
-                    if k == "Thresholds" || k == "Links" || k == "Actions" {
+                    if matches!(
+                        k.as_str(),
+                        "Thresholds" | "NumericThresholds" | "Links" | "Actions"
+                    ) {
                         continue;
                     }
                     let mut n = names.to_vec();
@@ -235,6 +248,7 @@ fn ground_truth(dir: &Path) -> (BTreeMap<String, Truth>, usize) {
     for p in &reached {
         Collector {
             path: p,
+            set_point_units: None,
             out: &mut out,
         }
         .walk(&all[p], "", &[]);
@@ -368,4 +382,60 @@ fn coverage_public_bladed() {
 #[test]
 fn coverage_public_cxl_multiswitch() {
     assert_covered("public-cxl-multiswitch");
+}
+
+/// The DSP2046 guide's example of every schema, each read as one resource.
+#[test]
+fn every_reading_in_the_dsp2046_examples_is_read_or_named() {
+    use sources::redfish::survey::readings;
+    let dir = workspace_root().join("tests/fixtures/redfish/DSP2046-examples");
+    let (mut distinct, mut matched, mut named) = (0, 0, 0);
+    let mut bad = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("DSP2046 examples")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().ends_with("-example.json"))
+        .filter(|p| !p.to_string_lossy().ends_with("request-example.json"))
+        .collect();
+    files.sort();
+    assert!(files.len() > 100, "{} examples", files.len());
+    for f in files {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).expect("read"))
+            .expect("example json");
+        let path = format!(
+            "/example/{}",
+            f.file_name().expect("name").to_string_lossy()
+        );
+        let mut truth = BTreeMap::new();
+        Collector {
+            path: &path,
+            set_point_units: None,
+            out: &mut truth,
+        }
+        .walk(&v, "", &[]);
+        let got = readings::resource(&v, &path);
+        for (key, t) in &truth {
+            distinct += 1;
+            let r = got.readings.iter().find(|r| &r.key == key);
+            match r {
+                Some(r)
+                    if Some(r.unit) == t.unit
+                        && (r.value - t.value).abs() <= 1e-9 * t.value.abs().max(1.0) =>
+                {
+                    matched += 1
+                }
+                None if got.unknown.iter().any(|u| &u.key == key) => {
+                    eprintln!("  not understood: {key}");
+                    named += 1
+                }
+                _ => bad.push(format!("{key}: {r:?} vs {t:?}")),
+            }
+        }
+    }
+    eprintln!("DSP2046 examples: {matched}/{distinct} distinct readings right, {named} named not understood");
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert!(
+        matched as f64 >= 0.95 * distinct as f64,
+        "{matched}/{distinct}"
+    );
 }

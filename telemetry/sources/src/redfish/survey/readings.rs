@@ -59,7 +59,14 @@ pub const LEGACY: &[(&str, &str)] = &[
 ];
 
 /// Subtrees that hold links, requests or OEM extensions, not readings of this resource.
-const SKIP: &[&str] = &["Links", "Actions", "Oem", "RelatedItem", "Thresholds"];
+const SKIP: &[&str] = &[
+    "Links",
+    "Actions",
+    "Oem",
+    "RelatedItem",
+    "Thresholds",
+    "NumericThresholds",
+];
 
 /// The unit a property name implies, by the schemas' naming (suffix first).
 pub fn unit_of_name(name: &str) -> Option<&'static str> {
@@ -155,8 +162,11 @@ pub fn resource(v: &Value, path: &str) -> Found {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    // a `Control`'s sensor excerpt is in the units of its set point
+    let set_point_units = obj.get("SetPointUnits").and_then(Value::as_str);
     let mut w = Walker {
         path,
+        set_point_units,
         out: &mut found,
     };
     w.object(obj, "", &[], &kind, true);
@@ -165,6 +175,7 @@ pub fn resource(v: &Value, path: &str) -> Found {
 
 struct Walker<'a> {
     path: &'a str,
+    set_point_units: Option<&'a str>,
     out: &'a mut Found,
 }
 
@@ -222,7 +233,7 @@ impl Walker<'_> {
         let typed = if top { unit_of_type(kind) } else { None };
         let stated = obj.get("ReadingUnits").and_then(Value::as_str);
         let implied = names.iter().rev().find_map(|n| unit_of_name(n));
-        let unit = typed.or(stated).or(implied);
+        let unit = typed.or(stated).or(implied).or(self.set_point_units);
         let source = obj.get("DataSourceUri").and_then(Value::as_str);
         let key = match (top, source) {
             (true, _) => self.path.to_string(),
