@@ -63,6 +63,7 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         None
     } else {
         for e in &args.redfish {
+            refuse_a_path(&e.url)?;
             writeln!(err, "probe: redfish {} ({})", e.url, e.name)?;
         }
         let configs = args.redfish.clone();
@@ -143,6 +144,21 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         }
     }
     Ok(seen)
+}
+
+/// A Redfish URL is the base (`https://10.1.2.3`): the service root `/redfish/v1` and
+/// every resource are found from there, so a URL with a path is refused, not guessed at.
+fn refuse_a_path(url: &str) -> Result<()> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let path = rest.split_once('/').map_or("", |(_, p)| p);
+    anyhow::ensure!(
+        path.trim_matches('/').is_empty(),
+        "--redfish {url}: give the base url without a path (e.g. {}); the service root /redfish/v1 and every resource are found from there",
+        url.split_once("://")
+            .map(|(s, r)| format!("{s}://{}", r.split('/').next().unwrap_or(r)))
+            .unwrap_or_else(|| url.to_string())
+    );
+    Ok(())
 }
 
 fn handle(

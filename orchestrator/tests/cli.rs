@@ -636,4 +636,18 @@ fn telemetry_probe_ends_with_the_survey_and_fails_on_an_unreachable_endpoint() {
         "exit 0 with the endpoint down: {err}"
     );
     assert!(err.contains("probe: unreachable: redfish"), "{err}");
+    let with_path = powerplane()
+        .args([
+            "telemetry",
+            "probe",
+            "--redfish",
+            &format!("{url}/redfish/v1/Chassis"),
+            "--seconds",
+            "1",
+        ])
+        .output()
+        .expect("run probe");
+    let err = String::from_utf8_lossy(&with_path.stderr);
+    assert!(!with_path.status.success(), "{err}");
+    assert!(err.contains("give the base url without a path"), "{err}");
 }
