@@ -10,7 +10,8 @@ use std::path::Path;
 use powerplane_tests::{workspace_root, Sushy};
 use serde_json::Value;
 use sources::redfish::survey::{survey_blocking, Survey};
-use sources::redfish::EndpointConfig;
+use sources::redfish::{EndpointConfig, Poller};
+use telemetry::Timestamp;
 
 /// One distinct reading of the ground truth: value in the canonical unit, and unit.
 #[derive(Debug)]
@@ -301,7 +302,19 @@ fn coverage_of(mockup: &str) -> Coverage {
     let bmc = Sushy::start(mockup, None);
     let dir = workspace_root().join("tests/fixtures/redfish").join(mockup);
     let (truth, orphans) = ground_truth(&dir);
+    let t = std::time::Instant::now();
     let s = survey_blocking(EndpointConfig::new(mockup, &bmc.url)).expect("survey");
+    let survey_s = t.elapsed().as_secs_f64();
+    // the poller's discovery of the same tree, for the cost beside it
+    let mut poller = Poller::new(vec![EndpointConfig::new(mockup, &bmc.url)], 1).expect("poller");
+    let d = poller.poll(Timestamp::from(chrono::Utc::now())).remove(0);
+    eprintln!(
+        "{mockup}: survey {} GETs in {survey_s:.2} s; poller discovery {} GETs in {:.2} s, {} samples",
+        s.requests,
+        d.requests,
+        d.elapsed.as_secs_f64(),
+        d.samples.len()
+    );
     let c = compare(&truth, &s);
     eprintln!(
         "{mockup}: {}/{} distinct readings right ({:.1}%), {} named not understood, {} wrong, {} missing; {} GETs; {orphans} files no link reaches",
