@@ -452,3 +452,16 @@ fn every_reading_in_the_dsp2046_examples_is_read_or_named() {
         "{matched}/{distinct}"
     );
 }
+
+#[test]
+fn a_survey_names_a_tls_failure_as_tls() {
+    use powerplane_tests::{self_signed, TlsBmc};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key, _) = self_signed(dir.path());
+    let plain = Sushy::start("public-pdu", None);
+    let bmc = TlsBmc::start(&cert, &key, &plain.url);
+    let e = survey_blocking(EndpointConfig::new("tls", &bmc.url))
+        .expect_err("a self-signed certificate is refused");
+    assert_eq!(e.reason(), "tls", "{e}");
+    assert!(e.to_string().contains("tls"), "{e}");
+}
