@@ -465,3 +465,33 @@ fn a_survey_names_a_tls_failure_as_tls() {
     assert_eq!(e.reason(), "tls", "{e}");
     assert!(e.to_string().contains("tls"), "{e}");
 }
+
+/// A reading in a unit powerplane does not know is named, by the probe's survey and
+/// on the poller's counter, not dropped.
+#[test]
+fn a_reading_in_an_unknown_unit_is_named_and_counted() {
+    let bmc = Sushy::start("unknown-units", None);
+    let s = survey_blocking(EndpointConfig::new("tank", &bmc.url)).expect("survey");
+    let level = "/redfish/v1/Chassis/Tank/Sensors/Level";
+    assert_eq!(
+        s.not_understood.get(level).map(Vec::len),
+        Some(1),
+        "{:?}",
+        s.not_understood
+    );
+    let temp = &s.readings["/redfish/v1/Chassis/Tank/Sensors/Temp"];
+    assert_eq!(
+        (temp.metric, temp.value, temp.unit),
+        ("temperature_c", 31.5, "°C")
+    );
+    assert_eq!(s.readings.len(), 1);
+    let mut poller = Poller::new(vec![EndpointConfig::new("tank", &bmc.url)], 1).expect("poller");
+    let p = poller.poll(Timestamp::from(chrono::Utc::now())).remove(0);
+    assert!(p.discovery && p.error.is_none(), "{:?}", p.error);
+    let stats = poller.stats().snapshot();
+    let tank = stats
+        .iter()
+        .find(|e| e.endpoint == "tank")
+        .expect("tank stats");
+    assert_eq!(tank.not_understood, 1);
+}
