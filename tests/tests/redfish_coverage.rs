@@ -235,6 +235,11 @@ fn resources(dir: &Path) -> BTreeMap<String, Value> {
 /// The ground truth of a mockup: the readings of every resource a client can reach
 /// from the service root by following links, and how many files no link reaches.
 fn ground_truth(dir: &Path) -> (BTreeMap<String, Truth>, usize) {
+    ground_truth_of(dir, false)
+}
+
+/// With `every_file`, the readings of every file, reached by a link or not.
+fn ground_truth_of(dir: &Path, every_file: bool) -> (BTreeMap<String, Truth>, usize) {
     let all = resources(dir);
     let mut reached = std::collections::BTreeSet::new();
     let mut todo = vec!["/redfish/v1".to_string()];
@@ -246,7 +251,12 @@ fn ground_truth(dir: &Path) -> (BTreeMap<String, Truth>, usize) {
         }
     }
     let mut out = BTreeMap::new();
-    for p in &reached {
+    let keys: Vec<&String> = if every_file {
+        all.keys().collect()
+    } else {
+        reached.iter().collect()
+    };
+    for p in keys {
         Collector {
             path: p,
             set_point_units: None,
@@ -316,6 +326,12 @@ fn coverage_of(mockup: &str) -> Coverage {
         d.samples.len()
     );
     let c = compare(&truth, &s);
+    let (every, _) = ground_truth_of(&dir, true);
+    let e = compare(&every, &s);
+    eprintln!(
+        "{mockup}: counting the files no link reaches too: {}/{} distinct readings",
+        e.matched, e.distinct
+    );
     eprintln!(
         "{mockup}: {}/{} distinct readings right ({:.1}%), {} named not understood, {} wrong, {} missing; {} GETs; {orphans} files no link reaches",
         c.matched,
