@@ -116,6 +116,8 @@ pub fn unit_of_type(kind: &str) -> Option<&'static str> {
         "PressurekPa" => "kPa",
         "Rotational" => "RPM",
         "AirFlowCMM" => "m3/min",
+        "AirFlow" => "[ft_i]3/min",
+        "LiquidFlow" => "L/s",
         "LiquidFlowLPM" => "L/min",
         "Heat" => "kW",
         _ => return None,
@@ -138,6 +140,7 @@ pub fn canonical(unit: &str, hint: &str) -> Option<(&'static str, &'static str, 
         "W.h" | "Wh" => (ENERGY_J, "J", 3600.0),
         "J" => (ENERGY_J, "J", 1.0),
         "L/min" => (FLOW_LPM, "L/min", 1.0),
+        "L/s" => (FLOW_LPM, "L/min", 60.0),
         "kPa" => (PRESSURE_KPA, "kPa", 1.0),
         "Pa" => (PRESSURE_KPA, "kPa", 0.001),
         "%" if hint.contains("Humidity") => (HUMIDITY_PCT, "%", 1.0),
@@ -146,6 +149,8 @@ pub fn canonical(unit: &str, hint: &str) -> Option<(&'static str, &'static str, 
         "Hz" => (FREQUENCY_HZ, "Hz", 1.0),
         "RPM" | "{rev}/min" => (SPEED_RPM, "RPM", 1.0),
         "m3/min" => (AIRFLOW_M3_MIN, "m3/min", 1.0),
+        // cubic feet per minute
+        "[ft_i]3/min" => (AIRFLOW_M3_MIN, "m3/min", 0.028_316_846_592),
         "V.A" | "VA" => (APPARENT_POWER_VA, "VA", 1.0),
         _ => return None,
     })
@@ -313,6 +318,18 @@ mod tests {
                 ("/s/V1", VOLTAGE_V, 118.2),
             ]
         );
+    }
+
+    #[test]
+    fn flows_in_litres_per_second_and_cubic_feet_per_minute_are_converted() {
+        let l = resource(&json!({"ReadingType": "LiquidFlow", "Reading": 0.5}), "/f");
+        assert_eq!(
+            (l.readings[0].metric, l.readings[0].value),
+            (FLOW_LPM, 30.0)
+        );
+        let a = resource(&json!({"ReadingType": "AirFlow", "Reading": 100.0}), "/a");
+        assert_eq!(a.readings[0].metric, AIRFLOW_M3_MIN);
+        assert!((a.readings[0].value - 2.8316846592).abs() < 1e-9);
     }
 
     #[test]
