@@ -129,12 +129,13 @@ impl Tally {
 
 /// Every reject reason of the MQTT decoders (JSON mapping, Sparkplug B, the source's
 /// size limit): exported at 0 until seen, so dashboards and alerts find the series.
-pub const MQTT_REASONS: [&str; 13] = [
+pub const MQTT_REASONS: [&str; 14] = [
     "oversize",
     "bad_json",
     "no_mapping",
     "missing_value",
     "not_a_number",
+    "wrong_type",
     "bad_entity",
     "bad_timestamp",
     "bad_protobuf",

@@ -626,6 +626,10 @@ fn finish_probe(args: orchestrator::probe::ProbeArgs, json: bool) -> Result<Exit
     if !json {
         print!("{}", probe::table(&seen, probe::wall_clock()));
     }
+    eprint!("{}", probe::survey_summary(&seen));
+    if !seen.unreachable.is_empty() {
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -3,7 +3,9 @@
 //! It connects to the sources given on the command line, collects for a while, and
 //! prints the latest value of every metric of every entity with its unit, age, source
 //! and quality (or, with `--json`, one sample per line as it arrives), and every
-//! rejected input with its reason.
+//! rejected input with its reason. For each Redfish endpoint it then surveys the whole
+//! tree (`sources::redfish::survey`) and ends with the readings it found there and every
+//! resource whose numeric readings it did not understand.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use sources::mqtt::{Event, MqttConfig, MqttSource};
+use sources::redfish::survey::{survey_blocking, Survey};
 use sources::redfish::{EndpointConfig, Polled, Poller};
 use telemetry::mapping::Mapping;
 use telemetry::snapshot::Snapshot;
@@ -32,6 +35,10 @@ pub struct Seen {
     pub snapshot: Snapshot,
     pub messages: u64,
     pub rejects: BTreeMap<String, (u64, String)>,
+    /// The survey of each Redfish endpoint that answered.
+    pub surveys: Vec<Survey>,
+    /// Endpoints that could not be read at all, with why.
+    pub unreachable: Vec<String>,
 }
 
 impl Seen {
@@ -56,8 +63,10 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         None
     } else {
         for e in &args.redfish {
+            refuse_a_path(&e.url)?;
             writeln!(err, "probe: redfish {} ({})", e.url, e.name)?;
         }
+        let configs = args.redfish.clone();
         let mut poller = Poller::new(args.redfish, 16)?;
         let interval = Duration::from_secs_f64(args.redfish_interval_s.max(1.0));
         Some(std::thread::spawn(move || {
@@ -71,7 +80,11 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
                 }
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
-            all
+            let surveys: Vec<_> = configs
+                .into_iter()
+                .map(|c| survey_blocking(c).map_err(|e| e.to_string()))
+                .collect();
+            (all, surveys)
         }))
     };
     if let Some(cfg) = args.mqtt {
@@ -98,9 +111,15 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         }
     }
     if let Some(h) = redfish {
-        let polled = h
+        let (polled, surveys) = h
             .join()
             .map_err(|_| anyhow::anyhow!("the redfish poller panicked"))?;
+        for s in surveys {
+            match s {
+                Ok(s) => seen.surveys.push(s),
+                Err(e) => seen.unreachable.push(e),
+            }
+        }
         for p in polled {
             if let Some(e) = &p.error {
                 writeln!(err, "probe: redfish {}: {e}", p.endpoint)?;
@@ -125,6 +144,21 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         }
     }
     Ok(seen)
+}
+
+/// A Redfish URL is the base (`https://10.1.2.3`): the service root `/redfish/v1` and
+/// every resource are found from there, so a URL with a path is refused, not guessed at.
+fn refuse_a_path(url: &str) -> Result<()> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let path = rest.split_once('/').map_or("", |(_, p)| p);
+    anyhow::ensure!(
+        path.trim_matches('/').is_empty(),
+        "--redfish {url}: give the base url without a path (e.g. {}); the service root /redfish/v1 and every resource are found from there",
+        url.split_once("://")
+            .map(|(s, r)| format!("{s}://{}", r.split('/').next().unwrap_or(r)))
+            .unwrap_or_else(|| url.to_string())
+    );
+    Ok(())
 }
 
 fn handle(
@@ -231,6 +265,69 @@ pub fn table(seen: &Seen, now: Timestamp) -> String {
         for (reason, (n, example)) in &seen.rejects {
             let _ = writeln!(t, "  {reason:<18} {n:>6}  e.g. {example}");
         }
+    }
+    for s in &seen.surveys {
+        t.push_str(&survey_table(s));
+    }
+    t
+}
+
+/// One endpoint's survey: every distinct reading, then what it did not understand.
+pub fn survey_table(s: &Survey) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nredfish {}: {} readings mapped in {} resources ({} GETs{})",
+        s.endpoint,
+        s.readings.len(),
+        s.resources,
+        s.requests,
+        if s.truncated { ", crawl cut short" } else { "" }
+    );
+    for r in s.readings.values() {
+        let _ = writeln!(
+            t,
+            "  {:<18} {:>14.3} {:<6} {}",
+            r.metric, r.value, r.unit, r.key
+        );
+    }
+    for (path, unknown) in &s.not_understood {
+        let _ = writeln!(
+            t,
+            "  not understood: {path}: {} numeric properties",
+            unknown.len()
+        );
+    }
+    for f in &s.failed {
+        let _ = writeln!(t, "  failed: {f}");
+    }
+    t
+}
+
+/// The closing lines for stderr: per endpoint, readings mapped and not understood.
+pub fn survey_summary(seen: &Seen) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    for s in &seen.surveys {
+        let _ = writeln!(
+            t,
+            "probe: redfish {}: {} readings mapped, {} resources not understood",
+            s.endpoint,
+            s.readings.len(),
+            s.not_understood.len()
+        );
+        for (path, unknown) in &s.not_understood {
+            let _ = writeln!(
+                t,
+                "probe: redfish {}: not understood: {path}: {} numeric properties",
+                s.endpoint,
+                unknown.len()
+            );
+        }
+    }
+    for u in &seen.unreachable {
+        let _ = writeln!(t, "probe: unreachable: {u}");
     }
     t
 }

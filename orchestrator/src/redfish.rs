@@ -149,6 +149,11 @@ pub fn metrics(endpoints: &[EndpointStats]) -> Vec<Metric> {
                 "Redfish polls skipped while the endpoint backs off after failing",
                 e.skipped,
             ),
+            (
+                "redfish_not_understood_total",
+                "Numeric Redfish readings with a unit powerplane does not know, in the resources each discovery read",
+                e.not_understood,
+            ),
         ];
         for (name, help, n) in counters {
             add(name, "counter", help, ep(), n as f64);

@@ -623,3 +623,51 @@ fn agent_once_reads_simulated_gpus_and_says_clearly_when_nvml_is_missing() {
         assert_eq!(nvml.status.code(), Some(1));
     }
 }
+
+#[test]
+fn telemetry_probe_ends_with_the_survey_and_fails_on_an_unreachable_endpoint() {
+    let (mut server, port) = pdu_mockup();
+    let url = format!("http://127.0.0.1:{port}");
+    let ok = powerplane()
+        .args(["telemetry", "probe", "--redfish", &url, "--seconds", "1"])
+        .output()
+        .expect("run probe");
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&ok.stdout);
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(ok.status.success(), "{err}");
+    assert!(
+        text.contains("readings mapped in") && text.contains("/redfish/v1/Chassis/PDU/Sensors/"),
+        "{text}"
+    );
+    assert!(
+        err.contains("readings mapped, 0 resources not understood"),
+        "{err}"
+    );
+    // nothing listens there any more
+    let down = powerplane()
+        .args(["telemetry", "probe", "--redfish", &url, "--seconds", "1"])
+        .output()
+        .expect("run probe");
+    let err = String::from_utf8_lossy(&down.stderr);
+    assert!(
+        !down.status.success(),
+        "exit 0 with the endpoint down: {err}"
+    );
+    assert!(err.contains("probe: unreachable: redfish"), "{err}");
+    let with_path = powerplane()
+        .args([
+            "telemetry",
+            "probe",
+            "--redfish",
+            &format!("{url}/redfish/v1/Chassis"),
+            "--seconds",
+            "1",
+        ])
+        .output()
+        .expect("run probe");
+    let err = String::from_utf8_lossy(&with_path.stderr);
+    assert!(!with_path.status.success(), "{err}");
+    assert!(err.contains("give the base url without a path"), "{err}");
+}

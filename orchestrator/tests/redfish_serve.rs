@@ -96,6 +96,14 @@ fn serve_polls_redfish_on_its_runtime_and_exports_the_counters() {
         "powerplane_redfish_requests_total{endpoint=\"pdu\"}",
     );
     assert!(requests.is_some_and(|n| n >= 142.0), "{requests:?}");
+    // the DMTF PDU's every reading has a unit powerplane knows
+    assert_eq!(
+        value(
+            &metrics,
+            "powerplane_redfish_not_understood_total{endpoint=\"pdu\"}"
+        ),
+        Some(0.0)
+    );
     assert_eq!(
         value(
             &metrics,

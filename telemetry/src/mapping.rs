@@ -649,7 +649,18 @@ impl JsonRule {
                     );
                     continue;
                 }
-                Some(Value::Bool(b)) => f64::from(u8::from(*b)),
+                // a boolean is a reading only of a boolean metric (a leak detector):
+                // `true` is not 1 °F
+                Some(Value::Bool(b)) if r.metric.spec().is_some_and(|m| m.unit == "bool") => {
+                    f64::from(u8::from(*b))
+                }
+                Some(Value::Bool(b)) => {
+                    reject(
+                        "wrong_type",
+                        format!("{} value {b} is a boolean, not a number", r.metric),
+                    );
+                    continue;
+                }
                 Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
                 Some(Value::String(s)) => match s.trim().parse::<f64>() {
                     Ok(v) => v,

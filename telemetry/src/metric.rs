@@ -80,6 +80,12 @@ pub mod names {
     pub const LEAK_DETECTED: &str = "leak_detected";
     pub const PRICE_PER_KWH: &str = "price_per_kwh";
     pub const CARBON_G_PER_KWH: &str = "carbon_g_per_kwh";
+    pub const TEMPERATURE_C: &str = "temperature_c";
+    pub const PERCENT: &str = "percent";
+    pub const FREQUENCY_HZ: &str = "frequency_hz";
+    pub const SPEED_RPM: &str = "speed_rpm";
+    pub const AIRFLOW_M3_MIN: &str = "airflow_m3_min";
+    pub const APPARENT_POWER_VA: &str = "apparent_power_va";
 }
 
 const SPECS: &[MetricSpec] = &[
@@ -250,6 +256,54 @@ const SPECS: &[MetricSpec] = &[
         max: 3000.0,
         freshness_s: 7200.0,
         help: "grid carbon intensity in force",
+    },
+    MetricSpec {
+        name: names::TEMPERATURE_C,
+        unit: "°C",
+        min: -60.0,
+        max: 250.0,
+        freshness_s: 60.0,
+        help: "a temperature sensor other than a GPU die or an air inlet (exhaust, CPU, coolant, ambient)",
+    },
+    MetricSpec {
+        name: names::PERCENT,
+        unit: "%",
+        min: 0.0,
+        max: 100.0,
+        freshness_s: 60.0,
+        help: "a percentage reading other than humidity or a fan or pump speed",
+    },
+    MetricSpec {
+        name: names::FREQUENCY_HZ,
+        unit: "Hz",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 60.0,
+        help: "a frequency: AC line frequency, clock",
+    },
+    MetricSpec {
+        name: names::SPEED_RPM,
+        unit: "RPM",
+        min: 0.0,
+        max: 1e6,
+        freshness_s: 60.0,
+        help: "a fan or pump rotational speed",
+    },
+    MetricSpec {
+        name: names::AIRFLOW_M3_MIN,
+        unit: "m3/min",
+        min: 0.0,
+        max: 1e6,
+        freshness_s: 60.0,
+        help: "air flow",
+    },
+    MetricSpec {
+        name: names::APPARENT_POWER_VA,
+        unit: "VA",
+        min: 0.0,
+        max: 50e6,
+        freshness_s: 30.0,
+        help: "apparent electrical power",
     },
 ];
 

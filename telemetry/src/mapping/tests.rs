@@ -144,6 +144,11 @@ fn bad_messages_are_rejected_with_a_reason_and_never_panic() {
         ),
         (
             "dc1/hall1/a01/inlet",
+            br#"{"value": true, "ts": 1717416000}"#,
+            "wrong_type",
+        ),
+        (
+            "dc1/hall1/a01/inlet",
             br#"{"value": 80, "ts": "yesterday"}"#,
             "bad_timestamp",
         ),
@@ -234,4 +239,35 @@ mod never_panics {
             let _ = mapping().decode("dc1/hall/a01/inlet", payload.as_bytes(), "fuzz", now());
         }
     }
+}
+
+#[test]
+fn a_boolean_is_a_reading_of_a_leak_detector_only() {
+    let m = Mapping::parse(
+        "leak.toml",
+        r#"
+version = 1
+
+[[json]]
+topic = "dc1/leak/{rack}"
+entity = "rack/{rack}"
+metric = "leak_detected"
+value = "/wet"
+"#,
+    )
+    .expect("valid mapping");
+    let d = m.decode("dc1/leak/a01", br#"{"wet": true}"#, "mqtt", now());
+    assert!(d.rejects.is_empty(), "{:?}", d.rejects);
+    assert_eq!(
+        d.samples.iter().map(|s| s.value).collect::<Vec<_>>(),
+        vec![1.0]
+    );
+    let d = mapping().decode(
+        "dc1/hall1/a01/inlet",
+        br#"{"value": true, "ts": 1717416000}"#,
+        "mqtt",
+        now(),
+    );
+    assert!(d.samples.is_empty(), "true is not 1 °F: {:?}", d.samples);
+    assert_eq!(d.rejects[0].reason, "wrong_type");
 }

@@ -20,6 +20,7 @@ pub mod endpoint;
 pub mod extract;
 pub mod poll;
 pub mod stats;
+pub mod survey;
 mod task;
 mod tls;
 mod walk;

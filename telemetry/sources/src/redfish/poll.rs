@@ -67,6 +67,8 @@ pub struct Polled {
     pub discovery: bool,
     pub elapsed: Duration,
     pub requests: usize,
+    /// Numeric readings, in the resources read, whose unit powerplane does not know.
+    pub not_understood: usize,
 }
 
 impl Polled {

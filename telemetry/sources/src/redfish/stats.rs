@@ -14,6 +14,7 @@ pub(super) struct Counters {
     failures: Mutex<BTreeMap<&'static str, u64>>,
     overruns: AtomicU64,
     skipped: AtomicU64,
+    not_understood: AtomicU64,
     /// The last finished poll's duration, in microseconds (`u64::MAX`: none yet).
     last_poll_us: AtomicU64,
     backing_off: AtomicBool,
@@ -48,6 +49,11 @@ impl Counters {
         self.skipped.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(super) fn not_understood(&self, n: usize) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.not_understood.fetch_add(n, Ordering::Relaxed);
+    }
+
     pub(super) fn polled(&self, took: Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);
         self.last_poll_us.store(us, Ordering::Relaxed);
@@ -69,6 +75,7 @@ impl Counters {
                 .clone(),
             overruns: self.overruns.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
+            not_understood: self.not_understood.load(Ordering::Relaxed),
             last_poll_s: (us != u64::MAX).then(|| us as f64 / 1e6),
             backing_off: self.backing_off.load(Ordering::Relaxed),
         }
@@ -88,6 +95,9 @@ pub struct EndpointStats {
     pub overruns: u64,
     /// Polls skipped while the endpoint backs off after failing.
     pub skipped: u64,
+    /// Numeric readings with a unit powerplane does not know, summed over the
+    /// resources each discovery read.
+    pub not_understood: u64,
     /// How long its last finished poll took.
     pub last_poll_s: Option<f64>,
     /// Failing now: its polls are skipped until its backoff ends.

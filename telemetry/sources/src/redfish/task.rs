@@ -86,6 +86,7 @@ pub(super) async fn discover(
         Ok(items) => {
             let mut w = Walk::new(&ep.cfg.name, now);
             w.read_all(items);
+            ep.counters.not_understood(w.out.not_understood);
             *ep.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
                 reads: std::mem::take(&mut w.plan),
                 polls: first_polls,

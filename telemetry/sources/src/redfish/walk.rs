@@ -17,12 +17,17 @@ pub(super) struct Item {
     entity: EntityId,
     path: String,
     found: Vec<(EntityId, Vec<Found>)>,
+    /// Numeric readings in the resource with a unit powerplane does not know.
+    unknown: usize,
 }
 
 impl Item {
     pub(super) fn new(kind: Kind, entity: &EntityId, path: String, value: &Value) -> Self {
         Item {
             found: kind.extract(entity, &path, value),
+            unknown: super::survey::readings::resource(value, &path)
+                .unknown
+                .len(),
             kind,
             entity: entity.clone(),
             path,
@@ -81,6 +86,7 @@ impl Walk {
     /// Extracts a resource's readings, emits them, and remembers the resource for the
     /// polls that follow discovery when it gave any.
     pub(super) fn read(&mut self, item: Item) {
+        self.out.not_understood += item.unknown;
         let (kind, entity, path, found) = (item.kind, &item.entity, item.path, item.found);
         if found.iter().any(|(_, f)| !f.is_empty()) || kind == Kind::Mains {
             self.plan.push(Read {
