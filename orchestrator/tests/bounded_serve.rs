@@ -350,6 +350,16 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
         value(&last, "powerplane_buffer_dropped_samples_total"),
         Some(0.0)
     );
+    // the loop kept its cadence through the flood (printed; bound far below a lease)
+    let delay = value(&last, "powerplane_tick_delay_max_seconds").expect("tick delay");
+    eprintln!(
+        "largest tick delay under the flood: {:.1} ms",
+        delay * 1000.0
+    );
+    assert!(
+        delay < 1.0,
+        "the loop fell {delay} s behind under the flood"
+    );
     std::thread::sleep(Duration::from_secs(2));
     let (rss_after, metrics_after) = (rss_kb(pid), metrics(http_port).len());
     let growth = rss_after.saturating_sub(rss_before);

@@ -108,6 +108,15 @@ fn slow_bodies_and_idle_connections_at_the_fd_limit_do_not_hold_up_the_api() {
     }
     let log = serve.log();
     assert!(!log.contains("panicked"), "{log}");
+    tick_delay_kept(port, "200 slow-body and 1,000 idle clients");
+}
+
+/// The control loop kept its cadence under the fault: its largest delay past a
+/// tick's due time (the figure is printed; the bound is far below any lease).
+fn tick_delay_kept(port: u16, fault: &str) {
+    let delay = metric(port, "powerplane_tick_delay_max_seconds");
+    eprintln!("largest tick delay under {fault}: {:.1} ms", delay * 1000.0);
+    assert!(delay < 1.0, "the loop fell {delay} s behind under {fault}");
 }
 
 #[test]
@@ -228,6 +237,7 @@ fn a_300_mb_header_line_is_refused_with_431_without_being_buffered() {
             "powerplane_http_limit_hits_total{limit=\"header_size\"}"
         ) >= 1.0
     );
+    tick_delay_kept(port, "a 300 MB header");
 }
 
 #[test]
