@@ -1,13 +1,5 @@
 //! Paths named in config files: relative ones are relative to the file's folder. A
-//! leaf every module that reads a config may use.
+//! leaf every module that reads a config may use (one definition, the agent's, which
+//! reads a config file of its own).
 
-use std::path::{Path, PathBuf};
-
-/// A path from a config file: relative ones are relative to the file's folder.
-pub fn resolve(base: &Path, p: &Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    }
-}
+pub use agent::run::resolve;

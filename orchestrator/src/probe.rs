@@ -50,10 +50,8 @@ impl Seen {
         e.0 += 1;
     }
 }
-
-pub fn wall_clock() -> Timestamp {
-    Timestamp::from(chrono::Utc::now())
-}
+/// The time now, from the system clock (the agent crate's clock).
+pub use agent::wall_clock;
 
 /// Runs the probe; samples (with `--json`) go to `out`, status lines to `err`.
 pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<Seen> {

@@ -63,14 +63,9 @@ impl RedisStoreConfig {
     pub fn url(&self, base: &Path) -> Result<String> {
         match (&self.url, &self.url_file) {
             (Some(u), None) => Ok(u.clone()),
-            (None, Some(f)) => {
-                let p = crate::paths::resolve(base, f);
-                let text = std::fs::read_to_string(&p)
-                    .with_context(|| format!("[store] url_file: cannot read {}", p.display()))?;
-                let url = text.trim().to_string();
-                anyhow::ensure!(!url.is_empty(), "[store] url_file {} is empty", p.display());
-                Ok(url)
-            }
+            (None, Some(f)) => sources::secret::read(base, f)
+                .map(|u| u.trim().to_string())
+                .map_err(|e| anyhow::anyhow!("[store] url_file: {e}")),
             _ => anyhow::bail!("[store] kind = \"redis\" needs exactly one of url or url_file"),
         }
     }

@@ -378,7 +378,7 @@ pub fn run(
 }
 
 /// A path from a config file: relative ones are relative to the file's folder.
-fn resolve(base: &Path, p: &Path) -> PathBuf {
+pub fn resolve(base: &Path, p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
     } else {

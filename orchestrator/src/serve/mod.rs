@@ -268,8 +268,7 @@ impl Serve {
         for e in &dead {
             self.control.mark_bad(e);
         }
-        let site = self.control.site().clone();
-        let forecast = self.prices.tick(&site, now, &mut samples);
+        let forecast = self.prices.tick(self.control.site(), now, &mut samples);
         self.control.set_forecast(forecast);
         {
             let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());

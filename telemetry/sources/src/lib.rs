@@ -8,11 +8,13 @@
 //! - [`redfish`]: the Redfish poller (async, bounded, backed off);
 //! - [`nvml`]: the NVML GPU backend the node agent uses;
 //! - [`http`]: price and carbon feeds fetched over HTTP;
-//! - [`tls`]: trust settings shared by the clients.
+//! - [`tls`]: trust settings shared by the clients;
+//! - [`secret`]: passwords and URLs read from the files a config names.
 #![forbid(unsafe_code)]
 
 pub mod http;
 pub mod mqtt;
 pub mod nvml;
 pub mod redfish;
+pub mod secret;
 pub mod tls;

@@ -83,10 +83,8 @@ impl MqttConfig {
         if self.password.is_some() {
             return Err("give one of password or password_file, not both".into());
         }
-        let p = if f.is_absolute() { f } else { base.join(f) };
-        let text = std::fs::read_to_string(&p)
-            .map_err(|e| format!("password_file {}: {e}", p.display()))?;
-        self.password = Some(text.trim_end_matches(['\n', '\r']).to_string());
+        let password = crate::secret::read(base, &f).map_err(|e| format!("password_file: {e}"))?;
+        self.password = Some(password);
         Ok(())
     }
 

@@ -212,7 +212,7 @@ impl<'a> Fetch<'a> {
     pub(super) async fn replay(&self, plan: &[Read]) -> Result<Vec<Item>, RedfishError> {
         let got = try_join_all(plan.iter().map(|r| async move {
             match self.get(&r.path).await {
-                Ok(v) => Ok(Some(item(r.kind, &r.entity, r.path.clone(), v))),
+                Ok(v) => Ok(Some(Item::reread(r.kind, &r.entity, r.path.clone(), &v))),
                 Err(e) if e.is_fatal() || e.is_gone() => Err(e),
                 Err(e) => {
                     self.reject(e);

@@ -84,10 +84,8 @@ impl Auth {
                 Err("give one of password or password_file, not both".into())
             }
             Some(f) => {
-                let p = if f.is_absolute() { f } else { base.join(f) };
-                let text = std::fs::read_to_string(&p)
-                    .map_err(|e| format!("password_file {}: {e}", p.display()))?;
-                *password = text.trim_end_matches(['\n', '\r']).to_string();
+                *password =
+                    crate::secret::read(base, &f).map_err(|e| format!("password_file: {e}"))?;
                 Ok(())
             }
         }

@@ -22,12 +22,24 @@ pub(super) struct Item {
 }
 
 impl Item {
+    /// A resource read during discovery: its readings, and what it holds that is not
+    /// understood (counted once per discovery).
     pub(super) fn new(kind: Kind, entity: &EntityId, path: String, value: &Value) -> Self {
+        let unknown = super::survey::readings::resource(value, &path)
+            .unknown
+            .len();
+        Item {
+            unknown,
+            ..Item::reread(kind, entity, path, value)
+        }
+    }
+
+    /// A resource read again after discovery: its readings only (the steady poll does
+    /// no survey; what is not understood was counted when it was discovered).
+    pub(super) fn reread(kind: Kind, entity: &EntityId, path: String, value: &Value) -> Self {
         Item {
             found: kind.extract(entity, &path, value),
-            unknown: super::survey::readings::resource(value, &path)
-                .unknown
-                .len(),
+            unknown: 0,
             kind,
             entity: entity.clone(),
             path,
