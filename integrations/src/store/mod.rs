@@ -73,7 +73,9 @@ pub enum Op {
     /// The batch applies only while the store's fencing epoch (see [`crate::lease`])
     /// is `epoch`: a deposed leader's writes do not land. Always the batch's first op;
     /// a backend that serves one controller only (embedded) ignores it.
-    Fence { epoch: u64 },
+    Fence {
+        epoch: u64,
+    },
 }
 
 /// Writes that commit together or not at all.
@@ -195,6 +197,17 @@ impl Tx {
 
     pub fn audit(&mut self, d: &Decision) -> &mut Self {
         self.append(AUDIT, d)
+    }
+
+    /// An audit entry that also names the replica and the leader's epoch that took
+    /// the decision (with `[ha]`); it reads back as the same [`Decision`].
+    pub fn audit_by(&mut self, d: &Decision, instance: &str, epoch: u64) -> &mut Self {
+        let mut v = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
+        if let Some(m) = v.as_object_mut() {
+            m.insert("instance".into(), instance.into());
+            m.insert("epoch".into(), epoch.into());
+        }
+        self.append(AUDIT, &v)
     }
 
     pub fn ledger(&mut self, e: &LedgerEntry) -> &mut Self {
