@@ -406,6 +406,10 @@ impl Serve {
     /// holds and outbox as the last leader left them), and command every agent anew.
     fn take_over(&mut self, epoch: u64) {
         let started = std::time::Instant::now();
+        // a term that ended and a new one begun between two ticks
+        if self.leader.epoch.is_some() {
+            self.step_down();
+        }
         let store = self.control.store();
         store.set_fence(Some(epoch));
         let opened = self
