@@ -21,6 +21,7 @@ metric = "inlet_temp_c"
 value = "/value"
 unit = "degF"
 timestamp = "/ts"
+parse_strings = true
 [[json]]
 topic = "{prefix}/cdu/{{cdu}}"
 entity = "cooling/{{cdu}}"
