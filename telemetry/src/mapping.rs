@@ -193,6 +193,18 @@ pub struct Decoded {
     pub rejects: Vec<Reject>,
     /// Entities whose source died (Sparkplug NDEATH/DDEATH): mark their readings bad.
     pub dead: Vec<EntityId>,
+    /// A Sparkplug edge node whose state was lost: ask it for a rebirth.
+    pub rebirth: Option<Rebirth>,
+}
+
+/// A rebirth a Sparkplug message calls for (NCMD `Node Control/Rebirth`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rebirth {
+    pub group: String,
+    pub node: String,
+    /// Whether the source sent the request (it sends at most one per node per
+    /// `rebirth_interval_s`, and none when that is 0).
+    pub sent: bool,
 }
 
 impl Mapping {
@@ -403,6 +415,11 @@ fn build_sparkplug(r: &RawSparkplug) -> Result<SparkplugRule, Vec<String>> {
 }
 
 impl SparkplugRule {
+    /// The powerplane metric this rule's values become.
+    pub fn to(&self) -> &Metric {
+        &self.to
+    }
+
     /// The captures when this rule covers `metric` of this node or device.
     pub fn matches(
         &self,
