@@ -290,6 +290,7 @@ fn bench_agent() {
                     watts: Some(if n % 2 == 0 { 250.0 } else { 200.0 }),
                     percent: None,
                 },
+                epoch: None,
             };
             link.publish(
                 &topics.topic("bench-n1", Channel::Cmd),
