@@ -12,6 +12,7 @@
 //! weeks, so that every job keeps its weekday and local hour; the summary states the
 //! shift.
 
+pub mod capacity;
 pub mod cli;
 pub mod facility;
 mod report;
