@@ -583,12 +583,15 @@ impl Policy {
             ),
         );
         check(
-            n.max_downs_per_min >= 1 && n.boot_s > 0.0 && n.resume_timeout_s >= n.boot_s,
+            n.max_downs_per_min >= 1
+                && n.boot_s > 0.0
+                && n.resume_timeout_s >= n.boot_s
+                && n.lease_s >= 10.0,
             &pos.node_power,
             "max_downs_per_min",
             format!(
-                "node_power: max_downs_per_min must be at least 1, boot_s positive and resume_timeout_s at least boot_s (got {}, {}, {})",
-                n.max_downs_per_min, n.boot_s, n.resume_timeout_s
+                "node_power: max_downs_per_min must be at least 1, boot_s positive, resume_timeout_s at least boot_s and lease_s at least 10 (got {}, {}, {}, {})",
+                n.max_downs_per_min, n.boot_s, n.resume_timeout_s, n.lease_s
             ),
         );
         c.finish()?;
