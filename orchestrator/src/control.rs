@@ -50,6 +50,8 @@ pub struct TickReport {
     pub rejected: Vec<String>,
     pub actuation_errors: Vec<String>,
     pub store_error: Option<String>,
+    /// The planned start of each job the price plan holds.
+    pub planned_starts: BTreeMap<String, Timestamp>,
 }
 
 pub struct ControlLoop {
@@ -248,7 +250,11 @@ impl ControlLoop {
             }
         }
         let active = self.registry.active();
-        let Plan { state, decisions } = evaluate(
+        let Plan {
+            state,
+            decisions,
+            planned_starts,
+        } = evaluate(
             &Inputs {
                 site: &self.site,
                 snapshot: &self.snapshot,
@@ -259,6 +265,7 @@ impl ControlLoop {
             },
             now,
         );
+        report.planned_starts = planned_starts;
         let mut decisions = {
             let mut noted = std::mem::take(&mut self.noted);
             noted.extend(decisions);

@@ -62,4 +62,5 @@ pub mod runtime;
 pub mod schedulers;
 pub mod serve;
 pub mod sim;
+pub mod site_check;
 pub mod store_open;

@@ -33,6 +33,7 @@
 
 mod build;
 mod raw;
+pub mod redfish;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -168,6 +169,8 @@ pub struct Site {
     /// Each node's GPU ids, made once (a node changed after the site was built, in
     /// name or GPU count, gets its ids made anew by [`Site::gpus`]).
     pub gpu_ids: Vec<Vec<EntityId>>,
+    /// `[[redfish]]`: Redfish readings bound to entities of this site.
+    pub redfish: Vec<redfish::RedfishBinding>,
 }
 
 /// One GPU of the site, with where it sits.

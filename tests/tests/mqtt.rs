@@ -21,6 +21,7 @@ metric = "inlet_temp_c"
 value = "/value"
 unit = "degF"
 timestamp = "/ts"
+parse_strings = true
 [[json]]
 topic = "{prefix}/cdu/{{cdu}}"
 entity = "cooling/{{cdu}}"
@@ -377,6 +378,109 @@ to = "heat_load_kw"
     );
     assert_eq!(reasons, vec!["sequence_gap"], "seq 9 after 2");
     assert_eq!(dead, vec!["cooling/cdu-3"]);
+}
+
+#[test]
+fn sparkplug_stale_deaths_are_ignored_and_lost_state_asks_the_gateway_for_a_rebirth() {
+    use prost::Message;
+    use telemetry::sparkplug::{datatype, Metric, Payload, BD_SEQ, REBIRTH};
+    let group = unique("spb-rebirth");
+    let src = format!(
+        "version = 1\n[[sparkplug]]\ngroup = \"{group}\"\nnode = \"{{gw}}\"\nmetric = \"Inlet\"\nentity = \"rack/{{gw}}\"\nto = \"inlet_temp_c\"\n"
+    );
+    let mapping = Mapping::parse("mapping.toml", &src).expect("valid mapping");
+    let port = mqtt_port();
+    // the gateway's side: the real mosquitto_sub waits for the rebirth request
+    let sub = std::process::Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-C",
+            "1",
+            "-W",
+            "20",
+            "-N",
+        ])
+        .args(["-t", &format!("spBv1.0/{group}/NCMD/gw-1")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("this test needs mosquitto_sub (Debian mosquitto-clients)");
+    let run = Running::start(
+        MqttConfig::new(&format!("mqtt://127.0.0.1:{port}")),
+        mapping,
+    );
+    run.wait_for("connection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300));
+    let bd = |n: u64| Metric {
+        name: Some(BD_SEQ.into()),
+        datatype: Some(datatype::UINT64),
+        long_value: Some(n),
+        ..Metric::default()
+    };
+    let inlet = |v: f64| Metric {
+        name: Some("Inlet".into()),
+        alias: Some(1),
+        datatype: Some(datatype::DOUBLE),
+        double_value: Some(v),
+        ..Metric::default()
+    };
+    let p = |seq: Option<u64>, metrics: Vec<Metric>| {
+        Payload {
+            seq,
+            metrics,
+            ..Payload::default()
+        }
+        .encode_to_vec()
+    };
+    let topic = |kind: &str| format!("spBv1.0/{group}/{kind}/gw-1");
+    mosquitto_pub(
+        port,
+        &topic("NBIRTH"),
+        &p(Some(0), vec![bd(1), inlet(24.0)]),
+        &[],
+    );
+    // the will of the gateway's previous session, delivered late
+    mosquitto_pub(port, &topic("NDEATH"), &p(None, vec![bd(0)]), &[]);
+    mosquitto_pub(port, &topic("NDATA"), &p(Some(1), vec![inlet(25.0)]), &[]);
+    // messages lost: seq 7 after 1
+    mosquitto_pub(port, &topic("NDATA"), &p(Some(7), vec![inlet(26.0)]), &[]);
+    let out = sub.wait_with_output().expect("mosquitto_sub");
+    assert!(
+        out.status.success(),
+        "no rebirth request reached the gateway"
+    );
+    let req = Payload::decode(out.stdout.as_slice()).expect("an NCMD payload");
+    assert_eq!(req.metrics.len(), 1);
+    assert_eq!(req.metrics[0].name.as_deref(), Some(REBIRTH));
+    assert_eq!(req.metrics[0].boolean_value, Some(true));
+    // the current session's death counts
+    mosquitto_pub(port, &topic("NDEATH"), &p(None, vec![bd(1)]), &[]);
+
+    let (mut values, mut reasons, mut dead, mut rebirths) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && dead.is_empty() {
+        if let Ok(Event::Message { decoded, .. }) =
+            run.events.recv_timeout(Duration::from_millis(100))
+        {
+            values.extend(decoded.samples.iter().map(|s| s.value));
+            reasons.extend(decoded.rejects.iter().map(|r| r.reason));
+            dead.extend(decoded.dead.iter().map(|e| e.to_string()));
+            rebirths.extend(decoded.rebirth.map(|r| r.sent));
+        }
+    }
+    let counters = run.finish();
+    assert_eq!(
+        values,
+        vec![24.0, 25.0, 26.0],
+        "the stale death marked nothing"
+    );
+    assert_eq!(reasons, vec!["stale_death", "sequence_gap"]);
+    assert_eq!(dead, vec!["rack/gw-1"]);
+    assert_eq!(rebirths, vec![true]);
+    assert_eq!((counters.rebirths_sent, counters.rebirths_held), (1, 0));
 }
 
 #[test]

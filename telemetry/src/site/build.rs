@@ -411,7 +411,7 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
     }
 
     let tariff = raw.tariff.as_ref().map(|t| build_tariff(t, c));
-    Site {
+    let mut site = Site {
         name,
         timezone,
         tariff,
@@ -428,7 +428,10 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
             .map(|n| (0..n.gpus).map(|i| EntityId::gpu(&n.id, i)).collect())
             .collect(),
         nodes,
-    }
+        redfish: Vec::new(),
+    };
+    site.redfish = super::redfish::build(&raw.redfish, &site.entities(), c);
+    site
 }
 
 fn build_tariff(t: &super::raw::RawTariff, c: &mut Collector) -> crate::tariff::Tariff {

@@ -35,6 +35,9 @@ fn members(v: &Value) -> Vec<String> {
 /// hostile) gets the first ones read and an `oversize` reject.
 pub const MAX_MEMBERS: usize = 1024;
 
+/// The most resources one discovery reads for the site's bindings.
+pub const MAX_BOUND_RESOURCES: usize = 2048;
+
 fn item(kind: Kind, entity: &EntityId, path: String, value: Value) -> Item {
     Item::new(kind, entity, path, &value)
 }
@@ -195,15 +198,62 @@ impl<'a> Fetch<'a> {
     /// answering mid-walk fails the walk (a partial tree is not kept as the plan).
     pub(super) async fn discover(&self) -> Result<Vec<Item>, RedfishError> {
         let root = self.get("/redfish/v1").await?;
-        let (chassis, power, thermal) = futures_util::join!(
-            self.chassis(&root),
-            self.power_equipment(&root),
-            self.thermal_equipment(&root)
-        );
+        let tree = async {
+            if !self.ep.cfg.walks_tree() {
+                return Vec::new();
+            }
+            let (chassis, power, thermal) = futures_util::join!(
+                self.chassis(&root),
+                self.power_equipment(&root),
+                self.thermal_equipment(&root)
+            );
+            [chassis, power, thermal].concat()
+        };
+        let (tree, bound) = futures_util::join!(tree, self.bound());
         if let Some(e) = self.take_fatal() {
             return Err(e);
         }
-        Ok(chassis.into_iter().chain(power).chain(thermal).collect())
+        Ok(tree.into_iter().chain(bound).collect())
+    }
+
+    /// The resources the site's bindings name: an exact path is read as it is; a
+    /// pattern with wildcards is crawled from its literal start, following only the
+    /// links that may lead to a resource it names (at most [`MAX_BOUND_RESOURCES`]).
+    async fn bound(&self) -> Vec<Item> {
+        let binds = &self.ep.cfg.bind;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut next: Vec<String> = binds.iter().map(|b| b.resource.start()).collect();
+        let mut out = Vec::new();
+        let mut budget = MAX_BOUND_RESOURCES;
+        while !next.is_empty() && budget > 0 {
+            let level: Vec<String> = std::mem::take(&mut next)
+                .into_iter()
+                .filter(|p| seen.insert(p.clone()))
+                .take(budget)
+                .collect();
+            budget -= level.len();
+            let got = join_all(
+                level
+                    .iter()
+                    .map(|p| async move { self.try_get(p).await.map(|v| (p, v)) }),
+            )
+            .await;
+            for (p, v) in got.into_iter().flatten() {
+                next.extend(super::survey::follow(&v).into_iter().filter(|l| {
+                    binds.iter().any(|b| {
+                        let start = b.resource.start();
+                        let below = l
+                            .strip_prefix(start.as_str())
+                            .is_some_and(|r| r.starts_with('/'));
+                        !b.resource.is_exact() && below && b.resource.may_lead_to(l)
+                    })
+                }));
+                if binds.iter().any(|b| b.resource.matches(p)) {
+                    out.push(Item::bound(p.clone(), &v, binds));
+                }
+            }
+        }
+        out
     }
 
     /// The polls after discovery: only the resources that gave readings, all in
@@ -212,6 +262,9 @@ impl<'a> Fetch<'a> {
     pub(super) async fn replay(&self, plan: &[Read]) -> Result<Vec<Item>, RedfishError> {
         let got = try_join_all(plan.iter().map(|r| async move {
             match self.get(&r.path).await {
+                Ok(v) if r.kind == Kind::Bound => {
+                    Ok(Some(Item::bound(r.path.clone(), &v, &self.ep.cfg.bind)))
+                }
                 Ok(v) => Ok(Some(Item::reread(r.kind, &r.entity, r.path.clone(), &v))),
                 Err(e) if e.is_fatal() || e.is_gone() => Err(e),
                 Err(e) => {
