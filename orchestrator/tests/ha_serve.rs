@@ -657,3 +657,47 @@ fn with_redis_down_no_replica_leads_and_one_leads_again_once_it_is_back() {
         rig.agent_logs()
     );
 }
+
+#[test]
+fn a_second_serve_on_the_same_embedded_store_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    common::write_site_and_deferral_policy(d);
+    let port = free_port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n[http]\nlisten = \"127.0.0.1:{port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n"),
+    )
+    .expect("config");
+    let config = d.join("powerplane.toml");
+    let _first = Proc(
+        powerplane()
+            .args(["serve", "--run-for-s", "60", "--config"])
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve"),
+    );
+    let t = Instant::now();
+    while role(port).is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the first serve never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let second = powerplane()
+        .args(["serve", "--run-for-s", "5", "--config"])
+        .arg(&config)
+        .output()
+        .expect("serve");
+    assert!(
+        !second.status.success(),
+        "a second controller on one redb file started"
+    );
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("already open in another process"), "{err}");
+    assert!(err.contains("kind = \"redis\""), "{err}");
+    // the first one still leads, alone
+    assert_eq!(role(port), Some((true, 0)));
+}
