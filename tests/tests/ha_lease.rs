@@ -24,14 +24,26 @@ fn lease(server: &RedisServer) -> RedisLease {
 fn one_holder_at_a_time_epochs_grow_and_renewal_checks_the_term() {
     let server = RedisServer::start();
     let (mut a, mut b) = (lease(&server), lease(&server));
-    let e1 = a.acquire("a", 800).expect("acquire").expect("free lease taken");
+    let e1 = a
+        .acquire("a", 800)
+        .expect("acquire")
+        .expect("free lease taken");
     assert_eq!(b.acquire("b", 800).expect("acquire"), None, "held by a");
-    assert_eq!(b.holder().expect("holder").map(|h| (h.instance, h.epoch)), Some(("a".into(), e1)));
+    assert_eq!(
+        b.holder().expect("holder").map(|h| (h.instance, h.epoch)),
+        Some(("a".into(), e1))
+    );
     assert!(a.renew("a", e1, 800).expect("renew"));
-    assert!(!b.renew("b", e1, 800).expect("renew"), "b does not hold term e1");
+    assert!(
+        !b.renew("b", e1, 800).expect("renew"),
+        "b does not hold term e1"
+    );
     // a stops renewing: the key expires, b's term has a larger epoch
     std::thread::sleep(Duration::from_millis(1200));
-    let e2 = b.acquire("b", 800).expect("acquire").expect("expired lease taken");
+    let e2 = b
+        .acquire("b", 800)
+        .expect("acquire")
+        .expect("expired lease taken");
     assert!(e2 > e1);
     assert!(!a.renew("a", e1, 800).expect("renew"), "a's term is over");
     b.release("b", e2).expect("release");
@@ -93,7 +105,8 @@ fn a_deposed_leaders_commits_do_not_land_directly_or_from_its_journal() {
     // the store goes away; the old leader journals a batch
     server.kill9();
     let mut tx = Tx::new();
-    tx.audit(&decision(1)).put_job(&job("lsf:2", JobState::Pending));
+    tx.audit(&decision(1))
+        .put_job(&job("lsf:2", JobState::Pending));
     deposed.commit(tx).expect("journaled");
     server.restart();
     // meanwhile a new leader took over (the old lease is released by hand here; the
@@ -117,10 +130,18 @@ fn a_deposed_leaders_commits_do_not_land_directly_or_from_its_journal() {
             other => panic!("no fenced refusal within 30 s: {other:?}"),
         }
     };
-    assert!(refused.to_string().contains(&format!("epoch {old}")), "{refused}");
+    assert!(
+        refused.to_string().contains(&format!("epoch {old}")),
+        "{refused}"
+    );
     // ...and so was its journaled batch (dropped on replay)
     let mut reader = fenced_store(&server, None);
-    let ids: Vec<String> = reader.jobs().expect("jobs").into_iter().map(|j| j.id).collect();
+    let ids: Vec<String> = reader
+        .jobs()
+        .expect("jobs")
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
     assert_eq!(ids, vec!["lsf:1".to_string()]);
     assert_eq!(reader.audit_len().expect("audit"), 0);
     let h = deposed.health().expect("health");

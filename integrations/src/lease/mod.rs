@@ -81,9 +81,14 @@ pub enum Role {
 pub enum Change {
     None,
     /// This replica started term `epoch`.
-    Elected { epoch: u64 },
+    Elected {
+        epoch: u64,
+    },
     /// This replica's term ended: `why` (renewal refused, lease ran out).
-    Deposed { epoch: u64, why: &'static str },
+    Deposed {
+        epoch: u64,
+        why: &'static str,
+    },
 }
 
 /// One replica's side of the election.
@@ -125,19 +130,21 @@ impl Election {
         let t = self.timing;
         let until = sent_ms + t.lease_ms.saturating_sub(t.margin_ms);
         match self.role.clone() {
-            Role::Leader { epoch, until_ms } => match store.renew(&self.instance, epoch, t.lease_ms) {
-                Ok(true) => {
-                    self.role = Role::Leader {
-                        epoch,
-                        until_ms: until.max(until_ms),
-                    };
-                    Change::None
+            Role::Leader { epoch, until_ms } => {
+                match store.renew(&self.instance, epoch, t.lease_ms) {
+                    Ok(true) => {
+                        self.role = Role::Leader {
+                            epoch,
+                            until_ms: until.max(until_ms),
+                        };
+                        Change::None
+                    }
+                    Ok(false) => self.depose(epoch, "renewal_refused", None),
+                    // the store does not answer: keep the term while it lasts
+                    Err(_) if sent_ms < until_ms => Change::None,
+                    Err(_) => self.depose(epoch, "lease_ran_out", None),
                 }
-                Ok(false) => self.depose(epoch, "renewal_refused", None),
-                // the store does not answer: keep the term while it lasts
-                Err(_) if sent_ms < until_ms => Change::None,
-                Err(_) => self.depose(epoch, "lease_ran_out", None),
-            },
+            }
             Role::Follower { .. } => match store.acquire(&self.instance, t.lease_ms) {
                 Ok(Some(epoch)) => {
                     self.role = Role::Leader {
@@ -197,7 +204,11 @@ impl FakeLeaseStore {
         if self.down {
             return Err(LeaseError("down".into()));
         }
-        if self.holder.as_ref().is_some_and(|(_, exp)| *exp <= self.now_ms) {
+        if self
+            .holder
+            .as_ref()
+            .is_some_and(|(_, exp)| *exp <= self.now_ms)
+        {
             self.holder = None;
         }
         Ok(())

@@ -83,10 +83,17 @@ fn a_leader_that_cannot_renew_stops_acting_before_its_lease_ends() {
     // renewals fail; the term holds until lease minus margin (5 s - 1 s)
     assert_eq!(a.step(&mut store, 1000), Change::None);
     assert_eq!(a.acting(3999), Some(1));
-    assert_eq!(a.acting(4000), None, "stopped before the lease's end at 5000 ms");
+    assert_eq!(
+        a.acting(4000),
+        None,
+        "stopped before the lease's end at 5000 ms"
+    );
     assert_eq!(
         a.step(&mut store, 4500),
-        Change::Deposed { epoch: 1, why: "lease_ran_out" }
+        Change::Deposed {
+            epoch: 1,
+            why: "lease_ran_out"
+        }
     );
 }
 
@@ -98,7 +105,12 @@ fn a_paused_leader_finds_itself_deposed_and_the_next_term_has_a_larger_epoch() {
     assert_eq!(b.step(&mut store, 10), Change::None);
     assert_eq!(
         b.role(),
-        &Role::Follower { leader: Some(Holder { instance: "a".into(), epoch: 1 }) }
+        &Role::Follower {
+            leader: Some(Holder {
+                instance: "a".into(),
+                epoch: 1
+            })
+        }
     );
     // a is paused past its lease; b takes over
     store.now_ms = 6000;
@@ -108,7 +120,10 @@ fn a_paused_leader_finds_itself_deposed_and_the_next_term_has_a_larger_epoch() {
     assert_eq!(a.acting(6001), None);
     assert_eq!(
         a.step(&mut store, 6001),
-        Change::Deposed { epoch: 1, why: "renewal_refused" }
+        Change::Deposed {
+            epoch: 1,
+            why: "renewal_refused"
+        }
     );
     assert_eq!(b.acting(6001), Some(2));
 }
@@ -118,7 +133,10 @@ fn a_clean_shutdown_gives_the_lease_back() {
     let mut store = FakeLeaseStore::default();
     let (mut a, mut b) = (Election::new("a", timing()), Election::new("b", timing()));
     a.step(&mut store, 0);
-    assert!(matches!(a.resign(Some(&mut store)), Change::Deposed { epoch: 1, .. }));
+    assert!(matches!(
+        a.resign(Some(&mut store)),
+        Change::Deposed { epoch: 1, .. }
+    ));
     assert_eq!(b.step(&mut store, 1), Change::Elected { epoch: 2 });
     assert_eq!((a.transitions, b.transitions), (2, 1));
 }

@@ -73,7 +73,9 @@ pub enum Op {
     /// The batch applies only while the store's fencing epoch (see [`crate::lease`])
     /// is `epoch`: a deposed leader's writes do not land. Always the batch's first op;
     /// a backend that serves one controller only (embedded) ignores it.
-    Fence { epoch: u64 },
+    Fence {
+        epoch: u64,
+    },
 }
 
 /// Writes that commit together or not at all.

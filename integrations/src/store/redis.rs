@@ -362,7 +362,9 @@ impl Backend for RedisBackend {
     fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
         // not repeated on a lost connection: without a sequence number it could apply twice
         let cmd = self.commit_cmd("", 0, batch);
-        Ok(self.run_commit(cmd, false, fence_of(batch))?.unwrap_or_default())
+        Ok(self
+            .run_commit(cmd, false, fence_of(batch))?
+            .unwrap_or_default())
     }
 
     fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
@@ -438,7 +440,6 @@ impl Backend for RedisBackend {
         Some(self.health.clone())
     }
 }
-
 
 /// The epoch a batch is fenced with (its first op), if any.
 fn fence_of(batch: &Batch) -> Option<u64> {
