@@ -41,6 +41,9 @@ pub struct Config {
     /// The schedulers to steer (without it, holds are observe-only).
     #[serde(default)]
     pub schedulers: Option<crate::schedulers::SchedulersSection>,
+    /// Several replicas, one leader (see [`crate::ha`]).
+    #[serde(default)]
+    pub ha: Option<crate::ha::HaSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -408,6 +411,13 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
     }
     if let Some(s) = &cfg.schedulers {
         problems.take(crate::schedulers::check(s, name, base));
+    }
+    if let Some(ha) = &cfg.ha {
+        let redis = matches!(cfg.store, StoreConfig::Redis(_));
+        let agents = cfg.agents.as_ref().map(|a| a.lease_s);
+        for p in crate::ha::problems(ha, redis, agents, cfg.controller.tick_s) {
+            problems.check(false, || format!("{name}: {p}"));
+        }
     }
     let reload = cfg.controller.policy_reload_s;
     problems.check(reload == 0.0 || (0.1..=3600.0).contains(&reload), || {

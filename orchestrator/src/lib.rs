@@ -47,6 +47,7 @@ pub mod demo;
 pub mod embedded;
 pub mod energy_report;
 pub mod fleet;
+pub mod ha;
 pub mod http;
 pub use agent::notify;
 pub mod overrides;

@@ -199,6 +199,17 @@ impl Tx {
         self.append(AUDIT, d)
     }
 
+    /// An audit entry that also names the replica and the leader's epoch that took
+    /// the decision (with `[ha]`); it reads back as the same [`Decision`].
+    pub fn audit_by(&mut self, d: &Decision, instance: &str, epoch: u64) -> &mut Self {
+        let mut v = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
+        if let Some(m) = v.as_object_mut() {
+            m.insert("instance".into(), instance.into());
+            m.insert("epoch".into(), epoch.into());
+        }
+        self.append(AUDIT, &v)
+    }
+
     pub fn ledger(&mut self, e: &LedgerEntry) -> &mut Self {
         self.append(LEDGER, e)
     }

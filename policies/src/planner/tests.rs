@@ -24,6 +24,7 @@ fn job(id: &str, gpus: u32, hours: f64, latest_h: f64) -> PlanJob {
         watts: f64::from(gpus) * 300.0,
         duration_s: hours * 3600.0,
         latest_start: t(latest_h),
+        delay_cost_per_s: 0.0,
     }
 }
 
