@@ -30,6 +30,7 @@
 
 pub mod feeds;
 pub mod kubernetes;
+pub mod lease;
 pub mod prices;
 pub mod scheduler;
 pub mod slurm;

@@ -12,7 +12,10 @@
 //! receiver refuses (4xx other than 408 and 429) or that runs out of attempts moves to
 //! the dead-letter list (`webhook_dead`). Each action carries an idempotency key
 //! (`Idempotency-Key`, also `id` in the body) that stays the same across retries and
-//! restarts, so a receiver that saw it already can answer 2xx and do nothing.
+//! restarts, so a receiver that saw it already can answer 2xx and do nothing. With
+//! several replicas (`[ha]`) the outbox lives in the shared store, so a new leader
+//! carries on with the same keys; each body also carries the `epoch` of the leader
+//! that queued it.
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
@@ -395,6 +398,8 @@ pub struct Outbox {
     queue: BTreeMap<u64, Delivery>,
     next_seq: u64,
     pub counters: OutboxCounters,
+    /// The leader's fencing epoch (with `[ha]`), in every action's body.
+    pub epoch: Option<u64>,
 }
 
 fn seq_key(seq: u64) -> String {
@@ -445,6 +450,8 @@ impl Outbox {
             queue,
             next_seq,
             counters: OutboxCounters::default(),
+            // the epoch 0 fences a follower: it never enqueues
+            epoch: store.fence().filter(|e| *e > 0),
         })
     }
 
@@ -476,6 +483,9 @@ impl Outbox {
             "scheduler_job": job_id,
             "reason": reason,
         });
+        if let (Some(b), Some(e)) = (body.as_object_mut(), self.epoch) {
+            b.insert("epoch".into(), e.into());
+        }
         if let (Some(b), Ok(serde_json::Value::Object(a))) =
             (body.as_object_mut(), serde_json::to_value(action))
         {

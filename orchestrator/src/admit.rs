@@ -129,7 +129,7 @@ impl Tally {
 
 /// Every reject reason of the MQTT decoders (JSON mapping, Sparkplug B, the source's
 /// size limit): exported at 0 until seen, so dashboards and alerts find the series.
-pub const MQTT_REASONS: [&str; 14] = [
+pub const MQTT_REASONS: [&str; 15] = [
     "oversize",
     "bad_json",
     "no_mapping",
@@ -144,7 +144,13 @@ pub const MQTT_REASONS: [&str; 14] = [
     "sequence_gap",
     "unknown_alias",
     "too_many_nodes",
+    "stale_death",
 ];
+
+/// Keys of the MQTT tally that count Sparkplug rebirth requests (sent, or held back by
+/// `rebirth_interval_s`), not rejects: exported as `mqtt_sparkplug_rebirths_total`.
+pub const REBIRTH_SENT: &str = "rebirth:sent";
+pub const REBIRTH_HELD: &str = "rebirth:held";
 
 /// Every reason a job event is refused for (see [`crate::schedulers::Inbox`]).
 pub const EVENT_REASONS: [&str; 11] = [
@@ -196,13 +202,24 @@ pub fn labeled(
     events: Option<BTreeMap<&'static str, u64>>,
 ) -> Vec<LabeledCounter> {
     let mut out = Vec::new();
-    if let Some(m) = mqtt {
+    if let Some(mut m) = mqtt {
+        let sent = m.remove(REBIRTH_SENT).unwrap_or(0);
+        let held = m.remove(REBIRTH_HELD).unwrap_or(0);
         out.extend(family(
             "mqtt_rejected_total",
             "MQTT messages (or parts of them) the decoders rejected, by reason",
             &MQTT_REASONS,
             m,
         ));
+        for (value, count) in [("sent", sent), ("held", held)] {
+            out.push(LabeledCounter {
+                name: "mqtt_sparkplug_rebirths_total",
+                help: "Sparkplug rebirth requests (NCMD Node Control/Rebirth): sent, or held back by rebirth_interval_s",
+                label: "outcome",
+                value,
+                count,
+            });
+        }
     }
     if let Some(e) = events {
         out.extend(family(
@@ -305,8 +322,19 @@ mod tests {
     fn every_reason_is_exported_even_before_it_is_seen() {
         let mut seen = BTreeMap::new();
         seen.insert("bad_json", 3);
+        seen.insert(REBIRTH_SENT, 2);
         let l = labeled(Some(seen), None);
-        assert_eq!(l.len(), MQTT_REASONS.len());
+        let rejects = l.iter().filter(|c| c.name == "mqtt_rejected_total");
+        assert_eq!(rejects.count(), MQTT_REASONS.len());
+        let rebirths: Vec<_> = l
+            .iter()
+            .filter(|c| c.name == "mqtt_sparkplug_rebirths_total")
+            .map(|c| (c.label, c.value, c.count))
+            .collect();
+        assert_eq!(
+            rebirths,
+            vec![("outcome", "sent", 2), ("outcome", "held", 0)]
+        );
         assert!(l
             .iter()
             .any(|c| c.name == "mqtt_rejected_total" && c.value == "bad_json" && c.count == 3));

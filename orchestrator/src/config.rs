@@ -41,6 +41,9 @@ pub struct Config {
     /// The schedulers to steer (without it, holds are observe-only).
     #[serde(default)]
     pub schedulers: Option<crate::schedulers::SchedulersSection>,
+    /// Several replicas, one leader (see [`crate::ha`]).
+    #[serde(default)]
+    pub ha: Option<crate::ha::HaSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -291,6 +294,10 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         let r = crate::admit::check_redfish(&r.endpoints, site);
         problems.take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));
     }
+    if let Some(site) = &site {
+        let r = attach_bindings(&mut cfg, site, &name);
+        problems.take(r);
+    }
     check_values(&cfg, &name, base, &mut problems);
     problems.finish()?;
     match (site, policy) {
@@ -303,6 +310,28 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         }),
         _ => anyhow::bail!("{name}: the site or the policy did not load"),
     }
+}
+
+/// Hands each endpoint the site's `[[redfish]]` bindings of it; a binding of an
+/// endpoint the config does not name is an error.
+fn attach_bindings(cfg: &mut Config, site: &Site, name: &str) -> Result<()> {
+    let endpoints = cfg
+        .redfish
+        .as_mut()
+        .map(|r| r.endpoints.as_mut_slice())
+        .unwrap_or_default();
+    let mut problems = Vec::new();
+    for b in &site.redfish {
+        match endpoints.iter_mut().find(|e| e.name == b.endpoint) {
+            Some(e) => e.bind.push(b.clone()),
+            None => problems.push(format!(
+                "{}: [[redfish]] endpoint {:?}: {name} has no such [[redfish.endpoints]]",
+                b.at, b.endpoint
+            )),
+        }
+    }
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
 }
 
 /// Every problem `load` finds, reported together.
@@ -382,6 +411,13 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
     }
     if let Some(s) = &cfg.schedulers {
         problems.take(crate::schedulers::check(s, name, base));
+    }
+    if let Some(ha) = &cfg.ha {
+        let redis = matches!(cfg.store, StoreConfig::Redis(_));
+        let agents = cfg.agents.as_ref().map(|a| a.lease_s);
+        for p in crate::ha::problems(ha, redis, agents, cfg.controller.tick_s) {
+            problems.check(false, || format!("{name}: {p}"));
+        }
     }
     let reload = cfg.controller.policy_reload_s;
     problems.check(reload == 0.0 || (0.1..=3600.0).contains(&reload), || {

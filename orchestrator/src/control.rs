@@ -50,6 +50,8 @@ pub struct TickReport {
     pub rejected: Vec<String>,
     pub actuation_errors: Vec<String>,
     pub store_error: Option<String>,
+    /// The planned start of each job the price plan holds.
+    pub planned_starts: BTreeMap<String, Timestamp>,
 }
 
 pub struct ControlLoop {
@@ -77,6 +79,8 @@ pub struct ControlLoop {
     /// Whether ticks write the store (jobs, audit log, state) and the energy ledger;
     /// off for replays, which account energy themselves.
     records: bool,
+    /// With `[ha]`: the replica and the epoch its decisions are audited under.
+    origin: Option<(String, u64)>,
 }
 
 impl ControlLoop {
@@ -109,7 +113,32 @@ impl ControlLoop {
             forecast: policies::Forecast::default(),
             noted: Vec::new(),
             records: true,
+            origin: None,
         })
+    }
+
+    /// Whether ticks write the store; off on a follower (with `[ha]`), which
+    /// evaluates the same inputs but leaves the store to the leader.
+    pub fn set_records(&mut self, on: bool) {
+        self.records = on;
+    }
+
+    /// The replica and the leader's epoch the audit log records with each decision.
+    pub fn set_origin(&mut self, origin: Option<(String, u64)>) {
+        self.origin = origin;
+    }
+
+    /// Reloads caps, holds, thermal levels and jobs from the store as last committed
+    /// (a follower mirroring its leader; a new leader taking over), keeping the
+    /// snapshot and the ledger's interval; writes not yet committed are dropped.
+    pub fn resume_from_store(&mut self) -> Result<(), StoreError> {
+        let state = self.store.state()?;
+        let jobs = self.store.jobs()?;
+        self.registry = JobRegistry::from_jobs(jobs);
+        self.committed = state.clone();
+        self.state = state;
+        self.unsaved = Tx::new();
+        Ok(())
     }
 
     /// The same loop for a replay (`powerplane backtest`): the same decisions and
@@ -224,7 +253,11 @@ impl ControlLoop {
             }
         }
         let active = self.registry.active();
-        let Plan { state, decisions } = evaluate(
+        let Plan {
+            state,
+            decisions,
+            planned_starts,
+        } = evaluate(
             &Inputs {
                 site: &self.site,
                 snapshot: &self.snapshot,
@@ -235,6 +268,7 @@ impl ControlLoop {
             },
             now,
         );
+        report.planned_starts = planned_starts;
         let mut decisions = {
             let mut noted = std::mem::take(&mut self.noted);
             noted.extend(decisions);
@@ -266,7 +300,10 @@ impl ControlLoop {
             return report;
         }
         for d in &decisions {
-            tx.audit(d);
+            match &self.origin {
+                Some((instance, epoch)) => tx.audit_by(d, instance, *epoch),
+                None => tx.audit(d),
+            };
         }
         report.ledger = self
             .accountant
@@ -308,6 +345,12 @@ impl ControlLoop {
             Ok(()) => {
                 self.committed = self.state.clone();
                 Ok(())
+            }
+            // a newer leader holds the store: these writes are not ours to make
+            Err(e @ StoreError::Fenced { .. }) => {
+                self.counters.store_errors += 1;
+                warn!(error = %e, dropped_ops = pending.len(), "store commit fenced off; writes dropped");
+                Err(e)
             }
             Err(e) => {
                 self.counters.store_errors += 1;

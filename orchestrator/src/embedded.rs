@@ -31,10 +31,21 @@ fn log_def(name: &str) -> String {
 }
 
 impl EmbeddedBackend {
-    /// Opens the store file, creating it if it does not exist.
+    /// Opens the store file, creating it if it does not exist. The file is locked
+    /// while open: a second controller on the same file is refused (the embedded
+    /// store serves one controller; several replicas share Redis, see `[ha]`).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path)
-            .map_err(|e| err(format!("cannot open {}", path.display()))(e.into()))?;
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend {
+                backend: NAME,
+                message: format!(
+                    "{} is already open in another process (another powerplane serve?): the embedded store serves one controller; for several replicas use [store] kind = \"redis\" with [ha]",
+                    path.display()
+                ),
+                source: None,
+            },
+            e => err(format!("cannot open {}", path.display()))(e.into()),
+        })?;
         Ok(EmbeddedBackend { db })
     }
 
@@ -57,6 +68,8 @@ impl EmbeddedBackend {
                     let mut t = txn.open_table(TableDefinition::<&str, &[u8]>::new(&name))?;
                     t.remove(key.as_str())?;
                 }
+                // one controller per file (the file is locked): nothing to fence
+                Op::Fence { .. } => {}
                 Op::Append { log, value } => {
                     let name = log_def(log);
                     let mut t = txn.open_table(TableDefinition::<u64, &[u8]>::new(&name))?;

@@ -143,6 +143,8 @@ pub struct Fleet {
     log: LogLimiter,
     id_prefix: String,
     next_id: u64,
+    /// The fencing epoch commands carry (with `[ha]`: the leader's term).
+    epoch: Option<u64>,
     pub counters: BTreeMap<&'static str, u64>,
 }
 
@@ -193,6 +195,7 @@ impl Fleet {
             log: LogLimiter::new(std::time::Duration::from_secs(30)),
             id_prefix: format!("c{}", started.as_millis()),
             next_id: 0,
+            epoch: None,
             counters: BTreeMap::new(),
         }
     }
@@ -203,6 +206,18 @@ impl Fleet {
 
     pub fn nodes(&self) -> &BTreeMap<String, NodeBook> {
         &self.nodes
+    }
+
+    /// Commands from now on carry `epoch` (a new leader's term). A new term re-sends
+    /// every GPU's desired state at once, so that each agent learns the epoch and
+    /// renews its lease from the new leader (take-over: nothing lapses).
+    pub fn set_epoch(&mut self, epoch: Option<u64>) {
+        if epoch != self.epoch {
+            for b in self.books.values_mut() {
+                b.sent = None;
+            }
+            self.epoch = epoch;
+        }
     }
 
     /// The commands to publish now, as `(topic, payload)`, so that every GPU heads to
@@ -251,6 +266,7 @@ impl Fleet {
                 node: node.clone(),
                 issued_at: now,
                 lease_s: self.cfg.lease_s,
+                epoch: self.epoch,
                 action: match want {
                     Want::Default => Action::Reset { gpus: list },
                     Want::Clocks { mhz } => Action::LockSmClocks {

@@ -122,10 +122,15 @@ enum Command {
 
 #[derive(Subcommand)]
 enum SiteCommand {
-    /// Validate site files; print every problem as file:line:col: message.
+    /// Validate site files; print every problem as file:line:col: message. With
+    /// --config, also check the site's Redfish bindings against the live services.
     Check {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "config")]
         files: Vec<PathBuf>,
+        /// A controller config (powerplane.toml): its site against its live Redfish
+        /// endpoints: each binding's reading, what nothing maps, entities no reading reaches.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -258,20 +263,8 @@ fn main() -> ExitCode {
             &start,
         ),
         Command::Site {
-            command: SiteCommand::Check { files },
-        } => check(&files, |name, text| {
-            Site::parse(name, text)
-                .map(|s| {
-                    format!(
-                        "{} racks, {} nodes, {} GPUs, {:.1} kW facility budget",
-                        s.racks.len(),
-                        s.nodes.len(),
-                        s.gpu_count(),
-                        s.facility_budget_kw()
-                    )
-                })
-                .map_err(|e| e.to_string())
-        }),
+            command: SiteCommand::Check { files, config },
+        } => site_check(&files, config.as_deref()),
         Command::Serve {
             config,
             run_for_s,
@@ -362,6 +355,39 @@ fn main() -> ExitCode {
 }
 
 /// Checks every file; prints all problems; exit 1 if any.
+fn site_check(files: &[PathBuf], config: Option<&std::path::Path>) -> Result<ExitCode> {
+    let files_ok = files.is_empty() || site_files(files)? == ExitCode::SUCCESS;
+    let live_ok = match config {
+        None => true,
+        Some(c) => {
+            let checked = orchestrator::site_check::run(c)?;
+            print!("{}", checked.report);
+            checked.ok
+        }
+    };
+    Ok(if files_ok && live_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn site_files(files: &[PathBuf]) -> Result<ExitCode> {
+    check(files, |name, text| {
+        Site::parse(name, text)
+            .map(|s| {
+                format!(
+                    "{} racks, {} nodes, {} GPUs, {:.1} kW facility budget",
+                    s.racks.len(),
+                    s.nodes.len(),
+                    s.gpu_count(),
+                    s.facility_budget_kw()
+                )
+            })
+            .map_err(|e| e.to_string())
+    })
+}
+
 fn check(
     files: &[PathBuf],
     parse: impl Fn(&str, &str) -> Result<String, String>,

@@ -126,6 +126,7 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
                 samples: p.samples,
                 rejects: p.rejects,
                 dead: Vec::new(),
+                rebirth: None,
             };
             handle(
                 Event::Message {

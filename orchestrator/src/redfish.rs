@@ -159,6 +159,13 @@ pub fn metrics(endpoints: &[EndpointStats]) -> Vec<Metric> {
             add(name, "counter", help, ep(), n as f64);
         }
         add(
+            "redfish_bindings_unfilled",
+            "gauge",
+            "The site's [[redfish]] bindings of the endpoint that its last discovery could not fill (no reading, or several without combine)",
+            ep(),
+            e.bindings_unfilled as f64,
+        );
+        add(
             "redfish_backing_off",
             "gauge",
             "1 while the endpoint is failing and its polls are skipped",

@@ -13,16 +13,26 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn backtest(out: &Path, jobs: &Path, scenario: &str) -> Output {
+    backtest_with(
+        out,
+        jobs,
+        scenario,
+        &fixture("policy.toml"),
+        &fixture("prices.csv"),
+    )
+}
+
+fn backtest_with(out: &Path, jobs: &Path, scenario: &str, policy: &Path, prices: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_powerplane"))
         .arg("backtest")
         .arg("--site")
         .arg(fixture("site.toml"))
         .arg("--policy")
-        .arg(fixture("policy.toml"))
+        .arg(policy)
         .arg("--jobs")
         .arg(jobs)
         .arg("--prices")
-        .arg(fixture("prices.csv"))
+        .arg(prices)
         .arg("--scenario")
         .arg(fixture(scenario))
         .arg("--out")
@@ -42,10 +52,11 @@ fn num(v: &Value, path: &str) -> f64 {
         .unwrap_or_else(|| panic!("{path} missing in {v}"))
 }
 
+// carbon_kg is null here: these runs have no carbon file (not measured)
 const FIELDS: [&str; 14] = [
     "energy_kwh",
     "cost",
-    "carbon_kg",
+    "demand_charge",
     "peak_kw",
     "budget_violation_s",
     "thermal_violation_s",
@@ -65,7 +76,7 @@ fn the_summary_compares_both_runs_and_adds_up() {
     let o = backtest(dir.path(), &fixture("jobs.csv"), "scenario.toml");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = summary(dir.path());
-    for run in ["baseline", "policy"] {
+    for run in ["baseline", "policy", "power_save"] {
         for f in FIELDS {
             num(&s, &format!("/{run}/{f}"));
         }
@@ -187,6 +198,108 @@ fn bad_traces_are_refused_with_their_file_and_line() {
             .contains("when.csv:2: submit \"yesterday\" is not a time"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!dir.path().join("out/summary.json").exists());
+}
+
+#[test]
+fn three_runs_power_saving_turns_idle_nodes_off_and_the_policy_beats_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = std::fs::read_to_string(fixture("policy.toml")).expect("policy");
+    let policy = write(
+        dir.path(),
+        "policy.toml",
+        &format!(
+            "{policy}\n[node_power]\nenabled = true\nreserve_gpus = 8\nidle_s = 600\nboot_s = 300\n"
+        ),
+    );
+    let out = dir.path().join("out");
+    let o = backtest_with(
+        &out,
+        &fixture("jobs.csv"),
+        "scenario.toml",
+        &policy,
+        &fixture("prices.csv"),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    assert_eq!(num(&s, "/suspend_time_s"), 1800.0);
+    // no management never powers a node down; power saving and the policy do
+    assert_eq!(num(&s, "/baseline/power_downs"), 0.0);
+    assert!(num(&s, "/power_save/power_downs") > 0.0, "{s}");
+    assert!(num(&s, "/power_save/node_off_h") > 0.0);
+    assert!(num(&s, "/policy/node_off_h") > 0.0);
+    assert!(num(&s, "/power_save/energy_kwh") < num(&s, "/baseline/energy_kwh"));
+    // the same work in all three, no misses, and the policy costs less than both
+    let gh = num(&s, "/baseline/gpu_hours");
+    for run in ["power_save", "policy"] {
+        assert!((num(&s, &format!("/{run}/gpu_hours")) - gh).abs() < 1e-6 * gh);
+        assert_eq!(num(&s, &format!("/{run}/deadline_misses")), 0.0);
+    }
+    assert!(num(&s, "/savings_vs_power_save_pct/cost") > 0.0, "{s}");
+    let expect = 100.0 * (num(&s, "/power_save/cost") - num(&s, "/policy/cost"))
+        / num(&s, "/power_save/cost");
+    assert!((num(&s, "/savings_vs_power_save_pct/cost") - expect).abs() < 1e-9);
+    assert!(num(&s, "/deferred_wait_mean_s") > 0.0);
+    assert!(num(&s, "/saving_per_wait_hour") > 0.0);
+    // no carbon file: carbon is not measured, not 0
+    assert!(s["policy"]["carbon_kg"].is_null(), "{}", s["policy"]);
+    assert!(s["savings_pct"]["carbon"].is_null());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("not measured"));
+}
+
+#[test]
+fn time_without_a_price_is_counted_as_a_gap_never_at_the_last_price() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all = std::fs::read_to_string(fixture("prices.csv")).expect("prices");
+    // the header and the first two days only: the trace runs three days and more
+    let short: String = all.lines().take(1 + 48).map(|l| format!("{l}\n")).collect();
+    let prices = write(dir.path(), "short.csv", &short);
+    let out = dir.path().join("out");
+    let o = backtest_with(
+        &out,
+        &fixture("jobs.csv"),
+        "scenario.toml",
+        &fixture("policy.toml"),
+        &prices,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    let span_s = num(&s, "/span_h") * 3600.0;
+    // the prices cover 2024-06-02 00:00 to 06-04 00:00 (+02:00, 06-03 22:00 UTC);
+    // the run starts on 06-02 22:10 UTC: 23 h 50 min of it has prices
+    let covered = 23.0 * 3600.0 + 50.0 * 60.0;
+    for run in ["baseline", "policy", "power_save"] {
+        let gap = num(&s, &format!("/{run}/price_gap_s"));
+        assert!(
+            (gap - (span_s - covered)).abs() <= 600.0,
+            "{run}: gap {gap} s of {span_s} s"
+        );
+    }
+    // the full series costs more: the gap was not priced at the last price held
+    let full = dir.path().join("full");
+    let o = backtest(&full, &fixture("jobs.csv"), "scenario.toml");
+    assert!(o.status.success());
+    let f = summary(&full);
+    assert!(num(&f, "/baseline/price_gap_s") == 0.0);
+    assert!(num(&s, "/baseline/cost") < num(&f, "/baseline/cost"));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("savings"));
+}
+
+#[test]
+fn a_job_larger_than_the_site_is_refused_with_its_line_before_the_replay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let big = write(
+        dir.path(),
+        "big.csv",
+        "submit,duration_s,gpus,id\n2024-06-03 10:00:00,600,1,small\n2024-06-03 10:05:00,600,129,huge\n",
+    );
+    let o = backtest(&dir.path().join("out"), &big, "scenario.toml");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("big.csv:3: job huge needs 129 GPUs, the site has 128"),
+        "{err}"
     );
     assert!(!dir.path().join("out/summary.json").exists());
 }

@@ -100,11 +100,11 @@ fn the_backtest_writes_the_same_summary_as_before_the_rebuild() {
     let golden = [
         (
             "scenario.toml",
-            "448f2aeef5fd086733f1710724cf87c214d673661805609052e65733dc8ec5d3",
+            "58e00a0a1e87670ebfaf8c4438f034243228c11e518dd5c21155c6ef428de4c7",
         ),
         (
             "scenario-contract.toml",
-            "f34b9ae6252f39598ae28633fb9bd64715a13004d43cad7da7252d4c660c9a53",
+            "b2bfe2258fbd88ca47dc5424ae52b8e282a2477d5e0bf047efcf357fe27ff7ce",
         ),
     ];
     let dir = tempfile::tempdir().expect("tempdir");

@@ -45,6 +45,19 @@ fn serve_polls_redfish_on_its_runtime_and_exports_the_counters() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
     common::write_site_and_deferral_policy(d);
+    // the site binds the PDU's own power meter to a second PDU of the site, and one
+    // reading the mockup does not have
+    let mut site = std::fs::read_to_string(d.join("site.toml")).expect("site");
+    site.push_str(
+        "\n[[redfish]]\nendpoint = \"pdu\"\nresource = \"PowerEquipment/RackPDUs/1/Metrics\"\nproperty = \"PowerWatts\"\nentity = \"pdu/pdu-a02\"\nmetric = \"power_w\"\n\n[[redfish]]\nendpoint = \"pdu\"\nresource = \"PowerEquipment/RackPDUs/1/Metrics\"\nproperty = \"NoSuchReading\"\nentity = \"pdu/pdu-a03\"\nmetric = \"power_w\"\n",
+    );
+    std::fs::write(d.join("site.toml"), site).expect("site");
+    let meter = std::fs::read_to_string(
+        root.join("tests/fixtures/redfish/public-pdu/PowerEquipment/RackPDUs/1/Metrics/index.json"),
+    )
+    .expect("fixture");
+    let meter: serde_json::Value = serde_json::from_str(&meter).expect("json");
+    let meter_w = meter["PowerWatts"]["Reading"].as_f64().expect("PowerWatts");
     let bmc = pdu_bmc(root);
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -80,7 +93,16 @@ fn serve_polls_redfish_on_its_runtime_and_exports_the_counters() {
             &body,
             "powerplane_power_watts{entity=\"pdu/pdu-a01\",kind=\"pdu\"}",
         );
-        if code == 200 && read.is_some() && refused.is_some_and(|n| n >= 2.0) && pdu.is_some() {
+        let bound = value(
+            &body,
+            "powerplane_power_watts{entity=\"pdu/pdu-a02\",kind=\"pdu\"}",
+        );
+        if code == 200
+            && read.is_some()
+            && refused.is_some_and(|n| n >= 2.0)
+            && pdu.is_some()
+            && bound.is_some()
+        {
             break body;
         }
         assert!(
@@ -151,6 +173,23 @@ fn serve_polls_redfish_on_its_runtime_and_exports_the_counters() {
         )
         .is_some_and(|n| n > 0.0),
         "{metrics}"
+    );
+    // the bound reading reached the snapshot as the site's entity; the binding that
+    // found nothing is counted
+    assert_eq!(
+        value(
+            &metrics,
+            "powerplane_power_watts{entity=\"pdu/pdu-a02\",kind=\"pdu\"}"
+        ),
+        Some(meter_w),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(
+            &metrics,
+            "powerplane_redfish_bindings_unfilled{endpoint=\"pdu\"}"
+        ),
+        Some(1.0)
     );
     promtool_check(&metrics);
 }

@@ -66,6 +66,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     let mut next = State::default();
     let mut pacing = None;
+    let mut planned_starts = BTreeMap::new();
     // the site's GPUs, listed once: every step below indexes into this
     let index = rules_eval::Index::new(site, site.gpus()).with_snapshot(snapshot);
     let gpus = &index.gpus;
@@ -87,6 +88,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                 * (facility.budget_kw * (1.0 - policy.budget.margin) - facility.demand_kw)
                 * 1000.0,
             watts_per_gpu: typical_gpu_w(gpus),
+            demand_w: facility.demand_kw * 1000.0,
         });
         let target = if policy.budget.observe {
             &mut observe
@@ -254,7 +256,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
 
     if policy.price.enabled {
-        let (mut verdicts, values) = price::evaluate(
+        let (mut verdicts, values, starts) = price::evaluate_with_starts(
             site,
             budget::facility_budget_kw(site, &policy.budget),
             snapshot,
@@ -266,6 +268,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             now,
         );
         merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
+        planned_starts = starts;
         let observe_only = policy.price.observe;
         let (prior_holds, holds) = if observe_only {
             (&prior.observed_holds, &mut next.observed_holds)
@@ -304,9 +307,15 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &mut decisions,
         );
     }
+    // planned starts of jobs the plan holds (observe mode holds nothing)
+    if policy.price.observe {
+        planned_starts.clear();
+    }
+    planned_starts.retain(|job: &String, _| next.holds.contains_key(job));
     Plan {
         state: next,
         decisions,
+        planned_starts,
     }
 }
 

@@ -16,6 +16,8 @@
 //! - [`forecast`]: price and carbon forecasts and their window statistics.
 //! - [`planner`]: when deferrable jobs should start, in the cheapest forecast slots
 //!   that have room.
+//! - [`node_power`]: which idle nodes to power down and which to bring back before
+//!   planned work needs them.
 //! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
 //!   their latest start.
 //!
@@ -29,6 +31,7 @@ pub mod engine;
 pub mod expr;
 pub mod forecast;
 pub mod index;
+pub mod node_power;
 pub mod plan;
 pub mod planner;
 pub mod policy;

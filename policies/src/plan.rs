@@ -191,6 +191,9 @@ pub struct Plan {
     pub state: State,
     /// What changed, in a deterministic order.
     pub decisions: Vec<Decision>,
+    /// The planned start of each job the price plan holds (for node power: nodes are
+    /// brought back before the work planned on them starts).
+    pub planned_starts: BTreeMap<String, Timestamp>,
 }
 
 /// Rounded to three decimals, as values are written in decisions.

@@ -8,6 +8,9 @@
 //! latest start comes first first, each into the start slot whose run costs least
 //! among those where it fits in every slot it covers and that begin no later than its
 //! latest start; a job that fits nowhere starts now (its deadline comes before cost).
+//! A start later than now must also be worth its wait: the job's cost of delay (per
+//! second, from the policy's cost per GPU-hour) is added to each later slot's cost, so
+//! a later slot wins only when its expected saving exceeds the delay's cost.
 //!
 //! The work per job is linear in the number of slots (prefix sums of prices and of the
 //! slots without room), so 50,000 jobs over a 48-hour horizon of
@@ -29,6 +32,10 @@ pub struct PlanJob {
     pub duration_s: f64,
     /// The last moment it may start (deadline − duration − margin).
     pub latest_start: Timestamp,
+    /// What a second of delay costs, in the price's currency (0: a start later is
+    /// taken for any saving). A later start is chosen only when its expected saving
+    /// against starting now exceeds the cost of the delay.
+    pub delay_cost_per_s: f64,
 }
 
 /// Load already committed: a running (or about to run) job, until its expected end.
@@ -63,6 +70,13 @@ pub struct Placement {
     pub mean_price: f64,
     /// It fits nowhere before its latest start: it starts now.
     pub forced: bool,
+    /// Expected saving of the planned start against starting now (price difference ×
+    /// expected energy), in the price's currency.
+    pub saving: f64,
+    /// What the delay to the planned start costs (`delay_cost_per_s` × delay).
+    pub delay_cost: f64,
+    /// The job had room to start now: a later start is for the saving alone.
+    pub fits_now: bool,
 }
 
 /// A plan: a placement per job (in the order given) and the slots' load, for checks.
@@ -192,12 +206,25 @@ pub fn plan(
             room[k] = g.min(w);
         }
         window_fits(&room[..reach], &ends[..=last], &mut fits, &mut short);
+        // the delay's cost in the units of run_cost (price × seconds of run): the
+        // currency per second of delay over the job's kW
+        let kwh_per_price_s = job.watts.max(0.0) / 3.6e6;
+        let delay_per_s = if job.delay_cost_per_s > 0.0 && kwh_per_price_s > 0.0 {
+            job.delay_cost_per_s / kwh_per_price_s
+        } else if job.delay_cost_per_s > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        };
         let mut best: Option<(f64, usize)> = None;
         for (k, ok) in fits.iter().enumerate() {
             if !ok {
                 continue;
             }
-            let c = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
+            let mut c = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
+            if k > 0 && delay_per_s > 0.0 {
+                c += delay_per_s * starts[k].secs_since(now);
+            }
             if best.is_none_or(|(bc, _)| c < bc - 1e-12) {
                 best = Some((c, k));
             }
@@ -207,6 +234,8 @@ pub fn plan(
             None => (0, true),
         };
         let cost = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
+        let cost_now = run_cost(&prefix, &starts, &p, fill, 0, ends[0], dur, horizon_end);
+        let delay_s = starts[k].secs_since(now);
         for slot in k..ends[k] {
             gpus[slot] = gpus[slot].saturating_add(job.gpus);
             watts[slot] += job.watts;
@@ -216,6 +245,9 @@ pub fn plan(
             start: starts[k],
             mean_price: cost / job.duration_s.max(1.0),
             forced,
+            saving: (cost_now - cost) * kwh_per_price_s,
+            delay_cost: job.delay_cost_per_s.max(0.0) * delay_s,
+            fits_now: fits.first().copied().unwrap_or(false),
         });
     }
     Schedule {

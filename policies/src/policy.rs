@@ -194,6 +194,20 @@ pub struct PriceRule {
     pub plan_horizon_s: f64,
     /// Plan mode: the share of the facility budget planned load may fill.
     pub plan_budget_share: f64,
+    /// Plan mode: what an hour of delay costs per GPU of a held job, in the site's
+    /// currency. A job is held only when the expected saving of its planned start
+    /// (forecast price difference × its expected energy, plus carbon at
+    /// `carbon_price_per_kg`) exceeds this cost for the delay. 0: any saving holds.
+    pub delay_cost_per_gpu_hour: f64,
+    /// Plan mode: a job is never planned to end later than this many times its run
+    /// time after its submission ((end − submit) / run time), when given.
+    pub max_slowdown: Option<f64>,
+    /// Plan mode: a price per kg CO₂e, added to the energy price in the plan (with the
+    /// carbon forecast) when given.
+    pub carbon_price_per_kg: Option<f64>,
+    /// Released and planned work is paced so that the facility's IT power stays at or
+    /// under this, in kW (jobs at their latest start are released regardless).
+    pub peak_target_kw: Option<f64>,
 }
 
 impl Default for PriceRule {
@@ -204,6 +218,10 @@ impl Default for PriceRule {
             plan_slot_s: 900.0,
             plan_horizon_s: 48.0 * 3600.0,
             plan_budget_share: 0.9,
+            delay_cost_per_gpu_hour: 0.0,
+            max_slowdown: None,
+            carbon_price_per_kg: None,
+            peak_target_kw: None,
             defer_above: 0.20,
             classes: Vec::new(),
             margin_s: 600.0,
@@ -226,6 +244,8 @@ pub struct Policy {
     pub thermal: ThermalRule,
     #[serde(default)]
     pub price: PriceRule,
+    #[serde(default)]
+    pub node_power: crate::node_power::NodePowerRule,
     /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
     #[serde(skip)]
     pub rules: Vec<crate::rules::Rule>,
@@ -241,6 +261,7 @@ impl Default for Policy {
             budget: BudgetRule::default(),
             thermal: ThermalRule::default(),
             price: PriceRule::default(),
+            node_power: Default::default(),
             rules: Vec::new(),
             raw_rules: Vec::new(),
         }
@@ -256,6 +277,8 @@ struct Positions {
     thermal: Option<Spanned<toml::Table>>,
     #[serde(default)]
     price: Option<Spanned<toml::Table>>,
+    #[serde(default)]
+    node_power: Option<Spanned<toml::Table>>,
     #[serde(default)]
     rules: Vec<crate::rules::RawRule>,
 }
@@ -517,6 +540,55 @@ impl Policy {
             format!(
                 "price: plan_budget_share must be within 0..=1, got {}",
                 p.plan_budget_share
+            ),
+        );
+        check(
+            p.delay_cost_per_gpu_hour >= 0.0 && p.delay_cost_per_gpu_hour.is_finite(),
+            &pos.price,
+            "delay_cost_per_gpu_hour",
+            format!(
+                "price: delay_cost_per_gpu_hour must not be negative, got {}",
+                p.delay_cost_per_gpu_hour
+            ),
+        );
+        check(
+            p.max_slowdown.is_none_or(|m| m >= 1.0),
+            &pos.price,
+            "max_slowdown",
+            format!(
+                "price: max_slowdown must be at least 1, got {}",
+                p.max_slowdown.unwrap_or(0.0)
+            ),
+        );
+        check(
+            p.carbon_price_per_kg.is_none_or(|c| c >= 0.0),
+            &pos.price,
+            "carbon_price_per_kg",
+            "price: carbon_price_per_kg must not be negative".to_string(),
+        );
+        check(
+            p.peak_target_kw.is_none_or(|k| k > 0.0),
+            &pos.price,
+            "peak_target_kw",
+            "price: peak_target_kw must be positive".to_string(),
+        );
+        let n = &policy.node_power;
+        check(
+            (0.0..1.0).contains(&n.reserve_share) && n.idle_s >= 0.0 && n.min_off_s >= 0.0,
+            &pos.node_power,
+            "reserve_share",
+            format!(
+                "node_power: reserve_share must be within 0..1 and idle_s, min_off_s not negative (got {}, {}, {})",
+                n.reserve_share, n.idle_s, n.min_off_s
+            ),
+        );
+        check(
+            n.max_downs_per_min >= 1 && n.boot_s > 0.0 && n.resume_timeout_s >= n.boot_s,
+            &pos.node_power,
+            "max_downs_per_min",
+            format!(
+                "node_power: max_downs_per_min must be at least 1, boot_s positive and resume_timeout_s at least boot_s (got {}, {}, {})",
+                n.max_downs_per_min, n.boot_s, n.resume_timeout_s
             ),
         );
         c.finish()?;

@@ -45,7 +45,12 @@ pub struct Pacing {
     pub headroom_w: f64,
     /// What one GPU of a released job is expected to draw, in W.
     pub watts_per_gpu: f64,
+    /// What the facility draws now, in W (against the rule's `peak_target_kw`).
+    pub demand_w: f64,
 }
+
+/// The planned start of every job the price rule holds for a planned start.
+pub type PlannedStarts = BTreeMap<String, Timestamp>;
 
 /// A verdict for every job the rule is concerned with, and the values it looked at.
 /// `facility_kw` is the facility's budget (the policy's contract limit where it sets
@@ -62,6 +67,37 @@ pub fn evaluate(
     forecast: &Forecast,
     now: Timestamp,
 ) -> (BTreeMap<String, Verdict>, BTreeMap<String, f64>) {
+    let (v, values, _) = evaluate_with_starts(
+        site,
+        facility_kw,
+        snapshot,
+        jobs,
+        prior,
+        rule,
+        pacing,
+        forecast,
+        now,
+    );
+    (v, values)
+}
+
+/// [`evaluate`], with the planned start of each job held for one (plan mode).
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_with_starts(
+    site: &Site,
+    facility_kw: f64,
+    snapshot: &Snapshot,
+    jobs: &[Job],
+    prior: &State,
+    rule: &PriceRule,
+    pacing: Option<Pacing>,
+    forecast: &Forecast,
+    now: Timestamp,
+) -> (
+    BTreeMap<String, Verdict>,
+    BTreeMap<String, f64>,
+    PlannedStarts,
+) {
     if rule.mode == PriceMode::Plan {
         return evaluate_plan(site, facility_kw, jobs, prior, rule, pacing, forecast, now);
     }
@@ -151,7 +187,7 @@ pub fn evaluate(
         &mut out,
         &mut values,
     );
-    (out, values)
+    (out, values, PlannedStarts::new())
 }
 
 /// Releases held jobs whose time has come, most urgent first, as far as the facility's
@@ -166,10 +202,15 @@ fn pace(
     values: &mut BTreeMap<String, f64>,
 ) {
     cheap_again.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
-    // the headroom already counts queued jobs that are free to start
+    // the headroom already counts queued jobs that are free to start; under a peak
+    // target, released work also keeps the facility at or under it
     let mut room = pacing.map_or(f64::INFINITY, |p| p.headroom_w);
     if let Some(p) = pacing {
         values.insert("headroom_kw".to_string(), round3(p.headroom_w / 1000.0));
+        if let Some(t) = rule.peak_target_kw {
+            room = room.min(t * 1000.0 - p.demand_w);
+            values.insert("peak_target_kw".to_string(), t);
+        }
     }
     for (by, job, h) in cheap_again {
         let need = pacing.map_or(0.0, |p| p.watts_per_gpu * f64::from(job.gpus));
@@ -230,9 +271,14 @@ fn evaluate_plan(
     pacing: Option<Pacing>,
     forecast: &Forecast,
     now: Timestamp,
-) -> (BTreeMap<String, Verdict>, BTreeMap<String, f64>) {
+) -> (
+    BTreeMap<String, Verdict>,
+    BTreeMap<String, f64>,
+    PlannedStarts,
+) {
     let mut values = BTreeMap::new();
     let mut out = BTreeMap::new();
+    let mut starts = PlannedStarts::new();
     let price_now = forecast.price.at(now).filter(|_| !forecast.stale);
     if let Some(p) = price_now {
         values.insert("price_per_kwh".to_string(), round3(p));
@@ -292,13 +338,38 @@ fn evaluate_plan(
             });
             continue;
         }
+        // a planned start never makes the job slower than max_slowdown
+        let plan_by = match rule.max_slowdown {
+            Some(m) => by.min(job.submit_time + (m - 1.0).max(0.0) * dur),
+            None => by,
+        };
+        if now >= plan_by {
+            if held.is_some() {
+                out.insert(
+                    job.id.clone(),
+                    Verdict::Release {
+                        reason: format!(
+                            "max_slowdown {} reached",
+                            rule.max_slowdown.unwrap_or(0.0)
+                        ),
+                    },
+                );
+            }
+            committed.push(Committed {
+                gpus: job.gpus,
+                watts: f64::from(job.gpus) * wpg,
+                until: now + dur,
+            });
+            continue;
+        }
         candidates.push((job, by, held));
         plan_jobs.push(PlanJob {
             id: job.id.clone(),
             gpus: job.gpus,
             watts: f64::from(job.gpus) * wpg,
             duration_s: dur,
-            latest_start: by,
+            latest_start: plan_by,
+            delay_cost_per_s: rule.delay_cost_per_gpu_hour * f64::from(job.gpus) / 3600.0,
         });
     }
     let Some(price_now) = price_now else {
@@ -327,24 +398,37 @@ fn evaluate_plan(
         }
         let why = format!("{reason}: not deferring on an unknown price");
         pace(ready, &why, rule, pacing, now, &mut out, &mut values);
-        return (out, values);
+        return (out, values, starts);
+    };
+    // planned load stays under the budget's share, and under the peak target
+    let ceiling_kw = match rule.peak_target_kw {
+        Some(t) => (facility_kw * rule.plan_budget_share).min(t),
+        None => facility_kw * rule.plan_budget_share,
     };
     let capacity = Capacity {
         gpus: total_gpus,
-        power_w: facility_kw * 1000.0 * rule.plan_budget_share - floor_w,
+        power_w: ceiling_kw * 1000.0 - floor_w,
+    };
+    // carbon at a price, when the policy gives one, is part of what a slot costs
+    let priced;
+    let price_series = match rule.carbon_price_per_kg {
+        Some(cp) if cp > 0.0 && !forecast.carbon.points.is_empty() => {
+            let pts = forecast
+                .price
+                .points
+                .iter()
+                .map(|&(t, v)| (t, v + forecast.carbon.at(t).unwrap_or(0.0) / 1000.0 * cp))
+                .collect();
+            priced = crate::forecast::StepSeries::new(pts, forecast.price.last_step_s);
+            &priced
+        }
+        _ => &forecast.price,
     };
     let horizon = Horizon {
         slot_s: rule.plan_slot_s,
         horizon_s: rule.plan_horizon_s,
     };
-    let schedule = planner::plan(
-        &plan_jobs,
-        &committed,
-        capacity,
-        &forecast.price,
-        horizon,
-        now,
-    );
+    let schedule = planner::plan(&plan_jobs, &committed, capacity, price_series, horizon, now);
     values.insert("planned_jobs".to_string(), plan_jobs.len() as f64);
     let mut ready = Vec::new();
     let mut later = 0usize;
@@ -353,9 +437,21 @@ fn evaluate_plan(
     for ((job, by, held), placed) in candidates.into_iter().zip(&schedule.placements) {
         if placed.start > now {
             later += 1;
+            starts.insert(job.id.clone(), placed.start);
             let start = start_text
                 .entry(placed.start)
                 .or_insert_with(|| placed.start.to_string());
+            let worth = if placed.fits_now {
+                format!(
+                    "expected saving {:.3} > delay cost {:.3}",
+                    placed.saving, placed.delay_cost
+                )
+            } else {
+                format!(
+                    "no room to start now; expected saving {:.3}, delay cost {:.3}",
+                    placed.saving, placed.delay_cost
+                )
+            };
             out.insert(
                 job.id.clone(),
                 Verdict::Hold(Hold {
@@ -363,7 +459,7 @@ fn evaluate_plan(
                     since: held.map_or(now, |h| h.since),
                     lease_until: (now + rule.lease_s).min(by),
                     reason: format!(
-                        "planned start {start} in the cheapest slot with room: {:.3} per kWh over its run, {price_now:.3} now",
+                        "planned start {start} in the cheapest slot with room: {:.3} per kWh over its run, {price_now:.3} now; {worth}",
                         placed.mean_price
                     ),
                 }),
@@ -375,7 +471,7 @@ fn evaluate_plan(
     values.insert("planned_later".to_string(), later as f64);
     let reason = format!("planned start reached (price {price_now:.3} per kWh)");
     pace(ready, &reason, rule, pacing, now, &mut out, &mut values);
-    (out, values)
+    (out, values, starts)
 }
 
 #[cfg(test)]

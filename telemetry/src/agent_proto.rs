@@ -286,6 +286,11 @@ pub struct Command {
     /// How long what it sets stays in force unless renewed by a later command.
     pub lease_s: f64,
     pub action: Action,
+    /// The fencing epoch of the leader that sent it (with `[ha]`): an agent keeps the
+    /// highest it has seen and refuses a command from a lower one (`stale_epoch`).
+    /// Absent from a controller without `[ha]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 impl Command {
@@ -481,6 +486,7 @@ mod tests {
                 watts: Some(200.0),
                 percent: None,
             },
+            epoch: None,
         }
     }
 

@@ -64,6 +64,16 @@ impl<'a> Collector<'a> {
         });
     }
 
+    /// The file's name, as problems print it.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// 1-based line and column of a byte offset of the source.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        line_col(self.src, offset)
+    }
+
     pub fn has_problems(&self) -> bool {
         !self.problems.is_empty()
     }

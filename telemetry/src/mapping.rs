@@ -94,6 +94,9 @@ struct RawJson {
     value: Option<String>,
     unit: Option<String>,
     unit_pointer: Option<String>,
+    /// A numeric string (`"80.6"`) is a number; without it a string is `wrong_type`.
+    #[serde(default)]
+    parse_strings: bool,
     #[serde(default)]
     readings: Vec<RawReading>,
 }
@@ -105,6 +108,8 @@ struct RawReading {
     value: String,
     unit: Option<String>,
     unit_pointer: Option<String>,
+    #[serde(default)]
+    parse_strings: Option<bool>,
 }
 
 /// Where a reading's unit comes from.
@@ -122,6 +127,8 @@ struct Reading {
     canonical: Option<Unit>,
     value: String,
     unit: UnitFrom,
+    /// A numeric string is read as its number (the mapping says so explicitly).
+    parse_strings: bool,
 }
 
 /// One topic template and what to take from its messages.
@@ -186,6 +193,18 @@ pub struct Decoded {
     pub rejects: Vec<Reject>,
     /// Entities whose source died (Sparkplug NDEATH/DDEATH): mark their readings bad.
     pub dead: Vec<EntityId>,
+    /// A Sparkplug edge node whose state was lost: ask it for a rebirth.
+    pub rebirth: Option<Rebirth>,
+}
+
+/// A rebirth a Sparkplug message calls for (NCMD `Node Control/Rebirth`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rebirth {
+    pub group: String,
+    pub node: String,
+    /// Whether the source sent the request (it sends at most one per node per
+    /// `rebirth_interval_s`, and none when that is 0).
+    pub sent: bool,
 }
 
 impl Mapping {
@@ -396,6 +415,11 @@ fn build_sparkplug(r: &RawSparkplug) -> Result<SparkplugRule, Vec<String>> {
 }
 
 impl SparkplugRule {
+    /// The powerplane metric this rule's values become.
+    pub fn to(&self) -> &Metric {
+        &self.to
+    }
+
     /// The captures when this rule covers `metric` of this node or device.
     pub fn matches(
         &self,
@@ -494,6 +518,7 @@ fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
             value: v.clone(),
             unit: r.unit.clone(),
             unit_pointer: r.unit_pointer.clone(),
+            parse_strings: None,
         }),
         (None, None) if !raws.is_empty() => {}
         (None, None) => problems.push(format!(
@@ -555,6 +580,7 @@ fn build_rule(r: &RawJson) -> Result<JsonRule, Vec<String>> {
             canonical,
             value: rr.value,
             unit,
+            parse_strings: rr.parse_strings.unwrap_or(r.parse_strings),
         });
     }
     if problems.is_empty() {
@@ -662,7 +688,8 @@ impl JsonRule {
                     continue;
                 }
                 Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
-                Some(Value::String(s)) => match s.trim().parse::<f64>() {
+                // a string is a number only where the mapping says so
+                Some(Value::String(s)) if r.parse_strings => match s.trim().parse::<f64>() {
                     Ok(v) => v,
                     Err(_) => {
                         reject(
@@ -673,9 +700,14 @@ impl JsonRule {
                     }
                 },
                 Some(other) => {
+                    let what = match other {
+                        Value::String(_) => "a string (set parse_strings to read numeric strings)",
+                        Value::Array(_) => "an array",
+                        _ => "an object",
+                    };
                     reject(
-                        "not_a_number",
-                        format!("{} value {other} is not a number", r.metric),
+                        "wrong_type",
+                        format!("{} value {other} is {what}, not a number", r.metric),
                     );
                     continue;
                 }

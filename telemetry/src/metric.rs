@@ -86,6 +86,8 @@ pub mod names {
     pub const SPEED_RPM: &str = "speed_rpm";
     pub const AIRFLOW_M3_MIN: &str = "airflow_m3_min";
     pub const APPARENT_POWER_VA: &str = "apparent_power_va";
+    pub const OUTPUT_POWER_W: &str = "output_power_w";
+    pub const DEW_POINT_C: &str = "dew_point_c";
 }
 
 const SPECS: &[MetricSpec] = &[
@@ -304,6 +306,22 @@ const SPECS: &[MetricSpec] = &[
         max: 50e6,
         freshness_s: 30.0,
         help: "apparent electrical power",
+    },
+    MetricSpec {
+        name: names::OUTPUT_POWER_W,
+        unit: "W",
+        min: 0.0,
+        max: 50e6,
+        freshness_s: 30.0,
+        help: "electrical power a power supply delivers (its input less its losses)",
+    },
+    MetricSpec {
+        name: names::DEW_POINT_C,
+        unit: "°C",
+        min: -60.0,
+        max: 60.0,
+        freshness_s: 60.0,
+        help: "dew point of the air",
     },
 ];
 

@@ -34,6 +34,7 @@
 mod build;
 mod ids;
 mod raw;
+pub mod redfish;
 
 pub use ids::SiteIds;
 
@@ -171,6 +172,8 @@ pub struct Site {
     /// Each node's GPU ids, made once (a node changed after the site was built, in
     /// name or GPU count, gets its ids made anew by [`Site::gpus`]).
     pub gpu_ids: Vec<Vec<EntityId>>,
+    /// `[[redfish]]`: Redfish readings bound to entities of this site.
+    pub redfish: Vec<redfish::RedfishBinding>,
     /// Dense ids of its racks, nodes and GPUs (see [`SiteIds`]).
     pub ids: SiteIds,
 }

@@ -73,15 +73,26 @@ pub mod datatype {
     pub const STRING: u32 = 12;
 }
 
+/// What a metric's value is, by its datatype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    Number,
+    Boolean,
+    /// A `String` (or `Text`, `UUID`) metric: never a number, whatever it holds.
+    Text,
+}
+
 impl Metric {
     /// The numeric value, by the metric's datatype (signed integers are two's complement
-    /// in the unsigned fields, as the specification says).
+    /// in the unsigned fields, as the specification says); a boolean is 0 or 1; a string
+    /// is no number.
     pub fn number(&self, datatype: Option<u32>) -> Option<f64> {
         if self.is_null == Some(true) {
             return None;
         }
         use datatype::*;
         match (datatype.or(self.datatype), self.int_value, self.long_value) {
+            (Some(STRING), _, _) => None,
             (Some(INT8), Some(v), _) => Some(f64::from(v as u8 as i8)),
             (Some(INT16), Some(v), _) => Some(f64::from(v as u16 as i16)),
             (Some(INT32), Some(v), _) => Some(f64::from(v as i32)),
@@ -91,14 +102,58 @@ impl Metric {
             _ => self
                 .double_value
                 .or(self.float_value.map(f64::from))
-                .or(self.boolean_value.map(|b| f64::from(u8::from(b))))
-                .or_else(|| {
-                    self.string_value
-                        .as_ref()
-                        .and_then(|s| s.trim().parse().ok())
-                }),
+                .or(self.boolean_value.map(|b| f64::from(u8::from(b)))),
         }
     }
+
+    /// Whether the value is a number, a boolean or text.
+    pub fn kind(&self, datatype: Option<u32>) -> ValueKind {
+        match datatype.or(self.datatype) {
+            Some(datatype::BOOLEAN) => ValueKind::Boolean,
+            Some(datatype::STRING | TEXT | UUID) => ValueKind::Text,
+            None if self.boolean_value.is_some() => ValueKind::Boolean,
+            None if self.string_value.is_some() => ValueKind::Text,
+            _ => ValueKind::Number,
+        }
+    }
+}
+
+/// Sparkplug's `Text` and `UUID` datatypes: strings too.
+const TEXT: u32 = 14;
+const UUID: u32 = 15;
+
+/// The metric of a BIRTH and a DEATH that ties them to one MQTT session.
+pub const BD_SEQ: &str = "bdSeq";
+/// The node control metric a host writes (NCMD) to ask an edge node for a new birth.
+pub const REBIRTH: &str = "Node Control/Rebirth";
+
+/// The NCMD payload that asks an edge node to publish its births again.
+pub fn rebirth_request(timestamp_ms: u64) -> Vec<u8> {
+    Payload {
+        timestamp: Some(timestamp_ms),
+        metrics: vec![Metric {
+            name: Some(REBIRTH.to_string()),
+            timestamp: Some(timestamp_ms),
+            datatype: Some(datatype::BOOLEAN),
+            boolean_value: Some(true),
+            ..Metric::default()
+        }],
+        seq: None,
+        uuid: None,
+    }
+    .encode_to_vec()
+}
+
+/// The NCMD topic of an edge node.
+pub fn command_topic(group: &str, node: &str) -> String {
+    format!("spBv1.0/{group}/NCMD/{node}")
+}
+
+fn bd_seq(p: &Payload) -> Option<u64> {
+    p.metrics
+        .iter()
+        .find(|m| m.name.as_deref() == Some(BD_SEQ))
+        .and_then(|m| m.long_value.or(m.int_value.map(u64::from)))
 }
 
 /// The parts of a Sparkplug topic.
@@ -134,6 +189,9 @@ pub fn parse_topic(topic: &str) -> Option<Topic<'_>> {
 struct Node {
     born: bool,
     last_seq: Option<u64>,
+    /// The `bdSeq` of its current birth: a DEATH with another one is of an earlier
+    /// session (the broker's will delivered late) and is ignored.
+    bd_seq: Option<u64>,
     /// (device or "", alias) → (metric name, datatype)
     aliases: BTreeMap<(String, u64), (String, Option<u32>)>,
     /// device or "" → entities its metrics went to
@@ -144,7 +202,9 @@ struct Node {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Value {
     pub name: String,
+    /// The number (a boolean as 0 or 1; NaN for text).
     pub value: f64,
+    pub kind: ValueKind,
     /// Milliseconds since the epoch, from the metric or the payload.
     pub timestamp_ms: Option<u64>,
 }
@@ -157,6 +217,9 @@ pub struct Handled {
     pub problems: Vec<(&'static str, String)>,
     /// `Some(None)`: the node died; `Some(Some(device))`: a device died.
     pub death: Option<Option<String>>,
+    /// The node's state is lost (data before its birth, a sequence gap, an alias its
+    /// birth did not name): a host should ask it for a rebirth.
+    pub rebirth: bool,
 }
 
 impl Handled {
@@ -165,6 +228,11 @@ impl Handled {
             problems: vec![(reason, detail)],
             ..Handled::default()
         }
+    }
+
+    fn needs_rebirth(mut self) -> Self {
+        self.rebirth = true;
+        self
     }
 }
 
@@ -219,7 +287,19 @@ impl Session {
         let key = (t.group.to_string(), t.node.to_string());
         match t.kind {
             "NDEATH" => {
+                let died = Payload::decode(payload).ok().as_ref().and_then(bd_seq);
                 if let Some(n) = self.nodes.get_mut(&key) {
+                    if let (Some(born), Some(died)) = (n.bd_seq, died) {
+                        if n.born && born != died {
+                            return Handled::problem(
+                                "stale_death",
+                                format!(
+                                    "NDEATH from {} with bdSeq {died}, but its birth has bdSeq {born}: the death of an earlier session, ignored",
+                                    t.node
+                                ),
+                            );
+                        }
+                    }
                     n.born = false;
                     n.last_seq = None;
                 }
@@ -251,7 +331,8 @@ impl Session {
                         "{} from {} before its NBIRTH: aliases unknown",
                         t.kind, t.node
                     ),
-                );
+                )
+                .needs_rebirth();
             }
             if self.nodes.len() >= MAX_NODES {
                 return Handled::problem(
@@ -270,6 +351,7 @@ impl Session {
             node.born = true;
             node.aliases.clear();
             node.last_seq = None;
+            node.bd_seq = bd_seq(&p);
             if p.seq.is_some_and(|s| s != 0) {
                 out.problems.push((
                     "bad_sequence",
@@ -283,9 +365,11 @@ impl Session {
                     "{} from {} before its NBIRTH: aliases unknown",
                     t.kind, t.node
                 ),
-            );
+            )
+            .needs_rebirth();
         } else if let (Some(seq), Some(last)) = (p.seq, node.last_seq) {
             if seq != (last + 1) % 256 {
+                out.rebirth = true;
                 out.problems.push((
                     "sequence_gap",
                     format!(
@@ -320,15 +404,23 @@ impl Session {
                 },
                 (None, None) => continue,
             };
-            if let Some(v) = m.number(dt) {
-                out.values.push(Value {
-                    name,
-                    value: v,
-                    timestamp_ms: m.timestamp.or(p.timestamp),
-                });
-            }
+            let kind = m.kind(dt);
+            let value = match kind {
+                ValueKind::Text if m.is_null != Some(true) && m.string_value.is_some() => f64::NAN,
+                _ => match m.number(dt) {
+                    Some(v) => v,
+                    None => continue,
+                },
+            };
+            out.values.push(Value {
+                name,
+                value,
+                kind,
+                timestamp_ms: m.timestamp.or(p.timestamp),
+            });
         }
         if !unknown.is_empty() {
+            out.rebirth = true;
             out.problems.push((
                 "unknown_alias",
                 format!(
@@ -592,5 +684,97 @@ mod tests {
             }
         }
         assert_eq!((s.nodes.len(), refused), (MAX_NODES, 50));
+    }
+
+    fn bd(seq: u64) -> Metric {
+        Metric {
+            name: Some(BD_SEQ.to_string()),
+            datatype: Some(datatype::UINT64),
+            long_value: Some(seq),
+            ..Metric::default()
+        }
+    }
+
+    #[test]
+    fn a_death_of_an_earlier_session_is_ignored_and_the_current_one_counts() {
+        let mut s = Session::new();
+        handle(&mut s, "NBIRTH", None, &payload(0, vec![bd(3)]));
+        let death = |n: u64| {
+            Payload {
+                metrics: vec![bd(n)],
+                ..Payload::default()
+            }
+            .encode_to_vec()
+        };
+        let stale = handle(&mut s, "NDEATH", None, &death(2));
+        assert_eq!(stale.death, None, "the will of session 2 arrived late");
+        assert_eq!(stale.problems[0].0, "stale_death");
+        assert!(
+            handle(&mut s, "NDATA", None, &payload(1, vec![]))
+                .problems
+                .is_empty(),
+            "the node is still alive"
+        );
+        let real = handle(&mut s, "NDEATH", None, &death(3));
+        assert_eq!(real.death, Some(None));
+        assert!(real.problems.is_empty());
+        // a death without bdSeq (an older gateway) is believed
+        handle(&mut s, "NBIRTH", None, &payload(0, vec![bd(4)]));
+        assert_eq!(handle(&mut s, "NDEATH", None, b"").death, Some(None));
+    }
+
+    #[test]
+    fn lost_state_calls_for_a_rebirth() {
+        let mut s = Session::new();
+        let before = handle(&mut s, "NDATA", None, &payload(3, vec![]));
+        assert!(before.rebirth, "data before birth");
+        handle(
+            &mut s,
+            "NBIRTH",
+            None,
+            &payload(0, vec![metric(Some("P"), Some(1), datatype::DOUBLE, 1.0)]),
+        );
+        assert!(!handle(&mut s, "NDATA", None, &payload(1, vec![])).rebirth);
+        assert!(
+            handle(&mut s, "NDATA", None, &payload(5, vec![])).rebirth,
+            "a gap"
+        );
+        let alias = handle(
+            &mut s,
+            "NDATA",
+            None,
+            &payload(6, vec![metric(None, Some(9), datatype::DOUBLE, 1.0)]),
+        );
+        assert!(alias.rebirth, "an alias the birth did not name");
+        let req = Payload::decode(rebirth_request(5).as_slice()).expect("ncmd");
+        assert_eq!(req.metrics[0].name.as_deref(), Some(REBIRTH));
+        assert_eq!(req.metrics[0].boolean_value, Some(true));
+        assert_eq!(command_topic("dc1", "gw1"), "spBv1.0/dc1/NCMD/gw1");
+    }
+
+    #[test]
+    fn a_string_metric_is_text_never_a_number() {
+        let m = Metric {
+            datatype: Some(datatype::STRING),
+            string_value: Some("42.5".into()),
+            ..Metric::default()
+        };
+        assert_eq!(m.number(None), None);
+        assert_eq!(m.kind(None), ValueKind::Text);
+        let mut s = Session::new();
+        let h = handle(
+            &mut s,
+            "NBIRTH",
+            None,
+            &payload(
+                0,
+                vec![Metric {
+                    name: Some("Inlet".into()),
+                    ..m.clone()
+                }],
+            ),
+        );
+        assert_eq!(h.values[0].kind, ValueKind::Text);
+        assert!(h.values[0].value.is_nan());
     }
 }

@@ -199,6 +199,7 @@ fn command(node: &str, id: &str, lease_s: f64, action: Action) -> Command {
         issued_at: now(),
         lease_s,
         action,
+        epoch: None,
     }
 }
 

@@ -20,6 +20,8 @@ pub struct StoreHealth {
     pub replayed: AtomicU64,
     pub duplicates_skipped: AtomicU64,
     pub journal_full: AtomicU64,
+    /// Batches refused because a newer leader holds the store (journaled ones dropped).
+    pub fenced: AtomicU64,
 }
 
 impl Default for StoreHealth {
@@ -35,6 +37,7 @@ impl Default for StoreHealth {
             replayed: AtomicU64::new(0),
             duplicates_skipped: AtomicU64::new(0),
             journal_full: AtomicU64::new(0),
+            fenced: AtomicU64::new(0),
         }
     }
 }
@@ -121,6 +124,12 @@ impl StoreHealth {
                 "counter",
                 "Batches refused because the server was down and the journal was full",
                 get(&self.journal_full),
+            ),
+            (
+                "store_fenced_total",
+                "counter",
+                "Batches refused because a newer leader holds the store (a deposed leader's writes)",
+                get(&self.fenced),
             ),
         ]
     }

@@ -29,6 +29,9 @@ pub enum StoreError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The batch was fenced off: the store's epoch is no longer the writer's.
+    #[error("{backend} store: batch of epoch {epoch} refused: a newer leader holds the store")]
+    Fenced { backend: &'static str, epoch: u64 },
     #[error("store record {what} could not be decoded")]
     Codec {
         what: String,
@@ -66,6 +69,12 @@ pub enum Op {
     Append {
         log: String,
         value: Vec<u8>,
+    },
+    /// The batch applies only while the store's fencing epoch (see [`crate::lease`])
+    /// is `epoch`: a deposed leader's writes do not land. Always the batch's first op;
+    /// a backend that serves one controller only (embedded) ignores it.
+    Fence {
+        epoch: u64,
     },
 }
 
@@ -188,6 +197,17 @@ impl Tx {
 
     pub fn audit(&mut self, d: &Decision) -> &mut Self {
         self.append(AUDIT, d)
+    }
+
+    /// An audit entry that also names the replica and the leader's epoch that took
+    /// the decision (with `[ha]`); it reads back as the same [`Decision`].
+    pub fn audit_by(&mut self, d: &Decision, instance: &str, epoch: u64) -> &mut Self {
+        let mut v = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
+        if let Some(m) = v.as_object_mut() {
+            m.insert("instance".into(), instance.into());
+            m.insert("epoch".into(), epoch.into());
+        }
+        self.append(AUDIT, &v)
     }
 
     pub fn ledger(&mut self, e: &LedgerEntry) -> &mut Self {
@@ -315,11 +335,26 @@ fn decode<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError
 /// The typed store every part of powerplane uses, over any backend.
 pub struct Store {
     backend: Box<dyn Backend>,
+    /// The fencing epoch every commit carries (with `[ha]`: the leader's term).
+    fence: Option<u64>,
 }
 
 impl Store {
     pub fn new(backend: Box<dyn Backend>) -> Self {
-        Store { backend }
+        Store {
+            backend,
+            fence: None,
+        }
+    }
+
+    /// Commits from now on apply only while the store's fencing epoch is `epoch`
+    /// (`None`: unconditionally, a single controller).
+    pub fn set_fence(&mut self, epoch: Option<u64>) {
+        self.fence = epoch;
+    }
+
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
     }
 
     pub fn backend_name(&self) -> &'static str {
@@ -336,7 +371,17 @@ impl Store {
         if tx.is_empty() {
             return Ok(());
         }
-        self.backend.commit(&tx.batch).map(|_| ())
+        match self.fence {
+            None => self.backend.commit(&tx.batch).map(|_| ()),
+            Some(epoch) => {
+                let mut batch = Batch {
+                    ops: Vec::with_capacity(tx.batch.ops.len() + 1),
+                };
+                batch.ops.push(Op::Fence { epoch });
+                batch.ops.extend(tx.batch.ops);
+                self.backend.commit(&batch).map(|_| ())
+            }
+        }
     }
 
     /// Audit records from sequence number `from` (1-based) on.

@@ -36,14 +36,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// ARGV[1]: the writer, ARGV[2]: the batch's sequence number (0: no check), then the
 /// ops: `p key field value`, `d key field`, `a key value`. Returns -1 when the writer's
 /// batch `seq` (or a later one) was already applied, else the RPUSH replies.
+///
+/// A batch that starts with the fence op (`f epoch`) applies only while KEYS[2], the
+/// fencing epoch of the leader lease, holds that epoch; else nothing is written and the
+/// answer is -2.
 const COMMIT: &str = r#"
 local seq = tonumber(ARGV[2])
+local i = 3
+if ARGV[3] == 'f' then
+  if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[4]) then return -2 end
+  i = 5
+end
 if seq > 0 then
   local applied = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
   if seq <= applied then return -1 end
 end
 local out = {}
-local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'p' then
@@ -281,8 +289,9 @@ impl RedisBackend {
     fn commit_cmd(&self, writer: &str, seq: u64, batch: &Batch) -> redis::Cmd {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(COMMIT)
-            .arg(1)
+            .arg(2)
             .arg(self.applied_key())
+            .arg(crate::lease::redis::epoch_key(&self.prefix))
             .arg(writer)
             .arg(seq);
         for op in &batch.ops {
@@ -303,13 +312,21 @@ impl RedisBackend {
                 Op::Append { log, value } => {
                     cmd.arg("a").arg(self.log(log)).arg(value.as_slice());
                 }
+                Op::Fence { epoch } => {
+                    cmd.arg("f").arg(*epoch);
+                }
             }
         }
         cmd
     }
 
     /// Runs a commit; `None` when the batch had been applied already.
-    fn run_commit(&mut self, cmd: redis::Cmd, retry: bool) -> Result<Option<Vec<u64>>, StoreError> {
+    fn run_commit(
+        &mut self,
+        cmd: redis::Cmd,
+        retry: bool,
+        fence: Option<u64>,
+    ) -> Result<Option<Vec<u64>>, StoreError> {
         let result = self.call("commit batch", retry, |mut c| {
             let cmd = cmd.clone();
             async move { cmd.query_async::<Value>(&mut c).await }
@@ -321,6 +338,13 @@ impl RedisBackend {
         });
         match result? {
             Value::Int(-1) => Ok(None),
+            Value::Int(-2) => {
+                StoreHealth::count(&health.fenced);
+                Err(StoreError::Fenced {
+                    backend: NAME,
+                    epoch: fence.unwrap_or(0),
+                })
+            }
             Value::Array(items) => items
                 .into_iter()
                 .map(|v| match v {
@@ -338,12 +362,14 @@ impl Backend for RedisBackend {
     fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
         // not repeated on a lost connection: without a sequence number it could apply twice
         let cmd = self.commit_cmd("", 0, batch);
-        Ok(self.run_commit(cmd, false)?.unwrap_or_default())
+        Ok(self
+            .run_commit(cmd, false, fence_of(batch))?
+            .unwrap_or_default())
     }
 
     fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
         let cmd = self.commit_cmd(writer, seq.max(1), batch);
-        Ok(self.run_commit(cmd, true)?.is_some())
+        Ok(self.run_commit(cmd, true, fence_of(batch))?.is_some())
     }
 
     fn applied(&mut self, writer: &str) -> Result<u64, StoreError> {
@@ -412,5 +438,13 @@ impl Backend for RedisBackend {
 
     fn health(&self) -> Option<Arc<StoreHealth>> {
         Some(self.health.clone())
+    }
+}
+
+/// The epoch a batch is fenced with (its first op), if any.
+fn fence_of(batch: &Batch) -> Option<u64> {
+    match batch.ops.first() {
+        Some(Op::Fence { epoch }) => Some(*epoch),
+        _ => None,
     }
 }

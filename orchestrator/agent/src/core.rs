@@ -98,6 +98,10 @@ pub struct Persisted {
     /// GPUs whose clocks this agent locked.
     #[serde(default)]
     pub clocks_locked: BTreeSet<u32>,
+    /// The highest fencing epoch of the commands accepted (0: none carried one): a
+    /// command from a lower epoch comes from a deposed leader and is refused.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// What the agent does when told to stop.
@@ -360,13 +364,22 @@ impl Core {
     /// which is counted (`rejected_*`, `commands_unanswered`) and logged rate-limited
     /// (an answer would let anyone make the agent publish at the rate they send
     /// garbage); else the command's ack, as [`Core::handle`] gives it.
+    ///
+    /// A command from a deposed leader (an epoch below the highest seen) is refused as
+    /// `stale_epoch`, counted, and not answered either: the old leader must not take
+    /// the refusal for its agents' attention.
     pub fn answer(&mut self, bytes: &[u8], now: Timestamp) -> Option<Ack> {
         if let Err(e) = Command::open(&self.rules.key, bytes) {
             self.reject(None, now, e.reason(), e.to_string());
             bump(&mut self.counters, "commands_unanswered");
             return None;
         }
-        Some(self.handle(bytes, now))
+        let ack = self.handle(bytes, now);
+        if ack.reason.as_deref() == Some(STALE_EPOCH) {
+            bump(&mut self.counters, "commands_unanswered");
+            return None;
+        }
+        Some(ack)
     }
 
     /// Checks and applies one command as received; the answer is its ack.
@@ -421,6 +434,19 @@ impl Core {
                 ),
             );
         }
+        if let Some(epoch) = cmd.epoch {
+            if epoch < self.p.epoch {
+                return self.reject(
+                    id,
+                    now,
+                    STALE_EPOCH,
+                    format!(
+                        "command {} is from epoch {epoch}; a leader of epoch {} has commanded since",
+                        cmd.id, self.p.epoch
+                    ),
+                );
+            }
+        }
         if self.p.seen.contains_key(&cmd.id) {
             return self.reject(
                 id,
@@ -430,6 +456,10 @@ impl Core {
             );
         }
         self.p.seen.insert(cmd.id.clone(), cmd.issued_at);
+        if let Some(epoch) = cmd.epoch.filter(|e| *e > self.p.epoch) {
+            info!(node = %self.rules.node, epoch, was = self.p.epoch, "commands from a new leader");
+            self.p.epoch = epoch;
+        }
         let horizon = now.plus_secs(-(self.rules.max_age_s + self.rules.max_skew_s));
         self.p.seen.retain(|_, t| *t >= horizon);
 
@@ -585,7 +615,7 @@ impl Core {
         } else {
             bump(&mut self.counters, "commands_applied");
         }
-        info!(node = %self.rules.node, id = %cmd.id, action = ?cmd.action, status = ?status, lease_until = %lease_until, "command");
+        info!(node = %self.rules.node, id = %cmd.id, epoch = ?cmd.epoch, action = ?cmd.action, status = ?status, lease_until = %lease_until, "command");
         self.save();
         Ack {
             v: VERSION,
@@ -886,6 +916,9 @@ impl Core {
     }
 }
 
+/// The reason (and counter suffix) of a command from a deposed leader.
+pub const STALE_EPOCH: &str = "stale_epoch";
+
 fn reject_counter(reason: &str) -> &'static str {
     match reason {
         "malformed" => "rejected_malformed",
@@ -896,6 +929,7 @@ fn reject_counter(reason: &str) -> &'static str {
         "expired" => "rejected_expired",
         "from_future" => "rejected_from_future",
         "replayed" => "rejected_replayed",
+        STALE_EPOCH => "rejected_stale_epoch",
         "superseded" => "rejected_superseded",
         "out_of_range" => "rejected_out_of_range",
         "no_such_gpu" => "rejected_no_such_gpu",

@@ -86,6 +86,7 @@ fn cmd(id: &str, t: f64, lease_s: f64, action: Action) -> Command {
         issued_at: at(t),
         lease_s,
         action,
+        epoch: None,
     }
 }
 
@@ -722,4 +723,49 @@ fn a_message_that_fails_its_signature_check_gets_no_answer_but_is_counted() {
         (late.status, late.id.as_deref()),
         (AckStatus::Rejected, Some("late"))
     );
+}
+
+#[test]
+fn a_command_from_a_deposed_leader_is_refused_unanswered_and_the_epoch_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("state.json");
+    let b = gpus(2);
+    let mut c = core_with(
+        b.clone(),
+        FailSafe::RestoreDefault,
+        false,
+        Some(file.clone()),
+    );
+    let fenced = |id: &str, t: f64, w: f64, epoch: u64| {
+        let mut k = cmd(id, t, 60.0, watts(vec![0], w));
+        k.epoch = Some(epoch);
+        k.seal(&key())
+    };
+    let ack = c
+        .answer(&fenced("new", 0.0, 200.0, 7), at(0.1))
+        .expect("answered");
+    assert_eq!(ack.status, AckStatus::Applied);
+    // the leader of epoch 6 was deposed: its command is refused, not answered
+    assert_eq!(c.answer(&fenced("old", 1.0, 150.0, 6), at(1.1)), None);
+    assert_eq!(limit(&b, 0), 200.0, "a stale command changes nothing");
+    assert_eq!(c.counters.get("rejected_stale_epoch"), Some(&1));
+    assert_eq!(c.counters.get("commands_unanswered"), Some(&1));
+    // the same epoch, and a later one, are taken
+    let ack = c
+        .answer(&fenced("same", 2.0, 180.0, 7), at(2.1))
+        .expect("answered");
+    assert_eq!(ack.status, AckStatus::Applied);
+    drop(c);
+    // after a restart the agent still knows epoch 7
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, Some(file));
+    assert_eq!(c.answer(&fenced("old2", 3.0, 150.0, 6), at(3.1)), None);
+    assert_eq!(limit(&b, 0), 180.0);
+    // a controller without [ha] sends no epoch: not fenced
+    let ack = c
+        .answer(
+            &cmd("plain", 4.0, 60.0, watts(vec![0], 170.0)).seal(&key()),
+            at(4.1),
+        )
+        .expect("answered");
+    assert_eq!(ack.status, AckStatus::Applied);
 }

@@ -10,6 +10,7 @@
 use telemetry::fasthash::FnvMap;
 
 use integrations::prices::Series;
+use policies::node_power::{NodeAction, NodeView, Power};
 use policies::State;
 use telemetry::metric::names::*;
 use telemetry::{EntityId, GpuModel, Job, JobState, Sample, Site, Timestamp};
@@ -56,11 +57,60 @@ struct Gpu {
 }
 
 struct Node {
+    id: String,
     model: String,
     gpus: Vec<usize>,
     free: u32,
     base_w: f64,
     rack: usize,
+    power: Power,
+    /// Since when it has had no work (None: it runs work).
+    idle_since: Option<Timestamp>,
+}
+
+/// How the facility's nodes are powered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeMode {
+    /// Every node always on (no management).
+    AlwaysOn,
+    /// Slurm-style power saving: a node idle for `suspend_s` is suspended, and resumed
+    /// when a waiting job needs it (no price awareness, no planning).
+    PowerSave { suspend_s: f64 },
+    /// Powered down and up by the controller (`apply_node_actions`); like Slurm, a
+    /// waiting job that finds no node on resumes the nodes it needs, so a controller
+    /// that stops never leaves nodes off that work waits for.
+    Managed,
+}
+
+/// Node power physics: boot and shutdown times, what an off node draws. A node
+/// booting or shutting down draws its full base power and its GPUs' idle power.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePowerModel {
+    pub boot_s: f64,
+    pub boot_s_by_model: std::collections::BTreeMap<String, f64>,
+    pub shutdown_s: f64,
+    pub off_w: f64,
+}
+
+impl Default for NodePowerModel {
+    fn default() -> Self {
+        let r = policies::node_power::NodePowerRule::default();
+        NodePowerModel {
+            boot_s: r.boot_s,
+            boot_s_by_model: r.boot_s_by_model,
+            shutdown_s: r.shutdown_s,
+            off_w: r.off_w,
+        }
+    }
+}
+
+impl NodePowerModel {
+    fn boot_s(&self, model: &str) -> f64 {
+        self.boot_s_by_model
+            .get(model)
+            .copied()
+            .unwrap_or(self.boot_s)
+    }
 }
 
 /// What the facility did over a run.
@@ -78,6 +128,19 @@ pub struct Totals {
     pub work_gpu_s: f64,
     /// Seconds of the run the price series did not cover (counted at 0).
     pub price_gap_s: f64,
+    /// Seconds of the run the carbon series did not cover.
+    pub carbon_gap_s: f64,
+    /// Energy cost alone (without the demand charge).
+    pub energy_cost: f64,
+    /// Highest IT power per billing period (calendar month in the site's time zone),
+    /// in order: (`YYYY-MM`, kW).
+    pub period_peaks_kw: Vec<(String, f64)>,
+    /// Node power-downs and power-ups, and the energy boots and shutdowns drew.
+    pub power_downs: u64,
+    pub power_ups: u64,
+    pub transition_kwh: f64,
+    /// Node-hours spent off.
+    pub node_off_h: f64,
     /// The part of the energy that jobs drew: busy GPUs, the share of node base power
     /// that follows load, and the cooling of both (the idle floor left out).
     pub job_kwh: f64,
@@ -99,6 +162,18 @@ pub struct Point {
     pub held: usize,
     pub running: usize,
     pub busy_gpus: usize,
+}
+
+/// Where a series stops covering time: its last step, held as long as the step before
+/// it (an hour for a single point).
+fn series_end(s: &Series) -> Option<Timestamp> {
+    let p = s.points();
+    let last = p.last()?.0;
+    let step = match p.len() {
+        0 | 1 => 3600.0,
+        n => last.secs_since(p[n - 2].0).max(1.0),
+    };
+    Some(last + step)
 }
 
 pub struct Facility {
@@ -123,6 +198,14 @@ pub struct Facility {
     cooling_power_w: Vec<f64>,
     prices: Series,
     carbon: Series,
+    /// Where each series stops covering time (the last step held for as long as the
+    /// step before it): past it there is no price, never the last one held.
+    price_end: Option<Timestamp>,
+    carbon_end: Option<Timestamp>,
+    node_mode: NodeMode,
+    node_model: NodePowerModel,
+    /// Power-downs issued, for the controller's rate limit.
+    recent_downs: Vec<Timestamp>,
     /// The facility's limit (the contract, or the feeds' usable capacity).
     budget_kw: f64,
     /// Each cooling unit's share of its capacity at a time.
@@ -151,11 +234,14 @@ impl Facility {
             .nodes
             .iter()
             .map(|n| Node {
+                id: n.id.clone(),
                 model: n.gpu_model.clone(),
                 gpus: Vec::new(),
                 free: 0,
                 base_w: n.base_w,
                 rack: 0,
+                power: Power::On,
+                idle_since: Some(start),
             })
             .collect();
         for g in site.gpus() {
@@ -202,8 +288,13 @@ impl Facility {
             running: Vec::new(),
             changed: Vec::new(),
             is_changed: Vec::new(),
+            price_end: series_end(&prices),
+            carbon_end: series_end(&carbon),
             prices,
             carbon,
+            node_mode: NodeMode::AlwaysOn,
+            node_model: NodePowerModel::default(),
+            recent_downs: Vec::new(),
             budget_kw,
             cooling_factor,
             now: start,
@@ -224,6 +315,172 @@ impl Facility {
 
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+
+    /// Sets how nodes are powered (before the first step).
+    pub fn with_node_power(mut self, mode: NodeMode, model: NodePowerModel) -> Self {
+        self.node_mode = mode;
+        self.node_model = model;
+        self
+    }
+
+    /// The price at `t`, or none past the end of the series.
+    pub fn price_at(&self, t: Timestamp) -> Option<f64> {
+        if self.price_end.is_some_and(|e| t >= e) {
+            return None;
+        }
+        self.prices.at(t)
+    }
+
+    fn carbon_at(&self, t: Timestamp) -> Option<f64> {
+        if self.carbon_end.is_some_and(|e| t >= e) {
+            return None;
+        }
+        self.carbon.at(t)
+    }
+
+    /// Nodes as the node power decision sees them.
+    pub fn node_views(&self) -> Vec<NodeView> {
+        self.nodes
+            .iter()
+            .map(|n| NodeView {
+                id: n.id.clone(),
+                model: n.model.clone(),
+                gpus: n.gpus.len() as u32,
+                free: n.free,
+                power: n.power,
+                idle_since: n.idle_since,
+            })
+            .collect()
+    }
+
+    /// The jobs waiting (pending or held).
+    pub fn waiting_jobs(&self) -> impl Iterator<Item = &SimJob> {
+        self.waiting.iter().map(|&i| &self.jobs[i])
+    }
+
+    /// Power-downs in the minute before `now`.
+    pub fn downs_last_min(&self, now: Timestamp) -> u32 {
+        self.recent_downs
+            .iter()
+            .filter(|t| now.secs_since(**t) < 60.0)
+            .count() as u32
+    }
+
+    /// Carries out the controller's node actions (managed mode): a power-down only of
+    /// a node that is on and idle, a power-up only of a node that is off.
+    pub fn apply_node_actions(&mut self, actions: &[NodeAction], now: Timestamp) {
+        if self.node_mode != NodeMode::Managed {
+            return;
+        }
+        for a in actions {
+            let Some(ni) = self.nodes.iter().position(|n| n.id == a.node()) else {
+                continue;
+            };
+            let n = &mut self.nodes[ni];
+            match a {
+                NodeAction::Down { .. } => {
+                    if n.power == Power::On && n.free as usize == n.gpus.len() {
+                        n.power = Power::ShuttingDown { since: now };
+                        self.totals.power_downs += 1;
+                        self.recent_downs.push(now);
+                    }
+                }
+                NodeAction::Up { .. } => {
+                    if matches!(n.power, Power::Off { .. }) {
+                        n.power = Power::Booting { since: now };
+                        self.totals.power_ups += 1;
+                    }
+                }
+                NodeAction::Failed { .. } => n.power = Power::Failed,
+            }
+        }
+        self.recent_downs.retain(|t| now.secs_since(*t) < 60.0);
+        self.update_power();
+    }
+
+    /// Boots and shutdowns that completed by `now`; power saving's suspends.
+    fn advance_node_power(&mut self, now: Timestamp) {
+        for n in &mut self.nodes {
+            match n.power {
+                Power::Booting { since }
+                    if now.secs_since(since) >= self.node_model.boot_s(&n.model) - 1e-6 =>
+                {
+                    n.power = Power::On;
+                    n.idle_since = Some(now);
+                }
+                Power::ShuttingDown { since }
+                    if now.secs_since(since) >= self.node_model.shutdown_s - 1e-6 =>
+                {
+                    n.power = Power::Off { since: now };
+                }
+                _ => {}
+            }
+        }
+        if let NodeMode::PowerSave { suspend_s } = self.node_mode {
+            for n in &mut self.nodes {
+                if n.power == Power::On
+                    && n.free as usize == n.gpus.len()
+                    && n.idle_since.is_some_and(|s| now.secs_since(s) >= suspend_s)
+                {
+                    n.power = Power::ShuttingDown { since: now };
+                    self.totals.power_downs += 1;
+                }
+            }
+        }
+    }
+
+    /// Resumes off nodes for waiting jobs that no node on (or booting) can take, in
+    /// queue order, as Slurm's power saving resumes the nodes it allocates.
+    fn resume_on_demand(&mut self, now: Timestamp) {
+        if self.node_mode == NodeMode::AlwaysOn {
+            return;
+        }
+        // GPUs still free per node on or booting, taken by the waiting jobs in turn
+        let mut left: Vec<u32> = self
+            .nodes
+            .iter()
+            .map(|n| match n.power {
+                Power::On | Power::Booting { .. } => n.free,
+                _ => 0,
+            })
+            .collect();
+        for k in 0..self.waiting.len() {
+            let j = &self.jobs[self.waiting[k]];
+            if j.job.state != JobState::Pending {
+                continue;
+            }
+            let model = j.gpu_model.clone();
+            let mut want = j.job.gpus;
+            let fits = |n: &Node| model.as_ref().is_none_or(|m| &n.model == m);
+            for (ni, n) in self.nodes.iter().enumerate() {
+                if want == 0 {
+                    break;
+                }
+                if fits(n) {
+                    let take = left[ni].min(want);
+                    left[ni] -= take;
+                    want -= take;
+                }
+            }
+            for ni in 0..self.nodes.len() {
+                if want == 0 {
+                    break;
+                }
+                let n = &mut self.nodes[ni];
+                if matches!(n.power, Power::Off { .. } | Power::ShuttingDown { .. })
+                    && model.as_ref().is_none_or(|m| &n.model == m)
+                {
+                    // a node shutting down finishes first, then boots
+                    n.power = Power::Booting { since: now };
+                    self.totals.power_ups += 1;
+                    let g = n.gpus.len() as u32;
+                    let take = g.min(want);
+                    left[ni] = g - take;
+                    want -= take;
+                }
+            }
+        }
     }
 
     /// Whether every job has arrived and finished.
@@ -257,10 +514,21 @@ impl Facility {
     pub fn step(&mut self, dt_s: f64) {
         let t0 = self.now;
         let t1 = t0 + dt_s;
+        self.advance_node_power(t0);
         self.schedule(t0);
+        self.resume_on_demand(t0);
         self.update_power();
         let it_w: f64 = self.rack_power_w.iter().sum();
         self.totals.peak_kw = self.totals.peak_kw.max(it_w / 1000.0);
+        let period = t0
+            .to_datetime()
+            .with_timezone(&self.site.timezone)
+            .format("%Y-%m")
+            .to_string();
+        match self.totals.period_peaks_kw.last_mut() {
+            Some((p, kw)) if *p == period => *kw = kw.max(it_w / 1000.0),
+            _ => self.totals.period_peaks_kw.push((period, it_w / 1000.0)),
+        }
         if it_w / 1000.0 > self.budget_kw + 1e-9 {
             self.totals.budget_violation_s += dt_s;
         }
@@ -296,9 +564,14 @@ impl Facility {
             if job.done_s >= job.work_s - 1e-6 {
                 job.job.state = JobState::Finished;
                 job.job.end_time = Some(t0 + run_s);
+                let end = t0 + run_s;
                 for &g in &job.gpus {
                     self.gpus[g].job = None;
-                    self.nodes[self.gpus[g].node].free += 1;
+                    let n = &mut self.nodes[self.gpus[g].node];
+                    n.free += 1;
+                    if n.free as usize == n.gpus.len() {
+                        n.idle_since = Some(end);
+                    }
                 }
                 self.touch(ji);
             } else {
@@ -310,7 +583,11 @@ impl Facility {
         let mut rack_j = vec![0.0; self.site.racks.len()];
         let mut node_busy_s = vec![0.0; self.nodes.len()];
         for (gi, g) in self.gpus.iter_mut().enumerate() {
-            let idle_w = g.model.idle_w.min(g.limit_w);
+            let idle_w = if matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed) {
+                0.0
+            } else {
+                g.model.idle_w.min(g.limit_w)
+            };
             let j = gpu_j[gi] + idle_w * (dt_s - busy_s[gi]);
             rack_j[g.rack] += j;
             node_busy_s[g.node] += busy_s[gi];
@@ -320,9 +597,23 @@ impl Facility {
         }
         let mut job_j: f64 = gpu_j.iter().sum();
         for (ni, n) in self.nodes.iter().enumerate() {
-            let share = node_busy_s[ni] / (dt_s * n.gpus.len().max(1) as f64);
-            rack_j[n.rack] += n.base_w * (0.5 + 0.5 * share) * dt_s;
-            job_j += n.base_w * 0.5 * share * dt_s;
+            match n.power {
+                Power::On => {
+                    let share = node_busy_s[ni] / (dt_s * n.gpus.len().max(1) as f64);
+                    rack_j[n.rack] += n.base_w * (0.5 + 0.5 * share) * dt_s;
+                    job_j += n.base_w * 0.5 * share * dt_s;
+                }
+                Power::Booting { .. } | Power::ShuttingDown { .. } => {
+                    let idle: f64 = n.gpus.iter().map(|&g| self.gpus[g].model.idle_w).sum();
+                    let j = (n.base_w + idle) * dt_s;
+                    rack_j[n.rack] += n.base_w * dt_s;
+                    self.totals.transition_kwh += j / 3.6e6;
+                }
+                Power::Off { .. } | Power::Failed => {
+                    rack_j[n.rack] += self.node_model.off_w * dt_s;
+                    self.totals.node_off_h += dt_s / 3600.0;
+                }
+            }
         }
         let avg_rack_w: Vec<f64> = rack_j.iter().map(|j| j / dt_s).collect();
         let factors = (self.cooling_factor)(t0);
@@ -351,15 +642,17 @@ impl Facility {
         self.totals.cooling_kwh += cooling_kwh;
         let job_kwh = job_j / 3.6e6 * (1.0 + cooling_kwh / it_kwh.max(1e-12));
         self.totals.job_kwh += job_kwh;
-        match self.prices.at(t0) {
+        match self.price_at(t0) {
             Some(p) => {
                 self.totals.cost += p * (it_kwh + cooling_kwh);
+                self.totals.energy_cost += p * (it_kwh + cooling_kwh);
                 self.totals.job_cost += p * job_kwh;
             }
             None => self.totals.price_gap_s += dt_s,
         }
-        if let Some(c) = self.carbon.at(t0) {
-            self.totals.carbon_kg += c * (it_kwh + cooling_kwh) / 1000.0;
+        match self.carbon_at(t0) {
+            Some(c) => self.totals.carbon_kg += c * (it_kwh + cooling_kwh) / 1000.0,
+            None => self.totals.carbon_gap_s += dt_s,
         }
         self.now = t1;
         self.expire_leases(t1);
@@ -404,7 +697,12 @@ impl Facility {
         let jobs = &self.jobs;
         self.waiting
             .sort_by_key(|&i| (-jobs[i].job.priority, jobs[i].job.submit_time, i));
-        let mut free: u32 = self.nodes.iter().map(|n| n.free).sum();
+        let mut free: u32 = self
+            .nodes
+            .iter()
+            .filter(|n| n.power == Power::On)
+            .map(|n| n.free)
+            .sum();
         let mut left = Vec::with_capacity(self.waiting.len());
         let waiting = std::mem::take(&mut self.waiting);
         for ji in waiting {
@@ -423,7 +721,9 @@ impl Facility {
     fn place(&mut self, ji: usize, now: Timestamp) -> bool {
         let want = self.jobs[ji].job.gpus;
         let model = self.jobs[ji].gpu_model.clone();
-        let ok = |n: &Node| n.free > 0 && model.as_ref().is_none_or(|m| &n.model == m);
+        let ok = |n: &Node| {
+            n.free > 0 && n.power == Power::On && model.as_ref().is_none_or(|m| &n.model == m)
+        };
         let total: u32 = self.nodes.iter().filter(|n| ok(n)).map(|n| n.free).sum();
         if total < want {
             return false;
@@ -458,7 +758,9 @@ impl Facility {
         }
         for &g in &chosen {
             self.gpus[g].job = Some(ji);
-            self.nodes[self.gpus[g].node].free -= 1;
+            let n = &mut self.nodes[self.gpus[g].node];
+            n.free -= 1;
+            n.idle_since = None;
         }
         let j = &mut self.jobs[ji];
         j.job.allocated = chosen.iter().map(|&g| self.gpus[g].id.clone()).collect();
@@ -475,19 +777,27 @@ impl Facility {
         let mut rack_w = vec![0.0; self.site.racks.len()];
         let mut node_busy = vec![0u32; self.nodes.len()];
         for g in &mut self.gpus {
+            let off = matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed);
             g.power_w = match g.job {
                 Some(j) => {
                     let (p, _) = self.curves[self.jobs[j].curve].at(g.limit_w / g.model.max_w);
                     (p * g.model.max_w).max(g.model.idle_w)
                 }
+                None if off => 0.0,
                 None => g.model.idle_w.min(g.limit_w),
             };
             rack_w[g.rack] += g.power_w;
             node_busy[g.node] += u32::from(g.job.is_some());
         }
         for (ni, n) in self.nodes.iter().enumerate() {
-            let share = f64::from(node_busy[ni]) / n.gpus.len().max(1) as f64;
-            rack_w[n.rack] += n.base_w * (0.5 + 0.5 * share);
+            rack_w[n.rack] += match n.power {
+                Power::On => {
+                    let share = f64::from(node_busy[ni]) / n.gpus.len().max(1) as f64;
+                    n.base_w * (0.5 + 0.5 * share)
+                }
+                Power::Booting { .. } | Power::ShuttingDown { .. } => n.base_w,
+                Power::Off { .. } | Power::Failed => self.node_model.off_w,
+            };
         }
         self.rack_power_w = rack_w;
     }
@@ -507,7 +817,7 @@ impl Facility {
             it_kw: self.it_power_w() / 1000.0,
             cooling_kw: self.cooling_power_w.iter().sum::<f64>() / 1000.0,
             budget_kw: self.budget_kw,
-            price: self.prices.at(self.now).unwrap_or(0.0),
+            price: self.price_at(self.now).unwrap_or(0.0),
             hottest_inlet_c: self.inlet_c.iter().copied().fold(f64::MIN, f64::max),
             waiting: self.waiting.len(),
             held,

@@ -60,8 +60,16 @@ pub struct RunSummary {
     pub energy_kwh: f64,
     pub it_kwh: f64,
     pub cooling_kwh: f64,
+    /// The energy's cost plus the demand charge.
     pub cost: f64,
-    pub carbon_kg: f64,
+    pub energy_cost: f64,
+    /// The tariff's demand charge: per billing period (calendar month), its peak IT
+    /// power × the site's `demand_charge_per_kw` (0 without one).
+    pub demand_charge: f64,
+    /// The highest IT power of each billing period, kW.
+    pub period_peaks_kw: Vec<(String, f64)>,
+    /// Null when the run had no carbon series ("not measured").
+    pub carbon_kg: Option<f64>,
     /// The energy jobs drew (busy GPUs, the node power that follows load, and their
     /// cooling): the idle floor of the hall left out, the part a policy can move.
     pub job_energy_kwh: f64,
@@ -87,6 +95,14 @@ pub struct RunSummary {
     pub decisions: u64,
     /// Seconds the price series did not cover (counted at no cost).
     pub price_gap_s: f64,
+    /// Node power states: power-downs and power-ups, node-hours off, and the energy
+    /// nodes drew booting and shutting down.
+    pub power_downs: u64,
+    pub power_ups: u64,
+    pub node_off_h: f64,
+    pub transition_kwh: f64,
+    /// Mean wait of the jobs the policy held at least once (0 in the other runs).
+    pub deferred_wait_mean_s: f64,
     /// GPU-hours delivered per day from the start (compare runs over the days of a
     /// heat wave).
     pub gpu_hours_per_day: Vec<f64>,
@@ -96,7 +112,8 @@ pub struct RunSummary {
 pub struct Savings {
     pub cost: f64,
     pub energy: f64,
-    pub carbon: f64,
+    /// Null when carbon was not measured.
+    pub carbon: Option<f64>,
     /// On the cost of the energy jobs drew (the idle floor left out).
     pub job_energy_cost: f64,
 }
@@ -120,10 +137,24 @@ pub struct Summary {
     pub seed: u64,
     pub tick_s: f64,
     pub scenario: Vec<String>,
+    /// Seconds of the run the carbon series did not cover (the whole run without one).
+    pub carbon_gap_s: f64,
     pub baseline: RunSummary,
     pub policy: RunSummary,
+    /// Slurm-style power saving: idle nodes suspended after `suspend_time_s`, resumed
+    /// on demand with their boot time, no price awareness.
+    pub power_save: RunSummary,
+    pub suspend_time_s: f64,
     /// (baseline − policy) / baseline, in %.
     pub savings_pct: Savings,
+    /// (power_save − policy) / power_save, in %.
+    pub savings_vs_power_save_pct: Savings,
+    /// Mean wait of the jobs the policy deferred.
+    pub deferred_wait_mean_s: f64,
+    /// The cost saved against no management per hour of wait the policy added (the
+    /// sum over jobs of how much longer each waited than in the baseline); 0 when it
+    /// added none.
+    pub saving_per_wait_hour: f64,
     /// Seconds of wall-clock the replay took (not part of the comparison; left out of
     /// the determinism check).
     #[serde(skip)]
@@ -267,7 +298,9 @@ fn build_jobs(
     curves: &[curves::Curve],
     from: Option<Timestamp>,
     to: Option<Timestamp>,
-) -> (Vec<SimJob>, usize) {
+    file: &str,
+    site: &Site,
+) -> Result<(Vec<SimJob>, usize)> {
     let mut rng = Rng::new(scenario.seed);
     let mut out = Vec::with_capacity(trace.len());
     let mut infeasible = 0;
@@ -278,6 +311,24 @@ fn build_jobs(
         let submit = align(&t.submit);
         if from.is_some_and(|f| submit < f) || to.is_some_and(|e| submit >= e) {
             continue;
+        }
+        // a job the site can never run is bad input, not a job to replay forever
+        let have: u32 = site
+            .nodes
+            .iter()
+            .filter(|n| t.gpu_model.as_ref().is_none_or(|m| &n.gpu_model == m))
+            .map(|n| n.gpus)
+            .sum();
+        if t.gpus > have {
+            anyhow::bail!(
+                "{file}:{}: job {} needs {} GPUs{}, the site has {have}",
+                t.line,
+                t.id,
+                t.gpus,
+                t.gpu_model
+                    .as_ref()
+                    .map_or(String::new(), |m| format!(" of model {m}"))
+            );
         }
         let rule = match &t.class {
             Some(c) => scenario.classes.iter().find(|r| &r.class == c),
@@ -340,7 +391,7 @@ fn build_jobs(
         };
         out.push(SimJob::new(job, t.duration_s, curve, t.gpu_model.clone()));
     }
-    (out, infeasible)
+    Ok((out, infeasible))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -351,15 +402,25 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn summarize_run(f: &Facility, deferred: usize, decisions: u64) -> RunSummary {
+fn summarize_run(
+    f: &Facility,
+    deferred: &std::collections::BTreeSet<String>,
+    decisions: u64,
+    demand_charge_per_kw: f64,
+    carbon_measured: bool,
+) -> RunSummary {
     let t: &Totals = &f.totals;
     let mut waits = Vec::new();
     let mut slow = Vec::new();
     let mut misses = 0;
+    let mut deferred_waits = Vec::new();
     for j in &f.jobs {
         let job = &j.job;
         if let Some(s) = job.start_time {
             waits.push(s.secs_since(job.submit_time).max(0.0));
+            if deferred.contains(&job.id) {
+                deferred_waits.push(s.secs_since(job.submit_time).max(0.0));
+            }
         }
         if let Some(e) = job.end_time {
             slow.push(e.secs_since(job.submit_time) / j.work_s.max(1.0));
@@ -373,12 +434,24 @@ fn summarize_run(f: &Facility, deferred: usize, decisions: u64) -> RunSummary {
     waits.sort_by(f64::total_cmp);
     slow.sort_by(f64::total_cmp);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let demand_charge: f64 = t
+        .period_peaks_kw
+        .iter()
+        .map(|(_, kw)| kw * demand_charge_per_kw)
+        .sum();
     RunSummary {
         energy_kwh: t.it_kwh + t.cooling_kwh,
         it_kwh: t.it_kwh,
         cooling_kwh: t.cooling_kwh,
-        cost: t.cost,
-        carbon_kg: t.carbon_kg,
+        cost: t.energy_cost + demand_charge,
+        energy_cost: t.energy_cost,
+        demand_charge,
+        period_peaks_kw: t
+            .period_peaks_kw
+            .iter()
+            .map(|(p, kw)| (p.clone(), (kw * 1000.0).round() / 1000.0))
+            .collect(),
+        carbon_kg: carbon_measured.then_some(t.carbon_kg),
         job_energy_kwh: t.job_kwh,
         job_energy_cost: t.job_cost,
         peak_kw: t.peak_kw,
@@ -392,9 +465,14 @@ fn summarize_run(f: &Facility, deferred: usize, decisions: u64) -> RunSummary {
         slowdown_p95: percentile(&slow, 95.0),
         gpu_hours: t.work_gpu_s / 3600.0,
         capped_gpu_hours: t.capped_gpu_s / 3600.0,
-        jobs_deferred: deferred,
+        jobs_deferred: deferred.len(),
         decisions,
         price_gap_s: t.price_gap_s,
+        power_downs: t.power_downs,
+        power_ups: t.power_ups,
+        node_off_h: (t.node_off_h * 1000.0).round() / 1000.0,
+        transition_kwh: t.transition_kwh,
+        deferred_wait_mean_s: mean(&deferred_waits),
         gpu_hours_per_day: t
             .gpu_hours_per_day
             .iter()
@@ -411,10 +489,43 @@ fn pct(base: f64, with: f64) -> f64 {
     }
 }
 
-/// Both runs' charts.
+fn savings(b: &RunSummary, p: &RunSummary) -> Savings {
+    Savings {
+        cost: pct(b.cost, p.cost),
+        energy: pct(b.energy_kwh, p.energy_kwh),
+        carbon: b.carbon_kg.zip(p.carbon_kg).map(|(b, p)| pct(b, p)),
+        job_energy_cost: pct(b.job_energy_cost, p.job_energy_cost),
+    }
+}
+
+/// The runs' charts.
 pub(crate) struct Series2 {
     pub baseline: Vec<Point>,
     pub policy: Vec<Point>,
+    pub power_save: Vec<Point>,
+}
+
+/// Where the node power decision's inputs come from in the policy's replay: the nodes,
+/// and the GPUs the work needs and when (waiting jobs now, held jobs at their planned
+/// start, other holds at their lease's end).
+fn node_needs(
+    f: &Facility,
+    planned: &std::collections::BTreeMap<String, Timestamp>,
+    now: Timestamp,
+) -> Vec<policies::node_power::Need> {
+    f.waiting_jobs()
+        .map(|j| {
+            let at = match j.job.state {
+                JobState::Held => planned.get(&j.job.id).copied().unwrap_or(now),
+                _ => now,
+            };
+            policies::node_power::Need {
+                at,
+                gpus: j.job.gpus,
+                model: j.gpu_model.clone(),
+            }
+        })
+        .collect()
 }
 
 /// Runs the backtest and writes its files; progress lines go to `progress`.
@@ -492,7 +603,16 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     }
     let curves = curves::a40();
     anyhow::ensure!(!curves.is_empty(), "no measured GPU curves");
-    let (jobs, infeasible) = build_jobs(&trace, &scenario, &align, &curves, cfg.from, cfg.to);
+    let (jobs, infeasible) = build_jobs(
+        &trace,
+        &scenario,
+        &align,
+        &curves,
+        cfg.from,
+        cfg.to,
+        &cfg.jobs.name,
+        &site,
+    )?;
     anyhow::ensure!(
         !jobs.is_empty(),
         "{}: no jobs submitted in the window given by --from/--to (after alignment: {alignment})",
@@ -520,7 +640,33 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     let (sc, units2) = (scenario.clone(), units.clone());
     let cool = move |t: Timestamp| sc.unit_factors(&units, t);
     let sc2 = scenario.clone();
+    let units3 = units2.clone();
     let cool2 = move |t: Timestamp| sc2.unit_factors(&units2, t);
+    let sc3 = scenario.clone();
+    let cool3 = move |t: Timestamp| sc3.unit_factors(&units3, t);
+    let np = policy.node_power.clone();
+    let node_model = facility::NodePowerModel {
+        boot_s: np.boot_s,
+        boot_s_by_model: np.boot_s_by_model.clone(),
+        shutdown_s: np.shutdown_s,
+        off_w: np.off_w,
+    };
+    let mut psave = Facility::new(
+        site.clone(),
+        curves.clone(),
+        prices.clone(),
+        carbon.clone(),
+        jobs.clone(),
+        budget_kw,
+        Box::new(cool3),
+        start,
+    )
+    .with_node_power(
+        facility::NodeMode::PowerSave {
+            suspend_s: scenario.suspend_time_s,
+        },
+        node_model.clone(),
+    );
     let mut base = Facility::new(
         site.clone(),
         curves.clone(),
@@ -540,6 +686,14 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         budget_kw,
         Box::new(cool2),
         start,
+    )
+    .with_node_power(
+        if np.enabled {
+            facility::NodeMode::Managed
+        } else {
+            facility::NodeMode::AlwaysOn
+        },
+        node_model,
     );
     let store = Store::new(Box::new(Discard {
         seq: Default::default(),
@@ -549,33 +703,54 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     let mut series = Series2 {
         baseline: Vec::new(),
         policy: Vec::new(),
+        power_save: Vec::new(),
     };
     let mut next_note = start + 7.0 * 86400.0;
     let mut ticks = 0u64;
     loop {
         let now = pol.now();
         // the controller's tick, as serve runs it: forecast, telemetry, jobs → plan
-        control.set_forecast(crate::sim::forecast(
-            pol.prices(),
-            pol.carbon(),
-            now,
-            48.0 * 3600.0,
-        ));
+        let fc = crate::sim::forecast(pol.prices(), pol.carbon(), now, 48.0 * 3600.0);
+        // for node power: the price now above the mean of the next 24 h
+        let expensive = pol.price_at(now).is_some_and(|p| {
+            fc.price
+                .window(now, now + 24.0 * 3600.0)
+                .is_some_and(|w| p > w.mean)
+        });
+        control.set_forecast(fc);
         let samples = pol.poll(now);
         let jobs = pol.take_jobs();
         let report = control.tick(now, samples, jobs, &mut pol);
         ticks += 1;
+        if np.enabled {
+            // node power, as an actuation beside caps and holds: nodes with no work
+            // and none planned within their boot time go down, come back before
+            let actions = policies::node_power::decide(
+                &pol.node_views(),
+                &node_needs(&pol, &report.planned_starts, now),
+                &np,
+                policies::node_power::Inputs {
+                    expensive,
+                    downs_last_min: pol.downs_last_min(now),
+                },
+                now,
+            );
+            pol.apply_node_actions(&actions, now);
+        }
         for d in &report.decisions {
             if let (Action::Hold { .. }, Target::Job { job }) = (&d.action, &d.target) {
                 deferred.insert(job.clone());
             }
         }
         base.forget_changes();
-        if ticks % 12 == 1 || base.done() && pol.done() {
+        psave.forget_changes();
+        let all_done = base.done() && pol.done() && psave.done();
+        if ticks % 12 == 1 || all_done {
             series.baseline.push(base.point());
             series.policy.push(pol.point());
+            series.power_save.push(psave.point());
         }
-        if base.done() && pol.done() {
+        if all_done {
             break;
         }
         if now >= next_note {
@@ -589,7 +764,7 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
             next_note = next_note + 7.0 * 86400.0;
         }
         // nothing waits and nothing more arrives: hourly ticks until the last job ends
-        let dt = if base.draining() && pol.draining() {
+        let dt = if base.draining() && pol.draining() && psave.draining() {
             let hour = 3_600_000;
             let next = (now.0.div_euclid(hour) + 1) * hour;
             (next - now.0) as f64 / 1000.0
@@ -598,11 +773,42 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         };
         base.step(dt);
         pol.step(dt);
+        psave.step(dt);
     }
     let end = pol.now();
     let decisions = control.counters.decisions;
-    let b = summarize_run(&base, 0, 0);
-    let p = summarize_run(&pol, deferred.len(), decisions);
+    let charge = site
+        .tariff
+        .as_ref()
+        .and_then(|t| t.demand_charge_per_kw)
+        .unwrap_or(0.0);
+    let measured = cfg.carbon.is_some();
+    let none = std::collections::BTreeSet::new();
+    let b = summarize_run(&base, &none, 0, charge, measured);
+    let p = summarize_run(&pol, &deferred, decisions, charge, measured);
+    let ps = summarize_run(&psave, &none, 0, charge, measured);
+    // the wait the policy added: per job, how much longer it waited than in the baseline
+    fn wait(f: &Facility) -> std::collections::BTreeMap<&str, f64> {
+        f.jobs
+            .iter()
+            .filter_map(|j| {
+                j.job
+                    .start_time
+                    .map(|s| (j.job.id.as_str(), s.secs_since(j.job.submit_time)))
+            })
+            .collect()
+    }
+    let (wb, wp) = (wait(&base), wait(&pol));
+    let added_h: f64 = wp
+        .iter()
+        .map(|(id, w)| (w - wb.get(id).copied().unwrap_or(0.0)).max(0.0))
+        .sum::<f64>()
+        / 3600.0;
+    let saving_per_wait_hour = if added_h > 0.0 {
+        (b.cost - p.cost) / added_h
+    } else {
+        0.0
+    };
     let mut lines = Vec::new();
     if let Some(h) = &scenario.heat_wave {
         lines.push(format!(
@@ -649,14 +855,15 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         seed: scenario.seed,
         tick_s: tick,
         scenario: lines,
-        savings_pct: Savings {
-            cost: pct(b.cost, p.cost),
-            energy: pct(b.energy_kwh, p.energy_kwh),
-            carbon: pct(b.carbon_kg, p.carbon_kg),
-            job_energy_cost: pct(b.job_energy_cost, p.job_energy_cost),
-        },
+        carbon_gap_s: pol.totals.carbon_gap_s,
+        savings_pct: savings(&b, &p),
+        savings_vs_power_save_pct: savings(&ps, &p),
+        deferred_wait_mean_s: p.deferred_wait_mean_s,
+        saving_per_wait_hour,
+        suspend_time_s: scenario.suspend_time_s,
         baseline: b,
         policy: p,
+        power_save: ps,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
     std::fs::create_dir_all(&cfg.out)
@@ -685,75 +892,79 @@ impl Summary {
         for l in &self.scenario {
             let _ = writeln!(s, "  scenario: {l}");
         }
-        let _ = writeln!(s, "  {:<24} {:>16} {:>16}", "", "baseline", "policy");
-        let (b, p) = (&self.baseline, &self.policy);
-        let rows: Vec<(&str, String, String)> = vec![
-            (
-                "energy kWh",
-                format!("{:.0}", b.energy_kwh),
-                format!("{:.0}", p.energy_kwh),
-            ),
-            ("cost", format!("{:.2}", b.cost), format!("{:.2}", p.cost)),
-            (
-                "carbon kg",
-                format!("{:.0}", b.carbon_kg),
-                format!("{:.0}", p.carbon_kg),
-            ),
-            (
-                "job energy kWh",
-                format!("{:.0}", b.job_energy_kwh),
-                format!("{:.0}", p.job_energy_kwh),
-            ),
-            (
-                "job energy cost",
-                format!("{:.2}", b.job_energy_cost),
-                format!("{:.2}", p.job_energy_cost),
-            ),
-            (
-                "peak kW",
-                format!("{:.1}", b.peak_kw),
-                format!("{:.1}", p.peak_kw),
-            ),
-            (
-                "over budget s",
-                format!("{:.0}", b.budget_violation_s),
-                format!("{:.0}", p.budget_violation_s),
-            ),
-            (
-                "over inlet limit s",
-                format!("{:.0}", b.thermal_violation_s),
-                format!("{:.0}", p.thermal_violation_s),
-            ),
-            (
-                "deadline misses",
-                b.deadline_misses.to_string(),
-                p.deadline_misses.to_string(),
-            ),
-            (
-                "wait mean / p95 s",
-                format!("{:.0} / {:.0}", b.wait_mean_s, b.wait_p95_s),
-                format!("{:.0} / {:.0}", p.wait_mean_s, p.wait_p95_s),
-            ),
-            (
-                "slowdown mean / p95",
-                format!("{:.2} / {:.2}", b.slowdown_mean, b.slowdown_p95),
-                format!("{:.2} / {:.2}", p.slowdown_mean, p.slowdown_p95),
-            ),
-            (
-                "GPU-hours delivered",
-                format!("{:.0}", b.gpu_hours),
-                format!("{:.0}", p.gpu_hours),
-            ),
-            ("jobs deferred", "-".into(), p.jobs_deferred.to_string()),
-        ];
-        for (k, x, y) in rows {
-            let _ = writeln!(s, "  {k:<24} {x:>16} {y:>16}");
-        }
         let _ = writeln!(
             s,
-            "\n  savings: cost {:.1}%, energy {:.1}%, carbon {:.1}%; on the jobs' energy cost {:.1}%",
-            self.savings_pct.cost, self.savings_pct.energy, self.savings_pct.carbon, self.savings_pct.job_energy_cost
+            "  {:<24} {:>16} {:>16} {:>16}",
+            "", "baseline", "power saving", "policy"
         );
+        let runs = [&self.baseline, &self.power_save, &self.policy];
+        type Cell = fn(&RunSummary) -> String;
+        let rows: Vec<(&str, Cell)> = vec![
+            ("energy kWh", |r| format!("{:.0}", r.energy_kwh)),
+            ("cost", |r| format!("{:.2}", r.cost)),
+            ("  demand charge", |r| format!("{:.2}", r.demand_charge)),
+            ("carbon kg", |r| {
+                r.carbon_kg
+                    .map_or("not measured".into(), |c| format!("{c:.0}"))
+            }),
+            ("job energy kWh", |r| format!("{:.0}", r.job_energy_kwh)),
+            ("job energy cost", |r| format!("{:.2}", r.job_energy_cost)),
+            ("peak kW", |r| format!("{:.1}", r.peak_kw)),
+            ("over budget s", |r| format!("{:.0}", r.budget_violation_s)),
+            ("over inlet limit s", |r| {
+                format!("{:.0}", r.thermal_violation_s)
+            }),
+            ("deadline misses", |r| r.deadline_misses.to_string()),
+            ("wait mean / p95 s", |r| {
+                format!("{:.0} / {:.0}", r.wait_mean_s, r.wait_p95_s)
+            }),
+            ("slowdown mean / p95", |r| {
+                format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)
+            }),
+            ("GPU-hours delivered", |r| format!("{:.0}", r.gpu_hours)),
+            ("node power-downs", |r| r.power_downs.to_string()),
+            ("node-hours off", |r| format!("{:.0}", r.node_off_h)),
+            ("jobs deferred", |r| r.jobs_deferred.to_string()),
+            ("price gap s", |r| format!("{:.0}", r.price_gap_s)),
+        ];
+        for (k, f) in rows {
+            let _ = writeln!(
+                s,
+                "  {k:<24} {:>16} {:>16} {:>16}",
+                f(runs[0]),
+                f(runs[1]),
+                f(runs[2])
+            );
+        }
+        let carbon = |c: Option<f64>| c.map_or("not measured".to_string(), |c| format!("{c:.1}%"));
+        let _ = writeln!(
+            s,
+            "\n  savings: cost {:.1}%, energy {:.1}%, carbon {}; on the jobs' energy cost {:.1}%",
+            self.savings_pct.cost,
+            self.savings_pct.energy,
+            carbon(self.savings_pct.carbon),
+            self.savings_pct.job_energy_cost
+        );
+        let _ = writeln!(
+            s,
+            "  against power saving (suspend after {:.0} s): cost {:.1}%, energy {:.1}%",
+            self.suspend_time_s,
+            self.savings_vs_power_save_pct.cost,
+            self.savings_vs_power_save_pct.energy
+        );
+        let _ = writeln!(
+            s,
+            "  deferred jobs waited {:.1} h on average; {:.2} saved per hour of added wait",
+            self.deferred_wait_mean_s / 3600.0,
+            self.saving_per_wait_hour
+        );
+        if self.policy.price_gap_s > 0.0 {
+            let _ = writeln!(
+                s,
+                "  warning: {:.0} s of the run had no price (counted at no cost)",
+                self.policy.price_gap_s
+            );
+        }
         let _ = writeln!(
             s,
             "  replayed in {:.1} s; wrote {}/summary.json and {}/report.html",

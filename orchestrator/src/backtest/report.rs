@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use telemetry::Site;
 
-use super::{Series2, Summary};
+use super::{RunSummary, Series2, Summary};
 use crate::report::{bars, escape, page, Chart, Line, Rule};
 
 const BASE: &str = "#7f7f7f";
@@ -47,6 +47,13 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
                 name: "baseline IT power",
                 color: BASE,
                 points: pts(&series.baseline, &|p| p.it_kw),
+                steps: false,
+                right_axis: false,
+            },
+            Line {
+                name: "power saving IT power",
+                color: "#999999",
+                points: pts(&series.power_save, &|p| p.it_kw),
                 steps: false,
                 right_axis: false,
             },
@@ -154,68 +161,83 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
         let _ = write!(body, "<p>Scenario: {}</p>", escape(l));
     }
     body.push_str(
-        "<h2>Baseline against policy</h2><table><tr><th></th><th>baseline</th><th>policy</th></tr>",
+        "<h2>Baseline against policy</h2><table><tr><th></th><th>baseline (no management)</th><th>power saving (Slurm-style)</th><th>policy</th></tr>",
     );
-    let rows: Vec<(&str, String, String)> = vec![
+    let runs = [b, &s.power_save, p];
+    let cur = escape(&site.currency);
+    type Cell<'a> = Box<dyn Fn(&RunSummary) -> String + 'a>;
+    let rows: Vec<(&str, Cell)> = vec![
         (
             "Energy (IT + cooling)",
-            format!("{:.0} kWh", b.energy_kwh),
-            format!("{:.0} kWh", p.energy_kwh),
+            Box::new(|r| format!("{:.0} kWh", r.energy_kwh)),
         ),
         (
-            "Cost",
-            format!("{:.2} {}", b.cost, escape(&site.currency)),
-            format!("{:.2} {}", p.cost, escape(&site.currency)),
+            "Cost (energy + demand charge)",
+            Box::new(|r| format!("{:.2} {cur}", r.cost)),
+        ),
+        (
+            "Demand charge",
+            Box::new(|r| format!("{:.2} {cur}", r.demand_charge)),
         ),
         (
             "Carbon",
-            format!("{:.0} kg", b.carbon_kg),
-            format!("{:.0} kg", p.carbon_kg),
+            Box::new(|r| {
+                r.carbon_kg
+                    .map_or("not measured".into(), |c| format!("{c:.0} kg"))
+            }),
         ),
         (
             "Peak IT power",
-            format!("{:.1} kW", b.peak_kw),
-            format!("{:.1} kW", p.peak_kw),
+            Box::new(|r| format!("{:.1} kW", r.peak_kw)),
         ),
         (
             "Time over budget",
-            format!("{:.0} s", b.budget_violation_s),
-            format!("{:.0} s", p.budget_violation_s),
+            Box::new(|r| format!("{:.0} s", r.budget_violation_s)),
         ),
         (
             "Time over an inlet limit",
-            format!("{:.0} s", b.thermal_violation_s),
-            format!("{:.0} s", p.thermal_violation_s),
+            Box::new(|r| format!("{:.0} s", r.thermal_violation_s)),
         ),
         (
             "Deadline misses",
-            b.deadline_misses.to_string(),
-            p.deadline_misses.to_string(),
+            Box::new(|r| r.deadline_misses.to_string()),
         ),
         (
             "Wait, mean / p95",
-            format!("{:.0} / {:.0} s", b.wait_mean_s, b.wait_p95_s),
-            format!("{:.0} / {:.0} s", p.wait_mean_s, p.wait_p95_s),
+            Box::new(|r| format!("{:.0} / {:.0} s", r.wait_mean_s, r.wait_p95_s)),
         ),
         (
             "Slowdown, mean / p95",
-            format!("{:.2} / {:.2}", b.slowdown_mean, b.slowdown_p95),
-            format!("{:.2} / {:.2}", p.slowdown_mean, p.slowdown_p95),
+            Box::new(|r| format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)),
         ),
         (
             "GPU-hours delivered",
-            format!("{:.0}", b.gpu_hours),
-            format!("{:.0}", p.gpu_hours),
+            Box::new(|r| format!("{:.0}", r.gpu_hours)),
         ),
-        ("Jobs deferred", "-".into(), p.jobs_deferred.to_string()),
+        (
+            "Node power-downs / node-hours off",
+            Box::new(|r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
+        ),
+        ("Jobs deferred", Box::new(|r| r.jobs_deferred.to_string())),
     ];
-    for (k, x, y) in rows {
-        let _ = write!(body, "<tr><th>{k}</th><td>{x}</td><td>{y}</td></tr>");
+    for (k, f) in rows {
+        let _ = write!(body, "<tr><th>{k}</th>");
+        for r in runs {
+            let _ = write!(body, "<td>{}</td>", f(r));
+        }
+        body.push_str("</tr>");
     }
+    let carbon = |c: Option<f64>| c.map_or("not measured".to_string(), |c| format!("{c:.1}%"));
     let _ = write!(
         body,
-        "</table><p>Savings: cost {:.1}%, energy {:.1}%, carbon {:.1}%.</p>",
-        s.savings_pct.cost, s.savings_pct.energy, s.savings_pct.carbon
+        "</table><p>Savings against no management: cost {:.1}%, energy {:.1}%, carbon {}; against power saving: cost {:.1}%, energy {:.1}%. Deferred jobs waited {:.1} h on average; {:.2} {cur} saved per hour of added wait.</p>",
+        s.savings_pct.cost,
+        s.savings_pct.energy,
+        carbon(s.savings_pct.carbon),
+        s.savings_vs_power_save_pct.cost,
+        s.savings_vs_power_save_pct.energy,
+        s.deferred_wait_mean_s / 3600.0,
+        s.saving_per_wait_hour
     );
     let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
     let _ = write!(body, "<h2>Queue</h2>{}", queue.svg());

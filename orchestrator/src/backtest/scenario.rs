@@ -165,6 +165,14 @@ pub struct Scenario {
     /// first price).
     #[serde(default, deserialize_with = "opt_ts")]
     pub trace_start: Option<Timestamp>,
+    /// The power-saving run: a node idle this long is suspended (Slurm's
+    /// `SuspendTime`), s.
+    #[serde(default = "suspend_time")]
+    pub suspend_time_s: f64,
+}
+
+fn suspend_time() -> f64 {
+    1800.0
 }
 
 fn seed() -> u64 {
@@ -191,6 +199,7 @@ impl Default for Scenario {
             prices: None,
             carbon: None,
             trace_start: None,
+            suspend_time_s: suspend_time(),
         }
     }
 }
@@ -205,6 +214,12 @@ impl Scenario {
             anyhow::anyhow!("{file}:{line}: {}", e.message())
         })?;
         let bad = |m: String| Err(anyhow::anyhow!("{file}: {m}"));
+        if !(s.suspend_time_s >= 0.0 && s.suspend_time_s.is_finite()) {
+            return bad(format!(
+                "suspend_time_s must not be negative, got {}",
+                s.suspend_time_s
+            ));
+        }
         if !(30.0..=3600.0).contains(&s.tick_s) {
             return bad(format!("tick_s must be within 30..=3600, got {}", s.tick_s));
         }

@@ -7,9 +7,6 @@ use telemetry::Timestamp;
 
 use super::{json_reply, Board, Reply};
 
-/// The high-availability role `/readyz` reports (one controller: always the leader).
-pub const ROLE: &str = "leader";
-
 /// What the control loop tells `/readyz` after every tick.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
@@ -112,7 +109,8 @@ pub fn answer(path: &str, b: &Board) -> Reply {
         status,
         &json!({
             "ready": failing.is_empty(),
-            "role": ROLE,
+            "role": b.ha_status().role,
+            "ha": b.ha_status(),
             "failing": failing,
             "checks": by_name,
         }),

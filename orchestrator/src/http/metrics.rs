@@ -130,6 +130,28 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[("version", env!("CARGO_PKG_VERSION"))],
         1.0,
     );
+    let ha = b.ha_status();
+    o.add(
+        "leader",
+        "gauge",
+        "1 on the replica that actuates (the leader; a controller without [ha]), 0 on a follower",
+        &[("instance", ha.instance.as_str())],
+        if ha.is_leader() { 1.0 } else { 0.0 },
+    );
+    o.add(
+        "leader_epoch",
+        "gauge",
+        "The fencing epoch of the current leader's term, as this replica knows it (0 without [ha])",
+        &[],
+        ha.epoch as f64,
+    );
+    o.add(
+        "leader_transitions_total",
+        "counter",
+        "Terms this replica started or lost",
+        &[],
+        ha.transitions as f64,
+    );
     // telemetry: every reading of a known metric, GPUs included
     for (e, m, r) in b.snapshot.iter() {
         let Some((name, scale, help)) = prom(m.as_str()) else {

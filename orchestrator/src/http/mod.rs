@@ -211,6 +211,9 @@ pub struct Board {
     pub cadence: crate::cadence::Cadence,
     /// The Redfish poller's counters per endpoint (empty without `[redfish]`).
     pub redfish: Vec<sources::redfish::EndpointStats>,
+    /// The leader election (with `[ha]`), read live by `/metrics`, `/readyz` and the
+    /// API.
+    pub ha: Option<std::sync::Arc<crate::ha::Gate>>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -263,6 +266,15 @@ impl Board {
             ready: health::Readiness::default(),
             cadence: Default::default(),
             redfish: Vec::new(),
+            ha: None,
+        }
+    }
+
+    /// This replica's role: with `[ha]` as the election has it now, else `single`.
+    pub fn ha_status(&self) -> crate::ha::HaStatus {
+        match &self.ha {
+            Some(g) => g.status(),
+            None => crate::ha::HaStatus::single(),
         }
     }
 
@@ -304,13 +316,47 @@ pub struct Api {
     pub status_page_public: bool,
     pub refresh_s: u32,
     pub overrides: Arc<Mutex<crate::overrides::Book>>,
-    /// Inbound job events (`POST /api/v1/events`), with `[schedulers.webhook]`.
-    pub events: Option<Arc<crate::schedulers::Inbox>>,
-    /// The Kubernetes admission webhook and scheduler extender, with
-    /// `[schedulers.kubernetes]`.
-    pub kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
+    /// Inbound job events and the Kubernetes hooks of the schedulers open now.
+    pub hooks: Hooks,
     /// The HTTP edge's counters (connections, limits, logins, TLS) for `/metrics`.
     pub stats: Arc<stats::HttpStats>,
+}
+
+/// What the schedulers open now take from the HTTP server: inbound job events
+/// (`POST /api/v1/events`, with `[schedulers.webhook]`) and the Kubernetes admission
+/// webhook and scheduler extender (`[schedulers.kubernetes]`). With `[ha]` they change
+/// when this replica takes over or steps down.
+#[derive(Clone, Default)]
+pub struct Hooks(Arc<RwLock<HookSet>>);
+
+type HookSet = (
+    Option<Arc<crate::schedulers::Inbox>>,
+    Option<Arc<crate::schedulers::KubeHooks>>,
+);
+
+impl Hooks {
+    pub fn new(
+        events: Option<Arc<crate::schedulers::Inbox>>,
+        kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
+    ) -> Self {
+        Hooks(Arc::new(RwLock::new((events, kubernetes))))
+    }
+
+    pub fn set(
+        &self,
+        events: Option<Arc<crate::schedulers::Inbox>>,
+        kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
+    ) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = (events, kubernetes);
+    }
+
+    pub fn events(&self) -> Option<Arc<crate::schedulers::Inbox>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    pub fn kubernetes(&self) -> Option<Arc<crate::schedulers::KubeHooks>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).1.clone()
+    }
 }
 
 /// An answer: status, content type, body.
@@ -482,6 +528,29 @@ impl Api {
 
 impl Api {
     /// The status page, rendered from the last tick (the caller checked access).
+    /// A write (an override, a job event, a Kubernetes hook) sent to a follower: `503`
+    /// naming the leader's instance, so that the client (or the load balancer, which
+    /// should route to the replica whose `/readyz` says `"role": "leader"`) sends it
+    /// there. Nothing is forwarded.
+    fn not_on_a_follower(&self) -> Option<Reply> {
+        let ha = self
+            .board
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ha_status();
+        (!ha.is_leader()).then(|| {
+            json_reply(
+                503,
+                &json!({
+                    "error": "this replica is a follower: send writes to the leader",
+                    "instance": ha.instance,
+                    "leader": ha.leader,
+                    "epoch": ha.epoch,
+                }),
+            )
+        })
+    }
+
     pub fn status_page(&self) -> Reply {
         let board = self.board.read().unwrap_or_else(|p| p.into_inner());
         let fleet = self
@@ -500,7 +569,10 @@ impl Api {
     /// `POST /api/v1/k8s/{admission,filter,prioritize}`: called by the API server and
     /// kube-scheduler, which send no bearer token.
     fn k8s(&self, method: &str, verb: &str, body: &[u8]) -> Reply {
-        let Some(hooks) = &self.kubernetes else {
+        if let Some(r) = self.not_on_a_follower() {
+            return r;
+        }
+        let Some(hooks) = &self.hooks.kubernetes() else {
             return error(404, "no [schedulers.kubernetes] section");
         };
         if method != "POST" {
@@ -542,7 +614,10 @@ impl Api {
         authorization: Option<&str>,
         body: Option<&[u8]>,
     ) -> Reply {
-        let Some(inbox) = &self.events else {
+        if let Some(r) = self.not_on_a_follower() {
+            return r;
+        }
+        let Some(inbox) = &self.hooks.events() else {
             return error(
                 404,
                 "no [schedulers.webhook] section: job events are not taken",
@@ -588,6 +663,9 @@ impl Api {
         let min = if method == "GET" {
             Role::Viewer
         } else {
+            if let Some(r) = self.not_on_a_follower() {
+                return r;
+            }
             Role::Operator
         };
         let who = match self.authorize(authorization, min) {
@@ -687,6 +765,7 @@ fn status(b: &Board) -> serde_json::Value {
         "gpus": b.site.gpu_count(),
         "ticks": b.counters.ticks,
         "stale_readings": b.snapshot.stale(b.time).len(),
+        "ha": b.ha_status(),
     })
 }
 

@@ -102,6 +102,17 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
         b.counters.ticks,
         escape(&b.policy_file)
     );
+    let ha = b.ha_status();
+    if ha.role != "single" {
+        let _ = write!(
+            body,
+            r#"<p class="muted">Replica {} is the <b>{}</b>; leader: {} (epoch {}).</p>"#,
+            escape(&ha.instance),
+            ha.role,
+            escape(ha.leader.as_deref().unwrap_or("none (no lease holder)")),
+            ha.epoch
+        );
+    }
 
     // budgets
     body.push_str("<h2>Power against budget</h2>");

@@ -140,6 +140,28 @@ impl Schedulers {
         })
     }
 
+    /// No scheduler: what a follower holds (with `[ha]`); reads nothing.
+    pub fn idle() -> Self {
+        let (_, writes) = store_link::link();
+        Schedulers {
+            reconcilers: Vec::new(),
+            writes,
+            webhook: None,
+            kube_hooks: None,
+            jobs: Vec::new(),
+            polls: BTreeMap::new(),
+            lifecycles: Lifecycles {
+                jobs: BTreeMap::new(),
+            },
+            transitions: 0,
+            recent: VecDeque::new(),
+            requeues: BTreeMap::new(),
+            next_requeue: 1,
+            acks: VecDeque::new(),
+            acks_total: 0,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.reconcilers.is_empty() && self.webhook.is_none()
     }

@@ -150,6 +150,16 @@ pub fn spawn_mqtt(
                     for r in &decoded.rejects {
                         tally.add(r.reason, 1);
                     }
+                    if let Some(r) = &decoded.rebirth {
+                        tally.add(
+                            if r.sent {
+                                crate::admit::REBIRTH_SENT
+                            } else {
+                                crate::admit::REBIRTH_HELD
+                            },
+                            1,
+                        );
+                    }
                     buffer.push(
                         gate.admit(decoded.samples, "mqtt"),
                         gate.admit_dead(decoded.dead, "mqtt"),

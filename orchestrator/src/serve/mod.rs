@@ -77,7 +77,13 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     // every IO edge runs on this runtime (see crate::runtime); the control loop runs
     // on this thread and never awaits an edge
     let runtime = crate::runtime::Runtime::new(4)?;
-    let store = open_store(&cfg.store, &base, Some(runtime.handle()))?;
+    let mut store = open_store(&cfg.store, &base, Some(runtime.handle()))?;
+    // with [ha], a replica starts as a follower: fenced at epoch 0, no scheduler open,
+    // nothing commanded, until the election makes it the leader (see crate::ha)
+    let ha = start_ha(&cfg, &base)?;
+    if ha.is_some() {
+        store.set_fence(Some(0));
+    }
     let backend = store.backend_name();
     let mut control = ControlLoop::restore(
         site.clone(),
@@ -92,15 +98,22 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         jobs = control.registry().len(),
         "restored from the store"
     );
-    // each scheduler adapter reconciles on a thread of its own (see crate::schedulers)
-    let schedulers = Schedulers::open(
-        cfg.schedulers.as_ref(),
-        &base,
-        control.store(),
-        cfg.controller.tick_s,
-        runtime.handle(),
-        runtime.shutdown.clone(),
-    )?;
+    if ha.is_some() {
+        control.set_records(false);
+    }
+    // each scheduler adapter reconciles on a thread of its own (see crate::schedulers);
+    // with [ha] they open when this replica takes over
+    let schedulers = match ha {
+        Some(_) => Schedulers::idle(),
+        None => Schedulers::open(
+            cfg.schedulers.as_ref(),
+            &base,
+            control.store(),
+            cfg.controller.tick_s,
+            runtime.handle(),
+            runtime.shutdown.clone(),
+        )?,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
@@ -140,6 +153,8 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     )?;
     threads.extend(actuation.thread);
     let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
+    board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
+    let hooks = crate::http::Hooks::new(schedulers.inbox(), schedulers.kube_hooks());
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
             cfg.http
@@ -159,8 +174,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
             metrics_public: h.metrics_public,
             status_page_public: h.status_page_public,
             refresh_s: h.refresh_s.max(1),
-            events: schedulers.inbox(),
-            kubernetes: schedulers.kube_hooks(),
+            hooks: hooks.clone(),
             stats: Default::default(),
         };
         crate::http::serve(h, &base, api, &runtime)?;
@@ -172,6 +186,15 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         cfg,
         control,
         schedulers,
+        leader: Leader {
+            ha,
+            epoch: None,
+            fleet: actuation.fleet.clone(),
+            hooks,
+            base: base.clone(),
+            handle: runtime.handle(),
+            shutdown: runtime.shutdown.clone(),
+        },
         actuator: actuation.actuator,
         buffer,
         gate,
@@ -203,6 +226,46 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     notify.stopping();
     stop.store(true, Ordering::Relaxed);
     serve.stop(runtime, threads)
+}
+
+/// The leader election, with `[ha]` enabled (the store must be Redis).
+fn start_ha(cfg: &Config, base: &Path) -> Result<Option<crate::ha::Ha>> {
+    let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
+        return Ok(None);
+    };
+    let StoreConfig::Redis(r) = &cfg.store else {
+        anyhow::bail!(
+            "[ha] needs [store] kind = \"redis\": the embedded store serves one controller"
+        );
+    };
+    let deadline = Duration::from_secs_f64(r.timeout_s.max(0.1));
+    Ok(Some(crate::ha::spawn(
+        h,
+        &r.url(base)?,
+        &r.prefix,
+        deadline,
+    )?))
+}
+
+/// With `[ha]`: what this replica holds as leader, and what it needs to take over.
+struct Leader {
+    ha: Option<crate::ha::Ha>,
+    /// The epoch the last tick acted under (`None`: a follower).
+    epoch: Option<u64>,
+    fleet: Option<Arc<Mutex<crate::fleet::Fleet>>>,
+    hooks: crate::http::Hooks,
+    base: std::path::PathBuf,
+    handle: tokio::runtime::Handle,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+/// What a follower hands its actuator: nothing is commanded.
+struct Standby;
+
+impl crate::control::Actuator for Standby {
+    fn apply(&mut self, _: &policies::State, _: telemetry::Timestamp) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The board the API reads, with the policy file as it is now, and its watcher.
@@ -239,6 +302,7 @@ struct Serve {
     cfg: Config,
     control: ControlLoop,
     schedulers: Schedulers,
+    leader: Leader,
     actuator: Box<dyn crate::control::Actuator>,
     buffer: Arc<Buffer>,
     gate: Arc<crate::admit::Gate>,
@@ -288,11 +352,15 @@ impl Serve {
         }
         // schedulers: their jobs in, the holds in force out (see crate::schedulers);
         // neither waits on a scheduler
+        let acting = self.follow_election();
         let jobs = self.schedulers.jobs();
-        let report = self
-            .control
-            .tick(now, samples, jobs, self.actuator.as_mut());
-        if !self.schedulers.is_empty() {
+        let actuator: &mut dyn crate::control::Actuator = if acting {
+            self.actuator.as_mut()
+        } else {
+            &mut Standby
+        };
+        let report = self.control.tick(now, samples, jobs, actuator);
+        if acting && !self.schedulers.is_empty() {
             let actuated = self.control.actuated().clone();
             self.schedulers
                 .apply(&actuated, &report.decisions, now, self.control.store());
@@ -311,6 +379,111 @@ impl Serve {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
         self.cadence.end();
+    }
+
+    /// With `[ha]`: follows the election (taking over, stepping down) and says whether
+    /// this tick may actuate; a follower mirrors the leader's committed state.
+    fn follow_election(&mut self) -> bool {
+        let Some(ha) = &self.leader.ha else {
+            return true;
+        };
+        match ha.gate.state() {
+            crate::ha::GateState::Acting(epoch) => {
+                if self.leader.epoch != Some(epoch) {
+                    self.take_over(epoch);
+                }
+            }
+            // this term's lease cannot be read: no effect this tick, the term kept
+            crate::ha::GateState::Suspended(epoch) if self.leader.epoch == Some(epoch) => {
+                return false;
+            }
+            crate::ha::GateState::Suspended(_) | crate::ha::GateState::Following => {
+                if self.leader.epoch.is_some() {
+                    self.step_down();
+                }
+            }
+        }
+        if self.leader.epoch.is_none() {
+            if let Err(e) = self.control.resume_from_store() {
+                tracing::debug!(error = %e, "follower: cannot read the leader's state");
+            }
+        }
+        self.leader.epoch.is_some()
+    }
+
+    /// Elected: restore from the store under the new epoch, open the schedulers (their
+    /// holds and outbox as the last leader left them), and command every agent anew.
+    fn take_over(&mut self, epoch: u64) {
+        let started = std::time::Instant::now();
+        // a term that ended and a new one begun between two ticks
+        if self.leader.epoch.is_some() {
+            self.step_down();
+        }
+        let store = self.control.store();
+        store.set_fence(Some(epoch));
+        let opened = self
+            .control
+            .resume_from_store()
+            .map_err(anyhow::Error::from)
+            .and_then(|()| {
+                Schedulers::open(
+                    self.cfg.schedulers.as_ref(),
+                    &self.leader.base,
+                    self.control.store(),
+                    self.cfg.controller.tick_s,
+                    self.leader.handle.clone(),
+                    self.leader.shutdown.clone(),
+                )
+            });
+        let schedulers = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                // not restored: act next tick, if still the leader
+                warn!(epoch, error = %e, "elected, but cannot restore from the store; not acting yet");
+                self.control.store().set_fence(Some(0));
+                return;
+            }
+        };
+        self.schedulers = schedulers;
+        self.leader
+            .hooks
+            .set(self.schedulers.inbox(), self.schedulers.kube_hooks());
+        if let Some(f) = &self.leader.fleet {
+            f.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .set_epoch(Some(epoch));
+        }
+        let instance = self
+            .cfg
+            .ha
+            .as_ref()
+            .map(|h| h.instance())
+            .unwrap_or_default();
+        self.control.set_records(true);
+        self.control.set_origin(Some((instance.clone(), epoch)));
+        self.leader.epoch = Some(epoch);
+        info!(
+            instance = %instance,
+            epoch,
+            caps = self.control.state().caps.len(),
+            holds = self.control.state().holds.len(),
+            jobs = self.control.registry().len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "leader: restored from the store; actuating"
+        );
+    }
+
+    /// Deposed (or the lease cannot be read): stop actuating at once; the schedulers
+    /// finish their pass (fenced: nothing of it lands once another leads) and close.
+    fn step_down(&mut self) {
+        let was = self.leader.epoch.take();
+        let mut old = std::mem::replace(&mut self.schedulers, Schedulers::idle());
+        old.stop(self.control.store(), Duration::from_secs(2));
+        self.leader.hooks.set(None, None);
+        self.control.store().set_fence(Some(0));
+        self.control.set_records(false);
+        self.control.set_origin(None);
+        warn!(epoch = ?was, "not the leader (deposed, or the lease cannot be read): actuation stopped");
     }
 
     /// The tick, copied for the API and `/metrics`.
@@ -377,7 +550,15 @@ impl Serve {
         for t in threads {
             let _ = t.join();
         }
-        self.control.finish(wall_clock())?;
+        // a follower has nothing of its own to close; a leader closes the ledger
+        // interval, then gives the lease back so that a follower takes over at once
+        let follower = self.leader.ha.is_some() && self.leader.epoch.is_none();
+        if !follower {
+            self.control.finish(wall_clock())?;
+        }
+        if let Some(ha) = &mut self.leader.ha {
+            ha.stop();
+        }
         runtime.stop(crate::runtime::DEFAULT_GRACE);
         let c = &self.control.counters;
         info!(

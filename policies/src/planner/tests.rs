@@ -24,6 +24,7 @@ fn job(id: &str, gpus: u32, hours: f64, latest_h: f64) -> PlanJob {
         watts: f64::from(gpus) * 300.0,
         duration_s: hours * 3600.0,
         latest_start: t(latest_h),
+        delay_cost_per_s: 0.0,
     }
 }
 
@@ -218,5 +219,59 @@ proptest! {
         a.sort_by(|x, y| x.id.cmp(&y.id));
         b.sort_by(|x, y| x.id.cmp(&y.id));
         prop_assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn a_later_start_is_taken_only_when_its_saving_beats_the_cost_of_the_delay() {
+    // 1 GPU at 300 W for an hour: 0.3 kWh; waiting 3 h saves 0.25 per kWh: 0.075
+    let price = hourly(&[0.30, 0.30, 0.30, 0.05, 0.30, 0.30]);
+    let mut j = job("a", 1, 1.0, 4.0);
+    let s = plan(&[j.clone()], &[], ROOMY, &price, HOURLY, t(0.0));
+    assert_eq!(s.placements[0].start, t(3.0));
+    assert!((s.placements[0].saving - 0.075).abs() < 1e-9, "{s:?}");
+    // a delay cost of 0.02 per GPU-hour: 3 h cost 0.06 < 0.075, still worth it
+    j.delay_cost_per_s = 0.02 / 3600.0;
+    let s = plan(&[j.clone()], &[], ROOMY, &price, HOURLY, t(0.0));
+    assert_eq!(s.placements[0].start, t(3.0));
+    assert!((s.placements[0].delay_cost - 0.06).abs() < 1e-9);
+    // 0.03 per GPU-hour: 3 h cost 0.09 > 0.075: it starts now
+    j.delay_cost_per_s = 0.03 / 3600.0;
+    let s = plan(&[j], &[], ROOMY, &price, HOURLY, t(0.0));
+    assert_eq!(s.placements[0].start, t(0.0));
+    assert_eq!(s.placements[0].saving, 0.0);
+}
+
+proptest! {
+    /// A job that could start now is planned later only when the expected saving of
+    /// the later start exceeds what the delay costs.
+    #[test]
+    fn a_hold_is_placed_only_when_its_saving_exceeds_its_delay_cost(
+        specs in arb_jobs(),
+        prices in proptest::collection::vec(0.0f64..0.6, 1..40),
+        delay_per_gpu_h in 0.0f64..0.2,
+        cap_gpus in 8u32..40,
+    ) {
+        let price = hourly(&prices);
+        let jobs: Vec<PlanJob> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, (g, hours, latest))| PlanJob {
+                delay_cost_per_s: delay_per_gpu_h * f64::from(*g) / 3600.0,
+                ..job(&format!("j{i:02}"), *g, *hours, *latest)
+            })
+            .collect();
+        let cap = Capacity { gpus: cap_gpus, power_w: 1e9 };
+        let h = Horizon { slot_s: 900.0, horizon_s: 36.0 * 3600.0 };
+        let now = t(0.0);
+        let s = plan(&jobs, &[], cap, &price, h, now);
+        for (j, p) in jobs.iter().zip(&s.placements) {
+            if p.start > now && p.fits_now {
+                prop_assert!(p.saving > p.delay_cost - 1e-9, "{:?} {:?}", j, p);
+                let delay_h = p.start.secs_since(now) / 3600.0;
+                let cost = delay_per_gpu_h * f64::from(j.gpus) * delay_h;
+                prop_assert!((p.delay_cost - cost).abs() < 1e-9);
+            }
+        }
     }
 }

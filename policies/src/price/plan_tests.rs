@@ -392,3 +392,83 @@ proptest! {
         prop_assert_eq!(misses, 0);
     }
 }
+
+#[test]
+fn a_hold_shows_its_saving_and_delay_cost_and_a_costly_delay_is_not_taken() {
+    let site = site();
+    let fc = forecast(&day_prices(3), false);
+    let mut pol = policy(PriceMode::Plan);
+    // 05:00 (0.13) → 13:00 (0.02): 4 GPUs × 350 W for an hour, 1.4 kWh × 0.11 = 0.154
+    let now = t(5.0);
+    let jobs = vec![waiting("a", 4, 1.0, now, 20.0)];
+    pol.price.delay_cost_per_gpu_hour = 0.001; // 8 h × 4 GPUs: 0.032
+    let plan = step(&site, &jobs, &State::default(), &pol, &fc, now);
+    let hold = &plan.state.holds["a"];
+    assert!(
+        hold.reason.contains("expected saving") && hold.reason.contains("> delay cost 0.032"),
+        "{}",
+        hold.reason
+    );
+    assert_eq!(plan.planned_starts.get("a"), Some(&t(13.0)));
+    // 0.05 per GPU-hour: waiting 8 h costs 1.6, far more than it saves, and no
+    // shorter wait is worth it either at this rate: it starts now
+    pol.price.delay_cost_per_gpu_hour = 0.05;
+    let plan = step(&site, &jobs, &State::default(), &pol, &fc, now);
+    assert!(plan.state.holds.is_empty(), "{:?}", plan.state.holds);
+    assert!(plan.planned_starts.is_empty());
+    // max_slowdown 3: it must end within 3 h of its submission, so it may start by
+    // 07:00; 06:00 (0.18) is dearer than now (0.13): it starts now
+    pol.price.delay_cost_per_gpu_hour = 0.0;
+    pol.price.max_slowdown = Some(3.0);
+    let plan = step(&site, &jobs, &State::default(), &pol, &fc, now);
+    assert!(plan.state.holds.is_empty(), "{:?}", plan.state.holds);
+}
+
+proptest! {
+    /// Released work never takes the facility above the peak target: held jobs whose
+    /// planned start has come are released only while the target has room.
+    #[test]
+    fn released_work_never_makes_a_peak_above_the_target(
+        gpus in proptest::collection::vec(1u32..5, 1..16),
+        target_kw in 1.5f64..8.0,
+    ) {
+        let site = site();
+        let fc = forecast(&vec![0.10; 72], false);
+        let mut pol = policy(PriceMode::Plan);
+        pol.budget.enabled = true;
+        pol.price.peak_target_kw = Some(target_kw);
+        let now = t(5.0);
+        let mut prior = State::default();
+        let jobs: Vec<Job> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let mut j = waiting(&format!("j{i:02}"), *g, 1.0, t(0.0), 30.0);
+                j.state = JobState::Held;
+                prior.holds.insert(
+                    j.id.clone(),
+                    crate::Hold {
+                        rule: "price.defer".into(),
+                        since: t(0.0),
+                        lease_until: now + 600.0,
+                        reason: "test".into(),
+                    },
+                );
+                j
+            })
+            .collect();
+        let plan = step(&site, &jobs, &prior, &pol, &fc, now);
+        // the snapshot's facility draws 1,280 W; a busy A40 with its node share 350 W
+        let released: f64 = jobs
+            .iter()
+            .filter(|j| !plan.state.holds.contains_key(&j.id))
+            .map(|j| f64::from(j.gpus) * 350.0)
+            .sum();
+        prop_assert!(
+            1280.0 + released <= target_kw * 1000.0 + 1e-6,
+            "released {} W under a {} kW target",
+            released,
+            target_kw
+        );
+    }
+}

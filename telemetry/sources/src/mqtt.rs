@@ -54,6 +54,15 @@ pub struct MqttConfig {
     /// `"3.1.1"` (the default) or `"5"`.
     #[serde(default = "default_protocol")]
     pub protocol: String,
+    /// Sparkplug B: the least time between two rebirth requests (NCMD `Node
+    /// Control/Rebirth`) to one edge node, sent on data before its birth, a sequence
+    /// gap or an alias its birth did not name; 0 sends none.
+    #[serde(default = "default_rebirth_interval")]
+    pub rebirth_interval_s: f64,
+}
+
+fn default_rebirth_interval() -> f64 {
+    30.0
 }
 
 fn default_protocol() -> String {
@@ -102,6 +111,7 @@ impl MqttConfig {
             shared_group: None,
             tls: None,
             protocol: default_protocol(),
+            rebirth_interval_s: default_rebirth_interval(),
         }
     }
 }
@@ -146,6 +156,39 @@ pub struct Counters {
     pub rejects: BTreeMap<&'static str, u64>,
     pub connects: u64,
     pub disconnects: u64,
+    /// Sparkplug rebirth requests sent, and those held back by `rebirth_interval_s`.
+    pub rebirths_sent: u64,
+    pub rebirths_held: u64,
+}
+
+/// When each edge node was last asked for a rebirth; at most
+/// [`telemetry::sparkplug::MAX_NODES`] remembered (a publisher of made-up node names
+/// gets no requests once it is full of recent ones).
+#[derive(Debug, Default)]
+struct Rebirths {
+    last: BTreeMap<(String, String), Instant>,
+}
+
+impl Rebirths {
+    fn allow(&mut self, group: &str, node: &str, every: Duration, now: Instant) -> bool {
+        if every.is_zero() {
+            return false;
+        }
+        let key = (group.to_string(), node.to_string());
+        if let Some(t) = self.last.get(&key) {
+            if now.duration_since(*t) < every {
+                return false;
+            }
+        }
+        if self.last.len() >= telemetry::sparkplug::MAX_NODES {
+            self.last.retain(|_, t| now.duration_since(*t) < every);
+            if self.last.len() >= telemetry::sparkplug::MAX_NODES {
+                return false;
+            }
+        }
+        self.last.insert(key, now);
+        true
+    }
 }
 
 pub struct MqttSource {
@@ -156,6 +199,7 @@ pub struct MqttSource {
     tls: Option<Arc<rustls::ClientConfig>>,
     filters: Vec<String>,
     pub counters: Counters,
+    rebirths: Rebirths,
 }
 
 impl MqttSource {
@@ -194,6 +238,7 @@ impl MqttSource {
             tls,
             filters,
             counters: Counters::default(),
+            rebirths: Rebirths::default(),
         })
     }
 
@@ -231,9 +276,10 @@ impl MqttSource {
                 }
                 Step::Publish { topic, payload } => {
                     self.counters.messages += 1;
-                    let decoded = if payload.len() > self.cfg.max_packet_bytes {
+                    let mut decoded = if payload.len() > self.cfg.max_packet_bytes {
                         Decoded {
                             dead: Vec::new(),
+                            rebirth: None,
                             samples: Vec::new(),
                             rejects: vec![Reject {
                                 reason: "oversize",
@@ -247,6 +293,9 @@ impl MqttSource {
                     } else {
                         self.decoder.decode(&topic, &payload, &source, clock())
                     };
+                    if let Some(r) = decoded.rebirth.as_mut() {
+                        self.rebirth(&conn, r, clock(), &mut limiter);
+                    }
                     self.counters.samples += decoded.samples.len() as u64;
                     for r in &decoded.rejects {
                         *self.counters.rejects.entry(r.reason).or_default() += 1;
@@ -280,6 +329,41 @@ impl MqttSource {
             }
         }
         conn.disconnect();
+    }
+}
+
+impl MqttSource {
+    /// Asks an edge node for its births again, at most once per `rebirth_interval_s`.
+    fn rebirth(
+        &mut self,
+        conn: &Conn,
+        r: &mut telemetry::mapping::Rebirth,
+        now: Timestamp,
+        limiter: &mut telemetry::log_limit::LogLimiter,
+    ) {
+        let every = Duration::from_secs_f64(self.cfg.rebirth_interval_s.clamp(0.0, 86_400.0));
+        if !self
+            .rebirths
+            .allow(&r.group, &r.node, every, Instant::now())
+        {
+            self.counters.rebirths_held += 1;
+            return;
+        }
+        let topic = telemetry::sparkplug::command_topic(&r.group, &r.node);
+        let ms = u64::try_from(now.0).unwrap_or(0);
+        match conn.publish(&topic, telemetry::sparkplug::rebirth_request(ms)) {
+            Ok(()) => {
+                r.sent = true;
+                self.counters.rebirths_sent += 1;
+                if let Some(left_out) = limiter.allow("rebirth", Instant::now()) {
+                    info!(group = %r.group, node = %r.node, left_out, "sparkplug rebirth requested");
+                }
+            }
+            Err(e) => {
+                self.counters.rebirths_held += 1;
+                warn!(topic = %topic, error = %e, "sparkplug rebirth request not queued");
+            }
+        }
     }
 }
 
@@ -459,6 +543,23 @@ impl Conn {
                     },
                 }
             }
+        }
+    }
+
+    /// Queues a QoS 0 publish without blocking (a full request queue refuses it).
+    fn publish(&self, topic: &str, payload: Vec<u8>) -> Result<(), String> {
+        match self {
+            Conn::V4(c, ..) => c
+                .try_publish(topic, QoS::AtMostOnce, false, payload)
+                .map_err(|e| e.to_string()),
+            Conn::V5(c, ..) => c
+                .try_publish(
+                    topic,
+                    rumqttc::v5::mqttbytes::QoS::AtMostOnce,
+                    false,
+                    payload,
+                )
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -750,6 +851,28 @@ fn parse_url(url: &str) -> Result<(String, u16, bool), MqttConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rebirth_requests_are_rate_limited_per_node_and_can_be_switched_off() {
+        let mut r = Rebirths::default();
+        let t0 = Instant::now();
+        let every = Duration::from_secs(30);
+        assert!(r.allow("g", "gw1", every, t0));
+        assert!(!r.allow("g", "gw1", every, t0 + Duration::from_secs(5)));
+        assert!(r.allow("g", "gw2", every, t0 + Duration::from_secs(5)));
+        assert!(r.allow("g", "gw1", every, t0 + Duration::from_secs(31)));
+        assert!(!r.allow("g", "gw3", Duration::ZERO, t0));
+        let mut full = Rebirths::default();
+        for i in 0..telemetry::sparkplug::MAX_NODES {
+            full.last.insert(("g".into(), format!("n{i}")), t0);
+        }
+        assert!(!full.allow("g", "new", every, t0 + Duration::from_secs(1)));
+        assert!(
+            full.allow("g", "new", every, t0 + Duration::from_secs(40)),
+            "old ones forgotten"
+        );
+        assert_eq!(full.last.len(), 1);
+    }
 
     #[test]
     fn urls_name_host_and_port() {

@@ -28,6 +28,7 @@ each = "/outlets"
 entity = "outlet/{pdu}.{/name}"
 metric = "power_w"
 value = "/watts"
+parse_strings = true                  # this gateway sends some numbers as strings
 
 [[json]]
 topic = "dc1/raw/{rack}/power"
@@ -135,12 +136,12 @@ fn bad_messages_are_rejected_with_a_reason_and_never_panic() {
         (
             "dc1/hall1/a01/inlet",
             br#"{"value": "hot", "ts": 1717416000}"#,
-            "not_a_number",
+            "wrong_type",
         ),
         (
             "dc1/hall1/a01/inlet",
             br#"{"value": [1], "ts": 1717416000}"#,
-            "not_a_number",
+            "wrong_type",
         ),
         (
             "dc1/hall1/a01/inlet",
@@ -270,4 +271,37 @@ value = "/wet"
     );
     assert!(d.samples.is_empty(), "true is not 1 °F: {:?}", d.samples);
     assert_eq!(d.rejects[0].reason, "wrong_type");
+}
+
+#[test]
+fn a_string_or_an_object_is_a_number_only_where_the_mapping_says_so() {
+    let strict = mapping();
+    for payload in [
+        &br#"{"value": "80.6", "ts": 1717416000}"#[..],
+        br#"{"value": {"v": 80.6}, "ts": 1717416000}"#,
+    ] {
+        let d = strict.decode("dc1/hall1/a01/inlet", payload, "mqtt", now());
+        assert!(d.samples.is_empty(), "{:?}", d.samples);
+        assert_eq!(d.rejects[0].reason, "wrong_type", "{:?}", d.rejects);
+    }
+    let src = r#"version = 1
+[[json]]
+topic = "gw/{rack}"
+entity = "rack/{rack}"
+parse_strings = true
+readings = [
+  { metric = "inlet_temp_c", value = "/t" },
+  { metric = "humidity_pct", value = "/h", parse_strings = false },
+]
+"#;
+    let m = Mapping::parse("m.toml", src).expect("mapping");
+    let d = m.decode("gw/a01", br#"{"t": " 24.5 ", "h": "40"}"#, "mqtt", now());
+    assert_eq!(
+        d.samples.iter().map(|s| s.value).collect::<Vec<_>>(),
+        vec![24.5]
+    );
+    assert_eq!(d.rejects.len(), 1);
+    assert_eq!(d.rejects[0].reason, "wrong_type");
+    let d = m.decode("gw/a01", br#"{"t": "warm"}"#, "mqtt", now());
+    assert_eq!(d.rejects[0].reason, "not_a_number");
 }

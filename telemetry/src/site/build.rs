@@ -433,9 +433,11 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
             .map(|n| (0..n.gpus).map(|i| EntityId::gpu(&n.id, i)).collect())
             .collect(),
         nodes,
+        redfish: Vec::new(),
         ids: Default::default(),
     };
     site.ids = super::SiteIds::build(&site);
+    site.redfish = super::redfish::build(&raw.redfish, &site.entities(), c);
     site
 }
 

@@ -32,6 +32,9 @@ pub(super) struct RawSite {
     pub(super) nodes: Vec<RawNode>,
     #[serde(default)]
     pub(super) tariff: Option<RawTariff>,
+    /// Redfish readings bound to site entities.
+    #[serde(default)]
+    pub(super) redfish: Vec<super::redfish::RawBinding>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -20,8 +20,14 @@
 //!   HTTP side driven at R req/s (`/metrics` and `/api/v1/status`) over N keep-alive
 //!   connections; p50/p99/max latency and errors (see `bench/http.rs`).
 //!
+//! - `bench failover [--runs N] [--replicas R]`: `kill -9` of the `[ha]` leader among R
+//!   release `serve` replicas on a Redis of its own, N times: the time until the next
+//!   leader's first tick, median and max, and the ticks lost (see `bench/failover.rs`).
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
 
+#[path = "bench/failover.rs"]
+mod failover;
 #[path = "bench/http.rs"]
 mod http;
 
@@ -290,6 +296,7 @@ fn bench_agent() {
                     watts: Some(if n % 2 == 0 { 250.0 } else { 200.0 }),
                     percent: None,
                 },
+                epoch: None,
             };
             link.publish(
                 &topics.topic("bench-n1", Channel::Cmd),
@@ -405,9 +412,10 @@ fn main() {
         Some("agent") => bench_agent(),
         Some("engine") => bench_engine(),
         Some("http") => http::bench_http(),
+        Some("failover") => failover::run(arg("--runs", 20), arg("--replicas", 3)),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R]"
             );
             std::process::exit(2);
         }

@@ -7,6 +7,7 @@ const VERSION: u8 = 1;
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const APPEND: u8 = 3;
+const FENCE: u8 = 4;
 
 pub fn encode(batch: &Batch) -> Vec<u8> {
     let mut out = vec![VERSION];
@@ -35,6 +36,10 @@ pub fn encode(batch: &Batch) -> Vec<u8> {
                 out.push(APPEND);
                 field(&mut out, log.as_bytes());
                 field(&mut out, value);
+            }
+            Op::Fence { epoch } => {
+                out.push(FENCE);
+                field(&mut out, &epoch.to_le_bytes());
             }
         }
     }
@@ -93,6 +98,15 @@ pub fn decode(bytes: &[u8]) -> Result<Batch, String> {
                 log: r.text()?,
                 value: r.bytes()?.to_vec(),
             },
+            FENCE => {
+                let b: [u8; 8] = r
+                    .bytes()?
+                    .try_into()
+                    .map_err(|_| "fence epoch is not 8 bytes".to_string())?;
+                Op::Fence {
+                    epoch: u64::from_le_bytes(b),
+                }
+            }
             t => return Err(format!("unknown op tag {t}")),
         });
     }

@@ -101,6 +101,13 @@ impl Journaled {
                 Err(e) => break Err(e),
             };
             match self.inner.commit_once(self.journal.writer(), seq, &batch) {
+                // written by a leader since deposed: it must not land, now or later
+                Err(StoreError::Fenced { epoch, .. }) => {
+                    warn!(
+                        seq,
+                        epoch, "journaled batch of a deposed leader dropped (fenced)"
+                    );
+                }
                 Ok(applied) => {
                     if !applied {
                         StoreHealth::count(&self.health.duplicates_skipped);
@@ -201,8 +208,14 @@ impl Backend for Journaled {
             _ => self.replay(),
         };
         let taken = older.and_then(|()| self.inner.commit_once(self.journal.writer(), seq, batch));
-        if let Err(failed) = taken {
-            self.journal(seq, batch, &failed)?;
+        match taken {
+            Ok(_) => {}
+            // a newer leader holds the store: nothing to keep for later
+            Err(e @ StoreError::Fenced { .. }) => {
+                self.next_seq += 1;
+                return Err(e);
+            }
+            Err(failed) => self.journal(seq, batch, &failed)?,
         }
         self.next_seq += 1;
         Ok(Vec::new())

@@ -35,8 +35,18 @@ fn members(v: &Value) -> Vec<String> {
 /// hostile) gets the first ones read and an `oversize` reject.
 pub const MAX_MEMBERS: usize = 1024;
 
+/// The most resources one discovery reads for the site's bindings.
+pub const MAX_BOUND_RESOURCES: usize = 2048;
+
 fn item(kind: Kind, entity: &EntityId, path: String, value: Value) -> Item {
     Item::new(kind, entity, path, &value)
+}
+
+/// What a collection GET with `$expand` gave.
+enum Expanded {
+    Members(Vec<(String, Value)>),
+    Links(Vec<String>),
+    Refused,
 }
 
 /// One walk's fetching: the GETs it sent, the resources that failed.
@@ -132,10 +142,15 @@ impl<'a> Fetch<'a> {
         let Some(coll) = self.try_get(&path).await else {
             return Vec::new();
         };
-        let mut m = members(&coll);
+        self.capped_members(&path, &coll)
+    }
+
+    /// A collection's member links, at most [`MAX_MEMBERS`] (more is `oversize`).
+    fn capped_members(&self, path: &str, coll: &Value) -> Vec<String> {
+        let mut m = members(coll);
         if m.len() > MAX_MEMBERS {
             let e = self.ep.fail(
-                &path,
+                path,
                 "oversize",
                 None,
                 format!("{} members listed; the first {MAX_MEMBERS} read", m.len()),
@@ -147,11 +162,22 @@ impl<'a> Fetch<'a> {
         m
     }
 
-    /// The members of `parent`'s collection `key`, fetched in parallel, in order.
+    /// The members of `parent`'s collection `key`, in order: in one GET with `$expand`
+    /// where the service offers it, else fetched in parallel.
     async fn collection(&self, parent: &Value, key: &str) -> Vec<(String, Value)> {
+        let Some(path) = link(parent, key) else {
+            return Vec::new();
+        };
+        let links = match self.ep.expand_query() {
+            Some(q) => match self.expanded(&path, q).await {
+                Expanded::Members(m) => return m,
+                Expanded::Links(l) => l,
+                Expanded::Refused => self.member_links(parent, key).await,
+            },
+            None => self.member_links(parent, key).await,
+        };
         join_all(
-            self.member_links(parent, key)
-                .await
+            links
                 .into_iter()
                 .map(|m| async move { self.try_get(&m).await.map(|v| (m, v)) }),
         )
@@ -161,23 +187,74 @@ impl<'a> Fetch<'a> {
         .collect()
     }
 
-    /// The members of `parent`'s collection `key`, each read into an item as it
-    /// arrives, in order.
+    /// One GET of a collection with `$expand`: its members inline, or (a service that
+    /// ignores the query) only their links, or refused (then never asked again).
+    async fn expanded(&self, path: &str, query: &str) -> Expanded {
+        if self
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return Expanded::Refused;
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let got = if self.background {
+            let _permit = self.ep.background.acquire().await;
+            self.ep.get_uncounted(&format!("{path}{query}")).await
+        } else {
+            self.ep.get_uncounted(&format!("{path}{query}")).await
+        };
+        let coll = match got {
+            Ok(c) => c,
+            Err(e) if e.is_fatal() => {
+                self.ep.counters.failure(e.failure());
+                self.fatal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                return Expanded::Refused;
+            }
+            // a refused query is no failure of the service: read member by member
+            Err(_) => {
+                self.ep.expand_refused();
+                return Expanded::Refused;
+            }
+        };
+        let links = self.capped_members(path, &coll);
+        let inline: Vec<(String, Value)> = coll
+            .get("Members")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .take(MAX_MEMBERS)
+            .filter_map(|m| {
+                let id = m.get("@odata.id")?.as_str()?;
+                // an expanded member is the resource itself, not just its link
+                let full = m.as_object().is_some_and(|o| o.len() > 1);
+                full.then(|| (id.to_string(), m.clone()))
+            })
+            .collect();
+        if !links.is_empty() && inline.len() == links.len() {
+            Expanded::Members(inline)
+        } else {
+            if !links.is_empty() {
+                self.ep.expand_refused();
+            }
+            Expanded::Links(links)
+        }
+    }
+
+    /// The members of `parent`'s collection `key`, each read into an item, in order.
     async fn read_members<F>(&self, parent: &Value, key: &str, to_item: F) -> Vec<Item>
     where
         F: Fn(String, Value) -> Item,
     {
-        let to_item = &to_item;
-        join_all(
-            self.member_links(parent, key)
-                .await
-                .into_iter()
-                .map(|m| async move { self.try_get(&m).await.map(|v| to_item(m, v)) }),
-        )
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+        self.collection(parent, key)
+            .await
+            .into_iter()
+            .map(|(m, v)| to_item(m, v))
+            .collect()
     }
 
     /// The resource `parent` links as `key`, as an item (none when missing or failed).
@@ -195,15 +272,63 @@ impl<'a> Fetch<'a> {
     /// answering mid-walk fails the walk (a partial tree is not kept as the plan).
     pub(super) async fn discover(&self) -> Result<Vec<Item>, RedfishError> {
         let root = self.get("/redfish/v1").await?;
-        let (chassis, power, thermal) = futures_util::join!(
-            self.chassis(&root),
-            self.power_equipment(&root),
-            self.thermal_equipment(&root)
-        );
+        self.ep.learn_expand(&root);
+        let tree = async {
+            if !self.ep.cfg.walks_tree() {
+                return Vec::new();
+            }
+            let (chassis, power, thermal) = futures_util::join!(
+                self.chassis(&root),
+                self.power_equipment(&root),
+                self.thermal_equipment(&root)
+            );
+            [chassis, power, thermal].concat()
+        };
+        let (tree, bound) = futures_util::join!(tree, self.bound());
         if let Some(e) = self.take_fatal() {
             return Err(e);
         }
-        Ok(chassis.into_iter().chain(power).chain(thermal).collect())
+        Ok(tree.into_iter().chain(bound).collect())
+    }
+
+    /// The resources the site's bindings name: an exact path is read as it is; a
+    /// pattern with wildcards is crawled from its literal start, following only the
+    /// links that may lead to a resource it names (at most [`MAX_BOUND_RESOURCES`]).
+    async fn bound(&self) -> Vec<Item> {
+        let binds = &self.ep.cfg.bind;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut next: Vec<String> = binds.iter().map(|b| b.resource.start()).collect();
+        let mut out = Vec::new();
+        let mut budget = MAX_BOUND_RESOURCES;
+        while !next.is_empty() && budget > 0 {
+            let level: Vec<String> = std::mem::take(&mut next)
+                .into_iter()
+                .filter(|p| seen.insert(p.clone()))
+                .take(budget)
+                .collect();
+            budget -= level.len();
+            let got = join_all(
+                level
+                    .iter()
+                    .map(|p| async move { self.try_get(p).await.map(|v| (p, v)) }),
+            )
+            .await;
+            for (p, v) in got.into_iter().flatten() {
+                next.extend(super::survey::follow(&v).into_iter().filter(|l| {
+                    binds.iter().any(|b| {
+                        let start = b.resource.start();
+                        let below = l
+                            .strip_prefix(start.as_str())
+                            .is_some_and(|r| r.starts_with('/'));
+                        !b.resource.is_exact() && below && b.resource.may_lead_to(l)
+                    })
+                }));
+                if binds.iter().any(|b| b.resource.matches(p)) {
+                    out.push(Item::bound(p.clone(), &v, binds));
+                }
+            }
+        }
+        out
     }
 
     /// The polls after discovery: only the resources that gave readings, all in
@@ -212,6 +337,9 @@ impl<'a> Fetch<'a> {
     pub(super) async fn replay(&self, plan: &[Read]) -> Result<Vec<Item>, RedfishError> {
         let got = try_join_all(plan.iter().map(|r| async move {
             match self.get(&r.path).await {
+                Ok(v) if r.kind == Kind::Bound => {
+                    Ok(Some(Item::bound(r.path.clone(), &v, &self.ep.cfg.bind)))
+                }
                 Ok(v) => Ok(Some(Item::reread(r.kind, &r.entity, r.path.clone(), &v))),
                 Err(e) if e.is_fatal() || e.is_gone() => Err(e),
                 Err(e) => {

@@ -10,11 +10,13 @@
 //! - `discover`: the async walk: independent GETs of one endpoint in parallel (up to
 //!   `per_endpoint`), dependent ones in order; the re-reads of what discovery found.
 //! - `walk`: readings out of the fetched resources, in walk order (pure).
+//! - [`bind`]: the site's `[[redfish]]` bindings applied to fetched resources (pure).
 //! - [`poll`]: the [`Poller`]: global concurrency, a deadline per poll, backoff with
 //!   jitter, discoveries in the background, the async loop for `serve`.
 //! - `task`: one endpoint's walk as a task: the re-reads of its plan, or a discovery.
 //! - [`stats`]: failures per endpoint and reason, poll durations, overruns.
 
+pub mod bind;
 mod discover;
 pub mod endpoint;
 pub mod extract;
@@ -32,7 +34,7 @@ use thiserror::Error;
 
 pub use crate::tls::Tls;
 pub use endpoint::Endpoint;
-pub use poll::{backoff, Options, Polled, Poller, StatsHandle, REDISCOVER_EVERY};
+pub use poll::{backoff, BindingReport, Options, Polled, Poller, StatsHandle, REDISCOVER_EVERY};
 pub use stats::EndpointStats;
 
 /// How to authenticate.
@@ -113,6 +115,20 @@ pub struct EndpointConfig {
     /// Unlisted resources are named `{name}.{id}`.
     #[serde(default)]
     pub entities: BTreeMap<String, String>,
+    /// The site file's `[[redfish]]` bindings of this endpoint (set when the config is
+    /// loaded, never written in the endpoint's own table). With bindings and no
+    /// `entities`, only the bound resources are read.
+    #[serde(skip)]
+    pub bind: Vec<telemetry::site::redfish::RedfishBinding>,
+    /// Read a collection's members in one GET (`$expand`) where the service root
+    /// advertises it (`ProtocolFeaturesSupported.ExpandQuery`); a service that then
+    /// refuses it or answers without the members is read member by member.
+    #[serde(default = "default_expand")]
+    pub expand: bool,
+}
+
+fn default_expand() -> bool {
+    true
 }
 
 fn default_timeout() -> f64 {
@@ -128,7 +144,15 @@ impl EndpointConfig {
             tls: Tls::default(),
             timeout_s: default_timeout(),
             entities: BTreeMap::new(),
+            bind: Vec::new(),
+            expand: default_expand(),
         }
+    }
+
+    /// Whether discovery walks the built-in tree (`Chassis`, `RackPDUs`, `CDUs`): always
+    /// but for an endpoint the site binds and that lists no `entities`.
+    pub fn walks_tree(&self) -> bool {
+        self.bind.is_empty() || !self.entities.is_empty()
     }
 }
 

@@ -69,6 +69,18 @@ pub struct Polled {
     pub requests: usize,
     /// Numeric readings, in the resources read, whose unit powerplane does not know.
     pub not_understood: usize,
+    /// What each of the site's bindings of this endpoint made of this poll.
+    pub bindings: Vec<BindingReport>,
+}
+
+/// One `[[redfish]]` binding after a poll: its sample, or why it has none, and the
+/// readings it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BindingReport {
+    /// Index into the endpoint's `bind`.
+    pub index: usize,
+    pub outcome: super::bind::Outcome,
+    pub used: Vec<super::bind::Matched>,
 }
 
 impl Polled {

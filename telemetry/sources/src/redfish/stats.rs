@@ -15,6 +15,8 @@ pub(super) struct Counters {
     overruns: AtomicU64,
     skipped: AtomicU64,
     not_understood: AtomicU64,
+    /// The site's bindings of this endpoint that its last discovery could not fill.
+    bindings_unfilled: AtomicU64,
     /// The last finished poll's duration, in microseconds (`u64::MAX`: none yet).
     last_poll_us: AtomicU64,
     backing_off: AtomicBool,
@@ -54,6 +56,11 @@ impl Counters {
         self.not_understood.fetch_add(n, Ordering::Relaxed);
     }
 
+    pub(super) fn bindings_unfilled(&self, n: usize) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.bindings_unfilled.store(n, Ordering::Relaxed);
+    }
+
     pub(super) fn polled(&self, took: Duration) {
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX - 1);
         self.last_poll_us.store(us, Ordering::Relaxed);
@@ -76,6 +83,7 @@ impl Counters {
             overruns: self.overruns.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
             not_understood: self.not_understood.load(Ordering::Relaxed),
+            bindings_unfilled: self.bindings_unfilled.load(Ordering::Relaxed),
             last_poll_s: (us != u64::MAX).then(|| us as f64 / 1e6),
             backing_off: self.backing_off.load(Ordering::Relaxed),
         }
@@ -98,6 +106,9 @@ pub struct EndpointStats {
     /// Numeric readings with a unit powerplane does not know, summed over the
     /// resources each discovery read.
     pub not_understood: u64,
+    /// The site's `[[redfish]]` bindings of this endpoint that its last discovery could
+    /// not fill (no reading, or several without `combine`).
+    pub bindings_unfilled: u64,
     /// How long its last finished poll took.
     pub last_poll_s: Option<f64>,
     /// Failing now: its polls are skipped until its backoff ends.

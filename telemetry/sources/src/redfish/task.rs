@@ -33,7 +33,7 @@ pub(super) async fn replay(ep: Arc<Endpoint>, now: Timestamp) -> Polled {
     let mut p = match got {
         Ok(items) => {
             let mut w = Walk::new(&ep.cfg.name, now);
-            w.read_all(items);
+            w.read_all(items, &ep.cfg.bind);
             w.out.rejects = rejects;
             w.out
         }
@@ -85,8 +85,15 @@ pub(super) async fn discover(
     let mut p = match got {
         Ok(items) => {
             let mut w = Walk::new(&ep.cfg.name, now);
-            w.read_all(items);
+            w.read_all(items, &ep.cfg.bind);
             ep.counters.not_understood(w.out.not_understood);
+            ep.counters.bindings_unfilled(
+                w.out
+                    .bindings
+                    .iter()
+                    .filter(|b| !matches!(b.outcome, super::bind::Outcome::Value { .. }))
+                    .count(),
+            );
             *ep.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(Plan {
                 reads: std::mem::take(&mut w.plan),
                 polls: first_polls,

@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use super::bind::{self, Matched, Outcome};
 use super::extract::{self, Found};
-use super::poll::Polled;
+use super::poll::{BindingReport, Polled};
+use telemetry::site::redfish::RedfishBinding;
 use telemetry::{EntityId, EntityKind, Sample, Timestamp};
 
 /// A fetched resource, read as soon as it arrived (so that a walk holds readings,
@@ -19,6 +21,8 @@ pub(super) struct Item {
     found: Vec<(EntityId, Vec<Found>)>,
     /// Numeric readings in the resource with a unit powerplane does not know.
     unknown: usize,
+    /// What each of the endpoint's bindings took from it (by binding index).
+    bound: Vec<(usize, Vec<Matched>)>,
 }
 
 impl Item {
@@ -40,10 +44,34 @@ impl Item {
         Item {
             found: kind.extract(entity, &path, value),
             unknown: 0,
+            bound: Vec::new(),
             kind,
             entity: entity.clone(),
             path,
         }
+    }
+
+    /// A resource that the site's bindings name: what each of them takes from it.
+    pub(super) fn bound(path: String, value: &Value, bindings: &[RedfishBinding]) -> Self {
+        let bound = bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i, bind::matches(b, &path, value)))
+            .filter(|(_, m)| !m.is_empty())
+            .collect();
+        Item {
+            kind: Kind::Bound,
+            entity: EntityId::new(EntityKind::Site, ""),
+            found: Vec::new(),
+            unknown: 0,
+            bound,
+            path,
+        }
+    }
+
+    /// Whether any binding took a reading from it.
+    pub(super) fn is_bound(&self) -> bool {
+        !self.bound.is_empty()
     }
 }
 
@@ -55,6 +83,8 @@ pub(super) struct Walk {
     /// What discovery found worth reading again.
     pub(super) plan: Vec<Read>,
     mains: BTreeMap<EntityId, Vec<Found>>,
+    /// What each binding took so far, by binding index.
+    bound: BTreeMap<usize, Vec<Matched>>,
 }
 
 pub(super) fn last_segment(path: &str) -> &str {
@@ -75,6 +105,7 @@ impl Walk {
             now,
             plan: Vec::new(),
             mains: BTreeMap::new(),
+            bound: BTreeMap::new(),
         }
     }
 
@@ -99,6 +130,19 @@ impl Walk {
     /// polls that follow discovery when it gave any.
     pub(super) fn read(&mut self, item: Item) {
         self.out.not_understood += item.unknown;
+        if item.kind == Kind::Bound {
+            if item.is_bound() {
+                self.plan.push(Read {
+                    path: item.path,
+                    kind: Kind::Bound,
+                    entity: item.entity,
+                });
+            }
+            for (i, m) in item.bound {
+                self.bound.entry(i).or_default().extend(m);
+            }
+            return;
+        }
         let (kind, entity, path, found) = (item.kind, &item.entity, item.path, item.found);
         if found.iter().any(|(_, f)| !f.is_empty()) || kind == Kind::Mains {
             self.plan.push(Read {
@@ -119,13 +163,43 @@ impl Walk {
         }
     }
 
-    /// Reads every item in order, then sums each PDU's mains into its own readings.
-    pub(super) fn read_all(&mut self, items: Vec<Item>) {
+    /// Reads every item in order, then sums each PDU's mains into its own readings,
+    /// and makes each binding's sample (a report for every binding).
+    pub(super) fn read_all(&mut self, items: Vec<Item>, bindings: &[RedfishBinding]) {
         for i in items {
             self.read(i);
         }
         for (e, found) in std::mem::take(&mut self.mains) {
             self.emit(&e, sum_by_metric(found));
+        }
+        let mut bound = std::mem::take(&mut self.bound);
+        for (i, b) in bindings.iter().enumerate() {
+            let (outcome, used) = bind::settle(b, bound.remove(&i).unwrap_or_default());
+            if let Outcome::Value { value, quality } = outcome {
+                let from = match used.as_slice() {
+                    [one] => one.from.clone(),
+                    _ => format!(
+                        "/redfish/v1/{} ({} of {})",
+                        b.resource,
+                        bind::combine_word(b.combine),
+                        used.len()
+                    ),
+                };
+                self.out.samples.push(Sample {
+                    entity: b.entity.clone(),
+                    metric: b.metric.clone(),
+                    value,
+                    unit: b.metric.spec().map(|s| s.unit).unwrap_or_default().into(),
+                    ts: self.now,
+                    source: format!("redfish:{}{from}", self.name).into(),
+                    quality,
+                });
+            }
+            self.out.bindings.push(BindingReport {
+                index: i,
+                outcome,
+                used,
+            });
         }
     }
 }
@@ -147,6 +221,8 @@ pub(super) enum Kind {
     LeakDetector,
     /// `LeakDetection` with its detectors inline in groups.
     LeakGroups,
+    /// A resource the site's `[[redfish]]` bindings name.
+    Bound,
 }
 
 impl Kind {
@@ -163,6 +239,8 @@ impl Kind {
             Kind::Coolant => one(extract::coolant_connector(v, path)),
             Kind::Pump => one(extract::pump(v, path)),
             Kind::LeakDetector => one(extract::leak_detector(v, path)),
+            // read by the bindings, see `Item::bound`
+            Kind::Bound => Vec::new(),
             Kind::LeakGroups => {
                 let mut out = Vec::new();
                 for (gi, g) in v

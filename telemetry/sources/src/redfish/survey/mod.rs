@@ -114,7 +114,7 @@ fn links(v: &Value, out: &mut Vec<String>) {
 }
 
 /// The links of a resource that the crawl follows.
-fn follow(v: &Value) -> Vec<String> {
+pub(super) fn follow(v: &Value) -> Vec<String> {
     let mut out = Vec::new();
     links(v, &mut out);
     out

@@ -1,0 +1,271 @@
+//! Leader election through the shared store: one replica of `serve` holds a lease and
+//! actuates; the others follow.
+//!
+//! The election is a pure state machine ([`Election`]) over a [`LeaseStore`] and a
+//! clock the caller passes in (milliseconds on a monotonic clock), so the same code
+//! runs against Redis ([`redis::RedisLease`]) and against the fake of the property
+//! test. A term starts when a replica takes the free lease key; taking it bumps the
+//! fencing epoch (`INCR`), so every term has a larger epoch than the one before. The
+//! leader renews with a check-and-extend script; it counts its lease from the moment
+//! it *sent* the request (the server's lease ends no earlier than that) and stops
+//! acting `margin` before the end, even while it cannot reach the store.
+
+pub mod redis;
+
+use thiserror::Error;
+
+/// Why the lease store could not answer.
+#[derive(Debug, Error)]
+#[error("leader lease: {0}")]
+pub struct LeaseError(pub String);
+
+/// Who holds the lease now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub instance: String,
+    pub epoch: u64,
+}
+
+/// The store the lease lives in.
+pub trait LeaseStore {
+    /// Takes the lease for `lease_ms` if nobody holds it (`SET NX PX`), starting a new
+    /// term: returns its epoch (the fencing counter after `INCR`), or `None` when
+    /// another replica holds it.
+    fn acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError>;
+    /// Extends the lease by `lease_ms` if it is still `instance`'s term `epoch`;
+    /// `false`: it is not (it expired, and perhaps another took it).
+    fn renew(&mut self, instance: &str, epoch: u64, lease_ms: u64) -> Result<bool, LeaseError>;
+    /// Gives the lease up (at shutdown) if it is still this term's.
+    fn release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError>;
+    /// The current holder, if any.
+    fn holder(&mut self) -> Result<Option<Holder>, LeaseError>;
+}
+
+/// How long a term lasts and how its holder renews it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    pub lease_ms: u64,
+    /// Renew (or try to take the lease) this often.
+    pub renew_ms: u64,
+    /// Stop acting this long before the lease ends.
+    pub margin_ms: u64,
+}
+
+impl Timing {
+    /// `lease_s` and `renew_s` as configured; the margin is a fifth of the lease, at
+    /// least one renew interval's worth of slack below it.
+    pub fn from_secs(lease_s: f64, renew_s: f64) -> Self {
+        let lease_ms = (lease_s * 1000.0).round().max(1.0) as u64;
+        let renew_ms = (renew_s * 1000.0).round().max(1.0) as u64;
+        Timing {
+            lease_ms,
+            renew_ms,
+            margin_ms: (lease_ms / 5).max(1),
+        }
+    }
+}
+
+/// What a replica is, as the election sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Acting as leader of term `epoch` until `until_ms` (the lease's end less the
+    /// margin, on the caller's clock).
+    Leader { epoch: u64, until_ms: u64 },
+    /// Not leading; `leader` is the holder last seen (`None`: nobody, or unknown while
+    /// the store does not answer).
+    Follower { leader: Option<Holder> },
+}
+
+/// What one step changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    None,
+    /// This replica started term `epoch`.
+    Elected {
+        epoch: u64,
+    },
+    /// This replica's term ended: `why` (renewal refused, lease ran out).
+    Deposed {
+        epoch: u64,
+        why: &'static str,
+    },
+}
+
+/// One replica's side of the election.
+#[derive(Debug, Clone)]
+pub struct Election {
+    pub instance: String,
+    pub timing: Timing,
+    role: Role,
+    /// Terms this replica started, and lost.
+    pub transitions: u64,
+}
+
+impl Election {
+    pub fn new(instance: &str, timing: Timing) -> Self {
+        Election {
+            instance: instance.to_string(),
+            timing,
+            role: Role::Follower { leader: None },
+            transitions: 0,
+        }
+    }
+
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+
+    /// The epoch this replica may act under at `now_ms`: leader, and its lease not
+    /// within the margin of its end.
+    pub fn acting(&self, now_ms: u64) -> Option<u64> {
+        match self.role {
+            Role::Leader { epoch, until_ms } if now_ms < until_ms => Some(epoch),
+            _ => None,
+        }
+    }
+
+    /// One round at `sent_ms`, the clock read just before the request went out:
+    /// renew the lease (leader) or try to take it (follower).
+    pub fn step(&mut self, store: &mut dyn LeaseStore, sent_ms: u64) -> Change {
+        let t = self.timing;
+        let until = sent_ms + t.lease_ms.saturating_sub(t.margin_ms);
+        match self.role.clone() {
+            Role::Leader { epoch, until_ms } => {
+                match store.renew(&self.instance, epoch, t.lease_ms) {
+                    Ok(true) => {
+                        self.role = Role::Leader {
+                            epoch,
+                            until_ms: until.max(until_ms),
+                        };
+                        Change::None
+                    }
+                    Ok(false) => self.depose(epoch, "renewal_refused", None),
+                    // the store does not answer: keep the term while it lasts
+                    Err(_) if sent_ms < until_ms => Change::None,
+                    Err(_) => self.depose(epoch, "lease_ran_out", None),
+                }
+            }
+            Role::Follower { .. } => match store.acquire(&self.instance, t.lease_ms) {
+                Ok(Some(epoch)) => {
+                    self.role = Role::Leader {
+                        epoch,
+                        until_ms: until,
+                    };
+                    self.transitions += 1;
+                    Change::Elected { epoch }
+                }
+                Ok(None) => {
+                    let leader = store.holder().ok().flatten();
+                    self.role = Role::Follower { leader };
+                    Change::None
+                }
+                Err(_) => {
+                    self.role = Role::Follower { leader: None };
+                    Change::None
+                }
+            },
+        }
+    }
+
+    /// Ends this replica's term at once (a leader that found it cannot act, or shuts
+    /// down); gives the lease back when `store` is given.
+    pub fn resign(&mut self, store: Option<&mut dyn LeaseStore>) -> Change {
+        match self.role {
+            Role::Leader { epoch, .. } => {
+                if let Some(s) = store {
+                    let _ = s.release(&self.instance, epoch);
+                }
+                self.depose(epoch, "resigned", None)
+            }
+            Role::Follower { .. } => Change::None,
+        }
+    }
+
+    fn depose(&mut self, epoch: u64, why: &'static str, leader: Option<Holder>) -> Change {
+        self.role = Role::Follower { leader };
+        self.transitions += 1;
+        Change::Deposed { epoch, why }
+    }
+}
+
+/// A lease store in memory on a fake clock, for tests: the same semantics as Redis's
+/// `SET NX PX`, `INCR` and `PEXPIRE`.
+#[derive(Debug, Default, Clone)]
+pub struct FakeLeaseStore {
+    pub now_ms: u64,
+    pub holder: Option<(Holder, u64)>,
+    pub epoch: u64,
+    /// While set, every call fails (the server is down).
+    pub down: bool,
+}
+
+impl FakeLeaseStore {
+    fn live(&mut self) -> Result<(), LeaseError> {
+        if self.down {
+            return Err(LeaseError("down".into()));
+        }
+        if self
+            .holder
+            .as_ref()
+            .is_some_and(|(_, exp)| *exp <= self.now_ms)
+        {
+            self.holder = None;
+        }
+        Ok(())
+    }
+
+    /// The holder whose lease has not expired at the store's clock.
+    pub fn current(&self) -> Option<&Holder> {
+        self.holder
+            .as_ref()
+            .filter(|(_, exp)| *exp > self.now_ms)
+            .map(|(h, _)| h)
+    }
+}
+
+impl LeaseStore for FakeLeaseStore {
+    fn acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError> {
+        self.live()?;
+        if self.holder.is_some() {
+            return Ok(None);
+        }
+        self.epoch += 1;
+        let h = Holder {
+            instance: instance.into(),
+            epoch: self.epoch,
+        };
+        self.holder = Some((h, self.now_ms + lease_ms));
+        Ok(Some(self.epoch))
+    }
+
+    fn renew(&mut self, instance: &str, epoch: u64, lease_ms: u64) -> Result<bool, LeaseError> {
+        self.live()?;
+        match &mut self.holder {
+            Some((h, exp)) if h.instance == instance && h.epoch == epoch => {
+                *exp = self.now_ms + lease_ms;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError> {
+        self.live()?;
+        if self
+            .holder
+            .as_ref()
+            .is_some_and(|(h, _)| h.instance == instance && h.epoch == epoch)
+        {
+            self.holder = None;
+        }
+        Ok(())
+    }
+
+    fn holder(&mut self) -> Result<Option<Holder>, LeaseError> {
+        self.live()?;
+        Ok(self.holder.as_ref().map(|(h, _)| h.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

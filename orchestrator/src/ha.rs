@@ -1,0 +1,316 @@
+//! High availability: several `serve` replicas share Redis and one leader, chosen by a
+//! lease (see [`integrations::lease`]), actuates.
+//!
+//! The election runs on a thread of its own ([`spawn`]), renewing or trying to take
+//! the lease every `renew_s` with a deadline per call, and publishes what it knows in
+//! a [`Gate`]. The control loop consults the gate once per tick: it acts (commands the
+//! agents, drives the schedulers, commits to the store) only while the gate gives it an
+//! epoch, which it stops doing `margin` before its lease ends, even while the election
+//! thread cannot reach Redis. Every effect carries that epoch (agents' commands, the
+//! store's commits, scheduler actions, audit entries).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use integrations::lease::redis::RedisLease;
+use integrations::lease::{Change, Election, Holder, LeaseStore, Role, Timing};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+/// `[ha]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaSection {
+    #[serde(default)]
+    pub enabled: bool,
+    /// How long a term lasts unless renewed.
+    #[serde(default = "default_lease")]
+    pub lease_s: f64,
+    /// How often the leader renews (and a follower tries to take the lease).
+    #[serde(default = "default_renew")]
+    pub renew_s: f64,
+    /// This replica's name in the lease, the audit log and the API (default: the
+    /// host name).
+    #[serde(default)]
+    pub instance: Option<String>,
+}
+
+fn default_lease() -> f64 {
+    15.0
+}
+fn default_renew() -> f64 {
+    5.0
+}
+
+impl HaSection {
+    pub fn instance(&self) -> String {
+        self.instance.clone().unwrap_or_else(host_name)
+    }
+
+    pub fn timing(&self) -> Timing {
+        Timing::from_secs(self.lease_s, self.renew_s)
+    }
+}
+
+/// The host name (`/proc/sys/kernel/hostname`, `$HOSTNAME`, else `localhost`).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// What `[ha]` must satisfy, in words (`config check` collects them with the rest).
+pub fn problems(
+    ha: &HaSection,
+    redis_store: bool,
+    agents_lease_s: Option<f64>,
+    tick_s: f64,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if !ha.enabled {
+        return out;
+    }
+    if !redis_store {
+        out.push("[ha] needs [store] kind = \"redis\": the replicas share state and the leader lease there (the embedded store serves one controller)".into());
+    }
+    if !(ha.lease_s.is_finite() && (1.0..=600.0).contains(&ha.lease_s)) {
+        out.push(format!(
+            "[ha] lease_s must be within 1..=600, got {}",
+            ha.lease_s
+        ));
+    }
+    if !(ha.renew_s.is_finite() && ha.renew_s > 0.0 && ha.renew_s * 3.0 <= ha.lease_s) {
+        out.push(format!(
+            "[ha] renew_s must be above 0 and at most lease_s / 3 (got renew_s = {}, lease_s = {}): a term must survive two missed renewals",
+            ha.renew_s, ha.lease_s
+        ));
+    }
+    if let Some(inst) = &ha.instance {
+        if inst.is_empty()
+            || inst.len() > 128
+            || inst.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            out.push(format!(
+                "[ha] instance {inst:?}: 1-128 characters, no spaces"
+            ));
+        }
+    }
+    // a failover takes up to one lease and one tick; the agents' leases must outlast it
+    if let Some(agents) = agents_lease_s {
+        let need = ha.lease_s + 2.0 * tick_s;
+        if agents <= need {
+            out.push(format!(
+                "[agents] lease_s ({agents}) must be above [ha] lease_s + 2 × controller.tick_s ({need}): else caps lapse into the fail-safe during a failover"
+            ));
+        }
+    }
+    out
+}
+
+/// The role as the API, `/metrics` and the status page show it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HaStatus {
+    /// `leader`, `follower`, or `single` (no `[ha]`).
+    pub role: &'static str,
+    pub instance: String,
+    /// The leader's instance, as last seen (this one when leading).
+    pub leader: Option<String>,
+    /// The epoch of the current term (this one's when leading; the leader's as seen).
+    pub epoch: u64,
+    /// Terms this replica started or lost.
+    pub transitions: u64,
+    /// Whether the lease could be read on the last round.
+    pub lease_readable: bool,
+}
+
+impl HaStatus {
+    /// One controller, no `[ha]`: it leads, with no epoch.
+    pub fn single() -> Self {
+        HaStatus {
+            role: "single",
+            instance: host_name(),
+            leader: None,
+            epoch: 0,
+            transitions: 0,
+            lease_readable: true,
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.role != "follower"
+    }
+}
+
+/// What the gate allows the loop now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateState {
+    /// Lead and actuate under this epoch.
+    Acting(u64),
+    /// The term is not over but the lease could not be read on the last round: hold
+    /// everything (no command, no scheduler action) without giving the term up.
+    Suspended(u64),
+    Following,
+}
+
+/// What the election thread knows, for the loop and the API.
+#[derive(Debug)]
+pub struct Gate {
+    inner: Mutex<GateInner>,
+    t0: Instant,
+}
+
+#[derive(Debug)]
+struct GateInner {
+    election: Election,
+    readable: bool,
+    last_seen: Option<Holder>,
+}
+
+impl Gate {
+    fn new(election: Election) -> Self {
+        Gate {
+            inner: Mutex::new(GateInner {
+                election,
+                readable: false,
+                last_seen: None,
+            }),
+            t0: Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    /// The epoch this replica may act under now (`None`: it must not actuate): it
+    /// leads, its lease is not within the margin of its end, and the last round read
+    /// the lease (no replica actuates while the lease cannot be read).
+    pub fn acting(&self) -> Option<u64> {
+        match self.state() {
+            GateState::Acting(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// What the loop may do now.
+    pub fn state(&self) -> GateState {
+        let now = self.now_ms();
+        let g = self.lock();
+        match (g.election.acting(now), g.readable) {
+            (Some(e), true) => GateState::Acting(e),
+            (Some(e), false) => GateState::Suspended(e),
+            (None, _) => GateState::Following,
+        }
+    }
+
+    pub fn status(&self) -> HaStatus {
+        let acting = self.acting();
+        let g = self.lock();
+        let (leader, epoch) = match (acting, g.election.role(), &g.last_seen) {
+            (Some(e), _, _) => (Some(g.election.instance.clone()), e),
+            (None, Role::Follower { leader: Some(h) }, _) => (Some(h.instance.clone()), h.epoch),
+            (None, _, Some(h)) => (Some(h.instance.clone()), h.epoch),
+            (None, _, None) => (None, 0),
+        };
+        HaStatus {
+            role: if acting.is_some() {
+                "leader"
+            } else {
+                "follower"
+            },
+            instance: g.election.instance.clone(),
+            leader,
+            epoch,
+            transitions: g.election.transitions,
+            lease_readable: g.readable,
+        }
+    }
+
+    /// One round of the election against `store`.
+    fn round(&self, store: &mut dyn LeaseStore) -> Change {
+        let sent = self.now_ms();
+        // the lock is not held over the call: the loop's gate check never waits on Redis
+        let mut election = self.lock().election.clone();
+        let change = election.step(store, sent);
+        let readable = store.holder().is_ok();
+        let mut g = self.lock();
+        if let Role::Follower { leader: Some(h) } = election.role() {
+            g.last_seen = Some(h.clone());
+        }
+        g.election = election;
+        g.readable = readable;
+        change
+    }
+
+    fn resign(&self, store: &mut dyn LeaseStore) {
+        let mut g = self.lock();
+        g.election.resign(Some(store));
+    }
+}
+
+/// The election thread and its gate.
+pub struct Ha {
+    pub gate: Arc<Gate>,
+    thread: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Starts the election on a thread of its own, against the lease in Redis at `url`
+/// under `prefix`.
+pub fn spawn(ha: &HaSection, url: &str, prefix: &str, deadline: Duration) -> Result<Ha> {
+    let timing = ha.timing();
+    let instance = ha.instance();
+    let mut store = RedisLease::new(url, prefix, deadline)?;
+    let gate = Arc::new(Gate::new(Election::new(&instance, timing)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (g, s) = (gate.clone(), stop.clone());
+    info!(instance = %instance, lease_s = ha.lease_s, renew_s = ha.renew_s, "leader election starting");
+    let thread = std::thread::Builder::new()
+        .name("election".into())
+        .spawn(move || {
+            let every = Duration::from_millis(timing.renew_ms);
+            while !s.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                match g.round(&mut store) {
+                    Change::Elected { epoch } => {
+                        info!(instance = %g.lock().election.instance, epoch, "elected leader")
+                    }
+                    Change::Deposed { epoch, why } => {
+                        warn!(epoch, why, "no longer the leader; following")
+                    }
+                    Change::None => {}
+                }
+                // a follower sleeps in steps so that shutdown is prompt
+                while !s.load(Ordering::Relaxed) && started.elapsed() < every {
+                    std::thread::sleep(Duration::from_millis(20).min(every));
+                }
+            }
+            g.resign(&mut store);
+        })?;
+    Ok(Ha {
+        gate,
+        thread: Some(thread),
+        stop,
+    })
+}
+
+impl Ha {
+    /// Stops the election and gives the lease back, so that a follower takes over
+    /// at once instead of after the lease.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Node power states: nodes with no work, and none planned within their boot time, are
+//! powered down; they are brought back before planned work needs them.
+//!
+//! Pure: [`decide`] takes each node's power state, what work needs GPUs and when (jobs
+//! waiting now, held jobs at their planned start), the price now against its median,
+//! and the time, and says which nodes to power down and which to power up. It keeps:
+//!
+//! - a warm reserve: `reserve_gpus`, or `reserve_share` of the site's GPUs if more,
+//!   idle and on (or booting) beyond what the work due within a boot time needs;
+//! - a minimum idle time before a power-down (`idle_s`; `idle_s_expensive` while the
+//!   price is above its median: deeper off-time in expensive hours);
+//! - a minimum off time before a node is brought back for the reserve (never for work
+//!   that waits: work first);
+//! - at most `max_downs_per_min` power-downs per minute;
+//! - failed resumes: a node not back within `resume_timeout_s` is marked failed and
+//!   reported, and another node is powered up in its place.
+//!
+//! What it never does: power down a node that runs work, or a node whose GPUs the work
+//! due within its boot time needs (property tested).
+
+use serde::{Deserialize, Serialize};
+use telemetry::Timestamp;
+
+/// The `[node_power]` table of a policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodePowerRule {
+    pub enabled: bool,
+    /// Idle GPUs kept on beyond what the work due within a boot time needs.
+    pub reserve_gpus: u32,
+    /// The same as a share of the site's GPUs (the larger of the two holds).
+    pub reserve_share: f64,
+    /// A node is powered down after this long with no work, s.
+    pub idle_s: f64,
+    /// The same while the price is above the mean of the forecast's next 24 h.
+    pub idle_s_expensive: Option<f64>,
+    /// A node powered down stays off at least this long unless work needs it, s.
+    pub min_off_s: f64,
+    /// At most this many power-downs in any minute.
+    pub max_downs_per_min: u32,
+    /// Boot time (power-up until the node takes work), s; `boot_s_by_model` per GPU
+    /// model of the node where given.
+    pub boot_s: f64,
+    /// Shutdown time, s.
+    pub shutdown_s: f64,
+    pub boot_s_by_model: std::collections::BTreeMap<String, f64>,
+    /// A node not back this long after its power-up is marked failed.
+    pub resume_timeout_s: f64,
+    /// What a powered-down node still draws (BMC, fans), W.
+    pub off_w: f64,
+}
+
+impl Default for NodePowerRule {
+    fn default() -> Self {
+        NodePowerRule {
+            enabled: false,
+            reserve_gpus: 8,
+            reserve_share: 0.05,
+            idle_s: 900.0,
+            idle_s_expensive: None,
+            min_off_s: 600.0,
+            max_downs_per_min: 8,
+            boot_s: 300.0,
+            shutdown_s: 60.0,
+            boot_s_by_model: Default::default(),
+            resume_timeout_s: 900.0,
+            off_w: 15.0,
+        }
+    }
+}
+
+impl NodePowerRule {
+    pub fn boot_s_of(&self, model: &str) -> f64 {
+        self.boot_s_by_model
+            .get(model)
+            .copied()
+            .unwrap_or(self.boot_s)
+    }
+}
+
+/// A node's power state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Power {
+    On,
+    /// Powered up at `since`, not taking work yet.
+    Booting {
+        since: Timestamp,
+    },
+    /// Powering down since `since`.
+    ShuttingDown {
+        since: Timestamp,
+    },
+    Off {
+        since: Timestamp,
+    },
+    /// Did not come back within its resume timeout: out of service until an operator
+    /// clears it.
+    Failed,
+}
+
+/// A node as the decision sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub id: String,
+    pub model: String,
+    pub gpus: u32,
+    /// GPUs not running work.
+    pub free: u32,
+    pub power: Power,
+    /// Since when it has had no work (None: it has work).
+    pub idle_since: Option<Timestamp>,
+}
+
+/// Work that needs GPUs from `at` (now for waiting jobs, the planned start of held
+/// ones).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Need {
+    pub at: Timestamp,
+    pub gpus: u32,
+    /// The GPU model it must run on, if any.
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeAction {
+    Down {
+        node: String,
+        reason: String,
+    },
+    Up {
+        node: String,
+        reason: String,
+    },
+    /// A resume that did not complete in time: the node is marked failed.
+    Failed {
+        node: String,
+        reason: String,
+    },
+}
+
+impl NodeAction {
+    pub fn node(&self) -> &str {
+        match self {
+            NodeAction::Down { node, .. }
+            | NodeAction::Up { node, .. }
+            | NodeAction::Failed { node, .. } => node,
+        }
+    }
+}
+
+/// What a decision looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Inputs {
+    /// The price now is above the mean of the next 24 h.
+    pub expensive: bool,
+    /// Power-downs issued in the last minute.
+    pub downs_last_min: u32,
+}
+
+/// Which nodes to power down and up now.
+pub fn decide(
+    nodes: &[NodeView],
+    needs: &[Need],
+    rule: &NodePowerRule,
+    inputs: Inputs,
+    now: Timestamp,
+) -> Vec<NodeAction> {
+    let mut out = Vec::new();
+    if !rule.enabled {
+        // a disabled rule brings every node it powered down back
+        for n in nodes {
+            if matches!(n.power, Power::Off { .. }) {
+                out.push(NodeAction::Up {
+                    node: n.id.clone(),
+                    reason: "node power rule disabled".into(),
+                });
+            }
+        }
+        return out;
+    }
+    let total: u32 = nodes.iter().map(|n| n.gpus).sum();
+    let reserve = rule
+        .reserve_gpus
+        .max((rule.reserve_share * f64::from(total)).ceil() as u32);
+    // failed resumes first: they no longer count as supply
+    let mut failed = vec![false; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        if let Power::Booting { since } = n.power {
+            if now.secs_since(since) > rule.resume_timeout_s {
+                failed[i] = true;
+                out.push(NodeAction::Failed {
+                    node: n.id.clone(),
+                    reason: format!(
+                        "not back {:.0} s after its power-up (timeout {:.0} s): marked failed, replaced",
+                        now.secs_since(since),
+                        rule.resume_timeout_s
+                    ),
+                });
+            }
+        }
+    }
+    // per GPU model: the GPUs due within the model's boot time (+ the reserve, shared
+    // by all models in proportion to their size) against what is on or coming
+    let mut models: Vec<&str> = nodes.iter().map(|n| n.model.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    let mut downs_left = rule.max_downs_per_min.saturating_sub(inputs.downs_last_min);
+    let idle_s = if inputs.expensive {
+        rule.idle_s_expensive.unwrap_or(rule.idle_s)
+    } else {
+        rule.idle_s
+    };
+    for model in models {
+        let boot = rule.boot_s_of(model);
+        let of_model: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].model == model)
+            .collect();
+        let model_gpus: u32 = of_model.iter().map(|&i| nodes[i].gpus).sum();
+        let due: u32 = needs
+            .iter()
+            .filter(|d| d.model.as_deref().is_none_or(|m| m == model))
+            .filter(|d| d.at.secs_since(now) <= boot + rule.shutdown_s)
+            .map(|d| d.gpus)
+            .sum();
+        let share = (f64::from(reserve) * f64::from(model_gpus) / f64::from(total.max(1))).ceil();
+        let want = due.saturating_add(share as u32);
+        // supply: free GPUs on nodes that are on or booting (failed ones left out)
+        let mut supply: u32 = of_model
+            .iter()
+            .filter(|&&i| !failed[i])
+            .filter(|&&i| matches!(nodes[i].power, Power::On | Power::Booting { .. }))
+            .map(|&i| nodes[i].free)
+            .sum();
+        if supply < want {
+            // power up: nodes off longest first; the reserve waits for min_off_s, work
+            // that is due does not
+            let mut off: Vec<(Timestamp, usize)> = of_model
+                .iter()
+                .filter_map(|&i| match nodes[i].power {
+                    Power::Off { since } => Some((since, i)),
+                    _ => None,
+                })
+                .collect();
+            off.sort();
+            for (since, i) in off {
+                if supply >= want {
+                    break;
+                }
+                let for_work = supply < due;
+                if !for_work && now.secs_since(since) < rule.min_off_s {
+                    continue;
+                }
+                supply += nodes[i].gpus;
+                out.push(NodeAction::Up {
+                    node: nodes[i].id.clone(),
+                    reason: if for_work {
+                        format!("{due} GPUs of work due within its boot time ({boot:.0} s)")
+                    } else {
+                        format!("warm reserve of {} GPUs", share as u32)
+                    },
+                });
+            }
+            continue;
+        }
+        // power down: idle nodes, idle longest first, while what stays covers `want`
+        let mut idle: Vec<(Timestamp, usize)> = of_model
+            .iter()
+            .filter(|&&i| nodes[i].power == Power::On && nodes[i].free == nodes[i].gpus)
+            .filter_map(|&i| nodes[i].idle_since.map(|s| (s, i)))
+            .filter(|(s, _)| now.secs_since(*s) >= idle_s)
+            .collect();
+        idle.sort();
+        for (since, i) in idle {
+            if downs_left == 0 {
+                break;
+            }
+            let g = nodes[i].gpus;
+            if supply.saturating_sub(g) < want {
+                break;
+            }
+            supply -= g;
+            downs_left -= 1;
+            out.push(NodeAction::Down {
+                node: nodes[i].id.clone(),
+                reason: format!(
+                    "no work for {:.0} s, none due within its boot time ({boot:.0} s); {supply} GPUs stay on for {due} due and a reserve of {}",
+                    now.secs_since(since),
+                    share as u32
+                ),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,223 @@
+use super::*;
+use proptest::prelude::*;
+
+fn t(s: f64) -> Timestamp {
+    Timestamp::from_secs(1_700_000_000) + s
+}
+
+fn node(i: usize, free: u32, power: Power, idle_since: Option<f64>) -> NodeView {
+    NodeView {
+        id: format!("n{i}"),
+        model: "A40".into(),
+        gpus: 8,
+        free,
+        power,
+        idle_since: idle_since.map(t),
+    }
+}
+
+fn rule() -> NodePowerRule {
+    NodePowerRule {
+        enabled: true,
+        reserve_gpus: 8,
+        reserve_share: 0.0,
+        idle_s: 600.0,
+        max_downs_per_min: 100,
+        ..Default::default()
+    }
+}
+
+fn downs(a: &[NodeAction]) -> Vec<&str> {
+    a.iter()
+        .filter(|a| matches!(a, NodeAction::Down { .. }))
+        .map(NodeAction::node)
+        .collect()
+}
+
+fn ups(a: &[NodeAction]) -> Vec<&str> {
+    a.iter()
+        .filter(|a| matches!(a, NodeAction::Up { .. }))
+        .map(NodeAction::node)
+        .collect()
+}
+
+#[test]
+fn idle_nodes_beyond_the_reserve_are_powered_down_busy_ones_never() {
+    let nodes = vec![
+        node(0, 0, Power::On, None),
+        node(1, 8, Power::On, Some(0.0)),
+        node(2, 8, Power::On, Some(0.0)),
+        node(3, 8, Power::On, Some(0.0)),
+    ];
+    let a = decide(&nodes, &[], &rule(), Inputs::default(), t(1000.0));
+    // one idle node stays on: the reserve of 8 GPUs
+    assert_eq!(downs(&a), vec!["n1", "n2"]);
+    // not idle long enough: nothing
+    let a = decide(&nodes, &[], &rule(), Inputs::default(), t(500.0));
+    assert!(a.is_empty(), "{a:?}");
+}
+
+#[test]
+fn planned_work_within_the_boot_time_keeps_nodes_on_and_brings_them_back() {
+    let nodes = vec![
+        node(0, 8, Power::On, Some(0.0)),
+        node(1, 8, Power::On, Some(0.0)),
+        node(2, 8, Power::Off { since: t(900.0) }, None),
+    ];
+    // 16 GPUs due in 200 s (boot 300 s): both idle nodes stay on, and the reserve
+    // would want the off node, but it has not been off min_off_s
+    let need = [Need {
+        at: t(1200.0),
+        gpus: 16,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &rule(), Inputs::default(), t(1000.0));
+    assert!(downs(&a).is_empty(), "{a:?}");
+    assert!(ups(&a).is_empty(), "{a:?}");
+    // 24 GPUs due: the off node comes back at once (work does not wait for min_off_s)
+    let need = [Need {
+        at: t(1200.0),
+        gpus: 24,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &rule(), Inputs::default(), t(1000.0));
+    assert_eq!(ups(&a), vec!["n2"]);
+    // work due later than a boot time does not keep nodes on
+    let need = [Need {
+        at: t(5000.0),
+        gpus: 16,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &rule(), Inputs::default(), t(1000.0));
+    assert_eq!(downs(&a), vec!["n0"]);
+}
+
+#[test]
+fn power_downs_are_rate_limited_and_expensive_hours_shorten_the_idle_time() {
+    let nodes: Vec<NodeView> = (0..10).map(|i| node(i, 8, Power::On, Some(0.0))).collect();
+    let mut r = rule();
+    r.max_downs_per_min = 3;
+    let a = decide(&nodes, &[], &r, Inputs::default(), t(1000.0));
+    assert_eq!(downs(&a).len(), 3);
+    let a = decide(
+        &nodes,
+        &[],
+        &r,
+        Inputs {
+            expensive: false,
+            downs_last_min: 2,
+        },
+        t(1000.0),
+    );
+    assert_eq!(downs(&a).len(), 1);
+    r.idle_s_expensive = Some(120.0);
+    let cheap = decide(&nodes, &[], &r, Inputs::default(), t(300.0));
+    assert!(cheap.is_empty());
+    let dear = decide(
+        &nodes,
+        &[],
+        &r,
+        Inputs {
+            expensive: true,
+            downs_last_min: 0,
+        },
+        t(300.0),
+    );
+    assert_eq!(downs(&dear).len(), 3);
+}
+
+#[test]
+fn a_node_not_back_in_time_is_marked_failed_and_replaced() {
+    let nodes = vec![
+        node(0, 0, Power::On, None),
+        node(1, 8, Power::Booting { since: t(0.0) }, None),
+        node(2, 8, Power::Off { since: t(0.0) }, None),
+    ];
+    let need = [Need {
+        at: t(1000.0),
+        gpus: 8,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &rule(), Inputs::default(), t(1000.0));
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, NodeAction::Failed { node, .. } if node == "n1")));
+    assert_eq!(ups(&a), vec!["n2"]);
+}
+
+#[test]
+fn a_disabled_rule_brings_every_node_back() {
+    let nodes = vec![node(0, 8, Power::Off { since: t(0.0) }, None)];
+    let a = decide(
+        &nodes,
+        &[],
+        &NodePowerRule::default(),
+        Inputs::default(),
+        t(10.0),
+    );
+    assert_eq!(ups(&a), vec!["n0"]);
+}
+
+fn arb_node() -> impl Strategy<Value = (u32, u8, f64)> {
+    (0u32..=8, 0u8..4, 0.0f64..3000.0)
+}
+
+proptest! {
+    /// Never a node powered down that runs work, nor one whose GPUs the work due
+    /// within its boot time needs: after the decision, the GPUs on (or booting) cover
+    /// every need due within the boot time, or every node that could was powered up.
+    #[test]
+    fn never_a_powered_down_node_that_due_work_needs(
+        spec in proptest::collection::vec(arb_node(), 1..20),
+        needs in proptest::collection::vec((0.0f64..2000.0, 1u32..24), 0..6),
+        downs_last_min in 0u32..4,
+    ) {
+        let now = t(3000.0);
+        let nodes: Vec<NodeView> = spec
+            .iter()
+            .enumerate()
+            .map(|(i, &(free, p, s))| {
+                let power = match p {
+                    0 | 1 => Power::On,
+                    2 => Power::Off { since: t(s) },
+                    _ => Power::Booting { since: t(2900.0) },
+                };
+                let free = if power == Power::On { free } else { 8 };
+                node(i, free, power, (free == 8).then_some(s))
+            })
+            .collect();
+        let needs: Vec<Need> = needs
+            .iter()
+            .map(|&(at, gpus)| Need { at: now + at, gpus, model: None })
+            .collect();
+        let r = rule();
+        let a = decide(&nodes, &needs, &r, Inputs { expensive: false, downs_last_min }, now);
+        let down = downs(&a);
+        let up = ups(&a);
+        for n in &nodes {
+            if down.contains(&n.id.as_str()) {
+                prop_assert!(n.free == n.gpus && n.power == Power::On, "{n:?} powered down");
+            }
+        }
+        let due: u32 = needs
+            .iter()
+            .filter(|d| d.at.secs_since(now) <= r.boot_s + r.shutdown_s)
+            .map(|d| d.gpus)
+            .sum();
+        let supply: u32 = nodes
+            .iter()
+            .filter(|n| !down.contains(&n.id.as_str()))
+            .filter(|n| {
+                matches!(n.power, Power::On | Power::Booting { .. })
+                    || up.contains(&n.id.as_str())
+            })
+            .map(|n| n.free)
+            .sum();
+        let off_left = nodes
+            .iter()
+            .filter(|n| matches!(n.power, Power::Off { .. }) && !up.contains(&n.id.as_str()))
+            .count();
+        prop_assert!(supply >= due || off_left == 0, "{supply} on for {due} due, {off_left} off left");
+        prop_assert!(down.len() as u32 <= r.max_downs_per_min.saturating_sub(downs_last_min));
+    }
+}
