@@ -116,8 +116,10 @@ pub fn problems(
 /// The role as the API, `/metrics` and the status page show it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct HaStatus {
-    /// `leader`, `follower`, or `single` (no `[ha]`).
+    /// `leader` or `follower` (a controller without `[ha]` is the leader).
     pub role: &'static str,
+    /// Whether `[ha]` is enabled (several replicas, one leader).
+    pub enabled: bool,
     pub instance: String,
     /// The leader's instance, as last seen (this one when leading).
     pub leader: Option<String>,
@@ -133,7 +135,8 @@ impl HaStatus {
     /// One controller, no `[ha]`: it leads, with no epoch.
     pub fn single() -> Self {
         HaStatus {
-            role: "single",
+            role: "leader",
+            enabled: false,
             instance: host_name(),
             leader: None,
             epoch: 0,
@@ -143,8 +146,19 @@ impl HaStatus {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.role != "follower"
+        self.role == "leader"
     }
+}
+
+/// What the gate allows the loop now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateState {
+    /// Lead and actuate under this epoch.
+    Acting(u64),
+    /// The term is not over but the lease could not be read on the last round: hold
+    /// everything (no command, no scheduler action) without giving the term up.
+    Suspended(u64),
+    Following,
 }
 
 /// What the election thread knows, for the loop and the API.
@@ -181,16 +195,30 @@ impl Gate {
         self.t0.elapsed().as_millis() as u64
     }
 
-    /// The epoch this replica may act under now (`None`: it must not actuate).
+    /// The epoch this replica may act under now (`None`: it must not actuate): it
+    /// leads, its lease is not within the margin of its end, and the last round read
+    /// the lease (no replica actuates while the lease cannot be read).
     pub fn acting(&self) -> Option<u64> {
+        match self.state() {
+            GateState::Acting(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// What the loop may do now.
+    pub fn state(&self) -> GateState {
         let now = self.now_ms();
-        self.lock().election.acting(now)
+        let g = self.lock();
+        match (g.election.acting(now), g.readable) {
+            (Some(e), true) => GateState::Acting(e),
+            (Some(e), false) => GateState::Suspended(e),
+            (None, _) => GateState::Following,
+        }
     }
 
     pub fn status(&self) -> HaStatus {
-        let now = self.now_ms();
+        let acting = self.acting();
         let g = self.lock();
-        let acting = g.election.acting(now);
         let (leader, epoch) = match (acting, g.election.role(), &g.last_seen) {
             (Some(e), _, _) => (Some(g.election.instance.clone()), e),
             (None, Role::Follower { leader: Some(h) }, _) => (Some(h.instance.clone()), h.epoch),
@@ -203,6 +231,7 @@ impl Gate {
             } else {
                 "follower"
             },
+            enabled: true,
             instance: g.election.instance.clone(),
             leader,
             epoch,
@@ -217,8 +246,7 @@ impl Gate {
         // the lock is not held over the call: the loop's gate check never waits on Redis
         let mut election = self.lock().election.clone();
         let change = election.step(store, sent);
-        let readable =
-            !matches!(election.role(), Role::Follower { leader: None }) || store.holder().is_ok();
+        let readable = store.holder().is_ok();
         let mut g = self.lock();
         if let Role::Follower { leader: Some(h) } = election.role() {
             g.last_seen = Some(h.clone());

@@ -164,3 +164,38 @@ fn secrets_come_from_files_and_both_forms_at_once_are_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn config_check_names_every_problem_of_ha_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::copy(root().join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::copy(
+        root().join("examples/demo/policy.toml"),
+        d.join("policy.toml"),
+    )
+    .expect("policy");
+    std::fs::write(d.join("site.key"), "9e".repeat(32)).expect("key");
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    // the embedded store, a renewal too slow for the lease, an agents' lease shorter
+    // than a failover, an instance with a space
+    std::fs::write(
+        d.join("powerplane.toml"),
+        "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 1\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[ha]\nenabled = true\nlease_s = 10\nrenew_s = 5\ninstance = \"head node\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 11\nrenew_s = 3\nretry_s = 1\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n",
+    )
+    .expect("config");
+    let err = stderr_of(
+        powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(d.join("powerplane.toml")),
+    );
+    for want in [
+        "[ha] needs [store] kind = \"redis\"",
+        "[ha] renew_s must be above 0 and at most lease_s / 3",
+        "[ha] instance \"head node\"",
+        "[agents] lease_s (11) must be above [ha] lease_s + 2 × controller.tick_s (12)",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+}

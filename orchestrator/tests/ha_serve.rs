@@ -510,3 +510,194 @@ fn five_leader_kills_one_leader_at_a_time_no_fail_safe_each_action_once() {
         "a failover took {worst:?}: {failovers:?}"
     );
 }
+
+/// Lines of the agents' logs that say a command of `epoch` was applied.
+fn applied_of(rig: &Rig, epoch: u64) -> usize {
+    rig.agent_logs()
+        .lines()
+        .filter(|l| l.contains(&format!("epoch=Some({epoch})")) && l.contains(" command"))
+        .count()
+}
+
+/// Audit entries in Redis that name `epoch`.
+fn audited_under(rig: &Rig, epoch: u64) -> usize {
+    use integrations::store::Backend;
+    let mut redis =
+        integrations::store::redis::RedisBackend::connect(&rig.redis.url(), &rig.prefix)
+            .expect("connect to the test redis");
+    let entries = redis.read_log("audit", 1, 1_000_000).expect("audit log");
+    entries
+        .iter()
+        .filter_map(|(_, e)| serde_json::from_slice::<serde_json::Value>(e).ok())
+        .filter(|v| v["epoch"].as_u64() == Some(epoch))
+        .count()
+}
+
+fn wait_until(what: &str, within: Duration, rig: &Rig, ok: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < within,
+            "{what} within {within:?}; logs:\n{}",
+            rig.serve_logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_leader_paused_until_another_took_over_does_nothing_when_it_resumes() {
+    let rig = Rig::new(2, 2, 3600);
+    let _receiver = receiver(rig.receiver_port);
+    let serves: Vec<Proc> = (0..2).map(|i| rig.serve(i)).collect();
+    let (old, e1, _) = leader_after(&rig, 0, Duration::from_secs(60));
+    // a held job: the leader audits its decision under its epoch
+    assert_eq!(submit(rig.ports[old], "p"), 202, "{}", rig.serve_logs());
+    wait_until(
+        "the agents commanded under the first epoch",
+        Duration::from_secs(30),
+        &rig,
+        || applied_of(&rig, e1) >= rig.nodes.len(),
+    );
+    wait_until("the hold audited", Duration::from_secs(30), &rig, || {
+        audited_under(&rig, e1) > 0
+    });
+    let pid = serves[old].0.id();
+    signal(pid, "-STOP");
+    let (next, e2, _) = leader_after(&rig, e1, Duration::from_secs(30));
+    assert_ne!(next, old);
+    wait_until(
+        "the agents commanded under the new epoch",
+        Duration::from_secs(30),
+        &rig,
+        || applied_of(&rig, e2) >= rig.nodes.len(),
+    );
+    let (applied, audited) = (applied_of(&rig, e1), audited_under(&rig, e1));
+    signal(pid, "-CONT");
+    // the resumed replica finds itself deposed and does nothing
+    wait_until(
+        "the resumed replica a follower",
+        Duration::from_secs(20),
+        &rig,
+        || role(rig.ports[old]) == Some((false, e2)),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        applied_of(&rig, e1),
+        applied,
+        "an agent applied a command of the deposed leader"
+    );
+    assert_eq!(
+        audited_under(&rig, e1),
+        audited,
+        "a commit of the deposed leader landed"
+    );
+    assert_eq!(role(rig.ports[next]), Some((true, e2)));
+    let logs = rig.serve_logs();
+    assert!(logs.contains("not the leader"), "{logs}");
+    assert!(
+        !rig.agent_logs().contains("the fail-safe is in force"),
+        "{}",
+        rig.agent_logs()
+    );
+}
+
+#[test]
+fn with_redis_down_no_replica_leads_and_one_leads_again_once_it_is_back() {
+    let mut rig = Rig::new(2, 2, 3600);
+    let _serves: Vec<Proc> = (0..2).map(|i| rig.serve(i)).collect();
+    let (_, e1, _) = leader_after(&rig, 0, Duration::from_secs(60));
+    wait_until(
+        "the agents commanded",
+        Duration::from_secs(30),
+        &rig,
+        || applied_of(&rig, e1) >= rig.nodes.len(),
+    );
+    rig.redis.kill9();
+    let down = Instant::now();
+    // within a renewal and a deadline, nobody leads
+    wait_until(
+        "no leader while Redis is down",
+        Duration::from_secs_f64(LEASE_S),
+        &rig,
+        || rig.ports.iter().all(|p| role(*p).is_some_and(|r| !r.0)),
+    );
+    let applied = applied_of(&rig, e1);
+    let mut sampler = Sampler::start(rig.ports.clone());
+    std::thread::sleep(Duration::from_secs(6));
+    let (most, when) = sampler.most();
+    assert_eq!(most, 0, "a replica led with Redis down: {when}");
+    assert_eq!(
+        applied_of(&rig, e1),
+        applied,
+        "a command went out while the lease could not be read"
+    );
+    rig.redis.restart();
+    let (_, e2, _) = leader_after(&rig, 0, Duration::from_secs(30));
+    assert!(
+        e2 >= e1,
+        "epoch {e2} after {e1} (the AOF keeps the counter)"
+    );
+    eprintln!("redis down for {:?}", down.elapsed());
+    wait_until(
+        "the agents commanded again",
+        Duration::from_secs(30),
+        &rig,
+        || {
+            rig.agent_logs()
+                .lines()
+                .filter(|l| l.contains(" command"))
+                .count()
+                > applied
+        },
+    );
+    assert!(
+        !rig.agent_logs().contains("the fail-safe is in force"),
+        "the caps lapsed during the outage:\n{}",
+        rig.agent_logs()
+    );
+}
+
+#[test]
+fn a_second_serve_on_the_same_embedded_store_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    common::write_site_and_deferral_policy(d);
+    let port = free_port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n[http]\nlisten = \"127.0.0.1:{port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n"),
+    )
+    .expect("config");
+    let config = d.join("powerplane.toml");
+    let _first = Proc(
+        powerplane()
+            .args(["serve", "--run-for-s", "60", "--config"])
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve"),
+    );
+    let t = Instant::now();
+    while role(port).is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the first serve never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let second = powerplane()
+        .args(["serve", "--run-for-s", "5", "--config"])
+        .arg(&config)
+        .output()
+        .expect("serve");
+    assert!(
+        !second.status.success(),
+        "a second controller on one redb file started"
+    );
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("already open in another process"), "{err}");
+    assert!(err.contains("kind = \"redis\""), "{err}");
+    // the first one still leads, alone
+    assert_eq!(role(port), Some((true, 0)));
+}

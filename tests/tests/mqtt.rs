@@ -483,6 +483,110 @@ fn sparkplug_stale_deaths_are_ignored_and_lost_state_asks_the_gateway_for_a_rebi
     assert_eq!((counters.rebirths_sent, counters.rebirths_held), (1, 0));
 }
 
+/// Payloads from Eclipse Tahu's Python encoder (`tests/fixtures/sparkplug/tahu_payloads.py`
+/// in the test venv, from the PyPI package `mqtt-spb-wrapper`).
+fn tahu_payloads(dir: &std::path::Path) {
+    let root = powerplane_tests::workspace_root();
+    let python = root.join(".venv/bin/python");
+    let out = std::process::Command::new(&python)
+        .arg(root.join("tests/fixtures/sparkplug/tahu_payloads.py"))
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs {} (scripts/test makes it): {e}",
+                python.display()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "the Tahu encoder failed (scripts/test installs mqtt-spb-wrapper into .venv): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn sparkplug_from_an_independent_encoder_tahu_is_read_typed_and_its_sessions_followed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    tahu_payloads(dir.path());
+    let file = |n: &str| std::fs::read(dir.path().join(n)).expect("payload");
+    let group = unique("spb-tahu");
+    let src = format!(
+        "version = 1\n\
+         [[sparkplug]]\ngroup = \"{group}\"\nnode = \"{{gw}}\"\nmetric = \"Inlet\"\nentity = \"rack/{{gw}}\"\nto = \"inlet_temp_c\"\n\
+         [[sparkplug]]\ngroup = \"{group}\"\nnode = \"{{gw}}\"\nmetric = \"Leak\"\nentity = \"cooling/{{gw}}\"\nto = \"leak_detected\"\n\
+         [[sparkplug]]\ngroup = \"{group}\"\nnode = \"{{gw}}\"\nmetric = \"Status\"\nentity = \"rack/{{gw}}\"\nto = \"humidity_pct\"\n\
+         [[sparkplug]]\ngroup = \"{group}\"\nnode = \"{{gw}}\"\nmetric = \"Fan\"\nentity = \"rack/{{gw}}\"\nto = \"temperature_c\"\n"
+    );
+    let mapping = Mapping::parse("mapping.toml", &src).expect("valid mapping");
+    let port = mqtt_port();
+    let run = Running::start(
+        MqttConfig::new(&format!("mqtt://127.0.0.1:{port}")),
+        mapping,
+    );
+    run.wait_for("connection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300));
+    let topic = |kind: &str| format!("spBv1.0/{group}/{kind}/gw-t");
+    mosquitto_pub(port, &topic("NBIRTH"), &file("nbirth.bin"), &[]);
+    mosquitto_pub(port, &topic("NDATA"), &file("ndata.bin"), &[]);
+    mosquitto_pub(port, &topic("NDEATH"), &file("ndeath-stale.bin"), &[]);
+    mosquitto_pub(port, &topic("NDEATH"), &file("ndeath.bin"), &[]);
+    let (mut samples, mut reasons, mut dead) = (Vec::new(), Vec::new(), Vec::new());
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && dead.is_empty() {
+        if let Ok(Event::Message { decoded, .. }) =
+            run.events.recv_timeout(Duration::from_millis(100))
+        {
+            samples.extend(
+                decoded
+                    .samples
+                    .iter()
+                    .map(|s| (s.entity.to_string(), s.metric.to_string(), s.value, s.ts.0)),
+            );
+            reasons.extend(decoded.rejects.iter().map(|r| r.reason));
+            dead.extend(decoded.dead.iter().map(|e| e.to_string()));
+        }
+    }
+    run.finish();
+    let t = 1_790_000_000_000;
+    assert_eq!(
+        samples,
+        vec![
+            ("rack/gw-t".to_string(), "inlet_temp_c".to_string(), 24.5, t),
+            (
+                "cooling/gw-t".to_string(),
+                "leak_detected".to_string(),
+                0.0,
+                t
+            ),
+            (
+                "rack/gw-t".to_string(),
+                "temperature_c".to_string(),
+                -3.0,
+                t
+            ),
+            (
+                "rack/gw-t".to_string(),
+                "inlet_temp_c".to_string(),
+                25.25,
+                t + 1000
+            ),
+            (
+                "cooling/gw-t".to_string(),
+                "leak_detected".to_string(),
+                1.0,
+                t + 1000
+            ),
+        ],
+        "a Float, a Boolean leak and a signed Int16 as Tahu encodes them"
+    );
+    // the String metric is refused in the birth and the data; the earlier session's
+    // will is ignored; the current one's marks the readings
+    assert_eq!(reasons, vec!["wrong_type", "wrong_type", "stale_death"]);
+    dead.sort();
+    assert_eq!(dead, vec!["cooling/gw-t", "rack/gw-t"]);
+}
+
 #[test]
 fn a_tls_broker_is_trusted_only_as_the_config_says() {
     use sources::tls::Tls;

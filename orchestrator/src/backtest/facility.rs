@@ -255,7 +255,7 @@ impl Facility {
             node.free += 1;
             node.rack = g.rack_index;
             gpus.push(Gpu {
-                id: g.id,
+                id: g.id.into_owned(),
                 node: g.node_index,
                 rack: g.rack_index,
                 model: g.model.clone(),
@@ -268,7 +268,7 @@ impl Facility {
         let gpu_index = gpus
             .iter()
             .enumerate()
-            .map(|(i, g)| (g.id.clone(), i))
+            .map(|(i, g)| (EntityId::clone(&g.id), i))
             .collect();
         let racks = site.racks.len();
         let job_index = jobs
@@ -895,7 +895,7 @@ impl Telemetry for Facility {
         // the energy counters and limits (for the ledger and the API) are not sent
         for g in &self.gpus {
             out.push(Sample::from_static(
-                g.id.clone(),
+                EntityId::clone(&g.id),
                 POWER_W,
                 g.power_w,
                 now,

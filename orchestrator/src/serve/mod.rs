@@ -360,7 +360,7 @@ impl Serve {
             &mut Standby
         };
         let report = self.control.tick(now, samples, jobs, actuator);
-        if !self.schedulers.is_empty() {
+        if acting && !self.schedulers.is_empty() {
             let actuated = self.control.actuated().clone();
             self.schedulers
                 .apply(&actuated, &report.decisions, now, self.control.store());
@@ -387,11 +387,20 @@ impl Serve {
         let Some(ha) = &self.leader.ha else {
             return true;
         };
-        let now = ha.gate.acting();
-        if now != self.leader.epoch {
-            match now {
-                Some(epoch) => self.take_over(epoch),
-                None => self.step_down(),
+        match ha.gate.state() {
+            crate::ha::GateState::Acting(epoch) => {
+                if self.leader.epoch != Some(epoch) {
+                    self.take_over(epoch);
+                }
+            }
+            // this term's lease cannot be read: no effect this tick, the term kept
+            crate::ha::GateState::Suspended(epoch) if self.leader.epoch == Some(epoch) => {
+                return false;
+            }
+            crate::ha::GateState::Suspended(_) | crate::ha::GateState::Following => {
+                if self.leader.epoch.is_some() {
+                    self.step_down();
+                }
             }
         }
         if self.leader.epoch.is_none() {

@@ -179,7 +179,7 @@ impl Facility {
             .gpus()
             .into_iter()
             .map(|g| SimGpu {
-                id: g.id,
+                id: g.id.into_owned(),
                 node: g.node_index,
                 rack: g.rack_index,
                 model: g.model.clone(),
@@ -522,10 +522,22 @@ impl Telemetry for Facility {
         let src = "sim";
         let mut out = Vec::with_capacity(self.gpus.len() * 3 + self.site.racks.len() * 2 + 8);
         for g in &self.gpus {
-            out.push(Sample::new(g.id.clone(), POWER_W, g.power_w, now, src));
-            out.push(Sample::new(g.id.clone(), ENERGY_J, g.energy_j, now, src));
             out.push(Sample::new(
-                g.id.clone(),
+                EntityId::clone(&g.id),
+                POWER_W,
+                g.power_w,
+                now,
+                src,
+            ));
+            out.push(Sample::new(
+                EntityId::clone(&g.id),
+                ENERGY_J,
+                g.energy_j,
+                now,
+                src,
+            ));
+            out.push(Sample::new(
+                EntityId::clone(&g.id),
                 POWER_LIMIT_W,
                 g.limit_w,
                 now,

@@ -42,6 +42,13 @@ fn item(kind: Kind, entity: &EntityId, path: String, value: Value) -> Item {
     Item::new(kind, entity, path, &value)
 }
 
+/// What a collection GET with `$expand` gave.
+enum Expanded {
+    Members(Vec<(String, Value)>),
+    Links(Vec<String>),
+    Refused,
+}
+
 /// One walk's fetching: the GETs it sent, the resources that failed.
 pub(super) struct Fetch<'a> {
     ep: &'a Endpoint,
@@ -135,10 +142,15 @@ impl<'a> Fetch<'a> {
         let Some(coll) = self.try_get(&path).await else {
             return Vec::new();
         };
-        let mut m = members(&coll);
+        self.capped_members(&path, &coll)
+    }
+
+    /// A collection's member links, at most [`MAX_MEMBERS`] (more is `oversize`).
+    fn capped_members(&self, path: &str, coll: &Value) -> Vec<String> {
+        let mut m = members(coll);
         if m.len() > MAX_MEMBERS {
             let e = self.ep.fail(
-                &path,
+                path,
                 "oversize",
                 None,
                 format!("{} members listed; the first {MAX_MEMBERS} read", m.len()),
@@ -150,11 +162,22 @@ impl<'a> Fetch<'a> {
         m
     }
 
-    /// The members of `parent`'s collection `key`, fetched in parallel, in order.
+    /// The members of `parent`'s collection `key`, in order: in one GET with `$expand`
+    /// where the service offers it, else fetched in parallel.
     async fn collection(&self, parent: &Value, key: &str) -> Vec<(String, Value)> {
+        let Some(path) = link(parent, key) else {
+            return Vec::new();
+        };
+        let links = match self.ep.expand_query() {
+            Some(q) => match self.expanded(&path, q).await {
+                Expanded::Members(m) => return m,
+                Expanded::Links(l) => l,
+                Expanded::Refused => self.member_links(parent, key).await,
+            },
+            None => self.member_links(parent, key).await,
+        };
         join_all(
-            self.member_links(parent, key)
-                .await
+            links
                 .into_iter()
                 .map(|m| async move { self.try_get(&m).await.map(|v| (m, v)) }),
         )
@@ -164,23 +187,74 @@ impl<'a> Fetch<'a> {
         .collect()
     }
 
-    /// The members of `parent`'s collection `key`, each read into an item as it
-    /// arrives, in order.
+    /// One GET of a collection with `$expand`: its members inline, or (a service that
+    /// ignores the query) only their links, or refused (then never asked again).
+    async fn expanded(&self, path: &str, query: &str) -> Expanded {
+        if self
+            .fatal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return Expanded::Refused;
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let got = if self.background {
+            let _permit = self.ep.background.acquire().await;
+            self.ep.get_uncounted(&format!("{path}{query}")).await
+        } else {
+            self.ep.get_uncounted(&format!("{path}{query}")).await
+        };
+        let coll = match got {
+            Ok(c) => c,
+            Err(e) if e.is_fatal() => {
+                self.ep.counters.failure(e.failure());
+                self.fatal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                return Expanded::Refused;
+            }
+            // a refused query is no failure of the service: read member by member
+            Err(_) => {
+                self.ep.expand_refused();
+                return Expanded::Refused;
+            }
+        };
+        let links = self.capped_members(path, &coll);
+        let inline: Vec<(String, Value)> = coll
+            .get("Members")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .take(MAX_MEMBERS)
+            .filter_map(|m| {
+                let id = m.get("@odata.id")?.as_str()?;
+                // an expanded member is the resource itself, not just its link
+                let full = m.as_object().is_some_and(|o| o.len() > 1);
+                full.then(|| (id.to_string(), m.clone()))
+            })
+            .collect();
+        if !links.is_empty() && inline.len() == links.len() {
+            Expanded::Members(inline)
+        } else {
+            if !links.is_empty() {
+                self.ep.expand_refused();
+            }
+            Expanded::Links(links)
+        }
+    }
+
+    /// The members of `parent`'s collection `key`, each read into an item, in order.
     async fn read_members<F>(&self, parent: &Value, key: &str, to_item: F) -> Vec<Item>
     where
         F: Fn(String, Value) -> Item,
     {
-        let to_item = &to_item;
-        join_all(
-            self.member_links(parent, key)
-                .await
-                .into_iter()
-                .map(|m| async move { self.try_get(&m).await.map(|v| to_item(m, v)) }),
-        )
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+        self.collection(parent, key)
+            .await
+            .into_iter()
+            .map(|(m, v)| to_item(m, v))
+            .collect()
     }
 
     /// The resource `parent` links as `key`, as an item (none when missing or failed).
@@ -198,6 +272,7 @@ impl<'a> Fetch<'a> {
     /// answering mid-walk fails the walk (a partial tree is not kept as the plan).
     pub(super) async fn discover(&self) -> Result<Vec<Item>, RedfishError> {
         let root = self.get("/redfish/v1").await?;
+        self.ep.learn_expand(&root);
         let tree = async {
             if !self.ep.cfg.walks_tree() {
                 return Vec::new();

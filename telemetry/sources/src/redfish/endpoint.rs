@@ -38,6 +38,11 @@ pub struct Endpoint {
     global: Arc<Semaphore>,
     pub(super) plan: Mutex<Option<Plan>>,
     pub(super) counters: Arc<Counters>,
+    /// The `$expand` query the service root advertised (`None`: none, or the service
+    /// refused it once and is read member by member from then on).
+    pub(super) expand: Mutex<Option<&'static str>>,
+    /// The service refused `$expand` or ignored it: never asked again.
+    expand_off: std::sync::atomic::AtomicBool,
 }
 
 impl Endpoint {
@@ -69,6 +74,8 @@ impl Endpoint {
             global,
             plan: Mutex::new(None),
             counters: Arc::new(Counters::new()),
+            expand: Mutex::new(None),
+            expand_off: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -97,7 +104,7 @@ impl Endpoint {
         r
     }
 
-    async fn get_uncounted(&self, path: &str) -> Result<Value, RedfishError> {
+    pub(super) async fn get_uncounted(&self, path: &str) -> Result<Value, RedfishError> {
         // this endpoint's limit first, so that no global permit waits on it
         let closed = |_| self.fail(path, "config", None, "poller closed");
         let _mine = self.per.acquire().await.map_err(closed)?;
@@ -208,6 +215,37 @@ impl Endpoint {
             .ok_or_else(|| self.fail(path, "auth", None, "session login gave no X-Auth-Token"))?;
         *guard = Some(token.clone());
         Ok(token)
+    }
+
+    /// Reads `ProtocolFeaturesSupported.ExpandQuery` of the service root: the query
+    /// that expands a collection's members one level down, if the service has one.
+    pub(super) fn learn_expand(&self, root: &Value) {
+        let q = root
+            .get("ProtocolFeaturesSupported")
+            .and_then(|p| p.get("ExpandQuery"));
+        let yes = |k: &str| q.and_then(|q| q.get(k)).and_then(Value::as_bool) == Some(true);
+        let off = self.expand_off.load(std::sync::atomic::Ordering::Relaxed);
+        let query = match (yes("NoLinks"), yes("ExpandAll"), yes("Levels")) {
+            _ if !self.cfg.expand || off => None,
+            (true, _, true) => Some("?$expand=.($levels=1)"),
+            (true, _, false) => Some("?$expand=."),
+            (false, true, true) => Some("?$expand=*($levels=1)"),
+            (false, true, false) => Some("?$expand=*"),
+            _ => None,
+        };
+        *self.expand.lock().unwrap_or_else(|p| p.into_inner()) = query;
+    }
+
+    /// The `$expand` query to use now, if any.
+    pub(super) fn expand_query(&self) -> Option<&'static str> {
+        *self.expand.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The service refused `$expand` or ignored it: read member by member from now on.
+    pub(super) fn expand_refused(&self) {
+        self.expand_off
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        *self.expand.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     pub(super) fn entity(&self, key: &str, kind: EntityKind, id: &str) -> EntityId {

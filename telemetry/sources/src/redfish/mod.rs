@@ -120,6 +120,15 @@ pub struct EndpointConfig {
     /// `entities`, only the bound resources are read.
     #[serde(skip)]
     pub bind: Vec<telemetry::site::redfish::RedfishBinding>,
+    /// Read a collection's members in one GET (`$expand`) where the service root
+    /// advertises it (`ProtocolFeaturesSupported.ExpandQuery`); a service that then
+    /// refuses it or answers without the members is read member by member.
+    #[serde(default = "default_expand")]
+    pub expand: bool,
+}
+
+fn default_expand() -> bool {
+    true
 }
 
 fn default_timeout() -> f64 {
@@ -136,6 +145,7 @@ impl EndpointConfig {
             timeout_s: default_timeout(),
             entities: BTreeMap::new(),
             bind: Vec::new(),
+            expand: default_expand(),
         }
     }
 
