@@ -74,6 +74,10 @@ impl Default for NodePowerRule {
 }
 
 impl NodePowerRule {
+    pub fn is_default(&self) -> bool {
+        *self == NodePowerRule::default()
+    }
+
     pub fn boot_s_of(&self, model: &str) -> f64 {
         self.boot_s_by_model
             .get(model)

@@ -244,7 +244,12 @@ pub struct Policy {
     pub thermal: ThermalRule,
     #[serde(default)]
     pub price: PriceRule,
-    #[serde(default)]
+    /// Off unless the policy turns it on; left out of the serialized policy while it
+    /// is the default (so `policy explain` does not list it as disabled).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::node_power::NodePowerRule::is_default"
+    )]
     pub node_power: crate::node_power::NodePowerRule,
     /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
     #[serde(skip)]
