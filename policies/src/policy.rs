@@ -745,4 +745,32 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn value_and_node_power_keys_are_checked() {
+        let p = Policy::parse(
+            "p.toml",
+            "version = 1\n[price]\nmode = \"plan\"\ndelay_cost_per_gpu_hour = 0.03\nmax_slowdown = 4\npeak_target_kw = 500\n[node_power]\nenabled = true\nreserve_gpus = 16\nboot_s_by_model = { H100 = 600 }\n",
+        )
+        .expect("valid");
+        assert_eq!(p.price.delay_cost_per_gpu_hour, 0.03);
+        assert_eq!(p.price.max_slowdown, Some(4.0));
+        assert!(p.node_power.enabled);
+        assert_eq!(p.node_power.boot_s_of("H100"), 600.0);
+        assert_eq!(p.node_power.boot_s_of("A40"), 300.0);
+        let err = Policy::parse(
+            "p.toml",
+            "version = 1\n[price]\ndelay_cost_per_gpu_hour = -1\nmax_slowdown = 0.5\n[node_power]\nreserve_share = 2\nmax_downs_per_min = 0\n",
+        )
+        .expect_err("bad values");
+        let e = err.to_string();
+        for want in [
+            "delay_cost_per_gpu_hour must not be negative",
+            "max_slowdown must be at least 1",
+            "node_power: reserve_share must be within 0..1",
+            "node_power: max_downs_per_min must be at least 1",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
 }
