@@ -463,11 +463,10 @@ impl Facility {
                     want -= take;
                 }
             }
-            for ni in 0..self.nodes.len() {
+            for (n, l) in self.nodes.iter_mut().zip(left.iter_mut()) {
                 if want == 0 {
                     break;
                 }
-                let n = &mut self.nodes[ni];
                 if matches!(n.power, Power::Off { .. } | Power::ShuttingDown { .. })
                     && model.as_ref().is_none_or(|m| &n.model == m)
                 {
@@ -476,7 +475,7 @@ impl Facility {
                     self.totals.power_ups += 1;
                     let g = n.gpus.len() as u32;
                     let take = g.min(want);
-                    left[ni] = g - take;
+                    *l = g - take;
                     want -= take;
                 }
             }

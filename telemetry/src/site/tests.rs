@@ -168,3 +168,47 @@ outlets = ["p1.B9"]
         .contains(&EntityId::new(EntityKind::Outlet, "p1.A2")));
     assert_eq!(site.gpus().len(), 16);
 }
+
+#[test]
+fn redfish_bindings_are_checked_against_the_site_with_positions() {
+    let good = format!(
+        "{DEMO}\n[[redfish]]\nendpoint = \"bmc\"\nresource = \"/redfish/v1/Chassis/1U/Sensors/IntakeTemp\"\nentity = \"rack/a01\"\nmetric = \"inlet_temp_c\"\n\n[[redfish]]\nendpoint = \"bmc\"\nresource = \"Systems/1/Processors/*/EnvironmentMetrics\"\nproperty = \"/PowerWatts/Reading\"\nentity = \"gpu/a01-n01:0\"\nmetric = \"power_w\"\ncombine = \"sum\"\n"
+    );
+    let site = Site::parse("site.toml", &good).expect("valid bindings");
+    assert_eq!(site.redfish.len(), 2);
+    let b = &site.redfish[1];
+    assert_eq!(
+        b.resource.to_string(),
+        "Systems/1/Processors/*/EnvironmentMetrics"
+    );
+    assert_eq!(b.property.as_deref(), Some("PowerWatts"));
+    assert_eq!(b.combine, Some(redfish::Combine::Sum));
+    assert!(
+        site.redfish[0].at.starts_with("site.toml:"),
+        "{}",
+        site.redfish[0].at
+    );
+
+    let bad = format!(
+        "{DEMO}\n[[redfish]]\nendpoint = \"bmc\"\nresource = \"Chassis/**/Sensors\"\nentity = \"rack/z9\"\nmetric = \"inlet_temp\"\ncombine = \"median\"\n"
+    );
+    let e = Site::parse("site.toml", &bad)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("median"), "an unknown combine: {e}");
+    let bad = format!(
+        "{DEMO}\n[[redfish]]\nendpoint = \"bmc\"\nresource = \"Chassis/**/Sensors\"\nentity = \"rack/z9\"\nmetric = \"inlet_temp\"\n"
+    );
+    let e = Site::parse("site.toml", &bad)
+        .expect_err("refused")
+        .to_string();
+    for want in [
+        "** may only be the last segment",
+        "entity rack/z9: the site defines no such entity",
+        "unknown metric \"inlet_temp\"",
+    ] {
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    assert_eq!(e.lines().count(), 3, "every problem at once: {e}");
+    assert!(e.lines().all(|l| l.starts_with("site.toml:")), "{e}");
+}
