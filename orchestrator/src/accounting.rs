@@ -187,7 +187,7 @@ impl Accountant {
             for ((g, (j, integrated)), extra) in rack_gpus.iter().zip(per_gpu).zip(slot_other) {
                 let kwh = (j + extra) / J_PER_KWH;
                 let estimated = if integrated { j / J_PER_KWH } else { 0.0 };
-                match owners.get(&g.id).map(Vec::as_slice) {
+                match owners.get(&*g.id).map(Vec::as_slice) {
                     None | Some([]) => add(idle[ri].get_or_insert([0.0; 3]), kwh, estimated, 0.0),
                     Some(holders) => {
                         let k = holders.len() as f64;
@@ -292,7 +292,7 @@ impl Accountant {
     fn remember_counters(&mut self, site: &Site, snapshot: &Snapshot, now: Timestamp) {
         for g in site.gpus() {
             if let Some(o) = snapshot.observe(&g.id, ENERGY_J, now) {
-                self.last_energy_j.insert(g.id, o.value);
+                self.last_energy_j.insert(g.id.into_owned(), o.value);
             }
         }
     }
@@ -348,7 +348,7 @@ mod tests {
             class: "training".into(),
             priority: 0,
             gpus: 1,
-            allocated: vec![site.gpus()[0].id.clone()],
+            allocated: vec![site.gpus()[0].id.clone().into_owned()],
             state: JobState::Running,
             submit_time: t(0.0),
             start_time: Some(t(0.0)),
@@ -365,9 +365,9 @@ mod tests {
     fn feed(s: &mut Snapshot, site: &Site, now: Timestamp, counter_j: f64, price: f64) {
         let g = site.gpus();
         for (e, m, v) in [
-            (g[0].id.clone(), POWER_W, 200.0),
-            (g[0].id.clone(), ENERGY_J, counter_j),
-            (g[1].id.clone(), POWER_W, 100.0),
+            (g[0].id.clone().into_owned(), POWER_W, 200.0),
+            (g[0].id.clone().into_owned(), ENERGY_J, counter_j),
+            (g[1].id.clone().into_owned(), POWER_W, 100.0),
             (EntityId::rack("r1"), POWER_W, 400.0),
             (
                 EntityId::new(EntityKind::Cooling, "c"),
@@ -477,7 +477,7 @@ mod tests {
             .map(|id| {
                 let mut j = job(&site);
                 j.id = id.to_string();
-                j.allocated = vec![g[0].id.clone()];
+                j.allocated = vec![g[0].id.clone().into_owned()];
                 j
             })
             .collect();
@@ -488,8 +488,8 @@ mod tests {
             let now = t(f64::from(i) * 60.0);
             // no rack meter: the PDU outlets of each node; GPUs by power only
             for (e, m, v) in [
-                (g[0].id.clone(), POWER_W, 200.0),
-                (g[1].id.clone(), POWER_W, 100.0),
+                (g[0].id.clone().into_owned(), POWER_W, 200.0),
+                (g[1].id.clone().into_owned(), POWER_W, 100.0),
                 (EntityId::new(EntityKind::Outlet, "p1.A1"), POWER_W, 500.0),
                 (EntityId::new(EntityKind::Outlet, "p1.A2"), POWER_W, 300.0),
             ] {

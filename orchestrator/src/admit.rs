@@ -273,7 +273,7 @@ mod tests {
         let site = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("site");
         let gate = Gate::new(&site);
         let now = Timestamp::from_secs(1_790_000_000);
-        let gpu = site.gpus()[0].id.clone();
+        let gpu = site.gpus()[0].id.clone().into_owned();
         let mut samples = vec![
             Sample::new(EntityId::rack("a01"), INLET_TEMP_C, 25.0, now, "t"),
             Sample::new(gpu.clone(), POWER_W, 250.0, now, "t"),

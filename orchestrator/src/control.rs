@@ -94,10 +94,13 @@ impl ControlLoop {
     ) -> Result<Self, StoreError> {
         let state = store.state()?;
         let registry = JobRegistry::from_jobs(store.jobs()?);
+        // the site's GPUs take the snapshot's first slots: the engine reads them by index
+        let mut snapshot = Snapshot::new();
+        snapshot.register(&site.snapshot_order());
         Ok(ControlLoop {
             site,
             policy,
-            snapshot: Snapshot::new(),
+            snapshot,
             committed: state.clone(),
             state,
             registry,

@@ -167,9 +167,9 @@ impl Fleet {
             .into_iter()
             .map(|g| {
                 (
-                    g.id.clone(),
+                    EntityId::clone(&g.id),
                     GpuBook {
-                        gpu: g.id.clone(),
+                        gpu: EntityId::clone(&g.id),
                         node: g.node.id.clone(),
                         index: g.index,
                         desired: Want::Default,
@@ -540,7 +540,7 @@ gpu_model = "A40"
         let mut s = State::default();
         for i in gpus {
             s.caps.insert(
-                all[*i].id.clone(),
+                all[*i].id.clone().into_owned(),
                 Cap {
                     watts,
                     rule: "budget".into(),
@@ -649,7 +649,7 @@ gpu_model = "A40"
         let mut state = capped(&site, &[0], 180.0);
         for i in [0, 1] {
             state.clocks.insert(
-                g[i].id.clone(),
+                g[i].id.clone().into_owned(),
                 policies::ClockLock {
                     mhz: 1200.0,
                     rule: "rules.slow".into(),
@@ -778,11 +778,14 @@ gpu_model = "A40"
             .iter()
             .find(|s| s.metric.as_str() == POWER_W)
             .expect("power");
-        assert_eq!((power.entity.clone(), power.value), (g0.id.clone(), 190.0));
+        assert_eq!(
+            (power.entity.clone(), power.value),
+            (g0.id.clone().into_owned(), 190.0)
+        );
         assert!(samples
             .iter()
             .any(|s| s.metric.as_str() == ENERGY_J && s.value == 1e6));
-        let book = f.books().find(|b| b.gpu == g0.id).expect("book");
+        let book = f.books().find(|b| b.gpu == *g0.id).expect("book");
         assert_eq!(
             (book.applied_w, book.enforced_w),
             (Some(200.0), Some(200.0))

@@ -116,8 +116,10 @@ pub fn problems(
 /// The role as the API, `/metrics` and the status page show it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct HaStatus {
-    /// `leader`, `follower`, or `single` (no `[ha]`).
+    /// `leader` or `follower` (a controller without `[ha]` is the leader).
     pub role: &'static str,
+    /// Whether `[ha]` is enabled (several replicas, one leader).
+    pub enabled: bool,
     pub instance: String,
     /// The leader's instance, as last seen (this one when leading).
     pub leader: Option<String>,
@@ -133,7 +135,8 @@ impl HaStatus {
     /// One controller, no `[ha]`: it leads, with no epoch.
     pub fn single() -> Self {
         HaStatus {
-            role: "single",
+            role: "leader",
+            enabled: false,
             instance: host_name(),
             leader: None,
             epoch: 0,
@@ -143,7 +146,7 @@ impl HaStatus {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.role != "follower"
+        self.role == "leader"
     }
 }
 
@@ -228,6 +231,7 @@ impl Gate {
             } else {
                 "follower"
             },
+            enabled: true,
             instance: g.election.instance.clone(),
             leader,
             epoch,

@@ -50,6 +50,7 @@ pub mod fleet;
 pub mod ha;
 pub mod http;
 pub use agent::notify;
+pub mod node_power;
 pub mod overrides;
 pub mod paths;
 pub mod policy_cli;

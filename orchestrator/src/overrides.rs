@@ -127,7 +127,7 @@ pub fn apply(plan: &State, overrides: &[Override], site: &Site, now: Timestamp) 
                     let lower = out.caps.get(&g.id).is_none_or(|c| c.watts > w);
                     if lower {
                         out.caps.insert(
-                            g.id.clone(),
+                            telemetry::EntityId::clone(&g.id),
                             Cap {
                                 watts: w,
                                 rule: format!("override.{}", o.id),
@@ -314,7 +314,7 @@ mod tests {
         let g = site.gpus();
         let mut plan = State::default();
         plan.caps.insert(
-            g[0].id.clone(),
+            g[0].id.clone().into_owned(),
             Cap {
                 watts: 150.0,
                 rule: "budget.rack".into(),

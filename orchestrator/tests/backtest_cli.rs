@@ -303,3 +303,74 @@ fn a_job_larger_than_the_site_is_refused_with_its_line_before_the_replay() {
     );
     assert!(!dir.path().join("out/summary.json").exists());
 }
+
+#[test]
+fn capacity_grows_the_site_by_racks_until_the_contract_no_longer_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = std::fs::read_to_string(fixture("policy.toml")).expect("policy");
+    let policy = write(
+        dir.path(),
+        "policy.toml",
+        &format!("{policy}\n[node_power]\nenabled = true\nreserve_gpus = 8\nidle_s = 600\n"),
+    );
+    let out = dir.path().join("out");
+    let o = Command::new(env!("CARGO_BIN_EXE_powerplane"))
+        .arg("backtest")
+        .arg("--site")
+        .arg(fixture("site.toml"))
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--jobs")
+        .arg(fixture("jobs.csv"))
+        .arg("--prices")
+        .arg(fixture("prices.csv"))
+        .arg("--scenario")
+        .arg(fixture("scenario.toml"))
+        .arg("--out")
+        .arg(&out)
+        .args([
+            "--capacity",
+            "--capacity-step",
+            "1",
+            "--capacity-max-steps",
+            "2",
+        ])
+        .output()
+        .expect("powerplane runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(out.join("capacity.json")).expect("capacity.json");
+    let c: Value = serde_json::from_str(&text).expect("JSON");
+    // 48 kW (60 kW derated to 80%) over 392 W per GPU at its peak (300 W, 50 W of its
+    // node, 12% cooling)
+    assert_eq!(num(&c, "/contract_kw"), 48.0);
+    assert!((num(&c, "/gpu_peak_w") - 392.0).abs() < 1e-6, "{c}");
+    assert!((num(&c, "/nameplate_gpus") - 48000.0 / 392.0).abs() < 1e-6);
+    let steps = c["steps"].as_array().expect("steps");
+    assert!(!steps.is_empty());
+    // whole racks of 64 GPUs, from the site's own two
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(num(s, "/racks"), 2.0 + i as f64);
+        assert_eq!(num(s, "/gpus"), 128.0 + 64.0 * i as f64);
+        let passed = s["passed"].as_bool().expect("passed");
+        let ok = num(s, "/budget_violation_s") == 0.0
+            && num(s, "/thermal_violation_s") == 0.0
+            && num(s, "/gpu_hours_lost") <= 0.01;
+        assert_eq!(passed, ok, "{s}");
+        // it stops at the first size that does not hold
+        if !passed {
+            assert_eq!(i, steps.len() - 1);
+        }
+    }
+    let largest = num(&c, "/largest_gpus");
+    let best = steps
+        .iter()
+        .filter(|s| s["passed"].as_bool() == Some(true))
+        .map(|s| num(s, "/gpus"))
+        .fold(0.0, f64::max);
+    assert_eq!(largest, best);
+    // the test trace keeps well under 48 kW: the grown sites hold it
+    assert!(largest >= 192.0, "{c}");
+    assert!(out.join("racks-2/summary.json").exists());
+    assert!(out.join("racks-2-unconstrained/summary.json").exists());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("over nameplate"));
+}

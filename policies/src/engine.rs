@@ -42,9 +42,9 @@ type Groups = Vec<((String, String, Option<i64>), Vec<EntityId>)>;
 
 /// A rule's wanted cap for one GPU, with what to say about it.
 #[derive(Debug, Clone)]
-struct Want {
+struct Want<'r> {
     watts: f64,
-    rule: String,
+    rule: &'r str,
     lease_s: f64,
 }
 
@@ -177,7 +177,9 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     // the SREs' rules
     let mut rule_wants: Vec<(&Rule, rules_eval::Wants)> = Vec::new();
-    for rule in policy.rules.iter().filter(|r| r.enabled) {
+    let enabled: Vec<&Rule> = policy.rules.iter().filter(|r| r.enabled).collect();
+    let ids: Vec<String> = enabled.iter().map(|r| r.id()).collect();
+    for (rule, id) in enabled.into_iter().zip(&ids) {
         let empty = BTreeMap::new();
         let memory = prior.rules.get(&rule.name).unwrap_or(&empty);
         let (wants, mem) = rules_eval::run(
@@ -194,14 +196,13 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         if !mem.is_empty() {
             next.rules.insert(rule.name.clone(), mem);
         }
-        let id = rule.id();
         let target = if rule.observe {
             &mut observe
         } else {
             &mut enforce
         };
         for &(g, watts) in &wants.caps {
-            offer(target, g, watts, &id, rule.lease_s);
+            offer(target, g, watts, id, rule.lease_s);
         }
         let mut seen_racks: BTreeSet<usize> = BTreeSet::new();
         for w in &wants.why {
@@ -327,14 +328,14 @@ fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
         / gpus.len().max(1) as f64
 }
 
-fn offer(map: &mut [Option<Want>], gpu: usize, watts: f64, rule: &str, lease_s: f64) {
+fn offer<'r>(map: &mut [Option<Want<'r>>], gpu: usize, watts: f64, rule: &'r str, lease_s: f64) {
     let slot = &mut map[gpu];
     match slot {
         Some(w) if w.watts <= watts => {}
         _ => {
             *slot = Some(Want {
                 watts,
-                rule: rule.to_string(),
+                rule,
                 lease_s,
             })
         }
@@ -367,7 +368,7 @@ fn budget_reason(v: &ScopeView) -> String {
 fn settle(
     gpus: &[GpuRef<'_>],
     prior: &[Option<&Cap>],
-    wants: &[Option<Want>],
+    wants: &[Option<Want<'_>>],
     policy: &Policy,
     now: Timestamp,
 ) -> Vec<Option<Cap>> {
@@ -381,7 +382,7 @@ fn settle(
         let target = model.clamp_limit(want.map_or(model.default_w, |w| w.watts));
         let lease_s = want.map_or(b.lease_s, |w| w.lease_s);
         let rule = want
-            .map(|w| w.rule.clone())
+            .map(|w| w.rule.to_string())
             .or_else(|| old.map(|c| c.rule.clone()))
             .unwrap_or_default();
         let keep = |c: &Cap| Cap {
@@ -458,10 +459,10 @@ fn cap_decisions(
             new.map(|c| (c.watts * 10.0).round() as i64),
         );
         match at.get(&key) {
-            Some(&i) => groups[i].1.push(g.id.clone()),
+            Some(&i) => groups[i].1.push(EntityId::clone(&g.id)),
             None => {
                 at.insert(key.clone(), groups.len());
-                groups.push((key, vec![g.id.clone()]));
+                groups.push((key, vec![EntityId::clone(&g.id)]));
             }
         }
     }
@@ -711,7 +712,7 @@ fn clocks(
         }
     }
     for (g, (mhz, rule)) in &want {
-        let id = index.gpus[*g].id.clone();
+        let id = EntityId::clone(&index.gpus[*g].id);
         let since = prior
             .clocks
             .get(&id)
@@ -744,7 +745,7 @@ fn clocks(
             groups
                 .entry((g.rack_index, rule, new.map(|c| c.mhz.round() as i64)))
                 .or_default()
-                .push(g.id.clone());
+                .push(EntityId::clone(&g.id));
         }
     }
     for ((rack, rule, mhz), gpus) in groups {
@@ -942,6 +943,6 @@ fn by_index<'c>(
 fn to_map(gpus: &[GpuRef<'_>], caps: &[Option<Cap>]) -> BTreeMap<EntityId, Cap> {
     gpus.iter()
         .zip(caps)
-        .filter_map(|(g, c)| c.clone().map(|c| (g.id.clone(), c)))
+        .filter_map(|(g, c)| c.clone().map(|c| (EntityId::clone(&g.id), c)))
         .collect()
 }

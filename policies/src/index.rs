@@ -6,25 +6,21 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use telemetry::site::GpuRef;
+use telemetry::snapshot::Slot;
 use telemetry::{EntityId, EntityKind, Site, Snapshot, Timestamp};
 
 use crate::rules::{ScopeKind, Selector};
 
 pub use telemetry::fasthash::Fnv;
-use telemetry::fasthash::FnvMap;
-
-type Readings = BTreeMap<telemetry::Metric, telemetry::snapshot::Reading>;
 
 /// The site seen as scopes: every entity with its GPUs, built once per evaluation.
 pub struct Index<'a> {
     pub site: &'a Site,
     pub gpus: Vec<GpuRef<'a>>,
-    /// Node names to (node index, index of its first GPU in `gpus`), for looking GPUs
-    /// up by id (built on first use; a node's GPUs are contiguous in `gpus`).
-    nodes: std::cell::OnceCell<FnvMap<&'a str, (usize, usize)>>,
     snapshot: Option<&'a Snapshot>,
-    /// Each GPU's readings in the snapshot (built on first use).
-    readings: std::cell::OnceCell<Vec<Option<&'a Readings>>>,
+    /// Each GPU's slot in the snapshot (built on first use: slot `i` when the snapshot
+    /// gave the site's GPUs the first slots, else found by name once).
+    slots: std::cell::OnceCell<Vec<Option<Slot>>>,
 }
 
 impl<'a> Index<'a> {
@@ -32,9 +28,8 @@ impl<'a> Index<'a> {
         Index {
             site,
             gpus,
-            nodes: std::cell::OnceCell::new(),
             snapshot: None,
-            readings: std::cell::OnceCell::new(),
+            slots: std::cell::OnceCell::new(),
         }
     }
 
@@ -46,26 +41,7 @@ impl<'a> Index<'a> {
 
     /// The position of a GPU in `gpus`, from its id (`node:index`).
     pub fn gpu_index(&self, id: &EntityId) -> Option<usize> {
-        if id.kind != EntityKind::Gpu {
-            return None;
-        }
-        let (node, i) = id.name.rsplit_once(':')?;
-        let i: usize = i.parse().ok()?;
-        let nodes = self.nodes.get_or_init(|| {
-            let mut m = FnvMap::default();
-            let mut first: Vec<Option<usize>> = vec![None; self.site.nodes.len()];
-            for (k, g) in self.gpus.iter().enumerate() {
-                first[g.node_index].get_or_insert(k);
-            }
-            for (n, node) in self.site.nodes.iter().enumerate() {
-                if let Some(f) = first[n] {
-                    m.insert(node.id.as_str(), (n, f));
-                }
-            }
-            m
-        });
-        let &(n, f) = nodes.get(node)?;
-        (i < self.site.nodes[n].gpus as usize).then_some(f + i)
+        self.site.gpu_index(id).filter(|&i| i < self.gpus.len())
     }
 
     /// A GPU's reading of `metric` at `now` (as [`Snapshot::observe`], without finding
@@ -77,21 +53,28 @@ impl<'a> Index<'a> {
         now: Timestamp,
     ) -> Option<telemetry::Observation> {
         let snap = self.snapshot?;
-        let readings = self.readings.get_or_init(|| {
-            let mut v = vec![None; self.gpus.len()];
-            for (e, r) in snap.entities() {
-                if let Some(i) = self.gpu_index(e) {
-                    v[i] = Some(r);
-                }
-            }
-            v
-        });
-        snap.observe_in(readings[gpu]?, metric, now)
+        let m = snap.metric_id(metric)?;
+        let slot = self.gpu_slots(snap)[gpu]?;
+        snap.observe_slot(slot, m, now)
+    }
+
+    /// Each GPU's slot in the snapshot.
+    fn gpu_slots(&self, snap: &Snapshot) -> &[Option<Slot>] {
+        self.slots.get_or_init(|| {
+            self.gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| match snap.entity_at(i as Slot) {
+                    Some(e) if *e == *g.id => Some(i as Slot),
+                    _ => snap.slot(&g.id),
+                })
+                .collect()
+        })
     }
 
     /// Rack index of each rack id.
     pub(crate) fn rack_index(&self, id: &str) -> Option<usize> {
-        self.site.racks.iter().position(|r| r.id == id)
+        self.site.rack_index(id)
     }
 
     pub(crate) fn row_of(&self, rack: usize) -> &str {
@@ -209,7 +192,7 @@ impl<'a> Index<'a> {
             ScopeKind::Gpu => {
                 for (i, g) in self.gpus.iter().enumerate() {
                     if racks_ok[g.rack_index] && names(&g.id.name) {
-                        out.push((Cow::Borrowed(&g.id), vec![i]));
+                        out.push((Cow::Borrowed(&*g.id), vec![i]));
                     }
                 }
             }

@@ -9,7 +9,7 @@
 //! A reading over its limit (the model was wrong) or a cooling unit short of headroom
 //! tightens one more step, as the reactive rule does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use telemetry::metric::names::{COOLING_CAPACITY_KW, INLET_TEMP_C, POWER_W};
 use telemetry::site::CoolingUnit;
@@ -98,11 +98,16 @@ fn rack_loads(
     now: Timestamp,
 ) -> Vec<RackLoad> {
     let site = index.site;
-    let busy: BTreeSet<&EntityId> = jobs
+    let mut busy = vec![false; index.gpus.len()];
+    for g in jobs
         .iter()
         .filter(|j| j.state == JobState::Running)
         .flat_map(|j| j.allocated.iter())
-        .collect();
+    {
+        if let Some(i) = index.gpu_index(g) {
+            busy[i] = true;
+        }
+    }
     let mut out: Vec<RackLoad> = vec![RackLoad::default(); site.racks.len()];
     let mut gpu_w = vec![0.0; site.racks.len()];
     for (i, g) in index.gpus.iter().enumerate() {
@@ -111,7 +116,7 @@ fn rack_loads(
             .gpu_observe(i, POWER_W, now)
             .filter(|o| o.usable())
             .map(|o| o.value);
-        let is_busy = busy.contains(&g.id);
+        let is_busy = busy[i];
         let cap = prior_caps[i].map(|c| c.watts);
         // a GPU at its cap would draw more without it: its default limit
         let demand_w = match (draw, cap) {
@@ -148,21 +153,38 @@ fn rack_loads(
 /// price rule's `release_margin_s`, falls in it). A hold's lease is renewed every tick,
 /// so it is not taken for its end.
 fn queued_gpus(
-    jobs: &[Job],
-    prior: &State,
+    waiting: &[Waiting],
     now: Timestamp,
     horizon_s: f64,
     release_margin_s: f64,
 ) -> usize {
-    let ends_soon = |j: &Job| {
-        j.latest_start()
+    let ends_soon = |w: &Waiting| {
+        w.latest_start
             .is_some_and(|t| t + -release_margin_s <= now + horizon_s)
     };
+    waiting
+        .iter()
+        .filter(|w| !w.held || ends_soon(w))
+        .map(|w| w.gpus)
+        .sum()
+}
+
+/// A queued job as [`queued_gpus`] sees it (listed once per evaluation).
+struct Waiting {
+    gpus: usize,
+    held: bool,
+    latest_start: Option<Timestamp>,
+}
+
+fn waiting(jobs: &[Job], prior: &State) -> Vec<Waiting> {
     jobs.iter()
         .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
-        .filter(|j| !prior.holds.contains_key(&j.id) || ends_soon(j))
-        .map(|j| j.gpus as usize)
-        .sum()
+        .map(|j| Waiting {
+            gpus: j.gpus as usize,
+            held: prior.holds.contains_key(&j.id),
+            latest_start: j.latest_start(),
+        })
+        .collect()
 }
 
 /// One rack of a unit, as the unit's search sees it.
@@ -182,9 +204,10 @@ fn planned(loads: &[RackLoad], racks: &[RackView], fraction: f64, queued: usize)
         let l = &loads[v.rack];
         let n = left.min(l.idle());
         left -= n;
-        unit_w += l.draw_w(fraction) + l.start_w(fraction, n);
+        let draw = l.draw_w(fraction);
+        unit_w += draw + l.start_w(fraction, n);
         // the rack itself: as if every queued GPU landed on it (the worst case)
-        rack_w.push(l.draw_w(fraction) + l.start_w(fraction, queued));
+        rack_w.push(draw + l.start_w(fraction, queued));
     }
     Load2 {
         unit_kw: unit_w / 1000.0,
@@ -197,16 +220,17 @@ struct Load2 {
     rack_kw: Vec<f64>,
 }
 
-/// The predicted inlet of each rack after `horizon_s` under `fraction`.
+/// The unit's planned heat (kW) and the predicted inlet of each rack after `horizon_s`
+/// under `fraction`.
 fn predictions(
     loads: &[RackLoad],
     racks: &[RackView],
     fraction: f64,
     queued: usize,
     horizon_s: f64,
-) -> Vec<Option<f64>> {
+) -> (f64, Vec<Option<f64>>) {
     let l = planned(loads, racks, fraction, queued);
-    racks
+    let p = racks
         .iter()
         .zip(&l.rack_kw)
         .map(|(v, &rack_kw)| {
@@ -221,7 +245,43 @@ fn predictions(
                 )
             })
         })
-        .collect()
+        .collect();
+    (l.unit_kw, p)
+}
+
+/// A cap level (its bits), the unit's planned kW under it and each rack's predicted inlet.
+type PlanAt = (u64, f64, Vec<Option<f64>>);
+
+/// One unit's planned heat and predicted inlets per cap level, each level made once
+/// (the searches and the decisions' values try the same levels).
+struct Plans<'a> {
+    loads: &'a [RackLoad],
+    views: &'a [RackView],
+    queued: usize,
+    horizon_s: f64,
+    memo: std::cell::RefCell<Vec<PlanAt>>,
+}
+
+impl Plans<'_> {
+    /// `read(unit kW, each rack's predicted inlet)` under `fraction`.
+    fn at<R>(&self, fraction: f64, read: impl FnOnce(f64, &[Option<f64>]) -> R) -> R {
+        let mut memo = self.memo.borrow_mut();
+        let at = match memo.iter().position(|(k, _, _)| *k == fraction.to_bits()) {
+            Some(i) => i,
+            None => {
+                let (unit_kw, p) = predictions(
+                    self.loads,
+                    self.views,
+                    fraction,
+                    self.queued,
+                    self.horizon_s,
+                );
+                memo.push((fraction.to_bits(), unit_kw, p));
+                memo.len() - 1
+            }
+        };
+        read(memo[at].1, &memo[at].2)
+    }
 }
 
 /// Cap levels tried per `step_pct`: caps fall to the finer level the prediction needs.
@@ -254,11 +314,12 @@ pub fn evaluate(
 ) -> Outcome {
     let loads = rack_loads(index, snapshot, jobs, prior_caps, now);
     let mut out = Outcome::default();
+    let waiting = waiting(jobs, prior);
     let ctx = UnitInputs {
         site,
         loads: &loads,
         snapshot,
-        jobs,
+        waiting: &waiting,
         prior,
         rule,
         release_margin_s,
@@ -275,7 +336,7 @@ struct UnitInputs<'a> {
     site: &'a Site,
     loads: &'a [RackLoad],
     snapshot: &'a Snapshot,
-    jobs: &'a [Job],
+    waiting: &'a [Waiting],
     prior: &'a State,
     rule: &'a ThermalRule,
     release_margin_s: f64,
@@ -305,7 +366,7 @@ fn rack_views(
     let idx: Vec<usize> = unit
         .racks
         .iter()
-        .filter_map(|r| site.racks.iter().position(|x| &x.id == r))
+        .filter_map(|r| site.rack_index(r))
         .collect();
     let unit_w: Option<f64> = idx.iter().map(|&r| loads[r].measured_w).sum();
     let mut views = Vec::new();
@@ -341,7 +402,7 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
         site,
         loads,
         snapshot,
-        jobs,
+        waiting,
         prior,
         rule,
         release_margin_s,
@@ -349,13 +410,21 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
     } = *inputs;
     let (views, capacity_kw) = rack_views(inputs, unit, out);
     let horizon_s = rule.horizon_tau * unit.time_constant_s;
-    let queued = queued_gpus(jobs, prior, now, horizon_s, release_margin_s);
+    let queued = queued_gpus(waiting, now, horizon_s, release_margin_s);
     let step = rule.step_pct / 100.0;
+    let plans = Plans {
+        loads,
+        views: &views,
+        queued,
+        horizon_s,
+        memo: Default::default(),
+    };
     let fits = |f: f64, slack: f64| {
-        predictions(loads, &views, f, queued, horizon_s)
-            .iter()
-            .zip(&views)
-            .all(|(p, v)| p.is_none_or(|p| p <= v.limit_c - rule.margin_c - slack))
+        plans.at(f, |_, p| {
+            p.iter()
+                .zip(&views)
+                .all(|(p, v)| p.is_none_or(|p| p <= v.limit_c - rule.margin_c - slack))
+        })
     };
     let levels = grid(step / GRID_PER_STEP);
     let wanted = levels
@@ -373,10 +442,9 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
     for vi in 0..views.len() {
         let ctx = RackCtx {
             site,
-            loads,
+            plans: &plans,
             views: &views,
             vi,
-            queued,
             horizon_s,
             capacity_kw,
         };
@@ -387,10 +455,9 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
 /// Everything one rack's step looks at.
 struct RackCtx<'a> {
     site: &'a Site,
-    loads: &'a [RackLoad],
+    plans: &'a Plans<'a>,
     views: &'a [RackView],
     vi: usize,
-    queued: usize,
     horizon_s: f64,
     capacity_kw: f64,
 }
@@ -408,19 +475,12 @@ impl RackCtx<'_> {
         let mut m = BTreeMap::new();
         m.insert("limit_c".into(), v.limit_c);
         m.insert("margin_c".into(), rule.margin_c);
-        let l = planned(self.loads, self.views, fraction, self.queued);
-        m.insert("planned_heat_kw".into(), round3(l.unit_kw));
+        let (unit_kw, predicted) = self.plans.at(fraction, |kw, p| (kw, p[self.vi]));
+        m.insert("planned_heat_kw".into(), round3(unit_kw));
         m.insert("capacity_kw".into(), round3(self.capacity_kw));
         if let Some(t) = v.inlet_c {
             m.insert("inlet_temp_c".into(), round3(t));
-            let p = predictions(
-                self.loads,
-                self.views,
-                fraction,
-                self.queued,
-                self.horizon_s,
-            )[self.vi]
-                .unwrap_or(t);
+            let p = predicted.unwrap_or(t);
             m.insert("predicted_peak_c".into(), round3(p.max(t)));
             m.insert(
                 "predicted_peak_in_s".into(),

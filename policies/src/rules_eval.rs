@@ -403,7 +403,8 @@ pub fn run(
         memo: Default::default(),
     };
     let mut wants = Wants::default();
-    let mut next = BTreeMap::new();
+    // collected in target order and sorted once (cheaper than inserting each)
+    let mut next: Vec<(String, RuleMemory)> = Vec::new();
     let site_entity = index.site.site_entity();
     let targets: Vec<(Cow<'_, EntityId>, Vec<usize>, Option<&Job>)> =
         if rule.scope == ScopeKind::Job {
@@ -438,13 +439,20 @@ pub fn run(
                 .collect()
         };
     // racks a cap of this rule is already explained in (see the cap action below)
-    let mut explained: BTreeSet<usize> = BTreeSet::new();
+    let mut explained: Vec<bool> = vec![false; index.site.racks.len()];
+    // the prior memory by target name, hashed once when it is large
+    let hashed: Option<FnvMap<&str, &RuleMemory>> =
+        (memory.len() > 32).then(|| memory.iter().map(|(k, v)| (k.as_str(), v)).collect());
     for (entity, gpus, job) in targets {
         let entity: &EntityId = &entity;
         // memory is keyed by the target's name (a job's id): the rule fixes the kind
         let key: &str = job.map_or(entity.name.as_str(), |j| j.id.as_str());
         let target_name = || job.map_or_else(|| entity.to_string(), |j| format!("job/{}", j.id));
-        let mut mem = memory.get(key).cloned().unwrap_or(RuleMemory {
+        let prior_mem = match &hashed {
+            Some(h) => h.get(key).copied(),
+            None => memory.get(key),
+        };
+        let mut mem = prior_mem.cloned().unwrap_or(RuleMemory {
             active: false,
             since: now,
             when_true: BTreeMap::new(),
@@ -558,11 +566,13 @@ pub fn run(
                 }
                 // the audit explains a cap per rack (the first target of the rule in a
                 // rack says why): a target whose racks are all explained adds nothing
-                let racks: BTreeSet<usize> =
-                    gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
-                let explains = racks.iter().any(|r| !explained.contains(r));
-                if switched_on || (capped && explains) {
-                    explained.extend(racks.iter().copied());
+                let explains = || gpus.iter().any(|&g| !explained[index.gpus[g].rack_index]);
+                if switched_on || (capped && explains()) {
+                    let racks: BTreeSet<usize> =
+                        gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
+                    for &r in &racks {
+                        explained[r] = true;
+                    }
                     let mut values = values();
                     values.insert(
                         match rule.action {
@@ -648,10 +658,10 @@ pub fn run(
             }
         }
         if keep {
-            next.insert(key.to_string(), mem);
+            next.push((key.to_string(), mem));
         }
     }
-    (wants, next)
+    (wants, next.into_iter().collect())
 }
 
 fn condition_text(c: Option<&Condition>) -> String {

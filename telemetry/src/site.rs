@@ -32,8 +32,11 @@
 //! ```
 
 mod build;
+mod ids;
 mod raw;
 pub mod redfish;
+
+pub use ids::SiteIds;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -171,12 +174,15 @@ pub struct Site {
     pub gpu_ids: Vec<Vec<EntityId>>,
     /// `[[redfish]]`: Redfish readings bound to entities of this site.
     pub redfish: Vec<redfish::RedfishBinding>,
+    /// Dense ids of its racks, nodes and GPUs (see [`SiteIds`]).
+    pub ids: SiteIds,
 }
 
 /// One GPU of the site, with where it sits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuRef<'a> {
-    pub id: EntityId,
+    /// Borrowed from the site's ids made once ([`Site::gpu_ids`]).
+    pub id: std::borrow::Cow<'a, EntityId>,
     /// Index of its node in [`Site::nodes`] and of its rack in [`Site::racks`].
     pub node_index: usize,
     pub rack_index: usize,
@@ -210,7 +216,7 @@ impl Site {
     }
 
     pub fn rack(&self, id: &str) -> Option<&Rack> {
-        self.racks.iter().find(|r| r.id == id)
+        self.rack_index(id).map(|i| &self.racks[i])
     }
 
     /// Every GPU in rack, node and index order.
@@ -233,8 +239,8 @@ impl Site {
                 for index in 0..node.gpus {
                     out.push(GpuRef {
                         id: match cached {
-                            Some(ids) => ids[index as usize].clone(),
-                            None => EntityId::gpu(&node.id, index),
+                            Some(ids) => std::borrow::Cow::Borrowed(&ids[index as usize]),
+                            None => std::borrow::Cow::Owned(EntityId::gpu(&node.id, index)),
                         },
                         node_index: n,
                         rack_index,
@@ -255,9 +261,13 @@ impl Site {
 
     /// The cooling unit that serves a rack.
     pub fn cooling_of(&self, rack: &str) -> Option<&CoolingUnit> {
-        self.cooling
-            .iter()
-            .find(|c| c.racks.iter().any(|r| r == rack))
+        match self.rack_index(rack) {
+            Some(r) => self.cooling_index_of(r).map(|u| &self.cooling[u]),
+            None => self
+                .cooling
+                .iter()
+                .find(|c| c.racks.iter().any(|r| r == rack)),
+        }
     }
 
     /// Every entity id the site defines.
@@ -303,8 +313,18 @@ impl Site {
                 .iter()
                 .map(|c| EntityId::new(EntityKind::Cooling, &c.id)),
         );
-        s.extend(self.gpus().into_iter().map(|g| g.id));
+        s.extend(self.gpus().into_iter().map(|g| g.id.into_owned()));
         s
+    }
+
+    /// The order in which a snapshot should give its entities slots
+    /// ([`crate::Snapshot::register`]): the GPUs in [`Site::gpus`] order (slot `i` is
+    /// GPU `i`), then the racks in site order, then the site itself.
+    pub fn snapshot_order(&self) -> Vec<EntityId> {
+        let mut v: Vec<EntityId> = self.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+        v.extend(self.racks.iter().map(|r| EntityId::rack(&r.id)));
+        v.push(self.site_entity());
+        v
     }
 }
 

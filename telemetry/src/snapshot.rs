@@ -111,13 +111,65 @@ pub enum Ingested {
     CounterReset,
 }
 
-/// Latest value of every metric of every entity. Lookups are hashed; the iterators that
-/// list readings ([`Snapshot::iter`], [`Snapshot::samples`], [`Snapshot::stale`]) go in
-/// entity order, so what is listed is deterministic.
+/// A dense id of an entity in one snapshot: its position in the order entities were
+/// first seen (or registered with [`Snapshot::register`]). Stable for the snapshot's
+/// life; read with [`Snapshot::slot`] once, then use it instead of the name.
+pub type Slot = u32;
+
+/// A dense id of a metric in one snapshot (see [`Snapshot::metric_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MetricId(u16);
+
+/// The readings of one entity: one per metric, in the order the metrics were first seen.
 #[derive(Debug, Clone, Default, PartialEq)]
+pub struct Readings(Vec<(MetricId, Reading)>);
+
+impl Readings {
+    fn get(&self, m: MetricId) -> Option<&Reading> {
+        self.0.iter().find(|(k, _)| *k == m).map(|(_, r)| r)
+    }
+    fn get_mut(&mut self, m: MetricId) -> Option<&mut Reading> {
+        self.0.iter_mut().find(|(k, _)| *k == m).map(|(_, r)| r)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A metric the snapshot has seen, with its freshness bound.
+#[derive(Debug, Clone, PartialEq)]
+struct MetricSlot {
+    metric: Metric,
+    fresh_s: f64,
+    counter: bool,
+}
+
+/// Latest value of every metric of every entity. Each entity gets a dense [`Slot`] and
+/// each metric a [`MetricId`] the first time it is seen, so that readings live in
+/// vectors indexed by them and the engine, having found an entity once, reads by
+/// index; names are hashed only where they come in. The iterators that list readings
+/// ([`Snapshot::iter`], [`Snapshot::samples`], [`Snapshot::stale`]) go in entity
+/// order, so what is listed is deterministic.
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    readings: crate::fasthash::FnvMap<EntityId, BTreeMap<Metric, Reading>>,
+    slots: crate::fasthash::FnvMap<EntityId, Slot>,
+    entities: Vec<EntityId>,
+    readings: Vec<Readings>,
+    metrics: Vec<MetricSlot>,
     freshness: BTreeMap<Metric, f64>,
+}
+
+/// Two snapshots are equal when they hold the same readings, whatever the order their
+/// entities and metrics were first seen in.
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.freshness == other.freshness
+            && self.len() == other.len()
+            && self.iter().zip(other.iter()).all(|(a, b)| a == b)
+    }
 }
 
 impl Snapshot {
@@ -125,9 +177,70 @@ impl Snapshot {
         Self::default()
     }
 
+    /// Gives each of `entities` a slot, in this order, before any reading arrives (a
+    /// site's entities, so that slot `i` is the site's `i`-th entity). An entity that
+    /// already has one keeps it. An entity with no reading is listed nowhere.
+    pub fn register<'e>(&mut self, entities: impl IntoIterator<Item = &'e EntityId>) {
+        for e in entities {
+            self.slot_or_insert(e);
+        }
+    }
+
+    fn slot_or_insert(&mut self, e: &EntityId) -> Slot {
+        if let Some(&s) = self.slots.get(e) {
+            return s;
+        }
+        let s = self.entities.len() as Slot;
+        self.slots.insert(e.clone(), s);
+        self.entities.push(e.clone());
+        self.readings.push(Readings::default());
+        s
+    }
+
+    /// The slot of an entity, if the snapshot has seen it.
+    pub fn slot(&self, entity: &EntityId) -> Option<Slot> {
+        self.slots.get(entity).copied()
+    }
+
+    /// The entity in a slot.
+    pub fn entity_at(&self, slot: Slot) -> Option<&EntityId> {
+        self.entities.get(slot as usize)
+    }
+
+    /// How many slots there are (entities seen or registered).
+    pub fn slots(&self) -> usize {
+        self.entities.len()
+    }
+
+    /// The id of a metric, if the snapshot has seen it.
+    pub fn metric_id(&self, metric: &str) -> Option<MetricId> {
+        self.metrics
+            .iter()
+            .position(|m| m.metric.as_str() == metric)
+            .map(|i| MetricId(i as u16))
+    }
+
+    fn metric_or_insert(&mut self, metric: &Metric) -> MetricId {
+        if let Some(id) = self.metric_id(metric.as_str()) {
+            return id;
+        }
+        let fresh_s = self.freshness_s(metric);
+        self.metrics.push(MetricSlot {
+            metric: metric.clone(),
+            fresh_s,
+            counter: metric.as_str() == crate::metric::names::ENERGY_J,
+        });
+        MetricId((self.metrics.len() - 1) as u16)
+    }
+
     /// Overrides the freshness bound of one metric.
     pub fn set_freshness(&mut self, metric: &str, secs: f64) {
         self.freshness.insert(Metric::new(metric), secs);
+        for m in &mut self.metrics {
+            if m.metric.as_str() == metric {
+                m.fresh_s = secs;
+            }
+        }
     }
 
     pub fn freshness_s(&self, metric: &Metric) -> f64 {
@@ -141,17 +254,16 @@ impl Snapshot {
     /// Validates a sample and keeps it if it is newer than what is there.
     pub fn ingest(&mut self, sample: Sample, now: Timestamp) -> Result<Ingested, Rejected> {
         validate(&sample, now)?;
-        // a known reading is updated in place
-        if let Some(old) = self
-            .readings
-            .get_mut(&sample.entity)
-            .and_then(|m| m.get_mut(sample.metric.as_str()))
-        {
+        let slot = self.slot_or_insert(&sample.entity);
+        let m = self.metric_or_insert(&sample.metric);
+        let counter = self.metrics[m.0 as usize].counter;
+        let readings = &mut self.readings[slot as usize];
+        if let Some(old) = readings.get_mut(m) {
+            // a known reading is updated in place
             if old.ts > sample.ts {
                 return Ok(Ingested::OlderIgnored);
             }
-            let reset = sample.metric.as_str() == crate::metric::names::ENERGY_J
-                && sample.value < old.value;
+            let reset = counter && sample.value < old.value;
             old.value = sample.value;
             old.ts = sample.ts;
             old.quality = sample.quality;
@@ -164,92 +276,84 @@ impl Snapshot {
                 Ingested::Updated
             });
         }
-        let slot = self.readings.entry(sample.entity).or_default();
-        let mut outcome = Ingested::Updated;
-        if let Some(old) = slot.get(&sample.metric) {
-            if old.ts > sample.ts {
-                return Ok(Ingested::OlderIgnored);
-            }
-            if sample.metric.as_str() == crate::metric::names::ENERGY_J && sample.value < old.value
-            {
-                outcome = Ingested::CounterReset;
-            }
-        }
-        slot.insert(
-            sample.metric,
+        readings.0.push((
+            m,
             Reading {
                 value: sample.value,
                 ts: sample.ts,
                 source: sample.source,
                 quality: sample.quality,
             },
-        );
-        Ok(outcome)
+        ));
+        Ok(Ingested::Updated)
     }
 
     /// The latest value of `metric` of `entity` as seen at `now`, with its age.
     pub fn observe(&self, entity: &EntityId, metric: &str, now: Timestamp) -> Option<Observation> {
-        self.observe_in(self.readings.get(entity)?, metric, now)
+        let m = self.metric_id(metric)?;
+        self.observe_slot(self.slot(entity)?, m, now)
     }
 
-    /// Every entity with its readings, in no particular order: to look at many
-    /// entities' metrics without finding each entity again ([`Snapshot::observe_in`]).
-    pub fn entities(&self) -> impl Iterator<Item = (&EntityId, &BTreeMap<Metric, Reading>)> {
-        self.readings.iter()
-    }
-
-    /// The entities in entity order.
-    fn sorted(&self) -> Vec<(&EntityId, &BTreeMap<Metric, Reading>)> {
-        let mut v: Vec<_> = self.readings.iter().collect();
-        v.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        v
-    }
-
-    /// [`Snapshot::observe`] on the readings of one entity from [`Snapshot::entities`].
-    pub fn observe_in(
+    /// [`Snapshot::observe`] by slot and metric id: no name is looked up.
+    pub fn observe_slot(
         &self,
-        readings: &BTreeMap<Metric, Reading>,
-        metric: &str,
+        slot: Slot,
+        metric: MetricId,
         now: Timestamp,
     ) -> Option<Observation> {
-        let r = readings.get(metric)?;
+        let r = self.readings.get(slot as usize)?.get(metric)?;
         let age_s = now.secs_since(r.ts).max(0.0);
-        let fresh_s = self
-            .freshness
-            .get(metric)
-            .copied()
-            .or_else(|| crate::metric::spec(metric).map(|s| s.freshness_s))
-            .unwrap_or(DEFAULT_FRESHNESS_S);
         Some(Observation {
             value: r.value,
             ts: r.ts,
             age_s,
-            stale: age_s > fresh_s,
+            stale: age_s > self.metrics[metric.0 as usize].fresh_s,
             quality: r.quality,
         })
+    }
+
+    /// The entities with readings, in entity order.
+    fn sorted(&self) -> Vec<(&EntityId, &Readings)> {
+        let mut v: Vec<_> = self
+            .entities
+            .iter()
+            .zip(&self.readings)
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        v
+    }
+
+    /// One entity's readings by metric name order.
+    fn by_metric<'s>(&'s self, r: &'s Readings) -> Vec<(&'s Metric, &'s Reading)> {
+        let mut v: Vec<_> =
+            r.0.iter()
+                .map(|(m, x)| (&self.metrics[m.0 as usize].metric, x))
+                .collect();
+        v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        v
     }
 
     /// Every reading, by entity then metric.
     pub fn iter(&self) -> impl Iterator<Item = (&EntityId, &Metric, &Reading)> {
         self.sorted()
             .into_iter()
-            .flat_map(|(e, m)| m.iter().map(move |(k, r)| (e, k, r)))
+            .flat_map(|(e, r)| self.by_metric(r).into_iter().map(move |(m, x)| (e, m, x)))
     }
 
     /// The raw latest reading, without an age.
     pub fn reading(&self, entity: &EntityId, metric: &str) -> Option<&Reading> {
-        self.readings.get(entity)?.get(&Metric::new(metric))
+        let m = self.metric_id(metric)?;
+        self.readings.get(self.slot(entity)? as usize)?.get(m)
     }
 
     /// Every stale reading at `now`, with the time it became stale.
     pub fn stale(&self, now: Timestamp) -> Vec<(EntityId, Metric, Timestamp)> {
         let mut out = Vec::new();
-        for (e, metrics) in self.sorted() {
-            for (m, r) in metrics {
-                let since = r.ts + self.freshness_s(m);
-                if since < now {
-                    out.push((e.clone(), m.clone(), since));
-                }
+        for (e, m, r) in self.iter() {
+            let since = r.ts + self.freshness_s(m);
+            if since < now {
+                out.push((e.clone(), m.clone(), since));
             }
         }
         out
@@ -257,15 +361,15 @@ impl Snapshot {
 
     /// Marks every reading of an entity bad (its source said it died).
     pub fn mark_bad(&mut self, entity: &EntityId) {
-        if let Some(m) = self.readings.get_mut(entity) {
-            for r in m.values_mut() {
+        if let Some(s) = self.slot(entity) {
+            for (_, r) in &mut self.readings[s as usize].0 {
                 r.quality = Quality::Bad;
             }
         }
     }
 
     pub fn len(&self) -> usize {
-        self.readings.values().map(BTreeMap::len).sum()
+        self.readings.iter().map(Readings::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -275,20 +379,18 @@ impl Snapshot {
     /// Every reading as a sample, in entity and metric order.
     pub fn samples(&self) -> Vec<Sample> {
         let mut out = Vec::with_capacity(self.len());
-        for (e, metrics) in self.sorted() {
-            for (m, r) in metrics {
-                out.push(Sample {
-                    entity: e.clone(),
-                    metric: m.clone(),
-                    value: r.value,
-                    unit: m
-                        .spec()
-                        .map_or(std::borrow::Cow::Borrowed(""), |s| s.unit.into()),
-                    ts: r.ts,
-                    source: r.source.clone(),
-                    quality: r.quality,
-                });
-            }
+        for (e, m, r) in self.iter() {
+            out.push(Sample {
+                entity: e.clone(),
+                metric: m.clone(),
+                value: r.value,
+                unit: m
+                    .spec()
+                    .map_or(std::borrow::Cow::Borrowed(""), |s| s.unit.into()),
+                ts: r.ts,
+                source: r.source.clone(),
+                quality: r.quality,
+            });
         }
         out
     }
@@ -298,18 +400,19 @@ impl Snapshot {
     pub fn from_samples(samples: impl IntoIterator<Item = Sample>) -> Self {
         let mut s = Snapshot::new();
         for sample in samples {
-            let slot = s.readings.entry(sample.entity).or_default();
-            let newer = slot.get(&sample.metric).is_none_or(|o| o.ts <= sample.ts);
-            if newer {
-                slot.insert(
-                    sample.metric,
-                    Reading {
-                        value: sample.value,
-                        ts: sample.ts,
-                        source: sample.source,
-                        quality: sample.quality,
-                    },
-                );
+            let slot = s.slot_or_insert(&sample.entity);
+            let m = s.metric_or_insert(&sample.metric);
+            let readings = &mut s.readings[slot as usize];
+            let reading = Reading {
+                value: sample.value,
+                ts: sample.ts,
+                source: sample.source,
+                quality: sample.quality,
+            };
+            match readings.get_mut(m) {
+                Some(old) if old.ts <= reading.ts => *old = reading,
+                Some(_) => {}
+                None => readings.0.push((m, reading)),
             }
         }
         s

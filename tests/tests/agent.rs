@@ -251,7 +251,7 @@ fn a_planned_cap_reaches_the_gpu_is_acknowledged_and_shows_in_the_telemetry() {
     let mut state = State::default();
     for g in site.gpus().iter().take(2) {
         state.caps.insert(
-            g.id.clone(),
+            g.id.clone().into_owned(),
             Cap {
                 watts: 175.0,
                 rule: "budget.rack".into(),
@@ -287,7 +287,7 @@ fn a_planned_cap_reaches_the_gpu_is_acknowledged_and_shows_in_the_telemetry() {
     assert_eq!(books[0].enforced_w, Some(175.0));
     assert_eq!(books[2].enforced_w, Some(300.0));
     assert!(
-        samples.iter().any(|s| s.entity == site.gpus()[0].id
+        samples.iter().any(|s| s.entity == *site.gpus()[0].id
             && s.metric.as_str() == "power_w"
             && s.value <= 175.0),
         "the capped GPU's power arrives as a sample"

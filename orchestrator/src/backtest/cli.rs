@@ -44,6 +44,18 @@ pub struct Args {
     /// Where to write summary.json and report.html.
     #[arg(long, default_value = "backtest-out")]
     pub out: PathBuf,
+    /// How many GPUs the contract holds: grow the site by whole racks of its own kind
+    /// and replay until a budget or thermal violation or more than 1% of GPU-hours lost
+    /// against the unconstrained run; writes OUT/capacity.json (and each size's run
+    /// under OUT/racks-N).
+    #[arg(long)]
+    pub capacity: bool,
+    /// With --capacity: racks added per step.
+    #[arg(long, default_value_t = 1)]
+    pub capacity_step: usize,
+    /// With --capacity: at most this many steps.
+    #[arg(long, default_value_t = 32)]
+    pub capacity_max_steps: usize,
 }
 
 fn when(s: &str, site: &Site, flag: &str) -> Result<Timestamp> {
@@ -89,6 +101,22 @@ impl Args {
             out: self.out.clone(),
         };
         let mut err = std::io::stderr();
+        if self.capacity {
+            let r =
+                super::capacity::run(&cfg, self.capacity_step, self.capacity_max_steps, &mut err)?;
+            println!(
+                "\npowerplane backtest --capacity: the {:.0} kW contract holds {} GPUs ({} racks) at most {:.0}% GPU-hours lost with no violation; nameplate provisioning ({:.0} W per GPU at its peak with its node and cooling share) gives {:.0}: {:+.1}% over nameplate\n  wrote {}/capacity.json",
+                r.contract_kw,
+                r.largest_gpus,
+                r.largest_racks,
+                super::capacity::MAX_LOST * 100.0,
+                r.gpu_peak_w,
+                r.nameplate_gpus,
+                r.over_nameplate_pct,
+                cfg.out.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         let summary = super::run(&cfg, &mut err)?;
         print!("{}", summary.table(&cfg.out));
         Ok(ExitCode::SUCCESS)

@@ -250,7 +250,7 @@ impl Facility {
             node.free += 1;
             node.rack = g.rack_index;
             gpus.push(Gpu {
-                id: g.id,
+                id: g.id.into_owned(),
                 node: g.node_index,
                 rack: g.rack_index,
                 model: g.model.clone(),
@@ -263,7 +263,7 @@ impl Facility {
         let gpu_index = gpus
             .iter()
             .enumerate()
-            .map(|(i, g)| (g.id.clone(), i))
+            .map(|(i, g)| (EntityId::clone(&g.id), i))
             .collect();
         let racks = site.racks.len();
         let job_index = jobs
@@ -463,11 +463,10 @@ impl Facility {
                     want -= take;
                 }
             }
-            for ni in 0..self.nodes.len() {
+            for (n, l) in self.nodes.iter_mut().zip(left.iter_mut()) {
                 if want == 0 {
                     break;
                 }
-                let n = &mut self.nodes[ni];
                 if matches!(n.power, Power::Off { .. } | Power::ShuttingDown { .. })
                     && model.as_ref().is_none_or(|m| &n.model == m)
                 {
@@ -476,7 +475,7 @@ impl Facility {
                     self.totals.power_ups += 1;
                     let g = n.gpus.len() as u32;
                     let take = g.min(want);
-                    left[ni] = g - take;
+                    *l = g - take;
                     want -= take;
                 }
             }
@@ -875,7 +874,7 @@ impl Telemetry for Facility {
         // the energy counters and limits (for the ledger and the API) are not sent
         for g in &self.gpus {
             out.push(Sample::from_static(
-                g.id.clone(),
+                EntityId::clone(&g.id),
                 POWER_W,
                 g.power_w,
                 now,

@@ -12,6 +12,7 @@
 //! weeks, so that every job keeps its weekday and local hour; the summary states the
 //! shift.
 
+pub mod capacity;
 pub mod cli;
 pub mod facility;
 mod report;
@@ -290,7 +291,9 @@ fn alignment(
     (f, statement)
 }
 
-/// Jobs as the replay runs them: aligned, classed, with deadlines and curves.
+/// Jobs as the replay runs them: aligned, classed, with deadlines and curves; a job
+/// larger than the site is refused with its file and line.
+#[allow(clippy::too_many_arguments)]
 fn build_jobs(
     trace: &[TraceJob],
     scenario: &Scenario,

@@ -589,7 +589,7 @@ mod tests {
         let now = Timestamp::from_secs(1_790_000_000);
         let mut b = Board::new(site.clone(), "policy.toml".into(), now);
         let mut snap = telemetry::Snapshot::new();
-        let g = site.gpus()[0].id.clone();
+        let g = site.gpus()[0].id.clone().into_owned();
         for (e, m, v) in [
             (site.site_entity(), POWER_W, 30_000.0),
             (site.site_entity(), PRICE_PER_KWH, 0.2),

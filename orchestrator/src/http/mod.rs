@@ -270,7 +270,7 @@ impl Board {
         }
     }
 
-    /// This replica's role: with `[ha]` as the election has it now, else `single`.
+    /// This replica's role: with `[ha]` as the election has it now, else the leader.
     pub fn ha_status(&self) -> crate::ha::HaStatus {
         match &self.ha {
             Some(g) => g.status(),

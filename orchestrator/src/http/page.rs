@@ -103,7 +103,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
         escape(&b.policy_file)
     );
     let ha = b.ha_status();
-    if ha.role != "single" {
+    if ha.enabled {
         let _ = write!(
             body,
             r#"<p class="muted">Replica {} is the <b>{}</b>; leader: {} (epoch {}).</p>"#,

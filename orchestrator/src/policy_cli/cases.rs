@@ -500,7 +500,7 @@ fn gpus_under(names: &inputs::Names<'_>, what: &str) -> Result<Vec<EntityId>, St
     let mut out = Vec::new();
     for g in site.gpus() {
         let under = ids.iter().any(|e| match e.kind {
-            EntityKind::Gpu => *e == g.id,
+            EntityKind::Gpu => *e == *g.id,
             EntityKind::Node => e.name == g.node.id,
             EntityKind::Rack => e.name == g.rack.id,
             EntityKind::Row => e.name == g.rack.row,
@@ -508,7 +508,7 @@ fn gpus_under(names: &inputs::Names<'_>, what: &str) -> Result<Vec<EntityId>, St
             _ => false,
         });
         if under {
-            out.push(g.id);
+            out.push(g.id.into_owned());
         }
     }
     if out.is_empty() {

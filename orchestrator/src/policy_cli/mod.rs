@@ -167,12 +167,12 @@ pub fn caps_by_rack<'a>(
         match out.iter_mut().find(|(r, rule, w, _, _)| {
             *r == g.rack.id && *rule == c.rule && (*w - c.watts).abs() < 0.05
         }) {
-            Some(e) => e.3.push(g.id.clone()),
+            Some(e) => e.3.push(EntityId::clone(&g.id)),
             None => out.push((
                 g.rack.id.clone(),
                 c.rule.clone(),
                 c.watts,
-                vec![g.id.clone()],
+                vec![EntityId::clone(&g.id)],
                 c,
             )),
         }

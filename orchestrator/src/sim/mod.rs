@@ -26,6 +26,14 @@ use workload::{Generated, Generator, Workload};
 const CRAH_KW_PER_KW: f64 = 0.25;
 const CDU_KW_PER_KW: f64 = 0.12;
 
+/// What a cooling unit draws per kW of heat it removes.
+pub fn cooling_kw_per_kw(unit: &telemetry::site::CoolingUnit) -> f64 {
+    match unit.kind {
+        telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
+        telemetry::site::CoolingKind::Cdu => CDU_KW_PER_KW,
+    }
+}
+
 /// The thermal model of the simulated facility, shared by the demo and the backtest:
 /// where each rack's inlet is heading for the racks' power draw (W), and the electrical
 /// power each cooling unit spends (W). `capacity_factor` scales every cooling unit's
@@ -73,10 +81,7 @@ pub fn thermal_targets_by_unit(
         for &i in &idx {
             target[i] = base + unit.rack_skew_c_per_kw * (rack_power_w[i] / 1000.0 - avg_kw);
         }
-        let per_kw = match unit.kind {
-            telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
-            telemetry::site::CoolingKind::Cdu => CDU_KW_PER_KW,
-        };
+        let per_kw = cooling_kw_per_kw(unit);
         cooling[ci] = heat_kw.min(capacity_kw) * per_kw * 1000.0;
     }
     (target, cooling)
@@ -174,7 +179,7 @@ impl Facility {
             .gpus()
             .into_iter()
             .map(|g| SimGpu {
-                id: g.id,
+                id: g.id.into_owned(),
                 node: g.node_index,
                 rack: g.rack_index,
                 model: g.model.clone(),
@@ -517,10 +522,22 @@ impl Telemetry for Facility {
         let src = "sim";
         let mut out = Vec::with_capacity(self.gpus.len() * 3 + self.site.racks.len() * 2 + 8);
         for g in &self.gpus {
-            out.push(Sample::new(g.id.clone(), POWER_W, g.power_w, now, src));
-            out.push(Sample::new(g.id.clone(), ENERGY_J, g.energy_j, now, src));
             out.push(Sample::new(
-                g.id.clone(),
+                EntityId::clone(&g.id),
+                POWER_W,
+                g.power_w,
+                now,
+                src,
+            ));
+            out.push(Sample::new(
+                EntityId::clone(&g.id),
+                ENERGY_J,
+                g.energy_j,
+                now,
+                src,
+            ));
+            out.push(Sample::new(
+                EntityId::clone(&g.id),
                 POWER_LIMIT_W,
                 g.limit_w,
                 now,

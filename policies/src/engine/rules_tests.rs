@@ -432,7 +432,7 @@ action = { suspend = true }
 "#,
     ));
     let site = site();
-    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
     let jobs = [
         Job {
             preemptible: true,
@@ -608,7 +608,7 @@ fn the_cut_order_cuts_the_listed_class_first() {
     p.budget.cut_order = vec!["batch".into()];
     let mut sim = Sim::new(p);
     let site = site();
-    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
     // the batch job has the higher priority, but its class is cut first
     let jobs = [
         Job {
@@ -708,7 +708,7 @@ proptest! {
             let at = 60.0 * i as f64;
             let mut s = snapshot(&site, &|_| 250.0, 25.0, t0() + at);
             for g in site.gpus() {
-                s.ingest(Sample::new(g.id.clone(), GPU_TEMP_C, *t, t0() + at, "t"), t0() + at).expect("ok");
+                s.ingest(Sample::new(EntityId::clone(&g.id), GPU_TEMP_C, *t, t0() + at, "t"), t0() + at).expect("ok");
             }
             let da = a.tick(&s, &[], at);
             let db = b.tick(&s, &[], at);
@@ -833,7 +833,7 @@ proptest! {
         p.budget.limits = vec![crate::policy::Limit { scope: "row".into(), name: "w".into(), limit_kw, derate: 1.0 }];
         let mut sim = Sim::new(p);
         let site = site();
-        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
         let draw = |g: &EntityId| draws[ids.iter().position(|x| x == g).unwrap_or(0)];
         let s = snapshot(&site, &draw, 25.0, t0());
         sim.tick(&s, &[], 0.0);
@@ -907,8 +907,11 @@ fn a_branch_circuit_is_kept_under_its_derated_rating() {
     sim.site = Site::parse("branch.toml", BRANCH).unwrap_or_else(|e| panic!("{e}"));
     let mut s = Snapshot::new();
     for g in sim.site.gpus() {
-        s.ingest(Sample::new(g.id.clone(), POWER_W, 300.0, t0(), "t"), t0())
-            .expect("ok");
+        s.ingest(
+            Sample::new(EntityId::clone(&g.id), POWER_W, 300.0, t0(), "t"),
+            t0(),
+        )
+        .expect("ok");
     }
     let d = sim.tick(&s, &[], 0.0);
     // 8 × 300 + 200 = 2.6 kW on a branch with 1.6 kW usable

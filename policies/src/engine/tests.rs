@@ -62,8 +62,11 @@ pub(super) fn snapshot(
         for g in site.gpus().into_iter().filter(|g| g.rack.id == rack.id) {
             let w = gpu_w(&g.id);
             rack_w += w;
-            s.ingest(Sample::new(g.id.clone(), POWER_W, w, now, "t"), now)
-                .expect("ok");
+            s.ingest(
+                Sample::new(EntityId::clone(&g.id), POWER_W, w, now, "t"),
+                now,
+            )
+            .expect("ok");
         }
         rack_w += 200.0;
         total += rack_w;
@@ -149,7 +152,7 @@ fn run(
 #[test]
 fn over_the_facility_budget_the_low_priority_job_is_capped_first() {
     let site = site();
-    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
     // 8 GPUs at 300 W + 400 W of nodes = 2.8 kW per... facility 2.8 kW < 3 kW budget? make it hot:
     let snap = snapshot(&site, &|_| 300.0, 25.0, t0());
     let jobs = vec![job("low", 1, &gpus[0..2]), job("high", 9, &gpus[2..8])];
@@ -284,7 +287,7 @@ fn with_slack(id: &str, priority: i32, gpus: &[EntityId], slack_s: f64) -> Job {
 #[test]
 fn a_job_close_to_its_deadline_is_cut_last_whatever_its_priority() {
     let site = site();
-    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
     let snap = snapshot(&site, &|_| 300.0, 25.0, t0());
     // same class and priority, 10 minutes of slack against 10 hours; and a job of a
     // higher priority without a deadline
@@ -346,7 +349,7 @@ fn a_job_close_to_its_deadline_is_cut_last_whatever_its_priority() {
 #[test]
 fn between_the_thresholds_a_job_close_to_its_deadline_gets_its_budget_cap_lifted() {
     let site = site();
-    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
     let jobs = vec![
         with_slack("urgent", 0, &gpus[0..2], 600.0),
         with_slack("roomy", 0, &gpus[2..4], 36_000.0),
@@ -391,7 +394,7 @@ fn between_the_thresholds_a_job_close_to_its_deadline_gets_its_budget_cap_lifted
 fn busy_half_and_a_queued_job(held: bool) -> Plan {
     let mut site = site();
     site.feeds[0].rating_kw = 2.5;
-    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
     let busy: Vec<EntityId> = gpus[0..4].to_vec();
     let snap = snapshot(
         &site,
@@ -686,7 +689,7 @@ proptest! {
     ) {
         let mut site = site();
         site.feeds[0].rating_kw = feed_kw;
-        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
         let jobs: Vec<Job> = (0..4)
             .map(|k| with_slack(&format!("j{k}"), priority[k], &ids[2 * k..2 * k + 2], slack[k]))
             .collect();
@@ -714,7 +717,7 @@ proptest! {
     ) {
         let mut site = site();
         site.feeds[0].rating_kw = feed_kw;
-        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id).collect();
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
         let snap = snapshot(&site, &|g| draws[ids.iter().position(|x| x == g).unwrap_or(0)].min(300.0), inlet, t0());
         let mut snap = snap;
         snap.ingest(Sample::new(site.site_entity(), PRICE_PER_KWH, price, t0(), "t"), t0()).expect("ok");

@@ -123,7 +123,7 @@ impl Room {
                 .expect("sample");
         };
         for (g, d) in self.site.gpus().iter().zip(&draws) {
-            put(g.id.clone(), POWER_W, *d);
+            put(EntityId::clone(&g.id), POWER_W, *d);
         }
         for ((r, w), t) in self
             .site

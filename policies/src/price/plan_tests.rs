@@ -71,8 +71,11 @@ fn forecast(prices: &[f64], stale: bool) -> Forecast {
 fn snapshot(site: &Site, now: Timestamp, price: Option<f64>) -> Snapshot {
     let mut s = Snapshot::new();
     for g in site.gpus() {
-        s.ingest(Sample::new(g.id.clone(), POWER_W, 30.0, now, "t"), now)
-            .expect("ok");
+        s.ingest(
+            Sample::new(EntityId::clone(&g.id), POWER_W, 30.0, now, "t"),
+            now,
+        )
+        .expect("ok");
     }
     s.ingest(
         Sample::new(EntityId::rack("r1"), POWER_W, 1280.0, now, "t"),

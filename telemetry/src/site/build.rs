@@ -355,6 +355,11 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
         });
     }
 
+    // the first rack of each id (an id given twice is reported above)
+    let mut rack_at: crate::fasthash::FnvMap<String, usize> = Default::default();
+    for (i, r) in racks.iter().enumerate() {
+        rack_at.entry(r.id.clone()).or_insert(i);
+    }
     for n in &raw.nodes {
         check_id(c, &mut node_ids, "node", &n.id);
         let owner = format!("node {:?}", n.id.get_ref());
@@ -405,8 +410,8 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
             ),
             outlets: n.outlets.iter().map(|o| o.get_ref().clone()).collect(),
         });
-        if let Some(r) = racks.iter_mut().find(|r| &r.id == n.rack.get_ref()) {
-            r.nodes.push(i);
+        if let Some(&r) = rack_at.get(n.rack.get_ref().as_str()) {
+            racks[r].nodes.push(i);
         }
     }
 
@@ -429,7 +434,9 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
             .collect(),
         nodes,
         redfish: Vec::new(),
+        ids: Default::default(),
     };
+    site.ids = super::SiteIds::build(&site);
     site.redfish = super::redfish::build(&raw.redfish, &site.entities(), c);
     site
 }

@@ -529,9 +529,18 @@ fn bench_engine() {
         .unwrap_or(7);
     println!("engine: one evaluation (budgets, thermal, price, 4 rules), single thread");
     println!(
-        "{:>9} {:>6} {:>7} {:>10} {:>10} {:>10} {:>12}",
-        "gpus", "racks", "jobs", "build_ms", "median_ms", "max_ms", "peak_rss_mb"
+        "{:>9} {:>6} {:>7} {:>10} {:>10} {:>10} {:>12} {:>10} {:>7}",
+        "gpus",
+        "racks",
+        "jobs",
+        "build_ms",
+        "median_ms",
+        "max_ms",
+        "peak_rss_mb",
+        "kernel_ms",
+        "ratio"
     );
+    let mut rows: Vec<(usize, f64, f64)> = Vec::new();
     for gpus in sizes {
         let text = engine_site(gpus);
         let t = Instant::now();
@@ -539,6 +548,7 @@ fn bench_engine() {
         let policy = policies::Policy::parse("policy.toml", ENGINE_POLICY).expect("bench policy");
         let now = powerplane_tests_now();
         let mut snap = Snapshot::new();
+        snap.register(&site.snapshot_order());
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {
             rng ^= rng << 13;
@@ -551,10 +561,19 @@ fn bench_engine() {
         for g in &all {
             let w = 120.0 + 180.0 * next();
             rack_w[g.rack_index] += w;
-            snap.ingest(Sample::new(g.id.clone(), POWER_W, w, now, "bench"), now)
-                .expect("sample");
             snap.ingest(
-                Sample::new(g.id.clone(), GPU_TEMP_C, 50.0 + 40.0 * next(), now, "bench"),
+                Sample::new(telemetry::EntityId::clone(&g.id), POWER_W, w, now, "bench"),
+                now,
+            )
+            .expect("sample");
+            snap.ingest(
+                Sample::new(
+                    telemetry::EntityId::clone(&g.id),
+                    GPU_TEMP_C,
+                    50.0 + 40.0 * next(),
+                    now,
+                    "bench",
+                ),
                 now,
             )
             .expect("sample");
@@ -597,7 +616,10 @@ fn bench_engine() {
                     priority: (i % 10) as i32,
                     gpus: 2,
                     allocated: if run {
-                        vec![all[2 * i].id.clone(), all[2 * i + 1].id.clone()]
+                        vec![
+                            all[2 * i].id.clone().into_owned(),
+                            all[2 * i + 1].id.clone().into_owned(),
+                        ]
                     } else {
                         vec![]
                     },
@@ -628,6 +650,17 @@ fn bench_engine() {
         drop(all);
         let build_ms = t.elapsed().as_secs_f64() * 1000.0;
         let mut prior = policies::State::default();
+        // the cut-order rank of each GPU's job (input to the kernel, as the jobs are)
+        let mut rank = vec![i64::MIN; site.gpu_count()];
+        for (i, j) in jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| !j.allocated.is_empty())
+        {
+            let r = if j.class == "batch" { 0 } else { 1 };
+            rank[2 * i] = (r << 33) + i64::from(j.priority);
+            rank[2 * i + 1] = (r << 33) + i64::from(j.priority);
+        }
         let mut times = Vec::new();
         for i in 0..runs.max(1) {
             let t = Instant::now();
@@ -645,17 +678,81 @@ fn bench_engine() {
             times.push(t.elapsed().as_secs_f64() * 1000.0);
             prior = plan.state;
         }
-        let mut sorted = times.clone();
-        sorted.sort_by(f64::total_cmp);
+        let mut kernel = Vec::new();
+        let mut checksum = 0.0;
+        for i in 0..runs.max(1) {
+            let t = Instant::now();
+            checksum += reference_kernel(&site, &snap, &rank, now + 10.0 * i as f64);
+            kernel.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let median = |v: &[f64]| {
+            let mut s = v.to_vec();
+            s.sort_by(f64::total_cmp);
+            (s[s.len() / 2], s[s.len() - 1])
+        };
+        let (eval_ms, max_ms) = median(&times);
+        let (kernel_ms, _) = median(&kernel);
+        let rss_mb = vm_hwm_kb() as f64 / 1024.0;
         println!(
-            "{:>9} {:>6} {:>7} {:>10.0} {:>10.1} {:>10.1} {:>12.0}",
+            "{:>9} {:>6} {:>7} {:>10.0} {:>10.1} {:>10.1} {:>12.0} {:>10.2} {:>7.1}",
             gpus,
             site.racks.len(),
             jobs.len(),
             build_ms,
-            sorted[sorted.len() / 2],
-            sorted[sorted.len() - 1],
-            vm_hwm_kb() as f64 / 1024.0
+            eval_ms,
+            max_ms,
+            rss_mb,
+            kernel_ms,
+            eval_ms / kernel_ms.max(1e-9)
         );
+        std::hint::black_box(checksum);
+        rows.push((gpus, eval_ms, rss_mb));
     }
+    // growth from the smallest size to each larger one, against the growth in GPUs
+    if let Some(&(g0, t0, m0)) = rows.first() {
+        for &(g, t, m) in rows.iter().skip(1) {
+            println!(
+                "  growth {g0} -> {g} GPUs (x{:.0}): time x{:.1}, peak RSS x{:.1}",
+                g as f64 / g0 as f64,
+                t / t0.max(1e-9),
+                m / m0.max(1e-9)
+            );
+        }
+    }
+}
+
+/// The least any evaluation must do: one pass reading every GPU's power, temperature
+/// and power limit from the snapshot (by slot: the site's GPUs have the first ones),
+/// then the GPUs sorted by cut order (job rank, then the highest draw first). Returns
+/// a checksum so that nothing is optimised away.
+fn reference_kernel(site: &telemetry::Site, snap: &Snapshot, rank: &[i64], now: Timestamp) -> f64 {
+    use telemetry::metric::names::{GPU_TEMP_C, POWER_LIMIT_W, POWER_W};
+    let (p, t, l) = (
+        snap.metric_id(POWER_W),
+        snap.metric_id(GPU_TEMP_C),
+        snap.metric_id(POWER_LIMIT_W),
+    );
+    let read = |slot, m: Option<telemetry::snapshot::MetricId>| {
+        m.and_then(|m| snap.observe_slot(slot, m, now))
+            .filter(|o| o.usable())
+            .map(|o| o.value)
+    };
+    let mut keys: Vec<(i64, i64, u32)> = Vec::with_capacity(rank.len());
+    let mut sum = 0.0;
+    for rack in &site.racks {
+        for &n in &rack.nodes {
+            let default_w = site
+                .gpu_models
+                .get(&site.nodes[n].gpu_model)
+                .map_or(0.0, |m| m.default_w);
+            for _ in 0..site.nodes[n].gpus {
+                let i = keys.len() as u32;
+                let power = read(i, p).unwrap_or(0.0);
+                sum += read(i, t).unwrap_or(0.0) + read(i, l).unwrap_or(default_w);
+                keys.push((rank[i as usize], -(power * 10.0) as i64, i));
+            }
+        }
+    }
+    keys.sort_unstable();
+    sum + f64::from(keys.first().map_or(0, |k| k.2))
 }

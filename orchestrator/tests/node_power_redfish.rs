@@ -1,0 +1,114 @@
+//! Node power through Redfish `ComputerSystem.Reset` against the real sushy-emulator
+//! (`--fake`: its fake systems driver changes the power state after a delay), started
+//! on a free port of its own.
+
+use std::time::{Duration, Instant};
+
+use orchestrator::node_power::{PowerState, RedfishPower};
+use policies::node_power::NodeAction;
+
+struct Emulator {
+    url: String,
+    child: std::process::Child,
+}
+
+impl Emulator {
+    fn start() -> Emulator {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace")
+            .to_path_buf();
+        let bin = std::env::var("POWERPLANE_SUSHY_EMULATOR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| root.join(".venv/bin/sushy-emulator"));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("free port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let child = std::process::Command::new(&bin)
+            .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "this test needs sushy-emulator at {} (sushy-tools, scripts/test installs it): {e}",
+                    bin.display()
+                )
+            });
+        let e = Emulator {
+            url: format!("http://127.0.0.1:{port}"),
+            child,
+        };
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return e;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("sushy-emulator did not listen on port {port}");
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(r: &RedfishPower, system: &str, want: PowerState) -> Duration {
+    let start = Instant::now();
+    // generous: the fake driver takes several seconds, the machine is loaded
+    while start.elapsed() < Duration::from_secs(120) {
+        if r.power_state(system).expect("power state") == want {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("{system} never reached {want:?}");
+}
+
+#[test]
+fn nodes_are_powered_down_and_up_through_computer_system_reset() {
+    let emu = Emulator::start();
+    let r = RedfishPower::new(&emu.url, Duration::from_secs(10), None).expect("client");
+    // the emulator may take a moment before it answers
+    let mut systems = Vec::new();
+    for _ in 0..100 {
+        if let Ok(s) = r.systems() {
+            systems = s;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let system = systems.first().cloned().expect("a system");
+    let sys = system.clone();
+    let of = move |node: &str| (node == "n1").then(|| sys.clone());
+    // power up (the fake system starts off), then down, through the node actions
+    let up = [NodeAction::Up {
+        node: "n1".into(),
+        reason: "work due".into(),
+    }];
+    assert!(r.apply(&up, &of).is_empty());
+    wait_for(&r, &system, PowerState::On);
+    let down = [NodeAction::Down {
+        node: "n1".into(),
+        reason: "idle".into(),
+    }];
+    assert!(r.apply(&down, &of).is_empty());
+    wait_for(&r, &system, PowerState::Off);
+    // a node without a system, and a reset type the system does not allow, are errors
+    let errs = r.apply(
+        &[NodeAction::Up {
+            node: "n2".into(),
+            reason: "x".into(),
+        }],
+        &of,
+    );
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("no Redfish system"));
+    let e = r.reset(&system, "PowerCycleTheMoon").expect_err("refused");
+    assert!(e.to_string().contains("not allowed"), "{e}");
+}
