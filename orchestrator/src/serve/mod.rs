@@ -9,9 +9,12 @@
 //! snapshot; without it caps are observe-only. With `[schedulers]` the holds in force
 //! are applied to the schedulers (see [`crate::schedulers`]); without it they are
 //! observe-only: computed, leased, audited, stored and logged.
+//! With `[ha]` the replica follows the leader election (see [`leader`]): only the
+//! leader actuates, drives the schedulers and commits.
 //! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
 
 mod edges;
+mod leader;
 mod prices;
 
 pub use edges::{AgentActuator, Buffer, ObserveOnly};
@@ -34,6 +37,7 @@ use crate::http::Board;
 use crate::paths::resolve;
 use crate::probe::wall_clock;
 use crate::schedulers::Schedulers;
+use leader::{start_ha, Leader, Standby};
 use prices::Prices;
 
 /// The site and the store a config names, for `powerplane report`.
@@ -182,6 +186,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
     let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
     threads.extend(fetcher);
+    let cfg_events = (
+        cfg.controller.event_debounce_ms,
+        cfg.controller.event_max_per_s,
+    );
     let mut serve = Serve {
         cfg,
         control,
@@ -206,6 +214,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         board,
         cadence: crate::cadence::Cadence::default(),
         last_source_sample: None,
+        events: crate::cadence::Events::new(cfg_events.0, cfg_events.1),
+        thresholds: policies::triggers::Thresholds::default(),
+        pending: Vec::new(),
+        pending_dead: Vec::new(),
     };
     // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
     // by the loop itself, so a loop that stalls is restarted after WatchdogSec
@@ -226,46 +238,6 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     notify.stopping();
     stop.store(true, Ordering::Relaxed);
     serve.stop(runtime, threads)
-}
-
-/// The leader election, with `[ha]` enabled (the store must be Redis).
-fn start_ha(cfg: &Config, base: &Path) -> Result<Option<crate::ha::Ha>> {
-    let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
-        return Ok(None);
-    };
-    let StoreConfig::Redis(r) = &cfg.store else {
-        anyhow::bail!(
-            "[ha] needs [store] kind = \"redis\": the embedded store serves one controller"
-        );
-    };
-    let deadline = Duration::from_secs_f64(r.timeout_s.max(0.1));
-    Ok(Some(crate::ha::spawn(
-        h,
-        &r.url(base)?,
-        &r.prefix,
-        deadline,
-    )?))
-}
-
-/// With `[ha]`: what this replica holds as leader, and what it needs to take over.
-struct Leader {
-    ha: Option<crate::ha::Ha>,
-    /// The epoch the last tick acted under (`None`: a follower).
-    epoch: Option<u64>,
-    fleet: Option<Arc<Mutex<crate::fleet::Fleet>>>,
-    hooks: crate::http::Hooks,
-    base: std::path::PathBuf,
-    handle: tokio::runtime::Handle,
-    shutdown: tokio_util::sync::CancellationToken,
-}
-
-/// What a follower hands its actuator: nothing is commanded.
-struct Standby;
-
-impl crate::control::Actuator for Standby {
-    fn apply(&mut self, _: &policies::State, _: telemetry::Timestamp) -> Vec<String> {
-        Vec::new()
-    }
 }
 
 /// The board the API reads, with the policy file as it is now, and its watcher.
@@ -314,15 +286,34 @@ struct Serve {
     board: Arc<RwLock<Board>>,
     cadence: crate::cadence::Cadence,
     last_source_sample: Option<telemetry::Timestamp>,
+    /// Event-driven evaluation: when a crossing is due, and the levels that count.
+    events: crate::cadence::Events,
+    thresholds: policies::triggers::Thresholds,
+    /// Samples taken from the buffer between ticks (to look for crossings), for the
+    /// next evaluation.
+    pending: Vec<telemetry::Sample>,
+    pending_dead: Vec<telemetry::EntityId>,
 }
 
 impl Serve {
     /// One tick, due at `due`: what the edges delivered in, the plan out to the
     /// actuators and schedulers, the board for the API.
     fn tick(&mut self, due: Instant) {
-        self.cadence.start(due);
+        self.evaluate(Some(due));
+    }
+
+    /// An evaluation: a tick due at `due`, or (`None`) one made at once for samples
+    /// that crossed a threshold between ticks.
+    fn evaluate(&mut self, due: Option<Instant>) {
+        if let Some(due) = due {
+            self.cadence.start(due);
+        }
         let now = wall_clock();
-        let (mut samples, dead) = self.buffer.drain();
+        let (drained, drained_dead) = self.buffer.drain();
+        let mut samples = std::mem::take(&mut self.pending);
+        samples.extend(drained);
+        let mut dead = std::mem::take(&mut self.pending_dead);
+        dead.extend(drained_dead);
         let refused = self.gate.take_refused();
         self.control
             .count_rejected(crate::admit::UNKNOWN_ENTITY, refused);
@@ -378,112 +369,51 @@ impl Serve {
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
-        self.cadence.end();
+        match due {
+            Some(_) => {
+                self.events.ticked();
+                self.cadence.end();
+            }
+            None => self.events.evaluated(Instant::now()),
+        }
+        self.cadence.event_crossings = self.events.crossings;
+        self.cadence.event_evaluations = self.events.evaluations;
+        if self.events.enabled() {
+            self.thresholds =
+                policies::triggers::Thresholds::new(self.control.policy(), self.control.site());
+        }
     }
 
-    /// With `[ha]`: follows the election (taking over, stepping down) and says whether
-    /// this tick may actuate; a follower mirrors the leader's committed state.
-    fn follow_election(&mut self) -> bool {
-        let Some(ha) = &self.leader.ha else {
-            return true;
-        };
-        match ha.gate.state() {
-            crate::ha::GateState::Acting(epoch) => {
-                if self.leader.epoch != Some(epoch) {
-                    self.take_over(epoch);
-                }
-            }
-            // this term's lease cannot be read: no effect this tick, the term kept
-            crate::ha::GateState::Suspended(epoch) if self.leader.epoch == Some(epoch) => {
-                return false;
-            }
-            crate::ha::GateState::Suspended(_) | crate::ha::GateState::Following => {
-                if self.leader.epoch.is_some() {
-                    self.step_down();
-                }
-            }
+    /// Takes what the edges delivered since the last look and notes whether any
+    /// sample crossed a threshold against the value the last evaluation saw.
+    fn look_for_crossings(&mut self) {
+        let (samples, dead) = self.buffer.drain();
+        if samples.is_empty() && dead.is_empty() {
+            return;
         }
-        if self.leader.epoch.is_none() {
-            if let Err(e) = self.control.resume_from_store() {
-                tracing::debug!(error = %e, "follower: cannot read the leader's state");
-            }
+        let now = Instant::now();
+        let snapshot = self.control.snapshot();
+        let crossed = samples.iter().any(|s| {
+            let before = snapshot
+                .reading(&s.entity, s.metric.as_str())
+                .map(|r| r.value);
+            self.thresholds
+                .crossed(&s.entity, s.metric.as_str(), before, s.value)
+        });
+        if crossed {
+            self.events.crossed(now);
         }
-        self.leader.epoch.is_some()
-    }
-
-    /// Elected: restore from the store under the new epoch, open the schedulers (their
-    /// holds and outbox as the last leader left them), and command every agent anew.
-    fn take_over(&mut self, epoch: u64) {
-        let started = std::time::Instant::now();
-        // a term that ended and a new one begun between two ticks
-        if self.leader.epoch.is_some() {
-            self.step_down();
+        // the buffer's bound holds for what waits here too: the oldest go first
+        let cap = self.cfg.controller.buffer_samples.max(1);
+        self.pending.extend(samples);
+        if self.pending.len() > cap {
+            let over = self.pending.len() - cap;
+            self.pending.drain(..over);
+            self.buffer
+                .dropped
+                .fetch_add(over as u64, Ordering::Relaxed);
         }
-        let store = self.control.store();
-        store.set_fence(Some(epoch));
-        let opened = self
-            .control
-            .resume_from_store()
-            .map_err(anyhow::Error::from)
-            .and_then(|()| {
-                Schedulers::open(
-                    self.cfg.schedulers.as_ref(),
-                    &self.leader.base,
-                    self.control.store(),
-                    self.cfg.controller.tick_s,
-                    self.leader.handle.clone(),
-                    self.leader.shutdown.clone(),
-                )
-            });
-        let schedulers = match opened {
-            Ok(s) => s,
-            Err(e) => {
-                // not restored: act next tick, if still the leader
-                warn!(epoch, error = %e, "elected, but cannot restore from the store; not acting yet");
-                self.control.store().set_fence(Some(0));
-                return;
-            }
-        };
-        self.schedulers = schedulers;
-        self.leader
-            .hooks
-            .set(self.schedulers.inbox(), self.schedulers.kube_hooks());
-        if let Some(f) = &self.leader.fleet {
-            f.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .set_epoch(Some(epoch));
-        }
-        let instance = self
-            .cfg
-            .ha
-            .as_ref()
-            .map(|h| h.instance())
-            .unwrap_or_default();
-        self.control.set_records(true);
-        self.control.set_origin(Some((instance.clone(), epoch)));
-        self.leader.epoch = Some(epoch);
-        info!(
-            instance = %instance,
-            epoch,
-            caps = self.control.state().caps.len(),
-            holds = self.control.state().holds.len(),
-            jobs = self.control.registry().len(),
-            took_ms = started.elapsed().as_millis() as u64,
-            "leader: restored from the store; actuating"
-        );
-    }
-
-    /// Deposed (or the lease cannot be read): stop actuating at once; the schedulers
-    /// finish their pass (fenced: nothing of it lands once another leads) and close.
-    fn step_down(&mut self) {
-        let was = self.leader.epoch.take();
-        let mut old = std::mem::replace(&mut self.schedulers, Schedulers::idle());
-        old.stop(self.control.store(), Duration::from_secs(2));
-        self.leader.hooks.set(None, None);
-        self.control.store().set_fence(Some(0));
-        self.control.set_records(false);
-        self.control.set_origin(None);
-        warn!(epoch = ?was, "not the leader (deposed, or the lease cannot be read): actuation stopped");
+        self.pending_dead.extend(dead);
     }
 
     /// The tick, copied for the API and `/metrics`.
@@ -527,12 +457,24 @@ impl Serve {
     ) {
         loop {
             notify.watchdog();
+            // a crossing is evaluated at once (after its debounce), not at the tick
+            let until = self.events.due().map_or(next, |d| d.min(next));
+            // with events on, the buffer is looked at every 5 ms
+            let step = Duration::from_millis(if self.events.enabled() { 5 } else { 20 });
             self.schedulers.commit_writes(
                 self.control.store(),
-                Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
+                step.min(until.saturating_duration_since(Instant::now())),
             );
             if !keep_going() || Instant::now() >= next {
                 break;
+            }
+            // a follower's evaluations actuate nothing: it waits for the tick
+            let acting = self.leader.ha.is_none() || self.leader.epoch.is_some();
+            if self.events.enabled() && acting {
+                self.look_for_crossings();
+                if self.events.due().is_some_and(|d| Instant::now() >= d) {
+                    self.evaluate(None);
+                }
             }
         }
     }
