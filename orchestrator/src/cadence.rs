@@ -1,8 +1,13 @@
 //! The control loop's cadence, as `/metrics` shows it: how late each tick started
 //! past its due time (the last, and the largest since start) and how long the last
 //! tick took. A tick that waits on an edge shows here first.
+//!
+//! Besides the tick, [`Events`] decides when a sample that crossed one of the policy's
+//! thresholds (see [`policies::triggers`]) is evaluated: `debounce` after the first
+//! crossing (so that a burst of readings is one evaluation), and never more often than
+//! `max_per_s`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The loop's timing, copied to the board each tick.
 #[derive(Debug, Clone, Default)]
@@ -13,6 +18,9 @@ pub struct Cadence {
     pub delay_max_s: f64,
     /// How long the last complete tick took.
     pub duration_s: f64,
+    /// [`Events`]' counters, copied for `/metrics`.
+    pub event_crossings: u64,
+    pub event_evaluations: u64,
     started: Option<Instant>,
 }
 
@@ -33,10 +41,98 @@ impl Cadence {
     }
 }
 
+/// When the next event-driven evaluation is due.
+#[derive(Debug, Clone)]
+pub struct Events {
+    debounce: Duration,
+    /// Least time between two event-driven evaluations (`None`: events off).
+    min_gap: Option<Duration>,
+    /// The first crossing not yet evaluated.
+    armed: Option<Instant>,
+    last: Option<Instant>,
+    /// Evaluations made for events since start.
+    pub evaluations: u64,
+    /// Crossings seen since start (several may share one evaluation).
+    pub crossings: u64,
+}
+
+impl Events {
+    /// `max_per_s` 0 turns events off.
+    pub fn new(debounce_ms: f64, max_per_s: f64) -> Self {
+        Events {
+            debounce: Duration::from_secs_f64(debounce_ms.max(0.0) / 1000.0),
+            min_gap: (max_per_s > 0.0).then(|| Duration::from_secs_f64(1.0 / max_per_s)),
+            armed: None,
+            last: None,
+            evaluations: 0,
+            crossings: 0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.min_gap.is_some()
+    }
+
+    /// A sample crossed a threshold at `at`.
+    pub fn crossed(&mut self, at: Instant) {
+        if self.enabled() {
+            self.crossings += 1;
+            self.armed.get_or_insert(at);
+        }
+    }
+
+    /// When the evaluation of what crossed is due, if anything did.
+    pub fn due(&self) -> Option<Instant> {
+        let armed = self.armed? + self.debounce;
+        Some(match (self.last, self.min_gap) {
+            (Some(last), Some(gap)) => armed.max(last + gap),
+            _ => armed,
+        })
+    }
+
+    /// An evaluation for events ran at `at`.
+    pub fn evaluated(&mut self, at: Instant) {
+        self.armed = None;
+        self.last = Some(at);
+        self.evaluations += 1;
+    }
+
+    /// A tick ran: it evaluated whatever had crossed.
+    pub fn ticked(&mut self) {
+        self.armed = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_crossing_is_evaluated_after_the_debounce_and_at_a_bounded_rate() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut e = Events::new(20.0, 4.0);
+        assert_eq!(e.due(), None);
+        e.crossed(t0);
+        e.crossed(t0 + ms(5));
+        assert_eq!(
+            e.due(),
+            Some(t0 + ms(20)),
+            "the first crossing starts the debounce"
+        );
+        e.evaluated(t0 + ms(20));
+        assert_eq!(e.due(), None);
+        // the next one waits for the rate limit (4 per second: 250 ms apart)
+        e.crossed(t0 + ms(30));
+        assert_eq!(e.due(), Some(t0 + ms(270)));
+        e.ticked();
+        assert_eq!(e.due(), None, "a tick evaluates what crossed");
+        assert_eq!((e.crossings, e.evaluations), (3, 1));
+        let mut off = Events::new(20.0, 0.0);
+        off.crossed(t0);
+        assert_eq!(off.due(), None);
+    }
 
     #[test]
     fn a_late_tick_raises_the_delay_and_the_maximum_stays() {

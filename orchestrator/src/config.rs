@@ -93,6 +93,20 @@ pub struct ControllerConfig {
     /// How often to look at the policy file for edits (0: only on SIGHUP).
     #[serde(default = "default_policy_reload")]
     pub policy_reload_s: f64,
+    /// Event-driven evaluation: a sample crossing a threshold of the policy is
+    /// evaluated this long after the first crossing (a burst is one evaluation).
+    #[serde(default = "default_event_debounce")]
+    pub event_debounce_ms: f64,
+    /// At most this many event-driven evaluations per second (0: only ticks).
+    #[serde(default = "default_event_rate")]
+    pub event_max_per_s: f64,
+}
+
+fn default_event_debounce() -> f64 {
+    20.0
+}
+fn default_event_rate() -> f64 {
+    4.0
 }
 
 fn default_policy_reload() -> f64 {
@@ -426,5 +440,15 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
     let tick = cfg.controller.tick_s;
     problems.check((0.1..=3600.0).contains(&tick), || {
         format!("{name}: controller.tick_s must be within 0.1..=3600, got {tick}")
+    });
+    let debounce = cfg.controller.event_debounce_ms;
+    problems.check((0.0..=10_000.0).contains(&debounce), || {
+        format!("{name}: controller.event_debounce_ms must be within 0..=10000, got {debounce}")
+    });
+    let rate = cfg.controller.event_max_per_s;
+    problems.check((0.0..=100.0).contains(&rate), || {
+        format!(
+            "{name}: controller.event_max_per_s must be within 0..=100 (0: only ticks), got {rate}"
+        )
     });
 }

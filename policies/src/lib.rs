@@ -18,6 +18,8 @@
 //!   that have room.
 //! - [`node_power`]: which idle nodes to power down and which to bring back before
 //!   planned work needs them.
+//! - [`triggers`]: the thresholds the policy acts on, for evaluating at once when a
+//!   sample crosses one between ticks.
 //! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
 //!   their latest start.
 //!
@@ -41,6 +43,7 @@ pub mod rules;
 pub mod rules_eval;
 pub mod thermal;
 pub mod thermal_model;
+pub mod triggers;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};

@@ -451,6 +451,20 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         b.cadence.duration_s,
     );
+    o.add(
+        "event_crossings_total",
+        "counter",
+        "Samples that crossed a threshold of the policy between evaluations",
+        &[],
+        b.cadence.event_crossings as f64,
+    );
+    o.add(
+        "event_evaluations_total",
+        "counter",
+        "Evaluations made at once for crossings, between ticks",
+        &[],
+        b.cadence.event_evaluations as f64,
+    );
     for (name, help, v) in &b.scheduler_counters {
         let kind = if name.ends_with("_total") {
             "counter"

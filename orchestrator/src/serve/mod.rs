@@ -186,6 +186,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
     let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
     threads.extend(fetcher);
+    let cfg_events = (
+        cfg.controller.event_debounce_ms,
+        cfg.controller.event_max_per_s,
+    );
     let mut serve = Serve {
         cfg,
         control,
@@ -210,6 +214,10 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         board,
         cadence: crate::cadence::Cadence::default(),
         last_source_sample: None,
+        events: crate::cadence::Events::new(cfg_events.0, cfg_events.1),
+        thresholds: policies::triggers::Thresholds::default(),
+        pending: Vec::new(),
+        pending_dead: Vec::new(),
     };
     // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
     // by the loop itself, so a loop that stalls is restarted after WatchdogSec
@@ -278,15 +286,34 @@ struct Serve {
     board: Arc<RwLock<Board>>,
     cadence: crate::cadence::Cadence,
     last_source_sample: Option<telemetry::Timestamp>,
+    /// Event-driven evaluation: when a crossing is due, and the levels that count.
+    events: crate::cadence::Events,
+    thresholds: policies::triggers::Thresholds,
+    /// Samples taken from the buffer between ticks (to look for crossings), for the
+    /// next evaluation.
+    pending: Vec<telemetry::Sample>,
+    pending_dead: Vec<telemetry::EntityId>,
 }
 
 impl Serve {
     /// One tick, due at `due`: what the edges delivered in, the plan out to the
     /// actuators and schedulers, the board for the API.
     fn tick(&mut self, due: Instant) {
-        self.cadence.start(due);
+        self.evaluate(Some(due));
+    }
+
+    /// An evaluation: a tick due at `due`, or (`None`) one made at once for samples
+    /// that crossed a threshold between ticks.
+    fn evaluate(&mut self, due: Option<Instant>) {
+        if let Some(due) = due {
+            self.cadence.start(due);
+        }
         let now = wall_clock();
-        let (mut samples, dead) = self.buffer.drain();
+        let (drained, drained_dead) = self.buffer.drain();
+        let mut samples = std::mem::take(&mut self.pending);
+        samples.extend(drained);
+        let mut dead = std::mem::take(&mut self.pending_dead);
+        dead.extend(drained_dead);
         let refused = self.gate.take_refused();
         self.control
             .count_rejected(crate::admit::UNKNOWN_ENTITY, refused);
@@ -342,7 +369,51 @@ impl Serve {
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
-        self.cadence.end();
+        match due {
+            Some(_) => {
+                self.events.ticked();
+                self.cadence.end();
+            }
+            None => self.events.evaluated(Instant::now()),
+        }
+        self.cadence.event_crossings = self.events.crossings;
+        self.cadence.event_evaluations = self.events.evaluations;
+        if self.events.enabled() {
+            self.thresholds =
+                policies::triggers::Thresholds::new(self.control.policy(), self.control.site());
+        }
+    }
+
+    /// Takes what the edges delivered since the last look and notes whether any
+    /// sample crossed a threshold against the value the last evaluation saw.
+    fn look_for_crossings(&mut self) {
+        let (samples, dead) = self.buffer.drain();
+        if samples.is_empty() && dead.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let snapshot = self.control.snapshot();
+        let crossed = samples.iter().any(|s| {
+            let before = snapshot
+                .reading(&s.entity, s.metric.as_str())
+                .map(|r| r.value);
+            self.thresholds
+                .crossed(&s.entity, s.metric.as_str(), before, s.value)
+        });
+        if crossed {
+            self.events.crossed(now);
+        }
+        // the buffer's bound holds for what waits here too: the oldest go first
+        let cap = self.cfg.controller.buffer_samples.max(1);
+        self.pending.extend(samples);
+        if self.pending.len() > cap {
+            let over = self.pending.len() - cap;
+            self.pending.drain(..over);
+            self.buffer
+                .dropped
+                .fetch_add(over as u64, Ordering::Relaxed);
+        }
+        self.pending_dead.extend(dead);
     }
 
     /// The tick, copied for the API and `/metrics`.
@@ -386,12 +457,24 @@ impl Serve {
     ) {
         loop {
             notify.watchdog();
+            // a crossing is evaluated at once (after its debounce), not at the tick
+            let until = self.events.due().map_or(next, |d| d.min(next));
+            // with events on, the buffer is looked at every 5 ms
+            let step = Duration::from_millis(if self.events.enabled() { 5 } else { 20 });
             self.schedulers.commit_writes(
                 self.control.store(),
-                Duration::from_millis(20).min(next.saturating_duration_since(Instant::now())),
+                step.min(until.saturating_duration_since(Instant::now())),
             );
             if !keep_going() || Instant::now() >= next {
                 break;
+            }
+            // a follower's evaluations actuate nothing: it waits for the tick
+            let acting = self.leader.ha.is_none() || self.leader.epoch.is_some();
+            if self.events.enabled() && acting {
+                self.look_for_crossings();
+                if self.events.due().is_some_and(|d| Instant::now() >= d) {
+                    self.evaluate(None);
+                }
             }
         }
     }

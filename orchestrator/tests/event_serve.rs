@@ -1,0 +1,140 @@
+//! Event-driven evaluation in `powerplane serve`: with a 15 s tick, a rack inlet that
+//! jumps over its limit on MQTT is evaluated at once, and the cap command reaches the
+//! node's agent topic long before the next tick (real Mosquitto, `powerplane agent`).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn powerplane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+}
+
+fn mqtt_port() -> u16 {
+    std::env::var("POWERPLANE_TEST_MQTT_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1883)
+}
+
+fn publish(topic: &str, payload: &str) {
+    let ok = Command::new("mosquitto_pub")
+        .args(["-p", &mqtt_port().to_string(), "-t", topic, "-m", payload])
+        .status()
+        .expect("this test needs mosquitto_pub (mosquitto-clients)");
+    assert!(ok.success(), "mosquitto_pub to port {} failed", mqtt_port());
+}
+
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_hot_inlet_is_capped_at_once_not_at_the_next_tick() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let pid = std::process::id();
+    let site_text = std::fs::read_to_string(root.join("examples/demo/site.toml")).expect("site");
+    std::fs::write(d.join("site.toml"), &site_text).expect("site");
+    let site = telemetry::Site::parse("site.toml", &site_text).expect("site");
+    let node = site
+        .gpus()
+        .into_iter()
+        .find(|g| g.rack.id == "b01")
+        .expect("a GPU in b01")
+        .node
+        .id
+        .clone();
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nstep_interval_s = 1\n",
+    )
+    .expect("policy");
+    let topic = format!("pptest-events-{pid}");
+    let prefix = format!("pptest-events-{pid}/v1");
+    std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
+    std::fs::write(d.join("site.key"), "9e".repeat(32)).expect("key");
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    let port = mqtt_port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 15\nevent_debounce_ms = 20\nevent_max_per_s = 4\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\nmapping = \"mapping.toml\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 60\nrenew_s = 20\nretry_s = 1\ntopic_prefix = \"{prefix}\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
+        ),
+    )
+    .expect("config");
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            "node = \"{node}\"\nkey_file = \"site.key\"\ninterval_s = 0.5\ntopic_prefix = \"{prefix}\"\n[backend]\nkind = \"sim\"\ngpus = 8\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
+        ),
+    )
+    .expect("agent config");
+    // what reaches the node's command topic, with when it arrived
+    let mut sub = Kill(
+        Command::new("mosquitto_sub")
+            .args(["-p", &port.to_string(), "-t"])
+            .arg(format!("{prefix}/nodes/{node}/cmd"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("this test needs mosquitto_sub (mosquitto-clients)"),
+    );
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let out = sub.0.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let _agent = Kill(
+        powerplane()
+            .args(["agent", "--config"])
+            .arg(d.join("agent.toml"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent"),
+    );
+    let started = Instant::now();
+    let _serve = Kill(
+        powerplane()
+            .args(["serve", "--run-for-s", "14", "--config"])
+            .arg(d.join("powerplane.toml"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve"),
+    );
+    // the first tick has run and both clients are subscribed
+    std::thread::sleep(Duration::from_secs(3));
+    while rx.try_recv().is_ok() {}
+    let sent = Instant::now();
+    publish(&format!("{topic}/b01/inlet"), "{\"c\": 36.0}");
+    let next_tick = started + Duration::from_secs(15);
+    let got = loop {
+        let left = next_tick.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((at, line)) if line.contains("set_power_limit") => break Some(at),
+            Ok(_) => continue,
+            Err(_) => break None,
+        }
+    };
+    let at = got.expect("no cap command reached the agent before the next tick");
+    let ms = at.duration_since(sent).as_secs_f64() * 1000.0;
+    println!("event: inlet published -> cap command on the agent's topic in {ms:.1} ms");
+    assert!(
+        at < started + Duration::from_secs(13),
+        "the command came {ms:.0} ms after the publish: at the tick, not at once"
+    );
+}
