@@ -84,6 +84,14 @@ pub struct EnergyReport {
     /// [`EnergyReport::with_jobs`]).
     #[serde(skip)]
     pub unplaced_held: BTreeMap<String, f64>,
+    /// The tariff's demand charge over the period: per billing period (calendar month
+    /// in the site's time zone), its highest average facility power over one ledger
+    /// interval × `demand_charge_per_kw` (see [`EnergyReport::with_demand_charge`]);
+    /// `cost` is the energy's alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demand_charge: Option<f64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub period_peaks_kw: Vec<(String, f64)>,
 }
 
 fn key_of(e: &LedgerEntry, by: GroupBy, tz: Tz) -> String {
@@ -305,6 +313,8 @@ pub fn build(
         capped_over_time,
         inlets: Vec::new(),
         unplaced_held,
+        demand_charge: None,
+        period_peaks_kw: Vec::new(),
     }
 }
 
@@ -313,6 +323,33 @@ fn opt(v: Option<f64>) -> String {
 }
 
 impl EnergyReport {
+    /// Adds the demand charge of the site's tariff (nothing without one).
+    pub fn with_demand_charge(mut self, per_kw: Option<f64>, tz: Tz) -> Self {
+        let Some(rate) = per_kw else {
+            return self;
+        };
+        let mut peaks: Vec<(String, f64)> = Vec::new();
+        for (s, e, kwh, _) in &self.intervals {
+            let h = e.secs_since(*s) / 3600.0;
+            if h <= 0.0 {
+                continue;
+            }
+            let month = s
+                .to_datetime()
+                .with_timezone(&tz)
+                .format("%Y-%m")
+                .to_string();
+            let kw = kwh / h;
+            match peaks.iter_mut().find(|(m, _)| *m == month) {
+                Some((_, p)) => *p = p.max(kw),
+                None => peaks.push((month, kw)),
+            }
+        }
+        self.demand_charge = Some(peaks.iter().map(|(_, kw)| kw * rate).sum());
+        self.period_peaks_kw = peaks;
+        self
+    }
+
     /// Places the held hours of jobs that never ran in the period (no energy, so not in
     /// the ledger) under their job, project or user, from the job records.
     pub fn with_jobs(mut self, jobs: &[telemetry::Job]) -> Self {
@@ -399,6 +436,21 @@ impl EnergyReport {
         }
         if let Some(p) = self.pue {
             let _ = writeln!(s, "PUE {p:.2} (IT and cooling over the period)");
+        }
+        if let Some(d) = self.demand_charge {
+            let peaks: Vec<String> = self
+                .period_peaks_kw
+                .iter()
+                .map(|(m, kw)| format!("{m}: {kw:.1} kW"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "demand charge {d:.2} {} (peak per billing period: {}); with the energy: {:.2} {}",
+                self.currency,
+                peaks.join(", "),
+                self.total.cost + d,
+                self.currency
+            );
         }
         s
     }

@@ -321,3 +321,54 @@ fn a_job_held_all_period_counts_under_its_project_though_it_used_no_energy() {
         .expect("a row for the held job");
     assert_eq!((row.energy_kwh, row.held_hours), (0.0, Some(3.0)));
 }
+
+#[test]
+fn the_demand_charge_is_the_peak_of_each_billing_period_times_the_rate() {
+    let tz: Tz = "Europe/Berlin".parse().expect("tz");
+    let from = Timestamp::parse_rfc3339("2024-09-30T00:00:00+02:00").expect("t");
+    let to = from + 3.0 * 86400.0;
+    let mut r = build(
+        &BTreeMap::new(),
+        &[],
+        &[],
+        GroupBy::Day,
+        tz,
+        "EUR",
+        from,
+        to,
+    );
+    let h = 3600.0;
+    // September: 100 kW then 150 kW over an hour each; October: 80 kW over 15 minutes
+    r.intervals = vec![
+        (from, from + h, 100.0, 10.0),
+        (from + h, from + 2.0 * h, 150.0, 15.0),
+        (
+            from + 2.0 * 86400.0,
+            from + 2.0 * 86400.0 + 900.0,
+            20.0,
+            2.0,
+        ),
+    ];
+    let without = r.clone().with_demand_charge(None, tz);
+    assert_eq!(without.demand_charge, None);
+    assert!(!without.table().contains("demand charge"));
+    let r = r.with_demand_charge(Some(10.0), tz);
+    assert_eq!(
+        r.period_peaks_kw,
+        vec![
+            ("2024-09".to_string(), 150.0),
+            ("2024-10".to_string(), 80.0)
+        ]
+    );
+    assert!((r.demand_charge.expect("charge") - 2300.0).abs() < 1e-9);
+    assert!(
+        r.table().contains("demand charge 2300.00 EUR"),
+        "{}",
+        r.table()
+    );
+    assert!(
+        r.json().contains("\"demand_charge\": 2300.0"),
+        "{}",
+        r.json()
+    );
+}

@@ -814,4 +814,29 @@ gpu_model = "A40"
             "refused before decoding"
         );
     }
+
+    #[test]
+    fn a_new_term_sends_every_gpu_its_state_again_under_the_new_epoch() {
+        let (mut f, site) = fleet();
+        let state = capped(&site, &[0], 180.0);
+        let first = open(&f.commands(&state, at(0.0)));
+        assert!(
+            first.iter().all(|(_, c)| c.epoch.is_none()),
+            "no [ha]: no epoch"
+        );
+        ack_all(&mut f, &first, at(0.1));
+        assert!(
+            f.commands(&state, at(1.0)).is_empty(),
+            "acknowledged: nothing due"
+        );
+        // elected (or taking over): everything at once, with the epoch
+        f.set_epoch(Some(7));
+        let again = open(&f.commands(&state, at(1.5)));
+        assert_eq!(again.len(), first.len(), "every GPU commanded anew");
+        assert!(again.iter().all(|(_, c)| c.epoch == Some(7)));
+        ack_all(&mut f, &again, at(1.6));
+        // the same term: nothing new
+        f.set_epoch(Some(7));
+        assert!(f.commands(&state, at(2.0)).is_empty());
+    }
 }

@@ -628,7 +628,13 @@ fn energy_report(
     );
     r.site = site.name.clone();
     let jobs = store.jobs()?;
-    let r = r.with_inlets(&conditions).with_jobs(&jobs);
+    let r = r
+        .with_inlets(&conditions)
+        .with_jobs(&jobs)
+        .with_demand_charge(
+            site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw),
+            site.timezone,
+        );
     let text = match format {
         "csv" => r.csv(),
         "json" => r.json(),

@@ -57,6 +57,7 @@ pub use agent::wall_clock;
 pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<Seen> {
     let mut seen = Seen::default();
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
+    let bound = args.redfish.clone();
     let redfish = if args.redfish.is_empty() {
         None
     } else {
@@ -122,6 +123,9 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
             if let Some(e) = &p.error {
                 writeln!(err, "probe: redfish {}: {e}", p.endpoint)?;
             }
+            if p.discovery {
+                write!(err, "{}", bindings_summary(&bound, &p))?;
+            }
             let decoded = telemetry::mapping::Decoded {
                 samples: p.samples,
                 rejects: p.rejects,
@@ -143,6 +147,33 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         }
     }
     Ok(seen)
+}
+
+/// What each site binding of an endpoint took in a discovery (`--config` with a site
+/// that has `[[redfish]]` entries): its value, or why it has none.
+fn bindings_summary(configs: &[EndpointConfig], p: &Polled) -> String {
+    use sources::redfish::bind::Outcome;
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let Some(cfg) = configs.iter().find(|c| c.name == p.endpoint) else {
+        return t;
+    };
+    for r in &p.bindings {
+        let Some(b) = cfg.bind.get(r.index) else {
+            continue;
+        };
+        let what = match &r.outcome {
+            Outcome::Value { value, .. } => format!("= {value:.3}"),
+            Outcome::Nothing => "no reading".to_string(),
+            Outcome::Ambiguous(n) => format!("{n} readings and no combine"),
+        };
+        let _ = writeln!(
+            t,
+            "probe: redfish {}: {} {} {} {what}",
+            p.endpoint, b.at, b.entity, b.metric
+        );
+    }
+    t
 }
 
 /// A Redfish URL is the base (`https://10.1.2.3`): the service root `/redfish/v1` and

@@ -370,6 +370,8 @@ fn capacity_grows_the_site_by_racks_until_the_contract_no_longer_holds() {
     assert_eq!(largest, best);
     // the test trace keeps well under 48 kW: the grown sites hold it
     assert!(largest >= 192.0, "{c}");
+    let all = steps.iter().all(|s| s["passed"].as_bool() == Some(true));
+    assert_eq!(c["at_least"].as_bool(), Some(all));
     assert!(out.join("racks-2/summary.json").exists());
     assert!(out.join("racks-2-unconstrained/summary.json").exists());
     assert!(String::from_utf8_lossy(&o.stdout).contains("over nameplate"));

@@ -48,6 +48,9 @@ pub struct NodePowerRule {
     pub resume_timeout_s: f64,
     /// What a powered-down node still draws (BMC, fans), W.
     pub off_w: f64,
+    /// A power-down carries a lease: a node the controller stops renewing it for is
+    /// brought back when it ends, s.
+    pub lease_s: f64,
 }
 
 impl Default for NodePowerRule {
@@ -65,11 +68,16 @@ impl Default for NodePowerRule {
             boot_s_by_model: Default::default(),
             resume_timeout_s: 900.0,
             off_w: 15.0,
+            lease_s: 900.0,
         }
     }
 }
 
 impl NodePowerRule {
+    pub fn is_default(&self) -> bool {
+        *self == NodePowerRule::default()
+    }
+
     pub fn boot_s_of(&self, model: &str) -> f64 {
         self.boot_s_by_model
             .get(model)

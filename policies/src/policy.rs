@@ -244,7 +244,12 @@ pub struct Policy {
     pub thermal: ThermalRule,
     #[serde(default)]
     pub price: PriceRule,
-    #[serde(default)]
+    /// Off unless the policy turns it on; left out of the serialized policy while it
+    /// is the default (so `policy explain` does not list it as disabled).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::node_power::NodePowerRule::is_default"
+    )]
     pub node_power: crate::node_power::NodePowerRule,
     /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
     #[serde(skip)]
@@ -583,12 +588,15 @@ impl Policy {
             ),
         );
         check(
-            n.max_downs_per_min >= 1 && n.boot_s > 0.0 && n.resume_timeout_s >= n.boot_s,
+            n.max_downs_per_min >= 1
+                && n.boot_s > 0.0
+                && n.resume_timeout_s >= n.boot_s
+                && n.lease_s >= 10.0,
             &pos.node_power,
             "max_downs_per_min",
             format!(
-                "node_power: max_downs_per_min must be at least 1, boot_s positive and resume_timeout_s at least boot_s (got {}, {}, {})",
-                n.max_downs_per_min, n.boot_s, n.resume_timeout_s
+                "node_power: max_downs_per_min must be at least 1, boot_s positive, resume_timeout_s at least boot_s and lease_s at least 10 (got {}, {}, {}, {})",
+                n.max_downs_per_min, n.boot_s, n.resume_timeout_s, n.lease_s
             ),
         );
         c.finish()?;
@@ -736,5 +744,33 @@ mod tests {
                 .starts_with("p.toml:3:1: unknown field `defer_abov`"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn value_and_node_power_keys_are_checked() {
+        let p = Policy::parse(
+            "p.toml",
+            "version = 1\n[price]\nmode = \"plan\"\ndelay_cost_per_gpu_hour = 0.03\nmax_slowdown = 4\npeak_target_kw = 500\n[node_power]\nenabled = true\nreserve_gpus = 16\nboot_s_by_model = { H100 = 600 }\n",
+        )
+        .expect("valid");
+        assert_eq!(p.price.delay_cost_per_gpu_hour, 0.03);
+        assert_eq!(p.price.max_slowdown, Some(4.0));
+        assert!(p.node_power.enabled);
+        assert_eq!(p.node_power.boot_s_of("H100"), 600.0);
+        assert_eq!(p.node_power.boot_s_of("A40"), 300.0);
+        let err = Policy::parse(
+            "p.toml",
+            "version = 1\n[price]\ndelay_cost_per_gpu_hour = -1\nmax_slowdown = 0.5\n[node_power]\nreserve_share = 2\nmax_downs_per_min = 0\n",
+        )
+        .expect_err("bad values");
+        let e = err.to_string();
+        for want in [
+            "delay_cost_per_gpu_hour must not be negative",
+            "max_slowdown must be at least 1",
+            "node_power: reserve_share must be within 0..1",
+            "node_power: max_downs_per_min must be at least 1",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 }

@@ -295,6 +295,24 @@ fn site_bindings_make_samples_of_site_entities_from_three_mockups() {
         intake,
         "rack inlet, re-read",
     );
+    // the probe says what each binding took
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let args = orchestrator::probe::ProbeArgs {
+        mqtt: None,
+        mapping: None,
+        redfish: endpoints(&site, &[("bmc", &bmc)]),
+        redfish_interval_s: 1.0,
+        seconds: 0.1,
+        json: false,
+    };
+    orchestrator::probe::run(args, &mut out, &mut err).expect("probe");
+    let err = String::from_utf8_lossy(&err);
+    assert!(
+        err.contains(&format!("rack/a01 inlet_temp_c = {intake:.3}")),
+        "{err}"
+    );
+    assert!(err.contains("node/a01-n02 power_w no reading"), "{err}");
 }
 
 #[test]

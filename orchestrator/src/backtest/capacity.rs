@@ -43,6 +43,9 @@ pub struct CapacityReport {
     pub largest_racks: usize,
     /// largest_gpus ÷ nameplate_gpus − 1, in %.
     pub over_nameplate_pct: f64,
+    /// Every size tried held: the contract holds at least `largest_gpus` (raise
+    /// `--capacity-max-steps` or `--capacity-step` to search further).
+    pub at_least: bool,
     pub steps: Vec<Step>,
 }
 
@@ -248,6 +251,7 @@ pub fn run(
         } else {
             0.0
         },
+        at_least: steps.iter().all(|s| s.passed),
         steps,
     };
     std::fs::create_dir_all(&cfg.out)?;

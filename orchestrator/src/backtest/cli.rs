@@ -105,14 +105,20 @@ impl Args {
             let r =
                 super::capacity::run(&cfg, self.capacity_step, self.capacity_max_steps, &mut err)?;
             println!(
-                "\npowerplane backtest --capacity: the {:.0} kW contract holds {} GPUs ({} racks) at most {:.0}% GPU-hours lost with no violation; nameplate provisioning ({:.0} W per GPU at its peak with its node and cooling share) gives {:.0}: {:+.1}% over nameplate\n  wrote {}/capacity.json",
+                "\npowerplane backtest --capacity: the {:.0} kW contract holds {}{} GPUs ({} racks) at most {:.0}% GPU-hours lost with no violation; nameplate provisioning ({:.0} W per GPU at its peak with its node and cooling share) gives {:.0}: {:+.1}% over nameplate{}\n  wrote {}/capacity.json",
                 r.contract_kw,
+                if r.at_least { "at least " } else { "" },
                 r.largest_gpus,
                 r.largest_racks,
                 super::capacity::MAX_LOST * 100.0,
                 r.gpu_peak_w,
                 r.nameplate_gpus,
                 r.over_nameplate_pct,
+                if r.at_least {
+                    " (every size tried held: the search stopped at its last step)"
+                } else {
+                    ""
+                },
                 cfg.out.display()
             );
             return Ok(ExitCode::SUCCESS);

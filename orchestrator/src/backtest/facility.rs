@@ -66,6 +66,8 @@ struct Node {
     power: Power,
     /// Since when it has had no work (None: it runs work).
     idle_since: Option<Timestamp>,
+    /// Managed mode: the lease of its power-down; the node comes back when it ends.
+    off_lease: Option<Timestamp>,
 }
 
 /// How the facility's nodes are powered.
@@ -137,6 +139,8 @@ pub struct Totals {
     pub period_peaks_kw: Vec<(String, f64)>,
     /// Node power-downs and power-ups, and the energy boots and shutdowns drew.
     pub power_downs: u64,
+    /// Nodes brought back because their power-down's lease ended unrenewed.
+    pub lease_resumes: u64,
     pub power_ups: u64,
     pub transition_kwh: f64,
     /// Node-hours spent off.
@@ -242,6 +246,7 @@ impl Facility {
                 rack: 0,
                 power: Power::On,
                 idle_since: Some(start),
+                off_lease: None,
             })
             .collect();
         for g in site.gpus() {
@@ -369,9 +374,15 @@ impl Facility {
 
     /// Carries out the controller's node actions (managed mode): a power-down only of
     /// a node that is on and idle, a power-up only of a node that is off.
-    pub fn apply_node_actions(&mut self, actions: &[NodeAction], now: Timestamp) {
+    /// Every node this controller keeps off gets its lease renewed to `now + lease_s`.
+    pub fn apply_node_actions(&mut self, actions: &[NodeAction], now: Timestamp, lease_s: f64) {
         if self.node_mode != NodeMode::Managed {
             return;
+        }
+        for n in &mut self.nodes {
+            if n.off_lease.is_some() {
+                n.off_lease = Some(now + lease_s);
+            }
         }
         for a in actions {
             let Some(ni) = self.nodes.iter().position(|n| n.id == a.node()) else {
@@ -382,6 +393,7 @@ impl Facility {
                 NodeAction::Down { .. } => {
                     if n.power == Power::On && n.free as usize == n.gpus.len() {
                         n.power = Power::ShuttingDown { since: now };
+                        n.off_lease = Some(now + lease_s);
                         self.totals.power_downs += 1;
                         self.recent_downs.push(now);
                     }
@@ -389,6 +401,7 @@ impl Facility {
                 NodeAction::Up { .. } => {
                     if matches!(n.power, Power::Off { .. }) {
                         n.power = Power::Booting { since: now };
+                        n.off_lease = None;
                         self.totals.power_ups += 1;
                     }
                 }
@@ -413,6 +426,13 @@ impl Facility {
                     if now.secs_since(since) >= self.node_model.shutdown_s - 1e-6 =>
                 {
                     n.power = Power::Off { since: now };
+                }
+                // the controller stopped renewing the power-down: the node comes back
+                Power::Off { .. } if n.off_lease.is_some_and(|l| l <= now) => {
+                    n.power = Power::Booting { since: now };
+                    n.off_lease = None;
+                    self.totals.power_ups += 1;
+                    self.totals.lease_resumes += 1;
                 }
                 _ => {}
             }
@@ -472,6 +492,7 @@ impl Facility {
                 {
                     // a node shutting down finishes first, then boots
                     n.power = Power::Booting { since: now };
+                    n.off_lease = None;
                     self.totals.power_ups += 1;
                     let g = n.gpus.len() as u32;
                     let take = g.min(want);

@@ -9,9 +9,12 @@
 //! snapshot; without it caps are observe-only. With `[schedulers]` the holds in force
 //! are applied to the schedulers (see [`crate::schedulers`]); without it they are
 //! observe-only: computed, leased, audited, stored and logged.
+//! With `[ha]` the replica follows the leader election (see [`leader`]): only the
+//! leader actuates, drives the schedulers and commits.
 //! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
 
 mod edges;
+mod leader;
 mod prices;
 
 pub use edges::{AgentActuator, Buffer, ObserveOnly};
@@ -34,6 +37,7 @@ use crate::http::Board;
 use crate::paths::resolve;
 use crate::probe::wall_clock;
 use crate::schedulers::Schedulers;
+use leader::{start_ha, Leader, Standby};
 use prices::Prices;
 
 /// The site and the store a config names, for `powerplane report`.
@@ -236,46 +240,6 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     serve.stop(runtime, threads)
 }
 
-/// The leader election, with `[ha]` enabled (the store must be Redis).
-fn start_ha(cfg: &Config, base: &Path) -> Result<Option<crate::ha::Ha>> {
-    let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
-        return Ok(None);
-    };
-    let StoreConfig::Redis(r) = &cfg.store else {
-        anyhow::bail!(
-            "[ha] needs [store] kind = \"redis\": the embedded store serves one controller"
-        );
-    };
-    let deadline = Duration::from_secs_f64(r.timeout_s.max(0.1));
-    Ok(Some(crate::ha::spawn(
-        h,
-        &r.url(base)?,
-        &r.prefix,
-        deadline,
-    )?))
-}
-
-/// With `[ha]`: what this replica holds as leader, and what it needs to take over.
-struct Leader {
-    ha: Option<crate::ha::Ha>,
-    /// The epoch the last tick acted under (`None`: a follower).
-    epoch: Option<u64>,
-    fleet: Option<Arc<Mutex<crate::fleet::Fleet>>>,
-    hooks: crate::http::Hooks,
-    base: std::path::PathBuf,
-    handle: tokio::runtime::Handle,
-    shutdown: tokio_util::sync::CancellationToken,
-}
-
-/// What a follower hands its actuator: nothing is commanded.
-struct Standby;
-
-impl crate::control::Actuator for Standby {
-    fn apply(&mut self, _: &policies::State, _: telemetry::Timestamp) -> Vec<String> {
-        Vec::new()
-    }
-}
-
 /// The board the API reads, with the policy file as it is now, and its watcher.
 fn first_board(
     cfg: &Config,
@@ -450,111 +414,6 @@ impl Serve {
                 .fetch_add(over as u64, Ordering::Relaxed);
         }
         self.pending_dead.extend(dead);
-    }
-
-    /// With `[ha]`: follows the election (taking over, stepping down) and says whether
-    /// this tick may actuate; a follower mirrors the leader's committed state.
-    fn follow_election(&mut self) -> bool {
-        let Some(ha) = &self.leader.ha else {
-            return true;
-        };
-        match ha.gate.state() {
-            crate::ha::GateState::Acting(epoch) => {
-                if self.leader.epoch != Some(epoch) {
-                    self.take_over(epoch);
-                }
-            }
-            // this term's lease cannot be read: no effect this tick, the term kept
-            crate::ha::GateState::Suspended(epoch) if self.leader.epoch == Some(epoch) => {
-                return false;
-            }
-            crate::ha::GateState::Suspended(_) | crate::ha::GateState::Following => {
-                if self.leader.epoch.is_some() {
-                    self.step_down();
-                }
-            }
-        }
-        if self.leader.epoch.is_none() {
-            if let Err(e) = self.control.resume_from_store() {
-                tracing::debug!(error = %e, "follower: cannot read the leader's state");
-            }
-        }
-        self.leader.epoch.is_some()
-    }
-
-    /// Elected: restore from the store under the new epoch, open the schedulers (their
-    /// holds and outbox as the last leader left them), and command every agent anew.
-    fn take_over(&mut self, epoch: u64) {
-        let started = std::time::Instant::now();
-        // a term that ended and a new one begun between two ticks
-        if self.leader.epoch.is_some() {
-            self.step_down();
-        }
-        let store = self.control.store();
-        store.set_fence(Some(epoch));
-        let opened = self
-            .control
-            .resume_from_store()
-            .map_err(anyhow::Error::from)
-            .and_then(|()| {
-                Schedulers::open(
-                    self.cfg.schedulers.as_ref(),
-                    &self.leader.base,
-                    self.control.store(),
-                    self.cfg.controller.tick_s,
-                    self.leader.handle.clone(),
-                    self.leader.shutdown.clone(),
-                )
-            });
-        let schedulers = match opened {
-            Ok(s) => s,
-            Err(e) => {
-                // not restored: act next tick, if still the leader
-                warn!(epoch, error = %e, "elected, but cannot restore from the store; not acting yet");
-                self.control.store().set_fence(Some(0));
-                return;
-            }
-        };
-        self.schedulers = schedulers;
-        self.leader
-            .hooks
-            .set(self.schedulers.inbox(), self.schedulers.kube_hooks());
-        if let Some(f) = &self.leader.fleet {
-            f.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .set_epoch(Some(epoch));
-        }
-        let instance = self
-            .cfg
-            .ha
-            .as_ref()
-            .map(|h| h.instance())
-            .unwrap_or_default();
-        self.control.set_records(true);
-        self.control.set_origin(Some((instance.clone(), epoch)));
-        self.leader.epoch = Some(epoch);
-        info!(
-            instance = %instance,
-            epoch,
-            caps = self.control.state().caps.len(),
-            holds = self.control.state().holds.len(),
-            jobs = self.control.registry().len(),
-            took_ms = started.elapsed().as_millis() as u64,
-            "leader: restored from the store; actuating"
-        );
-    }
-
-    /// Deposed (or the lease cannot be read): stop actuating at once; the schedulers
-    /// finish their pass (fenced: nothing of it lands once another leads) and close.
-    fn step_down(&mut self) {
-        let was = self.leader.epoch.take();
-        let mut old = std::mem::replace(&mut self.schedulers, Schedulers::idle());
-        old.stop(self.control.store(), Duration::from_secs(2));
-        self.leader.hooks.set(None, None);
-        self.control.store().set_fence(Some(0));
-        self.control.set_records(false);
-        self.control.set_origin(None);
-        warn!(epoch = ?was, "not the leader (deposed, or the lease cannot be read): actuation stopped");
     }
 
     /// The tick, copied for the API and `/metrics`.

@@ -168,13 +168,27 @@ impl<'a> Fetch<'a> {
         let Some(path) = link(parent, key) else {
             return Vec::new();
         };
-        let links = match self.ep.expand_query() {
-            Some(q) => match self.expanded(&path, q).await {
-                Expanded::Members(m) => return m,
-                Expanded::Links(l) => l,
-                Expanded::Refused => self.member_links(parent, key).await,
-            },
-            None => self.member_links(parent, key).await,
+        let outcome = match self.ep.expand_query() {
+            None => Expanded::Refused,
+            Some(_) => {
+                // until one collection came back expanded, one probe at a time
+                let _probe = match self.ep.expand_confirmed() {
+                    true => None,
+                    false => Some(self.ep.expand_probe.lock().await),
+                };
+                match self.ep.expand_query() {
+                    Some(q) => self.expanded(&path, q).await,
+                    None => Expanded::Refused, // refused while this one waited
+                }
+            }
+        };
+        let links = match outcome {
+            Expanded::Members(m) => {
+                self.ep.expand_works();
+                return m;
+            }
+            Expanded::Links(l) => l,
+            Expanded::Refused => self.member_links(parent, key).await,
         };
         join_all(
             links

@@ -43,6 +43,11 @@ pub struct Endpoint {
     pub(super) expand: Mutex<Option<&'static str>>,
     /// The service refused `$expand` or ignored it: never asked again.
     expand_off: std::sync::atomic::AtomicBool,
+    /// The service answered `$expand` with the members: no more probing.
+    expand_ok: std::sync::atomic::AtomicBool,
+    /// Held by the one collection GET that finds out whether `$expand` works, so that
+    /// a service that refuses it is asked once, not once per collection in flight.
+    pub(super) expand_probe: tokio::sync::Mutex<()>,
 }
 
 impl Endpoint {
@@ -76,6 +81,8 @@ impl Endpoint {
             counters: Arc::new(Counters::new()),
             expand: Mutex::new(None),
             expand_off: std::sync::atomic::AtomicBool::new(false),
+            expand_ok: std::sync::atomic::AtomicBool::new(false),
+            expand_probe: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -234,6 +241,16 @@ impl Endpoint {
             _ => None,
         };
         *self.expand.lock().unwrap_or_else(|p| p.into_inner()) = query;
+    }
+
+    /// Whether a collection was read with `$expand` already.
+    pub(super) fn expand_confirmed(&self) -> bool {
+        self.expand_ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(super) fn expand_works(&self) {
+        self.expand_ok
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The `$expand` query to use now, if any.
