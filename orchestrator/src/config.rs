@@ -44,6 +44,9 @@ pub struct Config {
     /// Several replicas, one leader (see [`crate::ha`]).
     #[serde(default)]
     pub ha: Option<crate::ha::HaSection>,
+    /// Power nodes down and up through Redfish (see [`crate::serve`]).
+    #[serde(default)]
+    pub node_power: Option<crate::serve::NodePowerSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -10,6 +10,9 @@ use policies::node_power::NodeAction;
 struct Emulator {
     url: String,
     child: std::process::Child,
+    /// The fake driver keeps its systems' state under the temporary directory: one of
+    /// its own, so that no other run's emulator shares (or left) its power states.
+    _state: tempfile::TempDir,
 }
 
 impl Emulator {
@@ -26,8 +29,10 @@ impl Emulator {
             .local_addr()
             .expect("addr")
             .port();
+        let state = tempfile::tempdir().expect("state dir");
         let child = std::process::Command::new(&bin)
             .args(["--fake", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .env("TMPDIR", state.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -40,6 +45,7 @@ impl Emulator {
         let e = Emulator {
             url: format!("http://127.0.0.1:{port}"),
             child,
+            _state: state,
         };
         for _ in 0..400 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

@@ -264,7 +264,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.caps = to_map(gpus, &caps);
+    next.caps = to_map(site, gpus, &caps);
     let prior_observed = by_index(&index, &prior.observed_caps);
     let observed = settle(gpus, &prior_observed, &observe, policy, now);
     cap_decisions(
@@ -277,7 +277,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.observed_caps = to_map(gpus, &observed);
+    next.observed_caps = to_map(site, gpus, &observed);
 
     clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
     observed_rule_holds(prior, &rule_wants, now, &mut next, &mut decisions);
@@ -998,9 +998,13 @@ fn by_index<'c>(
     v
 }
 
-fn to_map(gpus: &[GpuRef<'_>], caps: &[Option<Cap>]) -> BTreeMap<EntityId, Cap> {
-    gpus.iter()
-        .zip(caps)
-        .filter_map(|(g, c)| c.clone().map(|c| (EntityId::clone(&g.id), c)))
-        .collect()
+fn to_map(site: &Site, gpus: &[GpuRef<'_>], caps: &[Option<Cap>]) -> BTreeMap<EntityId, Cap> {
+    let entry = |i: usize| caps[i].clone().map(|c| (EntityId::clone(&gpus[i].id), c));
+    // in id order, the map is built without sorting
+    match site.gpus_by_id() {
+        order if order.len() == gpus.len() && caps.len() == gpus.len() => {
+            order.iter().filter_map(|&i| entry(i as usize)).collect()
+        }
+        _ => (0..gpus.len().min(caps.len())).filter_map(entry).collect(),
+    }
 }

@@ -15,9 +15,11 @@
 
 mod edges;
 mod leader;
+mod nodes;
 mod prices;
 
 pub use edges::{AgentActuator, Buffer, ObserveOnly};
+pub use nodes::NodePowerSection;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -190,7 +192,12 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         cfg.controller.event_debounce_ms,
         cfg.controller.event_max_per_s,
     );
+    let node_power = match &cfg.node_power {
+        Some(np) => Some(nodes::NodePower::start(np, &site, wall_clock())?),
+        None => None,
+    };
     let mut serve = Serve {
+        node_power,
         cfg,
         control,
         schedulers,
@@ -293,6 +300,8 @@ struct Serve {
     /// next evaluation.
     pending: Vec<telemetry::Sample>,
     pending_dead: Vec<telemetry::EntityId>,
+    /// With `[node_power]`: nodes powered down and up through Redfish.
+    node_power: Option<nodes::NodePower>,
 }
 
 impl Serve {
@@ -350,7 +359,40 @@ impl Serve {
         } else {
             &mut Standby
         };
+        // the GPUs of a node that is off read 0 W, fresh: off, not stale
+        if let Some(np) = &self.node_power {
+            samples.extend(np.off_samples(self.control.site(), now));
+        }
         let report = self.control.tick(now, samples, jobs, actuator);
+        if let Some(np) = &mut self.node_power {
+            // the price now above the mean of the next 24 h: deeper off-time
+            let prices = self.prices.next_24h(now);
+            let expensive = prices.first().is_some_and(|(_, p)| {
+                *p > prices.iter().map(|(_, v)| v).sum::<f64>() / prices.len() as f64
+            });
+            let actions = np.tick(
+                self.control.site(),
+                &self.control.policy().node_power,
+                self.control.registry().active(),
+                &report.planned_starts,
+                expensive,
+                acting,
+                now,
+            );
+            for a in &actions {
+                match a {
+                    policies::node_power::NodeAction::Down { node, reason } => {
+                        info!(node = %node, "node power down: {reason}")
+                    }
+                    policies::node_power::NodeAction::Up { node, reason } => {
+                        info!(node = %node, "node power up: {reason}")
+                    }
+                    policies::node_power::NodeAction::Failed { node, reason } => {
+                        warn!(node = %node, "node resume failed: {reason}")
+                    }
+                }
+            }
+        }
         if acting && !self.schedulers.is_empty() {
             let actuated = self.control.actuated().clone();
             self.schedulers
@@ -432,6 +474,9 @@ impl Serve {
         b.jobs = self.control.registry().active().to_vec();
         b.schedulers = self.schedulers.status();
         b.scheduler_counters = self.schedulers.counters();
+        if let Some(np) = &self.node_power {
+            b.scheduler_counters.extend(np.counters());
+        }
         b.labeled_counters = crate::admit::labeled(
             self.cfg.mqtt.is_some().then(|| self.mqtt_rejects.counts()),
             self.schedulers.events_rejected(),
@@ -487,6 +532,10 @@ impl Serve {
         threads: Vec<JoinHandle<()>>,
     ) -> Result<()> {
         runtime.shutdown.cancel();
+        // the nodes this controller holds off come back (their lease ends with it)
+        if let Some(np) = self.node_power.take() {
+            np.stop(wall_clock());
+        }
         self.schedulers
             .stop(self.control.store(), crate::runtime::DEFAULT_GRACE);
         for t in threads {

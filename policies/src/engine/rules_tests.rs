@@ -700,6 +700,15 @@ proptest! {
             .enumerate()
             .map(|(i, r)| r.replacen("name = \"r\"", &format!("name = \"r{i}\""), 1))
             .collect();
+        // Two random rules can cap the same GPUs under the same condition: such a policy
+        // is refused when it loads (a contradiction), so it never runs.
+        let full = format!(
+            "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\nenabled = false\n{src}"
+        );
+        let parsed = Policy::parse("p.toml", &full);
+        if let Err(e) = &parsed {
+            prop_assume!(!e.to_string().contains("contradicts"), "contradictory rules");
+        }
         let p = policy(&src);
         let site = site();
         let mut a = Sim::new(p.clone());

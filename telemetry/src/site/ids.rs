@@ -17,6 +17,9 @@ pub struct SiteIds {
     first_gpu: Vec<u32>,
     /// The cooling unit of each rack (its index in [`Site::cooling`]).
     rack_cooling: Vec<Option<u32>>,
+    /// GPU indexes (into [`Site::gpus`]) in the order of their ids, for writing maps
+    /// keyed by GPU id without sorting them again.
+    gpus_by_id: Vec<u32>,
 }
 
 impl SiteIds {
@@ -58,11 +61,15 @@ impl SiteIds {
                 }
             }
         }
+        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+        let mut gpus_by_id: Vec<u32> = (0..ids.len() as u32).collect();
+        gpus_by_id.sort_by(|&a, &b| ids[a as usize].cmp(&ids[b as usize]));
         SiteIds {
             racks,
             nodes,
             first_gpu,
             rack_cooling,
+            gpus_by_id,
         }
     }
 }
@@ -95,6 +102,16 @@ impl Site {
         let n = self.node_index(node)?;
         let first = *self.ids.first_gpu.get(n)?;
         (first != u32::MAX && i < self.nodes[n].gpus).then_some((first + i) as usize)
+    }
+
+    /// GPU indexes (into [`Site::gpus`]) in the order of their ids; empty when the
+    /// site changed after it was built.
+    pub fn gpus_by_id(&self) -> &[u32] {
+        if self.ids.gpus_by_id.len() == self.gpu_count() {
+            &self.ids.gpus_by_id
+        } else {
+            &[]
+        }
     }
 
     /// The index in [`Site::cooling`] of the unit that serves a rack (by index).

@@ -24,6 +24,11 @@
 //!   release `serve` replicas on a Redis of its own, N times: the time until the next
 //!   leader's first tick, median and max, and the ticks lost (see `bench/failover.rs`).
 //!
+//! - `bench engine [--gpus N,N,...] [--runs R]`: one policy evaluation on a synthetic
+//!   site, beside a reference kernel (every GPU's readings by slot and a sort by cut
+//!   order): `kernel_ms`, `ratio` (evaluation ÷ kernel) and the growth from the smallest
+//!   size.
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
 
 #[path = "bench/failover.rs"]

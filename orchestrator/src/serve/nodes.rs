@@ -1,0 +1,507 @@
+//! Node power in `serve`: the decisions of `policies::node_power` carried out through
+//! Redfish `ComputerSystem.Reset` on the nodes the `[node_power]` section binds to a
+//! Redfish system (see [`crate::node_power`]).
+//!
+//! The tick decides and hands commands to a thread of its own, which makes the
+//! blocking HTTP calls (each with the client's deadline) and polls the systems' power
+//! states; the tick never waits on a BMC. Only the acting leader decides or commands.
+//!
+//! Leases: a BMC keeps no lease of its own, so the controller keeps it:
+//! - on take-over (the first tick as leader, a new term), every bound system the BMC
+//!   reports off is powered up before this controller decides anything: whatever a
+//!   controller that died left off comes back;
+//! - at step-down and at shutdown, every node this controller powered down is powered
+//!   up (at shutdown the thread is given `timeout_s` per node to send it).
+//!
+//! The limit: a controller killed outright (SIGKILL, a host lost) with no replica to
+//! take over leaves its nodes off until a controller starts again; with Slurm's power
+//! saving, Slurm itself resumes a node that a job needs.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Result;
+use policies::node_power::{Inputs, Need, NodeAction, NodePowerRule, NodeView, Power};
+use serde::Deserialize;
+use telemetry::{EntityId, Job, JobState, Sample, Site, Timestamp};
+use tracing::{info, warn};
+
+use crate::node_power::{PowerState, RedfishPower};
+
+/// `[node_power]`: the Redfish service and the system each managed node is.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodePowerSection {
+    /// `http(s)://host:port` of the Redfish service.
+    pub url: String,
+    /// Deadline of every Redfish call, s.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// How often the systems' power states are read, s.
+    #[serde(default = "default_poll")]
+    pub poll_s: f64,
+    /// Node id → the system's `@odata.id` (`/redfish/v1/Systems/...`). Nodes not
+    /// listed are never powered down.
+    pub systems: BTreeMap<String, String>,
+}
+
+fn default_timeout() -> f64 {
+    5.0
+}
+fn default_poll() -> f64 {
+    5.0
+}
+
+/// Commands waiting for the thread. Bounded: when full the command is dropped and
+/// counted, and the node's state is left as it was, so the next tick decides it again.
+const COMMANDS: usize = 64;
+/// Reports waiting for the tick. Bounded: when full a report is dropped and counted;
+/// the next poll reports the same systems again.
+const REPORTS: usize = 1024;
+
+enum Command {
+    Reset {
+        node: String,
+        reset: &'static str,
+    },
+    /// Power up every bound system the BMC reports off (take-over).
+    TakeOver,
+}
+
+enum Report {
+    State { node: String, state: PowerState },
+    Failed { node: String, error: String },
+}
+
+struct NodeState {
+    power: Power,
+    idle_since: Option<Timestamp>,
+    /// Powered down by this controller (its lease covers it).
+    ours: bool,
+}
+
+/// Counters on `/metrics`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    downs: u64,
+    ups: u64,
+    failed_resumes: u64,
+    errors: u64,
+    dropped: u64,
+}
+
+pub struct NodePower {
+    commands: SyncSender<Command>,
+    reports: Receiver<Report>,
+    thread: Option<JoinHandle<()>>,
+    /// The nodes the section binds, in the site's order.
+    nodes: BTreeMap<String, NodeState>,
+    recent_downs: Vec<Timestamp>,
+    acting: bool,
+    counts: Counts,
+    /// Reports the thread dropped (the queue to the tick was full).
+    reports_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl NodePower {
+    /// Starts the thread; the section's nodes must be the site's.
+    pub fn start(cfg: &NodePowerSection, site: &Site, now: Timestamp) -> Result<NodePower> {
+        for node in cfg.systems.keys() {
+            if !site.nodes.iter().any(|n| &n.id == node) {
+                anyhow::bail!("[node_power.systems]: {node} is not a node of the site");
+            }
+        }
+        anyhow::ensure!(
+            cfg.timeout_s > 0.0 && cfg.poll_s > 0.0,
+            "[node_power]: timeout_s and poll_s must be positive"
+        );
+        let client = RedfishPower::new(&cfg.url, Duration::from_secs_f64(cfg.timeout_s), None)?;
+        let (ctx, crx) = sync_channel(COMMANDS);
+        let (rtx, rrx) = sync_channel(REPORTS);
+        let systems = cfg.systems.clone();
+        let poll = Duration::from_secs_f64(cfg.poll_s);
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let thread = std::thread::Builder::new()
+            .name("node-power".into())
+            .spawn({
+                let dropped = dropped.clone();
+                move || worker(client, systems, poll, crx, rtx, dropped)
+            })?;
+        let nodes = cfg
+            .systems
+            .keys()
+            .map(|n| {
+                (
+                    n.clone(),
+                    NodeState {
+                        power: Power::On,
+                        idle_since: Some(now),
+                        ours: false,
+                    },
+                )
+            })
+            .collect();
+        Ok(NodePower {
+            commands: ctx,
+            reports: rrx,
+            thread: Some(thread),
+            nodes,
+            recent_downs: Vec::new(),
+            acting: false,
+            counts: Counts::default(),
+            reports_dropped: dropped,
+        })
+    }
+
+    fn send(&mut self, c: Command) -> bool {
+        match self.commands.try_send(c) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.counts.dropped += 1;
+                false
+            }
+        }
+    }
+
+    /// The BMCs' reports since the last tick.
+    fn drain(&mut self, now: Timestamp) {
+        while let Ok(r) = self.reports.try_recv() {
+            match r {
+                Report::State { node, state } => {
+                    let Some(n) = self.nodes.get_mut(&node) else {
+                        continue;
+                    };
+                    n.power = match (n.power, state) {
+                        (Power::Failed, _) => Power::Failed,
+                        (Power::Off { since }, PowerState::Off) => Power::Off { since },
+                        (_, PowerState::Off) => Power::Off { since: now },
+                        (Power::Booting { .. }, PowerState::On) => {
+                            // a node brought up: back
+                            n.ours = false;
+                            Power::On
+                        }
+                        // the shutdown still on its way (a BMC that never carries it
+                        // out: the node counts as on after 10 min)
+                        (Power::ShuttingDown { since }, PowerState::On)
+                            if now.secs_since(since) < 600.0 =>
+                        {
+                            Power::ShuttingDown { since }
+                        }
+                        (_, PowerState::On) => Power::On,
+                        (p, _) => p,
+                    };
+                    if n.power == Power::On && n.idle_since.is_none() {
+                        n.idle_since = Some(now);
+                    }
+                }
+                Report::Failed { node, error } => {
+                    self.counts.errors += 1;
+                    warn!(node = %node, error = %error, "node power command failed");
+                    if let Some(n) = self.nodes.get_mut(&node) {
+                        // a power-down that failed: the node is as it was
+                        if matches!(n.power, Power::ShuttingDown { .. }) {
+                            n.power = Power::On;
+                            n.ours = false;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One tick: reports in, then (acting only) the decision out. `acting` false→true
+    /// is a take-over, true→false a step-down.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tick(
+        &mut self,
+        site: &Site,
+        rule: &NodePowerRule,
+        jobs: &[Job],
+        planned: &BTreeMap<String, Timestamp>,
+        expensive: bool,
+        acting: bool,
+        now: Timestamp,
+    ) -> Vec<NodeAction> {
+        self.drain(now);
+        if acting != self.acting {
+            self.acting = acting;
+            if acting {
+                info!("node power: taking over, powering up the nodes left off");
+                self.send(Command::TakeOver);
+            } else {
+                self.release("stepped down", now);
+            }
+        }
+        if !acting {
+            return Vec::new();
+        }
+        // which nodes run work (a running job's GPUs)
+        let mut busy: BTreeMap<&str, u32> = BTreeMap::new();
+        for j in jobs {
+            if matches!(j.state, JobState::Running | JobState::Suspended) {
+                for g in &j.allocated {
+                    let node = g.name.split(':').next().unwrap_or("");
+                    *busy.entry(node).or_default() += 1;
+                }
+            }
+        }
+        let mut views = Vec::new();
+        for node in &site.nodes {
+            let Some(n) = self.nodes.get_mut(&node.id) else {
+                continue;
+            };
+            let used = busy.get(node.id.as_str()).copied().unwrap_or(0);
+            if used > 0 {
+                n.idle_since = None;
+            } else if n.idle_since.is_none() {
+                n.idle_since = Some(now);
+            }
+            views.push(NodeView {
+                id: node.id.clone(),
+                model: node.gpu_model.clone(),
+                gpus: node.gpus,
+                free: node.gpus.saturating_sub(used),
+                power: n.power,
+                idle_since: n.idle_since,
+            });
+        }
+        let needs: Vec<Need> = jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
+            .map(|j| Need {
+                at: match j.state {
+                    JobState::Held => planned.get(&j.id).copied().unwrap_or(now),
+                    _ => now,
+                },
+                gpus: j.gpus,
+                model: None,
+            })
+            .collect();
+        self.recent_downs.retain(|t| now.secs_since(*t) < 60.0);
+        let actions = policies::node_power::decide(
+            &views,
+            &needs,
+            rule,
+            Inputs {
+                expensive,
+                downs_last_min: self.recent_downs.len() as u32,
+            },
+            now,
+        );
+        for a in &actions {
+            match a {
+                NodeAction::Down { node, .. } => {
+                    if self.send(Command::Reset {
+                        node: node.clone(),
+                        reset: "GracefulShutdown",
+                    }) {
+                        self.counts.downs += 1;
+                        self.recent_downs.push(now);
+                        if let Some(n) = self.nodes.get_mut(node) {
+                            n.power = Power::ShuttingDown { since: now };
+                            n.ours = true;
+                        }
+                    }
+                }
+                NodeAction::Up { node, .. } => {
+                    if self.send(Command::Reset {
+                        node: node.clone(),
+                        reset: "On",
+                    }) {
+                        self.counts.ups += 1;
+                        if let Some(n) = self.nodes.get_mut(node) {
+                            n.power = Power::Booting { since: now };
+                        }
+                    }
+                }
+                NodeAction::Failed { node, .. } => {
+                    self.counts.failed_resumes += 1;
+                    if let Some(n) = self.nodes.get_mut(node) {
+                        n.power = Power::Failed;
+                        n.ours = false;
+                    }
+                }
+            }
+        }
+        actions
+    }
+
+    /// Powers up every node this controller holds off (its lease ends).
+    fn release(&mut self, why: &str, now: Timestamp) {
+        let ours: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.ours)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for node in ours {
+            info!(node = %node, "node power: {why}, powering the node up");
+            if self.send(Command::Reset {
+                node: node.clone(),
+                reset: "On",
+            }) {
+                self.counts.ups += 1;
+                if let Some(n) = self.nodes.get_mut(&node) {
+                    n.power = Power::Booting { since: now };
+                    n.ours = false;
+                }
+            }
+        }
+    }
+
+    /// Fresh readings of 0 W for the GPUs of nodes that are off: the engine sees them
+    /// off, not stale.
+    pub fn off_samples(&self, site: &Site, now: Timestamp) -> Vec<Sample> {
+        let mut out = Vec::new();
+        for node in &site.nodes {
+            if let Some(n) = self.nodes.get(&node.id) {
+                if matches!(n.power, Power::Off { .. }) {
+                    for i in 0..node.gpus {
+                        out.push(Sample::new(
+                            EntityId::gpu(&node.id, i),
+                            telemetry::metric::names::POWER_W,
+                            0.0,
+                            now,
+                            "node_power",
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The counters and the nodes off, for `/metrics`.
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, f64)> {
+        let off = self
+            .nodes
+            .values()
+            .filter(|n| matches!(n.power, Power::Off { .. } | Power::ShuttingDown { .. }))
+            .count();
+        let failed = self
+            .nodes
+            .values()
+            .filter(|n| n.power == Power::Failed)
+            .count();
+        vec![
+            (
+                "node_power_downs_total",
+                "Node power-downs commanded",
+                self.counts.downs as f64,
+            ),
+            (
+                "node_power_ups_total",
+                "Node power-ups commanded",
+                self.counts.ups as f64,
+            ),
+            (
+                "node_power_failed_resumes_total",
+                "Nodes not back within their resume timeout",
+                self.counts.failed_resumes as f64,
+            ),
+            (
+                "node_power_errors_total",
+                "Node power commands the BMC refused or did not answer",
+                self.counts.errors as f64,
+            ),
+            (
+                "node_power_commands_dropped_total",
+                "Node power commands and reports dropped (queue full); decided or polled again",
+                (self.counts.dropped
+                    + self
+                        .reports_dropped
+                        .load(std::sync::atomic::Ordering::Relaxed)) as f64,
+            ),
+            (
+                "nodes_off",
+                "Nodes powered down or shutting down",
+                off as f64,
+            ),
+            (
+                "nodes_failed",
+                "Nodes marked failed (resume timeout)",
+                failed as f64,
+            ),
+        ]
+    }
+
+    /// Shutdown: the nodes this controller holds off are powered up, then the thread
+    /// finishes what it was given (each call within its deadline) and ends.
+    pub fn stop(mut self, now: Timestamp) {
+        if self.acting {
+            self.release("shutting down", now);
+        }
+        let thread = self.thread.take();
+        drop(self);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The thread: commands as they come, the systems' power states every `poll`.
+fn worker(
+    client: RedfishPower,
+    systems: BTreeMap<String, String>,
+    poll: Duration,
+    commands: Receiver<Command>,
+    reports: SyncSender<Report>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    let report = |r: Report| {
+        if reports.try_send(r).is_err() {
+            dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let mut next_poll = std::time::Instant::now();
+    loop {
+        let wait = next_poll.saturating_duration_since(std::time::Instant::now());
+        match commands.recv_timeout(wait) {
+            Ok(Command::Reset { node, reset }) => {
+                let Some(system) = systems.get(&node) else {
+                    continue;
+                };
+                if let Err(e) = client.reset(system, reset) {
+                    report(Report::Failed {
+                        node,
+                        error: format!("{reset}: {e:#}"),
+                    });
+                }
+            }
+            Ok(Command::TakeOver) => {
+                for (node, system) in &systems {
+                    match client.power_state(system) {
+                        Ok(PowerState::Off | PowerState::PoweringOff) => {
+                            if let Err(e) = client.reset(system, "On") {
+                                report(Report::Failed {
+                                    node: node.clone(),
+                                    error: format!("On (take-over): {e:#}"),
+                                });
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => report(Report::Failed {
+                            node: node.clone(),
+                            error: format!("power state (take-over): {e:#}"),
+                        }),
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                for (node, system) in &systems {
+                    match client.power_state(system) {
+                        Ok(state) => report(Report::State {
+                            node: node.clone(),
+                            state,
+                        }),
+                        Err(e) => tracing::debug!(node = %node, error = %e, "power state"),
+                    }
+                }
+                next_poll = std::time::Instant::now() + poll;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
