@@ -419,6 +419,13 @@ fn five_leader_kills_one_leader_at_a_time_no_fail_safe_each_action_once() {
     let mut serves: Vec<Option<Proc>> = (0..3).map(|i| Some(rig.serve(i))).collect();
     let mut sampler = Sampler::start(rig.ports.clone());
     let (mut leader, mut epoch, _) = leader_after(&rig, 0, Duration::from_secs(60));
+    // the leader can be elected before the other replicas listen (a loaded machine)
+    wait_until(
+        "every replica answers",
+        Duration::from_secs(60),
+        &rig,
+        || rig.ports.iter().all(|p| role(*p).is_some()),
+    );
     // a follower refuses writes, naming the leader
     let follower = (leader + 1) % 3;
     let (code, _, body) = http(
