@@ -400,14 +400,23 @@ fn submit(port: u16, job: &str) -> u16 {
     let body = format!(
         r#"{{"event":"submitted","scheduler":"lsf","job":"{job}","class":"batch","project":"p","user":"u","gpus":2,"deadline":"{far}","est_duration_s":600}}"#
     );
-    http(
-        port,
-        "POST",
-        "/api/v1/events",
-        Some(OPERATOR),
-        body.as_bytes(),
-    )
-    .0
+    // a leader that has not yet taken over (restored, schedulers open) answers 503:
+    // resend, as a scheduler's hook does
+    let t = Instant::now();
+    loop {
+        let code = http(
+            port,
+            "POST",
+            "/api/v1/events",
+            Some(OPERATOR),
+            body.as_bytes(),
+        )
+        .0;
+        if code != 503 || t.elapsed() > Duration::from_secs(30) {
+            return code;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]

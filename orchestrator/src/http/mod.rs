@@ -327,7 +327,13 @@ pub struct Api {
 /// webhook and scheduler extender (`[schedulers.kubernetes]`). With `[ha]` they change
 /// when this replica takes over or steps down.
 #[derive(Clone, Default)]
-pub struct Hooks(Arc<RwLock<HookSet>>);
+pub struct Hooks(Arc<RwLock<HookSet>>, Configured);
+
+/// Which hooks the config names (`events`, `kubernetes`), open or not: a replica that
+/// is taking over has them configured but not open yet, and answers `503` (resend), not
+/// `404`.
+#[derive(Clone, Copy, Default)]
+struct Configured(bool, bool);
 
 type HookSet = (
     Option<Arc<crate::schedulers::Inbox>>,
@@ -339,7 +345,24 @@ impl Hooks {
         events: Option<Arc<crate::schedulers::Inbox>>,
         kubernetes: Option<Arc<crate::schedulers::KubeHooks>>,
     ) -> Self {
-        Hooks(Arc::new(RwLock::new((events, kubernetes))))
+        let configured = Configured(events.is_some(), kubernetes.is_some());
+        Hooks(Arc::new(RwLock::new((events, kubernetes))), configured)
+    }
+
+    /// Hooks that the config names but that open only when this replica leads.
+    pub fn configured(mut self, events: bool, kubernetes: bool) -> Self {
+        self.1 = Configured(self.1 .0 || events, self.1 .1 || kubernetes);
+        self
+    }
+
+    /// The webhook section is configured but its inbox is not open (yet).
+    fn events_pending(&self) -> bool {
+        self.1 .0 && self.events().is_none()
+    }
+
+    /// The Kubernetes section is configured but its hooks are not open (yet).
+    fn kubernetes_pending(&self) -> bool {
+        self.1 .1 && self.kubernetes().is_none()
     }
 
     pub fn set(
@@ -573,6 +596,9 @@ impl Api {
             return r;
         }
         let Some(hooks) = &self.hooks.kubernetes() else {
+            if self.hooks.kubernetes_pending() {
+                return error(503, "this replica is taking over as leader: resend");
+            }
             return error(404, "no [schedulers.kubernetes] section");
         };
         if method != "POST" {
@@ -618,6 +644,9 @@ impl Api {
             return r;
         }
         let Some(inbox) = &self.hooks.events() else {
+            if self.hooks.events_pending() {
+                return error(503, "this replica is taking over as leader: resend");
+            }
             return error(
                 404,
                 "no [schedulers.webhook] section: job events are not taken",

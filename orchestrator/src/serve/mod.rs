@@ -160,7 +160,11 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     threads.extend(actuation.thread);
     let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
     board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
-    let hooks = crate::http::Hooks::new(schedulers.inbox(), schedulers.kube_hooks());
+    let configured = cfg.schedulers.as_ref();
+    let hooks = crate::http::Hooks::new(schedulers.inbox(), schedulers.kube_hooks()).configured(
+        configured.is_some_and(|s| s.webhook.is_some()),
+        configured.is_some_and(|s| s.kubernetes.is_some()),
+    );
     let overrides = Arc::new(Mutex::new(
         crate::overrides::Book::open(
             cfg.http
