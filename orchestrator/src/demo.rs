@@ -66,9 +66,9 @@ pub struct DemoConfig {
     pub start: Timestamp,
     /// Cooling faults to inject (`--fault`).
     pub faults: Vec<crate::sim::Fault>,
-    /// Start from the facility as it was before powerplane acted (inlets settled with
-    /// no caps; the first tick's caps act on the power at once, as a GPU's power limit
-    /// does). Otherwise the facility is settled under the first tick's plan.
+    /// Start from the facility as it was before powerplane acted (inlets and power
+    /// settled with no caps): the demo before predictive control. Otherwise the
+    /// facility is settled under the first tick's plan.
     pub uncontrolled_start: bool,
 }
 
@@ -164,14 +164,8 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
             writeln!(progress, "warning: store: {e}")?;
         }
         decisions.extend(report.decisions);
-        if i == 0 {
-            if cfg.uncontrolled_start {
-                // the first tick's caps act on the power at once (a GPU takes a new power
-                // limit within a second); the inlets start where the uncapped load put them
-                fac.settle_power();
-            } else {
-                fac.settle();
-            }
+        if i == 0 && !cfg.uncontrolled_start {
+            fac.settle();
         }
         let p = point(&fac, &control, now);
         let elapsed_min = now.secs_since(cfg.start) / 60.0;

@@ -53,9 +53,8 @@ enum Command {
         /// pump: half its capacity).
         #[arg(long = "fault")]
         faults: Vec<String>,
-        /// Start from the facility as it was with no caps (inlets settled uncapped; the
-        /// first tick's caps act on the power at once) instead of settled under the
-        /// first tick's plan.
+        /// Start from the facility as it was with no caps (inlets and power settled
+        /// uncapped) instead of settled under the first tick's plan.
         #[arg(long)]
         uncontrolled_start: bool,
     },

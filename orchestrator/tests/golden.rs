@@ -11,11 +11,6 @@
 //! the default since, changes these outputs on purpose; its figures are in
 //! docs/performance.md (scripts/thermal-bench). The backtest likewise runs its fixture
 //! policy in reactive mode (policy-reactive.toml beside it).
-//!
-//! The demo's hashes changed once since, on purpose: the feed-forward power budget
-//! (every scope reserves the power of the jobs about to start, the price rule's releases
-//! included; it serves both thermal controllers) and the first report row of an
-//! uncontrolled start read under the first tick's caps.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -57,18 +52,18 @@ fn the_demo_writes_the_same_audit_log_and_report_as_before_the_rebuild() {
     let golden = [
         (
             "1",
-            "5592be5fb2d0139e7a94002ebf973b5f36a00327242e374f9c257894cede8323",
-            "d4540c48da3a698cd2eb8726f16caa461c1657c49c44cb36bd543b165e47e6fa",
+            "5072ce8a88059dd126230451ee0535e18150768463043dc0cffce074a4aa487c",
+            "f137bda3343c4ea523fd805066aae2b16ba1f6e6f5a4ba2d34389ad219cd31c2",
         ),
         (
             "7",
-            "ec4e47a5d658c06d8deec225d279fcb4c8c1f3f20deb01056b771672b772f2b7",
-            "7673cf35cb375300a8498fb6dfcf5729220d8f69609f4901b879e5f15dd9e40e",
+            "6d86c73571c0c10079f326d94d77b6803ac28b2362068b61a100f8b2e2f15f0c",
+            "a80111f44a9b53ee5ac9e466077bd0317521441e7240451004d79dc7a7ebdd5b",
         ),
         (
             "19",
-            "ed87592193b3cde6358cf060e1e2de9adb509f6b556ef00d13223b2fa281fcec",
-            "cc0cbc0ddf0c4a0ef053665fde15f5d85deab7968d8b56791c5c26c6a44d1507",
+            "d11c17898e2ce7fcac588501fce56901c0591d266c79a3ff2c3937970fff2117",
+            "1dd2452d8152b6cf1b7aece4d99af96c9e4e6a9419dfc3e1c181916f0d8c52e1",
         ),
     ];
     let dir = tempfile::tempdir().expect("tempdir");

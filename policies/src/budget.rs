@@ -7,7 +7,7 @@
 //! draws are lowered to a common level. Caps lift only once demand is below
 //! `release_ratio` × budget (two thresholds), so a scope near its budget does not flap.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
@@ -325,12 +325,10 @@ pub fn evaluate(
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
-    starting: &BTreeSet<String>,
     now: Timestamp,
 ) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
     let gpus = &index.gpus[..];
     let priority = job_priority_by_gpu(index, jobs, rule, now);
-    let queued = queued_gpus(jobs, prior, starting);
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
@@ -378,7 +376,7 @@ pub fn evaluate(
             scope.budget_kw,
             snapshot.observe(&scope.entity, POWER_W, now),
             scope.base_w,
-            start_reserve_w(gpus, &priority, &scope.members, queued),
+            0.0,
             &limited,
             &scope_draws,
             rule,
@@ -403,7 +401,8 @@ pub fn evaluate(
             .collect();
         views.push(view);
     }
-    // then the facility (the contract with the utility)
+    // then the facility (the contract with the utility), with the power queued jobs may
+    // add before the next tick reserved
     let limited: Vec<Claim> = claims
         .iter()
         .zip(&wanted)
@@ -415,18 +414,18 @@ pub fn evaluate(
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
     let budget_kw = facility_budget_kw(site, rule);
-    let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
     let (mut view, cut) = scope_cut(
         &entity,
         budget_kw,
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        start_reserve_w(gpus, &priority, &all, queued),
+        queued_reserve_w(gpus, &priority, jobs, prior),
         &limited,
         &draws,
         rule,
         stale,
     );
+    let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
     apply_cut(
         &cut,
         gpus,
@@ -575,41 +574,30 @@ fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
     }
 }
 
-/// GPUs of the jobs that may start before the next tick: queued jobs that are not held,
-/// and held jobs whose hold ends this tick (`starting`, the releases of this tick's plan).
-/// The scheduler may start them on idle GPUs at any moment.
-fn queued_gpus(jobs: &[Job], prior: &State, starting: &BTreeSet<String>) -> usize {
-    jobs.iter()
-        .filter(|j| match j.state {
-            telemetry::JobState::Pending => {
-                !prior.holds.contains_key(&j.id) || starting.contains(&j.id)
-            }
-            telemetry::JobState::Held => starting.contains(&j.id),
-            _ => false,
-        })
+/// Power that queued jobs (pending, not held) may add before the next tick: the
+/// scheduler can start them on idle GPUs at any moment, each GPU at its maximum.
+fn queued_reserve_w(gpus: &[GpuRef<'_>], busy: &[i64], jobs: &[Job], prior: &State) -> f64 {
+    let queued: usize = jobs
+        .iter()
+        .filter(|j| j.state == telemetry::JobState::Pending && !prior.holds.contains_key(&j.id))
         .map(|j| j.gpus as usize)
-        .sum()
-}
-
-/// Feed-forward: the power the `queued` GPUs of jobs about to start may add to a scope
-/// (`(GPU index, share)` members) before the next tick, reserved before they start. The
-/// worst case: they land on the scope's idle GPUs that add the most, each at its maximum.
-fn start_reserve_w(
-    gpus: &[GpuRef<'_>],
-    busy: &[i64],
-    members: &[(usize, f64)],
-    queued: usize,
-) -> f64 {
-    if queued == 0 {
+        .sum();
+    let idle: Vec<&GpuRef<'_>> = gpus
+        .iter()
+        .zip(busy)
+        .filter(|(_, b)| **b == i64::MIN)
+        .map(|(g, _)| g)
+        .collect();
+    let n = queued.min(idle.len());
+    if n == 0 {
         return 0.0;
     }
-    let mut extra: Vec<f64> = members
+    let mean_extra: f64 = idle
         .iter()
-        .filter(|&&(i, _)| busy[i] == i64::MIN)
-        .map(|&(i, share)| (gpus[i].model.max_w - gpus[i].model.idle_w).max(0.0) * share)
-        .collect();
-    extra.sort_by(|a, b| b.total_cmp(a));
-    extra.iter().take(queued).sum()
+        .map(|g| g.model.max_w - g.model.idle_w)
+        .sum::<f64>()
+        / idle.len() as f64;
+    n as f64 * mean_extra
 }
 
 /// The cut-order tier of jobs close to their deadline: above every class and priority.

@@ -279,11 +279,6 @@ impl Facility {
         self.settle_thermal();
     }
 
-    /// Power settled under the limits in force, the inlets left where they are.
-    pub fn settle_power(&mut self) {
-        self.update_power();
-    }
-
     pub fn site(&self) -> &Site {
         &self.site
     }
