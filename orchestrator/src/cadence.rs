@@ -5,9 +5,28 @@
 //! Besides the tick, [`Events`] decides when a sample that crossed one of the policy's
 //! thresholds (see [`policies::triggers`]) is evaluated: `debounce` after the first
 //! crossing (so that a burst of readings is one evaluation), and never more often than
-//! `max_per_s`.
+//! `max_per_s`. It runs on any clock ([`Moment`]): `serve`'s `Instant`, and the
+//! simulated time (`Timestamp`) of the replays (`demo`, `backtest`; see
+//! [`crate::sim::events`]), so a replay debounces and rate-limits as `serve` does.
 
 use std::time::{Duration, Instant};
+
+/// A point in time that [`Events`] can schedule on.
+pub trait Moment: Copy + Ord {
+    fn after(self, d: Duration) -> Self;
+}
+
+impl Moment for Instant {
+    fn after(self, d: Duration) -> Self {
+        self + d
+    }
+}
+
+impl Moment for telemetry::Timestamp {
+    fn after(self, d: Duration) -> Self {
+        telemetry::Timestamp(self.0 + d.as_millis() as i64)
+    }
+}
 
 /// The loop's timing, copied to the board each tick.
 #[derive(Debug, Clone, Default)]
@@ -21,6 +40,13 @@ pub struct Cadence {
     /// [`Events`]' counters, copied for `/metrics`.
     pub event_crossings: u64,
     pub event_evaluations: u64,
+    /// The last evaluation made for a crossing: from the first crossing the loop saw
+    /// to its commands handed to the agents' link, and how long the whole evaluation
+    /// took (with the store's commit, after the commands); the largest latency since
+    /// start.
+    pub event_latency_s: f64,
+    pub event_latency_max_s: f64,
+    pub event_duration_s: f64,
     started: Option<Instant>,
 }
 
@@ -33,6 +59,23 @@ impl Cadence {
         self.started = Some(now);
     }
 
+    /// An evaluation for a crossing seen at `crossed` began at `began`, handed its
+    /// desired state to the actuators at `actuated`, and is done.
+    pub fn event_done(
+        &mut self,
+        crossed: Option<Instant>,
+        actuated: Option<Instant>,
+        began: Instant,
+    ) {
+        let now = Instant::now();
+        self.event_duration_s = now.saturating_duration_since(began).as_secs_f64();
+        if let Some(c) = crossed {
+            let at = actuated.unwrap_or(now);
+            self.event_latency_s = at.saturating_duration_since(c).as_secs_f64();
+            self.event_latency_max_s = self.event_latency_max_s.max(self.event_latency_s);
+        }
+    }
+
     /// The tick is done.
     pub fn end(&mut self) {
         if let Some(t) = self.started.take() {
@@ -43,20 +86,20 @@ impl Cadence {
 
 /// When the next event-driven evaluation is due.
 #[derive(Debug, Clone)]
-pub struct Events {
+pub struct Events<T: Moment = Instant> {
     debounce: Duration,
     /// Least time between two event-driven evaluations (`None`: events off).
     min_gap: Option<Duration>,
     /// The first crossing not yet evaluated.
-    armed: Option<Instant>,
-    last: Option<Instant>,
+    armed: Option<T>,
+    last: Option<T>,
     /// Evaluations made for events since start.
     pub evaluations: u64,
     /// Crossings seen since start (several may share one evaluation).
     pub crossings: u64,
 }
 
-impl Events {
+impl<T: Moment> Events<T> {
     /// `max_per_s` 0 turns events off.
     pub fn new(debounce_ms: f64, max_per_s: f64) -> Self {
         Events {
@@ -74,24 +117,29 @@ impl Events {
     }
 
     /// A sample crossed a threshold at `at`.
-    pub fn crossed(&mut self, at: Instant) {
+    pub fn crossed(&mut self, at: T) {
         if self.enabled() {
             self.crossings += 1;
             self.armed.get_or_insert(at);
         }
     }
 
+    /// The first crossing not yet evaluated.
+    pub fn armed(&self) -> Option<T> {
+        self.armed
+    }
+
     /// When the evaluation of what crossed is due, if anything did.
-    pub fn due(&self) -> Option<Instant> {
-        let armed = self.armed? + self.debounce;
+    pub fn due(&self) -> Option<T> {
+        let armed = self.armed?.after(self.debounce);
         Some(match (self.last, self.min_gap) {
-            (Some(last), Some(gap)) => armed.max(last + gap),
+            (Some(last), Some(gap)) => armed.max(last.after(gap)),
             _ => armed,
         })
     }
 
     /// An evaluation for events ran at `at`.
-    pub fn evaluated(&mut self, at: Instant) {
+    pub fn evaluated(&mut self, at: T) {
         self.armed = None;
         self.last = Some(at);
         self.evaluations += 1;

@@ -105,11 +105,16 @@ pub struct ControllerConfig {
     pub event_max_per_s: f64,
 }
 
+/// `[controller] event_debounce_ms` when not set (the replays use it too).
+pub const DEFAULT_EVENT_DEBOUNCE_MS: f64 = 20.0;
+/// `[controller] event_max_per_s` when not set (the replays use it too).
+pub const DEFAULT_EVENT_MAX_PER_S: f64 = 4.0;
+
 fn default_event_debounce() -> f64 {
-    20.0
+    DEFAULT_EVENT_DEBOUNCE_MS
 }
 fn default_event_rate() -> f64 {
-    4.0
+    DEFAULT_EVENT_MAX_PER_S
 }
 
 fn default_policy_reload() -> f64 {

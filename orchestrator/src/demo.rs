@@ -18,6 +18,7 @@ use telemetry::{Site, Timestamp};
 
 use crate::control::{ControlLoop, Telemetry};
 use crate::embedded::EmbeddedBackend;
+use crate::sim::events::{dt_s, ReplayEvents, Stop};
 use crate::sim::workload::Workload;
 use crate::sim::{Facility, SimStats};
 
@@ -70,6 +71,10 @@ pub struct DemoConfig {
     /// settled with no caps): the demo before predictive control. Otherwise the
     /// facility is settled under the first tick's plan.
     pub uncontrolled_start: bool,
+    /// Read the facility this often (simulated seconds) between ticks too, and
+    /// evaluate crossings as `serve` does (see [`crate::sim::events`]); `None`: at
+    /// the ticks only.
+    pub sample_s: Option<f64>,
 }
 
 /// The facility at one tick.
@@ -151,15 +156,30 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
     let mut points = Vec::with_capacity(ticks as usize + 1);
     let mut decisions: Vec<Decision> = Vec::new();
     let mut next_note = 0.0;
+    let mut events = ReplayEvents::new(
+        control.policy(),
+        &site,
+        cfg.sample_s,
+        crate::config::DEFAULT_EVENT_DEBOUNCE_MS,
+        crate::config::DEFAULT_EVENT_MAX_PER_S,
+    );
     for i in 0..=ticks {
         if i > 0 {
-            fac.step(cfg.tick_s);
+            between_ticks(
+                &mut fac,
+                &mut control,
+                &mut events,
+                cfg.tick_s,
+                progress,
+                &mut decisions,
+            )?;
         }
         let now = fac.now();
-        let samples = fac.poll(now);
+        let samples = events.take(fac.poll(now));
         let jobs = fac.jobs();
         control.set_forecast(fac.forecast(now));
         let report = control.tick(now, samples, jobs, &mut fac);
+        events.ticked();
         if let Some(e) = report.store_error {
             writeln!(progress, "warning: store: {e}")?;
         }
@@ -178,6 +198,14 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
             next_note += 30.0;
         }
         points.push(p);
+    }
+    if events.evaluations() > 0 {
+        writeln!(
+            progress,
+            "{} evaluations on events between ticks ({} crossings)",
+            events.evaluations(),
+            events.crossings()
+        )?;
     }
     let end = fac.now();
     control.finish(end)?;
@@ -200,6 +228,52 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
     );
     output::write_outputs(cfg, &site, &points, &audit, &ledger, &fac, &summary)?;
     Ok(summary)
+}
+
+/// From one tick to the next (`tick_s` on): with `sample_s`, the facility read
+/// between them and the crossings evaluated at once, as `serve` does; else one step.
+fn between_ticks(
+    fac: &mut Facility,
+    control: &mut ControlLoop,
+    events: &mut ReplayEvents,
+    tick_s: f64,
+    progress: &mut dyn Write,
+    decisions: &mut Vec<Decision>,
+) -> Result<()> {
+    let tick_at = fac.now() + tick_s;
+    let mut first = true;
+    loop {
+        let now = fac.now();
+        match events.next(now, tick_at) {
+            // read at the ticks only: one step, as the demo always took it
+            Stop::Tick if first => {
+                fac.step(tick_s);
+                return Ok(());
+            }
+            Stop::Tick => {
+                fac.step(dt_s(now, tick_at));
+                return Ok(());
+            }
+            Stop::Sample(t) => {
+                first = false;
+                fac.step(dt_s(now, t));
+                let samples = fac.poll(t);
+                events.sampled(control.snapshot(), samples, t);
+            }
+            Stop::Evaluate(t) => {
+                first = false;
+                fac.step(dt_s(now, t));
+                let jobs = fac.jobs();
+                control.set_forecast(fac.forecast(t));
+                let report = control.tick(t, events.take(Vec::new()), jobs, fac);
+                events.evaluated(t);
+                if let Some(e) = report.store_error {
+                    writeln!(progress, "warning: store: {e}")?;
+                }
+                decisions.extend(report.decisions);
+            }
+        }
+    }
 }
 
 fn point(fac: &Facility, control: &ControlLoop, now: Timestamp) -> Point {

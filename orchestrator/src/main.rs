@@ -57,6 +57,11 @@ enum Command {
         /// uncapped) instead of settled under the first tick's plan.
         #[arg(long)]
         uncontrolled_start: bool,
+        /// Read the facility every S simulated seconds between ticks too, and evaluate
+        /// a reading that crosses a threshold as `serve` does (20 ms debounce, at most
+        /// 4 per second, on simulated time); default: read at the ticks only.
+        #[arg(long)]
+        sample_s: Option<f64>,
     },
     /// Replay a job trace with real prices under the policy and a no-policy baseline.
     Backtest(orchestrator::backtest::cli::Args),
@@ -248,6 +253,7 @@ fn main() -> ExitCode {
             start,
             faults,
             uncontrolled_start,
+            sample_s,
         } => run_demo(
             DemoArgs {
                 minutes,
@@ -259,6 +265,7 @@ fn main() -> ExitCode {
                 prices,
                 faults,
                 uncontrolled_start,
+                sample_s,
             },
             &start,
         ),
@@ -676,6 +683,7 @@ struct DemoArgs {
     prices: Option<PathBuf>,
     faults: Vec<String>,
     uncontrolled_start: bool,
+    sample_s: Option<f64>,
 }
 
 fn run_demo(args: DemoArgs, start: &str) -> Result<ExitCode> {
@@ -689,11 +697,18 @@ fn run_demo(args: DemoArgs, start: &str) -> Result<ExitCode> {
         prices,
         faults,
         uncontrolled_start,
+        sample_s,
     } = args;
     anyhow::ensure!(
         (1.0..=3600.0).contains(&tick_s),
         "--tick-s must be within 1..=3600, got {tick_s}"
     );
+    if let Some(s) = sample_s {
+        anyhow::ensure!(
+            (0.1..=tick_s).contains(&s),
+            "--sample-s must be within 0.1..=--tick-s ({tick_s}), got {s}"
+        );
+    }
     anyhow::ensure!(
         (1..=60 * 24 * 31).contains(&minutes),
         "--minutes must be within 1..=44640, got {minutes}"
@@ -715,6 +730,7 @@ fn run_demo(args: DemoArgs, start: &str) -> Result<ExitCode> {
         site,
         faults,
         uncontrolled_start,
+        sample_s,
         policy: load(policy, "examples/demo/policy.toml", demo::DEFAULT_POLICY)?,
         prices: load(prices, "examples/demo/prices.csv", demo::DEFAULT_PRICES)?,
         start: Timestamp::parse_rfc3339(start)

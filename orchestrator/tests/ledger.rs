@@ -24,6 +24,7 @@ fn the_ledger_conserves_the_simulated_facility_energy_within_half_a_percent() {
         out: dir.path().to_path_buf(),
         faults: Vec::new(),
         uncontrolled_start: false,
+        sample_s: None,
     };
     let summary = demo::run(&cfg, &mut std::io::sink()).expect("demo");
     let mut store = Store::new(Box::new(

@@ -99,6 +99,15 @@ impl Thresholds {
                 .is_some_and(|v| v.iter().any(|&(m, l)| m == metric && crosses(l)))
     }
 
+    /// Whether any of `samples` crosses a level against the value `seen` holds for
+    /// it (the snapshot the last evaluation read).
+    pub fn any_crossed(&self, seen: &telemetry::Snapshot, samples: &[telemetry::Sample]) -> bool {
+        samples.iter().any(|s| {
+            let before = seen.reading(&s.entity, s.metric.as_str()).map(|r| r.value);
+            self.crossed(&s.entity, s.metric.as_str(), before, s.value)
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.any.is_empty() && self.own.is_empty()
     }

@@ -32,6 +32,7 @@ use telemetry::{Job, JobState, Site, Timestamp};
 
 use crate::control::{ControlLoop, Telemetry};
 use crate::sim::curves;
+use crate::sim::events::{dt_s, ReplayEvents, Stop};
 use crate::sim::rng::Rng;
 use facility::{Facility, Point, SimJob, Totals};
 use scenario::Scenario;
@@ -137,6 +138,12 @@ pub struct Summary {
     pub budget_kw: f64,
     pub seed: u64,
     pub tick_s: f64,
+    /// With the scenario's `sample_s`: the seconds between readings, and the
+    /// evaluations made between ticks for readings that crossed a threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub event_evaluations: u64,
     pub scenario: Vec<String>,
     /// Seconds of the run the carbon series did not cover (the whole run without one).
     pub carbon_gap_s: f64,
@@ -710,6 +717,13 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     };
     let mut next_note = start + 7.0 * 86400.0;
     let mut ticks = 0u64;
+    let mut events = ReplayEvents::new(
+        control.policy(),
+        &site,
+        scenario.sample_s,
+        crate::config::DEFAULT_EVENT_DEBOUNCE_MS,
+        crate::config::DEFAULT_EVENT_MAX_PER_S,
+    );
     loop {
         let now = pol.now();
         // the controller's tick, as serve runs it: forecast, telemetry, jobs → plan
@@ -721,9 +735,10 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
                 .is_some_and(|w| p > w.mean)
         });
         control.set_forecast(fc);
-        let samples = pol.poll(now);
+        let samples = events.take(pol.poll(now));
         let jobs = pol.take_jobs();
         let report = control.tick(now, samples, jobs, &mut pol);
+        events.ticked();
         ticks += 1;
         if np.enabled {
             // node power, as an actuation beside caps and holds: nodes with no work
@@ -774,9 +789,12 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         } else {
             tick
         };
-        base.step(dt);
-        pol.step(dt);
-        psave.step(dt);
+        let mut runs = Runs {
+            base: &mut base,
+            pol: &mut pol,
+            psave: &mut psave,
+        };
+        runs.between_ticks(dt, &mut control, &mut events, &mut deferred);
     }
     let end = pol.now();
     let decisions = control.counters.decisions;
@@ -857,6 +875,8 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         budget_kw,
         seed: scenario.seed,
         tick_s: tick,
+        sample_s: scenario.sample_s,
+        event_evaluations: events.evaluations(),
         scenario: lines,
         carbon_gap_s: pol.totals.carbon_gap_s,
         savings_pct: savings(&b, &p),
@@ -976,6 +996,73 @@ impl Summary {
             out.display()
         );
         s
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The three replays stepped together: the baseline, the policy's and the power-saving
+/// one (only the policy's is evaluated).
+struct Runs<'a> {
+    base: &'a mut Facility,
+    pol: &'a mut Facility,
+    psave: &'a mut Facility,
+}
+
+impl Runs<'_> {
+    fn step(&mut self, dt_s: f64) {
+        self.base.step(dt_s);
+        self.pol.step(dt_s);
+        self.psave.step(dt_s);
+    }
+
+    /// From one tick to the next (`dt` on): with the scenario's `sample_s`, the policy's
+    /// facility read between them and its crossings evaluated at once, as `serve`
+    /// does; else one step.
+    fn between_ticks(
+        &mut self,
+        dt: f64,
+        control: &mut ControlLoop,
+        events: &mut ReplayEvents,
+        deferred: &mut std::collections::BTreeSet<String>,
+    ) {
+        let tick_at = self.pol.now() + dt;
+        let mut first = true;
+        loop {
+            let now = self.pol.now();
+            match events.next(now, tick_at) {
+                // read at the ticks only: one step, as the backtest always took it
+                Stop::Tick if first => return self.step(dt),
+                Stop::Tick => return self.step(dt_s(now, tick_at)),
+                Stop::Sample(t) => {
+                    first = false;
+                    self.step(dt_s(now, t));
+                    let samples = self.pol.poll(t);
+                    events.sampled(control.snapshot(), samples, t);
+                }
+                Stop::Evaluate(t) => {
+                    first = false;
+                    self.step(dt_s(now, t));
+                    let fc = crate::sim::forecast(
+                        self.pol.prices(),
+                        self.pol.carbon(),
+                        t,
+                        48.0 * 3600.0,
+                    );
+                    control.set_forecast(fc);
+                    let jobs = self.pol.take_jobs();
+                    let report = control.tick(t, events.take(Vec::new()), jobs, &mut *self.pol);
+                    events.evaluated(t);
+                    for d in &report.decisions {
+                        if let (Action::Hold { .. }, Target::Job { job }) = (&d.action, &d.target) {
+                            deferred.insert(job.clone());
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -144,6 +144,11 @@ pub struct Scenario {
     /// Control loop period, simulated seconds.
     #[serde(default = "tick")]
     pub tick_s: f64,
+    /// Read the facility this often (simulated seconds) between ticks too, and
+    /// evaluate a reading that crosses a threshold at once, as `serve` does (its
+    /// default debounce and rate, on simulated time); absent: at the ticks only.
+    #[serde(default)]
+    pub sample_s: Option<f64>,
     /// The class of jobs no rule picks, and of every job when there are no rules.
     #[serde(default = "default_class")]
     pub default_class: String,
@@ -190,6 +195,7 @@ impl Default for Scenario {
         Scenario {
             seed: seed(),
             tick_s: tick(),
+            sample_s: None,
             default_class: default_class(),
             classes: Vec::new(),
             heat_wave: None,
@@ -222,6 +228,14 @@ impl Scenario {
         }
         if !(30.0..=3600.0).contains(&s.tick_s) {
             return bad(format!("tick_s must be within 30..=3600, got {}", s.tick_s));
+        }
+        if let Some(v) = s.sample_s {
+            if !(1.0..=s.tick_s).contains(&v) {
+                return bad(format!(
+                    "sample_s must be within 1..=tick_s ({}), got {v}",
+                    s.tick_s
+                ));
+            }
         }
         let total: f64 = s.classes.iter().map(|c| c.share).sum();
         if s.classes.iter().any(|c| !(0.0..=1.0).contains(&c.share)) || total > 1.0 + 1e-9 {

@@ -465,6 +465,27 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
         &[],
         b.cadence.event_evaluations as f64,
     );
+    o.add(
+        "event_latency_seconds",
+        "gauge",
+        "The last evaluation for a crossing: from the crossing seen to its commands handed to the agents",
+        &[],
+        b.cadence.event_latency_s,
+    );
+    o.add(
+        "event_latency_max_seconds",
+        "gauge",
+        "The largest event latency since start",
+        &[],
+        b.cadence.event_latency_max_s,
+    );
+    o.add(
+        "event_evaluation_duration_seconds",
+        "gauge",
+        "How long the last evaluation for a crossing took",
+        &[],
+        b.cadence.event_duration_s,
+    );
     for (name, help, v) in &b.scheduler_counters {
         let kind = if name.ends_with("_total") {
             "counter"

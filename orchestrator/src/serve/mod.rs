@@ -321,6 +321,8 @@ impl Serve {
         if let Some(due) = due {
             self.cadence.start(due);
         }
+        let began = Instant::now();
+        let crossed = due.is_none().then(|| self.events.armed()).flatten();
         let now = wall_clock();
         let (drained, drained_dead) = self.buffer.drain();
         let mut samples = std::mem::take(&mut self.pending);
@@ -367,7 +369,14 @@ impl Serve {
         if let Some(np) = &self.node_power {
             samples.extend(np.off_samples(self.control.site(), now));
         }
-        let report = self.control.tick(now, samples, jobs, actuator);
+        let mut timed = Timed {
+            inner: actuator,
+            done: None,
+        };
+        let report = self.control.tick(now, samples, jobs, &mut timed);
+        if due.is_none() {
+            self.cadence.event_done(crossed, timed.done, began);
+        }
         if let Some(np) = &mut self.node_power {
             // the price now above the mean of the next 24 h: deeper off-time
             let prices = self.prices.next_24h(now);
@@ -438,15 +447,10 @@ impl Serve {
             return;
         }
         let now = Instant::now();
-        let snapshot = self.control.snapshot();
-        let crossed = samples.iter().any(|s| {
-            let before = snapshot
-                .reading(&s.entity, s.metric.as_str())
-                .map(|r| r.value);
-            self.thresholds
-                .crossed(&s.entity, s.metric.as_str(), before, s.value)
-        });
-        if crossed {
+        if self
+            .thresholds
+            .any_crossed(self.control.snapshot(), &samples)
+        {
             self.events.crossed(now);
         }
         // the buffer's bound holds for what waits here too: the oldest go first
@@ -565,6 +569,21 @@ impl Serve {
             "stopped"
         );
         Ok(())
+    }
+}
+
+/// An actuator that notes when the desired state was handed on (for the event
+/// latency on `/metrics`).
+struct Timed<'a> {
+    inner: &'a mut dyn crate::control::Actuator,
+    done: Option<Instant>,
+}
+
+impl crate::control::Actuator for Timed<'_> {
+    fn apply(&mut self, state: &policies::State, now: telemetry::Timestamp) -> Vec<String> {
+        let errors = self.inner.apply(state, now);
+        self.done = Some(Instant::now());
+        errors
     }
 }
 

@@ -6,6 +6,7 @@
 //! It is deterministic: one seed, one run.
 
 pub use agent::{curves, rng};
+pub mod events;
 mod fault;
 pub mod workload;
 

@@ -29,12 +29,19 @@
 //!   order): `kernel_ms`, `ratio` (evaluation ÷ kernel) and the growth from the smallest
 //!   size.
 //!
+//! - `bench latency [--nodes N] [--steps S] [--shards K]`: the release `serve` with
+//!   `tick_s = 15` on N nodes of 8 GPUs, N simulated agents (the real agent core, K
+//!   MQTT connections); S rack inlet steps on MQTT, each timed from the publish to the
+//!   agents' receipt of the cap command: p50, p99, max (see `bench/latency.rs`).
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
 
 #[path = "bench/failover.rs"]
 mod failover;
 #[path = "bench/http.rs"]
 mod http;
+#[path = "bench/latency.rs"]
+mod latency;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -418,9 +425,14 @@ fn main() {
         Some("engine") => bench_engine(),
         Some("http") => http::bench_http(),
         Some("failover") => failover::run(arg("--runs", 20), arg("--replicas", 3)),
+        Some("latency") => latency::run(
+            arg("--nodes", 1000),
+            arg("--steps", 100),
+            arg("--shards", 8),
+        ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
         }
