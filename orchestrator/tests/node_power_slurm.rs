@@ -6,8 +6,8 @@
 //!
 //! - the actuator: `SlurmPower` powers the node down (`sinfo` shows `idle~`, the
 //!   SuspendProgram ran) and up (`idle` again, the ResumeProgram ran);
-//! - `serve` with `[node_power] backend = "slurm"`: the idle node is powered down by
-//!   the policy; a job for it that is held leaves it off, released it brings it back
+//! - `serve` with `[node_power] backend = "slurm"`: taking over, it powers up the node
+//!   a dead controller left off; the idle node is powered down by the policy; a job for it that is held leaves it off, released it brings it back
 //!   (Slurm resumes a powered-down node a job needs) and runs; idle again it is powered
 //!   down again, and SIGTERM of serve powers it back up (the lease ends).
 //!
@@ -279,9 +279,19 @@ fn serve_powers_the_idle_node_down_a_released_job_brings_it_back_and_sigterm_pow
         String::from_utf8_lossy(&check.stdout),
         String::from_utf8_lossy(&check.stderr)
     );
+    // a controller that died left the node powered down
+    let p = SlurmPower::new(slurm.scontrol(), Duration::from_secs(10)).expect("power");
+    p.power_down(&node).expect("power down");
+    slurm.wait_sinfo(&["idle~"], Duration::from_secs(60), &String::new);
     let before = slurm.calls().len();
     let mut serve = serve(&config, 300);
     let log = || serve_log(&config);
+    // take-over: what was left off comes back
+    slurm.wait_sinfo(&["idle"], Duration::from_secs(90), &log);
+    let calls = slurm.calls()[before..].join("\n");
+    assert!(calls.contains(&format!("resume {node}")), "{calls}");
+    assert!(log().contains("taking over"), "{}", log());
+    let before = slurm.calls().len();
     // idle for idle_s with nothing due: powered down through Slurm
     slurm.wait_sinfo(&["idle~"], Duration::from_secs(120), &log);
     let calls = slurm.calls()[before..].join("\n");
@@ -374,6 +384,12 @@ fn serve_powers_the_idle_node_down_a_released_job_brings_it_back_and_sigterm_pow
     loop {
         let (code, _, body) = http(port, "GET", "/metrics", None, b"");
         if code == 200 && value(&body, "powerplane_node_power_downs_total") == Some(2.0) {
+            // Slurm resumed the node for the job, not serve
+            assert_eq!(
+                value(&body, "powerplane_node_power_ups_total"),
+                Some(0.0),
+                "{body}"
+            );
             break;
         }
         assert!(
