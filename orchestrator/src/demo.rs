@@ -230,6 +230,15 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
     Ok(summary)
 }
 
+/// A step of a tick interval: the first with the scheduler's cycle, the others without.
+fn step(fac: &mut Facility, first: bool, dt_s: f64) {
+    if first {
+        fac.step(dt_s);
+    } else {
+        fac.advance(dt_s);
+    }
+}
+
 /// From one tick to the next (`tick_s` on): with `sample_s`, the facility read
 /// between them and the crossings evaluated at once, as `serve` does; else one step.
 fn between_ticks(
@@ -251,18 +260,19 @@ fn between_ticks(
                 return Ok(());
             }
             Stop::Tick => {
-                fac.step(dt_s(now, tick_at));
+                fac.advance(dt_s(now, tick_at));
                 return Ok(());
             }
+            // the scheduler cycles once per tick, in the interval's first step
             Stop::Sample(t) => {
+                step(fac, first, dt_s(now, t));
                 first = false;
-                fac.step(dt_s(now, t));
                 let samples = fac.poll(t);
                 events.sampled(control.snapshot(), samples, t);
             }
             Stop::Evaluate(t) => {
+                step(fac, first, dt_s(now, t));
                 first = false;
-                fac.step(dt_s(now, t));
                 let jobs = fac.jobs();
                 control.set_forecast(fac.forecast(t));
                 let report = control.tick(t, events.take(Vec::new()), jobs, fac);

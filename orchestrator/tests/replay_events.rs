@@ -105,9 +105,12 @@ fn the_backtest_with_readings_between_ticks_writes_the_same_summary_every_run() 
     let dir = tempfile::tempdir().expect("tempdir");
     let scenario = std::fs::read_to_string(f.join("scenario-contract.toml")).expect("scenario");
     let sampled = dir.path().join("scenario-sampled.toml");
+    // the contract limit and a deep heat wave: the facility's power and the racks'
+    // inlets move between ticks (the scheduler still cycles once per tick)
     std::fs::write(
         &sampled,
-        scenario.replace("tick_s = 300\n", "tick_s = 300\nsample_s = 30\n"),
+        scenario.replace("tick_s = 300\n", "tick_s = 300\nsample_s = 30\n")
+            + "\n[heat_wave]\nstart = \"2024-06-03T06:00:00+02:00\"\ndays = 2\ncooling_drop = 0.9\n",
     )
     .expect("scenario");
     let backtest = |name: &str| {

@@ -532,11 +532,24 @@ impl Facility {
     /// (and end at their exact time), power, energy, cost and inlets follow, jobs
     /// submitted meanwhile join the queue (the controller sees them before they start).
     pub fn step(&mut self, dt_s: f64) {
+        self.step_with(dt_s, true);
+    }
+
+    /// A step without the scheduler's cycle (nor the resumes it asks for): the physics
+    /// only, for the readings a replay takes between ticks; the scheduler still cycles
+    /// once per tick.
+    pub fn advance(&mut self, dt_s: f64) {
+        self.step_with(dt_s, false);
+    }
+
+    fn step_with(&mut self, dt_s: f64, cycle: bool) {
         let t0 = self.now;
         let t1 = t0 + dt_s;
         self.advance_node_power(t0);
-        self.schedule(t0);
-        self.resume_on_demand(t0);
+        if cycle {
+            self.schedule(t0);
+            self.resume_on_demand(t0);
+        }
         self.update_power();
         let it_w: f64 = self.rack_power_w.iter().sum();
         self.totals.peak_kw = self.totals.peak_kw.max(it_w / 1000.0);

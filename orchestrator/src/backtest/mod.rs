@@ -1012,10 +1012,16 @@ struct Runs<'a> {
 }
 
 impl Runs<'_> {
-    fn step(&mut self, dt_s: f64) {
-        self.base.step(dt_s);
-        self.pol.step(dt_s);
-        self.psave.step(dt_s);
+    /// One step of all three; `cycle`: with the scheduler's cycle (the first step of a
+    /// tick interval), else the physics only.
+    fn step(&mut self, dt_s: f64, cycle: bool) {
+        for f in [&mut *self.base, &mut *self.pol, &mut *self.psave] {
+            if cycle {
+                f.step(dt_s);
+            } else {
+                f.advance(dt_s);
+            }
+        }
     }
 
     /// From one tick to the next (`dt` on): with the scenario's `sample_s`, the policy's
@@ -1034,17 +1040,17 @@ impl Runs<'_> {
             let now = self.pol.now();
             match events.next(now, tick_at) {
                 // read at the ticks only: one step, as the backtest always took it
-                Stop::Tick if first => return self.step(dt),
-                Stop::Tick => return self.step(dt_s(now, tick_at)),
+                Stop::Tick if first => return self.step(dt, true),
+                Stop::Tick => return self.step(dt_s(now, tick_at), false),
                 Stop::Sample(t) => {
+                    self.step(dt_s(now, t), first);
                     first = false;
-                    self.step(dt_s(now, t));
                     let samples = self.pol.poll(t);
                     events.sampled(control.snapshot(), samples, t);
                 }
                 Stop::Evaluate(t) => {
+                    self.step(dt_s(now, t), first);
                     first = false;
-                    self.step(dt_s(now, t));
                     let fc = crate::sim::forecast(
                         self.pol.prices(),
                         self.pol.carbon(),

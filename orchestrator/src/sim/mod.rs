@@ -299,12 +299,24 @@ impl Facility {
 
     /// Advances the world by `dt_s` seconds.
     pub fn step(&mut self, dt_s: f64) {
+        self.step_with(dt_s, true);
+    }
+
+    /// A step without the scheduler's cycle: the physics only (for the readings a
+    /// replay takes between ticks; the scheduler still cycles once per tick).
+    pub fn advance(&mut self, dt_s: f64) {
+        self.step_with(dt_s, false);
+    }
+
+    fn step_with(&mut self, dt_s: f64, cycle: bool) {
         let end = self.now + dt_s;
         self.expire_leases(end);
         // the scheduler's cycle starts what was already queued; jobs arriving during this
         // step wait for the next one, so the controller sees every job pending first
         self.now = end;
-        self.schedule();
+        if cycle {
+            self.schedule();
+        }
         while self.next_arrival <= end {
             let g = self.gen.job(self.next_arrival);
             self.stats.jobs_submitted += 1;
