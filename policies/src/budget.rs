@@ -369,9 +369,11 @@ pub fn evaluate(
         .collect();
     // the GPUs of the jobs about to start, at their maximum
     let mut extra_w = vec![0.0; gpus.len()];
+    let mut placed = vec![false; gpus.len()];
     for (i, p) in place_starting(
         gpus, &scopes, &measured, &claims, &draws, &free, jobs, prior, rule, starting, now,
     ) {
+        placed[i] = true;
         let max_w = gpus[i].model.max_w;
         extra_w[i] = (max_w - claims[i].demand_w).max(0.0);
         claims[i].demand_w = claims[i].demand_w.max(max_w);
@@ -429,6 +431,15 @@ pub fn evaluate(
             scope.rule,
             &mut wanted,
         );
+        cap_other_idle(
+            &cut,
+            gpus,
+            &scope.members,
+            &limited,
+            (&placed, &free),
+            scope.rule,
+            &mut wanted,
+        );
         view.racks = scope
             .members
             .iter()
@@ -468,6 +479,15 @@ pub fn evaluate(
         &all,
         &limited,
         prior_caps,
+        "budget.facility",
+        &mut wanted,
+    );
+    cap_other_idle(
+        &cut,
+        gpus,
+        &all,
+        &limited,
+        (&placed, &free),
         "budget.facility",
         &mut wanted,
     );
@@ -605,6 +625,38 @@ fn apply_cut(
                     tighten(&mut wanted[i], gpus[i].model.clamp_limit(*a / share), name);
                 }
             }
+        }
+    }
+}
+
+/// Where a scope's cut caps the idle GPUs the jobs about to start were placed on, its
+/// other idle GPUs get the lowest of those caps too: the scheduler may start the jobs
+/// on any of them, and an idle GPU under a cap it does not reach loses nothing.
+fn cap_other_idle(
+    cut: &Cut,
+    gpus: &[GpuRef<'_>],
+    members: &[(usize, f64)],
+    claims: &[Claim],
+    (placed, free): (&[bool], &[bool]),
+    name: &'static str,
+    wanted: &mut [Option<BudgetCap>],
+) {
+    let Cut::To(alloc) = cut else {
+        return;
+    };
+    let level = members
+        .iter()
+        .zip(claims)
+        .zip(alloc)
+        .filter(|((&(i, _), c), a)| placed[i] && **a < c.demand_w - 1e-6)
+        .map(|((&(_, share), _), a)| a / share)
+        .fold(f64::INFINITY, f64::min);
+    if !level.is_finite() {
+        return;
+    }
+    for &(i, _) in members {
+        if free[i] && !placed[i] {
+            tighten(&mut wanted[i], gpus[i].model.clamp_limit(level), name);
         }
     }
 }

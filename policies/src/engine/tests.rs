@@ -431,6 +431,47 @@ fn busy_half_and_a_queued_job(held: bool, policy: &Policy) -> Plan {
 }
 
 #[test]
+fn where_the_gpus_a_job_may_start_on_are_capped_the_other_idle_gpus_are_too() {
+    // rack r1: two GPUs of a priority-5 job at 300 W, two idle; rack r2 idle; a 2-GPU
+    // job (priority 0) waits. It is placed on r1's idle GPUs (the least headroom); the
+    // facility (1.7 kW: 1649 W less 400 W of nodes for the GPUs) is short by 71 W with
+    // it at full power, and the cut falls on the waiting job: its GPUs get
+    // (1249 − 600 − 120) / 2 W, and so do r2's idle GPUs, where it may start as well
+    let mut site = site();
+    site.feeds[0].rating_kw = 1.7;
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+    let busy = [gpus[0].clone(), gpus[1].clone()];
+    let snap = snapshot(
+        &site,
+        &|g| if busy.contains(g) { 300.0 } else { 30.0 },
+        25.0,
+        t0(),
+    );
+    let mut queued = job("queued", 0, &[]);
+    queued.state = JobState::Pending;
+    queued.gpus = 2;
+    queued.start_time = None;
+    let jobs = vec![job("running", 5, &busy), queued];
+    let plan = run(&site, &snap, &jobs, &State::default(), &only_budget(), t0());
+    for g in &gpus[..2] {
+        assert!(
+            !plan.state.caps.contains_key(g),
+            "{g}: {:?}",
+            plan.state.caps
+        );
+    }
+    for g in &gpus[2..] {
+        let c = plan
+            .state
+            .caps
+            .get(g)
+            .unwrap_or_else(|| panic!("{g} uncapped"));
+        assert!((c.watts - 264.5).abs() < 0.01, "{g}: {c:?}");
+        assert_eq!(c.rule, "budget.facility");
+    }
+}
+
+#[test]
 fn the_facility_reserves_power_for_queued_jobs_that_are_free_to_start_not_for_held_ones() {
     // free to start: 4 × (300 − 30) W reserved, 2.8 kW against 2.425 kW: the running
     // job gets what is left, (2425 − 400 − 1080 − 120) / 4 W per GPU
