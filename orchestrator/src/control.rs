@@ -52,6 +52,8 @@ pub struct TickReport {
     pub store_error: Option<String>,
     /// The planned start of each job the price plan holds.
     pub planned_starts: BTreeMap<String, Timestamp>,
+    /// Each rack's predicted inlet (the predictive thermal rule), by rack id.
+    pub predictions: BTreeMap<String, policies::RackPrediction>,
 }
 
 pub struct ControlLoop {
@@ -257,6 +259,7 @@ impl ControlLoop {
             state,
             decisions,
             planned_starts,
+            predictions,
         } = evaluate(
             &Inputs {
                 site: &self.site,
@@ -269,6 +272,7 @@ impl ControlLoop {
             now,
         );
         report.planned_starts = planned_starts;
+        report.predictions = predictions;
         let mut decisions = {
             let mut noted = std::mem::take(&mut self.noted);
             noted.extend(decisions);

@@ -67,6 +67,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let mut next = State::default();
     let mut pacing = None;
     let mut planned_starts = BTreeMap::new();
+    let mut predictions = BTreeMap::new();
     // the site's GPUs, listed once: every step below indexes into this
     let index = rules_eval::Index::new(site, site.gpus()).with_snapshot(snapshot);
     let gpus = &index.gpus;
@@ -120,6 +121,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                     now,
                 );
                 next.thermal_models = o.fits;
+                predictions = o.predictions;
                 (o.levels, o.steps)
             }
         };
@@ -322,6 +324,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         state: next,
         decisions,
         planned_starts,
+        predictions,
     }
 }
 
