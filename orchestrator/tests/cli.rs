@@ -169,7 +169,7 @@ fn the_demo_writes_its_reports_and_an_audit_log_with_reasons() {
             "{rack}: both lines named"
         );
         // the error line under the chart: every tick's prediction whose time came
-        let line = format!("Rack {rack}: ");
+        let line = format!("<p class=\"muted\">Rack {rack}: ");
         let at = html
             .find(&line)
             .unwrap_or_else(|| panic!("no error line for {rack}"));
