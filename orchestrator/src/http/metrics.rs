@@ -252,6 +252,22 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
                 r.inlet_limit_c - t.value,
             );
         }
+        if let Some(p) = b.predictions.get(&r.id) {
+            o.add(
+                "predicted_inlet_peak_celsius",
+                "gauge",
+                "Highest inlet the predictive thermal rule expects within its horizon",
+                &[("entity", &ids)],
+                p.peak_c,
+            );
+            o.add(
+                "predicted_inlet_headroom_celsius",
+                "gauge",
+                "Inlet limit minus margin minus the predicted peak",
+                &[("entity", &ids)],
+                p.headroom_c(),
+            );
+        }
     }
     // rows: the sum of their racks, when every rack of the row has a fresh reading
     for row in &b.site.rows {
@@ -690,6 +706,36 @@ mod tests {
         assert!(
             missing.is_empty(),
             "the dashboard queries metrics /metrics does not export: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn each_racks_predicted_peak_and_headroom_are_gauges() {
+        let (mut b, _) = board();
+        assert!(
+            !render(&b, None).contains("predicted_inlet"),
+            "no prediction yet"
+        );
+        b.predictions.insert(
+            "a01".into(),
+            policies::RackPrediction {
+                inlet_c: 27.0,
+                predicted_c: 30.25,
+                peak_c: 30.25,
+                peak_in_s: 900.0,
+                horizon_s: 900.0,
+                limit_c: 32.0,
+                margin_c: 0.5,
+            },
+        );
+        let text = render(&b, None);
+        assert!(
+            text.contains("powerplane_predicted_inlet_peak_celsius{entity=\"rack/a01\"} 30.25"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane_predicted_inlet_headroom_celsius{entity=\"rack/a01\"} 1.25"),
+            "{text}"
         );
     }
 
