@@ -59,6 +59,8 @@ pub struct PeakTarget {
     /// far and the last 24 hours' (see [`peak_target`]).
     pub period_peak_kw: Option<f64>,
     pub day_peak_kw: Option<f64>,
+    /// Set by the tariff, not the policy: it paces releases only (see [`peak_target`]).
+    pub automatic: bool,
 }
 
 /// The peak target in force: the policy's `peak_target_kw` when it gives one; else,
@@ -67,7 +69,10 @@ pub struct PeakTarget {
 /// period), floored by the highest demand interval of the last 24 hours (`day_peak_w`),
 /// which only matters in a period's first day, when its own peak has seen less than a
 /// day. Released work is then never what raises the billed peak. Neither reading: no
-/// target (nothing measured yet to hold to).
+/// target (nothing measured yet to hold to). The automatic target paces the release of
+/// held jobs only; plan mode still plans under its budget share: a plan under the
+/// period's peak so far finds no room for most deferred work, and a job that fits
+/// nowhere is released at once, unpaced, which raises the peak rather than shaving it.
 pub fn peak_target(
     site: &Site,
     snapshot: &Snapshot,
@@ -80,6 +85,7 @@ pub fn peak_target(
             why: "peak_target_kw of the policy".into(),
             period_peak_kw: None,
             day_peak_kw: None,
+            automatic: false,
         });
     }
     let charge = site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw);
@@ -108,6 +114,7 @@ pub fn peak_target(
         why,
         period_peak_kw: period,
         day_peak_kw: day,
+        automatic: true,
     })
 }
 
@@ -509,7 +516,11 @@ fn evaluate_plan(
     let ceiling_kw = match target {
         Some(t) => {
             target_values(t, &mut values);
-            (facility_kw * rule.plan_budget_share).min(t.kw)
+            if t.automatic {
+                facility_kw * rule.plan_budget_share
+            } else {
+                (facility_kw * rule.plan_budget_share).min(t.kw)
+            }
         }
         None => facility_kw * rule.plan_budget_share,
     };
