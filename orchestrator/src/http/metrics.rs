@@ -56,6 +56,16 @@ fn prom(metric: &str) -> Option<(&'static str, f64, &'static str)> {
             1.0,
             "Carbon intensity of the grid now",
         ),
+        PERIOD_PEAK_W => (
+            "period_peak_watts",
+            1.0,
+            "The billing period's highest demand-interval average of IT power so far",
+        ),
+        DAY_PEAK_W => (
+            "day_peak_watts",
+            1.0,
+            "The highest demand-interval average of IT power over the last 24 hours",
+        ),
         _ => return None,
     })
 }
