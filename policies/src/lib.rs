@@ -47,5 +47,7 @@ pub mod triggers;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
-pub use plan::{Action, Cap, ClockLock, Decision, Hold, Plan, RuleMemory, State, Target};
+pub use plan::{
+    Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemory, State, Target,
+};
 pub use policy::Policy;
