@@ -229,6 +229,7 @@ fn the_ledger_keeps_the_billing_periods_peak_and_report_charges_it() {
         out: dir.path().to_path_buf(),
         faults: Vec::new(),
         uncontrolled_start: false,
+        sample_s: None,
     };
     demo::run(&cfg, &mut std::io::sink()).expect("demo");
     let db = dir.path().join("state.redb");
