@@ -620,9 +620,11 @@ fn job_priority_by_gpu(
 ) -> Vec<i64> {
     let cut_order = &rule.cut_order;
     let mut m = vec![i64::MIN; index.gpus.len()];
-    for j in jobs
+    let alloc = index.allocations(jobs);
+    for (k, j) in jobs
         .iter()
-        .filter(|j| j.state == telemetry::JobState::Running)
+        .enumerate()
+        .filter(|(_, j)| j.state == telemetry::JobState::Running)
     {
         let urgent = j
             .latest_start()
@@ -635,10 +637,8 @@ fn job_priority_by_gpu(
                 .position(|c| c == &j.class)
                 .unwrap_or(cut_order.len()) as i64
         };
-        for g in &j.allocated {
-            if let Some(i) = index.gpu_index(g) {
-                m[i] = (rank << 33) + i64::from(j.priority);
-            }
+        for i in alloc.of(k) {
+            m[i] = (rank << 33) + i64::from(j.priority);
         }
     }
     m

@@ -47,5 +47,7 @@ pub mod triggers;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
-pub use plan::{Action, Cap, ClockLock, Decision, Hold, Plan, RuleMemory, State, Target};
+pub use plan::{
+    Action, Cap, ClockLock, Decision, Hold, Plan, RuleMemories, RuleMemory, State, Target, Timers,
+};
 pub use policy::Policy;
