@@ -473,7 +473,7 @@ fn cap_decisions(
         let scope = if rule == "budget.facility" {
             site.site_entity()
         } else {
-            EntityId::rack(&rack)
+            EntityId::rack(rack)
         };
         let (values, reason, release_text) = why
             .get(&(rule.to_string(), scope.to_string()))
@@ -499,7 +499,7 @@ fn cap_decisions(
             time: now,
             rule: rule.to_string(),
             target: Target::Gpus {
-                entity: EntityId::rack(&rack),
+                entity: EntityId::rack(rack),
                 gpus,
             },
             release: if matches!(action, Action::Uncap) {

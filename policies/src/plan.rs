@@ -425,11 +425,11 @@ mod tests {
         assert_eq!(on.when_true.len(), 3);
         assert_eq!(
             on.when_true.get(6),
-            Some(Timestamp::parse_rfc3339("2024-06-03T04:00:30Z").unwrap())
+            Some(Timestamp::parse_rfc3339("2024-06-03T04:00:30Z").expect("time"))
         );
         assert_eq!(on.when_true.get(2), None);
         assert!(on.release_true.is_empty());
-        assert_eq!(serde_json::to_string(&s).unwrap(), json);
+        assert_eq!(serde_json::to_string(&s).expect("writes"), json);
     }
 
     /// Memory kept in the order the engine visits targets is written in name order.
@@ -448,9 +448,9 @@ mod tests {
         let mut m = RuleMemories::new();
         m.push("b".into(), mem(true));
         m.push("a".into(), mem(false));
-        let json = serde_json::to_string(&m).unwrap();
+        let json = serde_json::to_string(&m).expect("writes");
         assert!(json.starts_with(r#"{"a":{"active":false"#), "{json}");
-        let back: RuleMemories = serde_json::from_str(&json).unwrap();
+        let back: RuleMemories = serde_json::from_str(&json).expect("loads");
         assert_eq!(back.get("b"), m.get("b"));
         assert_eq!(back.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["a", "b"]);
     }

@@ -17,6 +17,9 @@ use crate::plan::{RuleMemories, RuleMemory, Timers};
 use crate::rules::{OnStale, Rule, RuleAction, ScopeKind};
 use crate::Forecast;
 
+/// A rule's target: the entity (the site for a job), its GPUs, the job.
+type Target<'a> = (Cow<'a, EntityId>, Cow<'a, [usize]>, Option<&'a Job>);
+
 /// What one rule wants this tick.
 #[derive(Debug, Clone, Default)]
 pub struct Wants {
@@ -406,36 +409,35 @@ pub fn run(
     // in target order, as the next evaluation visits them
     let mut next = RuleMemories::new();
     let site_entity = index.site.site_entity();
-    let targets: Vec<(Cow<'_, EntityId>, Cow<'_, [usize]>, Option<&Job>)> =
-        if rule.scope == ScopeKind::Job {
-            let alloc = index.allocations(jobs);
-            jobs.iter()
-                .enumerate()
-                .filter(|(_, j)| {
-                    // only the jobs the action can apply to
-                    let relevant = match rule.action {
-                        RuleAction::Hold | RuleAction::Release => {
-                            matches!(j.state, JobState::Pending | JobState::Held)
-                        }
-                        RuleAction::Suspend => {
-                            matches!(j.state, JobState::Running | JobState::Suspended)
-                        }
-                        _ => j.state == JobState::Running,
-                    };
-                    relevant && rule.select.matches_job(j)
-                })
-                .map(|(k, j)| {
-                    let gpus = Cow::Owned(alloc.of(k).collect());
-                    (Cow::Borrowed(&site_entity), gpus, Some(j))
-                })
-                .collect()
-        } else {
-            index
-                .targets(rule.scope, &rule.select)
-                .into_iter()
-                .map(|(e, g)| (e, g, None))
-                .collect()
-        };
+    let targets: Vec<Target<'_>> = if rule.scope == ScopeKind::Job {
+        let alloc = index.allocations(jobs);
+        jobs.iter()
+            .enumerate()
+            .filter(|(_, j)| {
+                // only the jobs the action can apply to
+                let relevant = match rule.action {
+                    RuleAction::Hold | RuleAction::Release => {
+                        matches!(j.state, JobState::Pending | JobState::Held)
+                    }
+                    RuleAction::Suspend => {
+                        matches!(j.state, JobState::Running | JobState::Suspended)
+                    }
+                    _ => j.state == JobState::Running,
+                };
+                relevant && rule.select.matches_job(j)
+            })
+            .map(|(k, j)| {
+                let gpus = Cow::Owned(alloc.of(k).collect());
+                (Cow::Borrowed(&site_entity), gpus, Some(j))
+            })
+            .collect()
+    } else {
+        index
+            .targets(rule.scope, &rule.select)
+            .into_iter()
+            .map(|(e, g)| (e, g, None))
+            .collect()
+    };
     // racks a cap of this rule is already explained in (see the cap action below)
     let mut explained: Vec<bool> = vec![false; index.site.racks.len()];
     // the prior memory is in the order of the targets when they are the same as at the
