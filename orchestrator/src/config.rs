@@ -44,7 +44,8 @@ pub struct Config {
     /// Several replicas, one leader (see [`crate::ha`]).
     #[serde(default)]
     pub ha: Option<crate::ha::HaSection>,
-    /// Power nodes down and up through Redfish (see [`crate::serve`]).
+    /// Power nodes down and up through Slurm's power saving or Redfish (see
+    /// [`crate::serve`]).
     #[serde(default)]
     pub node_power: Option<crate::serve::NodePowerSection>,
 }
@@ -314,6 +315,11 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     if let Some(site) = &site {
         let r = attach_bindings(&mut cfg, site, &name);
         problems.take(r);
+    }
+    if let (Some(np), Some(site)) = (&cfg.node_power, &site) {
+        for p in np.problems(site) {
+            problems.check(false, || format!("{name}: {p}"));
+        }
     }
     check_values(&cfg, &name, base, &mut problems);
     problems.finish()?;

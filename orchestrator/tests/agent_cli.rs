@@ -8,23 +8,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{mqtt_port, publish};
+
 fn powerplane() -> Command {
     Command::new(env!("CARGO_BIN_EXE_powerplane"))
-}
-
-fn mqtt_port() -> u16 {
-    std::env::var("POWERPLANE_TEST_MQTT_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(1883)
-}
-
-fn publish(topic: &str, payload: &str) {
-    let ok = Command::new("mosquitto_pub")
-        .args(["-p", &mqtt_port().to_string(), "-t", topic, "-m", payload])
-        .status()
-        .expect("this test needs mosquitto_pub (mosquitto-clients)");
-    assert!(ok.success(), "mosquitto_pub to port {} failed", mqtt_port());
 }
 
 /// The status file serve writes, once `pred` holds for it.
@@ -60,34 +47,13 @@ fn node_gpus<'a>(status: &'a serde_json::Value, node: &str) -> Vec<&'a serde_jso
 
 #[test]
 fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_restores() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace");
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let pid = std::process::id();
-    let site_text = std::fs::read_to_string(root.join("examples/demo/site.toml")).expect("site");
-    std::fs::write(d.join("site.toml"), &site_text).expect("site");
-    let site = telemetry::Site::parse("site.toml", &site_text).expect("site");
-    let node = site
-        .gpus()
-        .into_iter()
-        .find(|g| g.rack.id == "b01")
-        .expect("a GPU in b01")
-        .node
-        .id
-        .clone();
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nstep_interval_s = 1\n",
-    )
-    .expect("policy");
-    let topic = format!("pptest-agentcli-{pid}");
-    let prefix = format!("pptest-agentcli-{pid}/v1");
-    std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
-    std::fs::write(d.join("site.key"), "9e".repeat(32)).expect("key");
-    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
-    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    let common::HotRack {
+        node,
+        topic,
+        prefix,
+    } = common::write_hot_rack(d, "agentcli");
     let port = mqtt_port();
     let http_port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("port")
@@ -101,13 +67,6 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
         ),
     )
     .expect("config");
-    std::fs::write(
-        d.join("agent.toml"),
-        format!(
-            "node = \"{node}\"\nkey_file = \"site.key\"\ninterval_s = 0.5\ntopic_prefix = \"{prefix}\"\n[backend]\nkind = \"sim\"\ngpus = 8\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
-        ),
-    )
-    .expect("agent config");
 
     let mut agent = powerplane()
         .args(["agent", "--config"])

@@ -199,3 +199,70 @@ fn config_check_names_every_problem_of_ha_at_once() {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
 }
+
+#[test]
+fn serve_check_names_every_problem_of_node_power_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::copy(root().join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::write(d.join("policy.toml"), "version = 1\n").expect("policy");
+    let config = |node_power: &str| {
+        std::fs::write(
+            d.join("powerplane.toml"),
+            format!("[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[node_power]\n{node_power}"),
+        )
+        .expect("config");
+        d.join("powerplane.toml")
+    };
+    // Slurm: a url that is Redfish's, systems it does not read, a node the site lacks,
+    // an empty scontrol and a zero deadline, all in one answer
+    let err = stderr_of(powerplane().args(["serve", "--check", "--config"]).arg(config(
+        "backend = \"slurm\"\nurl = \"http://bmc\"\nscontrol = []\ntimeout_s = 0\nsystems = { \"a01-n01\" = \"/redfish/v1/Systems/1\" }\nnodes = { \"a01-n01\" = \"pp-save1\", \"z99-n99\" = \"pp-save2\" }\n",
+    )));
+    for want in [
+        "url is for backend = \"redfish\"",
+        "systems is not read with backend = \"slurm\"",
+        "[node_power.nodes]: z99-n99 is not a node of the site",
+        "scontrol must name a command",
+        "timeout_s and poll_s must be positive (got 0 and 5)",
+    ] {
+        assert!(err.contains(want), "{want}:\n{err}");
+    }
+    // an unknown backend is a shape error with its position
+    let err = stderr_of(
+        powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(config(
+                "backend = \"ipmi\"\nnodes = { \"a01-n01\" = \"n1\" }\n",
+            )),
+    );
+    assert!(
+        err.contains("powerplane.toml:8:11: unknown variant `ipmi`"),
+        "{err}"
+    );
+    // Redfish (the default) needs its url and binds systems; nothing bound is refused
+    let err = stderr_of(
+        powerplane()
+            .args(["serve", "--check", "--config"])
+            .arg(config("nodes = { \"a01-n01\" = \"n1\" }\n")),
+    );
+    assert!(err.contains("backend = \"redfish\" needs url"), "{err}");
+    assert!(
+        err.contains("nodes is not read with backend = \"redfish\""),
+        "{err}"
+    );
+    assert!(err.contains("[node_power] systems: no node bound"), "{err}");
+    // a good Slurm section passes
+    let out = powerplane()
+        .args(["serve", "--check", "--config"])
+        .arg(config(
+            "backend = \"slurm\"\nscontrol = [\"chroot\", \"/srv/slurm\", \"scontrol\"]\nnodes = { \"a01-n01\" = \"pp-save1\" }\n",
+        ))
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

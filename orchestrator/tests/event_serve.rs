@@ -2,29 +2,17 @@
 //! jumps over its limit on MQTT is evaluated at once, and the cap command reaches the
 //! node's agent topic long before the next tick (real Mosquitto, `powerplane agent`).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{mqtt_port, publish};
+
 fn powerplane() -> Command {
     Command::new(env!("CARGO_BIN_EXE_powerplane"))
-}
-
-fn mqtt_port() -> u16 {
-    std::env::var("POWERPLANE_TEST_MQTT_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(1883)
-}
-
-fn publish(topic: &str, payload: &str) {
-    let ok = Command::new("mosquitto_pub")
-        .args(["-p", &mqtt_port().to_string(), "-t", topic, "-m", payload])
-        .status()
-        .expect("this test needs mosquitto_pub (mosquitto-clients)");
-    assert!(ok.success(), "mosquitto_pub to port {} failed", mqtt_port());
 }
 
 struct Kill(std::process::Child);
@@ -38,34 +26,13 @@ impl Drop for Kill {
 
 #[test]
 fn a_hot_inlet_is_capped_at_once_not_at_the_next_tick() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace");
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let pid = std::process::id();
-    let site_text = std::fs::read_to_string(root.join("examples/demo/site.toml")).expect("site");
-    std::fs::write(d.join("site.toml"), &site_text).expect("site");
-    let site = telemetry::Site::parse("site.toml", &site_text).expect("site");
-    let node = site
-        .gpus()
-        .into_iter()
-        .find(|g| g.rack.id == "b01")
-        .expect("a GPU in b01")
-        .node
-        .id
-        .clone();
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nstep_interval_s = 1\n",
-    )
-    .expect("policy");
-    let topic = format!("pptest-events-{pid}");
-    let prefix = format!("pptest-events-{pid}/v1");
-    std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
-    std::fs::write(d.join("site.key"), "9e".repeat(32)).expect("key");
-    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
-    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    let common::HotRack {
+        node,
+        topic,
+        prefix,
+    } = common::write_hot_rack(d, "events");
     let port = mqtt_port();
     std::fs::write(
         d.join("powerplane.toml"),
@@ -74,13 +41,6 @@ fn a_hot_inlet_is_capped_at_once_not_at_the_next_tick() {
         ),
     )
     .expect("config");
-    std::fs::write(
-        d.join("agent.toml"),
-        format!(
-            "node = \"{node}\"\nkey_file = \"site.key\"\ninterval_s = 0.5\ntopic_prefix = \"{prefix}\"\n[backend]\nkind = \"sim\"\ngpus = 8\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
-        ),
-    )
-    .expect("agent config");
     // what reaches the node's command topic, with when it arrived
     let mut sub = Kill(
         Command::new("mosquitto_sub")

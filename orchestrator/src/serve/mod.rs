@@ -304,7 +304,7 @@ struct Serve {
     /// next evaluation.
     pending: Vec<telemetry::Sample>,
     pending_dead: Vec<telemetry::EntityId>,
-    /// With `[node_power]`: nodes powered down and up through Redfish.
+    /// With `[node_power]`: nodes powered down and up through Slurm or Redfish.
     node_power: Option<nodes::NodePower>,
 }
 

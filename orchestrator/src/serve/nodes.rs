@@ -1,21 +1,26 @@
-//! Node power in `serve`: the decisions of `policies::node_power` carried out through
-//! Redfish `ComputerSystem.Reset` on the nodes the `[node_power]` section binds to a
-//! Redfish system (see [`crate::node_power`]).
+//! Node power in `serve`: the decisions of `policies::node_power` carried out on the
+//! nodes the `[node_power]` section binds, through one of two backends (see
+//! [`crate::node_power`]):
+//! - `backend = "slurm"`: Slurm's power saving (`scontrol update nodename=<n>
+//!   state=power_down|power_up`, the state read back from `scontrol show node`), each
+//!   site node bound to its Slurm node name in `nodes`;
+//! - `backend = "redfish"` (the default): Redfish `ComputerSystem.Reset`, each site
+//!   node bound to its Redfish system in `systems`.
 //!
 //! The tick decides and hands commands to a thread of its own, which makes the
-//! blocking HTTP calls (each with the client's deadline) and polls the systems' power
-//! states; the tick never waits on a BMC. Only the acting leader decides or commands.
+//! blocking calls (each with its deadline) and polls the nodes' power states; the tick
+//! never waits on a BMC or on Slurm. Only the acting leader decides or commands.
 //!
-//! Leases: a BMC keeps no lease of its own, so the controller keeps it:
-//! - on take-over (the first tick as leader, a new term), every bound system the BMC
+//! Leases: neither a BMC nor Slurm keeps a lease for the controller, so it keeps it:
+//! - on take-over (the first tick as leader, a new term), every bound node the backend
 //!   reports off is powered up before this controller decides anything: whatever a
 //!   controller that died left off comes back;
 //! - at step-down and at shutdown, every node this controller powered down is powered
 //!   up (at shutdown the thread is given `timeout_s` per node to send it).
 //!
 //! The limit: a controller killed outright (SIGKILL, a host lost) with no replica to
-//! take over leaves its nodes off until a controller starts again; with Slurm's power
-//! saving, Slurm itself resumes a node that a job needs.
+//! take over leaves its nodes off until a controller starts again; with the Slurm
+//! backend, Slurm itself resumes a powered-down node that a job needs.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -28,23 +33,157 @@ use serde::Deserialize;
 use telemetry::{EntityId, Job, JobState, Sample, Site, Timestamp};
 use tracing::{info, warn};
 
-use crate::node_power::{PowerState, RedfishPower};
+use crate::node_power::{PowerState, RedfishPower, SlurmPower};
 
-/// `[node_power]`: the Redfish service and the system each managed node is.
+/// How node power is actuated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Redfish `ComputerSystem.Reset` on the node's BMC.
+    #[default]
+    Redfish,
+    /// Slurm's power saving (`scontrol` power down / up).
+    Slurm,
+}
+
+/// `[node_power]`: the backend and what each managed node is to it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodePowerSection {
-    /// `http(s)://host:port` of the Redfish service.
-    pub url: String,
+    #[serde(default)]
+    pub backend: Backend,
+    /// Redfish: `http(s)://host:port` of the Redfish service.
+    #[serde(default)]
+    pub url: Option<String>,
     /// Deadline of every Redfish call, s.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
     /// How often the systems' power states are read, s.
     #[serde(default = "default_poll")]
     pub poll_s: f64,
-    /// Node id → the system's `@odata.id` (`/redfish/v1/Systems/...`). Nodes not
-    /// listed are never powered down.
+    /// Redfish: node id → the system's `@odata.id` (`/redfish/v1/Systems/...`).
+    /// Nodes not listed are never powered down.
+    #[serde(default)]
     pub systems: BTreeMap<String, String>,
+    /// Slurm: node id → the node's Slurm name. Nodes not listed are never powered
+    /// down.
+    #[serde(default)]
+    pub nodes: BTreeMap<String, String>,
+    /// Slurm: `"scontrol"` (the default), or the command that runs it, as a list
+    /// (`["chroot", "/srv/slurm", "scontrol"]`).
+    #[serde(default = "default_scontrol", deserialize_with = "one_or_many")]
+    pub scontrol: Vec<String>,
+}
+
+fn default_scontrol() -> Vec<String> {
+    vec!["scontrol".into()]
+}
+
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+impl NodePowerSection {
+    /// The bound nodes: site node id → the backend's name of it.
+    pub fn targets(&self) -> &BTreeMap<String, String> {
+        match self.backend {
+            Backend::Redfish => &self.systems,
+            Backend::Slurm => &self.nodes,
+        }
+    }
+
+    /// What is wrong with the section, against the site (`serve --check` reports
+    /// them all; `serve` refuses to start on any).
+    pub fn problems(&self, site: &Site) -> Vec<String> {
+        let mut bad = Vec::new();
+        let (list, other, other_name) = match self.backend {
+            Backend::Redfish => ("systems", &self.nodes, "nodes"),
+            Backend::Slurm => ("nodes", &self.systems, "systems"),
+        };
+        let backend = match self.backend {
+            Backend::Redfish => "redfish",
+            Backend::Slurm => "slurm",
+        };
+        match (self.backend, &self.url) {
+            (Backend::Redfish, None) => {
+                bad.push("[node_power] backend = \"redfish\" needs url".into())
+            }
+            (Backend::Slurm, Some(_)) => bad.push(
+                "[node_power] url is for backend = \"redfish\"; backend = \"slurm\" runs scontrol"
+                    .into(),
+            ),
+            _ => {}
+        }
+        if !other.is_empty() {
+            bad.push(format!(
+                "[node_power] {other_name} is not read with backend = \"{backend}\" (it binds nodes in {list})"
+            ));
+        }
+        if self.targets().is_empty() {
+            bad.push(format!(
+                "[node_power] {list}: no node bound (backend = \"{backend}\")"
+            ));
+        }
+        for node in self.targets().keys() {
+            if !site.nodes.iter().any(|n| &n.id == node) {
+                bad.push(format!(
+                    "[node_power.{list}]: {node} is not a node of the site"
+                ));
+            }
+        }
+        if self.backend == Backend::Slurm && self.scontrol.first().is_none_or(|c| c.is_empty()) {
+            bad.push("[node_power] scontrol must name a command".into());
+        }
+        if !(self.timeout_s > 0.0
+            && self.timeout_s.is_finite()
+            && self.poll_s > 0.0
+            && self.poll_s.is_finite())
+        {
+            bad.push(format!(
+                "[node_power] timeout_s and poll_s must be positive (got {} and {})",
+                self.timeout_s, self.poll_s
+            ));
+        }
+        bad
+    }
+}
+
+/// A node power backend, as the thread uses it: `target` is the backend's name of the
+/// node (a Redfish system, a Slurm node name).
+trait Switch: Send {
+    fn state(&self, target: &str) -> Result<PowerState>;
+    fn set(&self, target: &str, on: bool) -> Result<()>;
+}
+
+impl Switch for RedfishPower {
+    fn state(&self, target: &str) -> Result<PowerState> {
+        self.power_state(target)
+    }
+    fn set(&self, target: &str, on: bool) -> Result<()> {
+        self.reset(target, if on { "On" } else { "GracefulShutdown" })
+    }
+}
+
+impl Switch for SlurmPower {
+    fn state(&self, target: &str) -> Result<PowerState> {
+        self.power_state(target)
+    }
+    fn set(&self, target: &str, on: bool) -> Result<()> {
+        if on {
+            self.power_up(target)
+        } else {
+            self.power_down(target)
+        }
+    }
 }
 
 fn default_timeout() -> f64 {
@@ -62,11 +201,11 @@ const COMMANDS: usize = 64;
 const REPORTS: usize = 1024;
 
 enum Command {
-    Reset {
+    Power {
         node: String,
-        reset: &'static str,
+        on: bool,
     },
-    /// Power up every bound system the BMC reports off (take-over).
+    /// Power up every bound node the backend reports off (take-over).
     TakeOver,
 }
 
@@ -103,34 +242,39 @@ pub struct NodePower {
     counts: Counts,
     /// Reports the thread dropped (the queue to the tick was full).
     reports_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Power state reads that failed (the node keeps its last state).
+    poll_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl NodePower {
     /// Starts the thread; the section's nodes must be the site's.
     pub fn start(cfg: &NodePowerSection, site: &Site, now: Timestamp) -> Result<NodePower> {
-        for node in cfg.systems.keys() {
-            if !site.nodes.iter().any(|n| &n.id == node) {
-                anyhow::bail!("[node_power.systems]: {node} is not a node of the site");
-            }
-        }
-        anyhow::ensure!(
-            cfg.timeout_s > 0.0 && cfg.poll_s > 0.0,
-            "[node_power]: timeout_s and poll_s must be positive"
-        );
-        let client = RedfishPower::new(&cfg.url, Duration::from_secs_f64(cfg.timeout_s), None)?;
+        let bad = cfg.problems(site);
+        anyhow::ensure!(bad.is_empty(), "{}", bad.join("; "));
+        let timeout = Duration::from_secs_f64(cfg.timeout_s);
+        let client: Box<dyn Switch> = match cfg.backend {
+            Backend::Redfish => Box::new(RedfishPower::new(
+                cfg.url.as_deref().unwrap_or_default(),
+                timeout,
+                None,
+            )?),
+            Backend::Slurm => Box::new(SlurmPower::new(cfg.scontrol.clone(), timeout)?),
+        };
         let (ctx, crx) = sync_channel(COMMANDS);
         let (rtx, rrx) = sync_channel(REPORTS);
-        let systems = cfg.systems.clone();
+        let systems = cfg.targets().clone();
         let poll = Duration::from_secs_f64(cfg.poll_s);
         let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let poll_errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let thread = std::thread::Builder::new()
             .name("node-power".into())
             .spawn({
                 let dropped = dropped.clone();
-                move || worker(client, systems, poll, crx, rtx, dropped)
+                let poll_errors = poll_errors.clone();
+                move || worker(client, systems, poll, crx, rtx, dropped, poll_errors)
             })?;
         let nodes = cfg
-            .systems
+            .targets()
             .keys()
             .map(|n| {
                 (
@@ -152,6 +296,7 @@ impl NodePower {
             acting: false,
             counts: Counts::default(),
             reports_dropped: dropped,
+            poll_errors,
         })
     }
 
@@ -173,12 +318,19 @@ impl NodePower {
                     let Some(n) = self.nodes.get_mut(&node) else {
                         continue;
                     };
+                    let was_on = n.power == Power::On;
                     n.power = match (n.power, state) {
                         (Power::Failed, _) => Power::Failed,
                         (Power::Off { since }, PowerState::Off) => Power::Off { since },
                         (_, PowerState::Off) => Power::Off { since: now },
                         (Power::Booting { .. }, PowerState::On) => {
                             // a node brought up: back
+                            n.ours = false;
+                            Power::On
+                        }
+                        // a node off that came back without us (Slurm resumes a
+                        // powered-down node a job needs): no longer held off by us
+                        (Power::Off { .. }, PowerState::On) => {
                             n.ours = false;
                             Power::On
                         }
@@ -192,7 +344,8 @@ impl NodePower {
                         (_, PowerState::On) => Power::On,
                         (p, _) => p,
                     };
-                    if n.power == Power::On && n.idle_since.is_none() {
+                    // a node back on is idle from now (not from before it went off)
+                    if n.power == Power::On && (!was_on || n.idle_since.is_none()) {
                         n.idle_since = Some(now);
                     }
                 }
@@ -293,9 +446,9 @@ impl NodePower {
         for a in &actions {
             match a {
                 NodeAction::Down { node, .. } => {
-                    if self.send(Command::Reset {
+                    if self.send(Command::Power {
                         node: node.clone(),
-                        reset: "GracefulShutdown",
+                        on: false,
                     }) {
                         self.counts.downs += 1;
                         self.recent_downs.push(now);
@@ -306,9 +459,9 @@ impl NodePower {
                     }
                 }
                 NodeAction::Up { node, .. } => {
-                    if self.send(Command::Reset {
+                    if self.send(Command::Power {
                         node: node.clone(),
-                        reset: "On",
+                        on: true,
                     }) {
                         self.counts.ups += 1;
                         if let Some(n) = self.nodes.get_mut(node) {
@@ -338,9 +491,9 @@ impl NodePower {
             .collect();
         for node in ours {
             info!(node = %node, "node power: {why}, powering the node up");
-            if self.send(Command::Reset {
+            if self.send(Command::Power {
                 node: node.clone(),
-                reset: "On",
+                on: true,
             }) {
                 self.counts.ups += 1;
                 if let Some(n) = self.nodes.get_mut(&node) {
@@ -403,7 +556,7 @@ impl NodePower {
             ),
             (
                 "node_power_errors_total",
-                "Node power commands the BMC refused or did not answer",
+                "Node power commands the backend (BMC or Slurm) refused or did not answer",
                 self.counts.errors as f64,
             ),
             (
@@ -413,6 +566,11 @@ impl NodePower {
                     + self
                         .reports_dropped
                         .load(std::sync::atomic::Ordering::Relaxed)) as f64,
+            ),
+            (
+                "node_power_poll_errors_total",
+                "Node power state reads that failed (the node keeps its last state)",
+                self.poll_errors.load(std::sync::atomic::Ordering::Relaxed) as f64,
             ),
             (
                 "nodes_off",
@@ -441,14 +599,15 @@ impl NodePower {
     }
 }
 
-/// The thread: commands as they come, the systems' power states every `poll`.
+/// The thread: commands as they come, the nodes' power states every `poll`.
 fn worker(
-    client: RedfishPower,
+    client: Box<dyn Switch>,
     systems: BTreeMap<String, String>,
     poll: Duration,
     commands: Receiver<Command>,
     reports: SyncSender<Report>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    poll_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     let report = |r: Report| {
         if reports.try_send(r).is_err() {
@@ -459,22 +618,23 @@ fn worker(
     loop {
         let wait = next_poll.saturating_duration_since(std::time::Instant::now());
         match commands.recv_timeout(wait) {
-            Ok(Command::Reset { node, reset }) => {
+            Ok(Command::Power { node, on }) => {
                 let Some(system) = systems.get(&node) else {
                     continue;
                 };
-                if let Err(e) = client.reset(system, reset) {
+                if let Err(e) = client.set(system, on) {
+                    let what = if on { "power up" } else { "power down" };
                     report(Report::Failed {
                         node,
-                        error: format!("{reset}: {e:#}"),
+                        error: format!("{what}: {e:#}"),
                     });
                 }
             }
             Ok(Command::TakeOver) => {
                 for (node, system) in &systems {
-                    match client.power_state(system) {
+                    match client.state(system) {
                         Ok(PowerState::Off | PowerState::PoweringOff) => {
-                            if let Err(e) = client.reset(system, "On") {
+                            if let Err(e) = client.set(system, true) {
                                 report(Report::Failed {
                                     node: node.clone(),
                                     error: format!("On (take-over): {e:#}"),
@@ -491,12 +651,15 @@ fn worker(
             }
             Err(RecvTimeoutError::Timeout) => {
                 for (node, system) in &systems {
-                    match client.power_state(system) {
+                    match client.state(system) {
                         Ok(state) => report(Report::State {
                             node: node.clone(),
                             state,
                         }),
-                        Err(e) => tracing::debug!(node = %node, error = %e, "power state"),
+                        Err(e) => {
+                            poll_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::debug!(node = %node, error = %format!("{e:#}"), "power state");
+                        }
                     }
                 }
                 next_poll = std::time::Instant::now() + poll;

@@ -194,3 +194,76 @@ pub fn write_price_step(d: &std::path::Path, cheap_in_s: i64) -> chrono::DateTim
     .expect("prices");
     cheap_at
 }
+
+/// The port of the Mosquitto the tests use (`POWERPLANE_TEST_MQTT_PORT`, else 1883).
+pub fn mqtt_port() -> u16 {
+    std::env::var("POWERPLANE_TEST_MQTT_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1883)
+}
+
+/// Publishes one message with `mosquitto_pub`.
+pub fn publish(topic: &str, payload: &str) {
+    let ok = Command::new("mosquitto_pub")
+        .args(["-p", &mqtt_port().to_string(), "-t", topic, "-m", payload])
+        .status()
+        .expect("this test needs mosquitto_pub (mosquitto-clients)");
+    assert!(ok.success(), "mosquitto_pub to port {} failed", mqtt_port());
+}
+
+/// A controller and one simulated agent on the shared Mosquitto, under topics of the
+/// test's own: the demo site, a policy with only the thermal controller (1 s steps),
+/// rack inlets mapped from `{topic}/{rack}/inlet` (`{"c": 31.0}`), the site key, and
+/// the agent's config (`agent.toml`) for a node of rack b01.
+pub struct HotRack {
+    /// The agent's node (in rack b01).
+    pub node: String,
+    /// Where inlet readings are published: `{topic}/{rack}/inlet`.
+    pub topic: String,
+    /// The agents' topic prefix.
+    pub prefix: String,
+}
+
+/// Writes the files of a [`HotRack`] into `d`; `tag` keeps the topics the test's own.
+pub fn write_hot_rack(d: &std::path::Path, tag: &str) -> HotRack {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let pid = std::process::id();
+    let site_text = std::fs::read_to_string(root.join("examples/demo/site.toml")).expect("site");
+    std::fs::write(d.join("site.toml"), &site_text).expect("site");
+    let site = telemetry::Site::parse("site.toml", &site_text).expect("site");
+    let node = site
+        .gpus()
+        .into_iter()
+        .find(|g| g.rack.id == "b01")
+        .expect("a GPU in b01")
+        .node
+        .id
+        .clone();
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nstep_interval_s = 1\n",
+    )
+    .expect("policy");
+    let topic = format!("pptest-{tag}-{pid}");
+    let prefix = format!("pptest-{tag}-{pid}/v1");
+    std::fs::write(d.join("mapping.toml"), format!("version = 1\n[[json]]\ntopic = \"{topic}/{{rack}}/inlet\"\nentity = \"rack/{{rack}}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/c\"\n")).expect("mapping");
+    std::fs::write(d.join("site.key"), "9e".repeat(32)).expect("key");
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            "node = \"{node}\"\nkey_file = \"site.key\"\ninterval_s = 0.5\ntopic_prefix = \"{prefix}\"\n[backend]\nkind = \"sim\"\ngpus = 8\n[mqtt]\nurl = \"mqtt://127.0.0.1:{}\"\n",
+            mqtt_port()
+        ),
+    )
+    .expect("agent config");
+    HotRack {
+        node,
+        topic,
+        prefix,
+    }
+}
