@@ -14,6 +14,8 @@
 use std::collections::BTreeMap;
 
 use integrations::store::{Account, Conditions, InletCondition, LedgerEntry};
+
+use crate::demand::DemandTracker;
 use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::*;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
@@ -43,6 +45,8 @@ pub struct Accountant {
     inlets: BTreeMap<String, InletCondition>,
     /// The conditions of the last interval closed, until taken.
     closed: Option<Conditions>,
+    /// The billing period's peak demand, when the tariff has a demand charge.
+    demand: Option<DemandTracker>,
 }
 
 impl Accountant {
@@ -56,7 +60,22 @@ impl Accountant {
             counter_resets: 0,
             inlets: BTreeMap::new(),
             closed: None,
+            demand: None,
         }
+    }
+
+    /// Also follows the billing period's peak demand.
+    pub fn with_demand(mut self, demand: DemandTracker) -> Self {
+        self.demand = Some(demand);
+        self
+    }
+
+    pub fn demand(&self) -> Option<&DemandTracker> {
+        self.demand.as_ref()
+    }
+
+    pub fn demand_mut(&mut self) -> Option<&mut DemandTracker> {
+        self.demand.as_mut()
     }
 
     /// Charges the energy used since the previous call. Returns the ledger entries of
@@ -240,6 +259,15 @@ impl Accountant {
             ) {
                 charges.push((Account::Overhead, None, w * dt / J_PER_KWH, 0.0, 0.0));
             }
+        }
+        if let Some(d) = &mut self.demand {
+            d.add(
+                last,
+                now,
+                charges
+                    .iter()
+                    .map(|(a, r, kwh, ..)| (a.clone(), r.clone(), *kwh)),
+            );
         }
         for (account, rack, kwh, estimated, shared) in charges {
             let s = self.pending.entry((account, rack)).or_default();

@@ -52,6 +52,8 @@ pub struct TickReport {
     pub store_error: Option<String>,
     /// The planned start of each job the price plan holds.
     pub planned_starts: BTreeMap<String, Timestamp>,
+    /// Each rack's predicted inlet (the predictive thermal rule), by rack id.
+    pub predictions: BTreeMap<String, policies::RackPrediction>,
 }
 
 pub struct ControlLoop {
@@ -94,6 +96,19 @@ impl ControlLoop {
     ) -> Result<Self, StoreError> {
         let state = store.state()?;
         let registry = JobRegistry::from_jobs(store.jobs()?);
+        let mut accountant = Accountant::new(ledger_interval_s);
+        // with a demand charge, the ledger follows the billing period's peak (resumed)
+        if let Some(t) = site
+            .tariff
+            .as_ref()
+            .filter(|t| t.demand_charge_per_kw.is_some())
+        {
+            let interval_s = t.demand_interval_s.unwrap_or(ledger_interval_s);
+            let records = store.records::<crate::demand::PeriodPeak>(crate::demand::COLLECTION)?;
+            accountant = accountant.with_demand(
+                crate::demand::DemandTracker::new(interval_s, site.timezone).restore(records),
+            );
+        }
         // the site's GPUs take the snapshot's first slots: the engine reads them by index
         let mut snapshot = Snapshot::new();
         snapshot.register(&site.snapshot_order());
@@ -104,7 +119,7 @@ impl ControlLoop {
             committed: state.clone(),
             state,
             registry,
-            accountant: Accountant::new(ledger_interval_s),
+            accountant,
             store,
             unsaved: Tx::new(),
             counters: Counters::default(),
@@ -134,6 +149,12 @@ impl ControlLoop {
     pub fn resume_from_store(&mut self) -> Result<(), StoreError> {
         let state = self.store.state()?;
         let jobs = self.store.jobs()?;
+        if self.accountant.demand().is_some() {
+            let records = self.store.records(crate::demand::COLLECTION)?;
+            if let Some(d) = self.accountant.demand_mut() {
+                d.reload(records);
+            }
+        }
         self.registry = JobRegistry::from_jobs(jobs);
         self.committed = state.clone();
         self.state = state;
@@ -224,7 +245,13 @@ impl ControlLoop {
     ) -> TickReport {
         self.counters.ticks += 1;
         let mut report = TickReport::default();
-        for sample in samples {
+        // the billing period's peak so far, for the automatic peak target
+        let demand = self
+            .accountant
+            .demand()
+            .map(|d| d.samples(&self.site.site_entity(), now))
+            .unwrap_or_default();
+        for sample in samples.into_iter().chain(demand) {
             match self.snapshot.ingest(sample, now) {
                 Ok(telemetry::snapshot::Ingested::Updated) => self.counters.samples_accepted += 1,
                 Ok(telemetry::snapshot::Ingested::CounterReset) => {
@@ -257,6 +284,7 @@ impl ControlLoop {
             state,
             decisions,
             planned_starts,
+            predictions,
         } = evaluate(
             &Inputs {
                 site: &self.site,
@@ -269,6 +297,7 @@ impl ControlLoop {
             now,
         );
         report.planned_starts = planned_starts;
+        report.predictions = predictions;
         let mut decisions = {
             let mut noted = std::mem::take(&mut self.noted);
             noted.extend(decisions);
@@ -314,6 +343,9 @@ impl ControlLoop {
         if let Some(c) = self.accountant.take_conditions() {
             tx.conditions(&c);
         }
+        if let Some(p) = self.accountant.demand_mut().and_then(|d| d.take_changed()) {
+            tx.put_record(crate::demand::COLLECTION, &p.period, &p);
+        }
         self.state = state;
         report.decisions = decisions;
         self.unsaved.extend(tx);
@@ -325,6 +357,12 @@ impl ControlLoop {
     pub fn finish(&mut self, now: Timestamp) -> Result<Vec<LedgerEntry>, StoreError> {
         let entries = self.accountant.flush(now);
         let mut tx = Tx::new();
+        if let Some(d) = self.accountant.demand_mut() {
+            d.close();
+            if let Some(p) = d.take_changed() {
+                tx.put_record(crate::demand::COLLECTION, &p.period, &p);
+            }
+        }
         for e in &entries {
             tx.ledger(e);
         }

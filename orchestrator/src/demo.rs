@@ -85,6 +85,8 @@ pub(crate) struct Point {
     pub(crate) capped_gpus: usize,
     pub(crate) held_jobs: usize,
     pub(crate) running_jobs: usize,
+    /// Each rack's predicted inlet (the predictive thermal rule): (°C, seconds ahead).
+    pub(crate) predicted: Vec<Option<(f64, f64)>>,
 }
 
 /// What the demo reports at the end.
@@ -167,7 +169,17 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
         if i == 0 && !cfg.uncontrolled_start {
             fac.settle();
         }
-        let p = point(&fac, &control, now);
+        let mut p = point(&fac, &control, now);
+        p.predicted = site
+            .racks
+            .iter()
+            .map(|r| {
+                report
+                    .predictions
+                    .get(&r.id)
+                    .map(|q| (q.predicted_c, q.horizon_s))
+            })
+            .collect();
         let elapsed_min = now.secs_since(cfg.start) / 60.0;
         if elapsed_min >= next_note || i == ticks {
             writeln!(
@@ -218,6 +230,7 @@ fn point(fac: &Facility, control: &ControlLoop, now: Timestamp) -> Point {
             .iter()
             .filter(|j| j.state == telemetry::JobState::Running)
             .count(),
+        predicted: Vec::new(),
     }
 }
 

@@ -58,6 +58,28 @@ pub struct Row {
     pub held_hours: Option<f64>,
     /// Saving against running without a policy: estimated by the backtest, not here.
     pub saving_cost: Option<f64>,
+    /// The group's share of the demand charge: its share of the energy of each billing
+    /// period's peak demand interval × that period's charge (with a demand charge).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demand_charge: Option<f64>,
+}
+
+/// One billing period's peak and what it costs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DemandPeriod {
+    /// The calendar month in the site's time zone, `YYYY-MM`.
+    pub period: String,
+    /// The highest average facility power (IT and cooling) over one demand interval.
+    pub peak_kw: f64,
+    /// The demand interval of the peak.
+    pub start: Timestamp,
+    pub end: Timestamp,
+    /// `peak_kw` × the tariff's `demand_charge_per_kw`.
+    pub demand_charge: f64,
+    /// Where the peak comes from: `demand intervals` (the ledger's record of the
+    /// billing period, over the tariff's demand interval) or `ledger intervals` (the
+    /// report's own ledger entries, when no record was kept).
+    pub source: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -84,14 +106,16 @@ pub struct EnergyReport {
     /// [`EnergyReport::with_jobs`]).
     #[serde(skip)]
     pub unplaced_held: BTreeMap<String, f64>,
-    /// The tariff's demand charge over the period: per billing period (calendar month
-    /// in the site's time zone), its highest average facility power over one ledger
-    /// interval × `demand_charge_per_kw` (see [`EnergyReport::with_demand_charge`]);
+    /// The tariff's demand charge: the sum over the billing periods the report
+    /// overlaps of each period's charge (see [`EnergyReport::with_demand_charge`]);
     /// `cost` is the energy's alone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub demand_charge: Option<f64>,
+    /// Energy cost plus demand charge, with a demand charge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_cost: Option<f64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub period_peaks_kw: Vec<(String, f64)>,
+    pub demand_periods: Vec<DemandPeriod>,
 }
 
 fn key_of(e: &LedgerEntry, by: GroupBy, tz: Tz) -> String {
@@ -314,7 +338,8 @@ pub fn build(
         inlets: Vec::new(),
         unplaced_held,
         demand_charge: None,
-        period_peaks_kw: Vec::new(),
+        total_cost: None,
+        demand_periods: Vec::new(),
     }
 }
 
@@ -323,30 +348,106 @@ fn opt(v: Option<f64>) -> String {
 }
 
 impl EnergyReport {
-    /// Adds the demand charge of the site's tariff (nothing without one).
-    pub fn with_demand_charge(mut self, per_kw: Option<f64>, tz: Tz) -> Self {
+    /// Adds the demand charge of the site's tariff (nothing without one). Every billing
+    /// period (calendar month in the site's time zone) the report overlaps is charged
+    /// whole, as a bill charges it: its peak from the ledger's record (`peaks`, the
+    /// highest average over the tariff's demand interval, which may lie outside the
+    /// report's range), else the highest average over one of the report's ledger
+    /// intervals in that period. Each group's share of a period's charge is its share of
+    /// the peak interval's energy (`ledger` holds the entries of the ledger intervals).
+    pub fn with_demand_charge(
+        mut self,
+        per_kw: Option<f64>,
+        tz: Tz,
+        peaks: &[crate::demand::PeriodPeak],
+        ledger: &[LedgerEntry],
+    ) -> Self {
         let Some(rate) = per_kw else {
             return self;
         };
-        let mut peaks: Vec<(String, f64)> = Vec::new();
+        let by: GroupBy = self.group_by.parse().unwrap_or(GroupBy::Job);
+        let first = crate::demand::period_of(self.from, tz);
+        let last = crate::demand::period_of(self.to + -0.001, tz);
+        // the periods the report overlaps, with the entries of their peak interval
+        let mut periods: Vec<(DemandPeriod, Vec<&LedgerEntry>)> = Vec::new();
+        for p in peaks
+            .iter()
+            .filter(|p| p.period >= first && p.period <= last)
+        {
+            periods.push((
+                DemandPeriod {
+                    period: p.period.clone(),
+                    peak_kw: p.kw,
+                    start: p.start,
+                    end: p.end,
+                    demand_charge: p.kw * rate,
+                    source: "demand intervals".into(),
+                },
+                p.entries.iter().collect(),
+            ));
+        }
+        let mut fallback: BTreeMap<String, (f64, Timestamp, Timestamp)> = BTreeMap::new();
         for (s, e, kwh, _) in &self.intervals {
             let h = e.secs_since(*s) / 3600.0;
-            if h <= 0.0 {
+            let period = crate::demand::period_of(*s, tz);
+            if h <= 0.0 || periods.iter().any(|(p, _)| p.period == period) {
                 continue;
             }
-            let month = s
-                .to_datetime()
-                .with_timezone(&tz)
-                .format("%Y-%m")
-                .to_string();
             let kw = kwh / h;
-            match peaks.iter_mut().find(|(m, _)| *m == month) {
-                Some((_, p)) => *p = p.max(kw),
-                None => peaks.push((month, kw)),
+            let best = fallback.entry(period).or_insert((kw, *s, *e));
+            if kw > best.0 {
+                *best = (kw, *s, *e);
             }
         }
-        self.demand_charge = Some(peaks.iter().map(|(_, kw)| kw * rate).sum());
-        self.period_peaks_kw = peaks;
+        for (period, (kw, s, e)) in fallback {
+            let entries = ledger
+                .iter()
+                .filter(|x| x.start == s && x.end == e)
+                .collect();
+            periods.push((
+                DemandPeriod {
+                    period,
+                    peak_kw: kw,
+                    start: s,
+                    end: e,
+                    demand_charge: kw * rate,
+                    source: "ledger intervals".into(),
+                },
+                entries,
+            ));
+        }
+        periods.sort_by(|a, b| a.0.period.cmp(&b.0.period));
+        // each group's share of each period's peak interval
+        let mut shares: BTreeMap<String, f64> = BTreeMap::new();
+        for (p, entries) in &periods {
+            let sum: f64 = entries.iter().map(|e| e.energy_kwh).sum();
+            if sum <= 0.0 {
+                continue;
+            }
+            for e in entries {
+                *shares.entry(key_of(e, by, tz)).or_default() +=
+                    p.demand_charge * e.energy_kwh / sum;
+            }
+        }
+        for (key, charge) in shares {
+            let pos = match self.rows.iter().position(|r| r.key == key) {
+                Some(p) => p,
+                None => {
+                    // a group of the peak interval that used no energy in the range
+                    self.rows.push(Row {
+                        key,
+                        ..Row::default()
+                    });
+                    self.rows.len() - 1
+                }
+            };
+            *self.rows[pos].demand_charge.get_or_insert(0.0) += charge;
+        }
+        let total: f64 = periods.iter().map(|(p, _)| p.demand_charge).sum();
+        self.total.demand_charge = Some(total);
+        self.demand_charge = Some(total);
+        self.total_cost = Some(self.total.cost + total);
+        self.demand_periods = periods.into_iter().map(|(p, _)| p).collect();
         self
     }
 
@@ -390,10 +491,19 @@ impl EnergyReport {
     pub const CSV_HEADER: &'static str =
         "group,energy_kwh,estimated_kwh,cost,carbon_kg,peak_kw,capped_gpu_hours,held_hours,saving_cost";
 
+    /// With a demand charge, two more columns: `demand_charge` (the group's share) and
+    /// `total_cost` (its energy cost plus that share).
+    pub const CSV_DEMAND_COLUMNS: &'static str = ",demand_charge,total_cost";
+
     pub fn csv(&self) -> String {
-        let mut s = format!("{}\n", Self::CSV_HEADER);
+        let demand = self.demand_charge.is_some();
+        let mut s = format!(
+            "{}{}\n",
+            Self::CSV_HEADER,
+            if demand { Self::CSV_DEMAND_COLUMNS } else { "" }
+        );
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "{},{:.6},{:.6},{:.6},{:.6},{:.3},{},{},{}",
                 csv_field(&r.key),
@@ -406,6 +516,11 @@ impl EnergyReport {
                 opt(r.held_hours),
                 opt(r.saving_cost)
             );
+            if demand {
+                let d = r.demand_charge.unwrap_or(0.0);
+                let _ = write!(s, ",{d:.6},{:.6}", r.cost + d);
+            }
+            s.push('\n');
         }
         s
     }
@@ -438,19 +553,48 @@ impl EnergyReport {
             let _ = writeln!(s, "PUE {p:.2} (IT and cooling over the period)");
         }
         if let Some(d) = self.demand_charge {
-            let peaks: Vec<String> = self
-                .period_peaks_kw
-                .iter()
-                .map(|(m, kw)| format!("{m}: {kw:.1} kW"))
-                .collect();
             let _ = writeln!(
                 s,
-                "demand charge {d:.2} {} (peak per billing period: {}); with the energy: {:.2} {}",
+                "demand charge {d:.2} {}; total cost (energy + demand) {:.2} {}",
                 self.currency,
-                peaks.join(", "),
                 self.total.cost + d,
                 self.currency
             );
+            for p in &self.demand_periods {
+                let _ = writeln!(
+                    s,
+                    "  {}: peak {:.1} kW at {} to {} ({}): {:.2} {}",
+                    p.period, p.peak_kw, p.start, p.end, p.source, p.demand_charge, self.currency
+                );
+            }
+            let mut shares: Vec<&Row> = self
+                .rows
+                .iter()
+                .filter(|r| r.demand_charge.is_some())
+                .collect();
+            shares.sort_by(|a, b| {
+                b.demand_charge
+                    .unwrap_or(0.0)
+                    .total_cmp(&a.demand_charge.unwrap_or(0.0))
+                    .then(a.key.cmp(&b.key))
+            });
+            if !shares.is_empty() {
+                let top: Vec<String> = shares
+                    .iter()
+                    .take(8)
+                    .map(|r| format!("{} {:.2}", r.key, r.demand_charge.unwrap_or(0.0)))
+                    .collect();
+                let more = if shares.len() > 8 {
+                    format!(", and {} more", shares.len() - 8)
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    s,
+                    "  by share of the peak intervals' energy: {}{more}",
+                    top.join(", ")
+                );
+            }
         }
         s
     }
@@ -478,6 +622,28 @@ impl EnergyReport {
             self.total.peak_kw,
             self.pue.map_or("–".into(), |p| format!("{p:.2}"))
         );
+        if let Some(d) = self.demand_charge {
+            let periods: Vec<String> = self
+                .demand_periods
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}: peak {:.1} kW at {}, {:.2}",
+                        escape(&p.period),
+                        p.peak_kw,
+                        p.start,
+                        p.demand_charge
+                    )
+                })
+                .collect();
+            let _ = write!(
+                body,
+                "<p>Demand charge {d:.2} {cur} ({}); total cost (energy + demand) {:.2} {cur}.</p>",
+                periods.join("; "),
+                self.total.cost + d,
+                cur = escape(&self.currency)
+            );
+        }
         let t0 = self.from.as_secs_f64();
         let hours = |t: Timestamp| (t.as_secs_f64() - t0) / 3600.0;
         let span_h = hours(self.to).max(1e-9);

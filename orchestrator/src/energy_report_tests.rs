@@ -349,17 +349,24 @@ fn the_demand_charge_is_the_peak_of_each_billing_period_times_the_rate() {
             2.0,
         ),
     ];
-    let without = r.clone().with_demand_charge(None, tz);
+    let without = r.clone().with_demand_charge(None, tz, &[], &[]);
     assert_eq!(without.demand_charge, None);
     assert!(!without.table().contains("demand charge"));
-    let r = r.with_demand_charge(Some(10.0), tz);
+    assert!(!without.csv().contains("demand_charge"));
+    let r = r.with_demand_charge(Some(10.0), tz, &[], &[]);
+    let peaks: Vec<(&str, f64, &str)> = r
+        .demand_periods
+        .iter()
+        .map(|p| (p.period.as_str(), p.peak_kw, p.source.as_str()))
+        .collect();
     assert_eq!(
-        r.period_peaks_kw,
+        peaks,
         vec![
-            ("2024-09".to_string(), 150.0),
-            ("2024-10".to_string(), 80.0)
+            ("2024-09", 150.0, "ledger intervals"),
+            ("2024-10", 80.0, "ledger intervals")
         ]
     );
+    assert_eq!(r.demand_periods[0].start, from + h);
     assert!((r.demand_charge.expect("charge") - 2300.0).abs() < 1e-9);
     assert!(
         r.table().contains("demand charge 2300.00 EUR"),
@@ -370,5 +377,144 @@ fn the_demand_charge_is_the_peak_of_each_billing_period_times_the_rate() {
         r.json().contains("\"demand_charge\": 2300.0"),
         "{}",
         r.json()
+    );
+}
+
+/// Two projects over two hours; the second hour is the peak: `climate` drew 60 of its
+/// 100 kWh, `vision` 20, idle 20.
+fn peak_ledger() -> Vec<LedgerEntry> {
+    vec![
+        entry(
+            0.0,
+            job("slurm:1", "climate", "ana"),
+            Some("a01"),
+            30.0,
+            0.1,
+        ),
+        entry(0.0, Account::Idle, Some("a01"), 20.0, 0.1),
+        entry(
+            1.0,
+            job("slurm:1", "climate", "ana"),
+            Some("a01"),
+            60.0,
+            0.2,
+        ),
+        entry(1.0, job("slurm:2", "vision", "bo"), Some("b01"), 20.0, 0.2),
+        entry(1.0, Account::Idle, Some("b01"), 20.0, 0.2),
+    ]
+}
+
+#[test]
+fn the_demand_charge_is_attributed_by_share_of_the_peak_intervals_energy() {
+    let l = peak_ledger();
+    let r = build(
+        &racks(),
+        &l,
+        &[],
+        GroupBy::Project,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(2.0),
+    )
+    .with_demand_charge(Some(10.0), chrono_tz::UTC, &[], &l);
+    // the peak: 100 kW over the second hour, 1,000 EUR
+    assert!((r.demand_charge.expect("charge") - 1000.0).abs() < 1e-9);
+    let share = |k: &str| {
+        r.rows
+            .iter()
+            .find(|r| r.key == k)
+            .and_then(|r| r.demand_charge)
+            .expect(k)
+    };
+    assert!((share("climate") - 600.0).abs() < 1e-9);
+    assert!((share("vision") - 200.0).abs() < 1e-9);
+    assert!((share("(idle)") - 200.0).abs() < 1e-9);
+    // the shares add up to the charge, and the total cost is energy + demand
+    let sum: f64 = r.rows.iter().filter_map(|r| r.demand_charge).sum();
+    assert!((sum - 1000.0).abs() < 1e-9);
+    let energy = 5.0 + 20.0;
+    assert!((r.total_cost.expect("total") - (energy + 1000.0)).abs() < 1e-9);
+    let csv = r.csv();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().map(String::from),
+        Some(format!(
+            "{}{}",
+            EnergyReport::CSV_HEADER,
+            EnergyReport::CSV_DEMAND_COLUMNS
+        ))
+    );
+    let climate: Vec<&str> = lines
+        .find(|l| l.starts_with("climate,"))
+        .expect("climate")
+        .split(',')
+        .collect();
+    assert_eq!(climate.len(), 11);
+    assert_eq!(climate[9].parse::<f64>().ok(), Some(600.0));
+    assert_eq!(climate[10].parse::<f64>().ok(), Some(615.0));
+    let v: serde_json::Value = serde_json::from_str(&r.json()).expect("json");
+    assert_eq!(v["total_cost"], 1025.0);
+    assert_eq!(v["demand_periods"][0]["period"], "2024-10");
+    assert_eq!(v["demand_periods"][0]["peak_kw"], 100.0);
+    let table = r.table();
+    assert!(
+        table.contains("total cost (energy + demand) 1025.00 EUR"),
+        "{table}"
+    );
+    assert!(table.contains("2024-10: peak 100.0 kW at"), "{table}");
+    assert!(table.contains("climate 600.00"), "{table}");
+    assert!(r.html("t").contains("Demand charge 1000.00 EUR"));
+}
+
+#[test]
+fn the_ledgers_record_of_the_period_wins_even_when_its_peak_is_outside_the_range() {
+    let l = peak_ledger();
+    // the record: a 15-minute peak of 180 kW earlier in the month, vision's alone
+    let at = t(-48.0);
+    let rec = crate::demand::PeriodPeak {
+        period: "2024-10".into(),
+        start: at,
+        end: at + 900.0,
+        kw: 180.0,
+        entries: vec![LedgerEntry {
+            start: at,
+            end: at + 900.0,
+            ..entry(
+                -48.0,
+                job("slurm:7", "vision", "bo"),
+                Some("b01"),
+                45.0,
+                0.0,
+            )
+        }],
+        it_kw: 150.0,
+        recent_it_kw: Vec::new(),
+    };
+    let r = build(
+        &racks(),
+        &l,
+        &[],
+        GroupBy::User,
+        chrono_tz::UTC,
+        "EUR",
+        t(0.0),
+        t(2.0),
+    )
+    .with_demand_charge(Some(10.0), chrono_tz::UTC, &[rec], &l);
+    assert_eq!(r.demand_periods.len(), 1);
+    let p = &r.demand_periods[0];
+    assert_eq!(
+        (p.peak_kw, p.start, p.source.as_str()),
+        (180.0, at, "demand intervals")
+    );
+    let bo = r.rows.iter().find(|r| r.key == "bo").expect("bo");
+    assert_eq!(bo.demand_charge, Some(1800.0));
+    assert_eq!(
+        r.rows
+            .iter()
+            .find(|r| r.key == "ana")
+            .and_then(|r| r.demand_charge),
+        None
     );
 }

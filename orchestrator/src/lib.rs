@@ -43,6 +43,7 @@ pub mod backtest;
 pub mod cadence;
 pub mod config;
 pub mod control;
+pub mod demand;
 pub mod demo;
 pub mod embedded;
 pub mod energy_report;

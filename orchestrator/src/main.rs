@@ -628,12 +628,18 @@ fn energy_report(
     );
     r.site = site.name.clone();
     let jobs = store.jobs()?;
+    let peaks: Vec<orchestrator::demand::PeriodPeak> = store
+        .records(orchestrator::demand::COLLECTION)?
+        .into_values()
+        .collect();
     let r = r
         .with_inlets(&conditions)
         .with_jobs(&jobs)
         .with_demand_charge(
             site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw),
             site.timezone,
+            &peaks,
+            &ledger,
         );
     let text = match format {
         "csv" => r.csv(),

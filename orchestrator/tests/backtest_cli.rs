@@ -376,3 +376,42 @@ fn capacity_grows_the_site_by_racks_until_the_contract_no_longer_holds() {
     assert!(out.join("racks-2-unconstrained/summary.json").exists());
     assert!(String::from_utf8_lossy(&o.stdout).contains("over nameplate"));
 }
+
+#[test]
+fn under_a_heat_wave_and_a_pump_failure_the_predictive_rule_keeps_the_inlets_under_their_limits() {
+    // the three days of the fixture trace with cdu-a at half its capacity and, for six
+    // hours, half of that (scenario-hot.toml): the policy concentrates work into the
+    // cheap hours, and the reactive thermal rule lets the inlets run over before it caps
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |policy: &str| {
+        let out = dir.path().join(policy);
+        let o = backtest_with(
+            &out,
+            &fixture("jobs.csv"),
+            "scenario-hot.toml",
+            &fixture(policy),
+            &fixture("prices.csv"),
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            stdout.contains("heat wave: cooling capacity −50%")
+                && stdout.contains("cooling fault: cdu-a at 50% of its capacity for 6 h"),
+            "{stdout}"
+        );
+        summary(&out)
+    };
+    let predictive = run("policy.toml");
+    let reactive = run("policy-reactive.toml");
+    let over = |s: &Value| num(s, "/policy/thermal_violation_s");
+    assert_eq!(over(&predictive), 0.0, "predictive: {predictive}");
+    assert!(over(&reactive) > 0.0, "the scenario binds: {reactive}");
+    let gpuh = |s: &Value| num(s, "/policy/gpu_hours");
+    assert!(
+        (gpuh(&predictive) - gpuh(&reactive)).abs() <= 0.01 * gpuh(&reactive),
+        "GPU-hours {} against {}",
+        gpuh(&predictive),
+        gpuh(&reactive)
+    );
+    assert_eq!(num(&predictive, "/policy/budget_violation_s"), 0.0);
+}

@@ -156,6 +156,41 @@ fn the_demo_writes_its_reports_and_an_audit_log_with_reasons() {
     );
     let html = read(&dir.path().join("report.html"));
     assert!(html.contains("<h1>powerplane demo report</h1>") && html.contains("<svg"));
+    // the predictive rule's forecasts against what the inlets did, a chart per rack
+    assert!(html.contains("<h2>Predicted against measured inlet</h2>"));
+    for rack in ["a01", "a02", "a03", "b01", "b02", "b03"] {
+        let title = format!("aria-label=\"Rack {rack}: inlet measured and predicted\"");
+        let at = html
+            .find(&title)
+            .unwrap_or_else(|| panic!("no chart for {rack}"));
+        let chart = &html[at..at + html[at..].find("</svg>").expect("chart ends")];
+        assert!(
+            chart.contains("predicted (at the time predicted for)") && chart.contains("measured"),
+            "{rack}: both lines named"
+        );
+        // the error line under the chart: every tick's prediction whose time came
+        let line = format!("<p class=\"muted\">Rack {rack}: ");
+        let at = html
+            .find(&line)
+            .unwrap_or_else(|| panic!("no error line for {rack}"));
+        let text = &html[at..at + html[at..].find("</p>").expect("line ends")];
+        let n: usize = text[line.len()..]
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(n > 800, "{rack}: predictions of 960 ticks came due: {text}");
+        let mean: f64 = text
+            .split("mean error ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            (0.0..2.0).contains(&mean),
+            "{rack}: the model tracks the inlet: {text}"
+        );
+    }
     assert!(
         !html.contains("http://")
             || html

@@ -367,6 +367,7 @@ fn the_status_page_renders_in_chromium_with_its_headings() {
         "Power against budget",
         "Price now and the next 24 hours",
         "Racks",
+        "Predicted inlet headroom",
         "Held jobs",
         "Caps in force",
     ] {

@@ -784,3 +784,73 @@ fn explain_chained_by_state_shows_a_rule_with_a_duration_and_diff_its_clock_chan
         "{line}"
     );
 }
+
+#[test]
+fn explain_shows_the_automatic_peak_target_and_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let site = dir.path().join("site.toml");
+    let demo = std::fs::read_to_string(root().join(SITE)).expect("demo site");
+    save(
+        &site,
+        &format!("{demo}\n[tariff]\ndefault_per_kwh = 0.2\ndemand_charge_per_kw = 10\n"),
+    );
+    let snapshot = |price: f64| {
+        format!(
+            "at = \"2026-01-05T18:00:00Z\"\n[[readings]]\nentity = \"gpu/*\"\nmetric = \"power_w\"\nvalue = 120\n[[readings]]\nentity = \"site/demo-hall\"\nmetric = \"price_per_kwh\"\nvalue = {price}\n[[readings]]\nentity = \"site/demo-hall\"\nmetric = \"period_peak_w\"\nvalue = 5000\n[[readings]]\nentity = \"site/demo-hall\"\nmetric = \"day_peak_w\"\nvalue = 4000\n"
+        )
+    };
+    let jobs = dir.path().join("jobs.toml");
+    save(
+        &jobs,
+        "[[jobs]]\nid = \"slurm:201\"\nclass = \"batch\"\ngpus = 8\ndeadline = \"+12h\"\nest_duration_s = 3600\n",
+    );
+    let path = |p: &Path| p.to_str().expect("utf-8").to_string();
+    let explain = |snap: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "policy".to_string(),
+            "explain".into(),
+            "--policy".into(),
+            POLICY.into(),
+            "--site".into(),
+            path(&site),
+            "--snapshot".into(),
+            path(snap),
+            "--jobs".into(),
+            path(&jobs),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    };
+    // expensive: the batch job is held
+    let dear = dir.path().join("dear.toml");
+    save(&dear, &snapshot(0.31));
+    let out = explain(&dear, &["--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let hold = v["decisions"]
+        .as_array()
+        .expect("decisions")
+        .iter()
+        .find(|d| d["rule"] == "price.defer")
+        .expect("the hold");
+    // the hold decision names the target in force and what it came from
+    assert_eq!(hold["values"]["peak_target_kw"], 5.0, "{hold}");
+    assert_eq!(hold["values"]["period_peak_kw"], 5.0);
+    assert_eq!(hold["values"]["day_peak_kw"], 4.0);
+    let prior = dir.path().join("prior.json");
+    std::fs::write(&prior, &out.stdout).expect("write");
+    // cheap a minute later: its release waits for room under the billing period's
+    // peak so far (5 kW, under what the hall draws), and explain says so
+    let cheap = dir.path().join("cheap.toml");
+    save(&cheap, &snapshot(0.10));
+    let out = explain(&cheap, &["--state", &path(&prior), "--at", "+1m"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("slurm:201") && stdout.contains(
+            "price 0.100 at or below 0.220 per kWh; waiting for room under the peak target 5.0 kW (automatic: the billing period's peak so far 5.0 kW)"
+        ),
+        "{stdout}"
+    );
+}

@@ -7,7 +7,7 @@
 //! draws are lowered to a common level. Caps lift only once demand is below
 //! `release_ratio` × budget (two thresholds), so a scope near its budget does not flap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
@@ -95,6 +95,8 @@ pub struct ScopeView {
     pub demand_kw: f64,
     pub feasible: bool,
     pub stale_inputs: usize,
+    /// Of the demand, what the GPUs of the jobs about to start add (feed-forward).
+    pub starting_kw: f64,
     /// Indexes of the racks the scope covers.
     pub racks: Vec<usize>,
 }
@@ -109,6 +111,9 @@ impl ScopeView {
         }
         if self.stale_inputs > 0 {
             v.insert("stale_inputs".into(), self.stale_inputs as f64);
+        }
+        if self.starting_kw > 0.0 {
+            v.insert("starting_kw".into(), round3(self.starting_kw));
         }
         v
     }
@@ -316,6 +321,13 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 }
 
 /// Wanted caps per GPU, and what each scope looked like.
+///
+/// Feed-forward: the jobs about to start (queued jobs free to start, and the held jobs
+/// in `starting`, whose hold ends this tick) are placed on idle GPUs before they start
+/// (see [`place_starting`]); each GPU they would start on counts at its maximum, with
+/// the cut order of its job, in every scope it belongs to. A cut there caps the idle
+/// GPU, which bounds what the job draws once it starts; a scope with no idle GPU the
+/// jobs would start on reserves nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     site: &Site,
@@ -325,6 +337,7 @@ pub fn evaluate(
     jobs: &[Job],
     prior: &State,
     rule: &BudgetRule,
+    starting: &BTreeSet<String>,
     now: Timestamp,
 ) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
     let gpus = &index.gpus[..];
@@ -332,11 +345,16 @@ pub fn evaluate(
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
+    // the GPUs a job may start on: no job holds them and they draw what an idle GPU
+    // does (under their lowest power limit, fresh): a GPU drawing more runs work the
+    // schedulers do not report, one not heard from is counted at its worst already
+    let mut free = Vec::with_capacity(gpus.len());
     for (i, g) in gpus.iter().enumerate() {
         let obs = index.gpu_observe(i, POWER_W, now);
         let cap = prior_caps[i].map(|c| c.watts);
         let (draw, demand, was_stale) = gpu_demand(g, obs, cap, rule);
         stale += usize::from(was_stale);
+        free.push(priority[i] == i64::MIN && !was_stale && draw < g.model.min_w);
         draws.push(draw);
         claims.push(Claim {
             demand_w: demand,
@@ -344,13 +362,30 @@ pub fn evaluate(
             priority: priority[claims.len()],
         });
     }
+    let scopes = scopes(site, gpus, rule);
+    let measured: Vec<Option<telemetry::Observation>> = scopes
+        .iter()
+        .map(|s| snapshot.observe(&s.entity, POWER_W, now))
+        .collect();
+    // the GPUs of the jobs about to start, at their maximum
+    let mut extra_w = vec![0.0; gpus.len()];
+    let mut placed = vec![false; gpus.len()];
+    for (i, p) in place_starting(
+        gpus, &scopes, &measured, &claims, &draws, &free, jobs, prior, rule, starting, now,
+    ) {
+        placed[i] = true;
+        let max_w = gpus[i].model.max_w;
+        extra_w[i] = (max_w - claims[i].demand_w).max(0.0);
+        claims[i].demand_w = claims[i].demand_w.max(max_w);
+        claims[i].priority = p;
+    }
 
     // by GPU index
     let mut wanted: Vec<Option<BudgetCap>> = vec![None; gpus.len()];
     let mut views = Vec::new();
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
-    for scope in scopes(site, gpus, rule) {
+    for (scope, measured) in scopes.iter().zip(measured) {
         let limited: Vec<Claim> = scope
             .members
             .iter()
@@ -371,17 +406,22 @@ pub fn evaluate(
             .iter()
             .map(|&(i, share)| draws[i] * share)
             .collect();
-        let (view, cut) = scope_cut(
+        let (mut view, cut) = scope_cut(
             &scope.entity,
             scope.budget_kw,
-            snapshot.observe(&scope.entity, POWER_W, now),
+            measured,
             scope.base_w,
-            0.0,
             &limited,
             &scope_draws,
             rule,
             stale,
         );
+        view.starting_kw = scope
+            .members
+            .iter()
+            .map(|&(i, share)| extra_w[i] * share)
+            .sum::<f64>()
+            / 1000.0;
         apply_cut(
             &cut,
             gpus,
@@ -391,18 +431,25 @@ pub fn evaluate(
             scope.rule,
             &mut wanted,
         );
-        let mut view = view;
+        cap_other_idle(
+            &cut,
+            gpus,
+            &scope.members,
+            &limited,
+            (&placed, &free),
+            scope.rule,
+            &mut wanted,
+        );
         view.racks = scope
             .members
             .iter()
             .map(|&(i, _)| gpus[i].rack_index)
-            .collect::<std::collections::BTreeSet<_>>()
+            .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
         views.push(view);
     }
-    // then the facility (the contract with the utility), with the power queued jobs may
-    // add before the next tick reserved
+    // then the facility (the contract with the utility)
     let limited: Vec<Claim> = claims
         .iter()
         .zip(&wanted)
@@ -419,12 +466,12 @@ pub fn evaluate(
         budget_kw,
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        queued_reserve_w(gpus, &priority, jobs, prior),
         &limited,
         &draws,
         rule,
         stale,
     );
+    view.starting_kw = extra_w.iter().sum::<f64>() / 1000.0;
     let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
     apply_cut(
         &cut,
@@ -432,6 +479,15 @@ pub fn evaluate(
         &all,
         &limited,
         prior_caps,
+        "budget.facility",
+        &mut wanted,
+    );
+    cap_other_idle(
+        &cut,
+        gpus,
+        &all,
+        &limited,
+        (&placed, &free),
         "budget.facility",
         &mut wanted,
     );
@@ -485,7 +541,6 @@ fn scope_cut(
     budget_kw: f64,
     measured: Option<telemetry::Observation>,
     base_w: f64,
-    reserve_w: f64,
     claims: &[Claim],
     draws: &[f64],
     rule: &BudgetRule,
@@ -494,10 +549,7 @@ fn scope_cut(
     let gpu_draw: f64 = draws.iter().sum();
     let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
     // what is not GPU in this scope: measured minus GPUs, or the site file's estimate
-    let other_w = match measured_kw {
-        Some(kw) => (kw * 1000.0 - gpu_draw).max(0.0),
-        None => base_w,
-    } + reserve_w;
+    let other_w = other_w(measured, base_w, gpu_draw);
     let demand_w: f64 = other_w + claims.iter().map(|c| c.demand_w).sum::<f64>();
     let target_w = budget_kw * 1000.0 * (1.0 - rule.margin) - other_w;
     let (alloc, feasible) = waterfill(claims, target_w);
@@ -508,6 +560,7 @@ fn scope_cut(
         demand_kw: demand_w / 1000.0,
         feasible,
         stale_inputs: stale,
+        starting_kw: 0.0,
         racks: Vec::new(),
     };
     let cut = if demand_w > budget_kw * 1000.0 * (1.0 - rule.margin) {
@@ -518,6 +571,15 @@ fn scope_cut(
         Cut::Lift
     };
     (view, cut)
+}
+
+/// What is not GPU in a scope: measured minus its GPUs' draw, or the site file's
+/// estimate of its nodes' base power when unmeasured.
+fn other_w(measured: Option<telemetry::Observation>, base_w: f64, gpu_draw_w: f64) -> f64 {
+    match measured.filter(|o| o.usable()) {
+        Some(o) => (o.value - gpu_draw_w).max(0.0),
+        None => base_w,
+    }
 }
 
 /// What a scope needs this tick.
@@ -567,6 +629,38 @@ fn apply_cut(
     }
 }
 
+/// Where a scope's cut caps the idle GPUs the jobs about to start were placed on, its
+/// other idle GPUs get the lowest of those caps too: the scheduler may start the jobs
+/// on any of them, and an idle GPU under a cap it does not reach loses nothing.
+fn cap_other_idle(
+    cut: &Cut,
+    gpus: &[GpuRef<'_>],
+    members: &[(usize, f64)],
+    claims: &[Claim],
+    (placed, free): (&[bool], &[bool]),
+    name: &'static str,
+    wanted: &mut [Option<BudgetCap>],
+) {
+    let Cut::To(alloc) = cut else {
+        return;
+    };
+    let level = members
+        .iter()
+        .zip(claims)
+        .zip(alloc)
+        .filter(|((&(i, _), c), a)| placed[i] && **a < c.demand_w - 1e-6)
+        .map(|((&(_, share), _), a)| a / share)
+        .fold(f64::INFINITY, f64::min);
+    if !level.is_finite() {
+        return;
+    }
+    for &(i, _) in members {
+        if free[i] && !placed[i] {
+            tighten(&mut wanted[i], gpus[i].model.clamp_limit(level), name);
+        }
+    }
+}
+
 fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
     match slot {
         Some(w) if w.watts <= watts => {}
@@ -574,30 +668,80 @@ fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
     }
 }
 
-/// Power that queued jobs (pending, not held) may add before the next tick: the
-/// scheduler can start them on idle GPUs at any moment, each GPU at its maximum.
-fn queued_reserve_w(gpus: &[GpuRef<'_>], busy: &[i64], jobs: &[Job], prior: &State) -> f64 {
-    let queued: usize = jobs
+/// Feed-forward placement: the idle GPUs the jobs about to start would start on, each
+/// with its job's cut order. The jobs about to start are the queued jobs that are not
+/// held and the held jobs whose hold ends this tick (`starting`, the releases of this
+/// tick's plan); the scheduler may start them at any moment before the next tick, on
+/// the idle GPUs (`free`). The engine does not know where, so it assumes the placement
+/// that hurts most: in the scheduler's order (priority, then submission), each job on
+/// the idle GPUs whose tightest scope has the least headroom (GPUs of a node together),
+/// a job that does not fit on the idle GPUs left not started at all. So no more GPUs
+/// are reserved than the jobs ask for and the idle GPUs present, and only in the scopes
+/// they are in.
+#[allow(clippy::too_many_arguments)]
+fn place_starting(
+    gpus: &[GpuRef<'_>],
+    scopes: &[Scope],
+    measured: &[Option<telemetry::Observation>],
+    claims: &[Claim],
+    draws: &[f64],
+    free: &[bool],
+    jobs: &[Job],
+    prior: &State,
+    rule: &BudgetRule,
+    starting: &BTreeSet<String>,
+    now: Timestamp,
+) -> Vec<(usize, i64)> {
+    let mut queued: Vec<&Job> = jobs
         .iter()
-        .filter(|j| j.state == telemetry::JobState::Pending && !prior.holds.contains_key(&j.id))
-        .map(|j| j.gpus as usize)
-        .sum();
-    let idle: Vec<&GpuRef<'_>> = gpus
-        .iter()
-        .zip(busy)
-        .filter(|(_, b)| **b == i64::MIN)
-        .map(|(g, _)| g)
+        .filter(|j| match j.state {
+            telemetry::JobState::Pending => {
+                !prior.holds.contains_key(&j.id) || starting.contains(&j.id)
+            }
+            telemetry::JobState::Held => starting.contains(&j.id),
+            _ => false,
+        })
+        .filter(|j| j.gpus > 0)
         .collect();
-    let n = queued.min(idle.len());
-    if n == 0 {
-        return 0.0;
+    if queued.is_empty() {
+        return Vec::new();
     }
-    let mean_extra: f64 = idle
-        .iter()
-        .map(|g| g.model.max_w - g.model.idle_w)
-        .sum::<f64>()
-        / idle.len() as f64;
-    n as f64 * mean_extra
+    queued.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.submit_time.cmp(&b.submit_time))
+            .then(a.id.cmp(&b.id))
+    });
+    // the headroom of each idle GPU's tightest scope
+    let mut tightest = vec![f64::INFINITY; gpus.len()];
+    for (scope, obs) in scopes.iter().zip(measured) {
+        let gpu_draw: f64 = scope.members.iter().map(|&(i, s)| draws[i] * s).sum();
+        let demand: f64 = scope
+            .members
+            .iter()
+            .map(|&(i, s)| claims[i].demand_w * s)
+            .sum();
+        let headroom = scope.budget_kw * 1000.0 * (1.0 - rule.margin)
+            - other_w(*obs, scope.base_w, gpu_draw)
+            - demand;
+        for &(i, _) in &scope.members {
+            tightest[i] = tightest[i].min(headroom);
+        }
+    }
+    let mut idle: Vec<usize> = (0..gpus.len()).filter(|&i| free[i]).collect();
+    idle.sort_by(|&a, &b| tightest[a].total_cmp(&tightest[b]).then(a.cmp(&b)));
+    let mut out = Vec::new();
+    let mut next = 0;
+    for j in queued {
+        let n = j.gpus as usize;
+        if idle.len() - next < n {
+            continue;
+        }
+        let p = cut_order_of(j, rule, now);
+        out.extend(idle[next..next + n].iter().map(|&i| (i, p)));
+        next += n;
+    }
+    out
 }
 
 /// The cut-order tier of jobs close to their deadline: above every class and priority.
@@ -618,7 +762,6 @@ fn job_priority_by_gpu(
     rule: &BudgetRule,
     now: Timestamp,
 ) -> Vec<i64> {
-    let cut_order = &rule.cut_order;
     let mut m = vec![i64::MIN; index.gpus.len()];
     let alloc = index.allocations(jobs);
     for (k, j) in jobs
@@ -626,22 +769,29 @@ fn job_priority_by_gpu(
         .enumerate()
         .filter(|(_, j)| j.state == telemetry::JobState::Running)
     {
-        let urgent = j
-            .latest_start()
-            .is_some_and(|ls| ls.secs_since(now) <= rule.protect_slack_s);
-        let rank = if urgent {
-            PROTECTED_RANK
-        } else {
-            cut_order
-                .iter()
-                .position(|c| c == &j.class)
-                .unwrap_or(cut_order.len()) as i64
-        };
+        let p = cut_order_of(j, rule, now);
         for i in alloc.of(k) {
-            m[i] = (rank << 33) + i64::from(j.priority);
+            m[i] = p;
         }
     }
     m
+}
+
+/// A job's place in the cut order (lower is cut first), see [`job_priority_by_gpu`].
+fn cut_order_of(j: &Job, rule: &BudgetRule, now: Timestamp) -> i64 {
+    let cut_order = &rule.cut_order;
+    let urgent = j
+        .latest_start()
+        .is_some_and(|ls| ls.secs_since(now) <= rule.protect_slack_s);
+    let rank = if urgent {
+        PROTECTED_RANK
+    } else {
+        cut_order
+            .iter()
+            .position(|c| c == &j.class)
+            .unwrap_or(cut_order.len()) as i64
+    };
+    (rank << 33) + i64::from(j.priority)
 }
 
 #[cfg(test)]

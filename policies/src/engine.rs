@@ -67,14 +67,15 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let mut next = State::default();
     let mut pacing = None;
     let mut planned_starts = BTreeMap::new();
+    let mut predictions = BTreeMap::new();
     // the site's GPUs, listed once: every step below indexes into this
     let index = rules_eval::Index::new(site, site.gpus())
         .with_snapshot(snapshot)
         .with_jobs(jobs);
     let gpus = &index.gpus;
     let prior_caps = by_index(&index, &prior.caps);
-    if policy.budget.enabled {
-        let (wanted, views) = budget::evaluate(
+    let budget_at = |starting: &BTreeSet<String>| {
+        budget::evaluate(
             site,
             &index,
             snapshot,
@@ -82,8 +83,12 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             jobs,
             prior,
             &policy.budget,
+            starting,
             now,
-        );
+        )
+    };
+    if policy.budget.enabled {
+        let (wanted, views) = budget_at(&BTreeSet::new());
         pacing = views.last().map(|facility| price::Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
@@ -92,44 +97,15 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             watts_per_gpu: typical_gpu_w(gpus),
             demand_w: facility.demand_kw * 1000.0,
         });
-        let target = if policy.budget.observe {
-            &mut observe
-        } else {
-            &mut enforce
-        };
-        for (i, w) in wanted.into_iter().enumerate() {
-            if let Some(w) = w {
-                offer(target, i, w.watts, w.rule, policy.budget.lease_s);
-            }
-        }
-        for v in &views {
-            let rule = match v.scope.kind {
-                telemetry::EntityKind::Site => "budget.facility",
-                telemetry::EntityKind::Rack => "budget.rack",
-                telemetry::EntityKind::Branch => "budget.branch",
-                telemetry::EntityKind::Pdu => "budget.pdu",
-                telemetry::EntityKind::Row => "budget.row",
-                telemetry::EntityKind::Room => "budget.room",
-                _ => "budget.feed",
-            };
-            let entry = (
-                v.values(),
-                budget_reason(v),
-                budget_release(v, &policy.budget),
-            );
-            if rule == "budget.facility" || rule == "budget.rack" {
-                why.insert((rule.to_string(), v.scope.to_string()), entry);
-            } else {
-                // cap decisions are grouped by rack: explain each rack by its scope
-                for &r in &v.racks {
-                    why.entry((
-                        rule.to_string(),
-                        EntityId::rack(&site.racks[r].id).to_string(),
-                    ))
-                    .or_insert_with(|| entry.clone());
-                }
-            }
-        }
+        budget_wants(
+            site,
+            policy,
+            wanted,
+            &views,
+            &mut enforce,
+            &mut observe,
+            &mut why,
+        );
     }
     if policy.thermal.enabled {
         let (levels, steps) = match policy.thermal.mode {
@@ -147,6 +123,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                     now,
                 );
                 next.thermal_models = o.fits;
+                predictions = o.predictions;
                 (o.levels, o.steps)
             }
         };
@@ -226,6 +203,59 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         rule_wants.push((rule, wants));
     }
 
+    // the price rule's verdicts (its decisions are made below, after the caps')
+    let mut price_out = None;
+    let verdicts = if policy.price.enabled {
+        let (mut verdicts, values, starts) = price::evaluate_with_starts(
+            site,
+            budget::facility_budget_kw(site, &policy.budget),
+            snapshot,
+            jobs,
+            prior,
+            &policy.price,
+            pacing,
+            forecast,
+            now,
+        );
+        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
+        price_out = Some((values, starts));
+        verdicts
+    } else {
+        let mut verdicts = BTreeMap::new();
+        for job in prior.holds.keys() {
+            verdicts.insert(
+                job.clone(),
+                Verdict::Release {
+                    reason: "price rule disabled".into(),
+                },
+            );
+        }
+        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
+        verdicts
+    };
+    // feed-forward: jobs whose hold ends this tick (an observe-only price rule keeps
+    // none) may start before the next one; their power is reserved in every budget now,
+    // before they start
+    let keeps_holds = !(policy.price.enabled && policy.price.observe);
+    let starting: BTreeSet<String> = prior
+        .holds
+        .keys()
+        .filter(|j| !(keeps_holds && matches!(verdicts.get(*j), Some(Verdict::Hold(_)))))
+        .cloned()
+        .collect();
+    if policy.budget.enabled && !starting.is_empty() {
+        let (wanted, views) = budget_at(&starting);
+        budget_wants(
+            site,
+            policy,
+            wanted,
+            &views,
+            &mut enforce,
+            &mut observe,
+            &mut why,
+        );
+    }
+
     let mut decisions = Vec::new();
     let caps = settle(gpus, &prior_caps, &enforce, policy, now);
     cap_decisions(
@@ -257,19 +287,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     observed_rule_holds(prior, &rule_wants, now, &mut next, &mut decisions);
     preempt(jobs, prior, &rule_wants, now, &mut next, &mut decisions);
 
-    if policy.price.enabled {
-        let (mut verdicts, values, starts) = price::evaluate_with_starts(
-            site,
-            budget::facility_budget_kw(site, &policy.budget),
-            snapshot,
-            jobs,
-            prior,
-            &policy.price,
-            pacing,
-            forecast,
-            now,
-        );
-        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
+    if let Some((values, starts)) = price_out {
         planned_starts = starts;
         let observe_only = policy.price.observe;
         let (prior_holds, holds) = if observe_only {
@@ -288,16 +306,6 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &mut decisions,
         );
     } else {
-        let mut verdicts = BTreeMap::new();
-        for job in prior.holds.keys() {
-            verdicts.insert(
-                job.clone(),
-                Verdict::Release {
-                    reason: "price rule disabled".into(),
-                },
-            );
-        }
-        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
         hold_decisions(
             jobs,
             &prior.holds,
@@ -318,6 +326,59 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         state: next,
         decisions,
         planned_starts,
+        predictions,
+    }
+}
+
+/// Offers the budget rule's wanted caps (to the enforced or the observed caps) and
+/// records what each scope looked like.
+#[allow(clippy::too_many_arguments)]
+fn budget_wants<'r>(
+    site: &Site,
+    policy: &'r Policy,
+    wanted: Vec<Option<budget::BudgetCap>>,
+    views: &[ScopeView],
+    enforce: &mut [Option<Want<'r>>],
+    observe: &mut [Option<Want<'r>>],
+    why: &mut Why,
+) {
+    let target = if policy.budget.observe {
+        observe
+    } else {
+        enforce
+    };
+    for (i, w) in wanted.into_iter().enumerate() {
+        if let Some(w) = w {
+            offer(target, i, w.watts, w.rule, policy.budget.lease_s);
+        }
+    }
+    for v in views {
+        let rule = match v.scope.kind {
+            telemetry::EntityKind::Site => "budget.facility",
+            telemetry::EntityKind::Rack => "budget.rack",
+            telemetry::EntityKind::Branch => "budget.branch",
+            telemetry::EntityKind::Pdu => "budget.pdu",
+            telemetry::EntityKind::Row => "budget.row",
+            telemetry::EntityKind::Room => "budget.room",
+            _ => "budget.feed",
+        };
+        let entry = (
+            v.values(),
+            budget_reason(v),
+            budget_release(v, &policy.budget),
+        );
+        if rule == "budget.facility" || rule == "budget.rack" {
+            why.insert((rule.to_string(), v.scope.to_string()), entry);
+        } else {
+            // cap decisions are grouped by rack: explain each rack by its scope
+            for &r in &v.racks {
+                why.entry((
+                    rule.to_string(),
+                    EntityId::rack(&site.racks[r].id).to_string(),
+                ))
+                .or_insert_with(|| entry.clone());
+            }
+        }
     }
 }
 

@@ -38,6 +38,30 @@ pub struct ThermalLevel {
     pub since: Timestamp,
 }
 
+/// What the predictive thermal rule expects of one rack's inlet, under the caps in force
+/// after the tick and the planned load (running jobs, the queued jobs and the holds
+/// that end within the horizon).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RackPrediction {
+    /// The inlet reading the prediction starts from.
+    pub inlet_c: f64,
+    /// The inlet expected `horizon_s` from now.
+    pub predicted_c: f64,
+    /// The highest inlet expected within the horizon, and in how many seconds.
+    pub peak_c: f64,
+    pub peak_in_s: f64,
+    pub horizon_s: f64,
+    pub limit_c: f64,
+    pub margin_c: f64,
+}
+
+impl RackPrediction {
+    /// Predicted headroom: limit − margin − predicted peak (negative: the rule will cap).
+    pub fn headroom_c(&self) -> f64 {
+        self.limit_c - self.margin_c - self.peak_c
+    }
+}
+
 /// A rule's memory for one of its targets (an entity or a job).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuleMemory {
@@ -401,6 +425,9 @@ pub struct Plan {
     /// The planned start of each job the price plan holds (for node power: nodes are
     /// brought back before the work planned on them starts).
     pub planned_starts: BTreeMap<String, Timestamp>,
+    /// Each rack's predicted inlet (the predictive thermal rule only), by rack id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub predictions: BTreeMap<String, RackPrediction>,
 }
 
 /// Rounded to three decimals, as values are written in decisions.

@@ -16,7 +16,7 @@ use telemetry::site::CoolingUnit;
 use telemetry::{EntityId, EntityKind, Job, JobState, Site, Snapshot, Timestamp};
 
 use crate::index::Index;
-use crate::plan::{round3, ThermalLevel};
+use crate::plan::{round3, RackPrediction, ThermalLevel};
 use crate::policy::{OnStale, ThermalRule};
 use crate::thermal::{unit_state, Step};
 use crate::thermal_model::{self, Load, Params, RackFit};
@@ -29,6 +29,9 @@ pub struct Outcome {
     pub steps: Vec<Step>,
     /// Each rack's fitted model after this tick's reading.
     pub fits: BTreeMap<String, RackFit>,
+    /// Each rack's predicted inlet under the level in force after the tick (racks with
+    /// an inlet reading).
+    pub predictions: BTreeMap<String, RackPrediction>,
 }
 
 /// One GPU as the planned load sees it.
@@ -591,6 +594,30 @@ fn rack_step(
             fraction: f,
             since: now,
         };
+    }
+    if let Some(inlet_c) = v.inlet_c {
+        let predicted_c = ctx
+            .plans
+            .at(next.fraction, |_, p| p[ctx.vi])
+            .unwrap_or(inlet_c);
+        // the inlet moves towards its prediction: the peak is now or at the horizon
+        let (peak_c, peak_in_s) = if predicted_c > inlet_c {
+            (predicted_c, ctx.horizon_s)
+        } else {
+            (inlet_c, 0.0)
+        };
+        out.predictions.insert(
+            rack.id.clone(),
+            RackPrediction {
+                inlet_c,
+                predicted_c: round3(predicted_c),
+                peak_c: round3(peak_c),
+                peak_in_s,
+                horizon_s: ctx.horizon_s,
+                limit_c: rack.inlet_limit_c,
+                margin_c: rule.margin_c,
+            },
+        );
     }
     if next.fraction < 1.0 - 1e-9 {
         out.levels.insert(rack.id.clone(), next);

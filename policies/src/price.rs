@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use telemetry::metric::names::PRICE_PER_KWH;
+use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
 use crate::plan::round3;
@@ -47,6 +47,75 @@ pub struct Pacing {
     pub watts_per_gpu: f64,
     /// What the facility draws now, in W (against the rule's `peak_target_kw`).
     pub demand_w: f64,
+}
+
+/// The peak target released and planned work is paced under, and why it applies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeakTarget {
+    pub kw: f64,
+    /// Why: the policy's `peak_target_kw`, or the automatic target's source.
+    pub why: String,
+    /// The readings the automatic target came from (kW): the billing period's peak so
+    /// far and the last 24 hours' (see [`peak_target`]).
+    pub period_peak_kw: Option<f64>,
+    pub day_peak_kw: Option<f64>,
+    /// Set by the tariff, not the policy: it paces releases only (see [`peak_target`]).
+    pub automatic: bool,
+}
+
+/// The peak target in force: the policy's `peak_target_kw` when it gives one; else,
+/// when the site's tariff has a demand charge, the billing period's peak so far (the
+/// site reading `period_peak_w`: the highest demand-interval average of IT power this
+/// period), floored by the highest demand interval of the last 24 hours (`day_peak_w`),
+/// which only matters in a period's first day, when its own peak has seen less than a
+/// day. Released work is then never what raises the billed peak. Neither reading: no
+/// target (nothing measured yet to hold to). The automatic target paces the release of
+/// held jobs only; plan mode still plans under its budget share: a plan under the
+/// period's peak so far finds no room for most deferred work, and a job that fits
+/// nowhere is released at once, unpaced, which raises the peak rather than shaving it.
+pub fn peak_target(
+    site: &Site,
+    snapshot: &Snapshot,
+    rule: &PriceRule,
+    now: Timestamp,
+) -> Option<PeakTarget> {
+    if let Some(kw) = rule.peak_target_kw {
+        return Some(PeakTarget {
+            kw,
+            why: "peak_target_kw of the policy".into(),
+            period_peak_kw: None,
+            day_peak_kw: None,
+            automatic: false,
+        });
+    }
+    let charge = site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw);
+    if !charge.is_some_and(|c| c > 0.0) {
+        return None;
+    }
+    let read = |m: &str| {
+        snapshot
+            .observe(&site.site_entity(), m, now)
+            .filter(|o| o.usable())
+            .map(|o| o.value / 1000.0)
+    };
+    let (period, day) = (read(PERIOD_PEAK_W), read(DAY_PEAK_W));
+    let why = match (period, day) {
+        (Some(p), Some(d)) if d > p => format!(
+            "automatic: the last 24 hours' peak {d:.1} kW, above the billing period's so far ({p:.1} kW) early in the period"
+        ),
+        (Some(p), _) => format!("automatic: the billing period's peak so far {p:.1} kW"),
+        (None, Some(d)) => format!(
+            "automatic: the last 24 hours' peak {d:.1} kW (no demand interval of this billing period closed yet)"
+        ),
+        (None, None) => return None,
+    };
+    Some(PeakTarget {
+        kw: period.unwrap_or(0.0).max(day.unwrap_or(0.0)),
+        why,
+        period_peak_kw: period,
+        day_peak_kw: day,
+        automatic: true,
+    })
 }
 
 /// The planned start of every job the price rule holds for a planned start.
@@ -98,8 +167,19 @@ pub fn evaluate_with_starts(
     BTreeMap<String, f64>,
     PlannedStarts,
 ) {
+    let target = peak_target(site, snapshot, rule, now);
     if rule.mode == PriceMode::Plan {
-        return evaluate_plan(site, facility_kw, jobs, prior, rule, pacing, forecast, now);
+        return evaluate_plan(
+            site,
+            facility_kw,
+            jobs,
+            prior,
+            rule,
+            pacing,
+            target.as_ref(),
+            forecast,
+            now,
+        );
     }
     let mut values = BTreeMap::new();
     values.insert("defer_above".to_string(), rule.defer_above);
@@ -183,6 +263,7 @@ pub fn evaluate_with_starts(
         &reason,
         rule,
         pacing,
+        target.as_ref(),
         now,
         &mut out,
         &mut values,
@@ -192,11 +273,13 @@ pub fn evaluate_with_starts(
 
 /// Releases held jobs whose time has come, most urgent first, as far as the facility's
 /// headroom allows; the rest stay held a tick longer.
+#[allow(clippy::too_many_arguments)]
 fn pace(
     mut cheap_again: Vec<(Timestamp, &Job, &Hold)>,
     reason: &str,
     rule: &PriceRule,
     pacing: Option<Pacing>,
+    target: Option<&PeakTarget>,
     now: Timestamp,
     out: &mut BTreeMap<String, Verdict>,
     values: &mut BTreeMap<String, f64>,
@@ -205,11 +288,19 @@ fn pace(
     // the headroom already counts queued jobs that are free to start; under a peak
     // target, released work also keeps the facility at or under it
     let mut room = pacing.map_or(f64::INFINITY, |p| p.headroom_w);
+    let mut wait = "waiting for power headroom".to_string();
     if let Some(p) = pacing {
         values.insert("headroom_kw".to_string(), round3(p.headroom_w / 1000.0));
-        if let Some(t) = rule.peak_target_kw {
-            room = room.min(t * 1000.0 - p.demand_w);
-            values.insert("peak_target_kw".to_string(), t);
+        if let Some(t) = target {
+            let under = t.kw * 1000.0 - p.demand_w;
+            if under < room {
+                wait = format!(
+                    "waiting for room under the peak target {:.1} kW ({})",
+                    t.kw, t.why
+                );
+            }
+            room = room.min(under);
+            target_values(t, values);
         }
     }
     for (by, job, h) in cheap_again {
@@ -229,10 +320,21 @@ fn pace(
                     rule: "price.defer".into(),
                     since: h.since,
                     lease_until: (now + rule.lease_s).min(by),
-                    reason: format!("{reason}; waiting for power headroom"),
+                    reason: format!("{reason}; {wait}"),
                 }),
             );
         }
+    }
+}
+
+/// The peak target's figures, for `policy explain` and the audit record.
+fn target_values(t: &PeakTarget, values: &mut BTreeMap<String, f64>) {
+    values.insert("peak_target_kw".to_string(), round3(t.kw));
+    if let Some(p) = t.period_peak_kw {
+        values.insert("period_peak_kw".to_string(), round3(p));
+    }
+    if let Some(d) = t.day_peak_kw {
+        values.insert("day_peak_kw".to_string(), round3(d));
     }
 }
 
@@ -269,6 +371,7 @@ fn evaluate_plan(
     prior: &State,
     rule: &PriceRule,
     pacing: Option<Pacing>,
+    target: Option<&PeakTarget>,
     forecast: &Forecast,
     now: Timestamp,
 ) -> (
@@ -397,12 +500,28 @@ fn evaluate_plan(
             }
         }
         let why = format!("{reason}: not deferring on an unknown price");
-        pace(ready, &why, rule, pacing, now, &mut out, &mut values);
+        pace(
+            ready,
+            &why,
+            rule,
+            pacing,
+            target,
+            now,
+            &mut out,
+            &mut values,
+        );
         return (out, values, starts);
     };
     // planned load stays under the budget's share, and under the peak target
-    let ceiling_kw = match rule.peak_target_kw {
-        Some(t) => (facility_kw * rule.plan_budget_share).min(t),
+    let ceiling_kw = match target {
+        Some(t) => {
+            target_values(t, &mut values);
+            if t.automatic {
+                facility_kw * rule.plan_budget_share
+            } else {
+                (facility_kw * rule.plan_budget_share).min(t.kw)
+            }
+        }
         None => facility_kw * rule.plan_budget_share,
     };
     let capacity = Capacity {
@@ -470,7 +589,16 @@ fn evaluate_plan(
     }
     values.insert("planned_later".to_string(), later as f64);
     let reason = format!("planned start reached (price {price_now:.3} per kWh)");
-    pace(ready, &reason, rule, pacing, now, &mut out, &mut values);
+    pace(
+        ready,
+        &reason,
+        rule,
+        pacing,
+        target,
+        now,
+        &mut out,
+        &mut values,
+    );
     (out, values, starts)
 }
 

@@ -80,6 +80,10 @@ pub mod names {
     pub const LEAK_DETECTED: &str = "leak_detected";
     pub const PRICE_PER_KWH: &str = "price_per_kwh";
     pub const CARBON_G_PER_KWH: &str = "carbon_g_per_kwh";
+    /// The billing period's highest demand-interval average of IT power so far.
+    pub const PERIOD_PEAK_W: &str = "period_peak_w";
+    /// The highest demand-interval average of IT power over the last 24 hours.
+    pub const DAY_PEAK_W: &str = "day_peak_w";
     pub const TEMPERATURE_C: &str = "temperature_c";
     pub const PERCENT: &str = "percent";
     pub const FREQUENCY_HZ: &str = "frequency_hz";
@@ -250,6 +254,22 @@ const SPECS: &[MetricSpec] = &[
         max: 100.0,
         freshness_s: 7200.0,
         help: "electricity price in force",
+    },
+    MetricSpec {
+        name: names::PERIOD_PEAK_W,
+        unit: "W",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 7200.0,
+        help: "the billing period's highest demand-interval average of IT power so far",
+    },
+    MetricSpec {
+        name: names::DAY_PEAK_W,
+        unit: "W",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 7200.0,
+        help: "the highest demand-interval average of IT power over the last 24 hours",
     },
     MetricSpec {
         name: names::CARBON_G_PER_KWH,

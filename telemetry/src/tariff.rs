@@ -41,6 +41,9 @@ pub struct Tariff {
     pub periods: Vec<TouPeriod>,
     /// Cost per kW of the billing period's peak demand.
     pub demand_charge_per_kw: Option<f64>,
+    /// The interval the utility averages demand over (e.g. 15 minutes), in seconds;
+    /// `None`: the energy ledger's interval.
+    pub demand_interval_s: Option<f64>,
 }
 
 impl Tariff {
@@ -78,7 +81,7 @@ mod tests {
 
     const BASE: &str = "version = 1\n[site]\nname = \"t\"\ntimezone = \"Europe/Berlin\"\n[[feeds]]\nid = \"f\"\nrating_kw = 30\n[[cooling]]\nid = \"c\"\ncapacity_kw = 30\nracks = [\"r1\"]\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"w\"\nroom = \"h\"\n[[racks]]\nid = \"r1\"\nrow = \"w\"\npower_budget_kw = 10\nnodes = 1\ngpus_per_node = 1\ngpu_model = \"A40\"\n";
 
-    const TARIFF: &str = "[tariff]\ndefault_per_kwh = 0.20\ndemand_charge_per_kw = 12.5\n[[tariff.periods]]\nname = \"peak\"\ndays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\"]\nfrom = \"08:00\"\nto = \"20:00\"\nper_kwh = 0.30\n[[tariff.periods]]\nname = \"night\"\nfrom = \"22:00\"\nto = \"06:00\"\nper_kwh = 0.12\n";
+    const TARIFF: &str = "[tariff]\ndefault_per_kwh = 0.20\ndemand_charge_per_kw = 12.5\ndemand_interval_min = 15\n[[tariff.periods]]\nname = \"peak\"\ndays = [\"mon\", \"tue\", \"wed\", \"thu\", \"fri\"]\nfrom = \"08:00\"\nto = \"20:00\"\nper_kwh = 0.30\n[[tariff.periods]]\nname = \"night\"\nfrom = \"22:00\"\nto = \"06:00\"\nper_kwh = 0.12\n";
 
     fn t(s: &str) -> Timestamp {
         Timestamp::parse_rfc3339(s).expect("time")
@@ -105,11 +108,12 @@ mod tests {
         assert_eq!(at("2024-10-27T01:30:00Z"), (0.12, "night"));
         assert_eq!(at("2024-10-27T05:30:00Z"), (0.20, "default"), "06:30 CET");
         assert_eq!(tariff.demand_charge_per_kw, Some(12.5));
+        assert_eq!(tariff.demand_interval_s, Some(900.0));
     }
 
     #[test]
     fn broken_tariffs_say_where() {
-        let bad = "[tariff]\ndefault_per_kwh = 1e9\n[[tariff.periods]]\nname = \"x\"\ndays = [\"funday\"]\nfrom = \"25:00\"\nto = \"25:00\"\nper_kwh = 0.1\n";
+        let bad = "[tariff]\ndefault_per_kwh = 1e9\ndemand_interval_min = 7\n[[tariff.periods]]\nname = \"x\"\ndays = [\"funday\"]\nfrom = \"25:00\"\nto = \"25:00\"\nper_kwh = 0.1\n";
         let e = Site::parse("t.toml", &format!("{BASE}{bad}"))
             .expect_err("invalid")
             .to_string();
@@ -117,6 +121,7 @@ mod tests {
             "default_per_kwh must be within",
             "unknown day \"funday\"",
             "is not a time of day",
+            "demand_interval_min must divide a day",
         ] {
             assert!(e.contains(needle), "{needle} in {e}");
         }

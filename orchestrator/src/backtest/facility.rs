@@ -10,6 +10,7 @@
 use telemetry::fasthash::FnvMap;
 
 use integrations::prices::Series;
+use integrations::store::Account;
 use policies::node_power::{NodeAction, NodeView, Power};
 use policies::State;
 use telemetry::metric::names::*;
@@ -216,6 +217,10 @@ pub struct Facility {
     cooling_factor: Box<dyn Fn(Timestamp) -> Vec<f64>>,
     now: Timestamp,
     start: Timestamp,
+    /// With a demand charge: the billing period's peak as the ledger follows it (IT
+    /// power over the tariff's demand interval, else over each tick), which the
+    /// controller reads as `period_peak_w` and `day_peak_w`.
+    demand: Option<crate::demand::DemandTracker>,
     pub totals: Totals,
 }
 
@@ -304,6 +309,7 @@ impl Facility {
             cooling_factor,
             now: start,
             start,
+            demand: None,
             totals: Totals::default(),
         };
         f.arrive(start);
@@ -545,9 +551,38 @@ impl Facility {
             .with_timezone(&self.site.timezone)
             .format("%Y-%m")
             .to_string();
-        match self.totals.period_peaks_kw.last_mut() {
-            Some((p, kw)) if *p == period => *kw = kw.max(it_w / 1000.0),
-            _ => self.totals.period_peaks_kw.push((period, it_w / 1000.0)),
+        let interval_s = self
+            .site
+            .tariff
+            .as_ref()
+            .filter(|t| t.demand_charge_per_kw.is_some())
+            .map(|t| t.demand_interval_s);
+        if let Some(interval_s) = interval_s {
+            let tz = self.site.timezone;
+            let d = self.demand.get_or_insert_with(|| {
+                crate::demand::DemandTracker::new(interval_s.unwrap_or(dt_s), tz)
+            });
+            let kwh = it_w / 1000.0 * dt_s / 3600.0;
+            d.add(t0, t1, [(Account::Idle, None, kwh)]);
+            let _ = d.take_changed();
+        }
+        match interval_s {
+            // the tariff's demand interval: the highest interval average
+            Some(Some(_)) => {
+                if let Some(p) = self.demand.as_ref().and_then(|d| d.current(t0)) {
+                    match self.totals.period_peaks_kw.last_mut() {
+                        Some((per, kw)) if *per == p.period => *kw = kw.max(p.it_kw),
+                        _ => self
+                            .totals
+                            .period_peaks_kw
+                            .push((p.period.clone(), p.it_kw)),
+                    }
+                }
+            }
+            _ => match self.totals.period_peaks_kw.last_mut() {
+                Some((p, kw)) if *p == period => *kw = kw.max(it_w / 1000.0),
+                _ => self.totals.period_peaks_kw.push((period, it_w / 1000.0)),
+            },
         }
         if it_w / 1000.0 > self.budget_kw + 1e-9 {
             self.totals.budget_violation_s += dt_s;
@@ -916,6 +951,9 @@ impl Telemetry for Facility {
             src,
             &mut out,
         );
+        if let Some(d) = &self.demand {
+            out.extend(d.samples(&self.site.site_entity(), now));
+        }
         // what each cooling unit reports it can remove (its BMC's capacity reading)
         let factors = (self.cooling_factor)(now);
         for (unit, f) in self.site.cooling.iter().zip(factors) {

@@ -955,12 +955,16 @@ impl Summary {
             self.savings_vs_power_save_pct.cost,
             self.savings_vs_power_save_pct.energy
         );
-        let _ = writeln!(
-            s,
-            "  deferred jobs waited {:.1} h on average; {:.2} saved per hour of added wait",
-            self.deferred_wait_mean_s / 3600.0,
-            self.saving_per_wait_hour
-        );
+        if self.policy.jobs_deferred == 0 {
+            let _ = writeln!(s, "  no job was deferred");
+        } else {
+            let _ = writeln!(
+                s,
+                "  deferred jobs waited {:.1} h on average; {:.2} saved per hour of added wait",
+                self.deferred_wait_mean_s / 3600.0,
+                self.saving_per_wait_hour
+            );
+        }
         if self.policy.price_gap_s > 0.0 {
             let _ = writeln!(
                 s,

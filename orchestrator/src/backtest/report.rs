@@ -230,14 +230,21 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
     let carbon = |c: Option<f64>| c.map_or("not measured".to_string(), |c| format!("{c:.1}%"));
     let _ = write!(
         body,
-        "</table><p>Savings against no management: cost {:.1}%, energy {:.1}%, carbon {}; against power saving: cost {:.1}%, energy {:.1}%. Deferred jobs waited {:.1} h on average; {:.2} {cur} saved per hour of added wait.</p>",
+        "</table><p>Savings against no management: cost {:.1}%, energy {:.1}%, carbon {}; against power saving: cost {:.1}%, energy {:.1}%. {}</p>",
         s.savings_pct.cost,
         s.savings_pct.energy,
         carbon(s.savings_pct.carbon),
         s.savings_vs_power_save_pct.cost,
         s.savings_vs_power_save_pct.energy,
-        s.deferred_wait_mean_s / 3600.0,
-        s.saving_per_wait_hour
+        if s.policy.jobs_deferred == 0 {
+            "No job was deferred.".to_string()
+        } else {
+            format!(
+                "Deferred jobs waited {:.1} h on average; {:.2} {cur} saved per hour of added wait.",
+                s.deferred_wait_mean_s / 3600.0,
+                s.saving_per_wait_hour
+            )
+        }
     );
     let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
     let _ = write!(body, "<h2>Queue</h2>{}", queue.svg());

@@ -108,6 +108,95 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
+/// The x-axis labels: every 30 minutes, in the site's time.
+fn ticks_of(site: &Site, points: &[Point], s: &Summary) -> Vec<(f64, String)> {
+    points
+        .iter()
+        .filter(|p| (p.t.secs_since(s.start) / 60.0).rem_euclid(30.0) < 1e-6)
+        .map(|p| (p.t.secs_since(s.start) / 60.0, local(site, p.t, "%H:%M")))
+        .collect()
+}
+
+/// Predicted against measured inlet, one chart per rack: each tick's prediction is drawn
+/// at the time it is for (the tick plus the horizon), beside what the inlet then was,
+/// with the mean error over the predictions whose time came within the run.
+fn predicted_inlets(
+    site: &Site,
+    points: &[Point],
+    s: &Summary,
+    ticks: &[(f64, String)],
+    body: &mut String,
+) {
+    body.push_str("<h2>Predicted against measured inlet</h2>");
+    if points
+        .iter()
+        .all(|p| p.predicted.iter().all(Option::is_none))
+    {
+        body.push_str("<p class=\"muted\">No prediction: the thermal rule is reactive.</p>");
+        return;
+    }
+    let x = |t: Timestamp| t.secs_since(s.start) / 60.0;
+    let end = points.last().map_or(0.0, |p| x(p.t));
+    for (i, r) in site.racks.iter().enumerate() {
+        let measured: Vec<(f64, f64)> = points.iter().map(|p| (x(p.t), p.inlets[i])).collect();
+        let predicted: Vec<(f64, f64)> = points
+            .iter()
+            .filter_map(|p| p.predicted.get(i).copied().flatten().map(|q| (p.t, q)))
+            .map(|(t, (c, ahead_s))| (x(t) + ahead_s / 60.0, c))
+            .filter(|(at, _)| *at <= end + 1e-9)
+            .collect();
+        // the error of each prediction against the inlet measured at its time
+        let errors: Vec<f64> = predicted
+            .iter()
+            .filter_map(|&(at, c)| {
+                let k = measured.partition_point(|m| m.0 < at - 1e-9);
+                measured.get(k).map(|m| (c - m.1).abs())
+            })
+            .collect();
+        let title = format!("Rack {}: inlet measured and predicted", r.id);
+        let chart = Chart {
+            title: &title,
+            y_label: "°C",
+            right_label: None,
+            lines: vec![
+                Line {
+                    name: "measured",
+                    color: COLORS[0],
+                    points: measured,
+                    steps: false,
+                    right_axis: false,
+                },
+                Line {
+                    name: "predicted (at the time predicted for)",
+                    color: COLORS[1],
+                    points: predicted,
+                    steps: false,
+                    right_axis: false,
+                },
+            ],
+            rules: vec![Rule {
+                name: "limit",
+                color: "#d62728",
+                y: r.inlet_limit_c,
+            }],
+            x_ticks: ticks.to_vec(),
+        };
+        body.push_str(&chart.svg());
+        if errors.is_empty() {
+            body.push_str("<p class=\"muted\">No prediction came due within the run.</p>");
+        } else {
+            let _ = write!(
+                body,
+                "<p class=\"muted\">Rack {}: {} predictions came due; mean error {:.2} °C, largest {:.2} °C.</p>",
+                escape(&r.id),
+                errors.len(),
+                errors.iter().sum::<f64>() / errors.len() as f64,
+                errors.iter().copied().fold(0.0, f64::max)
+            );
+        }
+    }
+}
+
 fn html(
     site: &Site,
     points: &[Point],
@@ -282,6 +371,7 @@ fn html(
     body.push_str("</table>");
     let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
     let _ = write!(body, "<h2>Inlet temperatures</h2>{}", inlets.svg());
+    predicted_inlets(site, points, s, &ticks_of(site, points, s), &mut body);
     let _ = write!(body, "<h2>Caps and holds</h2>{}", actions.svg());
     let _ = write!(
         body,

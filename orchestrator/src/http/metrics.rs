@@ -56,6 +56,16 @@ fn prom(metric: &str) -> Option<(&'static str, f64, &'static str)> {
             1.0,
             "Carbon intensity of the grid now",
         ),
+        PERIOD_PEAK_W => (
+            "period_peak_watts",
+            1.0,
+            "The billing period's highest demand-interval average of IT power so far",
+        ),
+        DAY_PEAK_W => (
+            "day_peak_watts",
+            1.0,
+            "The highest demand-interval average of IT power over the last 24 hours",
+        ),
         _ => return None,
     })
 }
@@ -250,6 +260,22 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
                 "Inlet limit minus measured inlet",
                 &[("entity", &ids)],
                 r.inlet_limit_c - t.value,
+            );
+        }
+        if let Some(p) = b.predictions.get(&r.id) {
+            o.add(
+                "predicted_inlet_peak_celsius",
+                "gauge",
+                "Highest inlet the predictive thermal rule expects within its horizon",
+                &[("entity", &ids)],
+                p.peak_c,
+            );
+            o.add(
+                "predicted_inlet_headroom_celsius",
+                "gauge",
+                "Inlet limit minus margin minus the predicted peak",
+                &[("entity", &ids)],
+                p.headroom_c(),
             );
         }
     }
@@ -690,6 +716,36 @@ mod tests {
         assert!(
             missing.is_empty(),
             "the dashboard queries metrics /metrics does not export: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn each_racks_predicted_peak_and_headroom_are_gauges() {
+        let (mut b, _) = board();
+        assert!(
+            !render(&b, None).contains("predicted_inlet"),
+            "no prediction yet"
+        );
+        b.predictions.insert(
+            "a01".into(),
+            policies::RackPrediction {
+                inlet_c: 27.0,
+                predicted_c: 30.25,
+                peak_c: 30.25,
+                peak_in_s: 900.0,
+                horizon_s: 900.0,
+                limit_c: 32.0,
+                margin_c: 0.5,
+            },
+        );
+        let text = render(&b, None);
+        assert!(
+            text.contains("powerplane_predicted_inlet_peak_celsius{entity=\"rack/a01\"} 30.25"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane_predicted_inlet_headroom_celsius{entity=\"rack/a01\"} 1.25"),
+            "{text}"
         );
     }
 

@@ -214,6 +214,8 @@ pub struct Board {
     /// The leader election (with `[ha]`), read live by `/metrics`, `/readyz` and the
     /// API.
     pub ha: Option<std::sync::Arc<crate::ha::Gate>>,
+    /// Each rack's predicted inlet after the last tick (the predictive thermal rule).
+    pub predictions: BTreeMap<String, policies::RackPrediction>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -267,6 +269,7 @@ impl Board {
             cadence: Default::default(),
             redfish: Vec::new(),
             ha: None,
+            predictions: BTreeMap::new(),
         }
     }
 
@@ -795,7 +798,30 @@ fn status(b: &Board) -> serde_json::Value {
         "ticks": b.counters.ticks,
         "stale_readings": b.snapshot.stale(b.time).len(),
         "ha": b.ha_status(),
+        "predicted_headroom": b
+            .predictions
+            .iter()
+            .map(|(rack, p)| (rack.clone(), predicted_json(p)))
+            .collect::<serde_json::Map<_, _>>(),
     })
+}
+
+/// A rack's predicted inlet for the API: the prediction and its headroom.
+fn predicted_json(p: &policies::RackPrediction) -> serde_json::Value {
+    json!({
+        "inlet_c": p.inlet_c,
+        "predicted_c": p.predicted_c,
+        "peak_c": p.peak_c,
+        "peak_in_s": p.peak_in_s,
+        "horizon_s": p.horizon_s,
+        "limit_c": p.limit_c,
+        "margin_c": p.margin_c,
+        "headroom_c": round3(p.headroom_c()),
+    })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 fn racks(b: &Board) -> serde_json::Value {
@@ -826,6 +852,7 @@ fn racks(b: &Board) -> serde_json::Value {
                 "capped_gpus": caps.len(),
                 "lowest_cap_w": caps.iter().copied().reduce(f64::min),
                 "thermal_level": b.state.thermal.get(&r.id),
+                "predicted": b.predictions.get(&r.id).map(predicted_json),
             })
         })
         .collect();
@@ -951,8 +978,8 @@ pub fn openapi() -> serde_json::Value {
             "/healthz": { "get": { "summary": "Alive: 200 while the process serves", "responses": { "200": { "description": "alive" } } } },
             "/readyz": { "get": { "summary": "Ready: the store reachable, the policy valid, the sources fresh; the HA role", "responses": { "200": { "description": "ready, with each check" }, "503": { "description": "not ready, naming each failing check" } } } },
             "/metrics": { "get": { "summary": "Prometheus metrics (public unless metrics_public = false)", "responses": { "200": { "description": "text exposition format 0.0.4" } } } },
-            "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force", "viewer"),
-            "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps", "viewer"),
+            "/api/v1/status": get("The site at a glance: facility power against budget, price, caps and holds in force, each rack's predicted inlet headroom (limit − margin − predicted peak, and when)", "viewer"),
+            "/api/v1/racks": get("Per rack: power, budget, headroom, inlet against its limit, caps, the predicted inlet (predictive thermal rule)", "viewer"),
             "/api/v1/gpus": get("Per GPU: power, temperature, cap in force, and what its agent acknowledged and enforces", "viewer"),
             "/api/v1/schedulers": get("The schedulers powerplane steers: Slurm's holds that are powerplane's, call counters and the last error, every job's lifecycle and the recent transitions", "viewer"),
             "/api/v1/holds": get("Jobs held by powerplane, with their leases", "viewer"),

@@ -86,6 +86,45 @@ fn gauge(label: &str, value: Option<f64>, budget: f64, unit_div: f64, unit: &str
     )
 }
 
+/// Each rack's predicted inlet headroom (the predictive thermal rule): limit − margin −
+/// the peak predicted over the horizon under the caps in force, and when.
+fn predicted_headroom(b: &Board, body: &mut String) {
+    body.push_str("<h2>Predicted inlet headroom</h2>");
+    if b.predictions.is_empty() {
+        body.push_str(r#"<p class="muted">No prediction: the thermal rule is reactive, or no rack has an inlet reading.</p>"#);
+        return;
+    }
+    body.push_str(r#"<p class="muted">Under the caps in force and the planned load (running jobs, queued jobs, holds that end within the horizon); negative: the predictive rule caps before the limit is reached.</p>"#);
+    body.push_str("<table><tr><th>rack</th><th>inlet now</th><th>predicted peak</th><th>when</th><th>limit − margin</th><th>headroom</th></tr>");
+    for r in &b.site.racks {
+        let Some(p) = b.predictions.get(&r.id) else {
+            continue;
+        };
+        let h = p.headroom_c();
+        let when = if p.peak_in_s > 0.0 {
+            format!("in {:.0} min", p.peak_in_s / 60.0)
+        } else {
+            "now".to_string()
+        };
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td class="n">{:.1} °C</td><td class="n">{:.1} °C</td><td>{when}</td><td class="n">{:.1} °C</td><td class="n {}">{h:+.1} °C</td></tr>"#,
+            escape(&r.id),
+            p.inlet_c,
+            p.peak_c,
+            p.limit_c - p.margin_c,
+            if h < 0.0 {
+                "over"
+            } else if h < 1.0 {
+                "tight"
+            } else {
+                "ok"
+            },
+        );
+    }
+    body.push_str("</table>");
+}
+
 /// The whole page.
 pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> String {
     let now = b.time;
@@ -258,6 +297,8 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
         body.push_str("</div>");
     }
 
+    predicted_headroom(b, &mut body);
+
     // holds
     let _ = write!(body, "<h2>Held jobs ({})</h2>", b.state.holds.len());
     if b.state.holds.is_empty() {
@@ -330,6 +371,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
 .rowname { width: 70px; font-weight: bold; padding-top: 6px; }
 .rack { width: 150px; padding: 6px 8px; border-radius: 4px; font-size: 12px; border: 1px solid #0002; }
 .rack.ok { background: #ceead6; } .rack.tight { background: #feefc3; } .rack.over { background: #fad2cf; } .rack.unknown { background: #e8eaed; }
+td.ok { background: #ceead6; } td.tight { background: #feefc3; } td.over { background: #fad2cf; }
 </style>"#;
     let html = report::page(&format!("{} — powerplane", b.site.name), &body);
     html.replacen(
@@ -352,5 +394,136 @@ mod tests {
         assert_eq!(rack_health(Some(0.5), Some(-0.5)), Health::Over);
         assert_eq!(rack_health(None, Some(1.0)), Health::Tight);
         assert_eq!(rack_health(None, None), Health::Unknown);
+    }
+
+    /// The demo hall after one tick of the demo policy (predictive thermal rule): every
+    /// rack's inlet at 30 °C, row B's GPUs busy at full power (its undersized air
+    /// handler: the prediction climbs), row A's idle.
+    fn board_after_a_tick() -> Board {
+        use telemetry::metric::names::{INLET_TEMP_C, POWER_W};
+        use telemetry::{Job, JobState, Sample, Site, Snapshot, Timestamp};
+        let site = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("demo site");
+        let policy = policies::Policy::parse("policy.toml", crate::demo::DEFAULT_POLICY)
+            .expect("demo policy");
+        let now = Timestamp::from_secs(1_780_000_000);
+        let mut snap = Snapshot::new();
+        let mut ingest = |e: EntityId, m: &str, v: f64| {
+            snap.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("ok");
+        };
+        let gpus = site.gpus();
+        let row_b = |g: &telemetry::site::GpuRef<'_>| g.rack.row == "row-b";
+        for g in &gpus {
+            ingest(
+                g.id.clone().into_owned(),
+                POWER_W,
+                if row_b(g) { 300.0 } else { 30.0 },
+            );
+        }
+        for r in &site.racks {
+            ingest(EntityId::rack(&r.id), INLET_TEMP_C, 30.0);
+        }
+        let job = Job {
+            id: "slurm:1".into(),
+            scheduler: "slurm".into(),
+            name: "train".into(),
+            user: "u".into(),
+            project: "p".into(),
+            class: "training".into(),
+            priority: 0,
+            gpus: 96,
+            allocated: gpus
+                .iter()
+                .filter(|g| row_b(g))
+                .map(|g| g.id.clone().into_owned())
+                .collect(),
+            state: JobState::Running,
+            submit_time: now,
+            start_time: Some(now),
+            end_time: None,
+            deadline: None,
+            est_duration_s: 3600.0,
+            deferrable: false,
+            preemptible: false,
+        };
+        let plan = policies::evaluate(
+            &policies::Inputs {
+                site: &site,
+                snapshot: &snap,
+                jobs: &[job],
+                prior: &policies::State::default(),
+                policy: &policy,
+                forecast: &policies::Forecast::default(),
+            },
+            now,
+        );
+        let mut b = Board::new(site, "policy.toml".into(), now);
+        b.update(
+            now,
+            &snap,
+            &plan.state,
+            &Default::default(),
+            &plan.decisions,
+            0,
+        );
+        b.predictions = plan.predictions;
+        b
+    }
+
+    #[test]
+    fn the_page_and_the_status_api_show_each_racks_predicted_headroom() {
+        let b = board_after_a_tick();
+        assert_eq!(
+            b.predictions.len(),
+            6,
+            "a prediction per rack: {:?}",
+            b.predictions
+        );
+        let status = super::super::status(&b);
+        let html = render(&b, None, 5);
+        assert!(html.contains("<h2>Predicted inlet headroom</h2>"), "{html}");
+        for r in &b.site.racks {
+            let p = &status["predicted_headroom"][r.id.as_str()];
+            let v = |k: &str| {
+                p[k].as_f64()
+                    .unwrap_or_else(|| panic!("{}: no {k} in {p}", r.id))
+            };
+            assert_eq!(v("inlet_c"), 30.0);
+            assert_eq!(v("limit_c"), r.inlet_limit_c);
+            assert!(v("peak_c") >= v("inlet_c"), "{p}");
+            assert!(
+                (v("headroom_c") - (v("limit_c") - v("margin_c") - v("peak_c"))).abs() < 1e-3,
+                "{p}"
+            );
+            let when = if v("peak_in_s") > 0.0 {
+                format!("in {:.0} min", v("peak_in_s") / 60.0)
+            } else {
+                "now".into()
+            };
+            let row = format!(
+                "<tr><td>{}</td><td class=\"n\">30.0 °C</td><td class=\"n\">{:.1} °C</td><td>{when}</td>",
+                r.id,
+                v("peak_c")
+            );
+            assert!(html.contains(&row), "{row} not on the page");
+        }
+        // row B runs hot: its predicted peak is above the inlet now, row A's is not
+        let peak = |r: &str| {
+            status["predicted_headroom"][r]["peak_c"]
+                .as_f64()
+                .unwrap_or(0.0)
+        };
+        assert!(peak("b01") > 30.0 && peak("b01") > peak("a01"), "{status}");
+    }
+
+    #[test]
+    fn without_a_prediction_the_page_says_so() {
+        let mut b = board_after_a_tick();
+        b.predictions.clear();
+        assert!(render(&b, None, 5).contains("No prediction: the thermal rule is reactive"));
+        assert_eq!(
+            super::super::status(&b)["predicted_headroom"],
+            serde_json::json!({})
+        );
     }
 }

@@ -475,6 +475,7 @@ impl Serve {
             &report.decisions,
             self.buffer.dropped.load(Ordering::Relaxed),
         );
+        b.predictions = report.predictions.clone();
         b.jobs = self.control.registry().active().to_vec();
         b.schedulers = self.schedulers.status();
         b.scheduler_counters = self.schedulers.counters();

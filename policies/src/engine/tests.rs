@@ -391,7 +391,7 @@ fn between_the_thresholds_a_job_close_to_its_deadline_gets_its_budget_cap_lifted
 
 /// Four GPUs of rack r1 busy at 300 W, rack r2's four idle at 30 W (1.72 kW with the
 /// nodes), and a 4-GPU job waiting.
-fn busy_half_and_a_queued_job(held: bool) -> Plan {
+fn busy_half_and_a_queued_job(held: bool, policy: &Policy) -> Plan {
     let mut site = site();
     site.feeds[0].rating_kw = 2.5;
     let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
@@ -402,10 +402,18 @@ fn busy_half_and_a_queued_job(held: bool) -> Plan {
         25.0,
         t0(),
     );
+    let mut snap = snap;
+    snap.ingest(
+        Sample::new(site.site_entity(), PRICE_PER_KWH, 0.35, t0(), "t"),
+        t0(),
+    )
+    .expect("ok");
     let mut queued = job("queued", 5, &[]);
     queued.state = JobState::Pending;
     queued.gpus = 4;
     queued.start_time = None;
+    queued.deferrable = true;
+    queued.deadline = Some(t0() + 86_400.0);
     let jobs = vec![job("running", 0, &busy), queued];
     let mut prior = State::default();
     if held {
@@ -419,22 +427,77 @@ fn busy_half_and_a_queued_job(held: bool) -> Plan {
             },
         );
     }
-    run(&site, &snap, &jobs, &prior, &only_budget(), t0())
+    run(&site, &snap, &jobs, &prior, policy, t0())
+}
+
+#[test]
+fn where_the_gpus_a_job_may_start_on_are_capped_the_other_idle_gpus_are_too() {
+    // rack r1: two GPUs of a priority-5 job at 300 W, two idle; rack r2 idle; a 2-GPU
+    // job (priority 0) waits. It is placed on r1's idle GPUs (the least headroom); the
+    // facility (1.7 kW: 1649 W less 400 W of nodes for the GPUs) is short by 71 W with
+    // it at full power, and the cut falls on the waiting job: its GPUs get
+    // (1249 − 600 − 120) / 2 W, and so do r2's idle GPUs, where it may start as well
+    let mut site = site();
+    site.feeds[0].rating_kw = 1.7;
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+    let busy = [gpus[0].clone(), gpus[1].clone()];
+    let snap = snapshot(
+        &site,
+        &|g| if busy.contains(g) { 300.0 } else { 30.0 },
+        25.0,
+        t0(),
+    );
+    let mut queued = job("queued", 0, &[]);
+    queued.state = JobState::Pending;
+    queued.gpus = 2;
+    queued.start_time = None;
+    let jobs = vec![job("running", 5, &busy), queued];
+    let plan = run(&site, &snap, &jobs, &State::default(), &only_budget(), t0());
+    for g in &gpus[..2] {
+        assert!(
+            !plan.state.caps.contains_key(g),
+            "{g}: {:?}",
+            plan.state.caps
+        );
+    }
+    for g in &gpus[2..] {
+        let c = plan
+            .state
+            .caps
+            .get(g)
+            .unwrap_or_else(|| panic!("{g} uncapped"));
+        assert!((c.watts - 264.5).abs() < 0.01, "{g}: {c:?}");
+        assert_eq!(c.rule, "budget.facility");
+    }
 }
 
 #[test]
 fn the_facility_reserves_power_for_queued_jobs_that_are_free_to_start_not_for_held_ones() {
     // free to start: 4 × (300 − 30) W reserved, 2.8 kW against 2.425 kW: the running
     // job gets what is left, (2425 − 400 − 1080 − 120) / 4 W per GPU
-    let plan = busy_half_and_a_queued_job(false);
+    let plan = busy_half_and_a_queued_job(false, &only_budget());
     assert_eq!(plan.state.caps.len(), 4, "{:?}", plan.state.caps);
     for c in plan.state.caps.values() {
         assert!((c.watts - 206.25).abs() < 0.01, "{c:?}");
         assert_eq!(c.rule, "budget.facility");
     }
-    // held, it cannot start before the next tick: nothing to reserve, nothing capped
-    let plan = busy_half_and_a_queued_job(true);
+    // held, and the price rule keeps it held (power is expensive, the deadline far):
+    // it cannot start before the next tick, nothing to reserve, nothing capped
+    let mut keeps = only_budget();
+    keeps.price.enabled = true;
+    keeps.price.defer_above = 0.20;
+    let plan = busy_half_and_a_queued_job(true, &keeps);
+    assert!(plan.state.holds.contains_key("queued"), "{:?}", plan.state);
     assert!(plan.state.caps.is_empty(), "{:?}", plan.state.caps);
+    // held, and its hold ends this tick (here: the price rule is off): feed-forward, its
+    // power is reserved before it starts, as for a job free to start
+    let plan = busy_half_and_a_queued_job(true, &only_budget());
+    assert!(plan.state.holds.is_empty(), "{:?}", plan.state.holds);
+    assert_eq!(plan.state.caps.len(), 4, "{:?}", plan.state.caps);
+    for c in plan.state.caps.values() {
+        assert!((c.watts - 206.25).abs() < 0.01, "{c:?}");
+        assert_eq!(c.rule, "budget.facility");
+    }
 }
 
 #[test]
@@ -733,6 +796,146 @@ proptest! {
                 prop_assert!((100.0..=300.0).contains(&c.watts), "{:?}", c);
             }
             state = a.state;
+        }
+    }
+}
+
+/// What a scope (the GPUs `in_scope` picks, `base_w` of nodes) may draw before the
+/// next tick under `caps`: running GPUs at what they draw now (`draw`) under their cap,
+/// the idle GPUs the jobs about to start land on (`starts`) at their maximum under their
+/// cap, the other idle GPUs at their idle draw.
+fn scope_w(
+    site: &Site,
+    caps: &BTreeMap<EntityId, Cap>,
+    busy: &dyn Fn(&EntityId) -> bool,
+    draw: &dyn Fn(&EntityId) -> f64,
+    starts: &[EntityId],
+    in_scope: &dyn Fn(&telemetry::site::GpuRef<'_>) -> bool,
+    base_w: f64,
+) -> f64 {
+    let cap = |g: &EntityId, w: f64| caps.get(g).map_or(w, |c| c.watts.min(w));
+    let mut total = base_w;
+    for g in site.gpus().into_iter().filter(|g| in_scope(g)) {
+        let m = g.model;
+        total += if busy(&g.id) {
+            cap(&g.id, draw(&g.id))
+        } else if starts.iter().any(|s| *s == *g.id) {
+            cap(&g.id, m.max_w)
+        } else {
+            m.idle_w.min(cap(&g.id, m.idle_w))
+        };
+    }
+    total
+}
+
+/// The test site with rack r2 of A100s (idle 55 W, max 400 W).
+fn mixed_site() -> Site {
+    let i = SITE.rfind("gpu_model = \"A40\"").expect("second rack");
+    let text = format!(
+        "{}gpu_model = \"A100\"{}",
+        &SITE[..i],
+        &SITE[i + "gpu_model = \"A40\"".len()..]
+    );
+    Site::parse("t.toml", &text).expect("valid test site")
+}
+
+proptest! {
+    /// At start-up, or after a restart with no state, the first tick's caps already
+    /// keep every budget: the facility and each rack stay within their budget with the
+    /// running jobs at what they draw and the queued job started at full power where
+    /// the engine expects the scheduler may start it (docs/policy.md, feed-forward: on
+    /// the idle GPUs of the rack with the least headroom first), whenever the budget
+    /// can be kept at all (the nodes and every running or starting GPU at its minimum
+    /// fit under it). A rack the job does not start in is not cut for it.
+    #[test]
+    fn the_first_tick_with_no_history_keeps_every_budget(
+        feed_kw in 1.0f64..5.0,
+        rack_kw in proptest::collection::vec(0.8f64..2.6, 2),
+        busy in proptest::collection::vec(any::<bool>(), 8),
+        draws in proptest::collection::vec(0.2f64..1.0, 8),
+        priority in proptest::collection::vec(0i32..5, 8),
+        queued in 0u32..8,
+        full_policy in any::<bool>(),
+    ) {
+        let mut site = mixed_site();
+        site.feeds[0].rating_kw = feed_kw;
+        for (r, kw) in site.racks.iter_mut().zip(&rack_kw) {
+            r.power_budget_kw = *kw;
+        }
+        let gpus = site.gpus();
+        let ids: Vec<EntityId> = gpus.iter().map(|g| g.id.clone().into_owned()).collect();
+        let pos = |g: &EntityId| ids.iter().position(|x| x == g).unwrap_or(0);
+        let is_busy = |g: &EntityId| busy[pos(g)];
+        // what each GPU draws with no cap: a running job's share of its maximum
+        let draw = |g: &EntityId| {
+            let m = gpus[pos(g)].model;
+            if is_busy(g) { (m.max_w * draws[pos(g)]).max(m.idle_w) } else { m.idle_w }
+        };
+        let snap = snapshot(&site, &draw, 25.0, t0());
+        let mut jobs: Vec<Job> = ids
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| busy[*k])
+            .map(|(k, g)| job(&format!("run{k}"), priority[k], std::slice::from_ref(g)))
+            .collect();
+        let idle: Vec<usize> = (0..8).filter(|&k| !busy[k]).collect();
+        if queued > 0 {
+            let mut q = job("queued", 9, &[]);
+            q.state = JobState::Pending;
+            q.gpus = queued;
+            q.start_time = None;
+            jobs.push(q);
+        }
+        let policy = if full_policy { Policy::default() } else { only_budget() };
+        let margin = policy.budget.margin;
+        // where it starts: it fits on the idle GPUs or does not start; the rack with the
+        // least headroom (budget less margin, nodes and what its GPUs draw) first
+        let headroom = |ri: usize| {
+            site.racks[ri].power_budget_kw * 1000.0 * (1.0 - margin) - 200.0
+                - gpus.iter().filter(|g| g.rack_index == ri).map(|g| draw(&g.id)).sum::<f64>()
+        };
+        let mut order = idle.clone();
+        order.sort_by(|&a, &b| {
+            headroom(gpus[a].rack_index).total_cmp(&headroom(gpus[b].rack_index)).then(a.cmp(&b))
+        });
+        let starts: Vec<EntityId> = if (queued as usize) <= idle.len() {
+            order.iter().take(queued as usize).map(|&k| ids[k].clone()).collect()
+        } else {
+            Vec::new()
+        };
+        let plan = run(&site, &snap, &jobs, &State::default(), &policy, t0());
+        // the least any scope can be brought to: running and starting GPUs at their minimum
+        let mins: BTreeMap<EntityId, Cap> = gpus
+            .iter()
+            .map(|g| {
+                (g.id.clone().into_owned(), Cap { watts: g.model.min_w, rule: "min".into(), since: t0(), lease_until: t0() })
+            })
+            .collect();
+        let check = |name: &str, in_scope: &dyn Fn(&telemetry::site::GpuRef<'_>) -> bool, base_w: f64, budget_w: f64| {
+            let floor = scope_w(&site, &mins, &is_busy, &draw, &starts, in_scope, base_w);
+            let worst = scope_w(&site, &plan.state.caps, &is_busy, &draw, &starts, in_scope, base_w);
+            if floor <= budget_w * (1.0 - margin) && worst > budget_w + 1e-6 {
+                return Err(format!("{name}: {worst} W may be drawn under {budget_w} W"));
+            }
+            Ok(())
+        };
+        let all = |_: &telemetry::site::GpuRef<'_>| true;
+        check("facility", &all, 400.0, feed_kw * 1000.0).map_err(TestCaseError::fail)?;
+        for (ri, rack) in site.racks.iter().enumerate() {
+            let in_rack = |g: &telemetry::site::GpuRef<'_>| g.rack_index == ri;
+            check(&rack.id, &in_rack, 200.0, rack.power_budget_kw * 1000.0).map_err(TestCaseError::fail)?;
+            // a rack the job does not start in, within its budget with it running, is not cut
+            let gets_none = !starts.iter().any(|s| gpus[pos(s)].rack_index == ri);
+            let none = BTreeMap::new();
+            let free = scope_w(&site, &none, &is_busy, &draw, &starts, &in_rack, 200.0);
+            let facility = scope_w(&site, &none, &is_busy, &draw, &starts, &all, 400.0);
+            if gets_none && free <= rack.power_budget_kw * 1000.0 * (1.0 - margin)
+                && facility <= feed_kw * 1000.0 * policy.budget.release_ratio
+                && !full_policy
+            {
+                let capped: Vec<_> = plan.state.caps.iter().filter(|(g, _)| gpus[pos(g)].rack_index == ri).collect();
+                prop_assert!(capped.is_empty(), "rack {} capped for a job that starts elsewhere: {capped:?}", rack.id);
+            }
         }
     }
 }

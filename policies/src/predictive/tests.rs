@@ -1,6 +1,6 @@
 //! The predictive rule against a simulated room that follows the same first-order
-//! physics as its model: planned and surprise heat steps and cooling faults within the
-//! model's stated bounds never take an inlet over its limit.
+//! physics as its model: planned and surprise heat steps, cooling faults and restarts
+//! with no state, within the model's stated bounds, never take an inlet over its limit.
 
 use super::*;
 use crate::{evaluate as engine, Forecast, Inputs, Policy};
@@ -145,12 +145,14 @@ impl Room {
     }
 }
 
-/// What happens at a tick: every GPU of a rack changes its demand, or the unit's
-/// capacity falls (a pump or fan fault).
+/// What happens at a tick: every GPU of a rack changes its demand, the unit's capacity
+/// falls (a pump or fan fault), or the controller restarts with no state (its caps
+/// lapse and its fitted models are forgotten: it starts again from the site's prior).
 #[derive(Debug, Clone)]
 enum Event {
     Heat { rack: usize, demand_w: f64 },
     Fault { factor: f64 },
+    Restart,
 }
 
 fn event() -> impl Strategy<Value = (usize, Event)> {
@@ -159,6 +161,7 @@ fn event() -> impl Strategy<Value = (usize, Event)> {
         prop_oneof![
             (0usize..2, 30.0..300.0f64).prop_map(|(rack, demand_w)| Event::Heat { rack, demand_w }),
             (0.7..1.0f64).prop_map(|factor| Event::Fault { factor }),
+            Just(Event::Restart),
         ],
     )
 }
@@ -190,6 +193,7 @@ fn run(events: &[(usize, Event)], start_demand_w: f64) -> (f64, State) {
                     Event::Fault { factor } => {
                         room.capacity_factor = room.capacity_factor.min(factor)
                     }
+                    Event::Restart => state = State::default(),
                 }
             }
             room.step(&state);

@@ -472,3 +472,173 @@ proptest! {
         );
     }
 }
+
+/// The test site under a tariff with a demand charge.
+fn billed_site() -> Site {
+    Site::parse(
+        "t.toml",
+        &format!("{SITE}[tariff]\ndefault_per_kwh = 0.10\ndemand_charge_per_kw = 10\n"),
+    )
+    .expect("valid test site")
+}
+
+/// Every job held, waiting since `t(0)`.
+fn held_jobs(gpus: &[u32], now: Timestamp) -> (Vec<Job>, State) {
+    let mut prior = State::default();
+    let jobs = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let mut j = waiting(&format!("j{i:02}"), *g, 1.0, t(0.0), 30.0);
+            j.state = JobState::Held;
+            prior.holds.insert(
+                j.id.clone(),
+                crate::Hold {
+                    rule: "price.defer".into(),
+                    since: t(0.0),
+                    lease_until: now + 600.0,
+                    reason: "test".into(),
+                },
+            );
+            j
+        })
+        .collect();
+    (jobs, prior)
+}
+
+/// [`step`] with the ledger's demand readings in the snapshot (W).
+fn step_billed(
+    site: &Site,
+    jobs: &[Job],
+    prior: &State,
+    policy: &Policy,
+    fc: &Forecast,
+    now: Timestamp,
+    peaks: (Option<f64>, Option<f64>),
+) -> crate::Plan {
+    let mut snap = snapshot(site, now, fc.price.at(now));
+    for (m, v) in [(PERIOD_PEAK_W, peaks.0), (DAY_PEAK_W, peaks.1)] {
+        if let Some(v) = v {
+            snap.ingest(Sample::new(site.site_entity(), m, v, now, "t"), now)
+                .expect("ok");
+        }
+    }
+    evaluate(
+        &Inputs {
+            site,
+            snapshot: &snap,
+            jobs,
+            prior,
+            policy,
+            forecast: fc,
+        },
+        now,
+    )
+}
+
+#[test]
+fn without_a_policy_target_a_demand_charge_paces_under_the_billed_peak_so_far() {
+    let site = billed_site();
+    let fc = forecast(&[0.10; 72], false);
+    let mut pol = policy(PriceMode::Threshold);
+    pol.budget.enabled = true;
+    let now = t(5.0);
+    // five 2-GPU jobs (700 W each) on a facility drawing 1,280 W
+    let (jobs, prior) = held_jobs(&[2; 5], now);
+    let released = |plan: &crate::Plan| {
+        jobs.iter()
+            .filter(|j| !plan.state.holds.contains_key(&j.id))
+            .count()
+    };
+    // the period's peak so far is 3.4 kW: room for three of them
+    let plan = step_billed(
+        &site,
+        &jobs,
+        &prior,
+        &pol,
+        &fc,
+        now,
+        (Some(3400.0), Some(2000.0)),
+    );
+    assert_eq!(released(&plan), 3);
+    let hold = plan.state.holds.values().next().expect("two still held");
+    assert!(
+        hold.reason.contains(
+            "under the peak target 3.4 kW (automatic: the billing period's peak so far 3.4 kW)"
+        ),
+        "{}",
+        hold.reason
+    );
+    let d = plan
+        .decisions
+        .iter()
+        .find(|d| d.values.contains_key("peak_target_kw"))
+        .expect("a decision with the target");
+    assert_eq!(d.values["peak_target_kw"], 3.4);
+    assert_eq!(d.values["period_peak_kw"], 3.4);
+    // early in a period the last day's peak is the floor
+    let plan = step_billed(
+        &site,
+        &jobs,
+        &prior,
+        &pol,
+        &fc,
+        now,
+        (Some(1500.0), Some(2700.0)),
+    );
+    assert_eq!(released(&plan), 2);
+    // the policy's own target wins
+    pol.price.peak_target_kw = Some(5.0);
+    let plan = step_billed(&site, &jobs, &prior, &pol, &fc, now, (Some(1500.0), None));
+    assert_eq!(released(&plan), 5);
+    // no demand charge, or nothing measured yet: no automatic target
+    pol.price.peak_target_kw = None;
+    let plan = step_billed(&site, &jobs, &prior, &pol, &fc, now, (None, None));
+    assert_eq!(released(&plan), 5);
+    let plan = step_billed(
+        &self::site(),
+        &jobs,
+        &prior,
+        &pol,
+        &fc,
+        now,
+        (Some(1500.0), None),
+    );
+    assert_eq!(released(&plan), 5);
+}
+
+proptest! {
+    /// With a demand charge and no `peak_target_kw`, released work never takes the
+    /// facility above the billed peak so far (floored by the last day's peak).
+    #[test]
+    fn released_work_never_raises_the_billed_peak(
+        gpus in proptest::collection::vec(1u32..5, 1..16),
+        period_kw in proptest::option::of(0.5f64..8.0),
+        day_kw in proptest::option::of(0.5f64..8.0),
+        threshold in proptest::bool::ANY,
+    ) {
+        let site = billed_site();
+        let fc = forecast(&vec![0.10; 72], false);
+        let mut pol = policy(if threshold { PriceMode::Threshold } else { PriceMode::Plan });
+        pol.budget.enabled = true;
+        let now = t(5.0);
+        let (jobs, prior) = held_jobs(&gpus, now);
+        let w = |kw: Option<f64>| kw.map(|k| k * 1000.0);
+        let plan = step_billed(&site, &jobs, &prior, &pol, &fc, now, (w(period_kw), w(day_kw)));
+        let released: f64 = jobs
+            .iter()
+            .filter(|j| !plan.state.holds.contains_key(&j.id))
+            .map(|j| f64::from(j.gpus) * 350.0)
+            .sum();
+        if period_kw.is_some() || day_kw.is_some() {
+            let target = period_kw.unwrap_or(0.0).max(day_kw.unwrap_or(0.0));
+            // what the facility draws already is not the released work's doing
+            prop_assert!(
+                released <= (target * 1000.0 - 1280.0).max(0.0) + 1e-6,
+                "released {} W under a billed peak of {} kW",
+                released,
+                target
+            );
+        }
+    }
+}

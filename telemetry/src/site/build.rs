@@ -514,10 +514,23 @@ fn build_tariff(t: &super::raw::RawTariff, c: &mut Collector) -> crate::tariff::
         }
         v
     });
+    let demand_interval_s = t.demand_interval_min.as_ref().map(|d| {
+        let v = *d.get_ref();
+        if !(v.is_finite() && (1.0..=1440.0).contains(&v) && 1440.0 % v == 0.0) {
+            c.at(
+                span(d),
+                format!(
+                    "tariff: demand_interval_min must divide a day into whole intervals (1..=1440 minutes, e.g. 15 or 30), got {v}"
+                ),
+            );
+        }
+        v * 60.0
+    });
     Tariff {
         default_per_kwh,
         periods,
         demand_charge_per_kw,
+        demand_interval_s,
     }
 }
 

@@ -45,6 +45,8 @@ pub(super) struct RawTariff {
     pub(super) periods: Vec<RawTouPeriod>,
     #[serde(default)]
     pub(super) demand_charge_per_kw: Option<S<f64>>,
+    #[serde(default)]
+    pub(super) demand_interval_min: Option<S<f64>>,
 }
 
 #[derive(Debug, Deserialize)]
