@@ -763,15 +763,15 @@ fn job_priority_by_gpu(
     now: Timestamp,
 ) -> Vec<i64> {
     let mut m = vec![i64::MIN; index.gpus.len()];
-    for j in jobs
+    let alloc = index.allocations(jobs);
+    for (k, j) in jobs
         .iter()
-        .filter(|j| j.state == telemetry::JobState::Running)
+        .enumerate()
+        .filter(|(_, j)| j.state == telemetry::JobState::Running)
     {
         let p = cut_order_of(j, rule, now);
-        for g in &j.allocated {
-            if let Some(i) = index.gpu_index(g) {
-                m[i] = p;
-            }
+        for i in alloc.of(k) {
+            m[i] = p;
         }
     }
     m

@@ -38,7 +38,7 @@ pub struct Inputs<'a> {
 type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String, String)>;
 
 /// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt).
-type Groups = Vec<((String, String, Option<i64>), Vec<EntityId>)>;
+type Groups<'c> = Vec<((&'c str, &'c str, Option<i64>), Vec<EntityId>)>;
 
 /// A rule's wanted cap for one GPU, with what to say about it.
 #[derive(Debug, Clone)]
@@ -69,7 +69,9 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let mut planned_starts = BTreeMap::new();
     let mut predictions = BTreeMap::new();
     // the site's GPUs, listed once: every step below indexes into this
-    let index = rules_eval::Index::new(site, site.gpus()).with_snapshot(snapshot);
+    let index = rules_eval::Index::new(site, site.gpus())
+        .with_snapshot(snapshot)
+        .with_jobs(jobs);
     let gpus = &index.gpus;
     let prior_caps = by_index(&index, &prior.caps);
     let budget_at = |starting: &BTreeSet<String>| {
@@ -157,7 +159,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let enabled: Vec<&Rule> = policy.rules.iter().filter(|r| r.enabled).collect();
     let ids: Vec<String> = enabled.iter().map(|r| r.id()).collect();
     for (rule, id) in enabled.into_iter().zip(&ids) {
-        let empty = BTreeMap::new();
+        let empty = crate::plan::RuleMemories::new();
         let memory = prior.rules.get(&rule.name).unwrap_or(&empty);
         let (wants, mem) = rules_eval::run(
             rule,
@@ -266,7 +268,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.caps = to_map(site, gpus, &caps);
+    next.caps = to_map(site, gpus, caps);
     let prior_observed = by_index(&index, &prior.observed_caps);
     let observed = settle(gpus, &prior_observed, &observe, policy, now);
     cap_decisions(
@@ -279,7 +281,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.observed_caps = to_map(site, gpus, &observed);
+    next.observed_caps = to_map(site, gpus, observed);
 
     clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
     observed_rule_holds(prior, &rule_wants, now, &mut next, &mut decisions);
@@ -447,9 +449,10 @@ fn settle(
             .or_else(|| old.map(|c| c.rule.clone()))
             .unwrap_or_default();
         let keep = |c: &Cap| Cap {
+            watts: c.watts,
             rule: rule.clone(),
+            since: c.since,
             lease_until: now + lease_s,
-            ..c.clone()
         };
         // a cap falls whenever a rule wants it lower (a budget must not be exceeded by
         // a deadband); only rises smaller than the deadband are skipped
@@ -501,7 +504,7 @@ fn cap_decisions(
     }
     // group changed GPUs by rack, rule and new value, in site order
     let mut groups: Groups = Vec::new();
-    let mut at: std::collections::HashMap<(String, String, Option<i64>), usize> =
+    let mut at: std::collections::HashMap<(&str, &str, Option<i64>), usize> =
         std::collections::HashMap::new();
     for ((g, old), new) in all.iter().zip(prior).zip(next) {
         let (old, new) = (*old, new.as_ref());
@@ -513,16 +516,16 @@ fn cap_decisions(
         if !changed {
             continue;
         }
-        let rule = new.or(old).map(|c| c.rule.clone()).unwrap_or_default();
+        let rule = new.or(old).map_or("", |c| c.rule.as_str());
         let key = (
-            g.rack.id.clone(),
+            g.rack.id.as_str(),
             rule,
             new.map(|c| (c.watts * 10.0).round() as i64),
         );
         match at.get(&key) {
             Some(&i) => groups[i].1.push(EntityId::clone(&g.id)),
             None => {
-                at.insert(key.clone(), groups.len());
+                at.insert(key, groups.len());
                 groups.push((key, vec![EntityId::clone(&g.id)]));
             }
         }
@@ -531,10 +534,10 @@ fn cap_decisions(
         let scope = if rule == "budget.facility" {
             site.site_entity()
         } else {
-            EntityId::rack(&rack)
+            EntityId::rack(rack)
         };
         let (values, reason, release_text) = why
-            .get(&(rule.clone(), scope.to_string()))
+            .get(&(rule.to_string(), scope.to_string()))
             .cloned()
             .unwrap_or_else(|| (BTreeMap::new(), String::new(), String::new()));
         let (action, reason) = match watts {
@@ -555,9 +558,9 @@ fn cap_decisions(
         };
         out.push(Decision {
             time: now,
-            rule,
+            rule: rule.to_string(),
             target: Target::Gpus {
-                entity: EntityId::rack(&rack),
+                entity: EntityId::rack(rack),
                 gpus,
             },
             release: if matches!(action, Action::Uncap) {
@@ -1001,13 +1004,15 @@ fn by_index<'c>(
     v
 }
 
-fn to_map(site: &Site, gpus: &[GpuRef<'_>], caps: &[Option<Cap>]) -> BTreeMap<EntityId, Cap> {
-    let entry = |i: usize| caps[i].clone().map(|c| (EntityId::clone(&gpus[i].id), c));
+fn to_map(site: &Site, gpus: &[GpuRef<'_>], mut caps: Vec<Option<Cap>>) -> BTreeMap<EntityId, Cap> {
+    let n = gpus.len().min(caps.len());
+    let same = caps.len() == gpus.len();
+    let mut entry = |i: usize| caps[i].take().map(|c| (EntityId::clone(&gpus[i].id), c));
     // in id order, the map is built without sorting
     match site.gpus_by_id() {
-        order if order.len() == gpus.len() && caps.len() == gpus.len() => {
+        order if order.len() == gpus.len() && same => {
             order.iter().filter_map(|&i| entry(i as usize)).collect()
         }
-        _ => (0..gpus.len().min(caps.len())).filter_map(entry).collect(),
+        _ => (0..n).filter_map(entry).collect(),
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use telemetry::site::GpuRef;
 use telemetry::snapshot::Slot;
-use telemetry::{EntityId, EntityKind, Site, Snapshot, Timestamp};
+use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
 use crate::rules::{ScopeKind, Selector};
 
@@ -21,6 +21,45 @@ pub struct Index<'a> {
     /// Each GPU's slot in the snapshot (built on first use: slot `i` when the snapshot
     /// gave the site's GPUs the first slots, else found by name once).
     slots: std::cell::OnceCell<Vec<Option<Slot>>>,
+    /// The evaluation's jobs, whose allocations are looked up once (see
+    /// [`Index::allocations`]).
+    jobs: Option<&'a [Job]>,
+    allocations: std::cell::OnceCell<Allocations>,
+    /// `0..gpus.len()`: a GPU target's list of one GPU is a slice of it (no list made
+    /// per GPU).
+    positions: std::cell::OnceCell<Vec<usize>>,
+}
+
+/// Each job's allocated GPUs as indexes into [`Index::gpus`] (GPUs the site does not
+/// know are left out), by the job's position in its list.
+#[derive(Debug, Clone, Default)]
+pub struct Allocations {
+    start: Vec<u32>,
+    gpus: Vec<u32>,
+}
+
+impl Allocations {
+    fn build(index: &Index<'_>, jobs: &[Job]) -> Allocations {
+        let mut start = Vec::with_capacity(jobs.len() + 1);
+        let mut gpus = Vec::new();
+        start.push(0);
+        for j in jobs {
+            gpus.extend(
+                j.allocated
+                    .iter()
+                    .filter_map(|g| index.gpu_index(g))
+                    .map(|i| i as u32),
+            );
+            start.push(gpus.len() as u32);
+        }
+        Allocations { start, gpus }
+    }
+
+    /// The GPU indexes of job `j` (its position in the list).
+    pub fn of(&self, j: usize) -> impl Iterator<Item = usize> + '_ {
+        let (a, b) = (self.start[j] as usize, self.start[j + 1] as usize);
+        self.gpus[a..b].iter().map(|&g| g as usize)
+    }
 }
 
 impl<'a> Index<'a> {
@@ -30,6 +69,29 @@ impl<'a> Index<'a> {
             gpus,
             snapshot: None,
             slots: std::cell::OnceCell::new(),
+            jobs: None,
+            allocations: std::cell::OnceCell::new(),
+            positions: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The index with the evaluation's jobs, whose allocations it looks up once.
+    pub fn with_jobs(mut self, jobs: &'a [Job]) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
+    /// The jobs' allocations as GPU indexes: for the evaluation's jobs
+    /// ([`Index::with_jobs`]) made once and kept, so each job's GPU names are looked up
+    /// once per evaluation and not by every controller and rule that reads them; for
+    /// another list made anew.
+    pub fn allocations(&self, jobs: &[Job]) -> Cow<'_, Allocations> {
+        match self.jobs {
+            Some(own) if std::ptr::eq(own, jobs) => Cow::Borrowed(
+                self.allocations
+                    .get_or_init(|| Allocations::build(self, own)),
+            ),
+            _ => Cow::Owned(Allocations::build(self, jobs)),
         }
     }
 
@@ -129,16 +191,18 @@ impl<'a> Index<'a> {
         &self,
         scope: ScopeKind,
         sel: &Selector,
-    ) -> Vec<(Cow<'_, EntityId>, Vec<usize>)> {
+    ) -> Vec<(Cow<'_, EntityId>, Cow<'_, [usize]>)> {
         let names = |n: &str| sel.names.is_empty() || sel.names.iter().any(|g| g.matches(n));
         let racks_ok = self.racks_selected(sel);
-        let gpus_where = |f: &dyn Fn(&GpuRef<'_>) -> bool| -> Vec<usize> {
-            self.gpus
-                .iter()
-                .enumerate()
-                .filter(|(_, g)| racks_ok[g.rack_index] && f(g))
-                .map(|(i, _)| i)
-                .collect()
+        let gpus_where = |f: &dyn Fn(&GpuRef<'_>) -> bool| -> Cow<'_, [usize]> {
+            Cow::Owned(
+                self.gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, g)| racks_ok[g.rack_index] && f(g))
+                    .map(|(i, _)| i)
+                    .collect(),
+            )
         };
         let s = self.site;
         let mut out = Vec::new();
@@ -168,7 +232,7 @@ impl<'a> Index<'a> {
                 }
                 for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
                     if racks_ok[i] && names(&r.id) {
-                        out.push((Cow::Owned(EntityId::rack(&r.id)), g));
+                        out.push((Cow::Owned(EntityId::rack(&r.id)), Cow::Owned(g)));
                     }
                 }
             }
@@ -184,15 +248,21 @@ impl<'a> Index<'a> {
                     if racks_ok[rack] && names(&node.id) {
                         out.push((
                             Cow::Owned(EntityId::node(&node.id)),
-                            per.remove(&n).unwrap_or_default(),
+                            Cow::Owned(per.remove(&n).unwrap_or_default()),
                         ));
                     }
                 }
             }
             ScopeKind::Gpu => {
+                let positions = self
+                    .positions
+                    .get_or_init(|| (0..self.gpus.len()).collect());
                 for (i, g) in self.gpus.iter().enumerate() {
                     if racks_ok[g.rack_index] && names(&g.id.name) {
-                        out.push((Cow::Borrowed(&*g.id), vec![i]));
+                        out.push((
+                            Cow::Borrowed(&*g.id),
+                            Cow::Borrowed(std::slice::from_ref(&positions[i])),
+                        ));
                     }
                 }
             }

@@ -48,6 +48,7 @@ pub mod triggers;
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
 pub use plan::{
-    Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemory, State, Target,
+    Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemories, RuleMemory, State,
+    Target, Timers,
 };
 pub use policy::Policy;

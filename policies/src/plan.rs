@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use telemetry::{EntityId, Timestamp};
@@ -68,10 +69,10 @@ pub struct RuleMemory {
     /// When it last switched on or off.
     pub since: Timestamp,
     /// Since when each comparison of `when` has been true (by comparison index).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub when_true: BTreeMap<usize, Timestamp>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub release_true: BTreeMap<usize, Timestamp>,
+    #[serde(default, skip_serializing_if = "Timers::is_empty")]
+    pub when_true: Timers,
+    #[serde(default, skip_serializing_if = "Timers::is_empty")]
+    pub release_true: Timers,
     /// The rule's cap level (W or %) while it ramps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<f64>,
@@ -79,6 +80,212 @@ pub struct RuleMemory {
     /// A one-shot action (requeue) was taken in this activation.
     #[serde(default)]
     pub done: bool,
+}
+
+/// Since when each comparison of a condition has been true, by the comparison's index
+/// in the condition. In JSON a map (`{"0": "2024-06-03T06:00:00Z"}`); in memory the
+/// first [`Timers::INLINE`] comparisons sit in place (a condition has a handful), so
+/// the memory of a rule over every GPU of a site costs no allocation per GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timers {
+    /// `NONE` where the comparison is not true (or not timed).
+    first: [Timestamp; Timers::INLINE],
+    /// Comparisons from index `INLINE` on.
+    more: BTreeMap<usize, Timestamp>,
+}
+
+impl Timers {
+    pub const INLINE: usize = 4;
+    const NONE: Timestamp = Timestamp(i64::MIN);
+
+    pub fn new() -> Self {
+        Timers {
+            first: [Self::NONE; Self::INLINE],
+            more: BTreeMap::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.first.iter().all(|t| *t == Self::NONE) && self.more.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.first.iter().filter(|t| **t != Self::NONE).count() + self.more.len()
+    }
+
+    pub fn get(&self, id: usize) -> Option<Timestamp> {
+        match self.first.get(id) {
+            Some(t) => (*t != Self::NONE).then_some(*t),
+            None => self.more.get(&id).copied(),
+        }
+    }
+
+    /// Since when comparison `id` has been true, starting its timer at `now` if it was
+    /// not running.
+    pub fn start(&mut self, id: usize, now: Timestamp) -> Timestamp {
+        match self.first.get_mut(id) {
+            Some(t) => {
+                if *t == Self::NONE {
+                    *t = now;
+                }
+                *t
+            }
+            None => *self.more.entry(id).or_insert(now),
+        }
+    }
+
+    pub fn insert(&mut self, id: usize, since: Timestamp) {
+        match self.first.get_mut(id) {
+            Some(t) => *t = since,
+            None => {
+                self.more.insert(id, since);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, id: usize) -> Option<Timestamp> {
+        match self.first.get_mut(id) {
+            Some(t) => {
+                let old = std::mem::replace(t, Self::NONE);
+                (old != Self::NONE).then_some(old)
+            }
+            None => self.more.remove(&id),
+        }
+    }
+
+    /// The running timers in index order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, Timestamp)> + '_ {
+        self.first
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t != Self::NONE)
+            .map(|(i, t)| (i, *t))
+            .chain(self.more.iter().map(|(i, t)| (*i, *t)))
+    }
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        Timers::new()
+    }
+}
+
+impl FromIterator<(usize, Timestamp)> for Timers {
+    fn from_iter<I: IntoIterator<Item = (usize, Timestamp)>>(iter: I) -> Self {
+        let mut t = Timers::new();
+        for (i, since) in iter {
+            t.insert(i, since);
+        }
+        t
+    }
+}
+
+impl Serialize for Timers {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Timers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = BTreeMap::<usize, Timestamp>::deserialize(d)?;
+        Ok(m.into_iter().collect())
+    }
+}
+
+/// One rule's memory per target (an entity's name, or a job's id for a job rule). In
+/// JSON a map by target, in name order; in memory a list in the order the rule visits
+/// its targets (the site's order, the jobs' order), so the next evaluation finds each
+/// target's memory at its position in the list instead of hashing or comparing names
+/// through a map, and carries the names on without copying them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuleMemories {
+    entries: Vec<(Arc<str>, RuleMemory)>,
+}
+
+impl RuleMemories {
+    pub fn new() -> Self {
+        RuleMemories::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// A target's memory (a linear search: for tools and tests; the engine walks the
+    /// list in order).
+    pub fn get(&self, target: &str) -> Option<&RuleMemory> {
+        self.entries
+            .iter()
+            .find(|(k, _)| &**k == target)
+            .map(|(_, m)| m)
+    }
+
+    pub fn get_mut(&mut self, target: &str) -> Option<&mut RuleMemory> {
+        self.entries
+            .iter_mut()
+            .find(|(k, _)| &**k == target)
+            .map(|(_, m)| m)
+    }
+
+    /// Sets a target's memory (appended when the target has none).
+    pub fn insert(&mut self, target: impl Into<Arc<str>>, memory: RuleMemory) {
+        let target: Arc<str> = target.into();
+        match self.entries.iter_mut().find(|(k, _)| *k == target) {
+            Some((_, m)) => *m = memory,
+            None => self.entries.push((target, memory)),
+        }
+    }
+
+    /// Appends a target's memory without looking for it (the engine visits each target
+    /// once).
+    pub(crate) fn push(&mut self, target: Arc<str>, memory: RuleMemory) {
+        self.entries.push((target, memory));
+    }
+
+    /// Every target's memory, in the order they were written.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &RuleMemory)> + '_ {
+        self.entries.iter().map(|(k, m)| (&**k, m))
+    }
+
+    pub(crate) fn entries(&self) -> &[(Arc<str>, RuleMemory)] {
+        &self.entries
+    }
+}
+
+impl FromIterator<(String, RuleMemory)> for RuleMemories {
+    fn from_iter<I: IntoIterator<Item = (String, RuleMemory)>>(iter: I) -> Self {
+        // one entry per target: the last one given wins, as in a map
+        let m: BTreeMap<String, RuleMemory> = iter.into_iter().collect();
+        RuleMemories {
+            entries: m.into_iter().map(|(k, v)| (Arc::from(k), v)).collect(),
+        }
+    }
+}
+
+impl From<BTreeMap<String, RuleMemory>> for RuleMemories {
+    fn from(m: BTreeMap<String, RuleMemory>) -> Self {
+        m.into_iter().collect()
+    }
+}
+
+impl Serialize for RuleMemories {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // by name, as the map it replaces was written
+        let mut order: Vec<&(Arc<str>, RuleMemory)> = self.entries.iter().collect();
+        order.sort_by(|a, b| a.0.cmp(&b.0));
+        s.collect_map(order.into_iter().map(|(k, m)| (&**k, m)))
+    }
+}
+
+impl<'de> Deserialize<'de> for RuleMemories {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(BTreeMap::<String, RuleMemory>::deserialize(d)?.into())
+    }
 }
 
 /// A locked SM clock on one GPU.
@@ -112,7 +319,7 @@ pub struct State {
     pub suspended: BTreeMap<String, Hold>,
     /// Each rule's memory per target: `rule name` → `target` → memory.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub rules: BTreeMap<String, BTreeMap<String, RuleMemory>>,
+    pub rules: BTreeMap<String, RuleMemories>,
     /// The predictive thermal rule's fitted model per rack id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub thermal_models: BTreeMap<String, crate::thermal_model::RackFit>,
@@ -226,4 +433,66 @@ pub struct Plan {
 /// Rounded to three decimals, as values are written in decisions.
 pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state as the maps before dense rule memory wrote it: it loads, and is written
+    /// again byte for byte (targets and timers in name and index order).
+    #[test]
+    fn rule_memory_json_is_the_map_it_was() {
+        let json = r#"{"caps":{},"holds":{},"thermal":{},"observed_caps":{},"observed_holds":{},"rules":{"hot-gpus":{"a01-n01:0":{"active":false,"since":"2024-06-03T04:00:00Z","release_true":{"0":"2024-06-03T04:00:00Z"},"level_at":"2024-06-03T04:00:00Z","done":false},"a01-n01:1":{"active":true,"since":"2024-06-03T04:01:00Z","when_true":{"0":"2024-06-03T04:00:00Z","1":"2024-06-03T04:00:15Z","6":"2024-06-03T04:00:30Z"},"level":80.0,"level_at":"2024-06-03T04:01:00Z","done":false}}}}"#;
+        let s: State = serde_json::from_str(json).expect("old state loads");
+        let m = &s.rules["hot-gpus"];
+        assert_eq!(m.len(), 2);
+        let on = m.get("a01-n01:1").expect("memory of a01-n01:1");
+        assert!(on.active);
+        assert_eq!(on.when_true.len(), 3);
+        assert_eq!(
+            on.when_true.get(6),
+            Some(Timestamp::parse_rfc3339("2024-06-03T04:00:30Z").expect("time"))
+        );
+        assert_eq!(on.when_true.get(2), None);
+        assert!(on.release_true.is_empty());
+        assert_eq!(serde_json::to_string(&s).expect("writes"), json);
+    }
+
+    /// Memory kept in the order the engine visits targets is written in name order.
+    #[test]
+    fn rule_memory_is_written_in_name_order() {
+        let t = Timestamp::from_secs(0);
+        let mem = |active| RuleMemory {
+            active,
+            since: t,
+            when_true: Timers::new(),
+            release_true: [(0, t)].into_iter().collect(),
+            level: None,
+            level_at: t,
+            done: false,
+        };
+        let mut m = RuleMemories::new();
+        m.push("b".into(), mem(true));
+        m.push("a".into(), mem(false));
+        let json = serde_json::to_string(&m).expect("writes");
+        assert!(json.starts_with(r#"{"a":{"active":false"#), "{json}");
+        let back: RuleMemories = serde_json::from_str(&json).expect("loads");
+        assert_eq!(back.get("b"), m.get("b"));
+        assert_eq!(back.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["a", "b"]);
+    }
+
+    #[test]
+    fn timers_start_keep_and_stop() {
+        let (t0, t1) = (Timestamp::from_secs(0), Timestamp::from_secs(15));
+        let mut x = Timers::new();
+        assert_eq!(x.start(1, t0), t0);
+        assert_eq!(x.start(1, t1), t0, "a running timer keeps its start");
+        assert_eq!(x.start(9, t1), t1);
+        assert_eq!(x.iter().collect::<Vec<_>>(), [(1, t0), (9, t1)]);
+        assert_eq!(x.remove(1), Some(t0));
+        assert_eq!(x.remove(1), None);
+        assert_eq!(x.remove(9), Some(t1));
+        assert!(x.is_empty());
+    }
 }

@@ -102,12 +102,13 @@ fn rack_loads(
 ) -> Vec<RackLoad> {
     let site = index.site;
     let mut busy = vec![false; index.gpus.len()];
-    for g in jobs
+    let alloc = index.allocations(jobs);
+    for (k, _) in jobs
         .iter()
-        .filter(|j| j.state == JobState::Running)
-        .flat_map(|j| j.allocated.iter())
+        .enumerate()
+        .filter(|(_, j)| j.state == JobState::Running)
     {
-        if let Some(i) = index.gpu_index(g) {
+        for i in alloc.of(k) {
             busy[i] = true;
         }
     }

@@ -13,9 +13,12 @@ use telemetry::{EntityId, EntityKind, Job, JobState, Snapshot, Timestamp};
 
 use crate::expr::{Agg, BinOp, Cond, Condition, Expr, JobField, Series, Signal, Stat, TimeField};
 pub use crate::index::{Fnv, Index};
-use crate::plan::RuleMemory;
+use crate::plan::{RuleMemories, RuleMemory, Timers};
 use crate::rules::{OnStale, Rule, RuleAction, ScopeKind};
 use crate::Forecast;
+
+/// A rule's target: the entity (the site for a job), its GPUs, the job.
+type Target<'a> = (Cow<'a, EntityId>, Cow<'a, [usize]>, Option<&'a Job>);
 
 /// What one rule wants this tick.
 #[derive(Debug, Clone, Default)]
@@ -266,7 +269,7 @@ impl Ctx<'_, '_> {
         entity: &EntityId,
         gpus: &[usize],
         job: Option<&Job>,
-        timers: &mut BTreeMap<usize, Timestamp>,
+        timers: &mut Timers,
     ) -> Tri {
         match c {
             Cond::Cmp(x) => {
@@ -275,14 +278,14 @@ impl Ctx<'_, '_> {
                 match (a, b) {
                     (Val::Ok(a), Val::Ok(b)) => {
                         if x.op.apply(a, b) {
-                            let since = *timers.entry(x.id).or_insert(self.now);
+                            let since = timers.start(x.id, self.now);
                             if self.now.secs_since(since) + 1e-6 >= x.for_s {
                                 Tri::True
                             } else {
                                 Tri::False
                             }
                         } else {
-                            timers.remove(&x.id);
+                            timers.remove(x.id);
                             Tri::False
                         }
                     }
@@ -388,11 +391,11 @@ pub fn run(
     snapshot: &Snapshot,
     forecast: &Forecast,
     jobs: &[Job],
-    memory: &BTreeMap<String, RuleMemory>,
+    memory: &RuleMemories,
     hold_margin_s: f64,
     max_defer_s: f64,
     now: Timestamp,
-) -> (Wants, BTreeMap<String, RuleMemory>) {
+) -> (Wants, RuleMemories) {
     let ctx = Ctx {
         index,
         snapshot,
@@ -403,60 +406,73 @@ pub fn run(
         memo: Default::default(),
     };
     let mut wants = Wants::default();
-    // collected in target order and sorted once (cheaper than inserting each)
-    let mut next: Vec<(String, RuleMemory)> = Vec::new();
+    // in target order, as the next evaluation visits them
+    let mut next = RuleMemories::new();
     let site_entity = index.site.site_entity();
-    let targets: Vec<(Cow<'_, EntityId>, Vec<usize>, Option<&Job>)> =
-        if rule.scope == ScopeKind::Job {
-            jobs.iter()
-                .filter(|j| {
-                    // only the jobs the action can apply to
-                    let relevant = match rule.action {
-                        RuleAction::Hold | RuleAction::Release => {
-                            matches!(j.state, JobState::Pending | JobState::Held)
-                        }
-                        RuleAction::Suspend => {
-                            matches!(j.state, JobState::Running | JobState::Suspended)
-                        }
-                        _ => j.state == JobState::Running,
-                    };
-                    relevant && rule.select.matches_job(j)
-                })
-                .map(|j| {
-                    let gpus = j
-                        .allocated
-                        .iter()
-                        .filter_map(|g| index.gpu_index(g))
-                        .collect();
-                    (Cow::Borrowed(&site_entity), gpus, Some(j))
-                })
-                .collect()
-        } else {
-            index
-                .targets(rule.scope, &rule.select)
-                .into_iter()
-                .map(|(e, g)| (e, g, None))
-                .collect()
-        };
+    let targets: Vec<Target<'_>> = if rule.scope == ScopeKind::Job {
+        let alloc = index.allocations(jobs);
+        jobs.iter()
+            .enumerate()
+            .filter(|(_, j)| {
+                // only the jobs the action can apply to
+                let relevant = match rule.action {
+                    RuleAction::Hold | RuleAction::Release => {
+                        matches!(j.state, JobState::Pending | JobState::Held)
+                    }
+                    RuleAction::Suspend => {
+                        matches!(j.state, JobState::Running | JobState::Suspended)
+                    }
+                    _ => j.state == JobState::Running,
+                };
+                relevant && rule.select.matches_job(j)
+            })
+            .map(|(k, j)| {
+                let gpus = Cow::Owned(alloc.of(k).collect());
+                (Cow::Borrowed(&site_entity), gpus, Some(j))
+            })
+            .collect()
+    } else {
+        index
+            .targets(rule.scope, &rule.select)
+            .into_iter()
+            .map(|(e, g)| (e, g, None))
+            .collect()
+    };
     // racks a cap of this rule is already explained in (see the cap action below)
     let mut explained: Vec<bool> = vec![false; index.site.racks.len()];
-    // the prior memory by target name, hashed once when it is large
-    let hashed: Option<FnvMap<&str, &RuleMemory>> =
-        (memory.len() > 32).then(|| memory.iter().map(|(k, v)| (k.as_str(), v)).collect());
+    // the prior memory is in the order of the targets when they are the same as at the
+    // last evaluation: each target's entry is found at a cursor; the rest (targets
+    // added or gone, a memory read from the store in name order) by a map made then
+    let prior = memory.entries();
+    let mut cursor = 0usize;
+    let mut hashed: Option<FnvMap<&str, usize>> = None;
     for (entity, gpus, job) in targets {
         let entity: &EntityId = &entity;
         // memory is keyed by the target's name (a job's id): the rule fixes the kind
         let key: &str = job.map_or(entity.name.as_str(), |j| j.id.as_str());
         let target_name = || job.map_or_else(|| entity.to_string(), |j| format!("job/{}", j.id));
-        let prior_mem = match &hashed {
-            Some(h) => h.get(key).copied(),
-            None => memory.get(key),
+        let found = match prior.get(cursor) {
+            Some((k, _)) if **k == *key => Some(cursor),
+            _ => hashed
+                .get_or_insert_with(|| {
+                    prior
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (k, _))| (&**k, i))
+                        .collect()
+                })
+                .get(key)
+                .copied(),
         };
-        let mut mem = prior_mem.cloned().unwrap_or(RuleMemory {
+        if let Some(i) = found {
+            cursor = i + 1;
+        }
+        let prior_entry = found.map(|i| &prior[i]);
+        let mut mem = prior_entry.map(|(_, m)| m.clone()).unwrap_or(RuleMemory {
             active: false,
             since: now,
-            when_true: BTreeMap::new(),
-            release_true: BTreeMap::new(),
+            when_true: Timers::new(),
+            release_true: Timers::new(),
             level: None,
             level_at: now,
             done: false,
@@ -555,7 +571,7 @@ pub fn run(
                     mem.level = None;
                 }
                 if capped {
-                    for &g in &gpus {
+                    for &g in gpus.iter() {
                         let m = index.gpus[g].model;
                         let watts = match rule.action {
                             RuleAction::CapPct(_) => m.default_w * level / 100.0,
@@ -593,7 +609,7 @@ pub fn run(
             }
             RuleAction::LockClocks(mhz) => {
                 if mem.active {
-                    for &g in &gpus {
+                    for &g in gpus.iter() {
                         wants.clocks.push((g, mhz));
                     }
                     wants.why.push(Why {
@@ -658,10 +674,11 @@ pub fn run(
             }
         }
         if keep {
-            next.push((key.to_string(), mem));
+            let name = prior_entry.map_or_else(|| std::sync::Arc::from(key), |(k, _)| k.clone());
+            next.push(name, mem);
         }
     }
-    (wants, next.into_iter().collect())
+    (wants, next)
 }
 
 fn condition_text(c: Option<&Condition>) -> String {

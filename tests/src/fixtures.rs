@@ -117,14 +117,14 @@ pub fn state_a() -> State {
             reason: "price > 0.50 for 5m".into(),
         },
     );
-    let mut memory = std::collections::BTreeMap::new();
+    let mut memory = policies::RuleMemories::new();
     memory.insert(
-        "rack/b01".to_string(),
+        "rack/b01",
         policies::RuleMemory {
             active: true,
             since: t(0),
             when_true: [(0usize, t(0))].into_iter().collect(),
-            release_true: std::collections::BTreeMap::new(),
+            release_true: Default::default(),
             level: Some(85.0),
             level_at: t(0),
             done: false,
