@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{http, VIEWER};
-use orchestrator::node_power::{PowerState, RedfishPower};
+use orchestrator::node_power::PowerState;
 use redis_server::RedisServer;
 use sushy_emulator::Emulator;
 
@@ -48,8 +48,7 @@ fn metric(port: u16, series: &str) -> Option<f64> {
     if code != 200 {
         return None;
     }
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    common::metric_value(&body, series)
 }
 
 /// `Some(true)` when the replica on `port` leads, `Some(false)` when it follows.
@@ -167,16 +166,7 @@ fn wait_until(
 #[test]
 fn only_the_leader_powers_nodes_down_and_a_take_over_powers_up_what_a_dead_leader_left_off() {
     let emu = Emulator::start();
-    let r = RedfishPower::new(&emu.url, Duration::from_secs(10), None).expect("client");
-    let mut systems = Vec::new();
-    for _ in 0..100 {
-        if let Ok(s) = r.systems() {
-            systems = s;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let system = systems.first().cloned().expect("a system");
+    let (r, system) = emu.first_system();
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();

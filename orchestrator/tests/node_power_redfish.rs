@@ -26,17 +26,7 @@ fn wait_for(r: &RedfishPower, system: &str, want: PowerState) -> Duration {
 #[test]
 fn nodes_are_powered_down_and_up_through_computer_system_reset() {
     let emu = Emulator::start();
-    let r = RedfishPower::new(&emu.url, Duration::from_secs(10), None).expect("client");
-    // the emulator may take a moment before it answers
-    let mut systems = Vec::new();
-    for _ in 0..100 {
-        if let Ok(s) = r.systems() {
-            systems = s;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let system = systems.first().cloned().expect("a system");
+    let (r, system) = emu.first_system();
     let sys = system.clone();
     let of = move |node: &str| (node == "n1").then(|| sys.clone());
     // power up (the fake system starts off), then down, through the node actions

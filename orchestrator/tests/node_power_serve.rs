@@ -10,18 +10,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{http, promtool_check, serve, serve_log, VIEWER};
+use common::{http, metric_value as value, promtool_check, serve, serve_log, VIEWER};
 use orchestrator::node_power::{PowerState, RedfishPower};
 
 #[path = "common/sushy_emulator.rs"]
 mod sushy_emulator;
 use sushy_emulator::Emulator;
-
-fn value(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
 
 /// Waits (generously: the fake driver takes seconds, the machine is loaded) until
 /// `system` reports `want`.
@@ -39,16 +33,7 @@ fn wait_for(r: &RedfishPower, system: &str, want: PowerState, log: &dyn Fn() -> 
 #[test]
 fn serve_powers_idle_nodes_down_through_redfish_and_back_up_at_shutdown() {
     let emu = Emulator::start();
-    let r = RedfishPower::new(&emu.url, Duration::from_secs(10), None).expect("client");
-    let mut systems = Vec::new();
-    for _ in 0..100 {
-        if let Ok(s) = r.systems() {
-            systems = s;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let system = systems.first().cloned().expect("a system");
+    let (r, system) = emu.first_system();
     // the fake system starts off: the controller finds it off when it takes over
     assert_eq!(r.power_state(&system).expect("state"), PowerState::Off);
 

@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{http, promtool_check, serve, serve_log, VIEWER};
+use common::{http, metric_value as value, promtool_check, serve, serve_log, VIEWER};
 use orchestrator::node_power::{PowerState, SlurmPower};
 
 fn var(name: &str, default: &str) -> String {
@@ -222,12 +222,6 @@ fn slurm_22_05_node_powered_down_and_up() {
 #[test]
 fn slurm_24_11_node_powered_down_and_up() {
     actuator_powers_the_node_down_and_up(Slurm::V2411);
-}
-
-fn value(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 fn serve_powers_the_idle_node_down_a_released_job_brings_it_back_and_sigterm_powers_it_up(

@@ -56,11 +56,13 @@ fn default_timeout() -> f64 {
 fn default_max_answer() -> usize {
     64 << 20
 }
-fn default_scontrol() -> Vec<String> {
+/// `scontrol`, found on the PATH.
+pub fn default_scontrol() -> Vec<String> {
     vec!["scontrol".into()]
 }
 
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+/// A command: one word, or the words of a command line (`["chroot", "/srv/slurm", "scontrol"]`).
+pub fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {

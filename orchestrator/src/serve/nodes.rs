@@ -71,25 +71,11 @@ pub struct NodePowerSection {
     pub nodes: BTreeMap<String, String>,
     /// Slurm: `"scontrol"` (the default), or the command that runs it, as a list
     /// (`["chroot", "/srv/slurm", "scontrol"]`).
-    #[serde(default = "default_scontrol", deserialize_with = "one_or_many")]
+    #[serde(
+        default = "integrations::slurm_api::client::default_scontrol",
+        deserialize_with = "integrations::slurm_api::client::one_or_many"
+    )]
     pub scontrol: Vec<String>,
-}
-
-fn default_scontrol() -> Vec<String> {
-    vec!["scontrol".into()]
-}
-
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    })
 }
 
 impl NodePowerSection {

@@ -267,3 +267,11 @@ pub fn write_hot_rack(d: &std::path::Path, tag: &str) -> HotRack {
         prefix,
     }
 }
+
+/// The value of the first line of `metrics` that starts with `series` (a name, or a name
+/// with its labels).
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}

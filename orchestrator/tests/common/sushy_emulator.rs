@@ -53,6 +53,23 @@ impl Emulator {
     }
 }
 
+impl Emulator {
+    /// A client of the emulator, and the `@odata.id` of its first system, once the
+    /// emulator answers (it may take a moment after it listens).
+    pub fn first_system(&self) -> (orchestrator::node_power::RedfishPower, String) {
+        let r =
+            orchestrator::node_power::RedfishPower::new(&self.url, Duration::from_secs(10), None)
+                .expect("client");
+        for _ in 0..100 {
+            if let Some(s) = r.systems().ok().and_then(|s| s.into_iter().next()) {
+                return (r, s);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("sushy-emulator at {} lists no system", self.url);
+    }
+}
+
 impl Drop for Emulator {
     fn drop(&mut self) {
         let _ = self.child.kill();
