@@ -349,10 +349,22 @@ pub fn evaluate(
     // does (under their lowest power limit, fresh): a GPU drawing more runs work the
     // schedulers do not report, one not heard from is counted at its worst already
     let mut free = Vec::with_capacity(gpus.len());
+    let uncapped = remembered_draws(index, jobs, prior);
+    // what a capped GPU with no reading before its cap (its job started under it) may
+    // draw over its demand once its cap lifts: its maximum, less its draw
+    let mut unsure = vec![0.0; gpus.len()];
     for (i, g) in gpus.iter().enumerate() {
         let obs = index.gpu_observe(i, POWER_W, now);
         let cap = prior_caps[i].map(|c| c.watts);
-        let (draw, demand, was_stale) = gpu_demand(g, obs, cap, rule);
+        let (draw, demand, was_stale) = gpu_demand(g, obs, cap, uncapped[i], rule);
+        if priority[i] != i64::MIN
+            && !was_stale
+            && uncapped[i].is_none()
+            && cap.is_some_and(|c| c < g.model.max_w)
+            && demand < g.model.max_w
+        {
+            unsure[i] = g.model.max_w - demand;
+        }
         stale += usize::from(was_stale);
         free.push(priority[i] == i64::MIN && !was_stale && draw < g.model.min_w);
         draws.push(draw);
@@ -406,6 +418,7 @@ pub fn evaluate(
             .iter()
             .map(|&(i, share)| draws[i] * share)
             .collect();
+        let unsure_w: f64 = scope.members.iter().map(|&(i, sh)| unsure[i] * sh).sum();
         let (mut view, cut) = scope_cut(
             &scope.entity,
             scope.budget_kw,
@@ -415,6 +428,7 @@ pub fn evaluate(
             &scope_draws,
             rule,
             stale,
+            unsure_w,
         );
         view.starting_kw = scope
             .members
@@ -428,6 +442,7 @@ pub fn evaluate(
             &scope.members,
             &limited,
             prior_caps,
+            &unsure,
             scope.rule,
             &mut wanted,
         );
@@ -470,6 +485,7 @@ pub fn evaluate(
         &draws,
         rule,
         stale,
+        unsure.iter().sum(),
     );
     view.starting_kw = extra_w.iter().sum::<f64>() / 1000.0;
     let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
@@ -479,6 +495,7 @@ pub fn evaluate(
         &all,
         &limited,
         prior_caps,
+        &unsure,
         "budget.facility",
         &mut wanted,
     );
@@ -505,11 +522,90 @@ pub fn facility_budget_kw(site: &Site, rule: &BudgetRule) -> f64 {
         .map_or(site.facility_budget_kw(), |l| l.limit_kw * l.derate)
 }
 
-/// (what it draws now, what it would draw uncapped, whether its reading was stale)
+/// Each GPU's draw before its cap, where the GPU still runs the job it was read for.
+fn remembered_draws(
+    index: &crate::index::Index<'_>,
+    jobs: &[Job],
+    prior: &State,
+) -> Vec<Option<f64>> {
+    let mut out = vec![None; index.gpus.len()];
+    if prior.uncapped_draws.is_empty() {
+        return out;
+    }
+    let alloc = index.allocations(jobs);
+    for (k, j) in jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.state == telemetry::JobState::Running)
+    {
+        for i in alloc.of(k) {
+            out[i] = prior
+                .uncapped_draws
+                .get(&index.gpus[i].id)
+                .filter(|d| d.job == j.id)
+                .map(|d| d.watts);
+        }
+    }
+    out
+}
+
+/// What each capped busy GPU drew before its cap, for the job it runs (the memory
+/// [`gpu_demand`] counts it at): a GPU capped now that ran at its default limit until
+/// now (no cap was in force, and the limit it reports, if any, is its default) is
+/// remembered at its reading now; one capped before keeps what was remembered for the
+/// same job; an uncapped or idle GPU, or one running another job, is forgotten.
+pub fn remember_uncapped(
+    index: &crate::index::Index<'_>,
+    jobs: &[Job],
+    prior: &State,
+    prior_caps: &[Option<&crate::Cap>],
+    next_caps: &[Option<crate::Cap>],
+    now: Timestamp,
+) -> BTreeMap<EntityId, crate::plan::UncappedDraw> {
+    let mut out = BTreeMap::new();
+    let alloc = index.allocations(jobs);
+    for (k, j) in jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.state == telemetry::JobState::Running)
+    {
+        for i in alloc.of(k) {
+            if next_caps[i].is_none() {
+                continue;
+            }
+            let g = &index.gpus[i];
+            let kept = prior.uncapped_draws.get(&g.id).filter(|d| d.job == j.id);
+            let read = || {
+                let at_default = index
+                    .gpu_observe(i, telemetry::metric::names::POWER_LIMIT_W, now)
+                    .filter(|o| o.usable())
+                    .is_none_or(|o| o.value >= g.model.default_w - 0.5);
+                let obs = index.gpu_observe(i, POWER_W, now).filter(|o| o.usable())?;
+                (prior_caps[i].is_none() && at_default).then(|| crate::plan::UncappedDraw {
+                    job: j.id.clone(),
+                    watts: obs.value,
+                    at: now,
+                })
+            };
+            if let Some(d) = kept.cloned().or_else(read) {
+                out.insert(EntityId::clone(&g.id), d);
+            }
+        }
+    }
+    out
+}
+
+/// (what it draws now, what it would draw uncapped, whether its reading was stale).
+/// A GPU under a cap draws less than it would without: one drawing about what its cap
+/// allows would draw more (its maximum, as far as we can tell); one drawing less than
+/// its cap still runs slower and draws less than uncapped (a cap bounds the peaks, the
+/// average sits under it), so where its draw before the cap is remembered for the job
+/// it runs (`uncapped`), that is its demand.
 fn gpu_demand(
     g: &GpuRef<'_>,
     obs: Option<telemetry::Observation>,
     cap: Option<f64>,
+    uncapped: Option<f64>,
     rule: &BudgetRule,
 ) -> (f64, f64, bool) {
     let (draw, stale) = match obs {
@@ -524,13 +620,16 @@ fn gpu_demand(
             _ => (g.model.max_w, true),
         },
     };
+    let capped = cap.is_some_and(|c| c < g.model.max_w);
     let cap = cap.unwrap_or(g.model.default_w);
     // a GPU drawing what its cap allows would draw more without it: assume its maximum
+    // (unless it drew more than its cap before it: then that)
     let at_cap = draw >= cap - rule.deadband_w.max(cap * 0.03);
-    let demand = if at_cap && cap < g.model.max_w {
-        g.model.max_w
-    } else {
-        draw
+    let demand = match uncapped.filter(|_| capped && !stale) {
+        Some(u) if at_cap && u < cap => g.model.max_w,
+        Some(u) => u.max(draw),
+        None if at_cap && capped => g.model.max_w,
+        None => draw,
     };
     (draw, demand, stale)
 }
@@ -545,6 +644,7 @@ fn scope_cut(
     draws: &[f64],
     rule: &BudgetRule,
     stale: usize,
+    unsure_w: f64,
 ) -> (ScopeView, Cut) {
     let gpu_draw: f64 = draws.iter().sum();
     let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
@@ -565,7 +665,7 @@ fn scope_cut(
     };
     let cut = if demand_w > budget_kw * 1000.0 * (1.0 - rule.margin) {
         Cut::To(alloc)
-    } else if demand_w > budget_kw * 1000.0 * rule.release_ratio {
+    } else if demand_w + unsure_w > budget_kw * 1000.0 * rule.release_ratio {
         Cut::Keep
     } else {
         Cut::Lift
@@ -594,15 +694,28 @@ enum Cut {
 }
 
 /// Applies a scope's cut to its members (`(GPU index, share)`), tightening `wanted`.
+/// Over the release threshold, the caps of GPUs whose demand is unsure (`unsure` > 0:
+/// no reading before their cap) stay where they are: the cut counted them at their draw.
+#[allow(clippy::too_many_arguments)]
 fn apply_cut(
     cut: &Cut,
     gpus: &[GpuRef<'_>],
     members: &[(usize, f64)],
     claims: &[Claim],
     prior_caps: &[Option<&crate::Cap>],
+    unsure: &[f64],
     name: &'static str,
     wanted: &mut [Option<BudgetCap>],
 ) {
+    if !matches!(cut, Cut::Lift) {
+        for (&(i, _), c) in members.iter().zip(claims) {
+            if unsure[i] > 0.0 && !is_protected(c.priority) {
+                if let Some(p) = prior_caps[i] {
+                    tighten(&mut wanted[i], p.watts, name);
+                }
+            }
+        }
+    }
     match cut {
         Cut::Lift => {}
         Cut::Keep => {

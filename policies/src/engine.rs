@@ -258,6 +258,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     let mut decisions = Vec::new();
     let caps = settle(gpus, &prior_caps, &enforce, policy, now);
+    if policy.budget.enabled {
+        next.uncapped_draws =
+            budget::remember_uncapped(&index, jobs, prior, &prior_caps, &caps, now);
+    }
     cap_decisions(
         site,
         gpus,

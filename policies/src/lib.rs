@@ -49,6 +49,6 @@ pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
 pub use plan::{
     Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemories, RuleMemory, State,
-    Target, Timers,
+    Target, Timers, UncappedDraw,
 };
 pub use policy::Policy;

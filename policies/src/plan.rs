@@ -323,6 +323,20 @@ pub struct State {
     /// The predictive thermal rule's fitted model per rack id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub thermal_models: BTreeMap<String, crate::thermal_model::RackFit>,
+    /// What each capped busy GPU drew just before its cap, for the job it runs: the
+    /// budget rule's demand for it while the cap holds it down (see
+    /// [`crate::budget::remember_uncapped`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub uncapped_draws: BTreeMap<EntityId, UncappedDraw>,
+}
+
+/// A GPU's draw at its default limit, read for one job before a cap held it down.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UncappedDraw {
+    pub job: String,
+    pub watts: f64,
+    /// When it was read.
+    pub at: Timestamp,
 }
 
 /// What a decision is about. In JSON its fields sit in the decision itself:

@@ -183,6 +183,7 @@ const CLOCKS: &str = "clocks";
 const SUSPENDED: &str = "suspended";
 const RULES: &str = "rules";
 const THERMAL_MODELS: &str = "thermal_models";
+const UNCAPPED_DRAWS: &str = "uncapped_draws";
 
 /// A batch under construction, with typed helpers.
 #[derive(Debug, Clone, Default)]
@@ -242,6 +243,7 @@ impl Tx {
         self.diff(SUSPENDED, &prior.suspended, &next.suspended);
         self.diff(RULES, &prior.rules, &next.rules);
         self.diff(THERMAL_MODELS, &prior.thermal_models, &next.thermal_models);
+        self.diff(UNCAPPED_DRAWS, &prior.uncapped_draws, &next.uncapped_draws);
         self
     }
 
@@ -442,6 +444,7 @@ impl Store {
             suspended: self.keyed::<Hold>(SUSPENDED)?,
             rules: self.keyed(RULES)?,
             thermal_models: self.keyed(THERMAL_MODELS)?,
+            uncapped_draws: self.entities(UNCAPPED_DRAWS)?,
         })
     }
 
