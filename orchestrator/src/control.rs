@@ -233,6 +233,40 @@ impl ControlLoop {
         self.snapshot.mark_bad(entity);
     }
 
+    /// Takes samples into the snapshot at `now`, counting what is accepted and what is
+    /// refused (and why); returns the refusals. [`ControlLoop::tick`] ingests what it is
+    /// given; `serve` also ingests between evaluations, so that an evaluation made for
+    /// a crossing does not first take in every reading since the last one.
+    pub fn ingest(
+        &mut self,
+        samples: impl IntoIterator<Item = Sample>,
+        now: Timestamp,
+    ) -> Vec<String> {
+        let mut rejected = Vec::new();
+        for sample in samples {
+            match self.snapshot.ingest(sample, now) {
+                Ok(telemetry::snapshot::Ingested::Updated) => self.counters.samples_accepted += 1,
+                Ok(telemetry::snapshot::Ingested::CounterReset) => {
+                    self.counters.samples_accepted += 1;
+                    self.counters.counter_resets += 1;
+                }
+                Ok(telemetry::snapshot::Ingested::OlderIgnored) => {
+                    self.counters.samples_older_ignored += 1
+                }
+                Err(e) => {
+                    *self
+                        .counters
+                        .samples_rejected
+                        .entry(e.reason())
+                        .or_default() += 1;
+                    debug!(reason = e.reason(), "sample rejected: {e}");
+                    rejected.push(e.to_string());
+                }
+            }
+        }
+        rejected
+    }
+
     /// One pass of the loop at `now`.
     /// `samples` are what the telemetry sources produced since the last tick; `jobs` is
     /// the schedulers' current view.
@@ -251,27 +285,7 @@ impl ControlLoop {
             .demand()
             .map(|d| d.samples(&self.site.site_entity(), now))
             .unwrap_or_default();
-        for sample in samples.into_iter().chain(demand) {
-            match self.snapshot.ingest(sample, now) {
-                Ok(telemetry::snapshot::Ingested::Updated) => self.counters.samples_accepted += 1,
-                Ok(telemetry::snapshot::Ingested::CounterReset) => {
-                    self.counters.samples_accepted += 1;
-                    self.counters.counter_resets += 1;
-                }
-                Ok(telemetry::snapshot::Ingested::OlderIgnored) => {
-                    self.counters.samples_older_ignored += 1
-                }
-                Err(e) => {
-                    *self
-                        .counters
-                        .samples_rejected
-                        .entry(e.reason())
-                        .or_default() += 1;
-                    debug!(reason = e.reason(), "sample rejected: {e}");
-                    report.rejected.push(e.to_string());
-                }
-            }
-        }
+        report.rejected = self.ingest(samples.into_iter().chain(demand), now);
         let mut tx = Tx::new();
         let changed = self.registry.sync(jobs);
         if self.records {

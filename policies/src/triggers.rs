@@ -25,6 +25,20 @@ pub struct Thresholds {
     own: FnvMap<EntityId, Vec<(&'static str, f64)>>,
 }
 
+/// The values the last evaluation saw of the watched series read since it (see
+/// [`Thresholds::any_crossed_since`]).
+#[derive(Debug, Clone, Default)]
+pub struct SinceEvaluation {
+    seen: FnvMap<EntityId, Vec<(telemetry::Metric, Option<f64>)>>,
+}
+
+impl SinceEvaluation {
+    /// An evaluation ran: what it saw is the snapshot as it is now.
+    pub fn clear(&mut self) {
+        self.seen.clear();
+    }
+}
+
 impl Thresholds {
     pub fn new(policy: &Policy, site: &Site) -> Thresholds {
         let mut t = Thresholds::default();
@@ -106,6 +120,54 @@ impl Thresholds {
             let before = seen.reading(&s.entity, s.metric.as_str()).map(|r| r.value);
             self.crossed(&s.entity, s.metric.as_str(), before, s.value)
         })
+    }
+
+    /// Whether a level watches `metric` of `entity`.
+    pub fn watches(&self, entity: &EntityId, metric: &str) -> bool {
+        self.any.contains_key(metric)
+            || self
+                .own
+                .get(entity)
+                .is_some_and(|v| v.iter().any(|&(m, _)| m == metric))
+    }
+
+    /// [`Thresholds::any_crossed`] for readings taken into `snapshot` as they arrive,
+    /// between evaluations: each sample is compared with the value the last evaluation
+    /// saw, which `since` keeps for every watched series that changed since. Call it
+    /// before ingesting `samples`, and clear `since` after each evaluation. The answer is
+    /// the one `any_crossed` gives with the readings held back until the evaluation.
+    pub fn any_crossed_since(
+        &self,
+        snapshot: &telemetry::Snapshot,
+        since: &mut SinceEvaluation,
+        samples: &[telemetry::Sample],
+    ) -> bool {
+        let mut any = false;
+        for s in samples {
+            let metric = s.metric.as_str();
+            if !self.watches(&s.entity, metric) {
+                continue;
+            }
+            let seen = since.seen.get(&s.entity).and_then(|v| {
+                v.iter()
+                    .find(|(m, _)| m.as_str() == metric)
+                    .map(|&(_, b)| b)
+            });
+            let before = match seen {
+                Some(b) => b,
+                None => {
+                    let b = snapshot.reading(&s.entity, metric).map(|r| r.value);
+                    since
+                        .seen
+                        .entry(s.entity.clone())
+                        .or_default()
+                        .push((s.metric.clone(), b));
+                    b
+                }
+            };
+            any |= self.crossed(&s.entity, metric, before, s.value);
+        }
+        any
     }
 
     pub fn is_empty(&self) -> bool {
@@ -190,5 +252,49 @@ action = { cap_pct = 80 }
         // the rack's budget: 20 kW × 0.8 derate × 0.9 margin = 14.4 kW
         assert!(t.crossed(&rack, POWER_W, Some(14_000.0), 14_500.0));
         assert!(!t.crossed(&rack, POWER_W, Some(13_000.0), 14_000.0));
+    }
+    #[test]
+    fn readings_ingested_as_they_arrive_cross_as_if_held_for_the_evaluation() {
+        use telemetry::{Sample, Snapshot, Timestamp};
+        let policy = Policy::parse("policy.toml", "version = 1\n[thermal]\nmargin_c = 1.0\n")
+            .expect("policy");
+        let site = site();
+        let t = Thresholds::new(&policy, &site);
+        let rack = EntityId::rack("a01");
+        let at = |s: i64| Timestamp(1_700_000_000_000 + s * 1000);
+        let inlet = |v: f64, s: i64| Sample::new(rack.clone(), INLET_TEMP_C, v, at(s), "t");
+        // the last evaluation saw 30 °C (under 32 − 1)
+        let mut snapshot = Snapshot::default();
+        snapshot.ingest(inlet(30.0, 0), at(0)).expect("ingest");
+        let mut since = SinceEvaluation::default();
+        // readings in two looks: 31.5 (over 31) then back to 30.5
+        for (look, want) in [(vec![inlet(31.5, 1)], true), (vec![inlet(30.5, 2)], false)] {
+            assert_eq!(
+                t.any_crossed_since(&snapshot, &mut since, &look),
+                want,
+                "against the evaluated 30 °C, not the 31.5 °C ingested since"
+            );
+            for s in look {
+                snapshot.ingest(s, at(3)).expect("ingest");
+            }
+        }
+        // held back, the same readings give the same answers
+        let mut held = Snapshot::default();
+        held.ingest(inlet(30.0, 0), at(0)).expect("ingest");
+        assert!(t.any_crossed(&held, &[inlet(31.5, 1)]));
+        assert!(!t.any_crossed(&held, &[inlet(30.5, 2)]));
+        // after an evaluation, the reference is what the snapshot holds then (30.5)
+        since.clear();
+        assert!(!t.any_crossed_since(&snapshot, &mut since, &[inlet(30.8, 4)]));
+        assert!(t.any_crossed_since(&snapshot, &mut since, &[inlet(31.2, 5)]));
+        // an unwatched series is not kept
+        let gpu = EntityId::gpu("a01-n01", 0);
+        since.clear();
+        t.any_crossed_since(
+            &snapshot,
+            &mut since,
+            &[Sample::new(gpu, "gpu_temp_c", 90.0, at(6), "t")],
+        );
+        assert!(since.seen.is_empty());
     }
 }

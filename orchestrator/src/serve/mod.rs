@@ -227,8 +227,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         last_source_sample: None,
         events: crate::cadence::Events::new(cfg_events.0, cfg_events.1),
         thresholds: policies::triggers::Thresholds::default(),
-        pending: Vec::new(),
-        pending_dead: Vec::new(),
+        since: Default::default(),
     };
     // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
     // by the loop itself, so a loop that stalls is restarted after WatchdogSec
@@ -300,10 +299,9 @@ struct Serve {
     /// Event-driven evaluation: when a crossing is due, and the levels that count.
     events: crate::cadence::Events,
     thresholds: policies::triggers::Thresholds,
-    /// Samples taken from the buffer between ticks (to look for crossings), for the
-    /// next evaluation.
-    pending: Vec<telemetry::Sample>,
-    pending_dead: Vec<telemetry::EntityId>,
+    /// What the last evaluation saw of the watched series read since (the readings
+    /// are taken in between evaluations, crossings are against what it saw).
+    since: policies::triggers::SinceEvaluation,
     /// With `[node_power]`: nodes powered down and up through Slurm or Redfish.
     node_power: Option<nodes::NodePower>,
 }
@@ -324,11 +322,8 @@ impl Serve {
         let began = Instant::now();
         let crossed = due.is_none().then(|| self.events.armed()).flatten();
         let now = wall_clock();
-        let (drained, drained_dead) = self.buffer.drain();
-        let mut samples = std::mem::take(&mut self.pending);
-        samples.extend(drained);
-        let mut dead = std::mem::take(&mut self.pending_dead);
-        dead.extend(drained_dead);
+        // most readings were taken in between evaluations (see `take_readings`)
+        let (mut samples, dead) = self.buffer.drain();
         let refused = self.gate.take_refused();
         self.control
             .count_rejected(crate::admit::UNKNOWN_ENTITY, refused);
@@ -374,6 +369,7 @@ impl Serve {
             done: None,
         };
         let report = self.control.tick(now, samples, jobs, &mut timed);
+        self.since.clear();
         if due.is_none() {
             self.cadence.event_done(crossed, timed.done, began);
         }
@@ -439,31 +435,30 @@ impl Serve {
         }
     }
 
-    /// Takes what the edges delivered since the last look and notes whether any
-    /// sample crossed a threshold against the value the last evaluation saw.
-    fn look_for_crossings(&mut self) {
+    /// Takes what the edges delivered since the last look into the snapshot, so that
+    /// an evaluation (on a tick or a crossing) does not first ingest every reading
+    /// since the one before it; with `crossings`, notes whether any sample crossed a
+    /// threshold against the value the last evaluation saw.
+    fn take_readings(&mut self, crossings: bool) {
         let (samples, dead) = self.buffer.drain();
         if samples.is_empty() && dead.is_empty() {
             return;
         }
-        let now = Instant::now();
-        if self
-            .thresholds
-            .any_crossed(self.control.snapshot(), &samples)
+        let now = wall_clock();
+        if crossings
+            && self
+                .thresholds
+                .any_crossed_since(self.control.snapshot(), &mut self.since, &samples)
         {
-            self.events.crossed(now);
+            self.events.crossed(Instant::now());
         }
-        // the buffer's bound holds for what waits here too: the oldest go first
-        let cap = self.cfg.controller.buffer_samples.max(1);
-        self.pending.extend(samples);
-        if self.pending.len() > cap {
-            let over = self.pending.len() - cap;
-            self.pending.drain(..over);
-            self.buffer
-                .dropped
-                .fetch_add(over as u64, Ordering::Relaxed);
+        for e in &dead {
+            self.control.mark_bad(e);
         }
-        self.pending_dead.extend(dead);
+        if !samples.is_empty() {
+            self.last_source_sample = Some(now);
+            self.control.ingest(samples, now);
+        }
     }
 
     /// The tick, copied for the API and `/metrics`.
@@ -524,11 +519,10 @@ impl Serve {
             }
             // a follower's evaluations actuate nothing: it waits for the tick
             let acting = self.leader.ha.is_none() || self.leader.epoch.is_some();
-            if self.events.enabled() && acting {
-                self.look_for_crossings();
-                if self.events.due().is_some_and(|d| Instant::now() >= d) {
-                    self.evaluate(None);
-                }
+            let events = self.events.enabled() && acting;
+            self.take_readings(events);
+            if events && self.events.due().is_some_and(|d| Instant::now() >= d) {
+                self.evaluate(None);
             }
         }
     }
