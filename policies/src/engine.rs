@@ -5,6 +5,7 @@
 //! fall at once and rise at most `raise_w_per_min`; changes under `deadband_w` are not
 //! made. Rules in observe mode run the same way into a separate, never-actuated state.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use telemetry::site::GpuRef;
@@ -34,11 +35,26 @@ pub struct Inputs<'a> {
     pub forecast: &'a crate::Forecast,
 }
 
-/// Per (rule, scope): the values a rule looked at and what it says about them.
-type Why = BTreeMap<(String, String), (BTreeMap<String, f64>, String, String)>;
+/// The values a rule looked at, what it says about them and what would release it.
+type Explained = (BTreeMap<String, f64>, String, String);
 
-/// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt).
-type Groups<'c> = Vec<((&'c str, &'c str, Option<i64>), Vec<EntityId>)>;
+/// Per (rule, scope): what explains a cap of the rule there. Keys borrow the rule ids
+/// and the racks' scope names made once per evaluation.
+type Why<'k> = BTreeMap<(&'k str, Cow<'k, str>), Explain>;
+
+/// An explanation, or where to make it from when a cap decision needs it.
+#[derive(Debug)]
+enum Explain {
+    Made(Explained),
+    /// A budget scope: the budget's evaluation (the first or the feed-forward one) and
+    /// the scope's view in it. Most scopes cap nothing: their texts are made only for
+    /// the caps that change.
+    Budget(usize, usize),
+}
+
+/// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt), with the rack's
+/// index.
+type Groups<'c> = Vec<((&'c str, &'c str, Option<i64>), usize, Vec<EntityId>)>;
 
 /// A rule's wanted cap for one GPU, with what to say about it.
 #[derive(Debug, Clone)]
@@ -62,7 +78,18 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     // wanted caps by GPU index
     let mut enforce: Vec<Option<Want>> = vec![None; n];
     let mut observe: Vec<Option<Want>> = vec![None; n];
+    let enabled: Vec<&Rule> = policy.rules.iter().filter(|r| r.enabled).collect();
+    let ids: Vec<String> = enabled.iter().map(|r| r.id()).collect();
+    // each rack's scope name (`rack/a01`), made once: explanations are keyed by it
+    let rack_scopes: Vec<String> = site
+        .racks
+        .iter()
+        .map(|r| EntityId::rack(&r.id).to_string())
+        .collect();
+    let site_scope = site.site_entity().to_string();
     let mut why: Why = BTreeMap::new();
+    // each budget evaluation's scope views (explanations point into them)
+    let mut budget_views: Vec<Vec<ScopeView>> = Vec::new();
 
     let mut next = State::default();
     let mut pacing = None;
@@ -98,14 +125,15 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             demand_w: facility.demand_kw * 1000.0,
         });
         budget_wants(
-            site,
             policy,
             wanted,
-            &views,
+            (budget_views.len(), &views),
+            &rack_scopes,
             &mut enforce,
             &mut observe,
             &mut why,
         );
+        budget_views.push(views);
     }
     if policy.thermal.enabled {
         let (levels, steps) = match policy.thermal.mode {
@@ -133,12 +161,18 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             &mut enforce
         };
         if !levels.is_empty() {
+            // each rack's level looked up once, not once per GPU
+            let fraction: Vec<Option<f64>> = site
+                .racks
+                .iter()
+                .map(|r| levels.get(&r.id).map(|l| l.fraction))
+                .collect();
             for (i, g) in gpus.iter().enumerate() {
-                if let Some(l) = levels.get(&g.rack.id) {
+                if let Some(f) = fraction[g.rack_index] {
                     offer(
                         target,
                         i,
-                        g.model.default_w * l.fraction,
+                        g.model.default_w * f,
                         "thermal.inlet",
                         policy.thermal.lease_s,
                     );
@@ -146,9 +180,13 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             }
         }
         for s in steps {
+            let scope = match site.rack_index(&s.rack) {
+                Some(r) => Cow::Borrowed(rack_scopes[r].as_str()),
+                None => Cow::Owned(EntityId::rack(&s.rack).to_string()),
+            };
             why.insert(
-                ("thermal.inlet".into(), EntityId::rack(&s.rack).to_string()),
-                (s.values, s.reason, s.release),
+                ("thermal.inlet", scope),
+                Explain::Made((s.values, s.reason, s.release)),
             );
         }
         next.thermal = levels;
@@ -156,8 +194,6 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     // the SREs' rules
     let mut rule_wants: Vec<(&Rule, rules_eval::Wants)> = Vec::new();
-    let enabled: Vec<&Rule> = policy.rules.iter().filter(|r| r.enabled).collect();
-    let ids: Vec<String> = enabled.iter().map(|r| r.id()).collect();
     for (rule, id) in enabled.into_iter().zip(&ids) {
         let empty = crate::plan::RuleMemories::new();
         let memory = prior.rules.get(&rule.name).unwrap_or(&empty);
@@ -190,13 +226,13 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                 if !seen_racks.insert(r) {
                     continue;
                 }
-                let key = (id.clone(), EntityId::rack(&site.racks[r].id).to_string());
+                let key = (id.as_str(), Cow::Borrowed(rack_scopes[r].as_str()));
                 why.entry(key).or_insert_with(|| {
-                    (
+                    Explain::Made((
                         w.values.clone(),
                         format!("{}: {}", w.target, w.reason),
                         w.release.clone(),
-                    )
+                    ))
                 });
             }
         }
@@ -246,15 +282,23 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     if policy.budget.enabled && !starting.is_empty() {
         let (wanted, views) = budget_at(&starting);
         budget_wants(
-            site,
             policy,
             wanted,
-            &views,
+            (budget_views.len(), &views),
+            &rack_scopes,
             &mut enforce,
             &mut observe,
             &mut why,
         );
+        budget_views.push(views);
     }
+    let explain = Explainer {
+        why: &why,
+        budget_views: &budget_views,
+        rack_scopes: &rack_scopes,
+        site_scope: &site_scope,
+        policy,
+    };
 
     let mut decisions = Vec::new();
     let caps = settle(gpus, &prior_caps, &enforce, policy, now);
@@ -263,11 +307,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             budget::remember_uncapped(&index, jobs, prior, &prior_caps, &caps, now);
     }
     cap_decisions(
-        site,
         gpus,
         &prior_caps,
         &caps,
-        &why,
+        &explain,
         false,
         now,
         &mut decisions,
@@ -276,11 +319,10 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let prior_observed = by_index(&index, &prior.observed_caps);
     let observed = settle(gpus, &prior_observed, &observe, policy, now);
     cap_decisions(
-        site,
         gpus,
         &prior_observed,
         &observed,
-        &why,
+        &explain,
         true,
         now,
         &mut decisions,
@@ -336,15 +378,17 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
 /// Offers the budget rule's wanted caps (to the enforced or the observed caps) and
 /// records what each scope looked like.
+/// `views` are the budget evaluation's scopes with the evaluation's number (see
+/// [`Explain::Budget`]).
 #[allow(clippy::too_many_arguments)]
-fn budget_wants<'r>(
-    site: &Site,
+fn budget_wants<'r, 'k>(
     policy: &'r Policy,
     wanted: Vec<Option<budget::BudgetCap>>,
-    views: &[ScopeView],
+    (set, views): (usize, &[ScopeView]),
+    rack_scopes: &'k [String],
     enforce: &mut [Option<Want<'r>>],
     observe: &mut [Option<Want<'r>>],
-    why: &mut Why,
+    why: &mut Why<'k>,
 ) {
     let target = if policy.budget.observe {
         observe
@@ -356,7 +400,7 @@ fn budget_wants<'r>(
             offer(target, i, w.watts, w.rule, policy.budget.lease_s);
         }
     }
-    for v in views {
+    for (k, v) in views.iter().enumerate() {
         let rule = match v.scope.kind {
             telemetry::EntityKind::Site => "budget.facility",
             telemetry::EntityKind::Rack => "budget.rack",
@@ -366,23 +410,49 @@ fn budget_wants<'r>(
             telemetry::EntityKind::Room => "budget.room",
             _ => "budget.feed",
         };
-        let entry = (
-            v.values(),
-            budget_reason(v),
-            budget_release(v, &policy.budget),
-        );
         if rule == "budget.facility" || rule == "budget.rack" {
-            why.insert((rule.to_string(), v.scope.to_string()), entry);
+            why.insert(
+                (rule, Cow::Owned(v.scope.to_string())),
+                Explain::Budget(set, k),
+            );
         } else {
             // cap decisions are grouped by rack: explain each rack by its scope
             for &r in &v.racks {
-                why.entry((
-                    rule.to_string(),
-                    EntityId::rack(&site.racks[r].id).to_string(),
-                ))
-                .or_insert_with(|| entry.clone());
+                why.entry((rule, Cow::Borrowed(rack_scopes[r].as_str())))
+                    .or_insert(Explain::Budget(set, k));
             }
         }
+    }
+}
+
+/// Makes the explanation of a cap decision from what the evaluation recorded.
+struct Explainer<'a, 'k> {
+    why: &'a Why<'k>,
+    budget_views: &'a [Vec<ScopeView>],
+    rack_scopes: &'a [String],
+    site_scope: &'a str,
+    policy: &'a Policy,
+}
+
+impl Explainer<'_, '_> {
+    /// Why `rule` caps in rack `rack` (for the facility budget: at the site).
+    fn get(&self, rule: &str, rack: usize) -> Option<Explained> {
+        let scope = if rule == "budget.facility" {
+            self.site_scope
+        } else {
+            self.rack_scopes[rack].as_str()
+        };
+        Some(match self.why.get(&(rule, Cow::Borrowed(scope)))? {
+            Explain::Made(e) => e.clone(),
+            Explain::Budget(set, k) => {
+                let v = &self.budget_views[*set][*k];
+                (
+                    v.values(),
+                    budget_reason(v),
+                    budget_release(v, &self.policy.budget),
+                )
+            }
+        })
     }
 }
 
@@ -448,13 +518,14 @@ fn settle(
         let current = old.map_or(model.default_w, |c| c.watts);
         let target = model.clamp_limit(want.map_or(model.default_w, |w| w.watts));
         let lease_s = want.map_or(b.lease_s, |w| w.lease_s);
-        let rule = want
-            .map(|w| w.rule.to_string())
-            .or_else(|| old.map(|c| c.rule.clone()))
+        // the rule's name is copied only into a cap that stays
+        let rule: &str = want
+            .map(|w| w.rule)
+            .or_else(|| old.map(|c| c.rule.as_str()))
             .unwrap_or_default();
         let keep = |c: &Cap| Cap {
             watts: c.watts,
-            rule: rule.clone(),
+            rule: rule.to_string(),
             since: c.since,
             lease_until: now + lease_s,
         };
@@ -463,7 +534,7 @@ fn settle(
         let cap = if target < current - 0.5 {
             Some(Cap {
                 watts: target,
-                rule,
+                rule: rule.to_string(),
                 since: now,
                 lease_until: now + lease_s,
             })
@@ -481,7 +552,7 @@ fn settle(
             } else {
                 Some(Cap {
                     watts: model.clamp_limit(new),
-                    rule,
+                    rule: rule.to_string(),
                     since: now,
                     lease_until: now + lease_s,
                 })
@@ -492,13 +563,11 @@ fn settle(
     out
 }
 
-#[allow(clippy::too_many_arguments)]
 fn cap_decisions(
-    site: &Site,
     all: &[GpuRef<'_>],
     prior: &[Option<&Cap>],
     next: &[Option<Cap>],
-    why: &Why,
+    why: &Explainer<'_, '_>,
     observe_only: bool,
     now: Timestamp,
     out: &mut Vec<Decision>,
@@ -527,22 +596,16 @@ fn cap_decisions(
             new.map(|c| (c.watts * 10.0).round() as i64),
         );
         match at.get(&key) {
-            Some(&i) => groups[i].1.push(EntityId::clone(&g.id)),
+            Some(&i) => groups[i].2.push(EntityId::clone(&g.id)),
             None => {
                 at.insert(key, groups.len());
-                groups.push((key, vec![EntityId::clone(&g.id)]));
+                groups.push((key, g.rack_index, vec![EntityId::clone(&g.id)]));
             }
         }
     }
-    for ((rack, rule, watts), gpus) in groups {
-        let scope = if rule == "budget.facility" {
-            site.site_entity()
-        } else {
-            EntityId::rack(rack)
-        };
+    for ((rack, rule, watts), rack_index, gpus) in groups {
         let (values, reason, release_text) = why
-            .get(&(rule.to_string(), scope.to_string()))
-            .cloned()
+            .get(rule, rack_index)
             .unwrap_or_else(|| (BTreeMap::new(), String::new(), String::new()));
         let (action, reason) = match watts {
             Some(w) => (

@@ -120,6 +120,23 @@ impl<'a> Index<'a> {
         snap.observe_slot(slot, m, now)
     }
 
+    /// The snapshot's id of a metric (see [`Index::gpu_observe_id`]).
+    pub fn metric_id(&self, metric: &str) -> Option<telemetry::snapshot::MetricId> {
+        self.snapshot?.metric_id(metric)
+    }
+
+    /// A GPU's reading of a metric found once with [`Index::metric_id`].
+    pub fn gpu_observe_id(
+        &self,
+        gpu: usize,
+        metric: telemetry::snapshot::MetricId,
+        now: Timestamp,
+    ) -> Option<telemetry::Observation> {
+        let snap = self.snapshot?;
+        let slot = self.gpu_slots(snap)[gpu]?;
+        snap.observe_slot(slot, metric, now)
+    }
+
     /// Each GPU's slot in the snapshot.
     fn gpu_slots(&self, snap: &Snapshot) -> &[Option<Slot>] {
         self.slots.get_or_init(|| {
@@ -254,6 +271,7 @@ impl<'a> Index<'a> {
                 }
             }
             ScopeKind::Gpu => {
+                out.reserve(self.gpus.len());
                 let positions = self
                     .positions
                     .get_or_init(|| (0..self.gpus.len()).collect());

@@ -71,6 +71,10 @@ struct Ctx<'a, 'i> {
     local: chrono::DateTime<chrono_tz::Tz>,
     max_defer_s: f64,
     memo: std::cell::RefCell<FnvMap<(u8, i64, u64), Option<f64>>>,
+    /// The snapshot's id of each metric the rule reads per GPU, by the address of the
+    /// rule's metric name (the rule outlives the context): found once per rule, not
+    /// by name for every GPU.
+    metric_ids: std::cell::RefCell<Vec<(usize, Option<telemetry::snapshot::MetricId>)>>,
 }
 
 /// What the condition looked at, for the audit.
@@ -82,7 +86,23 @@ impl Ctx<'_, '_> {
     }
 
     fn gpu(&self, gpu: usize, metric: &str) -> Val {
-        match self.index.gpu_observe(gpu, metric, self.now) {
+        let key = metric.as_ptr() as usize;
+        let found = self
+            .metric_ids
+            .borrow()
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, id)| *id);
+        let id = match found {
+            Some(id) => id,
+            None => {
+                let id = self.index.metric_id(metric);
+                self.metric_ids.borrow_mut().push((key, id));
+                id
+            }
+        };
+        let Some(id) = id else { return Val::Stale };
+        match self.index.gpu_observe_id(gpu, id, self.now) {
             Some(o) if o.usable() => Val::Ok(o.value),
             _ => Val::Stale,
         }
@@ -404,10 +424,11 @@ pub fn run(
         local: now.to_datetime().with_timezone(&index.site.timezone),
         max_defer_s,
         memo: Default::default(),
+        metric_ids: Default::default(),
     };
     let mut wants = Wants::default();
     // in target order, as the next evaluation visits them
-    let mut next = RuleMemories::new();
+    let mut next = RuleMemories::with_capacity(memory.len());
     let site_entity = index.site.site_entity();
     let targets: Vec<Target<'_>> = if rule.scope == ScopeKind::Job {
         let alloc = index.allocations(jobs);

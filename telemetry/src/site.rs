@@ -221,7 +221,7 @@ impl Site {
 
     /// Every GPU in rack, node and index order.
     pub fn gpus(&self) -> Vec<GpuRef<'_>> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.gpu_count());
         for (rack_index, rack) in self.racks.iter().enumerate() {
             for &n in &rack.nodes {
                 let node = &self.nodes[n];

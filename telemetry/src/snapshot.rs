@@ -131,6 +131,13 @@ impl Readings {
     fn get_mut(&mut self, m: MetricId) -> Option<&mut Reading> {
         self.0.iter_mut().find(|(k, _)| *k == m).map(|(_, r)| r)
     }
+    /// Adds a metric's reading, growing the list by one: an entity has a handful of
+    /// metrics, and a million GPUs' lists grown by doubling would hold room for twice
+    /// their readings.
+    fn push(&mut self, m: MetricId, r: Reading) {
+        self.0.reserve_exact(1);
+        self.0.push((m, r));
+    }
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -155,11 +162,23 @@ struct MetricSlot {
 /// order, so what is listed is deterministic.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    slots: crate::fasthash::FnvMap<EntityId, Slot>,
+    /// Each entity's slot by the hash of its id: the ids themselves are kept once, in
+    /// `entities` (a site of a million GPUs would otherwise hold each id twice).
+    slots: crate::fasthash::FnvMap<u64, Slot>,
+    /// Ids whose hash another id had first (rare), with their slots.
+    collided: crate::fasthash::FnvMap<EntityId, Slot>,
     entities: Vec<EntityId>,
     readings: Vec<Readings>,
     metrics: Vec<MetricSlot>,
     freshness: BTreeMap<Metric, f64>,
+}
+
+/// The hash an entity's slot is found by.
+fn id_hash(e: &EntityId) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = crate::fasthash::Fnv::default();
+    e.hash(&mut h);
+    h.finish()
 }
 
 /// Two snapshots are equal when they hold the same readings, whatever the order their
@@ -187,19 +206,38 @@ impl Snapshot {
     }
 
     fn slot_or_insert(&mut self, e: &EntityId) -> Slot {
-        if let Some(&s) = self.slots.get(e) {
+        self.slot_or_insert_hashed(id_hash(e), e)
+    }
+
+    fn slot_or_insert_hashed(&mut self, h: u64, e: &EntityId) -> Slot {
+        if let Some(s) = self.find(h, e) {
             return s;
         }
         let s = self.entities.len() as Slot;
-        self.slots.insert(e.clone(), s);
+        match self.slots.entry(h) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(s);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.collided.insert(e.clone(), s);
+            }
+        }
         self.entities.push(e.clone());
         self.readings.push(Readings::default());
         s
     }
 
+    fn find(&self, h: u64, e: &EntityId) -> Option<Slot> {
+        match self.slots.get(&h) {
+            Some(&s) if self.entities[s as usize] == *e => Some(s),
+            Some(_) => self.collided.get(e).copied(),
+            None => None,
+        }
+    }
+
     /// The slot of an entity, if the snapshot has seen it.
     pub fn slot(&self, entity: &EntityId) -> Option<Slot> {
-        self.slots.get(entity).copied()
+        self.find(id_hash(entity), entity)
     }
 
     /// The entity in a slot.
@@ -276,7 +314,7 @@ impl Snapshot {
                 Ingested::Updated
             });
         }
-        readings.0.push((
+        readings.push(
             m,
             Reading {
                 value: sample.value,
@@ -284,7 +322,7 @@ impl Snapshot {
                 source: sample.source,
                 quality: sample.quality,
             },
-        ));
+        );
         Ok(Ingested::Updated)
     }
 
@@ -412,7 +450,7 @@ impl Snapshot {
             match readings.get_mut(m) {
                 Some(old) if old.ts <= reading.ts => *old = reading,
                 Some(_) => {}
-                None => readings.0.push((m, reading)),
+                None => readings.push(m, reading),
             }
         }
         s
@@ -460,6 +498,26 @@ fn validate(s: &Sample, now: Timestamp) -> Result<(), Rejected> {
 
 #[cfg(test)]
 mod tests {
+    /// Two ids with the same hash each keep their own slot; a third with that hash is
+    /// not found.
+    #[test]
+    fn ids_whose_hashes_collide_keep_their_slots() {
+        let mut s = super::Snapshot::new();
+        let (a, b, c) = (
+            super::EntityId::rack("a"),
+            super::EntityId::rack("b"),
+            super::EntityId::rack("c"),
+        );
+        assert_eq!(s.slot_or_insert_hashed(7, &a), 0);
+        assert_eq!(s.slot_or_insert_hashed(7, &b), 1);
+        assert_eq!(s.slot_or_insert_hashed(7, &a), 0);
+        assert_eq!(s.slot_or_insert_hashed(7, &b), 1);
+        assert_eq!(s.find(7, &a), Some(0));
+        assert_eq!(s.find(7, &b), Some(1));
+        assert_eq!(s.find(7, &c), None);
+        assert_eq!(s.entity_at(1), Some(&b));
+    }
+
     use super::*;
     use crate::metric::names::*;
 
