@@ -733,13 +733,14 @@ impl Facility {
         let (target, cooling) =
             crate::sim::thermal_targets_by_unit(&self.site, &avg_rack_w, &factors);
         self.cooling_power_w = cooling;
-        for ri in 0..self.site.racks.len() {
+        // one inlet and one target per rack
+        for (ri, (inlet, t)) in self.inlet_c.iter_mut().zip(&target).enumerate() {
             let tau = self
                 .site
                 .cooling_index_of(ri)
                 .map_or(300.0, |c| self.site.cooling[c].time_constant_s);
             let k = 1.0 - (-dt_s / tau).exp();
-            self.inlet_c[ri] += (target[ri] - self.inlet_c[ri]) * k;
+            *inlet += (t - *inlet) * k;
         }
         if self
             .inlet_c
