@@ -50,29 +50,50 @@ impl StepSeries {
     /// The steps overlapping `[from, to)`, each as `(start, end, value)`, clipped to the
     /// window.
     pub fn steps(&self, from: Timestamp, to: Timestamp) -> Vec<(Timestamp, Timestamp, f64)> {
-        let mut out = Vec::new();
-        if to <= from {
-            return out;
-        }
-        let first = self
-            .points
-            .partition_point(|p| p.0 <= from)
-            .saturating_sub(1);
-        for i in first..self.points.len() {
-            let (start, v) = self.points[i];
-            let end = match self.points.get(i + 1) {
-                Some(n) => n.0,
-                None => start + self.last_step_s,
-            };
-            if start >= to {
-                break;
-            }
-            if end <= from {
-                continue;
-            }
-            out.push((start.max(from), end.min(to), v));
-        }
-        out
+        self.steps_iter(from, to).collect()
+    }
+
+    /// [`StepSeries::steps`], without collecting them.
+    fn steps_iter(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> impl Iterator<Item = (Timestamp, Timestamp, f64)> + '_ {
+        let first = if to <= from {
+            self.points.len()
+        } else {
+            self.points
+                .partition_point(|p| p.0 <= from)
+                .saturating_sub(1)
+        };
+        (first..self.points.len())
+            .map(move |i| {
+                let (start, v) = self.points[i];
+                let end = match self.points.get(i + 1) {
+                    Some(n) => n.0,
+                    None => start + self.last_step_s,
+                };
+                (start, end, v)
+            })
+            .take_while(move |(start, _, _)| *start < to)
+            .filter(move |(_, end, _)| *end > from)
+            .map(move |(start, end, v)| (start.max(from), end.min(to), v))
+    }
+
+    /// The time-weighted mean of `[from, to)`: [`StepSeries::window`]'s `mean`, the
+    /// same figure, without the window's sorted copy (the planner takes one per slot
+    /// every tick).
+    pub fn mean(&self, from: Timestamp, to: Timestamp) -> Option<f64> {
+        self.steps_iter(from, to).next()?;
+        let total: f64 = self
+            .steps_iter(from, to)
+            .map(|(s, e, _)| e.secs_since(s))
+            .sum();
+        let weighted: f64 = self
+            .steps_iter(from, to)
+            .map(|(s, e, v)| v * e.secs_since(s))
+            .sum();
+        Some(weighted / total.max(1e-9))
     }
 
     /// Time-weighted statistics of the values in `[from, to)`; `None` when the series
@@ -201,6 +222,26 @@ mod tests {
         let open = s.window(t(3.0), t(6.0)).expect("partly covered");
         assert!(!open.complete);
         assert_eq!(s.window(t(5.0), t(6.0)), None);
+    }
+
+    #[test]
+    fn mean_is_the_windows_mean() {
+        let s = series();
+        for (a, b) in [
+            (0.5, 2.5),
+            (-1.0, 0.5),
+            (3.0, 6.0),
+            (5.0, 6.0),
+            (1.0, 1.0),
+            (0.25, 3.75),
+        ] {
+            assert_eq!(
+                s.mean(t(a), t(b)),
+                s.window(t(a), t(b)).map(|w| w.mean),
+                "[{a}, {b}) h"
+            );
+        }
+        assert_eq!(s.mean(t(5.0), t(6.0)), None);
     }
 
     #[test]

@@ -122,9 +122,7 @@ pub fn plan(
             .unwrap_or_else(|| starts[k] + horizon.slot_s)
     };
     let len: Vec<f64> = (0..n).map(|k| end_of(k).secs_since(starts[k])).collect();
-    let known: Vec<Option<f64>> = (0..n)
-        .map(|k| price.window(starts[k], end_of(k)).map(|w| w.mean))
-        .collect();
+    let known: Vec<Option<f64>> = (0..n).map(|k| price.mean(starts[k], end_of(k))).collect();
     let (sum, cnt) = known
         .iter()
         .flatten()

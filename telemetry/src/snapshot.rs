@@ -171,6 +171,10 @@ pub struct Snapshot {
     readings: Vec<Readings>,
     metrics: Vec<MetricSlot>,
     freshness: BTreeMap<Metric, f64>,
+    /// The slot the last sample went to: a poll lists entities in the same order every
+    /// time (a site's GPUs in slot order, then each rack's readings), so the next
+    /// sample is most often for this slot or the one after it, found without hashing.
+    last: Slot,
 }
 
 /// The hash an entity's slot is found by.
@@ -206,7 +210,16 @@ impl Snapshot {
     }
 
     fn slot_or_insert(&mut self, e: &EntityId) -> Slot {
-        self.slot_or_insert_hashed(id_hash(e), e)
+        let next = self.last.wrapping_add(1);
+        for s in [next, self.last] {
+            if self.entities.get(s as usize) == Some(e) {
+                self.last = s;
+                return s;
+            }
+        }
+        let s = self.slot_or_insert_hashed(id_hash(e), e);
+        self.last = s;
+        s
     }
 
     fn slot_or_insert_hashed(&mut self, h: u64, e: &EntityId) -> Slot {
@@ -539,6 +552,46 @@ mod tests {
         assert_eq!(
             s.stale(t0 + 61.0),
             vec![(rack(), Metric::new(INLET_TEMP_C), t0 + 60.0)]
+        );
+    }
+
+    /// Entities are found by the slot after the last one first: samples in another
+    /// order than the last poll's, or for an entity not seen yet, still land on their
+    /// own entity.
+    #[test]
+    fn samples_in_any_order_reach_their_own_entity() {
+        let mut s = Snapshot::new();
+        let ids: Vec<EntityId> = ["a01", "a02", "a03"].map(EntityId::rack).to_vec();
+        s.register(&ids);
+        let t0 = Timestamp::from_secs(1000);
+        let orders: [&[usize]; 4] = [&[0, 1, 2], &[2, 1, 0], &[1, 1, 0, 2], &[0, 2]];
+        for (k, order) in orders.iter().enumerate() {
+            let t = t0 + k as f64;
+            for &i in *order {
+                let v = 20.0 + (10 * k + i) as f64;
+                s.ingest(Sample::new(ids[i].clone(), INLET_TEMP_C, v, t, "t"), t)
+                    .expect("accepted");
+            }
+            for &i in *order {
+                assert_eq!(
+                    s.observe(&ids[i], INLET_TEMP_C, t).map(|o| o.value),
+                    Some(20.0 + (10 * k + i) as f64),
+                    "order {order:?}, {}",
+                    ids[i]
+                );
+            }
+        }
+        let new = EntityId::rack("b01");
+        s.ingest(Sample::new(new.clone(), INLET_TEMP_C, 30.0, t0, "t"), t0)
+            .expect("accepted");
+        assert_eq!(s.slot(&new), Some(3));
+        assert_eq!(
+            (0..3).map(|i| s.slot(&ids[i])).collect::<Vec<_>>(),
+            vec![Some(0), Some(1), Some(2)]
+        );
+        assert_eq!(
+            s.observe(&ids[1], INLET_TEMP_C, t0 + 2.0).map(|o| o.value),
+            Some(41.0)
         );
     }
 

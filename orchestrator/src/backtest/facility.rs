@@ -55,6 +55,38 @@ struct Gpu {
     lease_until: Option<Timestamp>,
     job: Option<usize>,
     power_w: f64,
+    /// What the GPU draws (W) and the speed it runs at under its job and limit, for
+    /// the (job, limit bits) they were found for: the curve is read again only when
+    /// either changes.
+    busy: Option<(usize, u64, f64, f64)>,
+}
+
+impl Gpu {
+    /// Power (W, at least idle) and relative speed of this GPU running job `ji` (of
+    /// curve `curve`) at its limit.
+    fn busy(&mut self, ji: usize, curve: &Curve) -> (f64, f64) {
+        let bits = self.limit_w.to_bits();
+        match self.busy {
+            Some((j, b, w, speed)) if j == ji && b == bits => (w, speed),
+            _ => {
+                let (p, speed) = curve.at(self.limit_w / self.model.max_w);
+                let w = (p * self.model.max_w).max(self.model.idle_w);
+                self.busy = Some((ji, bits, w, speed));
+                (w, speed)
+            }
+        }
+    }
+}
+
+/// Per-step working vectors, kept between steps (a step runs three times a tick).
+#[derive(Default)]
+struct Scratch {
+    busy_s: Vec<f64>,
+    gpu_j: Vec<f64>,
+    rack_j: Vec<f64>,
+    node_busy_s: Vec<f64>,
+    node_busy: Vec<u32>,
+    still: Vec<usize>,
 }
 
 struct Node {
@@ -221,6 +253,7 @@ pub struct Facility {
     /// power over the tariff's demand interval, else over each tick), which the
     /// controller reads as `period_peak_w` and `day_peak_w`.
     demand: Option<crate::demand::DemandTracker>,
+    scratch: Scratch,
     pub totals: Totals,
 }
 
@@ -268,6 +301,7 @@ impl Facility {
                 lease_until: None,
                 job: None,
                 power_w: g.model.idle_w,
+                busy: None,
             });
         }
         let gpu_index = gpus
@@ -310,6 +344,7 @@ impl Facility {
             now: start,
             start,
             demand: None,
+            scratch: Scratch::default(),
             totals: Totals::default(),
         };
         f.arrive(start);
@@ -601,17 +636,21 @@ impl Facility {
             self.totals.budget_violation_s += dt_s;
         }
         // progress; a job that ends inside the step frees its GPUs at its end
-        let mut busy_s: Vec<f64> = vec![0.0; self.gpus.len()];
-        let mut gpu_j: Vec<f64> = vec![0.0; self.gpus.len()];
-        let mut still = Vec::with_capacity(self.running.len());
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let (busy_s, gpu_j) = (&mut scratch.busy_s, &mut scratch.gpu_j);
+        busy_s.clear();
+        busy_s.resize(self.gpus.len(), 0.0);
+        gpu_j.clear();
+        gpu_j.resize(self.gpus.len(), 0.0);
+        let mut still = std::mem::take(&mut scratch.still);
+        still.clear();
         let running = std::mem::take(&mut self.running);
         for &ji in &running {
             let job = &self.jobs[ji];
             let curve = &self.curves[job.curve];
             let mut speed: f64 = 1.0;
             for &g in &job.gpus {
-                let gpu = &self.gpus[g];
-                speed = speed.min(curve.at(gpu.limit_w / gpu.model.max_w).1);
+                speed = speed.min(self.gpus[g].busy(ji, curve).1);
             }
             let speed = speed.max(1e-3);
             let left = job.work_s - job.done_s;
@@ -647,9 +686,15 @@ impl Facility {
             }
         }
         self.running = still;
+        scratch.still = running;
         // energy over the step: busy GPUs for their busy time, idle for the rest
-        let mut rack_j = vec![0.0; self.site.racks.len()];
-        let mut node_busy_s = vec![0.0; self.nodes.len()];
+        let (busy_s, gpu_j) = (&scratch.busy_s, &scratch.gpu_j);
+        let rack_j = &mut scratch.rack_j;
+        rack_j.clear();
+        rack_j.resize(self.site.racks.len(), 0.0);
+        let node_busy_s = &mut scratch.node_busy_s;
+        node_busy_s.clear();
+        node_busy_s.resize(self.nodes.len(), 0.0);
         for (gi, g) in self.gpus.iter_mut().enumerate() {
             let idle_w = if matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed) {
                 0.0
@@ -688,13 +733,14 @@ impl Facility {
         let (target, cooling) =
             crate::sim::thermal_targets_by_unit(&self.site, &avg_rack_w, &factors);
         self.cooling_power_w = cooling;
-        for (ri, rack) in self.site.racks.iter().enumerate() {
+        // one inlet and one target per rack
+        for (ri, (inlet, t)) in self.inlet_c.iter_mut().zip(&target).enumerate() {
             let tau = self
                 .site
-                .cooling_of(&rack.id)
-                .map_or(300.0, |c| c.time_constant_s);
+                .cooling_index_of(ri)
+                .map_or(300.0, |c| self.site.cooling[c].time_constant_s);
             let k = 1.0 - (-dt_s / tau).exp();
-            self.inlet_c[ri] += (target[ri] - self.inlet_c[ri]) * k;
+            *inlet += (t - *inlet) * k;
         }
         if self
             .inlet_c
@@ -704,7 +750,7 @@ impl Facility {
         {
             self.totals.thermal_violation_s += dt_s;
         }
-        let it_kwh = rack_j.iter().sum::<f64>() / 3.6e6;
+        let it_kwh = scratch.rack_j.iter().sum::<f64>() / 3.6e6;
         let cooling_kwh = self.cooling_power_w.iter().sum::<f64>() * dt_s / 3.6e6;
         self.totals.it_kwh += it_kwh;
         self.totals.cooling_kwh += cooling_kwh;
@@ -722,6 +768,7 @@ impl Facility {
             Some(c) => self.totals.carbon_kg += c * (it_kwh + cooling_kwh) / 1000.0,
             None => self.totals.carbon_gap_s += dt_s,
         }
+        self.scratch = scratch;
         self.now = t1;
         self.expire_leases(t1);
         self.arrive(t1);
@@ -842,15 +889,16 @@ impl Facility {
     }
 
     fn update_power(&mut self) {
-        let mut rack_w = vec![0.0; self.site.racks.len()];
-        let mut node_busy = vec![0u32; self.nodes.len()];
+        let mut rack_w = std::mem::take(&mut self.rack_power_w);
+        rack_w.clear();
+        rack_w.resize(self.site.racks.len(), 0.0);
+        let mut node_busy = std::mem::take(&mut self.scratch.node_busy);
+        node_busy.clear();
+        node_busy.resize(self.nodes.len(), 0);
         for g in &mut self.gpus {
             let off = matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed);
             g.power_w = match g.job {
-                Some(j) => {
-                    let (p, _) = self.curves[self.jobs[j].curve].at(g.limit_w / g.model.max_w);
-                    (p * g.model.max_w).max(g.model.idle_w)
-                }
+                Some(j) => g.busy(j, &self.curves[self.jobs[j].curve]).0,
                 None if off => 0.0,
                 None => g.model.idle_w.min(g.limit_w),
             };
@@ -868,6 +916,7 @@ impl Facility {
             };
         }
         self.rack_power_w = rack_w;
+        self.scratch.node_busy = node_busy;
     }
 
     pub fn it_power_w(&self) -> f64 {
@@ -938,7 +987,11 @@ impl Facility {
 impl Telemetry for Facility {
     fn poll(&mut self, now: Timestamp) -> Vec<Sample> {
         let src = "backtest";
-        let mut out = Vec::with_capacity(self.gpus.len() + self.site.racks.len() * 2 + 8);
+        // a sample per GPU, two per rack, two per cooling unit, the site's and the
+        // demand tracker's: room for all of them at once (no copy on growth)
+        let mut out = Vec::with_capacity(
+            self.gpus.len() + self.site.racks.len() * 2 + self.site.cooling.len() * 2 + 8,
+        );
         // GPU power is what the rules read; the backtest integrates energy itself, so
         // the energy counters and limits (for the ledger and the API) are not sent
         for g in &self.gpus {

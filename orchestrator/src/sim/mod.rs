@@ -70,7 +70,7 @@ pub fn thermal_targets_by_unit(
         let idx: Vec<usize> = unit
             .racks
             .iter()
-            .filter_map(|r| site.racks.iter().position(|x| &x.id == r))
+            .filter_map(|r| site.rack_index(r))
             .collect();
         let capacity_kw =
             (unit.capacity_kw * capacity_factor.get(ci).copied().unwrap_or(1.0)).max(1e-6);
