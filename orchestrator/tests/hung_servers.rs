@@ -22,6 +22,10 @@ const WEBHOOK_KEY: &str = "8f3c1d2e4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a
 const TIMEOUT_S: u64 = 4;
 /// The bound on the largest tick delay (the goal of the design).
 const MAX_TICK_DELAY_S: f64 = 0.1;
+/// The bound on the last tick's own duration: one sample, which a shared machine can
+/// stretch past the delay bound (185 ms once in CI, 15–18 ms as a rule), but a tick that
+/// waited on one hung call would take at least its timeout (`TIMEOUT_S`).
+const MAX_TICK_DURATION_S: f64 = 1.0;
 
 /// A TCP server that accepts every connection and never answers (nor closes).
 struct Hung {
@@ -256,8 +260,8 @@ fn assert_cadence_kept(port: u16, started: Instant) {
         "the largest tick delay is {delay_max} s (bound {MAX_TICK_DELAY_S} s)"
     );
     assert!(
-        duration < MAX_TICK_DELAY_S,
-        "the last tick took {duration} s"
+        duration < MAX_TICK_DURATION_S,
+        "the last tick took {duration} s (bound {MAX_TICK_DURATION_S} s)"
     );
     // serve needs a few seconds to start; then a tick every 0.5 s
     assert!(
