@@ -533,20 +533,25 @@ fn remembered_draws(
         return out;
     }
     let alloc = index.allocations(jobs);
-    for (k, j) in jobs
-        .iter()
-        .enumerate()
-        .filter(|(_, j)| j.state == telemetry::JobState::Running)
-    {
-        for i in alloc.of(k) {
-            out[i] = prior
-                .uncapped_draws
-                .get(&index.gpus[i].id)
-                .filter(|d| d.job == j.id)
-                .map(|d| d.watts);
-        }
+    for (i, j) in running_gpus(&alloc, jobs) {
+        out[i] = prior
+            .uncapped_draws
+            .get(&index.gpus[i].id)
+            .filter(|d| d.job == j.id)
+            .map(|d| d.watts);
     }
     out
+}
+
+/// (GPU index, its job) for every GPU of a running job.
+fn running_gpus<'j>(
+    alloc: &'j crate::index::Allocations,
+    jobs: &'j [Job],
+) -> impl Iterator<Item = (usize, &'j Job)> + 'j {
+    jobs.iter()
+        .enumerate()
+        .filter(|(_, j)| j.state == telemetry::JobState::Running)
+        .flat_map(move |(k, j)| alloc.of(k).map(move |i| (i, j)))
 }
 
 /// What each capped busy GPU drew before its cap, for the job it runs (the memory
@@ -564,32 +569,26 @@ pub fn remember_uncapped(
 ) -> BTreeMap<EntityId, crate::plan::UncappedDraw> {
     let mut out = BTreeMap::new();
     let alloc = index.allocations(jobs);
-    for (k, j) in jobs
-        .iter()
-        .enumerate()
-        .filter(|(_, j)| j.state == telemetry::JobState::Running)
-    {
-        for i in alloc.of(k) {
-            if next_caps[i].is_none() {
-                continue;
-            }
-            let g = &index.gpus[i];
-            let kept = prior.uncapped_draws.get(&g.id).filter(|d| d.job == j.id);
-            let read = || {
-                let at_default = index
-                    .gpu_observe(i, telemetry::metric::names::POWER_LIMIT_W, now)
-                    .filter(|o| o.usable())
-                    .is_none_or(|o| o.value >= g.model.default_w - 0.5);
-                let obs = index.gpu_observe(i, POWER_W, now).filter(|o| o.usable())?;
-                (prior_caps[i].is_none() && at_default).then(|| crate::plan::UncappedDraw {
-                    job: j.id.clone(),
-                    watts: obs.value,
-                    at: now,
-                })
-            };
-            if let Some(d) = kept.cloned().or_else(read) {
-                out.insert(EntityId::clone(&g.id), d);
-            }
+    for (i, j) in running_gpus(&alloc, jobs) {
+        if next_caps[i].is_none() {
+            continue;
+        }
+        let g = &index.gpus[i];
+        let kept = prior.uncapped_draws.get(&g.id).filter(|d| d.job == j.id);
+        let read = || {
+            let at_default = index
+                .gpu_observe(i, telemetry::metric::names::POWER_LIMIT_W, now)
+                .filter(|o| o.usable())
+                .is_none_or(|o| o.value >= g.model.default_w - 0.5);
+            let obs = index.gpu_observe(i, POWER_W, now).filter(|o| o.usable())?;
+            (prior_caps[i].is_none() && at_default).then(|| crate::plan::UncappedDraw {
+                job: j.id.clone(),
+                watts: obs.value,
+                at: now,
+            })
+        };
+        if let Some(d) = kept.cloned().or_else(read) {
+            out.insert(EntityId::clone(&g.id), d);
         }
     }
     out
