@@ -127,8 +127,95 @@ struct Scope {
     entity: EntityId,
     rule: &'static str,
     budget_kw: f64,
-    members: Vec<(usize, f64)>,
+    members: Members,
     base_w: f64,
+}
+
+/// The GPUs of a scope with the share of each one's draw that flows through it, kept
+/// as runs of consecutive GPU indexes with one share, `(first, end, share)`: a scope's
+/// GPUs are whole racks or nodes, which sit together in the site's order, so a scope
+/// of a million GPUs is a handful of runs. Listed in the order they were added.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Members(Vec<(u32, u32, f64)>);
+
+impl Members {
+    fn new(list: impl IntoIterator<Item = (usize, f64)>) -> Members {
+        let mut runs: Vec<(u32, u32, f64)> = Vec::new();
+        for (i, share) in list {
+            let i = i as u32;
+            match runs.last_mut() {
+                Some(r) if r.1 == i && r.2.to_bits() == share.to_bits() => r.1 += 1,
+                _ => runs.push((i, i + 1, share)),
+            }
+        }
+        runs.shrink_to_fit();
+        Members(runs)
+    }
+
+    /// GPUs `0..n`, each with its whole draw.
+    fn all(n: usize) -> Members {
+        Members::new((0..n).map(|i| (i, 1.0)))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `(GPU index, share)` in order.
+    fn iter(&self) -> impl Iterator<Item = (usize, f64)> + Clone + '_ {
+        self.0
+            .iter()
+            .flat_map(|&(a, b, share)| (a..b).map(move |i| (i as usize, share)))
+    }
+}
+
+/// The indexes of the racks the members of a scope are in, in order.
+fn racks_of(gpus: &[GpuRef<'_>], members: &Members) -> Vec<usize> {
+    let mut racks: Vec<usize> = members.iter().map(|(i, _)| gpus[i].rack_index).collect();
+    // members come rack by rack: most repeats are neighbours
+    racks.dedup();
+    racks.sort_unstable();
+    racks.dedup();
+    racks
+}
+
+/// What the budget's evaluations of one tick share (the first one and the feed-forward
+/// one): the scopes, each GPU's cut order and what it drew before its cap.
+pub struct Prepared<'s> {
+    scopes: Vec<Scope>,
+    /// The racks of each scope, by the scope's position.
+    scope_racks: Vec<Vec<usize>>,
+    /// Every GPU with its whole draw: the facility's members.
+    all: Members,
+    priority: Vec<i64>,
+    /// What each GPU drew before its cap, where it still runs the job it was read for.
+    uncapped: Vec<Option<f64>>,
+    /// The prior state's memory of each GPU's draw before its cap, by GPU index.
+    remembered: Vec<Option<&'s crate::plan::UncappedDraw>>,
+}
+
+/// Prepares the budget's evaluations of one tick; `remembered` is the prior state's
+/// memory of each GPU's draw before its cap, by GPU index.
+pub fn prepare<'s>(
+    site: &Site,
+    index: &crate::index::Index<'_>,
+    jobs: &[Job],
+    remembered: Vec<Option<&'s crate::plan::UncappedDraw>>,
+    rule: &BudgetRule,
+    now: Timestamp,
+) -> Prepared<'s> {
+    let gpus = &index.gpus[..];
+    let scopes = scopes(site, gpus, rule);
+    let scope_racks = scopes.iter().map(|s| racks_of(gpus, &s.members)).collect();
+    let uncapped = remembered_draws(index, jobs, &remembered);
+    Prepared {
+        scopes,
+        scope_racks,
+        all: Members::all(gpus.len()),
+        priority: job_priority_by_gpu(index, jobs, rule, now),
+        uncapped,
+        remembered,
+    }
 }
 
 /// Every budget of the site, innermost first: racks, PDU branch circuits, PDUs, rows
@@ -150,13 +237,13 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
     for (i, g) in gpus.iter().enumerate() {
         per_node[g.node_index].push(i);
     }
-    for (r, members) in site.racks.iter().zip(per_rack.clone()) {
+    for (r, members) in site.racks.iter().zip(&per_rack) {
         out.push(Scope {
             entity: EntityId::rack(&r.id),
             rule: "budget.rack",
             budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
             base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
-            members,
+            members: Members::new(members.iter().copied()),
         });
     }
     // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
@@ -208,7 +295,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                     entity: EntityId::new(EntityKind::Branch, name),
                     rule: "budget.branch",
                     base_w,
-                    members,
+                    members: Members::new(members),
                 });
             }
         }
@@ -227,7 +314,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             base_w += rack_base[ri] * share;
             members.extend(per_rack[ri].iter().map(|&(i, _)| (i, share)));
         }
-        (members, base_w)
+        (Members::new(members), base_w)
     };
     let mut by_pdu: std::collections::HashMap<&str, Vec<(usize, f64)>> =
         std::collections::HashMap::new();
@@ -285,6 +372,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>();
             members.extend(per_rack[ri].iter().copied());
         }
+        let members = Members::new(members);
         out.push(Scope {
             entity: EntityId::new(
                 if l.scope == "row" {
@@ -332,6 +420,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
 pub fn evaluate(
     site: &Site,
     index: &crate::index::Index<'_>,
+    prepared: &Prepared<'_>,
     snapshot: &Snapshot,
     prior_caps: &[Option<&crate::Cap>],
     jobs: &[Job],
@@ -341,7 +430,8 @@ pub fn evaluate(
     now: Timestamp,
 ) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
     let gpus = &index.gpus[..];
-    let priority = job_priority_by_gpu(index, jobs, rule, now);
+    let priority = &prepared.priority;
+    let uncapped = &prepared.uncapped;
     let mut stale = 0usize;
     let mut claims = Vec::with_capacity(gpus.len());
     let mut draws = Vec::with_capacity(gpus.len());
@@ -349,12 +439,12 @@ pub fn evaluate(
     // does (under their lowest power limit, fresh): a GPU drawing more runs work the
     // schedulers do not report, one not heard from is counted at its worst already
     let mut free = Vec::with_capacity(gpus.len());
-    let uncapped = remembered_draws(index, jobs, prior);
     // what a capped GPU with no reading before its cap (its job started under it) may
     // draw over its demand once its cap lifts: its maximum, less its draw
     let mut unsure = vec![0.0; gpus.len()];
+    let power = index.metric_id(POWER_W);
     for (i, g) in gpus.iter().enumerate() {
-        let obs = index.gpu_observe(i, POWER_W, now);
+        let obs = power.and_then(|m| index.gpu_observe_id(i, m, now));
         let cap = prior_caps[i].map(|c| c.watts);
         let (draw, demand, was_stale) = gpu_demand(g, obs, cap, uncapped[i], rule);
         if priority[i] != i64::MIN
@@ -374,7 +464,7 @@ pub fn evaluate(
             priority: priority[claims.len()],
         });
     }
-    let scopes = scopes(site, gpus, rule);
+    let scopes = &prepared.scopes;
     let measured: Vec<Option<telemetry::Observation>> = scopes
         .iter()
         .map(|s| snapshot.observe(&s.entity, POWER_W, now))
@@ -383,7 +473,7 @@ pub fn evaluate(
     let mut extra_w = vec![0.0; gpus.len()];
     let mut placed = vec![false; gpus.len()];
     for (i, p) in place_starting(
-        gpus, &scopes, &measured, &claims, &draws, &free, jobs, prior, rule, starting, now,
+        gpus, scopes, &measured, &claims, &draws, &free, jobs, prior, rule, starting, now,
     ) {
         placed[i] = true;
         let max_w = gpus[i].model.max_w;
@@ -392,125 +482,150 @@ pub fn evaluate(
         claims[i].priority = p;
     }
 
+    let per_gpu = PerGpu {
+        gpus,
+        claims: &claims,
+        draws: &draws,
+        unsure: &unsure,
+        extra_w: &extra_w,
+        prior_caps,
+        placed: &placed,
+        free: &free,
+    };
     // by GPU index
     let mut wanted: Vec<Option<BudgetCap>> = vec![None; gpus.len()];
-    let mut views = Vec::new();
+    let mut views = Vec::with_capacity(scopes.len() + 1);
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
-    for (scope, measured) in scopes.iter().zip(measured) {
-        let limited: Vec<Claim> = scope
-            .members
-            .iter()
-            .map(|&(i, share)| {
-                let c = claims[i];
-                let d = wanted[i]
-                    .as_ref()
-                    .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
-                Claim {
-                    demand_w: d * share,
-                    min_w: c.min_w * share,
-                    priority: c.priority,
-                }
-            })
-            .collect();
-        let scope_draws: Vec<f64> = scope
-            .members
-            .iter()
-            .map(|&(i, share)| draws[i] * share)
-            .collect();
-        let unsure_w: f64 = scope.members.iter().map(|&(i, sh)| unsure[i] * sh).sum();
-        let (mut view, cut) = scope_cut(
+    for ((scope, measured), racks) in scopes.iter().zip(measured).zip(&prepared.scope_racks) {
+        let mut view = per_gpu.cut(
             &scope.entity,
             scope.budget_kw,
             measured,
             scope.base_w,
-            &limited,
-            &scope_draws,
+            &scope.members,
             rule,
             stale,
-            unsure_w,
-        );
-        view.starting_kw = scope
-            .members
-            .iter()
-            .map(|&(i, share)| extra_w[i] * share)
-            .sum::<f64>()
-            / 1000.0;
-        apply_cut(
-            &cut,
-            gpus,
-            &scope.members,
-            &limited,
-            prior_caps,
-            &unsure,
             scope.rule,
             &mut wanted,
         );
-        cap_other_idle(
-            &cut,
-            gpus,
-            &scope.members,
-            &limited,
-            (&placed, &free),
-            scope.rule,
-            &mut wanted,
-        );
-        view.racks = scope
-            .members
-            .iter()
-            .map(|&(i, _)| gpus[i].rack_index)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        view.racks = racks.clone();
         views.push(view);
     }
     // then the facility (the contract with the utility)
-    let limited: Vec<Claim> = claims
-        .iter()
-        .zip(&wanted)
-        .map(|(c, w)| Claim {
-            demand_w: w.as_ref().map_or(c.demand_w, |w| w.watts.min(c.demand_w)),
-            ..*c
-        })
-        .collect();
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
-    let budget_kw = facility_budget_kw(site, rule);
-    let (mut view, cut) = scope_cut(
+    let mut view = per_gpu.cut(
         &entity,
-        budget_kw,
+        facility_budget_kw(site, rule),
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        &limited,
-        &draws,
+        &prepared.all,
         rule,
         stale,
-        unsure.iter().sum(),
-    );
-    view.starting_kw = extra_w.iter().sum::<f64>() / 1000.0;
-    let all: Vec<(usize, f64)> = (0..gpus.len()).map(|i| (i, 1.0)).collect();
-    apply_cut(
-        &cut,
-        gpus,
-        &all,
-        &limited,
-        prior_caps,
-        &unsure,
-        "budget.facility",
-        &mut wanted,
-    );
-    cap_other_idle(
-        &cut,
-        gpus,
-        &all,
-        &limited,
-        (&placed, &free),
         "budget.facility",
         &mut wanted,
     );
     view.racks = (0..site.racks.len()).collect();
     views.push(view);
     (wanted, views)
+}
+
+/// Each GPU's figures in one budget evaluation, by GPU index.
+struct PerGpu<'a, 'g> {
+    gpus: &'a [GpuRef<'g>],
+    claims: &'a [Claim],
+    draws: &'a [f64],
+    unsure: &'a [f64],
+    extra_w: &'a [f64],
+    prior_caps: &'a [Option<&'a crate::Cap>],
+    placed: &'a [bool],
+    free: &'a [bool],
+}
+
+impl PerGpu<'_, '_> {
+    /// One scope's cut, applied to `wanted`: the scope's members (`(GPU index, share)`)
+    /// claim their demand limited by the scopes inside it (what `wanted` holds so far),
+    /// each by its share. The members' sums are taken in member order, and the list of
+    /// limited claims is made only for a scope that needs it.
+    #[allow(clippy::too_many_arguments)]
+    fn cut(
+        &self,
+        entity: &EntityId,
+        budget_kw: f64,
+        measured: Option<telemetry::Observation>,
+        base_w: f64,
+        members: &Members,
+        rule: &BudgetRule,
+        stale: usize,
+        name: &'static str,
+        wanted: &mut [Option<BudgetCap>],
+    ) -> ScopeView {
+        let limit = |i: usize, share: f64, wanted: &[Option<BudgetCap>]| {
+            let c = self.claims[i];
+            let d = wanted[i]
+                .as_ref()
+                .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
+            Claim {
+                demand_w: d * share,
+                min_w: c.min_w * share,
+                priority: c.priority,
+            }
+        };
+        // the sums start from -0.0, as `Iterator::sum` of f64 does
+        let (mut gpu_draw, mut demand, mut positive, mut unsure_w, mut starting_w) =
+            (-0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64);
+        for (i, share) in members.iter() {
+            let d = limit(i, share, wanted).demand_w;
+            gpu_draw += self.draws[i] * share;
+            demand += d;
+            positive += d.max(0.0);
+            unsure_w += self.unsure[i] * share;
+            starting_w += self.extra_w[i] * share;
+        }
+        let limited = || -> Vec<Claim> {
+            members
+                .iter()
+                .map(|(i, share)| limit(i, share, wanted))
+                .collect()
+        };
+        let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
+        // what is not GPU in this scope: measured minus GPUs, or the site file's estimate
+        let other_w = other_w(measured, base_w, gpu_draw);
+        let demand_w: f64 = other_w + demand;
+        let target_w = budget_kw * 1000.0 * (1.0 - rule.margin) - other_w;
+        let over = demand_w > budget_kw * 1000.0 * (1.0 - rule.margin);
+        // water-filling only where the demand is over what the scope may share out
+        let (claims, alloc, feasible) = if positive - target_w <= 0.0 {
+            let claims = if over { limited() } else { Vec::new() };
+            let alloc = claims.iter().map(|c| c.demand_w.max(0.0)).collect();
+            (claims, alloc, true)
+        } else {
+            let claims = limited();
+            let (alloc, feasible) = waterfill(&claims, target_w);
+            (claims, alloc, feasible)
+        };
+        let view = ScopeView {
+            scope: entity.clone(),
+            budget_kw,
+            measured_kw,
+            demand_kw: demand_w / 1000.0,
+            feasible,
+            stale_inputs: stale,
+            starting_kw: starting_w / 1000.0,
+            racks: Vec::new(),
+        };
+        let cut = if over {
+            Cut::To(alloc)
+        } else if demand_w + unsure_w > budget_kw * 1000.0 * rule.release_ratio {
+            Cut::Keep
+        } else {
+            Cut::Lift
+        };
+        apply_cut(&cut, self, members, &claims, name, wanted);
+        cap_other_idle(&cut, self, members, &claims, name, wanted);
+        view
+    }
 }
 
 /// The facility's budget in kW: the policy's `site` limit (a contract limit) where it
@@ -526,19 +641,15 @@ pub fn facility_budget_kw(site: &Site, rule: &BudgetRule) -> f64 {
 fn remembered_draws(
     index: &crate::index::Index<'_>,
     jobs: &[Job],
-    prior: &State,
+    remembered: &[Option<&crate::plan::UncappedDraw>],
 ) -> Vec<Option<f64>> {
     let mut out = vec![None; index.gpus.len()];
-    if prior.uncapped_draws.is_empty() {
+    if remembered.iter().all(Option::is_none) {
         return out;
     }
     let alloc = index.allocations(jobs);
     for (i, j) in running_gpus(&alloc, jobs) {
-        out[i] = prior
-            .uncapped_draws
-            .get(&index.gpus[i].id)
-            .filter(|d| d.job == j.id)
-            .map(|d| d.watts);
+        out[i] = remembered[i].filter(|d| d.job == j.id).map(|d| d.watts);
     }
     out
 }
@@ -559,28 +670,35 @@ fn running_gpus<'j>(
 /// now (no cap was in force, and the limit it reports, if any, is its default) is
 /// remembered at its reading now; one capped before keeps what was remembered for the
 /// same job; an uncapped or idle GPU, or one running another job, is forgotten.
+/// By GPU index.
 pub fn remember_uncapped(
     index: &crate::index::Index<'_>,
+    prepared: &Prepared<'_>,
     jobs: &[Job],
-    prior: &State,
     prior_caps: &[Option<&crate::Cap>],
     next_caps: &[Option<crate::Cap>],
     now: Timestamp,
-) -> BTreeMap<EntityId, crate::plan::UncappedDraw> {
-    let mut out = BTreeMap::new();
+) -> Vec<Option<crate::plan::UncappedDraw>> {
+    let mut out = vec![None; index.gpus.len()];
     let alloc = index.allocations(jobs);
+    let (limit, power) = (
+        index.metric_id(telemetry::metric::names::POWER_LIMIT_W),
+        index.metric_id(POWER_W),
+    );
     for (i, j) in running_gpus(&alloc, jobs) {
         if next_caps[i].is_none() {
             continue;
         }
         let g = &index.gpus[i];
-        let kept = prior.uncapped_draws.get(&g.id).filter(|d| d.job == j.id);
+        let kept = prepared.remembered[i].filter(|d| d.job == j.id);
         let read = || {
-            let at_default = index
-                .gpu_observe(i, telemetry::metric::names::POWER_LIMIT_W, now)
+            let at_default = limit
+                .and_then(|m| index.gpu_observe_id(i, m, now))
                 .filter(|o| o.usable())
                 .is_none_or(|o| o.value >= g.model.default_w - 0.5);
-            let obs = index.gpu_observe(i, POWER_W, now).filter(|o| o.usable())?;
+            let obs = power
+                .and_then(|m| index.gpu_observe_id(i, m, now))
+                .filter(|o| o.usable())?;
             (prior_caps[i].is_none() && at_default).then(|| crate::plan::UncappedDraw {
                 job: j.id.clone(),
                 watts: obs.value,
@@ -588,7 +706,7 @@ pub fn remember_uncapped(
             })
         };
         if let Some(d) = kept.cloned().or_else(read) {
-            out.insert(EntityId::clone(&g.id), d);
+            out[i] = Some(d);
         }
     }
     out
@@ -633,45 +751,6 @@ fn gpu_demand(
     (draw, demand, stale)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn scope_cut(
-    scope: &EntityId,
-    budget_kw: f64,
-    measured: Option<telemetry::Observation>,
-    base_w: f64,
-    claims: &[Claim],
-    draws: &[f64],
-    rule: &BudgetRule,
-    stale: usize,
-    unsure_w: f64,
-) -> (ScopeView, Cut) {
-    let gpu_draw: f64 = draws.iter().sum();
-    let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
-    // what is not GPU in this scope: measured minus GPUs, or the site file's estimate
-    let other_w = other_w(measured, base_w, gpu_draw);
-    let demand_w: f64 = other_w + claims.iter().map(|c| c.demand_w).sum::<f64>();
-    let target_w = budget_kw * 1000.0 * (1.0 - rule.margin) - other_w;
-    let (alloc, feasible) = waterfill(claims, target_w);
-    let view = ScopeView {
-        scope: scope.clone(),
-        budget_kw,
-        measured_kw,
-        demand_kw: demand_w / 1000.0,
-        feasible,
-        stale_inputs: stale,
-        starting_kw: 0.0,
-        racks: Vec::new(),
-    };
-    let cut = if demand_w > budget_kw * 1000.0 * (1.0 - rule.margin) {
-        Cut::To(alloc)
-    } else if demand_w + unsure_w > budget_kw * 1000.0 * rule.release_ratio {
-        Cut::Keep
-    } else {
-        Cut::Lift
-    };
-    (view, cut)
-}
-
 /// What is not GPU in a scope: measured minus its GPUs' draw, or the site file's
 /// estimate of its nodes' base power when unmeasured.
 fn other_w(measured: Option<telemetry::Observation>, base_w: f64, gpu_draw_w: f64) -> f64 {
@@ -692,23 +771,29 @@ enum Cut {
     Lift,
 }
 
-/// Applies a scope's cut to its members (`(GPU index, share)`), tightening `wanted`.
+/// Applies a scope's cut to its members (`(GPU index, share)`), tightening `wanted`;
+/// `claims` are the members' limited claims where the cut is [`Cut::To`].
 /// Over the release threshold, the caps of GPUs whose demand is unsure (`unsure` > 0:
 /// no reading before their cap) stay where they are: the cut counted them at their draw.
-#[allow(clippy::too_many_arguments)]
 fn apply_cut(
     cut: &Cut,
-    gpus: &[GpuRef<'_>],
-    members: &[(usize, f64)],
+    per_gpu: &PerGpu<'_, '_>,
+    members: &Members,
     claims: &[Claim],
-    prior_caps: &[Option<&crate::Cap>],
-    unsure: &[f64],
     name: &'static str,
     wanted: &mut [Option<BudgetCap>],
 ) {
+    let PerGpu {
+        gpus,
+        unsure,
+        prior_caps,
+        ..
+    } = *per_gpu;
+    // the cut order is the same in the limited claims as in the GPUs' own
+    let priority = |i: usize| per_gpu.claims[i].priority;
     if !matches!(cut, Cut::Lift) {
-        for (&(i, _), c) in members.iter().zip(claims) {
-            if unsure[i] > 0.0 && !is_protected(c.priority) {
+        for (i, _) in members.iter() {
+            if unsure[i] > 0.0 && !is_protected(priority(i)) {
                 if let Some(p) = prior_caps[i] {
                     tighten(&mut wanted[i], p.watts, name);
                 }
@@ -720,8 +805,8 @@ fn apply_cut(
         Cut::Keep => {
             // between the two thresholds: budget caps in force stay as they are, but for
             // jobs close to their deadline (the demand already counts them uncapped)
-            for (&(i, _), c) in members.iter().zip(claims) {
-                if is_protected(c.priority) {
+            for (i, _) in members.iter() {
+                if is_protected(priority(i)) {
                     continue;
                 }
                 if let Some(c) = prior_caps[i].filter(|c| c.rule == name) {
@@ -730,7 +815,7 @@ fn apply_cut(
             }
         }
         Cut::To(alloc) => {
-            for ((&(i, share), c), a) in members.iter().zip(claims).zip(alloc) {
+            for (((i, share), c), a) in members.iter().zip(claims).zip(alloc) {
                 if *a < c.demand_w - 1e-6 {
                     // the allocation is of the share through this scope: the GPU's cap
                     // is the allocation over its share
@@ -746,27 +831,29 @@ fn apply_cut(
 /// on any of them, and an idle GPU under a cap it does not reach loses nothing.
 fn cap_other_idle(
     cut: &Cut,
-    gpus: &[GpuRef<'_>],
-    members: &[(usize, f64)],
+    per_gpu: &PerGpu<'_, '_>,
+    members: &Members,
     claims: &[Claim],
-    (placed, free): (&[bool], &[bool]),
     name: &'static str,
     wanted: &mut [Option<BudgetCap>],
 ) {
     let Cut::To(alloc) = cut else {
         return;
     };
+    let PerGpu {
+        gpus, placed, free, ..
+    } = *per_gpu;
     let level = members
         .iter()
         .zip(claims)
         .zip(alloc)
-        .filter(|((&(i, _), c), a)| placed[i] && **a < c.demand_w - 1e-6)
-        .map(|((&(_, share), _), a)| a / share)
+        .filter(|(((i, _), c), a)| placed[*i] && **a < c.demand_w - 1e-6)
+        .map(|(((_, share), _), a)| a / share)
         .fold(f64::INFINITY, f64::min);
     if !level.is_finite() {
         return;
     }
-    for &(i, _) in members {
+    for (i, _) in members.iter() {
         if free[i] && !placed[i] {
             tighten(&mut wanted[i], gpus[i].model.clamp_limit(level), name);
         }
@@ -827,16 +914,16 @@ fn place_starting(
     // the headroom of each idle GPU's tightest scope
     let mut tightest = vec![f64::INFINITY; gpus.len()];
     for (scope, obs) in scopes.iter().zip(measured) {
-        let gpu_draw: f64 = scope.members.iter().map(|&(i, s)| draws[i] * s).sum();
+        let gpu_draw: f64 = scope.members.iter().map(|(i, s)| draws[i] * s).sum();
         let demand: f64 = scope
             .members
             .iter()
-            .map(|&(i, s)| claims[i].demand_w * s)
+            .map(|(i, s)| claims[i].demand_w * s)
             .sum();
         let headroom = scope.budget_kw * 1000.0 * (1.0 - rule.margin)
             - other_w(*obs, scope.base_w, gpu_draw)
             - demand;
-        for &(i, _) in &scope.members {
+        for (i, _) in scope.members.iter() {
             tightest[i] = tightest[i].min(headroom);
         }
     }

@@ -20,6 +20,7 @@ use crate::price::{self, Verdict};
 use crate::rules::Rule;
 use crate::rules_eval;
 use crate::thermal;
+use crate::GpuMap;
 use crate::Policy;
 
 /// Everything the engine looks at.
@@ -77,7 +78,8 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     let n = site.gpu_count();
     // wanted caps by GPU index
     let mut enforce: Vec<Option<Want>> = vec![None; n];
-    let mut observe: Vec<Option<Want>> = vec![None; n];
+    // made on the first cap a rule in observe mode wants (most policies have none)
+    let mut observe: Vec<Option<Want>> = Vec::new();
     let enabled: Vec<&Rule> = policy.rules.iter().filter(|r| r.enabled).collect();
     let ids: Vec<String> = enabled.iter().map(|r| r.id()).collect();
     // each rack's scope name (`rack/a01`), made once: explanations are keyed by it
@@ -100,11 +102,17 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         .with_snapshot(snapshot)
         .with_jobs(jobs);
     let gpus = &index.gpus;
-    let prior_caps = by_index(&index, &prior.caps);
-    let budget_at = |starting: &BTreeSet<String>| {
+    let table = gpu_table(site, gpus);
+    let prior_caps = by_index(&index, table, &prior.caps);
+    let prepared = policy.budget.enabled.then(|| {
+        let remembered = by_index(&index, table, &prior.uncapped_draws);
+        budget::prepare(site, &index, jobs, remembered, &policy.budget, now)
+    });
+    let budget_at = |prepared: &budget::Prepared<'_>, starting: &BTreeSet<String>| {
         budget::evaluate(
             site,
             &index,
+            prepared,
             snapshot,
             &prior_caps,
             jobs,
@@ -114,8 +122,8 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             now,
         )
     };
-    if policy.budget.enabled {
-        let (wanted, views) = budget_at(&BTreeSet::new());
+    if let Some(prepared) = &prepared {
+        let (wanted, views) = budget_at(prepared, &BTreeSet::new());
         pacing = views.last().map(|facility| price::Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
@@ -129,8 +137,11 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             wanted,
             (budget_views.len(), &views),
             &rack_scopes,
-            &mut enforce,
-            &mut observe,
+            if policy.budget.observe {
+                observed(&mut observe, n)
+            } else {
+                &mut enforce
+            },
             &mut why,
         );
         budget_views.push(views);
@@ -156,7 +167,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             }
         };
         let target = if policy.thermal.observe {
-            &mut observe
+            observed(&mut observe, n)
         } else {
             &mut enforce
         };
@@ -212,7 +223,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             next.rules.insert(rule.name.clone(), mem);
         }
         let target = if rule.observe {
-            &mut observe
+            observed(&mut observe, n)
         } else {
             &mut enforce
         };
@@ -279,15 +290,18 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         .filter(|j| !(keeps_holds && matches!(verdicts.get(*j), Some(Verdict::Hold(_)))))
         .cloned()
         .collect();
-    if policy.budget.enabled && !starting.is_empty() {
-        let (wanted, views) = budget_at(&starting);
+    if let Some(prepared) = prepared.as_ref().filter(|_| !starting.is_empty()) {
+        let (wanted, views) = budget_at(prepared, &starting);
         budget_wants(
             policy,
             wanted,
             (budget_views.len(), &views),
             &rack_scopes,
-            &mut enforce,
-            &mut observe,
+            if policy.budget.observe {
+                observed(&mut observe, n)
+            } else {
+                &mut enforce
+            },
             &mut why,
         );
         budget_views.push(views);
@@ -302,9 +316,9 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     let mut decisions = Vec::new();
     let caps = settle(gpus, &prior_caps, &enforce, policy, now);
-    if policy.budget.enabled {
-        next.uncapped_draws =
-            budget::remember_uncapped(&index, jobs, prior, &prior_caps, &caps, now);
+    if let Some(prepared) = &prepared {
+        let draws = budget::remember_uncapped(&index, prepared, jobs, &prior_caps, &caps, now);
+        next.uncapped_draws = to_map(site, table, gpus, draws);
     }
     cap_decisions(
         gpus,
@@ -315,19 +329,28 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         now,
         &mut decisions,
     );
-    next.caps = to_map(site, gpus, caps);
-    let prior_observed = by_index(&index, &prior.observed_caps);
-    let observed = settle(gpus, &prior_observed, &observe, policy, now);
-    cap_decisions(
-        gpus,
-        &prior_observed,
-        &observed,
-        &explain,
-        true,
-        now,
-        &mut decisions,
-    );
-    next.observed_caps = to_map(site, gpus, observed);
+    next.caps = to_map(site, table, gpus, caps);
+    let prior_observed = by_index(&index, table, &prior.observed_caps);
+    // with no observed cap wanted or in force there are none after
+    if !observe.is_empty() || prior_observed.iter().any(Option::is_some) {
+        let observed = settle(
+            gpus,
+            &prior_observed,
+            observed(&mut observe, n),
+            policy,
+            now,
+        );
+        cap_decisions(
+            gpus,
+            &prior_observed,
+            &observed,
+            &explain,
+            true,
+            now,
+            &mut decisions,
+        );
+        next.observed_caps = to_map(site, table, gpus, observed);
+    }
 
     clocks(&index, prior, &rule_wants, now, &mut next, &mut decisions);
     observed_rule_holds(prior, &rule_wants, now, &mut next, &mut decisions);
@@ -376,8 +399,8 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     }
 }
 
-/// Offers the budget rule's wanted caps (to the enforced or the observed caps) and
-/// records what each scope looked like.
+/// Offers the budget rule's wanted caps (to `target`: the enforced or the observed
+/// caps) and records what each scope looked like.
 /// `views` are the budget evaluation's scopes with the evaluation's number (see
 /// [`Explain::Budget`]).
 #[allow(clippy::too_many_arguments)]
@@ -386,15 +409,9 @@ fn budget_wants<'r, 'k>(
     wanted: Vec<Option<budget::BudgetCap>>,
     (set, views): (usize, &[ScopeView]),
     rack_scopes: &'k [String],
-    enforce: &mut [Option<Want<'r>>],
-    observe: &mut [Option<Want<'r>>],
+    target: &mut [Option<Want<'r>>],
     why: &mut Why<'k>,
 ) {
-    let target = if policy.budget.observe {
-        observe
-    } else {
-        enforce
-    };
     for (i, w) in wanted.into_iter().enumerate() {
         if let Some(w) = w {
             offer(target, i, w.watts, w.rule, policy.budget.lease_s);
@@ -463,6 +480,14 @@ fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
         .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
         .sum::<f64>()
         / gpus.len().max(1) as f64
+}
+
+/// The wanted caps of the rules in observe mode, made for `n` GPUs on first use.
+fn observed<'a, 'r>(v: &'a mut Vec<Option<Want<'r>>>, n: usize) -> &'a mut [Option<Want<'r>>] {
+    if v.len() != n {
+        v.resize(n, None);
+    }
+    v
 }
 
 fn offer<'r>(map: &mut [Option<Want<'r>>], gpu: usize, watts: f64, rule: &'r str, lease_s: f64) {
@@ -1057,13 +1082,26 @@ fn observed_rule_holds(
     }
 }
 
-/// Caps in force by GPU index.
-fn by_index<'c>(
+/// A per-GPU map as a list by the index of the evaluation's GPUs: read in place where
+/// the map is laid out by the same GPUs (`table`), else each id found in the site.
+fn by_index<'c, T>(
     index: &rules_eval::Index<'_>,
-    caps: &'c BTreeMap<EntityId, Cap>,
-) -> Vec<Option<&'c Cap>> {
-    let mut v = vec![None; index.gpus.len()];
-    for (id, c) in caps {
+    table: Option<&std::sync::Arc<telemetry::site::GpuIds>>,
+    map: &'c GpuMap<T>,
+) -> Vec<Option<&'c T>> {
+    let n = index.gpus.len();
+    let same = matches!((table, map.table()), (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b));
+    let mut v: Vec<Option<&T>> = if same {
+        map.by_gpu().iter().map(Option::as_ref).collect()
+    } else {
+        vec![None; n]
+    };
+    let by_id: Box<dyn Iterator<Item = (&EntityId, &T)>> = if same {
+        Box::new(map.others().iter())
+    } else {
+        Box::new(map.iter())
+    };
+    for (id, c) in by_id {
         if let Some(i) = index.gpu_index(id) {
             v[i] = Some(c);
         }
@@ -1071,15 +1109,45 @@ fn by_index<'c>(
     v
 }
 
-fn to_map(site: &Site, gpus: &[GpuRef<'_>], mut caps: Vec<Option<Cap>>) -> BTreeMap<EntityId, Cap> {
+/// The site's GPU id table, where the evaluation's GPUs are the ones it names (in
+/// order): per-GPU state is then laid out by it.
+fn gpu_table<'s>(
+    site: &'s Site,
+    gpus: &[GpuRef<'_>],
+) -> Option<&'s std::sync::Arc<telemetry::site::GpuIds>> {
+    site.gpu_table().filter(|t| {
+        t.len() == gpus.len()
+            && t.ids()
+                .iter()
+                .zip(gpus)
+                .all(|(a, g)| std::ptr::eq(a, &*g.id) || *a == *g.id)
+    })
+}
+
+/// A list by GPU index as a map by GPU id: laid out by the site's GPU table where
+/// there is one, else keyed by id.
+fn to_map<T>(
+    site: &Site,
+    table: Option<&std::sync::Arc<telemetry::site::GpuIds>>,
+    gpus: &[GpuRef<'_>],
+    mut caps: Vec<Option<T>>,
+) -> GpuMap<T> {
+    if let Some(t) = table.filter(|_| caps.len() == gpus.len()) {
+        // an empty map holds no list
+        if caps.iter().all(Option::is_none) {
+            return GpuMap::new();
+        }
+        return GpuMap::by_index(t.clone(), caps);
+    }
     let n = gpus.len().min(caps.len());
     let same = caps.len() == gpus.len();
     let mut entry = |i: usize| caps[i].take().map(|c| (EntityId::clone(&gpus[i].id), c));
     // in id order, the map is built without sorting
-    match site.gpus_by_id() {
+    let map: BTreeMap<EntityId, T> = match site.gpus_by_id() {
         order if order.len() == gpus.len() && same => {
             order.iter().filter_map(|&i| entry(i as usize)).collect()
         }
         _ => (0..n).filter_map(entry).collect(),
-    }
+    };
+    map.into()
 }

@@ -32,6 +32,7 @@ pub mod budget;
 pub mod engine;
 pub mod expr;
 pub mod forecast;
+pub mod gpu_map;
 pub mod index;
 pub mod node_power;
 pub mod plan;
@@ -47,6 +48,7 @@ pub mod triggers;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
+pub use gpu_map::GpuMap;
 pub use plan::{
     Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemories, RuleMemory, State,
     Target, Timers, UncappedDraw,

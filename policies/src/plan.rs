@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::gpu_map::GpuMap;
 use serde::{Deserialize, Serialize};
 use telemetry::{EntityId, Timestamp};
 
@@ -330,14 +331,14 @@ pub struct ClockLock {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
     /// Caps per GPU; a GPU not listed runs at its default limit.
-    pub caps: BTreeMap<EntityId, Cap>,
+    pub caps: GpuMap<Cap>,
     /// Holds per job id.
     pub holds: BTreeMap<String, Hold>,
     /// Thermal cap level per rack id.
     pub thermal: BTreeMap<String, ThermalLevel>,
     /// What rules in observe mode would have in force (never actuated).
     #[serde(default)]
-    pub observed_caps: BTreeMap<EntityId, Cap>,
+    pub observed_caps: GpuMap<Cap>,
     #[serde(default)]
     pub observed_holds: BTreeMap<String, Hold>,
     /// Locked SM clocks per GPU.
@@ -355,8 +356,8 @@ pub struct State {
     /// What each capped busy GPU drew just before its cap, for the job it runs: the
     /// budget rule's demand for it while the cap holds it down (see
     /// [`crate::budget::remember_uncapped`]).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub uncapped_draws: BTreeMap<EntityId, UncappedDraw>,
+    #[serde(default, skip_serializing_if = "GpuMap::is_empty")]
+    pub uncapped_draws: GpuMap<UncappedDraw>,
 }
 
 /// A GPU's draw at its default limit, read for one job before a cap held it down.

@@ -36,7 +36,7 @@ mod ids;
 mod raw;
 pub mod redfish;
 
-pub use ids::SiteIds;
+pub use ids::{GpuIds, SiteIds};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -169,19 +169,18 @@ pub struct Site {
     pub rows: Vec<Row>,
     pub racks: Vec<Rack>,
     pub nodes: Vec<Node>,
-    /// Each node's GPU ids, made once (a node changed after the site was built, in
-    /// name or GPU count, gets its ids made anew by [`Site::gpus`]).
-    pub gpu_ids: Vec<Vec<EntityId>>,
     /// `[[redfish]]`: Redfish readings bound to entities of this site.
     pub redfish: Vec<redfish::RedfishBinding>,
-    /// Dense ids of its racks, nodes and GPUs (see [`SiteIds`]).
+    /// Dense ids of its racks, nodes and GPUs, and the GPUs' ids made once (a node
+    /// changed after the site was built, in name or GPU count, gets its ids made anew
+    /// by [`Site::gpus`]); see [`SiteIds`].
     pub ids: SiteIds,
 }
 
 /// One GPU of the site, with where it sits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuRef<'a> {
-    /// Borrowed from the site's ids made once ([`Site::gpu_ids`]).
+    /// Borrowed from the site's ids made once ([`Site::gpu_table`]).
     pub id: std::borrow::Cow<'a, EntityId>,
     /// Index of its node in [`Site::nodes`] and of its rack in [`Site::racks`].
     pub node_index: usize,
@@ -228,14 +227,7 @@ impl Site {
                 let Some(model) = self.gpu_models.get(&node.gpu_model) else {
                     continue;
                 };
-                let cached = self.gpu_ids.get(n).filter(|ids| {
-                    ids.len() == node.gpus as usize
-                        && ids.first().is_none_or(|e| {
-                            e.name
-                                .strip_prefix(node.id.as_str())
-                                .is_some_and(|r| r.starts_with(':'))
-                        })
-                });
+                let cached = self.node_gpu_ids(n);
                 for index in 0..node.gpus {
                     out.push(GpuRef {
                         id: match cached {

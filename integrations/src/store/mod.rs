@@ -283,25 +283,37 @@ impl Tx {
         self.batch.ops.len()
     }
 
-    fn diff<K: ToString + Ord, V: Serialize + PartialEq>(
+    /// Puts what is new or changed in `next` and deletes what is gone from `prior`,
+    /// walking both in key order (both are maps ordered by key) once.
+    fn diff<'a, K: ToString + Ord + 'a, V: Serialize + PartialEq + 'a>(
         &mut self,
         collection: &str,
-        prior: &BTreeMap<K, V>,
-        next: &BTreeMap<K, V>,
+        prior: impl IntoIterator<Item = (&'a K, &'a V)>,
+        next: impl IntoIterator<Item = (&'a K, &'a V)>,
     ) {
+        let mut prior = prior.into_iter().peekable();
         for (k, v) in next {
-            if prior.get(k) != Some(v) {
-                self.put(collection, &k.to_string(), v);
+            // the prior keys before this one are gone
+            while let Some((old, _)) = prior.next_if(|(old, _)| *old < k) {
+                self.delete(collection, old.to_string());
+            }
+            match prior.next_if(|(old, _)| *old == k) {
+                Some((_, old)) if old == v => {}
+                _ => {
+                    self.put(collection, &k.to_string(), v);
+                }
             }
         }
-        for k in prior.keys() {
-            if !next.contains_key(k) {
-                self.batch.ops.push(Op::Delete {
-                    collection: collection.into(),
-                    key: k.to_string(),
-                });
-            }
+        for (old, _) in prior {
+            self.delete(collection, old.to_string());
         }
+    }
+
+    fn delete(&mut self, collection: &str, key: String) {
+        self.batch.ops.push(Op::Delete {
+            collection: collection.into(),
+            key,
+        });
     }
 
     fn put<T: Serialize>(&mut self, collection: &str, key: &str, v: &T) -> &mut Self {
@@ -435,16 +447,16 @@ impl Store {
     /// The caps, holds and thermal levels in force, as last committed.
     pub fn state(&mut self) -> Result<State, StoreError> {
         Ok(State {
-            caps: self.entities::<Cap>(CAPS)?,
+            caps: self.entities::<Cap>(CAPS)?.into(),
             holds: self.keyed::<Hold>(HOLDS)?,
             thermal: self.keyed::<ThermalLevel>(THERMAL)?,
-            observed_caps: self.entities::<Cap>(OBSERVED_CAPS)?,
+            observed_caps: self.entities::<Cap>(OBSERVED_CAPS)?.into(),
             observed_holds: self.keyed::<Hold>(OBSERVED_HOLDS)?,
             clocks: self.entities::<policies::ClockLock>(CLOCKS)?,
             suspended: self.keyed::<Hold>(SUSPENDED)?,
             rules: self.keyed(RULES)?,
             thermal_models: self.keyed(THERMAL_MODELS)?,
-            uncapped_draws: self.entities(UNCAPPED_DRAWS)?,
+            uncapped_draws: self.entities(UNCAPPED_DRAWS)?.into(),
         })
     }
 

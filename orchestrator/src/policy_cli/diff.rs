@@ -51,9 +51,13 @@ pub fn diff(old: (&Policy, &str), new: (&Policy, &str), w: &World, a: &Plan, b: 
         observed_caps: caps(w, &a.state.observed_caps, &b.state.observed_caps),
         holds: holds(&a.state.holds, &b.state.holds, "held"),
         observed_holds: holds(&a.state.observed_holds, &b.state.observed_holds, "held"),
-        clocks: by_rack(w, &a.state.clocks, &b.state.clocks, "unlocked", |c| {
-            (format!("{:.0} MHz ({})", c.mhz, c.rule), c.mhz)
-        }),
+        clocks: by_rack(
+            w,
+            |id| a.state.clocks.get(id),
+            |id| b.state.clocks.get(id),
+            "unlocked",
+            |c| (format!("{:.0} MHz ({})", c.mhz, c.rule), c.mhz),
+        ),
         suspended: holds(&a.state.suspended, &b.state.suspended, "suspended"),
     }
 }
@@ -181,25 +185,31 @@ fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
 
 fn caps(
     w: &World,
-    a: &BTreeMap<telemetry::EntityId, Cap>,
-    b: &BTreeMap<telemetry::EntityId, Cap>,
+    a: &policies::GpuMap<Cap>,
+    b: &policies::GpuMap<Cap>,
 ) -> Vec<(String, usize, String, String)> {
-    by_rack(w, a, b, "uncapped", |c| (cap_text(Some(c)), c.watts))
+    by_rack(
+        w,
+        |id| a.get(id),
+        |id| b.get(id),
+        "uncapped",
+        |c| (cap_text(Some(c)), c.watts),
+    )
 }
 
 /// GPUs whose entry differs, grouped by rack and by old and new text; `show` gives an
 /// entry's text and value (the same text within 0.5 of the value is no change), `none`
 /// the text for no entry.
-fn by_rack<T>(
+fn by_rack<'m, T: 'm>(
     w: &World,
-    a: &BTreeMap<telemetry::EntityId, T>,
-    b: &BTreeMap<telemetry::EntityId, T>,
+    a: impl Fn(&telemetry::EntityId) -> Option<&'m T>,
+    b: impl Fn(&telemetry::EntityId) -> Option<&'m T>,
     none: &str,
     show: impl Fn(&T) -> (String, f64),
 ) -> Vec<(String, usize, String, String)> {
     let mut out: Vec<(String, usize, String, String)> = Vec::new();
     for g in w.site.gpus() {
-        let (x, y) = (a.get(&g.id).map(&show), b.get(&g.id).map(&show));
+        let (x, y) = (a(&g.id).map(&show), b(&g.id).map(&show));
         let same = match (&x, &y) {
             (None, None) => true,
             (Some(x), Some(y)) => (x.1 - y.1).abs() < 0.5 && x.0 == y.0,

@@ -142,11 +142,7 @@ fn decision(s: &mut String, n: usize, d: &Decision, state: &State, observed: boo
     }
 }
 
-fn caps(
-    s: &mut String,
-    w: &World,
-    caps: &std::collections::BTreeMap<telemetry::EntityId, policies::Cap>,
-) {
+fn caps(s: &mut String, w: &World, caps: &policies::GpuMap<policies::Cap>) {
     let groups = caps_by_rack(&w.site, caps);
     if groups.is_empty() {
         let _ = writeln!(s, "  none: every GPU at its default limit");
@@ -205,7 +201,7 @@ fn holds(s: &mut String, holds: &std::collections::BTreeMap<String, policies::Ho
 /// grouped by rack, and the rules in observe mode. Its `state` can be passed back as
 /// `--state` to explain the next tick.
 pub fn json(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> serde_json::Value {
-    let groups = |caps| {
+    let groups = |caps: &policies::GpuMap<policies::Cap>| {
         caps_by_rack(&w.site, caps)
             .into_iter()
             .map(|(rack, rule, watts, gpus, cap)| {

@@ -12,7 +12,6 @@ pub mod diff;
 pub mod explain;
 pub mod inputs;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use policies::{Cap, Forecast, Policy, State};
@@ -159,7 +158,7 @@ pub fn load_site(path: &Path) -> Result<Site, Problems> {
 /// Caps grouped by rack, rule and watts, in site order: (rack, rule, watts, GPUs, cap).
 pub fn caps_by_rack<'a>(
     site: &Site,
-    caps: &'a BTreeMap<EntityId, Cap>,
+    caps: &'a policies::GpuMap<Cap>,
 ) -> Vec<(String, String, f64, Vec<EntityId>, &'a Cap)> {
     let mut out: Vec<(String, String, f64, Vec<EntityId>, &Cap)> = Vec::new();
     for g in site.gpus() {

@@ -806,7 +806,7 @@ proptest! {
 /// cap, the other idle GPUs at their idle draw.
 fn scope_w(
     site: &Site,
-    caps: &BTreeMap<EntityId, Cap>,
+    caps: &crate::GpuMap<Cap>,
     busy: &dyn Fn(&EntityId) -> bool,
     draw: &dyn Fn(&EntityId) -> f64,
     starts: &[EntityId],
@@ -905,7 +905,7 @@ proptest! {
         };
         let plan = run(&site, &snap, &jobs, &State::default(), &policy, t0());
         // the least any scope can be brought to: running and starting GPUs at their minimum
-        let mins: BTreeMap<EntityId, Cap> = gpus
+        let mins: crate::GpuMap<Cap> = gpus
             .iter()
             .map(|g| {
                 (g.id.clone().into_owned(), Cap { watts: g.model.min_w, rule: "min".into(), since: t0(), lease_until: t0() })
@@ -926,7 +926,7 @@ proptest! {
             check(&rack.id, &in_rack, 200.0, rack.power_budget_kw * 1000.0).map_err(TestCaseError::fail)?;
             // a rack the job does not start in, within its budget with it running, is not cut
             let gets_none = !starts.iter().any(|s| gpus[pos(s)].rack_index == ri);
-            let none = BTreeMap::new();
+            let none = crate::GpuMap::new();
             let free = scope_w(&site, &none, &is_busy, &draw, &starts, &in_rack, 200.0);
             let facility = scope_w(&site, &none, &is_busy, &draw, &starts, &all, 400.0);
             if gets_none && free <= rack.power_budget_kw * 1000.0 * (1.0 - margin)

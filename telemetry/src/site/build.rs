@@ -428,10 +428,6 @@ pub(super) fn build(raw: RawSite, c: &mut Collector) -> Site {
         rooms: raw.rooms.iter().map(|r| r.id.get_ref().clone()).collect(),
         rows,
         racks,
-        gpu_ids: nodes
-            .iter()
-            .map(|n| (0..n.gpus).map(|i| EntityId::gpu(&n.id, i)).collect())
-            .collect(),
         nodes,
         redfish: Vec::new(),
         ids: Default::default(),

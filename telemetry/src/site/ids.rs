@@ -3,6 +3,8 @@
 //! [`Site::gpus`]), and names are looked up in hash maps only where they come in
 //! (a job's allocation, a sample, a policy's selector).
 
+use std::sync::Arc;
+
 use crate::fasthash::FnvMap;
 use crate::{EntityId, EntityKind};
 
@@ -17,9 +19,53 @@ pub struct SiteIds {
     first_gpu: Vec<u32>,
     /// The cooling unit of each rack (its index in [`Site::cooling`]).
     rack_cooling: Vec<Option<u32>>,
-    /// GPU indexes (into [`Site::gpus`]) in the order of their ids, for writing maps
-    /// keyed by GPU id without sorting them again.
-    gpus_by_id: Vec<u32>,
+    /// The GPUs' ids, shared with the per-GPU state laid out by GPU index.
+    gpus: Arc<GpuIds>,
+}
+
+/// A site's GPU ids in site order (GPU `i` is the `i`-th of [`Site::gpus`]) and in id
+/// order, made once when the site is built. Per-GPU state laid out by GPU index holds
+/// it (an `Arc`, shared) to name its entries and to list them in id order.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GpuIds {
+    ids: Vec<EntityId>,
+    /// GPU indexes in the order of their ids.
+    by_id: Vec<u32>,
+}
+
+impl GpuIds {
+    /// The table of these ids (in site order).
+    pub fn new(ids: Vec<EntityId>) -> GpuIds {
+        let mut by_id: Vec<u32> = (0..ids.len() as u32).collect();
+        by_id.sort_by(|&a, &b| ids[a as usize].cmp(&ids[b as usize]));
+        GpuIds { ids, by_id }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The ids in site order.
+    pub fn ids(&self) -> &[EntityId] {
+        &self.ids
+    }
+
+    /// GPU indexes in the order of their ids.
+    pub fn by_id(&self) -> &[u32] {
+        &self.by_id
+    }
+
+    /// The GPU index of an id (a binary search in id order).
+    pub fn position(&self, id: &EntityId) -> Option<usize> {
+        self.by_id
+            .binary_search_by(|&i| self.ids[i as usize].cmp(id))
+            .ok()
+            .map(|k| self.by_id[k] as usize)
+    }
 }
 
 impl SiteIds {
@@ -61,15 +107,22 @@ impl SiteIds {
                 }
             }
         }
-        let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
-        let mut gpus_by_id: Vec<u32> = (0..ids.len() as u32).collect();
-        gpus_by_id.sort_by(|&a, &b| ids[a as usize].cmp(&ids[b as usize]));
+        // in the order of `Site::gpus`: rack by rack, node by node
+        let mut ids = Vec::with_capacity(k as usize);
+        for rack in &site.racks {
+            for &n in &rack.nodes {
+                let node = &site.nodes[n];
+                if site.gpu_models.contains_key(&node.gpu_model) {
+                    ids.extend((0..node.gpus).map(|i| EntityId::gpu(&node.id, i)));
+                }
+            }
+        }
         SiteIds {
             racks,
             nodes,
             first_gpu,
             rack_cooling,
-            gpus_by_id,
+            gpus: Arc::new(GpuIds::new(ids)),
         }
     }
 }
@@ -107,11 +160,32 @@ impl Site {
     /// GPU indexes (into [`Site::gpus`]) in the order of their ids; empty when the
     /// site changed after it was built.
     pub fn gpus_by_id(&self) -> &[u32] {
-        if self.ids.gpus_by_id.len() == self.gpu_count() {
-            &self.ids.gpus_by_id
-        } else {
-            &[]
+        match self.gpu_table() {
+            Some(t) => t.by_id(),
+            None => &[],
         }
+    }
+
+    /// The GPUs' ids as made when the site was built; none when the site changed since
+    /// (its GPUs are no longer those).
+    pub fn gpu_table(&self) -> Option<&Arc<GpuIds>> {
+        let t = &self.ids.gpus;
+        (t.len() == self.gpu_count()).then_some(t)
+    }
+
+    /// The ids made when the site was built of node `n`'s GPUs, where they still are
+    /// that node's.
+    pub(super) fn node_gpu_ids(&self, n: usize) -> Option<&[EntityId]> {
+        let node = self.nodes.get(n)?;
+        let first = *self.ids.first_gpu.get(n)? as usize;
+        let ids = self.ids.gpus.ids.get(first..first + node.gpus as usize)?;
+        ids.first()
+            .is_none_or(|e| {
+                e.name
+                    .strip_prefix(node.id.as_str())
+                    .is_some_and(|r| r.starts_with(':'))
+            })
+            .then_some(ids)
     }
 
     /// The index in [`Site::cooling`] of the unit that serves a rack (by index).
