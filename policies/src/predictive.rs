@@ -11,6 +11,8 @@
 
 use std::collections::BTreeMap;
 
+use telemetry::fasthash::FnvSet;
+
 use telemetry::metric::names::{COOLING_CAPACITY_KW, INLET_TEMP_C, POWER_W};
 use telemetry::site::CoolingUnit;
 use telemetry::{EntityId, EntityKind, Job, JobState, Site, Snapshot, Timestamp};
@@ -34,12 +36,26 @@ pub struct Outcome {
     pub predictions: BTreeMap<String, RackPrediction>,
 }
 
-/// One GPU as the planned load sees it.
+/// One GPU as the planned load sees it: what it draws under a cap level.
 #[derive(Debug, Clone, Copy)]
 struct GpuLoad {
     /// What it would draw under no cap (a running job's), or its idle draw.
     demand_w: f64,
-    busy: bool,
+    default_w: f64,
+    min_w: f64,
+    max_w: f64,
+}
+
+impl GpuLoad {
+    fn draw_w(&self, fraction: f64) -> f64 {
+        self.demand_w
+            .min(limit_w(self.default_w, self.min_w, self.max_w, fraction))
+    }
+}
+
+/// An idle GPU as the planned load sees it: what a queued job adds when it starts on it.
+#[derive(Debug, Clone, Copy, Default)]
+struct IdleGpu {
     default_w: f64,
     min_w: f64,
     max_w: f64,
@@ -48,47 +64,136 @@ struct GpuLoad {
     start_base_w: f64,
 }
 
-impl GpuLoad {
-    fn limit_w(&self, fraction: f64) -> f64 {
-        (self.default_w * fraction).clamp(self.min_w, self.max_w)
-    }
-
-    fn draw_w(&self, fraction: f64) -> f64 {
-        self.demand_w.min(self.limit_w(fraction))
-    }
-
+impl IdleGpu {
     /// What it adds when a queued job starts on it.
     fn start_w(&self, fraction: f64) -> f64 {
-        (self.limit_w(fraction).min(self.default_w) - self.idle_w).max(0.0) + self.start_base_w
+        (limit_w(self.default_w, self.min_w, self.max_w, fraction).min(self.default_w)
+            - self.idle_w)
+            .max(0.0)
+            + self.start_base_w
     }
 }
 
-/// A rack's planned load: what is not GPU, and its GPUs.
+/// A GPU's power limit under `fraction` of its default limit.
+fn limit_w(default_w: f64, min_w: f64, max_w: f64, fraction: f64) -> f64 {
+    (default_w * fraction).clamp(min_w, max_w)
+}
+
+/// A rack's planned load: what is not GPU, its GPUs, and its idle GPUs in site order.
 #[derive(Debug, Clone, Default)]
 struct RackLoad {
     other_w: f64,
     gpus: Vec<GpuLoad>,
+    idle: Vec<IdleGpu>,
     /// The rack's power reading, when usable.
     measured_w: Option<f64>,
+    /// When every GPU of the rack is of one model: its limits, each GPU's demand and
+    /// what they add up to uncapped, the highest (NaN when one is NaN), and the idle
+    /// GPUs' shares of their nodes' base power. A cap level then makes one limit for
+    /// the rack, and one at or over the highest demand caps nothing.
+    uniform: Option<Uniform>,
+}
+
+/// See [`RackLoad::uniform`].
+#[derive(Debug, Clone, Default)]
+struct Uniform {
+    model: IdleGpu,
+    demands: Vec<f64>,
+    uncapped_w: f64,
+    max_demand_w: f64,
+    start_base_w: Vec<f64>,
+}
+
+impl Uniform {
+    fn new(gpus: &[GpuLoad], idle: &[IdleGpu]) -> Option<Uniform> {
+        let first = idle.first().copied().or_else(|| {
+            gpus.first().map(|g| IdleGpu {
+                default_w: g.default_w,
+                min_w: g.min_w,
+                max_w: g.max_w,
+                idle_w: f64::NAN,
+                start_base_w: 0.0,
+            })
+        })?;
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits();
+        let limits = |d: f64, lo: f64, hi: f64| {
+            same(d, first.default_w) && same(lo, first.min_w) && same(hi, first.max_w)
+        };
+        if !gpus.iter().all(|g| limits(g.default_w, g.min_w, g.max_w))
+            || !idle
+                .iter()
+                .all(|g| limits(g.default_w, g.min_w, g.max_w) && same(g.idle_w, first.idle_w))
+        {
+            return None;
+        }
+        let demands: Vec<f64> = gpus.iter().map(|g| g.demand_w).collect();
+        let uncapped_w = demands.iter().copied().sum::<f64>();
+        let max_demand_w = demands.iter().copied().fold(f64::NEG_INFINITY, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        });
+        Some(Uniform {
+            model: first,
+            demands,
+            uncapped_w,
+            max_demand_w,
+            start_base_w: idle.iter().map(|g| g.start_base_w).collect(),
+        })
+    }
 }
 
 impl RackLoad {
     fn draw_w(&self, fraction: f64) -> f64 {
-        self.other_w + self.gpus.iter().map(|g| g.draw_w(fraction)).sum::<f64>()
+        match &self.uniform {
+            Some(u) => {
+                let m = &u.model;
+                let limit = limit_w(m.default_w, m.min_w, m.max_w, fraction);
+                if u.max_demand_w <= limit {
+                    // every GPU draws its demand: the sum is the uncapped one
+                    self.other_w + u.uncapped_w
+                } else {
+                    self.other_w + u.demands.iter().map(|d| d.min(limit)).sum::<f64>()
+                }
+            }
+            None => self.other_w + self.gpus.iter().map(|g| g.draw_w(fraction)).sum::<f64>(),
+        }
     }
 
-    /// What `n` queued GPUs add if they start on this rack's idle GPUs.
-    fn start_w(&self, fraction: f64, n: usize) -> f64 {
-        self.gpus
-            .iter()
-            .filter(|g| !g.busy)
-            .take(n)
-            .map(|g| g.start_w(fraction))
-            .sum()
-    }
-
-    fn idle(&self) -> usize {
-        self.gpus.iter().filter(|g| !g.busy).count()
+    /// What `n` and `m` (n ≤ m) queued GPUs add if they start on this rack's idle GPUs,
+    /// in one walk: each sum is the one [`Iterator::sum`] makes of its first GPUs.
+    fn start_w(&self, fraction: f64, n: usize, m: usize) -> (f64, f64) {
+        let mut sum: f64 = std::iter::empty::<f64>().sum();
+        let mut first_n = sum;
+        match &self.uniform {
+            Some(u) => {
+                let g = &u.model;
+                // what every idle GPU adds but its share of its node's base power
+                let gpu_w = (limit_w(g.default_w, g.min_w, g.max_w, fraction).min(g.default_w)
+                    - g.idle_w)
+                    .max(0.0);
+                for (k, b) in u.start_base_w.iter().take(m).enumerate() {
+                    if k == n {
+                        first_n = sum;
+                    }
+                    sum += gpu_w + b;
+                }
+            }
+            None => {
+                for (k, g) in self.idle.iter().take(m).enumerate() {
+                    if k == n {
+                        first_n = sum;
+                    }
+                    sum += g.start_w(fraction);
+                }
+            }
+        }
+        if n >= m.min(self.idle.len()) {
+            first_n = sum;
+        }
+        (first_n, sum)
     }
 }
 
@@ -112,12 +217,26 @@ fn rack_loads(
             busy[i] = true;
         }
     }
-    let mut out: Vec<RackLoad> = vec![RackLoad::default(); site.racks.len()];
+    let mut counts = vec![(0usize, 0usize); site.racks.len()];
+    for (g, &b) in index.gpus.iter().zip(&busy) {
+        let c = &mut counts[g.rack_index];
+        c.0 += 1;
+        c.1 += usize::from(!b);
+    }
+    let mut out: Vec<RackLoad> = counts
+        .iter()
+        .map(|&(n, idle)| RackLoad {
+            gpus: Vec::with_capacity(n),
+            idle: Vec::with_capacity(idle),
+            ..RackLoad::default()
+        })
+        .collect();
     let mut gpu_w = vec![0.0; site.racks.len()];
+    let power = index.metric_id(POWER_W);
     for (i, g) in index.gpus.iter().enumerate() {
         let m = g.model;
-        let draw = index
-            .gpu_observe(i, POWER_W, now)
+        let draw = power
+            .and_then(|p| index.gpu_observe_id(i, p, now))
             .filter(|o| o.usable())
             .map(|o| o.value);
         let is_busy = busy[i];
@@ -130,15 +249,22 @@ fn rack_loads(
             (None, _) => m.idle_w,
         };
         gpu_w[g.rack_index] += draw.unwrap_or(demand_w);
-        out[g.rack_index].gpus.push(GpuLoad {
+        let rack = &mut out[g.rack_index];
+        rack.gpus.push(GpuLoad {
             demand_w,
-            busy: is_busy,
             default_w: m.default_w,
             min_w: m.min_w,
             max_w: m.max_w,
-            idle_w: m.idle_w,
-            start_base_w: 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)),
         });
+        if !is_busy {
+            rack.idle.push(IdleGpu {
+                default_w: m.default_w,
+                min_w: m.min_w,
+                max_w: m.max_w,
+                idle_w: m.idle_w,
+                start_base_w: 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)),
+            });
+        }
     }
     for (ri, rack) in site.racks.iter().enumerate() {
         let measured = snapshot
@@ -146,49 +272,58 @@ fn rack_loads(
             .filter(|o| o.usable())
             .map(|o| o.value);
         let base: f64 = rack.nodes.iter().map(|&n| site.nodes[n].base_w).sum();
-        out[ri].measured_w = measured;
-        out[ri].other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
+        let load = &mut out[ri];
+        load.measured_w = measured;
+        load.other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
+        load.uniform = Uniform::new(&load.gpus, &load.idle);
     }
     out
 }
 
-/// GPUs of the queued jobs that may start within `horizon_s`: pending and not held, or
-/// held with a hold that must end within the horizon (the job's latest start, less the
-/// price rule's `release_margin_s`, falls in it). A hold's lease is renewed every tick,
-/// so it is not taken for its end.
-fn queued_gpus(
-    waiting: &[Waiting],
-    now: Timestamp,
-    horizon_s: f64,
-    release_margin_s: f64,
-) -> usize {
-    let ends_soon = |w: &Waiting| {
-        w.latest_start
-            .is_some_and(|t| t + -release_margin_s <= now + horizon_s)
-    };
-    waiting
-        .iter()
-        .filter(|w| !w.held || ends_soon(w))
-        .map(|w| w.gpus)
-        .sum()
+/// The queued jobs' GPUs as [`Queue::gpus`] counts them (made once per evaluation).
+struct Queue {
+    /// GPUs of the pending jobs that are not held.
+    free: usize,
+    /// The held jobs that have a latest start: when each hold must end (the latest
+    /// start less the price rule's `release_margin_s`), in order, with the GPUs of the
+    /// held jobs whose hold ends by then.
+    held_ends: Vec<(Timestamp, usize)>,
 }
 
-/// A queued job as [`queued_gpus`] sees it (listed once per evaluation).
-struct Waiting {
-    gpus: usize,
-    held: bool,
-    latest_start: Option<Timestamp>,
-}
+impl Queue {
+    fn new(jobs: &[Job], prior: &State, release_margin_s: f64) -> Queue {
+        let held: FnvSet<&str> = prior.holds.keys().map(String::as_str).collect();
+        let mut free = 0;
+        let mut held_ends = Vec::new();
+        for j in jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
+        {
+            let gpus = j.gpus as usize;
+            if !held.contains(j.id.as_str()) {
+                free += gpus;
+            } else if let Some(t) = j.latest_start() {
+                held_ends.push((t + -release_margin_s, gpus));
+            }
+        }
+        held_ends.sort_unstable();
+        let mut total = 0;
+        for e in &mut held_ends {
+            total += e.1;
+            e.1 = total;
+        }
+        Queue { free, held_ends }
+    }
 
-fn waiting(jobs: &[Job], prior: &State) -> Vec<Waiting> {
-    jobs.iter()
-        .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
-        .map(|j| Waiting {
-            gpus: j.gpus as usize,
-            held: prior.holds.contains_key(&j.id),
-            latest_start: j.latest_start(),
-        })
-        .collect()
+    /// GPUs of the queued jobs that may start within `horizon_s`: pending and not held,
+    /// or held with a hold that must end within the horizon (the job's latest start,
+    /// less the price rule's `release_margin_s`, falls in it). A hold's lease is
+    /// renewed every tick, so it is not taken for its end.
+    fn gpus(&self, now: Timestamp, horizon_s: f64) -> usize {
+        let by = now + horizon_s;
+        let k = self.held_ends.partition_point(|&(t, _)| t <= by);
+        self.free + k.checked_sub(1).map_or(0, |k| self.held_ends[k].1)
+    }
 }
 
 /// One rack of a unit, as the unit's search sees it.
@@ -206,12 +341,13 @@ fn planned(loads: &[RackLoad], racks: &[RackView], fraction: f64, queued: usize)
     let mut rack_w = Vec::with_capacity(racks.len());
     for v in racks {
         let l = &loads[v.rack];
-        let n = left.min(l.idle());
+        let n = left.min(l.idle.len());
         left -= n;
         let draw = l.draw_w(fraction);
-        unit_w += draw + l.start_w(fraction, n);
         // the rack itself: as if every queued GPU landed on it (the worst case)
-        rack_w.push(draw + l.start_w(fraction, queued));
+        let (start_n, start_all) = l.start_w(fraction, n, queued);
+        unit_w += draw + start_n;
+        rack_w.push(draw + start_all);
     }
     Load2 {
         unit_kw: unit_w / 1000.0,
@@ -318,15 +454,14 @@ pub fn evaluate(
 ) -> Outcome {
     let loads = rack_loads(index, snapshot, jobs, prior_caps, now);
     let mut out = Outcome::default();
-    let waiting = waiting(jobs, prior);
+    let queue = Queue::new(jobs, prior, release_margin_s);
     let ctx = UnitInputs {
         site,
         loads: &loads,
         snapshot,
-        waiting: &waiting,
+        queue: &queue,
         prior,
         rule,
-        release_margin_s,
         now,
     };
     for unit in &site.cooling {
@@ -340,10 +475,9 @@ struct UnitInputs<'a> {
     site: &'a Site,
     loads: &'a [RackLoad],
     snapshot: &'a Snapshot,
-    waiting: &'a [Waiting],
+    queue: &'a Queue,
     prior: &'a State,
     rule: &'a ThermalRule,
-    release_margin_s: f64,
     now: Timestamp,
 }
 
@@ -406,15 +540,14 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
         site,
         loads,
         snapshot,
-        waiting,
+        queue,
         prior,
         rule,
-        release_margin_s,
         now,
     } = *inputs;
     let (views, capacity_kw) = rack_views(inputs, unit, out);
     let horizon_s = rule.horizon_tau * unit.time_constant_s;
-    let queued = queued_gpus(waiting, now, horizon_s, release_margin_s);
+    let queued = queue.gpus(now, horizon_s);
     let step = rule.step_pct / 100.0;
     let plans = Plans {
         loads,
@@ -534,18 +667,21 @@ fn rack_step(
         signals,
     );
     let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
-    let release = format!(
-        "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
-        rule.step_interval_s, rule.min_hold_s
-    );
-    let fit = out.fits.get(&rack.id).cloned();
+    // what would lift the cap: written only for the racks that step
+    let release = || {
+        format!(
+            "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
+            rule.step_interval_s, rule.min_hold_s
+        )
+    };
+    let fit = out.fits.get(&rack.id);
     let mut next = ThermalLevel { fraction, since };
     if target < fraction - 1e-9 {
         next = ThermalLevel {
             fraction: target,
             since: now,
         };
-        let mut values = ctx.values(target, rule, fit.as_ref());
+        let mut values = ctx.values(target, rule, fit);
         let unchanged = ctx
             .values(fraction, rule, None)
             .get("predicted_peak_c")
@@ -565,7 +701,7 @@ fn rack_step(
             fraction: target,
             values,
             reason: format!("{reason}: tighten to {:.0}% of default", target * 100.0),
-            release,
+            release: release(),
         });
     } else if prev.is_some()
         && may_relax
@@ -573,7 +709,7 @@ fn rack_step(
         && held_s >= rule.min_hold_s.max(rule.step_interval_s)
     {
         let f = liftable.min(fraction + rule.step_pct / 100.0).min(1.0);
-        let values = ctx.values(f, rule, fit.as_ref());
+        let values = ctx.values(f, rule, fit);
         let peak = values.get("predicted_peak_c").copied().unwrap_or(f64::NAN);
         let reason = if f >= 1.0 - 1e-9 {
             format!("predicted inlet {peak:.1} °C uncapped: released")
@@ -588,7 +724,7 @@ fn rack_step(
             fraction: f,
             values,
             reason,
-            release,
+            release: release(),
         });
         next = ThermalLevel {
             fraction: f,
