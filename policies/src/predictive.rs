@@ -165,8 +165,9 @@ impl RackLoad {
     /// What `n` and `m` (n ≤ m) queued GPUs add if they start on this rack's idle GPUs,
     /// in one walk: each sum is the one [`Iterator::sum`] makes of its first GPUs.
     fn start_w(&self, fraction: f64, n: usize, m: usize) -> (f64, f64) {
-        let mut sum: f64 = std::iter::empty::<f64>().sum();
-        let mut first_n = sum;
+        let m = m.min(self.idle.len());
+        let n = n.min(m);
+        let start: f64 = std::iter::empty::<f64>().sum();
         match &self.uniform {
             Some(u) => {
                 let g = &u.model;
@@ -174,26 +175,20 @@ impl RackLoad {
                 let gpu_w = (limit_w(g.default_w, g.min_w, g.max_w, fraction).min(g.default_w)
                     - g.idle_w)
                     .max(0.0);
-                for (k, b) in u.start_base_w.iter().take(m).enumerate() {
-                    if k == n {
-                        first_n = sum;
-                    }
-                    sum += gpu_w + b;
-                }
+                let base = &u.start_base_w;
+                let first_n = base[..n].iter().fold(start, |s, b| s + (gpu_w + b));
+                let all = base[n..m].iter().fold(first_n, |s, b| s + (gpu_w + b));
+                (first_n, all)
             }
             None => {
-                for (k, g) in self.idle.iter().take(m).enumerate() {
-                    if k == n {
-                        first_n = sum;
-                    }
-                    sum += g.start_w(fraction);
-                }
+                let idle = &self.idle;
+                let first_n = idle[..n].iter().fold(start, |s, g| s + g.start_w(fraction));
+                let all = idle[n..m]
+                    .iter()
+                    .fold(first_n, |s, g| s + g.start_w(fraction));
+                (first_n, all)
             }
         }
-        if n >= m.min(self.idle.len()) {
-            first_n = sum;
-        }
-        (first_n, sum)
     }
 }
 
@@ -329,6 +324,8 @@ impl Queue {
 /// One rack of a unit, as the unit's search sees it.
 struct RackView {
     rack: usize,
+    /// The rack's fitted model after this tick's reading (as in [`Outcome::fits`]).
+    fit: Option<RackFit>,
     inlet_c: Option<f64>,
     limit_c: f64,
     params: Params,
@@ -522,11 +519,17 @@ fn rack_views(
             };
             fit = Some(thermal_model::update(old, unit, &p, load, t, now));
         }
-        if let Some(f) = &fit {
-            out.fits.insert(rack.id.clone(), f.clone());
-        }
+        // the fit the rack's step shows: this one, else one an earlier unit made
+        let shown = match &fit {
+            Some(f) => {
+                out.fits.insert(rack.id.clone(), f.clone());
+                Some(f.clone())
+            }
+            None => out.fits.get(&rack.id).cloned(),
+        };
         views.push(RackView {
             rack: r,
+            fit: shown,
             inlet_c,
             limit_c: rack.inlet_limit_c,
             params: Params::new(unit, capacity_kw, fit.as_ref(), rule.fit_max_rms_c),
@@ -674,7 +677,7 @@ fn rack_step(
             rule.step_interval_s, rule.min_hold_s
         )
     };
-    let fit = out.fits.get(&rack.id);
+    let fit = v.fit.as_ref();
     let mut next = ThermalLevel { fraction, since };
     if target < fraction - 1e-9 {
         next = ThermalLevel {
