@@ -15,7 +15,7 @@ use telemetry::fasthash::FnvSet;
 
 use telemetry::metric::names::{COOLING_CAPACITY_KW, INLET_TEMP_C, POWER_W};
 use telemetry::site::CoolingUnit;
-use telemetry::{EntityId, EntityKind, Job, JobState, Site, Snapshot, Timestamp};
+use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Site, Snapshot, Timestamp};
 
 use crate::index::Index;
 use crate::plan::{round3, RackPrediction, ThermalLevel};
@@ -36,129 +36,76 @@ pub struct Outcome {
     pub predictions: BTreeMap<String, RackPrediction>,
 }
 
-/// One GPU as the planned load sees it: what it draws under a cap level.
-#[derive(Debug, Clone, Copy)]
-struct GpuLoad {
-    /// What it would draw under no cap (a running job's), or its idle draw.
-    demand_w: f64,
-    default_w: f64,
-    min_w: f64,
-    max_w: f64,
-}
-
-impl GpuLoad {
-    fn draw_w(&self, fraction: f64) -> f64 {
-        self.demand_w
-            .min(limit_w(self.default_w, self.min_w, self.max_w, fraction))
-    }
-}
-
-/// An idle GPU as the planned load sees it: what a queued job adds when it starts on it.
-#[derive(Debug, Clone, Copy, Default)]
-struct IdleGpu {
-    default_w: f64,
-    min_w: f64,
-    max_w: f64,
-    idle_w: f64,
-    /// The share of its node's base power a job adds when it starts.
-    start_base_w: f64,
-}
-
-impl IdleGpu {
-    /// What it adds when a queued job starts on it.
-    fn start_w(&self, fraction: f64) -> f64 {
-        (limit_w(self.default_w, self.min_w, self.max_w, fraction).min(self.default_w)
-            - self.idle_w)
-            .max(0.0)
-            + self.start_base_w
-    }
-}
-
 /// A GPU's power limit under `fraction` of its default limit.
-fn limit_w(default_w: f64, min_w: f64, max_w: f64, fraction: f64) -> f64 {
-    (default_w * fraction).clamp(min_w, max_w)
+fn limit_w(m: &GpuModel, fraction: f64) -> f64 {
+    (m.default_w * fraction).clamp(m.min_w, m.max_w)
 }
 
-/// A rack's planned load: what is not GPU, its GPUs, and its idle GPUs in site order.
+/// What a queued job adds when it starts on an idle GPU of model `m`, but its share of
+/// its node's base power.
+fn start_gpu_w(m: &GpuModel, fraction: f64) -> f64 {
+    (limit_w(m, fraction).min(m.default_w) - m.idle_w).max(0.0)
+}
+
+/// A rack's planned load: what is not GPU, its GPUs, and its idle GPUs, in site order.
 #[derive(Debug, Clone, Default)]
-struct RackLoad {
+struct RackLoad<'m> {
     other_w: f64,
-    gpus: Vec<GpuLoad>,
-    idle: Vec<IdleGpu>,
+    /// Each GPU's demand: what it would draw under no cap (a running job's), or its
+    /// idle draw; and its model.
+    demands: Vec<f64>,
+    models: Vec<&'m GpuModel>,
+    /// Each idle GPU's model and the share of its node's base power a job adds when it
+    /// starts on it.
+    idle: Vec<(&'m GpuModel, f64)>,
     /// The rack's power reading, when usable.
     measured_w: Option<f64>,
-    /// When every GPU of the rack is of one model: its limits, each GPU's demand and
-    /// what they add up to uncapped, the highest (NaN when one is NaN), and the idle
-    /// GPUs' shares of their nodes' base power. A cap level then makes one limit for
-    /// the rack, and one at or over the highest demand caps nothing.
-    uniform: Option<Uniform>,
+    /// When every GPU of the rack is of one model: it, what the demands add up to
+    /// uncapped, and the highest demand (NaN when the sum is). A cap level then makes
+    /// one limit for the rack, and one at or over the highest demand caps nothing.
+    uniform: Option<(&'m GpuModel, f64, f64)>,
 }
 
-/// See [`RackLoad::uniform`].
-#[derive(Debug, Clone, Default)]
-struct Uniform {
-    model: IdleGpu,
-    demands: Vec<f64>,
-    uncapped_w: f64,
-    max_demand_w: f64,
-    start_base_w: Vec<f64>,
-}
-
-impl Uniform {
-    fn new(gpus: &[GpuLoad], idle: &[IdleGpu]) -> Option<Uniform> {
-        let first = idle.first().copied().or_else(|| {
-            gpus.first().map(|g| IdleGpu {
-                default_w: g.default_w,
-                min_w: g.min_w,
-                max_w: g.max_w,
-                idle_w: f64::NAN,
-                start_base_w: 0.0,
-            })
-        })?;
-        let same = |a: f64, b: f64| a.to_bits() == b.to_bits();
-        let limits = |d: f64, lo: f64, hi: f64| {
-            same(d, first.default_w) && same(lo, first.min_w) && same(hi, first.max_w)
-        };
-        if !gpus.iter().all(|g| limits(g.default_w, g.min_w, g.max_w))
-            || !idle
-                .iter()
-                .all(|g| limits(g.default_w, g.min_w, g.max_w) && same(g.idle_w, first.idle_w))
-        {
+impl<'m> RackLoad<'m> {
+    fn find_uniform(&self) -> Option<(&'m GpuModel, f64, f64)> {
+        let first = *self.models.first()?;
+        let same = |m: &&GpuModel| std::ptr::eq(*m, first);
+        if !self.models.iter().all(same) || !self.idle.iter().all(|(m, _)| same(m)) {
             return None;
         }
-        let demands: Vec<f64> = gpus.iter().map(|g| g.demand_w).collect();
-        let uncapped_w = demands.iter().copied().sum::<f64>();
-        let max_demand_w = demands.iter().copied().fold(f64::NEG_INFINITY, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(d)
-            }
-        });
-        Some(Uniform {
-            model: first,
-            demands,
-            uncapped_w,
-            max_demand_w,
-            start_base_w: idle.iter().map(|g| g.start_base_w).collect(),
-        })
+        let uncapped_w = self.demands.iter().sum::<f64>();
+        // no demand is NaN when their sum is not
+        let max_w = if uncapped_w.is_nan() {
+            f64::NAN
+        } else {
+            self.demands
+                .iter()
+                .copied()
+                .fold(f64::NEG_INFINITY, f64::max)
+        };
+        Some((first, uncapped_w, max_w))
     }
-}
 
-impl RackLoad {
     fn draw_w(&self, fraction: f64) -> f64 {
-        match &self.uniform {
-            Some(u) => {
-                let m = &u.model;
-                let limit = limit_w(m.default_w, m.min_w, m.max_w, fraction);
-                if u.max_demand_w <= limit {
+        match self.uniform {
+            Some((m, uncapped_w, max_w)) => {
+                let limit = limit_w(m, fraction);
+                if max_w <= limit {
                     // every GPU draws its demand: the sum is the uncapped one
-                    self.other_w + u.uncapped_w
+                    self.other_w + uncapped_w
                 } else {
-                    self.other_w + u.demands.iter().map(|d| d.min(limit)).sum::<f64>()
+                    self.other_w + self.demands.iter().map(|d| d.min(limit)).sum::<f64>()
                 }
             }
-            None => self.other_w + self.gpus.iter().map(|g| g.draw_w(fraction)).sum::<f64>(),
+            None => {
+                self.other_w
+                    + self
+                        .demands
+                        .iter()
+                        .zip(&self.models)
+                        .map(|(d, m)| d.min(limit_w(m, fraction)))
+                        .sum::<f64>()
+            }
         }
     }
 
@@ -168,24 +115,18 @@ impl RackLoad {
         let m = m.min(self.idle.len());
         let n = n.min(m);
         let start: f64 = std::iter::empty::<f64>().sum();
-        match &self.uniform {
-            Some(u) => {
-                let g = &u.model;
-                // what every idle GPU adds but its share of its node's base power
-                let gpu_w = (limit_w(g.default_w, g.min_w, g.max_w, fraction).min(g.default_w)
-                    - g.idle_w)
-                    .max(0.0);
-                let base = &u.start_base_w;
-                let first_n = base[..n].iter().fold(start, |s, b| s + (gpu_w + b));
-                let all = base[n..m].iter().fold(first_n, |s, b| s + (gpu_w + b));
+        let (first, rest) = (&self.idle[..n], &self.idle[n..m]);
+        match self.uniform {
+            Some((model, _, _)) => {
+                let gpu_w = start_gpu_w(model, fraction);
+                let first_n = first.iter().fold(start, |s, (_, b)| s + (gpu_w + b));
+                let all = rest.iter().fold(first_n, |s, (_, b)| s + (gpu_w + b));
                 (first_n, all)
             }
             None => {
-                let idle = &self.idle;
-                let first_n = idle[..n].iter().fold(start, |s, g| s + g.start_w(fraction));
-                let all = idle[n..m]
-                    .iter()
-                    .fold(first_n, |s, g| s + g.start_w(fraction));
+                let add = |s: f64, (g, b): &(&GpuModel, f64)| s + (start_gpu_w(g, fraction) + b);
+                let first_n = first.iter().fold(start, add);
+                let all = rest.iter().fold(first_n, add);
                 (first_n, all)
             }
         }
@@ -193,13 +134,13 @@ impl RackLoad {
 }
 
 /// Each rack's planned load, in site order.
-fn rack_loads(
-    index: &Index<'_>,
+fn rack_loads<'m>(
+    index: &Index<'m>,
     snapshot: &Snapshot,
     jobs: &[Job],
     prior_caps: &[Option<&Cap>],
     now: Timestamp,
-) -> Vec<RackLoad> {
+) -> Vec<RackLoad<'m>> {
     let site = index.site;
     let mut busy = vec![false; index.gpus.len()];
     let alloc = index.allocations(jobs);
@@ -221,7 +162,8 @@ fn rack_loads(
     let mut out: Vec<RackLoad> = counts
         .iter()
         .map(|&(n, idle)| RackLoad {
-            gpus: Vec::with_capacity(n),
+            demands: Vec::with_capacity(n),
+            models: Vec::with_capacity(n),
             idle: Vec::with_capacity(idle),
             ..RackLoad::default()
         })
@@ -245,20 +187,11 @@ fn rack_loads(
         };
         gpu_w[g.rack_index] += draw.unwrap_or(demand_w);
         let rack = &mut out[g.rack_index];
-        rack.gpus.push(GpuLoad {
-            demand_w,
-            default_w: m.default_w,
-            min_w: m.min_w,
-            max_w: m.max_w,
-        });
+        rack.demands.push(demand_w);
+        rack.models.push(m);
         if !is_busy {
-            rack.idle.push(IdleGpu {
-                default_w: m.default_w,
-                min_w: m.min_w,
-                max_w: m.max_w,
-                idle_w: m.idle_w,
-                start_base_w: 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)),
-            });
+            rack.idle
+                .push((m, 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1))));
         }
     }
     for (ri, rack) in site.racks.iter().enumerate() {
@@ -270,7 +203,7 @@ fn rack_loads(
         let load = &mut out[ri];
         load.measured_w = measured;
         load.other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
-        load.uniform = Uniform::new(&load.gpus, &load.idle);
+        load.uniform = load.find_uniform();
     }
     out
 }
@@ -332,7 +265,7 @@ struct RackView {
 }
 
 /// The unit's planned loads under `fraction`: (unit kW, each rack's kW).
-fn planned(loads: &[RackLoad], racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
+fn planned(loads: &[RackLoad<'_>], racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
     let mut unit_w = 0.0;
     let mut left = queued;
     let mut rack_w = Vec::with_capacity(racks.len());
@@ -360,7 +293,7 @@ struct Load2 {
 /// The unit's planned heat (kW) and the predicted inlet of each rack after `horizon_s`
 /// under `fraction`.
 fn predictions(
-    loads: &[RackLoad],
+    loads: &[RackLoad<'_>],
     racks: &[RackView],
     fraction: f64,
     queued: usize,
@@ -392,7 +325,7 @@ type PlanAt = (u64, f64, Vec<Option<f64>>);
 /// One unit's planned heat and predicted inlets per cap level, each level made once
 /// (the searches and the decisions' values try the same levels).
 struct Plans<'a> {
-    loads: &'a [RackLoad],
+    loads: &'a [RackLoad<'a>],
     views: &'a [RackView],
     queued: usize,
     horizon_s: f64,
@@ -470,7 +403,7 @@ pub fn evaluate(
 /// What every cooling unit's evaluation looks at.
 struct UnitInputs<'a> {
     site: &'a Site,
-    loads: &'a [RackLoad],
+    loads: &'a [RackLoad<'a>],
     snapshot: &'a Snapshot,
     queue: &'a Queue,
     prior: &'a State,
