@@ -679,10 +679,22 @@ fn hold_decisions(
     holds: &mut BTreeMap<String, Hold>,
     out: &mut Vec<Decision>,
 ) {
+    // the verdicts and the prior holds are both in job id order: walked side by side
+    let mut prior_iter = prior.iter().peekable();
+    let mut prior_hold = |job: &str| {
+        while prior_iter.next_if(|(k, _)| k.as_str() < job).is_some() {}
+        prior_iter
+            .peek()
+            .filter(|(k, _)| k.as_str() == job)
+            .map(|&(_, h)| h)
+    };
+    // the holds kept, in id order (the map is made from them without a search per job)
+    let mut kept: Vec<(String, Hold)> = Vec::new();
     for (job, v) in verdicts {
+        let was = prior_hold(&job);
         match v {
             Verdict::Hold(h) => {
-                if !prior.contains_key(&job) {
+                if was.is_none() {
                     out.push(Decision {
                         time: now,
                         rule: h.rule.clone(),
@@ -699,20 +711,30 @@ fn hold_decisions(
                         ),
                     });
                 }
-                holds.insert(job, h);
+                kept.push((job, h));
             }
             Verdict::Release { reason } => {
                 let mut d = release(&job, &reason, values, observe_only, now);
-                if let Some(h) = prior.get(&job) {
+                if let Some(h) = was {
                     d.rule = h.rule.clone();
                 }
                 out.push(d)
             }
         }
     }
-    let known: telemetry::fasthash::FnvSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    let mut kept: BTreeMap<String, Hold> = kept.into_iter().collect();
+    holds.append(&mut kept);
+    // prior holds of jobs no longer listed: each listed job is struck off a set of the
+    // (few) held ids, not every job's id put in a set
+    let mut unseen: telemetry::fasthash::FnvSet<&str> = prior.keys().map(String::as_str).collect();
+    for j in jobs {
+        if unseen.is_empty() {
+            break;
+        }
+        unseen.remove(j.id.as_str());
+    }
     for job in prior.keys() {
-        if !known.contains(job.as_str()) {
+        if unseen.contains(job.as_str()) {
             out.push(release(
                 job,
                 "job is no longer known",
@@ -768,9 +790,12 @@ fn merge_rule_holds(
     rules: &[(&Rule, rules_eval::Wants)],
     now: Timestamp,
 ) {
+    use telemetry::fasthash::{FnvMap, FnvSet};
     let prior_holds = &prior.holds;
-    let mut held: BTreeMap<&str, (&Rule, Timestamp)> = BTreeMap::new();
-    let mut exempt: BTreeMap<&str, &Rule> = BTreeMap::new();
+    // each job's first holding and first releasing rule (every job is merged on its
+    // own: the order the jobs are visited in makes no difference)
+    let mut held: FnvMap<&str, (&Rule, Timestamp)> = FnvMap::default();
+    let mut exempt: FnvMap<&str, &Rule> = FnvMap::default();
     for (rule, w) in rules.iter().filter(|(r, _)| !r.observe) {
         for (job, until) in &w.holds {
             held.entry(job.as_str()).or_insert((rule, *until));
@@ -779,17 +804,8 @@ fn merge_rule_holds(
             exempt.entry(job.as_str()).or_insert(rule);
         }
     }
-    let reasons: std::collections::HashMap<(&str, &str), &str> = rules
-        .iter()
-        .flat_map(|(r, w)| {
-            w.why.iter().filter_map(move |x| {
-                x.target
-                    .strip_prefix("job/")
-                    .map(|j| ((r.name.as_str(), j), x.reason.as_str()))
-            })
-        })
-        .collect();
-    let known: telemetry::fasthash::FnvSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    // the rules' reasons, made when a rule's hold is the one kept
+    let mut reasons: Option<FnvMap<(&str, &str), &str>> = None;
     for (job, (rule, until)) in held {
         if exempt.contains_key(job) {
             continue;
@@ -798,6 +814,18 @@ fn merge_rule_holds(
             continue;
         }
         let since = prior_holds.get(job).map_or(now, |h| h.since);
+        let reasons = reasons.get_or_insert_with(|| {
+            rules
+                .iter()
+                .flat_map(|(r, w)| {
+                    w.why.iter().filter_map(move |x| {
+                        x.target
+                            .strip_prefix("job/")
+                            .map(|j| ((r.name.as_str(), j), x.reason.as_str()))
+                    })
+                })
+                .collect()
+        });
         let reason = reasons
             .get(&(rule.name.as_str(), job))
             .map_or_else(|| rule.id(), |r| r.to_string());
@@ -828,10 +856,13 @@ fn merge_rule_holds(
             _ => {}
         }
     }
-    // holds of rules that no longer want them
+    // holds of rules that no longer want them (the jobs' ids are listed only if one is)
+    let mut known: Option<FnvSet<&str>> = None;
     for (job, h) in prior_holds {
         if h.rule.starts_with("rules.") && !verdicts.contains_key(job) {
-            let still = known.contains(job.as_str());
+            let still = known
+                .get_or_insert_with(|| jobs.iter().map(|j| j.id.as_str()).collect())
+                .contains(job.as_str());
             verdicts.insert(
                 job.clone(),
                 Verdict::Release {
@@ -944,7 +975,7 @@ fn preempt(
     let why = |rule: &Rule, w: &rules_eval::Wants, job: &str| {
         w.why
             .iter()
-            .find(|x| x.target == format!("job/{job}"))
+            .find(|x| x.target.strip_prefix("job/") == Some(job))
             .map_or_else(
                 || (BTreeMap::new(), rule.id(), String::new()),
                 |x| (x.values.clone(), x.reason.clone(), x.release.clone()),
@@ -996,11 +1027,20 @@ fn preempt(
             );
         }
     }
+    // the jobs not done, listed once if a suspension ends
+    let mut live: Option<telemetry::fasthash::FnvSet<&str>> = None;
     for (job, h) in &prior.suspended {
         if next.suspended.contains_key(job) {
             continue;
         }
-        let known = jobs.iter().any(|j| &j.id == job && !j.state.is_done());
+        let known = live
+            .get_or_insert_with(|| {
+                jobs.iter()
+                    .filter(|j| !j.state.is_done())
+                    .map(|j| j.id.as_str())
+                    .collect()
+            })
+            .contains(job.as_str());
         out.push(Decision {
             time: now,
             rule: h.rule.clone(),

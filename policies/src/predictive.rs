@@ -11,9 +11,11 @@
 
 use std::collections::BTreeMap;
 
+use telemetry::fasthash::FnvSet;
+
 use telemetry::metric::names::{COOLING_CAPACITY_KW, INLET_TEMP_C, POWER_W};
 use telemetry::site::CoolingUnit;
-use telemetry::{EntityId, EntityKind, Job, JobState, Site, Snapshot, Timestamp};
+use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Site, Snapshot, Timestamp};
 
 use crate::index::Index;
 use crate::plan::{round3, RackPrediction, ThermalLevel};
@@ -34,72 +36,111 @@ pub struct Outcome {
     pub predictions: BTreeMap<String, RackPrediction>,
 }
 
-/// One GPU as the planned load sees it.
-#[derive(Debug, Clone, Copy)]
-struct GpuLoad {
-    /// What it would draw under no cap (a running job's), or its idle draw.
-    demand_w: f64,
-    busy: bool,
-    default_w: f64,
-    min_w: f64,
-    max_w: f64,
-    idle_w: f64,
-    /// The share of its node's base power a job adds when it starts.
-    start_base_w: f64,
+/// A GPU's power limit under `fraction` of its default limit.
+fn limit_w(m: &GpuModel, fraction: f64) -> f64 {
+    (m.default_w * fraction).clamp(m.min_w, m.max_w)
 }
 
-impl GpuLoad {
-    fn limit_w(&self, fraction: f64) -> f64 {
-        (self.default_w * fraction).clamp(self.min_w, self.max_w)
-    }
-
-    fn draw_w(&self, fraction: f64) -> f64 {
-        self.demand_w.min(self.limit_w(fraction))
-    }
-
-    /// What it adds when a queued job starts on it.
-    fn start_w(&self, fraction: f64) -> f64 {
-        (self.limit_w(fraction).min(self.default_w) - self.idle_w).max(0.0) + self.start_base_w
-    }
+/// What a queued job adds when it starts on an idle GPU of model `m`, but its share of
+/// its node's base power.
+fn start_gpu_w(m: &GpuModel, fraction: f64) -> f64 {
+    (limit_w(m, fraction).min(m.default_w) - m.idle_w).max(0.0)
 }
 
-/// A rack's planned load: what is not GPU, and its GPUs.
+/// A rack's planned load: what is not GPU, its GPUs, and its idle GPUs, in site order.
 #[derive(Debug, Clone, Default)]
-struct RackLoad {
+struct RackLoad<'m> {
     other_w: f64,
-    gpus: Vec<GpuLoad>,
+    /// Each GPU's demand: what it would draw under no cap (a running job's), or its
+    /// idle draw; and its model.
+    demands: Vec<f64>,
+    models: Vec<&'m GpuModel>,
+    /// Each idle GPU's model and the share of its node's base power a job adds when it
+    /// starts on it.
+    idle: Vec<(&'m GpuModel, f64)>,
     /// The rack's power reading, when usable.
     measured_w: Option<f64>,
+    /// When every GPU of the rack is of one model: it, what the demands add up to
+    /// uncapped, and the highest demand (NaN when the sum is). A cap level then makes
+    /// one limit for the rack, and one at or over the highest demand caps nothing.
+    uniform: Option<(&'m GpuModel, f64, f64)>,
 }
 
-impl RackLoad {
+impl<'m> RackLoad<'m> {
+    fn find_uniform(&self) -> Option<(&'m GpuModel, f64, f64)> {
+        let first = *self.models.first()?;
+        let same = |m: &&GpuModel| std::ptr::eq(*m, first);
+        if !self.models.iter().all(same) || !self.idle.iter().all(|(m, _)| same(m)) {
+            return None;
+        }
+        let uncapped_w = self.demands.iter().sum::<f64>();
+        // no demand is NaN when their sum is not
+        let max_w = if uncapped_w.is_nan() {
+            f64::NAN
+        } else {
+            self.demands
+                .iter()
+                .copied()
+                .fold(f64::NEG_INFINITY, f64::max)
+        };
+        Some((first, uncapped_w, max_w))
+    }
+
     fn draw_w(&self, fraction: f64) -> f64 {
-        self.other_w + self.gpus.iter().map(|g| g.draw_w(fraction)).sum::<f64>()
+        match self.uniform {
+            Some((m, uncapped_w, max_w)) => {
+                let limit = limit_w(m, fraction);
+                if max_w <= limit {
+                    // every GPU draws its demand: the sum is the uncapped one
+                    self.other_w + uncapped_w
+                } else {
+                    self.other_w + self.demands.iter().map(|d| d.min(limit)).sum::<f64>()
+                }
+            }
+            None => {
+                self.other_w
+                    + self
+                        .demands
+                        .iter()
+                        .zip(&self.models)
+                        .map(|(d, m)| d.min(limit_w(m, fraction)))
+                        .sum::<f64>()
+            }
+        }
     }
 
-    /// What `n` queued GPUs add if they start on this rack's idle GPUs.
-    fn start_w(&self, fraction: f64, n: usize) -> f64 {
-        self.gpus
-            .iter()
-            .filter(|g| !g.busy)
-            .take(n)
-            .map(|g| g.start_w(fraction))
-            .sum()
-    }
-
-    fn idle(&self) -> usize {
-        self.gpus.iter().filter(|g| !g.busy).count()
+    /// What `n` and `m` (n ≤ m) queued GPUs add if they start on this rack's idle GPUs,
+    /// in one walk: each sum is the one [`Iterator::sum`] makes of its first GPUs.
+    fn start_w(&self, fraction: f64, n: usize, m: usize) -> (f64, f64) {
+        let m = m.min(self.idle.len());
+        let n = n.min(m);
+        let start: f64 = std::iter::empty::<f64>().sum();
+        let (first, rest) = (&self.idle[..n], &self.idle[n..m]);
+        match self.uniform {
+            Some((model, _, _)) => {
+                let gpu_w = start_gpu_w(model, fraction);
+                let first_n = first.iter().fold(start, |s, (_, b)| s + (gpu_w + b));
+                let all = rest.iter().fold(first_n, |s, (_, b)| s + (gpu_w + b));
+                (first_n, all)
+            }
+            None => {
+                let add = |s: f64, (g, b): &(&GpuModel, f64)| s + (start_gpu_w(g, fraction) + b);
+                let first_n = first.iter().fold(start, add);
+                let all = rest.iter().fold(first_n, add);
+                (first_n, all)
+            }
+        }
     }
 }
 
 /// Each rack's planned load, in site order.
-fn rack_loads(
-    index: &Index<'_>,
+fn rack_loads<'m>(
+    index: &Index<'m>,
     snapshot: &Snapshot,
     jobs: &[Job],
     prior_caps: &[Option<&Cap>],
     now: Timestamp,
-) -> Vec<RackLoad> {
+) -> Vec<RackLoad<'m>> {
     let site = index.site;
     let mut busy = vec![false; index.gpus.len()];
     let alloc = index.allocations(jobs);
@@ -112,12 +153,27 @@ fn rack_loads(
             busy[i] = true;
         }
     }
-    let mut out: Vec<RackLoad> = vec![RackLoad::default(); site.racks.len()];
+    let mut counts = vec![(0usize, 0usize); site.racks.len()];
+    for (g, &b) in index.gpus.iter().zip(&busy) {
+        let c = &mut counts[g.rack_index];
+        c.0 += 1;
+        c.1 += usize::from(!b);
+    }
+    let mut out: Vec<RackLoad> = counts
+        .iter()
+        .map(|&(n, idle)| RackLoad {
+            demands: Vec::with_capacity(n),
+            models: Vec::with_capacity(n),
+            idle: Vec::with_capacity(idle),
+            ..RackLoad::default()
+        })
+        .collect();
     let mut gpu_w = vec![0.0; site.racks.len()];
+    let power = index.metric_id(POWER_W);
     for (i, g) in index.gpus.iter().enumerate() {
         let m = g.model;
-        let draw = index
-            .gpu_observe(i, POWER_W, now)
+        let draw = power
+            .and_then(|p| index.gpu_observe_id(i, p, now))
             .filter(|o| o.usable())
             .map(|o| o.value);
         let is_busy = busy[i];
@@ -130,15 +186,13 @@ fn rack_loads(
             (None, _) => m.idle_w,
         };
         gpu_w[g.rack_index] += draw.unwrap_or(demand_w);
-        out[g.rack_index].gpus.push(GpuLoad {
-            demand_w,
-            busy: is_busy,
-            default_w: m.default_w,
-            min_w: m.min_w,
-            max_w: m.max_w,
-            idle_w: m.idle_w,
-            start_base_w: 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)),
-        });
+        let rack = &mut out[g.rack_index];
+        rack.demands.push(demand_w);
+        rack.models.push(m);
+        if !is_busy {
+            rack.idle
+                .push((m, 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1))));
+        }
     }
     for (ri, rack) in site.racks.iter().enumerate() {
         let measured = snapshot
@@ -146,72 +200,84 @@ fn rack_loads(
             .filter(|o| o.usable())
             .map(|o| o.value);
         let base: f64 = rack.nodes.iter().map(|&n| site.nodes[n].base_w).sum();
-        out[ri].measured_w = measured;
-        out[ri].other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
+        let load = &mut out[ri];
+        load.measured_w = measured;
+        load.other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
+        load.uniform = load.find_uniform();
     }
     out
 }
 
-/// GPUs of the queued jobs that may start within `horizon_s`: pending and not held, or
-/// held with a hold that must end within the horizon (the job's latest start, less the
-/// price rule's `release_margin_s`, falls in it). A hold's lease is renewed every tick,
-/// so it is not taken for its end.
-fn queued_gpus(
-    waiting: &[Waiting],
-    now: Timestamp,
-    horizon_s: f64,
-    release_margin_s: f64,
-) -> usize {
-    let ends_soon = |w: &Waiting| {
-        w.latest_start
-            .is_some_and(|t| t + -release_margin_s <= now + horizon_s)
-    };
-    waiting
-        .iter()
-        .filter(|w| !w.held || ends_soon(w))
-        .map(|w| w.gpus)
-        .sum()
+/// The queued jobs' GPUs as [`Queue::gpus`] counts them (made once per evaluation).
+struct Queue {
+    /// GPUs of the pending jobs that are not held.
+    free: usize,
+    /// The held jobs that have a latest start: when each hold must end (the latest
+    /// start less the price rule's `release_margin_s`), in order, with the GPUs of the
+    /// held jobs whose hold ends by then.
+    held_ends: Vec<(Timestamp, usize)>,
 }
 
-/// A queued job as [`queued_gpus`] sees it (listed once per evaluation).
-struct Waiting {
-    gpus: usize,
-    held: bool,
-    latest_start: Option<Timestamp>,
-}
+impl Queue {
+    fn new(jobs: &[Job], prior: &State, release_margin_s: f64) -> Queue {
+        let held: FnvSet<&str> = prior.holds.keys().map(String::as_str).collect();
+        let mut free = 0;
+        let mut held_ends = Vec::new();
+        for j in jobs
+            .iter()
+            .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
+        {
+            let gpus = j.gpus as usize;
+            if !held.contains(j.id.as_str()) {
+                free += gpus;
+            } else if let Some(t) = j.latest_start() {
+                held_ends.push((t + -release_margin_s, gpus));
+            }
+        }
+        held_ends.sort_unstable();
+        let mut total = 0;
+        for e in &mut held_ends {
+            total += e.1;
+            e.1 = total;
+        }
+        Queue { free, held_ends }
+    }
 
-fn waiting(jobs: &[Job], prior: &State) -> Vec<Waiting> {
-    jobs.iter()
-        .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
-        .map(|j| Waiting {
-            gpus: j.gpus as usize,
-            held: prior.holds.contains_key(&j.id),
-            latest_start: j.latest_start(),
-        })
-        .collect()
+    /// GPUs of the queued jobs that may start within `horizon_s`: pending and not held,
+    /// or held with a hold that must end within the horizon (the job's latest start,
+    /// less the price rule's `release_margin_s`, falls in it). A hold's lease is
+    /// renewed every tick, so it is not taken for its end.
+    fn gpus(&self, now: Timestamp, horizon_s: f64) -> usize {
+        let by = now + horizon_s;
+        let k = self.held_ends.partition_point(|&(t, _)| t <= by);
+        self.free + k.checked_sub(1).map_or(0, |k| self.held_ends[k].1)
+    }
 }
 
 /// One rack of a unit, as the unit's search sees it.
 struct RackView {
     rack: usize,
+    /// The rack's fitted model after this tick's reading (as in [`Outcome::fits`]).
+    fit: Option<RackFit>,
     inlet_c: Option<f64>,
     limit_c: f64,
     params: Params,
 }
 
 /// The unit's planned loads under `fraction`: (unit kW, each rack's kW).
-fn planned(loads: &[RackLoad], racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
+fn planned(loads: &[RackLoad<'_>], racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
     let mut unit_w = 0.0;
     let mut left = queued;
     let mut rack_w = Vec::with_capacity(racks.len());
     for v in racks {
         let l = &loads[v.rack];
-        let n = left.min(l.idle());
+        let n = left.min(l.idle.len());
         left -= n;
         let draw = l.draw_w(fraction);
-        unit_w += draw + l.start_w(fraction, n);
         // the rack itself: as if every queued GPU landed on it (the worst case)
-        rack_w.push(draw + l.start_w(fraction, queued));
+        let (start_n, start_all) = l.start_w(fraction, n, queued);
+        unit_w += draw + start_n;
+        rack_w.push(draw + start_all);
     }
     Load2 {
         unit_kw: unit_w / 1000.0,
@@ -227,7 +293,7 @@ struct Load2 {
 /// The unit's planned heat (kW) and the predicted inlet of each rack after `horizon_s`
 /// under `fraction`.
 fn predictions(
-    loads: &[RackLoad],
+    loads: &[RackLoad<'_>],
     racks: &[RackView],
     fraction: f64,
     queued: usize,
@@ -259,7 +325,7 @@ type PlanAt = (u64, f64, Vec<Option<f64>>);
 /// One unit's planned heat and predicted inlets per cap level, each level made once
 /// (the searches and the decisions' values try the same levels).
 struct Plans<'a> {
-    loads: &'a [RackLoad],
+    loads: &'a [RackLoad<'a>],
     views: &'a [RackView],
     queued: usize,
     horizon_s: f64,
@@ -318,15 +384,14 @@ pub fn evaluate(
 ) -> Outcome {
     let loads = rack_loads(index, snapshot, jobs, prior_caps, now);
     let mut out = Outcome::default();
-    let waiting = waiting(jobs, prior);
+    let queue = Queue::new(jobs, prior, release_margin_s);
     let ctx = UnitInputs {
         site,
         loads: &loads,
         snapshot,
-        waiting: &waiting,
+        queue: &queue,
         prior,
         rule,
-        release_margin_s,
         now,
     };
     for unit in &site.cooling {
@@ -338,12 +403,11 @@ pub fn evaluate(
 /// What every cooling unit's evaluation looks at.
 struct UnitInputs<'a> {
     site: &'a Site,
-    loads: &'a [RackLoad],
+    loads: &'a [RackLoad<'a>],
     snapshot: &'a Snapshot,
-    waiting: &'a [Waiting],
+    queue: &'a Queue,
     prior: &'a State,
     rule: &'a ThermalRule,
-    release_margin_s: f64,
     now: Timestamp,
 }
 
@@ -388,11 +452,17 @@ fn rack_views(
             };
             fit = Some(thermal_model::update(old, unit, &p, load, t, now));
         }
-        if let Some(f) = &fit {
-            out.fits.insert(rack.id.clone(), f.clone());
-        }
+        // the fit the rack's step shows: this one, else one an earlier unit made
+        let shown = match &fit {
+            Some(f) => {
+                out.fits.insert(rack.id.clone(), f.clone());
+                Some(f.clone())
+            }
+            None => out.fits.get(&rack.id).cloned(),
+        };
         views.push(RackView {
             rack: r,
+            fit: shown,
             inlet_c,
             limit_c: rack.inlet_limit_c,
             params: Params::new(unit, capacity_kw, fit.as_ref(), rule.fit_max_rms_c),
@@ -406,15 +476,14 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
         site,
         loads,
         snapshot,
-        waiting,
+        queue,
         prior,
         rule,
-        release_margin_s,
         now,
     } = *inputs;
     let (views, capacity_kw) = rack_views(inputs, unit, out);
     let horizon_s = rule.horizon_tau * unit.time_constant_s;
-    let queued = queued_gpus(waiting, now, horizon_s, release_margin_s);
+    let queued = queue.gpus(now, horizon_s);
     let step = rule.step_pct / 100.0;
     let plans = Plans {
         loads,
@@ -534,18 +603,21 @@ fn rack_step(
         signals,
     );
     let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
-    let release = format!(
-        "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
-        rule.step_interval_s, rule.min_hold_s
-    );
-    let fit = out.fits.get(&rack.id).cloned();
+    // what would lift the cap: written only for the racks that step
+    let release = || {
+        format!(
+            "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
+            rule.step_interval_s, rule.min_hold_s
+        )
+    };
+    let fit = v.fit.as_ref();
     let mut next = ThermalLevel { fraction, since };
     if target < fraction - 1e-9 {
         next = ThermalLevel {
             fraction: target,
             since: now,
         };
-        let mut values = ctx.values(target, rule, fit.as_ref());
+        let mut values = ctx.values(target, rule, fit);
         let unchanged = ctx
             .values(fraction, rule, None)
             .get("predicted_peak_c")
@@ -565,7 +637,7 @@ fn rack_step(
             fraction: target,
             values,
             reason: format!("{reason}: tighten to {:.0}% of default", target * 100.0),
-            release,
+            release: release(),
         });
     } else if prev.is_some()
         && may_relax
@@ -573,7 +645,7 @@ fn rack_step(
         && held_s >= rule.min_hold_s.max(rule.step_interval_s)
     {
         let f = liftable.min(fraction + rule.step_pct / 100.0).min(1.0);
-        let values = ctx.values(f, rule, fit.as_ref());
+        let values = ctx.values(f, rule, fit);
         let peak = values.get("predicted_peak_c").copied().unwrap_or(f64::NAN);
         let reason = if f >= 1.0 - 1e-9 {
             format!("predicted inlet {peak:.1} °C uncapped: released")
@@ -588,7 +660,7 @@ fn rack_step(
             fraction: f,
             values,
             reason,
-            release,
+            release: release(),
         });
         next = ThermalLevel {
             fraction: f,

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
@@ -121,6 +122,23 @@ pub fn peak_target(
 /// The planned start of every job the price rule holds for a planned start.
 pub type PlannedStarts = BTreeMap<String, Timestamp>;
 
+/// The holds in force, found by job id in a hash map over the held jobs: every job is
+/// looked up, most of them not held, and the ordered map compares ids all the way down.
+struct Held<'a>(FnvMap<&'a str, &'a Hold>);
+
+impl<'a> Held<'a> {
+    fn new(holds: &'a BTreeMap<String, Hold>) -> Self {
+        Held(holds.iter().map(|(k, h)| (k.as_str(), h)).collect())
+    }
+
+    fn get(&self, job: &str) -> Option<&'a Hold> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.get(job).copied()
+    }
+}
+
 /// A verdict for every job the rule is concerned with, and the values it looked at.
 /// `facility_kw` is the facility's budget (the policy's contract limit where it sets
 /// one): the planner plans under its `plan_budget_share`.
@@ -197,11 +215,19 @@ pub fn evaluate_with_starts(
     };
     let mut out = BTreeMap::new();
     let mut cheap_again: Vec<(Timestamp, &Job, &Hold)> = Vec::new();
+    let holds = Held::new(&prior.holds);
+    // every held job has the same reason: written once
+    let hold_reason = match obs {
+        Some(o) if o.usable() => {
+            format!("price {:.3} above {:.3} per kWh", o.value, rule.defer_above)
+        }
+        _ => "price signal stale".to_string(),
+    };
     for job in jobs {
         let eligible =
             job.deferrable && (rule.classes.is_empty() || rule.classes.contains(&job.class));
         let waiting = matches!(job.state, JobState::Pending | JobState::Held);
-        let held = prior.holds.get(&job.id);
+        let held = holds.get(&job.id);
         if !eligible || !waiting {
             if held.is_some() {
                 out.insert(
@@ -232,12 +258,7 @@ pub fn evaluate_with_starts(
         };
         if hold {
             let lease_until = (now + rule.lease_s).min(by);
-            let reason = match obs {
-                Some(o) if o.usable() => {
-                    format!("price {:.3} above {:.3} per kWh", o.value, rule.defer_above)
-                }
-                _ => "price signal stale".to_string(),
-            };
+            let reason = hold_reason.clone();
             out.insert(
                 job.id.clone(),
                 Verdict::Hold(Hold {
@@ -391,6 +412,7 @@ fn evaluate_plan(
     let mut plan_jobs = Vec::new();
     let mut committed = Vec::new();
     let mut candidates: Vec<(&Job, Timestamp, Option<&Hold>)> = Vec::new();
+    let holds = Held::new(&prior.holds);
     for job in jobs {
         let waiting = matches!(job.state, JobState::Pending | JobState::Held);
         let dur = job.est_duration_s.max(1.0);
@@ -406,7 +428,7 @@ fn evaluate_plan(
         if !waiting {
             continue;
         }
-        let held = prior.holds.get(&job.id);
+        let held = holds.get(&job.id);
         if !eligible(job, rule) {
             if held.is_some() {
                 out.insert(
