@@ -130,7 +130,7 @@ pub fn apply(plan: &State, overrides: &[Override], site: &Site, now: Timestamp) 
                             telemetry::EntityId::clone(&g.id),
                             Cap {
                                 watts: w,
-                                rule: format!("override.{}", o.id),
+                                rule: format!("override.{}", o.id).into(),
                                 since: o.set_at,
                                 lease_until: o.until,
                             },
@@ -162,8 +162,9 @@ pub fn decisions(
             .map(|c| (c.rule.clone(), c.watts.to_bits()))
     };
     // GPUs whose override cap started, per (rule, watts); and those whose ended
-    let mut started: BTreeMap<(String, u64), Vec<telemetry::EntityId>> = BTreeMap::new();
-    let mut ended: BTreeMap<String, Vec<telemetry::EntityId>> = BTreeMap::new();
+    let mut started: BTreeMap<(std::sync::Arc<str>, u64), Vec<telemetry::EntityId>> =
+        BTreeMap::new();
+    let mut ended: BTreeMap<std::sync::Arc<str>, Vec<telemetry::EntityId>> = BTreeMap::new();
     for (g, c) in &after.caps {
         if let Some(k) = ov(Some(c)) {
             if ov(before.caps.get(g)) != Some(k.clone()) {
@@ -193,7 +194,7 @@ pub fn decisions(
         let o = find(&rule);
         out.push(policies::Decision {
             time: now,
-            rule: rule.clone(),
+            rule: rule.to_string(),
             target: Target::Gpus {
                 entity: entity(o),
                 gpus,
@@ -212,7 +213,7 @@ pub fn decisions(
     for (rule, gpus) in ended {
         out.push(policies::Decision {
             time: now,
-            rule: rule.clone(),
+            rule: rule.to_string(),
             target: Target::Gpus {
                 entity: entity(find(&rule)),
                 gpus,

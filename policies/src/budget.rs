@@ -8,6 +8,7 @@
 //! `release_ratio` × budget (two thresholds), so a scope near its budget does not flap.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
@@ -139,22 +140,32 @@ struct Scope {
 struct Members(Vec<(u32, u32, f64)>);
 
 impl Members {
-    fn new(list: impl IntoIterator<Item = (usize, f64)>) -> Members {
-        let mut runs: Vec<(u32, u32, f64)> = Vec::new();
-        for (i, share) in list {
-            let i = i as u32;
-            match runs.last_mut() {
-                Some(r) if r.1 == i && r.2.to_bits() == share.to_bits() => r.1 += 1,
-                _ => runs.push((i, i + 1, share)),
-            }
+    /// Adds GPUs `a..b` with `share`, after those there are.
+    fn push_run(&mut self, a: u32, b: u32, share: f64) {
+        match self.0.last_mut() {
+            Some(r) if r.1 == a && r.2.to_bits() == share.to_bits() => r.1 = b,
+            _ => self.0.push((a, b, share)),
         }
-        runs.shrink_to_fit();
-        Members(runs)
+    }
+
+    fn push(&mut self, i: usize, share: f64) {
+        self.push_run(i as u32, i as u32 + 1, share);
+    }
+
+    /// Adds the GPUs of `other`, each with `share`.
+    fn extend_with(&mut self, other: &Members, share: f64) {
+        for &(a, b, _) in &other.0 {
+            self.push_run(a, b, share);
+        }
     }
 
     /// GPUs `0..n`, each with its whole draw.
     fn all(n: usize) -> Members {
-        Members::new((0..n).map(|i| (i, 1.0)))
+        let mut m = Members::default();
+        if n > 0 {
+            m.push_run(0, n as u32, 1.0);
+        }
+        m
     }
 
     fn is_empty(&self) -> bool {
@@ -169,11 +180,21 @@ impl Members {
     }
 }
 
-/// The indexes of the racks the members of a scope are in, in order.
-fn racks_of(gpus: &[GpuRef<'_>], members: &Members) -> Vec<usize> {
-    let mut racks: Vec<usize> = members.iter().map(|(i, _)| gpus[i].rack_index).collect();
-    // members come rack by rack: most repeats are neighbours
-    racks.dedup();
+/// The indexes of the racks the members of a scope are in, in order. A rack's GPUs sit
+/// together in the site's order (`rack_end[r]`: the index after rack `r`'s last GPU),
+/// so a run of members is walked rack by rack.
+fn racks_of(gpus: &[GpuRef<'_>], rack_end: &[usize], members: &Members) -> Vec<usize> {
+    let mut racks: Vec<usize> = Vec::new();
+    for &(a, b, _) in &members.0 {
+        let mut i = a as usize;
+        while i < b as usize {
+            let r = gpus[i].rack_index;
+            if racks.last() != Some(&r) {
+                racks.push(r);
+            }
+            i = rack_end[r].max(i + 1);
+        }
+    }
     racks.sort_unstable();
     racks.dedup();
     racks
@@ -206,7 +227,24 @@ pub fn prepare<'s>(
 ) -> Prepared<'s> {
     let gpus = &index.gpus[..];
     let scopes = scopes(site, gpus, rule);
-    let scope_racks = scopes.iter().map(|s| racks_of(gpus, &s.members)).collect();
+    // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
+    // together ends at each of them, and is walked GPU by GPU)
+    let mut rack_end = vec![0; site.racks.len()];
+    let mut together = vec![true; site.racks.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        let r = g.rack_index;
+        together[r] &= rack_end[r] == 0 || rack_end[r] == i;
+        rack_end[r] = i + 1;
+    }
+    for (end, ok) in rack_end.iter_mut().zip(together) {
+        if !ok {
+            *end = 0;
+        }
+    }
+    let scope_racks = scopes
+        .iter()
+        .map(|s| racks_of(gpus, &rack_end, &s.members))
+        .collect();
     let uncapped = remembered_draws(index, jobs, &remembered);
     Prepared {
         scopes,
@@ -229,13 +267,13 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
     };
     let mut out = Vec::new();
     // racks
-    let mut per_rack: Vec<Vec<(usize, f64)>> = vec![Vec::new(); site.racks.len()];
+    let mut per_rack: Vec<Members> = vec![Members::default(); site.racks.len()];
     for (i, g) in gpus.iter().enumerate() {
-        per_rack[g.rack_index].push((i, 1.0));
+        per_rack[g.rack_index].push(i, 1.0);
     }
-    let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); site.nodes.len()];
+    let mut per_node: Vec<Members> = vec![Members::default(); site.nodes.len()];
     for (i, g) in gpus.iter().enumerate() {
-        per_node[g.node_index].push(i);
+        per_node[g.node_index].push(i, 1.0);
     }
     for (r, members) in site.racks.iter().zip(&per_rack) {
         out.push(Scope {
@@ -243,7 +281,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             rule: "budget.rack",
             budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
             base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
-            members: Members::new(members.iter().copied()),
+            members: members.clone(),
         });
     }
     // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
@@ -282,11 +320,11 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             let Some(nodes) = on_branch.get(&(p.id.as_str(), b.id.as_str())) else {
                 continue;
             };
-            let mut members = Vec::new();
+            let mut members = Members::default();
             let mut base_w = 0.0;
             for &(n, share) in nodes {
                 base_w += site.nodes[n].base_w * share;
-                members.extend(per_node[n].iter().map(|&i| (i, share)));
+                members.extend_with(&per_node[n], share);
             }
             if !members.is_empty() {
                 let name = format!("{}.{}", p.id, b.id);
@@ -295,7 +333,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                     entity: EntityId::new(EntityKind::Branch, name),
                     rule: "budget.branch",
                     base_w,
-                    members: Members::new(members),
+                    members,
                 });
             }
         }
@@ -308,13 +346,13 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         .collect();
     // each group (a PDU, a feed) with the racks behind it and the share through it
     let group = |shares: &[(usize, f64)]| {
-        let mut members = Vec::new();
+        let mut members = Members::default();
         let mut base_w = 0.0;
         for &(ri, share) in shares {
             base_w += rack_base[ri] * share;
-            members.extend(per_rack[ri].iter().map(|&(i, _)| (i, share)));
+            members.extend_with(&per_rack[ri], share);
         }
-        (Members::new(members), base_w)
+        (members, base_w)
     };
     let mut by_pdu: std::collections::HashMap<&str, Vec<(usize, f64)>> =
         std::collections::HashMap::new();
@@ -366,13 +404,12 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                 .iter()
                 .any(|row| row.id == r.row && row.room == l.name),
         };
-        let mut members = Vec::new();
+        let mut members = Members::default();
         let mut base_w = 0.0;
         for (ri, r) in site.racks.iter().enumerate().filter(|(_, r)| in_scope(r)) {
             base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>();
-            members.extend(per_rack[ri].iter().copied());
+            members.extend_with(&per_rack[ri], 1.0);
         }
-        let members = Members::new(members);
         out.push(Scope {
             entity: EntityId::new(
                 if l.scope == "row" {
@@ -649,7 +686,7 @@ fn remembered_draws(
     }
     let alloc = index.allocations(jobs);
     for (i, j) in running_gpus(&alloc, jobs) {
-        out[i] = remembered[i].filter(|d| d.job == j.id).map(|d| d.watts);
+        out[i] = remembered[i].filter(|d| *d.job == *j.id).map(|d| d.watts);
     }
     out
 }
@@ -685,12 +722,13 @@ pub fn remember_uncapped(
         index.metric_id(telemetry::metric::names::POWER_LIMIT_W),
         index.metric_id(POWER_W),
     );
+    let mut last: Option<(&Job, Arc<str>)> = None;
     for (i, j) in running_gpus(&alloc, jobs) {
         if next_caps[i].is_none() {
             continue;
         }
         let g = &index.gpus[i];
-        let kept = prepared.remembered[i].filter(|d| d.job == j.id);
+        let kept = prepared.remembered[i].filter(|d| *d.job == *j.id);
         let read = || {
             let at_default = limit
                 .and_then(|m| index.gpu_observe_id(i, m, now))
@@ -700,12 +738,17 @@ pub fn remember_uncapped(
                 .and_then(|m| index.gpu_observe_id(i, m, now))
                 .filter(|o| o.usable())?;
             (prior_caps[i].is_none() && at_default).then(|| crate::plan::UncappedDraw {
-                job: j.id.clone(),
+                job: match &last {
+                    Some((k, id)) if std::ptr::eq(*k, j) => id.clone(),
+                    _ => Arc::from(j.id.as_str()),
+                },
                 watts: obs.value,
                 at: now,
             })
         };
         if let Some(d) = kept.cloned().or_else(read) {
+            // the job's GPUs come one after another: they share its id
+            last = Some((j, d.job.clone()));
             out[i] = Some(d);
         }
     }
@@ -809,7 +852,7 @@ fn apply_cut(
                 if is_protected(priority(i)) {
                     continue;
                 }
-                if let Some(c) = prior_caps[i].filter(|c| c.rule == name) {
+                if let Some(c) = prior_caps[i].filter(|c| *c.rule == *name) {
                     tighten(&mut wanted[i], c.watts, name);
                 }
             }

@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use telemetry::site::GpuRef;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
@@ -428,10 +429,16 @@ fn budget_wants<'r, 'k>(
             _ => "budget.feed",
         };
         if rule == "budget.facility" || rule == "budget.rack" {
-            why.insert(
-                (rule, Cow::Owned(v.scope.to_string())),
-                Explain::Budget(set, k),
-            );
+            // a rack's scope name is made once per evaluation
+            let name = match v.racks[..] {
+                [r] if rule == "budget.rack"
+                    && rack_scopes[r].strip_prefix("rack/") == Some(v.scope.name.as_str()) =>
+                {
+                    Cow::Borrowed(rack_scopes[r].as_str())
+                }
+                _ => Cow::Owned(v.scope.to_string()),
+            };
+            why.insert((rule, name), Explain::Budget(set, k));
         } else {
             // cap decisions are grouped by rack: explain each rack by its scope
             for &r in &v.racks {
@@ -536,6 +543,7 @@ fn settle(
 ) -> Vec<Option<Cap>> {
     let b = &policy.budget;
     let mut out = Vec::with_capacity(gpus.len());
+    let mut names = Names::default();
     for ((g, want), old) in gpus.iter().zip(wants).zip(prior) {
         let model = g.model;
         let old = *old;
@@ -543,14 +551,18 @@ fn settle(
         let current = old.map_or(model.default_w, |c| c.watts);
         let target = model.clamp_limit(want.map_or(model.default_w, |w| w.watts));
         let lease_s = want.map_or(b.lease_s, |w| w.lease_s);
-        // the rule's name is copied only into a cap that stays
         let rule: &str = want
             .map(|w| w.rule)
-            .or_else(|| old.map(|c| c.rule.as_str()))
+            .or_else(|| old.map(|c| &*c.rule))
             .unwrap_or_default();
-        let keep = |c: &Cap| Cap {
+        // the rule's name, shared: the old cap's where it is the same rule's
+        let mut name = || match old {
+            Some(c) if *c.rule == *rule => c.rule.clone(),
+            _ => names.get(rule),
+        };
+        let keep = |c: &Cap, rule: Arc<str>| Cap {
             watts: c.watts,
-            rule: rule.to_string(),
+            rule,
             since: c.since,
             lease_until: now + lease_s,
         };
@@ -559,12 +571,12 @@ fn settle(
         let cap = if target < current - 0.5 {
             Some(Cap {
                 watts: target,
-                rule: rule.to_string(),
+                rule: name(),
                 since: now,
                 lease_until: now + lease_s,
             })
         } else if target <= current {
-            old.map(keep)
+            old.map(|c| keep(c, name()))
         } else {
             // rising: no faster than the rate limit allows since the last change
             let since = old.map_or(now, |c| c.since);
@@ -573,11 +585,11 @@ fn settle(
             if new >= model.default_w - 0.5 {
                 None
             } else if new - current < b.deadband_w {
-                old.map(keep)
+                old.map(|c| keep(c, name()))
             } else {
                 Some(Cap {
                     watts: model.clamp_limit(new),
-                    rule: rule.to_string(),
+                    rule: name(),
                     since: now,
                     lease_until: now + lease_s,
                 })
@@ -586,6 +598,23 @@ fn settle(
         out.push(cap);
     }
     out
+}
+
+/// Rule names made once per tick and shared by the caps of each rule.
+#[derive(Default)]
+struct Names(Vec<Arc<str>>);
+
+impl Names {
+    fn get(&mut self, name: &str) -> Arc<str> {
+        match self.0.iter().find(|n| ***n == *name) {
+            Some(n) => n.clone(),
+            None => {
+                let n: Arc<str> = Arc::from(name);
+                self.0.push(n.clone());
+                n
+            }
+        }
+    }
 }
 
 fn cap_decisions(
@@ -614,7 +643,7 @@ fn cap_decisions(
         if !changed {
             continue;
         }
-        let rule = new.or(old).map_or("", |c| c.rule.as_str());
+        let rule = new.or(old).map_or("", |c| &*c.rule);
         let key = (
             g.rack.id.as_str(),
             rule,

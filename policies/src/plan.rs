@@ -13,8 +13,9 @@ use telemetry::{EntityId, Timestamp};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cap {
     pub watts: f64,
-    /// The rule whose cap is in force (the most protective one).
-    pub rule: String,
+    /// The rule whose cap is in force (the most protective one); shared by the caps of
+    /// the rule and from one state to the next.
+    pub rule: Arc<str>,
     /// When this cap level was set.
     pub since: Timestamp,
     /// The cap ends here unless renewed: an agent that hears nothing reverts.
@@ -363,7 +364,8 @@ pub struct State {
 /// A GPU's draw at its default limit, read for one job before a cap held it down.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UncappedDraw {
-    pub job: String,
+    /// The job's id (shared by the job's GPUs, and from one state to the next).
+    pub job: Arc<str>,
     pub watts: f64,
     /// When it was read.
     pub at: Timestamp,

@@ -330,7 +330,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
     let _ = write!(body, "<h2>Caps in force ({} GPUs)</h2>", b.state.caps.len());
     let mut per_rule: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
     for c in b.state.caps.values() {
-        let e = per_rule.entry(c.rule.as_str()).or_insert((0, f64::MAX));
+        let e = per_rule.entry(&*c.rule).or_insert((0, f64::MAX));
         e.0 += 1;
         e.1 = e.1.min(c.watts);
     }

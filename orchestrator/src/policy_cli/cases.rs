@@ -568,7 +568,7 @@ fn check(
                 c.watts.is_none_or(|w| (cap.watts - w).abs() < 0.5)
                     && c.max_watts.is_none_or(|w| cap.watts <= w + 0.5)
                     && c.min_watts.is_none_or(|w| cap.watts >= w - 0.5)
-                    && c.rule.as_ref().is_none_or(|r| *r == cap.rule)
+                    && c.rule.as_ref().is_none_or(|r| **r == *cap.rule)
             });
             if !ok {
                 return Err(format!(

@@ -164,12 +164,12 @@ pub fn caps_by_rack<'a>(
     for g in site.gpus() {
         let Some(c) = caps.get(&g.id) else { continue };
         match out.iter_mut().find(|(r, rule, w, _, _)| {
-            *r == g.rack.id && *rule == c.rule && (*w - c.watts).abs() < 0.05
+            *r == g.rack.id && **rule == *c.rule && (*w - c.watts).abs() < 0.05
         }) {
             Some(e) => e.3.push(EntityId::clone(&g.id)),
             None => out.push((
                 g.rack.id.clone(),
-                c.rule.clone(),
+                c.rule.to_string(),
                 c.watts,
                 vec![EntityId::clone(&g.id)],
                 c,

@@ -275,8 +275,8 @@ action = { cap_w = 180 }
     sim.tick(&inlets(&site(), Some(25.0), 25.0, t0()), &[], 0.0);
     let c0 = &sim.state.caps[&EntityId::gpu(&n1, 0)];
     let c1 = &sim.state.caps[&EntityId::gpu(&n1, 1)];
-    assert_eq!((c0.watts, c0.rule.as_str()), (180.0, "rules.one-gpu"));
-    assert_eq!((c1.watts, c1.rule.as_str()), (230.0, "rules.watts"));
+    assert_eq!((c0.watts, &*c0.rule), (180.0, "rules.one-gpu"));
+    assert_eq!((c1.watts, &*c1.rule), (230.0, "rules.watts"));
 }
 
 #[test]
@@ -591,7 +591,7 @@ fn a_row_budget_from_the_policy_cuts_both_racks() {
     assert_eq!(caps.len(), 8);
     let total: f64 = caps.iter().sum::<f64>() + 400.0;
     assert!(total <= 2000.0 * (1.0 - 0.03) + 1e-6, "{total}");
-    assert!(sim.state.caps.values().all(|c| c.rule == "budget.row"));
+    assert!(sim.state.caps.values().all(|c| &*c.rule == "budget.row"));
     assert!(
         d.iter().all(|d| d.reason.contains("row/w")),
         "{:?}",
@@ -821,7 +821,7 @@ fn a_pdu_shared_by_two_racks_is_kept_under_its_rating() {
     let s = snapshot(&sim.site, &|_| 300.0, 25.0, t0());
     sim.tick(&s, &[], 0.0);
     assert_eq!(sim.state.caps.len(), 8);
-    assert!(sim.state.caps.values().all(|c| c.rule == "budget.pdu"));
+    assert!(sim.state.caps.values().all(|c| &*c.rule == "budget.pdu"));
     let through_pa: f64 = sim.state.caps.values().map(|c| c.watts / 2.0).sum::<f64>() + 200.0;
     assert!(through_pa <= 1200.0 * 0.97 + 1e-6, "{through_pa}");
 }
@@ -925,7 +925,7 @@ fn a_branch_circuit_is_kept_under_its_derated_rating() {
     let d = sim.tick(&s, &[], 0.0);
     // 8 × 300 + 200 = 2.6 kW on a branch with 1.6 kW usable
     assert_eq!(sim.state.caps.len(), 8, "{d:?}");
-    assert!(sim.state.caps.values().all(|c| c.rule == "budget.branch"));
+    assert!(sim.state.caps.values().all(|c| &*c.rule == "budget.branch"));
     let total: f64 = sim.state.caps.values().map(|c| c.watts).sum::<f64>() + 200.0;
     assert!(total <= 1600.0 * 0.97 + 1e-6, "{total}");
 }

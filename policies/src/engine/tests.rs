@@ -173,7 +173,7 @@ fn over_the_facility_budget_the_low_priority_job_is_capped_first() {
     for g in &gpus[0..2] {
         let c = &caps[g];
         assert!((c.watts - 112.5).abs() < 0.01, "{c:?}");
-        assert_eq!(c.rule, "budget.facility");
+        assert_eq!(&*c.rule, "budget.facility");
         assert_eq!(c.lease_until, t0() + 300.0);
     }
     assert_eq!(plan.decisions.len(), 1);
@@ -206,7 +206,7 @@ fn a_rack_over_its_own_budget_is_capped_even_when_the_facility_is_not() {
     // 1 kW × 0.97 − 200 W = 770 W for 4 GPUs: 192.5 W each
     assert!(
         r1.iter()
-            .all(|c| (c.watts - 192.5).abs() < 0.01 && c.rule == "budget.rack"),
+            .all(|c| (c.watts - 192.5).abs() < 0.01 && &*c.rule == "budget.rack"),
         "{r1:?}"
     );
     assert!(plan.state.caps.keys().all(|g| g.name.starts_with("r1")));
@@ -467,7 +467,7 @@ fn where_the_gpus_a_job_may_start_on_are_capped_the_other_idle_gpus_are_too() {
             .get(g)
             .unwrap_or_else(|| panic!("{g} uncapped"));
         assert!((c.watts - 264.5).abs() < 0.01, "{g}: {c:?}");
-        assert_eq!(c.rule, "budget.facility");
+        assert_eq!(&*c.rule, "budget.facility");
     }
 }
 
@@ -479,7 +479,7 @@ fn the_facility_reserves_power_for_queued_jobs_that_are_free_to_start_not_for_he
     assert_eq!(plan.state.caps.len(), 4, "{:?}", plan.state.caps);
     for c in plan.state.caps.values() {
         assert!((c.watts - 206.25).abs() < 0.01, "{c:?}");
-        assert_eq!(c.rule, "budget.facility");
+        assert_eq!(&*c.rule, "budget.facility");
     }
     // held, and the price rule keeps it held (power is expensive, the deadline far):
     // it cannot start before the next tick, nothing to reserve, nothing capped
@@ -496,7 +496,7 @@ fn the_facility_reserves_power_for_queued_jobs_that_are_free_to_start_not_for_he
     assert_eq!(plan.state.caps.len(), 4, "{:?}", plan.state.caps);
     for c in plan.state.caps.values() {
         assert!((c.watts - 206.25).abs() < 0.01, "{c:?}");
-        assert_eq!(c.rule, "budget.facility");
+        assert_eq!(&*c.rule, "budget.facility");
     }
 }
 
@@ -511,7 +511,7 @@ fn a_hot_rack_is_stepped_down_and_released_with_hysteresis() {
         .state
         .caps
         .values()
-        .all(|c| c.watts == 270.0 && c.rule == "thermal.inlet"));
+        .all(|c| c.watts == 270.0 && &*c.rule == "thermal.inlet"));
     let d = &p1.decisions[0];
     assert_eq!(d.values["inlet_temp_c"], 33.0);
     assert_eq!(d.values["limit_c"], 32.0);
@@ -609,7 +609,7 @@ fn the_most_protective_cap_wins() {
         plan.state
             .caps
             .values()
-            .all(|c| c.watts == 210.0 && c.rule == "thermal.inlet"),
+            .all(|c| c.watts == 210.0 && &*c.rule == "thermal.inlet"),
         "{:?}",
         plan.state.caps
     );
@@ -619,7 +619,7 @@ fn the_most_protective_cap_wins() {
         plan.state
             .caps
             .values()
-            .all(|c| c.rule == "budget.facility" && c.watts < 285.0),
+            .all(|c| &*c.rule == "budget.facility" && c.watts < 285.0),
         "{:?}",
         plan.state.caps
     );
@@ -984,7 +984,7 @@ fn a_gpu_under_a_cap_it_does_not_reach_counts_at_its_draw_before_the_cap() {
     }
     assert_eq!(capped_ticks, 20, "the rack needs its caps every tick");
     let remembered = &state.uncapped_draws[&ids[0]];
-    assert_eq!((remembered.job.as_str(), remembered.watts), ("j", 266.0));
+    assert_eq!((&*remembered.job, remembered.watts), ("j", 266.0));
     assert!(
         state.uncapped_draws.len() == 4,
         "{:?}",
@@ -995,7 +995,7 @@ fn a_gpu_under_a_cap_it_does_not_reach_counts_at_its_draw_before_the_cap() {
     let now = t0() + 60.0 * 20.0;
     let snap = snapshot(&site, &|g| draw(&state, g), 25.0, now);
     let next = run(&site, &snap, &other, &state, &policy, now).state;
-    assert!(next.uncapped_draws.values().all(|d| d.job != "j"));
+    assert!(next.uncapped_draws.values().all(|d| &*d.job != "j"));
 }
 
 /// A job that started under caps was never read uncapped: its GPUs count at their draw
