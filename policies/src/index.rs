@@ -158,7 +158,7 @@ impl<'a> Index<'a> {
     }
 
     /// A GPU's reading of a metric found once with [`Index::metric_id`].
-    #[inline]
+    #[inline(always)]
     pub fn gpu_observe_id(
         &self,
         gpu: usize,
