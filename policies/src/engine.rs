@@ -241,9 +241,9 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                 let key = (id.as_str(), Cow::Borrowed(rack_scopes[r].as_str()));
                 why.entry(key).or_insert_with(|| {
                     Explain::Made((
-                        w.values.clone(),
+                        w.values(),
                         format!("{}: {}", w.target, w.reason),
-                        w.release.clone(),
+                        w.release.to_string(),
                     ))
                 });
             }
@@ -850,7 +850,7 @@ fn merge_rule_holds(
                     w.why.iter().filter_map(move |x| {
                         x.target
                             .strip_prefix("job/")
-                            .map(|j| ((r.name.as_str(), j), x.reason.as_str()))
+                            .map(|j| ((r.name.as_str(), j), &*x.reason))
                     })
                 })
                 .collect()
@@ -980,12 +980,12 @@ fn clocks(
                 Some(m) => Action::LockClocks { mhz: m as f64 },
                 None => Action::UnlockClocks,
             },
-            values: w.map(|w| w.values.clone()).unwrap_or_default(),
+            values: w.map(|w| w.values()).unwrap_or_default(),
             reason: w.map_or_else(
                 || "no rule wants the clocks locked any more".to_string(),
-                |w| w.reason.clone(),
+                |w| w.reason.to_string(),
             ),
-            release: w.map(|w| w.release.clone()).unwrap_or_default(),
+            release: w.map(|w| w.release.to_string()).unwrap_or_default(),
             observe_only: false,
         });
     }
@@ -1007,7 +1007,7 @@ fn preempt(
             .find(|x| x.target.strip_prefix("job/") == Some(job))
             .map_or_else(
                 || (BTreeMap::new(), rule.id(), String::new()),
-                |x| (x.values.clone(), x.reason.clone(), x.release.clone()),
+                |x| (x.values(), x.reason.to_string(), x.release.to_string()),
             )
     };
     for (rule, w) in rules {
@@ -1107,7 +1107,7 @@ fn observed_rule_holds(
                 .why
                 .iter()
                 .find(|x| x.target.strip_prefix("job/") == Some(job));
-            let reason = why.map_or_else(|| rule.id(), |x| x.reason.clone());
+            let reason = why.map_or_else(|| rule.id(), |x| x.reason.to_string());
             let since = match prior.observed_holds.get(job) {
                 Some(h) => h.since,
                 None => {
@@ -1116,9 +1116,9 @@ fn observed_rule_holds(
                         rule: rule.id(),
                         target: Target::Job { job: job.clone() },
                         action: Action::Hold { until: *until },
-                        values: why.map(|x| x.values.clone()).unwrap_or_default(),
+                        values: why.map(|x| x.values()).unwrap_or_default(),
                         reason: reason.clone(),
-                        release: why.map(|x| x.release.clone()).unwrap_or_default(),
+                        release: why.map(|x| x.release.to_string()).unwrap_or_default(),
                         observe_only: true,
                     });
                     now

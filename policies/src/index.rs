@@ -3,7 +3,6 @@
 //! rules and the budget.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use telemetry::site::GpuRef;
 use telemetry::snapshot::Slot;
@@ -28,6 +27,39 @@ pub struct Index<'a> {
     /// `0..gpus.len()`: a GPU target's list of one GPU is a slice of it (no list made
     /// per GPU).
     positions: std::cell::OnceCell<Vec<usize>>,
+}
+
+/// The GPUs a selector picks, as indexes into [`Index::gpus`] in order (see
+/// [`Index::gpu_targets`]).
+pub struct GpuTargets<'s, 'a> {
+    index: &'s Index<'a>,
+    sel: &'s Selector,
+    racks_ok: Vec<bool>,
+    /// Whether the selector picks every GPU.
+    all: bool,
+    next: usize,
+}
+
+impl Iterator for GpuTargets<'_, '_> {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        let gpus = &self.index.gpus;
+        while self.next < gpus.len() {
+            let i = self.next;
+            self.next += 1;
+            let g = &gpus[i];
+            if self.all
+                || (self.racks_ok[g.rack_index]
+                    && (self.sel.names.is_empty()
+                        || self.sel.names.iter().any(|n| n.matches(&g.id.name))))
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
 }
 
 /// Each job's allocated GPUs as indexes into [`Index::gpus`] (GPUs the site does not
@@ -126,6 +158,7 @@ impl<'a> Index<'a> {
     }
 
     /// A GPU's reading of a metric found once with [`Index::metric_id`].
+    #[inline(always)]
     pub fn gpu_observe_id(
         &self,
         gpu: usize,
@@ -203,6 +236,62 @@ impl<'a> Index<'a> {
             .collect()
     }
 
+    /// The GPUs the selector picks, as indexes into `gpus` (the targets of a GPU rule,
+    /// without a list made of them).
+    pub fn gpu_targets<'s>(&'s self, sel: &'s Selector) -> GpuTargets<'s, 'a> {
+        let racks_ok = self.racks_selected(sel);
+        GpuTargets {
+            index: self,
+            sel,
+            // a selector that picks every rack and names no GPUs picks every GPU
+            all: sel.names.is_empty() && racks_ok.iter().all(|&ok| ok),
+            racks_ok,
+            next: 0,
+        }
+    }
+
+    /// `0..gpus.len()`, whose slices are lists of GPU indexes.
+    fn positions(&self) -> &[usize] {
+        self.positions
+            .get_or_init(|| (0..self.gpus.len()).collect())
+    }
+
+    /// The GPU indexes in each of `groups` groups (racks, nodes), by `group` of a GPU:
+    /// slices of [`Index::positions`] when each group's GPUs lie together in the
+    /// site's order (as a site lists them, rack by rack and node by node), else lists.
+    fn grouped(
+        &self,
+        groups: usize,
+        group: impl Fn(&GpuRef<'_>) -> usize,
+    ) -> Vec<Cow<'_, [usize]>> {
+        // each group's range of positions while the groups lie together
+        let mut ranges = vec![0..0; groups];
+        let together = self.gpus.iter().enumerate().all(|(i, g)| {
+            let r = &mut ranges[group(g)];
+            if r.start == r.end {
+                *r = i..i + 1;
+                true
+            } else if r.end == i {
+                r.end = i + 1;
+                true
+            } else {
+                false
+            }
+        });
+        if together {
+            let positions = self.positions();
+            return ranges
+                .into_iter()
+                .map(|r| Cow::Borrowed(&positions[r]))
+                .collect();
+        }
+        let mut per: Vec<Vec<usize>> = vec![Vec::new(); groups];
+        for (i, g) in self.gpus.iter().enumerate() {
+            per[group(g)].push(i);
+        }
+        per.into_iter().map(Cow::Owned).collect()
+    }
+
     /// Every entity of a scope the selector picks, with the GPU indexes inside it.
     pub fn targets(
         &self,
@@ -226,7 +315,13 @@ impl<'a> Index<'a> {
         match scope {
             ScopeKind::Site => {
                 if names(&s.name) {
-                    out.push((Cow::Owned(s.site_entity()), gpus_where(&|_| true)));
+                    // every GPU (the common case) without a list made of them
+                    let g = if racks_ok.iter().all(|&ok| ok) {
+                        Cow::Borrowed(self.positions())
+                    } else {
+                        gpus_where(&|_| true)
+                    };
+                    out.push((Cow::Owned(s.site_entity()), g));
                 }
             }
             ScopeKind::Room => {
@@ -242,46 +337,32 @@ impl<'a> Index<'a> {
                 }
             }
             ScopeKind::Rack => {
-                // GPUs are in rack order: one pass
-                let mut per: Vec<Vec<usize>> = vec![Vec::new(); s.racks.len()];
-                for (i, g) in self.gpus.iter().enumerate() {
-                    per[g.rack_index].push(i);
-                }
+                let per = self.grouped(s.racks.len(), |g| g.rack_index);
                 for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
                     if racks_ok[i] && names(&r.id) {
-                        out.push((Cow::Owned(EntityId::rack(&r.id)), Cow::Owned(g)));
+                        out.push((Cow::Owned(EntityId::rack(&r.id)), g));
                     }
                 }
             }
             ScopeKind::Node => {
-                let mut per: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-                for (i, g) in self.gpus.iter().enumerate() {
-                    per.entry(g.node_index).or_default().push(i);
-                }
-                for (n, node) in s.nodes.iter().enumerate() {
+                let per = self.grouped(s.nodes.len(), |g| g.node_index);
+                for (node, g) in s.nodes.iter().zip(per) {
                     let Some(rack) = self.rack_index(&node.rack) else {
                         continue;
                     };
                     if racks_ok[rack] && names(&node.id) {
-                        out.push((
-                            Cow::Owned(EntityId::node(&node.id)),
-                            Cow::Owned(per.remove(&n).unwrap_or_default()),
-                        ));
+                        out.push((Cow::Owned(EntityId::node(&node.id)), g));
                     }
                 }
             }
             ScopeKind::Gpu => {
                 out.reserve(self.gpus.len());
-                let positions = self
-                    .positions
-                    .get_or_init(|| (0..self.gpus.len()).collect());
-                for (i, g) in self.gpus.iter().enumerate() {
-                    if racks_ok[g.rack_index] && names(&g.id.name) {
-                        out.push((
-                            Cow::Borrowed(&*g.id),
-                            Cow::Borrowed(std::slice::from_ref(&positions[i])),
-                        ));
-                    }
+                let positions = self.positions();
+                for i in self.gpu_targets(sel) {
+                    out.push((
+                        Cow::Borrowed(&*self.gpus[i].id),
+                        Cow::Borrowed(std::slice::from_ref(&positions[i])),
+                    ));
                 }
             }
             ScopeKind::Cooling => {

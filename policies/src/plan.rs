@@ -128,6 +128,7 @@ impl Timers {
 
     /// Since when comparison `id` has been true, starting its timer at `now` if it was
     /// not running.
+    #[inline]
     pub fn start(&mut self, id: usize, now: Timestamp) -> Timestamp {
         match self.first.get_mut(id) {
             Some(t) => {
@@ -149,6 +150,7 @@ impl Timers {
         }
     }
 
+    #[inline]
     pub fn remove(&mut self, id: usize) -> Option<Timestamp> {
         match self.first.get_mut(id) {
             Some(t) => {
@@ -221,9 +223,21 @@ impl<'de> Deserialize<'de> for Timers {
 /// its targets (the site's order, the jobs' order), so the next evaluation finds each
 /// target's memory at its position in the list instead of hashing or comparing names
 /// through a map, and carries the names on without copying them.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct RuleMemories {
     entries: Vec<(Arc<str>, RuleMemory)>,
+    /// For a rule over GPUs, the position of each entry's GPU in the evaluation's list
+    /// of GPUs, entry by entry (empty for other rules and for a memory read from the
+    /// store): by it the next evaluation finds each GPU's entry without comparing or
+    /// hashing names, once it has checked that each position still names its GPU.
+    gpus: Vec<u32>,
+}
+
+/// Equal when the same targets have the same memory (the GPUs' positions are a hint).
+impl PartialEq for RuleMemories {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
 }
 
 impl RuleMemories {
@@ -236,6 +250,7 @@ impl RuleMemories {
     pub fn with_capacity(n: usize) -> Self {
         RuleMemories {
             entries: Vec::with_capacity(n),
+            gpus: Vec::new(),
         }
     }
 
@@ -268,14 +283,34 @@ impl RuleMemories {
         let target: Arc<str> = target.into();
         match self.entries.iter_mut().find(|(k, _)| *k == target) {
             Some((_, m)) => *m = memory,
-            None => self.entries.push((target, memory)),
+            None => self.push(target, memory),
         }
     }
 
     /// Appends a target's memory without looking for it (the engine visits each target
     /// once).
+    #[inline]
     pub(crate) fn push(&mut self, target: Arc<str>, memory: RuleMemory) {
         self.entries.push((target, memory));
+        // an entry without its GPU's position: the positions no longer say where each
+        // entry's GPU is
+        self.gpus.clear();
+    }
+
+    /// Appends the memory of a GPU target, `gpu` its position in the evaluation's list
+    /// of GPUs.
+    #[inline]
+    pub(crate) fn push_gpu(&mut self, target: Arc<str>, memory: RuleMemory, gpu: usize) {
+        if self.gpus.len() == self.entries.len() {
+            self.gpus.push(gpu as u32);
+        }
+        self.entries.push((target, memory));
+    }
+
+    /// The position of each entry's GPU (see [`RuleMemories::push_gpu`]), when every
+    /// entry was pushed with one.
+    pub(crate) fn gpu_positions(&self) -> Option<&[u32]> {
+        (self.gpus.len() == self.entries.len()).then_some(&self.gpus)
     }
 
     /// Every target's memory, in the order they were written.
@@ -294,6 +329,7 @@ impl FromIterator<(String, RuleMemory)> for RuleMemories {
         let m: BTreeMap<String, RuleMemory> = iter.into_iter().collect();
         RuleMemories {
             entries: m.into_iter().map(|(k, v)| (Arc::from(k), v)).collect(),
+            gpus: Vec::new(),
         }
     }
 }

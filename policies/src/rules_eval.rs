@@ -3,8 +3,9 @@
 //! and what the active rule wants (caps, clock locks, holds, releases, requeues,
 //! suspensions), each with a lease.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{Datelike, Timelike};
 use telemetry::fasthash::FnvMap;
@@ -16,9 +17,6 @@ pub use crate::index::{Fnv, Index};
 use crate::plan::{RuleMemories, RuleMemory, Timers};
 use crate::rules::{OnStale, Rule, RuleAction, ScopeKind};
 use crate::Forecast;
-
-/// A rule's target: the entity (the site for a job), its GPUs, the job.
-type Target<'a> = (Cow<'a, EntityId>, Cow<'a, [usize]>, Option<&'a Job>);
 
 /// What one rule wants this tick.
 #[derive(Debug, Clone, Default)]
@@ -39,13 +37,38 @@ pub struct Wants {
 #[derive(Debug, Clone)]
 pub struct Why {
     pub target: String,
-    pub values: BTreeMap<String, f64>,
-    pub reason: String,
-    pub release: String,
-    /// Racks the target's GPUs sit in (for grouping cap decisions).
-    pub racks: BTreeSet<usize>,
+    /// What the rule looked at (see [`Why::values`]).
+    values: Values,
+    /// The rule's reason and what releases it, shared by its explanations.
+    pub reason: Arc<str>,
+    pub release: Arc<str>,
+    /// Racks the target's GPUs sit in, in order, each once (for grouping cap decisions).
+    pub racks: Vec<usize>,
     /// Whether the rule switched on this tick.
     pub switched_on: bool,
+}
+
+impl Why {
+    /// The values of the signals the rule looked at for the target (with the cap it
+    /// set, whether an input was stale), by name.
+    pub fn values(&self) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        for &(i, v) in &self.values.seen {
+            m.insert(self.values.names[i as usize].clone(), v);
+        }
+        m
+    }
+}
+
+/// The values an explanation shows, kept as positions in a list of names that the
+/// rule's explanations share, and made into a map ([`Why::values`]) only for those
+/// the audit writes.
+#[derive(Debug, Clone)]
+struct Values {
+    names: Arc<[String]>,
+    /// (position in `names`, value) in the order taken: a later value of a name
+    /// replaces an earlier one.
+    seen: Vec<(u32, f64)>,
 }
 
 /// A signal's value, or why there is none.
@@ -71,41 +94,86 @@ struct Ctx<'a, 'i> {
     local: chrono::DateTime<chrono_tz::Tz>,
     max_defer_s: f64,
     memo: std::cell::RefCell<FnvMap<(u8, i64, u64), Option<f64>>>,
-    /// The snapshot's id of each metric the rule reads per GPU, by the address of the
-    /// rule's metric name (the rule outlives the context): found once per rule, not
-    /// by name for every GPU.
-    metric_ids: std::cell::RefCell<Vec<(usize, Option<telemetry::snapshot::MetricId>)>>,
+    /// The snapshot's id of each metric the rule reads, by the address of the rule's
+    /// metric name (the rule outlives the context): found once per rule, not by name
+    /// for every GPU.
+    metric_ids: Vec<(usize, Option<telemetry::snapshot::MetricId>)>,
+    /// The site's entity (whose price and carbon intensity the forecasts read).
+    site: EntityId,
+    /// The price and the carbon intensity now (by series), the same for every target.
+    now_values: [Cell<Option<Val>>; 2],
+    /// The last GPU reading (GPU, metric, value): `when` and `release` mostly read the
+    /// same metric of a GPU one after the other.
+    last_gpu: Cell<Option<(usize, telemetry::snapshot::MetricId, Val)>>,
 }
 
-/// What the condition looked at, for the audit.
-type Seen = BTreeMap<String, f64>;
+impl<'a, 'i> Ctx<'a, 'i> {
+    fn new(
+        texts: &Texts<'_>,
+        index: &'a Index<'i>,
+        snapshot: &'a Snapshot,
+        forecast: &'a Forecast,
+        now: Timestamp,
+        max_defer_s: f64,
+    ) -> Self {
+        let metric_ids = texts
+            .signals
+            .iter()
+            .filter_map(|s| match s {
+                Signal::Metric(m) | Signal::Gpus(_, m) => Some(m),
+                _ => None,
+            })
+            .map(|m| (m.as_ptr() as usize, index.metric_id(m)))
+            .collect();
+        Ctx {
+            index,
+            snapshot,
+            forecast,
+            now,
+            local: now.to_datetime().with_timezone(&index.site.timezone),
+            max_defer_s,
+            memo: Default::default(),
+            metric_ids,
+            site: index.site.site_entity(),
+            now_values: Default::default(),
+            last_gpu: Cell::new(None),
+        }
+    }
+}
 
 impl Ctx<'_, '_> {
     fn signal(&self, s: &Signal, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Val {
         self.signal_inner(s, entity, gpus, job)
     }
 
+    /// A metric of the target: its GPU's reading for a GPU, else the entity's.
+    #[inline]
+    fn metric(&self, m: &str, entity: &EntityId, gpus: &[usize]) -> Val {
+        match gpus {
+            [g] if entity.kind == EntityKind::Gpu => self.gpu(*g, m),
+            _ => self.observe(entity, m),
+        }
+    }
+
+    #[inline(always)]
     fn gpu(&self, gpu: usize, metric: &str) -> Val {
         let key = metric.as_ptr() as usize;
-        let found = self
-            .metric_ids
-            .borrow()
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, id)| *id);
-        let id = match found {
-            Some(id) => id,
-            None => {
-                let id = self.index.metric_id(metric);
-                self.metric_ids.borrow_mut().push((key, id));
-                id
-            }
+        let id = match self.metric_ids.iter().find(|(k, _)| *k == key) {
+            Some((_, id)) => *id,
+            None => self.index.metric_id(metric),
         };
         let Some(id) = id else { return Val::Stale };
-        match self.index.gpu_observe_id(gpu, id, self.now) {
+        if let Some((g, m, v)) = self.last_gpu.get() {
+            if g == gpu && m == id {
+                return v;
+            }
+        }
+        let v = match self.index.gpu_observe_id(gpu, id, self.now) {
             Some(o) if o.usable() => Val::Ok(o.value),
             _ => Val::Stale,
-        }
+        };
+        self.last_gpu.set(Some((gpu, id, v)));
+        v
     }
 
     fn observe(&self, entity: &EntityId, metric: &str) -> Val {
@@ -123,10 +191,7 @@ impl Ctx<'_, '_> {
         job: Option<&Job>,
     ) -> Val {
         match s {
-            Signal::Metric(m) => match gpus {
-                [g] if entity.kind == EntityKind::Gpu => self.gpu(*g, m),
-                _ => self.observe(entity, m),
-            },
+            Signal::Metric(m) => self.metric(m, entity, gpus),
             Signal::Gpus(agg, m) => {
                 let mut acc: Vec<f64> = Vec::with_capacity(gpus.len());
                 for &g in gpus {
@@ -184,16 +249,21 @@ impl Ctx<'_, '_> {
             Series::Carbon => &self.forecast.carbon,
         };
         if let Stat::Now = stat {
+            let memo = &self.now_values[series as usize];
+            if let Some(v) = memo.get() {
+                return v;
+            }
             let metric = match series {
                 Series::Price => PRICE_PER_KWH,
                 Series::Carbon => telemetry::metric::names::CARBON_G_PER_KWH,
             };
-            let site = self.index.site.site_entity();
-            return match self.observe(&site, metric) {
+            let v = match self.observe(&self.site, metric) {
                 Val::Ok(v) => Val::Ok(v),
                 Val::Stale if !self.forecast.stale => s.at(self.now).map_or(Val::Stale, Val::Ok),
                 Val::Stale => Val::Stale,
             };
+            memo.set(Some(v));
+            return v;
         }
         if self.forecast.stale {
             return Val::Stale;
@@ -247,9 +317,22 @@ impl Ctx<'_, '_> {
         v.map_or(Val::Stale, Val::Ok)
     }
 
+    /// A side of a comparison: a number or a metric (the common cases) read in place,
+    /// anything else by [`Ctx::expr`].
+    #[inline(always)]
+    fn operand(&self, e: &Expr, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Val {
+        match e {
+            Expr::Num(n) => Val::Ok(*n),
+            Expr::Signal(Signal::Metric(m), _) => self.metric(m, entity, gpus),
+            _ => self.expr(e, entity, gpus, job),
+        }
+    }
+
     fn expr(&self, e: &Expr, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Val {
         match e {
             Expr::Num(n) => Val::Ok(*n),
+            // the common case read without the other signals' code
+            Expr::Signal(Signal::Metric(m), _) => self.metric(m, entity, gpus),
             Expr::Signal(s, _) => self.signal(s, entity, gpus, job),
             Expr::Neg(e) => match self.expr(e, entity, gpus, job) {
                 Val::Ok(v) => Val::Ok(-v),
@@ -293,8 +376,8 @@ impl Ctx<'_, '_> {
     ) -> Tri {
         match c {
             Cond::Cmp(x) => {
-                let a = self.expr(&x.lhs, entity, gpus, job);
-                let b = self.expr(&x.rhs, entity, gpus, job);
+                let a = self.operand(&x.lhs, entity, gpus, job);
+                let b = self.operand(&x.rhs, entity, gpus, job);
                 match (a, b) {
                     (Val::Ok(a), Val::Ok(b)) => {
                         if x.op.apply(a, b) {
@@ -313,32 +396,23 @@ impl Ctx<'_, '_> {
                     _ => Tri::Unknown,
                 }
             }
-            Cond::And(v) => {
-                let r: Vec<Tri> = v
-                    .iter()
-                    .map(|c| self.cond(c, entity, gpus, job, timers))
-                    .collect();
-                if r.contains(&Tri::False) {
-                    Tri::False
-                } else if r.contains(&Tri::Unknown) {
-                    Tri::Unknown
-                } else {
-                    Tri::True
+            // every part is evaluated (each keeps its timers): false if one is false,
+            // else unknown if one is unknown
+            Cond::And(v) => v.iter().fold(Tri::True, |r, c| {
+                match (self.cond(c, entity, gpus, job, timers), r) {
+                    (Tri::False, _) => Tri::False,
+                    (Tri::Unknown, Tri::True) => Tri::Unknown,
+                    _ => r,
                 }
-            }
-            Cond::Or(v) => {
-                let r: Vec<Tri> = v
-                    .iter()
-                    .map(|c| self.cond(c, entity, gpus, job, timers))
-                    .collect();
-                if r.contains(&Tri::True) {
-                    Tri::True
-                } else if r.contains(&Tri::Unknown) {
-                    Tri::Unknown
-                } else {
-                    Tri::False
+            }),
+            // true if one is true, else unknown if one is unknown
+            Cond::Or(v) => v.iter().fold(Tri::False, |r, c| {
+                match (self.cond(c, entity, gpus, job, timers), r) {
+                    (Tri::True, _) => Tri::True,
+                    (Tri::Unknown, Tri::False) => Tri::Unknown,
+                    _ => r,
                 }
-            }
+            }),
             Cond::Not(c) => match self.cond(c, entity, gpus, job, timers) {
                 Tri::True => Tri::False,
                 Tri::False => Tri::True,
@@ -349,15 +423,20 @@ impl Ctx<'_, '_> {
 }
 
 impl Ctx<'_, '_> {
-    /// The values of every signal of the rule's conditions for one target (for the
-    /// audit; computed only for targets the rule acts on).
-    fn values(&self, rule: &Rule, entity: &EntityId, gpus: &[usize], job: Option<&Job>) -> Seen {
-        let mut seen = Seen::new();
-        for c in [&rule.when, &rule.release].into_iter().flatten() {
-            for (sig, _) in c.signals() {
-                if let Val::Ok(x) = self.signal_inner(sig, entity, gpus, job) {
-                    seen.insert(signal_name(sig), (x * 1000.0).round() / 1000.0);
-                }
+    /// The values of every signal of the rule's conditions for one target, by the
+    /// signal's position in [`Texts::names`] (for the audit; computed only for targets
+    /// that explain what the rule does), with room for two more.
+    fn values(
+        &self,
+        texts: &Texts<'_>,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+    ) -> Vec<(u32, f64)> {
+        let mut seen = Vec::with_capacity(texts.signals.len() + 2);
+        for (i, sig) in texts.signals.iter().enumerate() {
+            if let Val::Ok(x) = self.signal_inner(sig, entity, gpus, job) {
+                seen.push((i as u32, (x * 1000.0).round() / 1000.0));
             }
         }
         seen
@@ -416,25 +495,30 @@ pub fn run(
     max_defer_s: f64,
     now: Timestamp,
 ) -> (Wants, RuleMemories) {
-    let ctx = Ctx {
-        index,
-        snapshot,
-        forecast,
-        now,
-        local: now.to_datetime().with_timezone(&index.site.timezone),
+    let texts = Texts::new(rule);
+    let mut visit = Visit {
+        rule,
+        ctx: Ctx::new(&texts, index, snapshot, forecast, now, max_defer_s),
+        texts: &texts,
+        hold_margin_s,
         max_defer_s,
-        memo: Default::default(),
-        metric_ids: Default::default(),
+        now,
+        wants: Wants::default(),
+        // in target order, as the next evaluation visits them
+        next: RuleMemories::with_capacity(memory.len()),
+        explained: vec![false; index.site.racks.len()],
+        by_gpu: false,
+        prior: memory.entries(),
+        cursor: 0,
+        hashed: None,
     };
-    let mut wants = Wants::default();
-    // in target order, as the next evaluation visits them
-    let mut next = RuleMemories::with_capacity(memory.len());
-    let site_entity = index.site.site_entity();
-    let targets: Vec<Target<'_>> = if rule.scope == ScopeKind::Job {
-        let alloc = index.allocations(jobs);
-        jobs.iter()
-            .enumerate()
-            .filter(|(_, j)| {
+    match rule.scope {
+        ScopeKind::Job => {
+            let site_entity = index.site.site_entity();
+            let alloc = index.allocations(jobs);
+            // one list for the GPUs of every job, refilled for each
+            let mut gpus = Vec::new();
+            for (k, j) in jobs.iter().enumerate() {
                 // only the jobs the action can apply to
                 let relevant = match rule.action {
                     RuleAction::Hold | RuleAction::Release => {
@@ -445,36 +529,146 @@ pub fn run(
                     }
                     _ => j.state == JobState::Running,
                 };
-                relevant && rule.select.matches_job(j)
-            })
-            .map(|(k, j)| {
-                let gpus = Cow::Owned(alloc.of(k).collect());
-                (Cow::Borrowed(&site_entity), gpus, Some(j))
-            })
-            .collect()
-    } else {
-        index
-            .targets(rule.scope, &rule.select)
+                if relevant && rule.select.matches_job(j) {
+                    gpus.clear();
+                    gpus.extend(alloc.of(k));
+                    let found = visit.find(&j.id);
+                    visit.target(&site_entity, &gpus, Some(j), found);
+                }
+            }
+        }
+        // a GPU's list of one GPU is its position: no list of targets is made
+        ScopeKind::Gpu => {
+            visit.by_gpu = true;
+            let entries = gpu_entries(memory, index);
+            for g in index.gpu_targets(&rule.select) {
+                let entity: &EntityId = &index.gpus[g].id;
+                let found = match &entries {
+                    Some(e) => (e[g] != u32::MAX).then_some(e[g] as usize),
+                    None => visit.find(&entity.name),
+                };
+                visit.target(entity, std::slice::from_ref(&g), None, found);
+            }
+        }
+        scope => {
+            for (entity, gpus) in index.targets(scope, &rule.select) {
+                let found = visit.find(&entity.name);
+                visit.target(&entity, &gpus, None, found);
+            }
+        }
+    }
+    (visit.wants, visit.next)
+}
+
+/// For a rule over GPUs, the position in its prior memory of each GPU's entry
+/// (`u32::MAX` for none), by the GPUs' positions the memory kept: `None` unless each of
+/// them still names its entry's GPU (a memory read from the store, a changed site), and
+/// the entries are found by name. GPUs' names are unique, so a GPU without an entry
+/// here has none at all.
+fn gpu_entries(memory: &RuleMemories, index: &Index<'_>) -> Option<Vec<u32>> {
+    let positions = memory.gpu_positions()?;
+    let mut entries = vec![u32::MAX; index.gpus.len()];
+    for (i, (&g, (name, _))) in positions.iter().zip(memory.entries()).enumerate() {
+        let e = entries.get_mut(g as usize)?;
+        if *e != u32::MAX || *index.gpus[g as usize].id.name != **name {
+            return None;
+        }
+        *e = i as u32;
+    }
+    Some(entries)
+}
+
+/// A rule's texts for the audit, made once per run of the rule rather than for each
+/// target it explains.
+struct Texts<'r> {
+    /// Every signal of `when`, then of `release`.
+    signals: Vec<&'r Signal>,
+    /// The signals' names, then `stale_inputs` ([`Texts::stale`]), then the name of
+    /// the rule's cap ([`Texts::cap`]).
+    names: Arc<[String]>,
+    /// The condition the rule acts on.
+    reason: Arc<str>,
+    /// The reason when a stale or missing signal is assumed the worst.
+    assumed: Arc<str>,
+    /// What releases the rule.
+    release: Arc<str>,
+}
+
+impl<'r> Texts<'r> {
+    fn new(rule: &'r Rule) -> Self {
+        let signals: Vec<&Signal> = [&rule.when, &rule.release]
             .into_iter()
-            .map(|(e, g)| (e, g, None))
-            .collect()
-    };
-    // racks a cap of this rule is already explained in (see the cap action below)
-    let mut explained: Vec<bool> = vec![false; index.site.racks.len()];
-    // the prior memory is in the order of the targets when they are the same as at the
-    // last evaluation: each target's entry is found at a cursor; the rest (targets
-    // added or gone, a memory read from the store in name order) by a map made then
-    let prior = memory.entries();
-    let mut cursor = 0usize;
-    let mut hashed: Option<FnvMap<&str, usize>> = None;
-    for (entity, gpus, job) in targets {
-        let entity: &EntityId = &entity;
-        // memory is keyed by the target's name (a job's id): the rule fixes the kind
-        let key: &str = job.map_or(entity.name.as_str(), |j| j.id.as_str());
-        let target_name = || job.map_or_else(|| entity.to_string(), |j| format!("job/{}", j.id));
-        let found = match prior.get(cursor) {
-            Some((k, _)) if **k == *key => Some(cursor),
-            _ => hashed
+            .flatten()
+            .flat_map(|c| c.signals())
+            .map(|(s, _)| s)
+            .collect();
+        let cap = match rule.action {
+            RuleAction::CapPct(_) => "cap_pct",
+            _ => "cap_w",
+        };
+        let names = signals
+            .iter()
+            .map(|s| signal_name(s))
+            .chain(["stale_inputs".to_string(), cap.to_string()])
+            .collect();
+        let reason = condition_text(rule.when.as_ref());
+        Texts {
+            signals,
+            names,
+            assumed: format!("{reason}: a signal is stale or missing, assumed the worst").into(),
+            reason: reason.into(),
+            release: match (&rule.release, &rule.when) {
+                (Some(r), _) => format!("{}{}", r.text, hold_note(rule)),
+                (None, Some(w)) => format!("not ({}){}", w.text, hold_note(rule)),
+                (None, None) => "the rule is removed or disabled".to_string(),
+            }
+            .into(),
+        }
+    }
+
+    /// The position of `stale_inputs` in [`Texts::names`].
+    fn stale(&self) -> u32 {
+        self.signals.len() as u32
+    }
+
+    /// The position of the cap's name in [`Texts::names`].
+    fn cap(&self) -> u32 {
+        self.signals.len() as u32 + 1
+    }
+}
+
+/// One run of a rule over its targets: what it wants so far and its next memory.
+struct Visit<'a, 'i> {
+    rule: &'a Rule,
+    ctx: Ctx<'a, 'i>,
+    texts: &'a Texts<'a>,
+    hold_margin_s: f64,
+    max_defer_s: f64,
+    now: Timestamp,
+    wants: Wants,
+    next: RuleMemories,
+    /// Racks a cap (or clock lock) of this rule is already explained in (see the
+    /// actions in [`Visit::target`]).
+    explained: Vec<bool>,
+    /// Whether the targets are GPUs (whose memory keeps each one's position).
+    by_gpu: bool,
+    /// The prior memory, in the order of the targets when they are the same as at the
+    /// last evaluation: each target's entry is found at `cursor`; the rest (targets
+    /// added or gone, a memory read from the store in name order) by `hashed`, a map
+    /// made then.
+    prior: &'a [(Arc<str>, RuleMemory)],
+    cursor: usize,
+    hashed: Option<FnvMap<&'a str, usize>>,
+}
+
+impl Visit<'_, '_> {
+    /// The position in the prior memory of a target's entry (by its name, a job's id).
+    fn find(&mut self, key: &str) -> Option<usize> {
+        let prior = self.prior;
+        let found = match prior.get(self.cursor) {
+            Some((k, _)) if **k == *key => Some(self.cursor),
+            _ => self
+                .hashed
                 .get_or_insert_with(|| {
                     prior
                         .iter()
@@ -486,24 +680,54 @@ pub fn run(
                 .copied(),
         };
         if let Some(i) = found {
-            cursor = i + 1;
+            self.cursor = i + 1;
         }
-        let prior_entry = found.map(|i| &prior[i]);
-        let mut mem = prior_entry.map(|(_, m)| m.clone()).unwrap_or(RuleMemory {
-            active: false,
-            since: now,
-            when_true: Timers::new(),
-            release_true: Timers::new(),
-            level: None,
-            level_at: now,
-            done: false,
-        });
+        found
+    }
+
+    /// Runs the rule for one target: the entity (the site for a job), its GPUs, the job,
+    /// and the position of its entry in the prior memory.
+    fn target(
+        &mut self,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+        found: Option<usize>,
+    ) {
+        let prior_entry = found.map(|i| &self.prior[i]);
+        let Visit {
+            rule,
+            ctx,
+            texts,
+            hold_margin_s,
+            max_defer_s,
+            now,
+            wants,
+            next,
+            explained,
+            by_gpu,
+            ..
+        } = self;
+        let (rule, texts, now) = (*rule, *texts, *now);
+        let index = ctx.index;
+        let mut mem = prior_entry.map_or_else(
+            || RuleMemory {
+                active: false,
+                since: now,
+                when_true: Timers::new(),
+                release_true: Timers::new(),
+                level: None,
+                level_at: now,
+                done: false,
+            },
+            |(_, m)| m.clone(),
+        );
         let w = match &rule.when {
             None => Tri::True,
-            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.when_true),
+            Some(c) => ctx.cond(&c.cond, entity, gpus, job, &mut mem.when_true),
         };
         let r = match &rule.release {
-            Some(c) => ctx.cond(&c.cond, entity, &gpus, job, &mut mem.release_true),
+            Some(c) => ctx.cond(&c.cond, entity, gpus, job, &mut mem.release_true),
             None => match w {
                 Tri::True => Tri::False,
                 Tri::False => Tri::True,
@@ -530,29 +754,42 @@ pub fn run(
             mem.active = false;
             mem.since = now;
         }
-        // texts for the audit, made only for targets the rule acts on
-        let release_text = || match (&rule.release, &rule.when) {
-            (Some(r), _) => format!("{}{}", r.text, hold_note(rule)),
-            (None, Some(w)) => format!("not ({}){}", w.text, hold_note(rule)),
-            (None, None) => "the rule is removed or disabled".to_string(),
-        };
+        // texts for the audit, made only for targets that explain what the rule does
         let assumed = stale && rule.on_stale == OnStale::AssumeWorst && mem.active;
         let reason = || {
             if assumed {
-                format!(
-                    "{}: a signal is stale or missing, assumed the worst",
-                    condition_text(rule.when.as_ref())
-                )
+                texts.assumed.clone()
             } else {
-                condition_text(rule.when.as_ref())
+                texts.reason.clone()
             }
         };
-        let values = || {
-            let mut v = ctx.values(rule, entity, &gpus, job);
+        // the signals' values, then whether one was stale, then the cap's level
+        let values = |cap: Option<f64>| {
+            let mut seen = ctx.values(texts, entity, gpus, job);
             if stale {
-                v.insert("stale_inputs".into(), 1.0);
+                seen.push((texts.stale(), 1.0));
             }
-            v
+            if let Some(level) = cap {
+                seen.push((texts.cap(), level));
+            }
+            Values {
+                names: texts.names.clone(),
+                seen,
+            }
+        };
+        // the audit explains a cap or a clock lock per rack (the first target of the
+        // rule in a rack says why; the engine keeps no other): a target whose racks
+        // are all explained adds nothing
+        let explains =
+            |explained: &[bool]| gpus.iter().any(|&g| !explained[index.gpus[g].rack_index]);
+        let racks = |explained: &mut [bool]| {
+            let mut racks: Vec<usize> = gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
+            racks.sort_unstable();
+            racks.dedup();
+            for &r in &racks {
+                explained[r] = true;
+            }
+            racks
         };
         // what the active rule does
         let mut keep = mem.active || !mem.when_true.is_empty() || !mem.release_true.is_empty();
@@ -592,7 +829,7 @@ pub fn run(
                     mem.level = None;
                 }
                 if capped {
-                    for &g in gpus.iter() {
+                    for &g in gpus {
                         let m = index.gpus[g].model;
                         let watts = match rule.action {
                             RuleAction::CapPct(_) => m.default_w * level / 100.0,
@@ -601,28 +838,13 @@ pub fn run(
                         wants.caps.push((g, watts));
                     }
                 }
-                // the audit explains a cap per rack (the first target of the rule in a
-                // rack says why): a target whose racks are all explained adds nothing
-                let explains = || gpus.iter().any(|&g| !explained[index.gpus[g].rack_index]);
-                if switched_on || (capped && explains()) {
-                    let racks: BTreeSet<usize> =
-                        gpus.iter().map(|&g| index.gpus[g].rack_index).collect();
-                    for &r in &racks {
-                        explained[r] = true;
-                    }
-                    let mut values = values();
-                    values.insert(
-                        match rule.action {
-                            RuleAction::CapPct(_) => "cap_pct".into(),
-                            _ => "cap_w".into(),
-                        },
-                        (level * 10.0).round() / 10.0,
-                    );
+                if (switched_on || capped) && explains(explained) {
+                    let racks = racks(explained);
                     wants.why.push(Why {
-                        target: target_name(),
-                        values,
+                        target: target_name(entity, job),
+                        values: values(Some((level * 10.0).round() / 10.0)),
                         reason: reason(),
-                        release: release_text(),
+                        release: texts.release.clone(),
                         racks,
                         switched_on,
                     });
@@ -630,17 +852,19 @@ pub fn run(
             }
             RuleAction::LockClocks(mhz) => {
                 if mem.active {
-                    for &g in gpus.iter() {
+                    for &g in gpus {
                         wants.clocks.push((g, mhz));
                     }
-                    wants.why.push(Why {
-                        target: target_name(),
-                        values: values(),
-                        reason: reason(),
-                        release: release_text(),
-                        racks: gpus.iter().map(|&g| index.gpus[g].rack_index).collect(),
-                        switched_on,
-                    });
+                    if explains(explained) {
+                        wants.why.push(Why {
+                            target: target_name(entity, job),
+                            values: values(None),
+                            reason: reason(),
+                            release: texts.release.clone(),
+                            racks: racks(explained),
+                            switched_on,
+                        });
+                    }
                 }
             }
             RuleAction::Hold | RuleAction::Release | RuleAction::Requeue | RuleAction::Suspend => {
@@ -649,7 +873,7 @@ pub fn run(
                     let running = j.state == JobState::Running;
                     let acted = match rule.action {
                         RuleAction::Hold => {
-                            let by = crate::price::hold_limit(j, hold_margin_s, max_defer_s);
+                            let by = crate::price::hold_limit(j, *hold_margin_s, *max_defer_s);
                             if waiting && now < by {
                                 let until = (now + rule.lease_s).min(by);
                                 wants.holds.push((j.id.clone(), until));
@@ -683,11 +907,11 @@ pub fn run(
                     };
                     if acted {
                         wants.why.push(Why {
-                            target: format!("job/{}", j.id),
-                            values: values(),
+                            target: target_name(entity, job),
+                            values: values(None),
                             reason: reason(),
-                            release: release_text(),
-                            racks: BTreeSet::new(),
+                            release: texts.release.clone(),
+                            racks: Vec::new(),
                             switched_on,
                         });
                     }
@@ -695,11 +919,30 @@ pub fn run(
             }
         }
         if keep {
-            let name = prior_entry.map_or_else(|| std::sync::Arc::from(key), |(k, _)| k.clone());
-            next.push(name, mem);
+            // memory is keyed by the target's name (a job's id): the rule fixes the kind
+            let name = prior_entry.map_or_else(
+                || Arc::from(job.map_or(entity.name.as_str(), |j| j.id.as_str())),
+                |(k, _)| k.clone(),
+            );
+            match gpus {
+                [g] if *by_gpu => next.push_gpu(name, mem, *g),
+                _ => next.push(name, mem),
+            }
         }
     }
-    (wants, next)
+}
+
+/// A target's name in the audit: `kind/name`, `job/id` for a job.
+fn target_name(entity: &EntityId, job: Option<&Job>) -> String {
+    let (kind, name) = match job {
+        Some(j) => ("job", j.id.as_str()),
+        None => (entity.kind.as_str(), entity.name.as_str()),
+    };
+    let mut s = String::with_capacity(kind.len() + 1 + name.len());
+    s.push_str(kind);
+    s.push('/');
+    s.push_str(name);
+    s
 }
 
 fn condition_text(c: Option<&Condition>) -> String {
