@@ -336,7 +336,7 @@ mod tests {
         let s = apply(&plan, std::slice::from_ref(&pin), &site, t(10.0));
         assert_eq!(s.caps[&g[0].id].watts, 150.0, "the policy's lower cap wins");
         assert_eq!(s.caps[&g[1].id].watts, 200.0);
-        assert_eq!(s.caps[&g[1].id].rule, "override.o1");
+        assert_eq!(&*s.caps[&g[1].id].rule, "override.o1");
         assert!(!s.caps.contains_key(&g[2].id), "other racks untouched");
         assert_eq!(
             apply(&plan, std::slice::from_ref(&pin), &site, t(601.0)),

@@ -37,13 +37,10 @@ pub fn waterfill(claims: &[Claim], budget_w: f64) -> (Vec<f64>, bool) {
     if excess <= 0.0 {
         return (alloc, true);
     }
-    let mut tiers: Vec<i64> = claims.iter().map(|c| c.priority).collect();
-    tiers.sort_unstable();
-    tiers.dedup();
-    for tier in tiers {
-        let members: Vec<usize> = (0..claims.len())
-            .filter(|&i| claims[i].priority == tier)
-            .collect();
+    // the claims by tier (lowest first), each tier's in their order
+    let mut order: Vec<usize> = (0..claims.len()).collect();
+    order.sort_by_key(|&i| claims[i].priority);
+    for members in order.chunk_by(|&a, &b| claims[a].priority == claims[b].priority) {
         let give = |level: f64| -> f64 {
             members
                 .iter()
@@ -52,7 +49,7 @@ pub fn waterfill(claims: &[Claim], budget_w: f64) -> (Vec<f64>, bool) {
         };
         let most = give(0.0);
         if most <= excess {
-            for &i in &members {
+            for &i in members {
                 alloc[i] = alloc[i].min(claims[i].min_w);
             }
             excess -= most;
@@ -71,7 +68,7 @@ pub fn waterfill(claims: &[Claim], budget_w: f64) -> (Vec<f64>, bool) {
                 hi = mid;
             }
         }
-        for &i in &members {
+        for &i in members {
             alloc[i] = alloc[i].min(hi.max(claims[i].min_w));
         }
         return (alloc, true);

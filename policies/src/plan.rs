@@ -86,8 +86,9 @@ pub struct RuleMemory {
 
 /// Since when each comparison of a condition has been true, by the comparison's index
 /// in the condition. In JSON a map (`{"0": "2024-06-03T06:00:00Z"}`); in memory the
-/// first [`Timers::INLINE`] comparisons sit in place (a condition has a handful), so
-/// the memory of a rule over every GPU of a site costs no allocation per GPU.
+/// first [`Timers::INLINE`] comparisons sit in place (a duration is most often on the
+/// first or second comparison of a condition), so the memory of a rule over every GPU
+/// of a site costs no allocation per GPU, and little room where nothing is timed.
 #[derive(Debug, Clone)]
 pub struct Timers {
     /// `NONE` where the comparison is not true (or not timed).
@@ -99,7 +100,7 @@ pub struct Timers {
 }
 
 impl Timers {
-    pub const INLINE: usize = 4;
+    pub const INLINE: usize = 2;
     const NONE: Timestamp = Timestamp(i64::MIN);
 
     pub fn new() -> Self {
