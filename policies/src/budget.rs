@@ -127,6 +127,8 @@ struct Scope {
     budget_kw: f64,
     members: Members,
     base_w: f64,
+    /// The indexes of the racks its members are in, in order.
+    racks: Vec<usize>,
 }
 
 /// The GPUs of a scope with the share of each one's draw that flows through it, kept
@@ -201,10 +203,6 @@ fn racks_of(gpus: &[GpuRef<'_>], rack_end: &[usize], members: &Members) -> Vec<u
 /// one): the scopes, each GPU's cut order and what it drew before its cap.
 pub struct Prepared<'s> {
     scopes: Vec<Scope>,
-    /// The racks of each scope, by the scope's position.
-    scope_racks: Vec<Vec<usize>>,
-    /// Every GPU with its whole draw: the facility's members.
-    all: Members,
     priority: Vec<i64>,
     /// What each GPU drew before its cap, where it still runs the job it was read for.
     uncapped: Vec<Option<f64>>,
@@ -224,29 +222,9 @@ pub fn prepare<'s>(
 ) -> Prepared<'s> {
     let gpus = &index.gpus[..];
     let scopes = scopes(site, gpus, rule);
-    // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
-    // together ends at each of them, and is walked GPU by GPU)
-    let mut rack_end = vec![0; site.racks.len()];
-    let mut together = vec![true; site.racks.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        let r = g.rack_index;
-        together[r] &= rack_end[r] == 0 || rack_end[r] == i;
-        rack_end[r] = i + 1;
-    }
-    for (end, ok) in rack_end.iter_mut().zip(together) {
-        if !ok {
-            *end = 0;
-        }
-    }
-    let scope_racks = scopes
-        .iter()
-        .map(|s| racks_of(gpus, &rack_end, &s.members))
-        .collect();
     let uncapped = remembered_draws(index, jobs, &remembered);
     Prepared {
         scopes,
-        scope_racks,
-        all: Members::all(gpus.len()),
         priority: job_priority_by_gpu(index, jobs, rule, now),
         uncapped,
         remembered,
@@ -279,6 +257,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
             base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
             members: members.clone(),
+            racks: Vec::new(),
         });
     }
     // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
@@ -331,6 +310,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                     rule: "budget.branch",
                     base_w,
                     members,
+                    racks: Vec::new(),
                 });
             }
         }
@@ -384,6 +364,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                 rule: "budget.pdu",
                 budget_kw: limit("pdu", &p.id).unwrap_or(p.usable_kw()),
                 members,
+                racks: Vec::new(),
                 base_w,
             });
         }
@@ -423,6 +404,7 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             },
             budget_kw: l.limit_kw * l.derate,
             members,
+            racks: Vec::new(),
             base_w,
         });
     }
@@ -435,9 +417,27 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                 rule: "budget.feed",
                 budget_kw: limit("feed", &f.id).unwrap_or(f.usable_kw()),
                 members,
+                racks: Vec::new(),
                 base_w,
             });
         }
+    }
+    // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
+    // together ends at each of them, and is walked GPU by GPU)
+    let mut rack_end = vec![0; site.racks.len()];
+    let mut together = vec![true; site.racks.len()];
+    for (i, g) in gpus.iter().enumerate() {
+        let r = g.rack_index;
+        together[r] &= rack_end[r] == 0 || rack_end[r] == i;
+        rack_end[r] = i + 1;
+    }
+    for (end, ok) in rack_end.iter_mut().zip(together) {
+        if !ok {
+            *end = 0;
+        }
+    }
+    for scope in &mut out {
+        scope.racks = racks_of(gpus, &rack_end, &scope.members);
     }
     out
 }
@@ -531,7 +531,7 @@ pub fn evaluate(
     let mut views = Vec::with_capacity(scopes.len() + 1);
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
-    for ((scope, measured), racks) in scopes.iter().zip(measured).zip(&prepared.scope_racks) {
+    for (scope, measured) in scopes.iter().zip(measured) {
         let mut view = per_gpu.cut(
             &scope.entity,
             scope.budget_kw,
@@ -543,7 +543,7 @@ pub fn evaluate(
             scope.rule,
             &mut wanted,
         );
-        view.racks = racks.clone();
+        view.racks = scope.racks.clone();
         views.push(view);
     }
     // then the facility (the contract with the utility)
@@ -554,7 +554,7 @@ pub fn evaluate(
         facility_budget_kw(site, rule),
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        &prepared.all,
+        &Members::all(gpus.len()),
         rule,
         stale,
         "budget.facility",

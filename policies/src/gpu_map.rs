@@ -241,14 +241,6 @@ impl<T> FromIterator<(EntityId, T)> for GpuMap<T> {
     }
 }
 
-impl<T> Extend<(EntityId, T)> for GpuMap<T> {
-    fn extend<I: IntoIterator<Item = (EntityId, T)>>(&mut self, iter: I) {
-        for (k, v) in iter {
-            self.insert(k, v);
-        }
-    }
-}
-
 impl<T> From<BTreeMap<EntityId, T>> for GpuMap<T> {
     fn from(other: BTreeMap<EntityId, T>) -> Self {
         GpuMap {

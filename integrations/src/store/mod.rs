@@ -295,7 +295,7 @@ impl Tx {
         for (k, v) in next {
             // the prior keys before this one are gone
             while let Some((old, _)) = prior.next_if(|(old, _)| *old < k) {
-                self.delete(collection, old.to_string());
+                self.delete_record(collection, &old.to_string());
             }
             match prior.next_if(|(old, _)| *old == k) {
                 Some((_, old)) if old == v => {}
@@ -305,15 +305,8 @@ impl Tx {
             }
         }
         for (old, _) in prior {
-            self.delete(collection, old.to_string());
+            self.delete_record(collection, &old.to_string());
         }
-    }
-
-    fn delete(&mut self, collection: &str, key: String) {
-        self.batch.ops.push(Op::Delete {
-            collection: collection.into(),
-            key,
-        });
     }
 
     fn put<T: Serialize>(&mut self, collection: &str, key: &str, v: &T) -> &mut Self {

@@ -940,6 +940,29 @@ proptest! {
     }
 }
 
+/// A rack of 1.2 kW (target 1164 W − 200 W of node: 241 W per GPU) under the budget
+/// rule alone, with job `j` on its first four GPUs: the site, the policy, the GPUs' ids
+/// and the jobs.
+fn rack_under_caps_it_does_not_reach() -> (Site, Policy, Vec<EntityId>, Vec<Job>) {
+    let mut site = site();
+    site.racks[0].power_budget_kw = 1.2;
+    let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+    let jobs = vec![job("j", 1, &ids[0..4])];
+    (site, only_budget(), ids, jobs)
+}
+
+/// What a GPU draws in [`rack_under_caps_it_does_not_reach`]: a busy one 266 W uncapped
+/// and 90% of its cap under one (bert on an A40 at 200 W: 189 W), an idle one 30 W.
+fn draw_under_caps(busy: &[EntityId], state: &State, g: &EntityId) -> f64 {
+    if !busy.contains(g) {
+        return 30.0;
+    }
+    state
+        .caps
+        .get(g)
+        .map_or(266.0, |c| (0.9 * c.watts).min(266.0))
+}
+
 /// A rack under a cap it does not reach (a cap bounds a GPU's peaks; its average sits
 /// under the cap, as Zeus measured on A40s): with its GPUs counted at that average, the
 /// rack looked under the release threshold the tick after the cut, the caps came off
@@ -948,21 +971,8 @@ proptest! {
 /// its budget every tick, also across a restart (the memory is part of the state).
 #[test]
 fn a_gpu_under_a_cap_it_does_not_reach_counts_at_its_draw_before_the_cap() {
-    let mut site = site();
-    site.racks[0].power_budget_kw = 1.2; // target 1164 W − 200 W of node: 241 W per GPU
-    let policy = only_budget();
-    let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
-    let jobs = vec![job("j", 1, &ids[0..4])];
-    // the job draws 266 W uncapped, 90% of its cap under one (bert on an A40 at 200 W: 189 W)
-    let draw = |state: &State, g: &EntityId| {
-        if !ids[0..4].contains(g) {
-            return 30.0;
-        }
-        state
-            .caps
-            .get(g)
-            .map_or(266.0, |c| (0.9 * c.watts).min(266.0))
-    };
+    let (site, policy, ids, jobs) = rack_under_caps_it_does_not_reach();
+    let draw = |state: &State, g: &EntityId| draw_under_caps(&ids[0..4], state, g);
     let rack_w = |state: &State| 200.0 + ids[0..4].iter().map(|g| draw(state, g)).sum::<f64>();
     let mut state = State::default();
     let mut capped_ticks = 0;
@@ -1004,20 +1014,8 @@ fn a_gpu_under_a_cap_it_does_not_reach_counts_at_its_draw_before_the_cap() {
 /// budget; before, the caps came off and the rack went over for a tick.
 #[test]
 fn caps_of_a_job_that_started_under_them_are_held_while_lifting_them_could_overshoot() {
-    let mut site = site();
-    site.racks[0].power_budget_kw = 1.2;
-    let policy = only_budget();
-    let ids: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
-    let jobs = vec![job("j", 1, &ids[0..4])];
-    let draw = |state: &State, g: &EntityId| {
-        if !ids[0..4].contains(g) {
-            return 30.0;
-        }
-        state
-            .caps
-            .get(g)
-            .map_or(266.0, |c| (0.9 * c.watts).min(266.0))
-    };
+    let (site, policy, ids, jobs) = rack_under_caps_it_does_not_reach();
+    let draw = |state: &State, g: &EntityId| draw_under_caps(&ids[0..4], state, g);
     // the caps the job started under (set while its GPUs were idle), no reading before them
     let mut state = State::default();
     for g in &ids[0..4] {
