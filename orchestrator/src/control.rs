@@ -293,7 +293,8 @@ impl ControlLoop {
                 tx.put_job(&job);
             }
         }
-        let active = self.registry.active();
+        // the jobs' GPUs are resolved once, when the jobs change, not by every evaluation
+        let (active, allocations) = self.registry.active_on(&self.site);
         let Plan {
             state,
             decisions,
@@ -307,6 +308,7 @@ impl ControlLoop {
                 prior: &self.state,
                 policy: &self.policy,
                 forecast: &self.forecast,
+                allocations: Some(allocations),
             },
             now,
         );

@@ -2,8 +2,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use policies::Allocations;
 use telemetry::fasthash::FnvMap;
-use telemetry::Job;
+use telemetry::{Job, Site};
 
 /// How many finished jobs the registry remembers (to tell a finished job a scheduler
 /// reports again from a change); older ones are forgotten (the store keeps them).
@@ -18,6 +19,9 @@ pub struct JobRegistry {
     finished: FnvMap<String, Job>,
     /// Finished job ids, oldest first.
     finished_order: VecDeque<String>,
+    /// The active jobs' allocated GPUs as the site's GPU indexes, resolved once for
+    /// every evaluation until the jobs or the site change (see [`JobRegistry::active_on`]).
+    allocations: Option<Allocations>,
 }
 
 impl JobRegistry {
@@ -40,6 +44,7 @@ impl JobRegistry {
                 _ => {}
             }
             changed.push(job.clone());
+            self.allocations = None;
             match (at, job.state.is_done()) {
                 (Ok(i), false) => self.active[i] = job,
                 (Ok(i), true) => {
@@ -73,6 +78,20 @@ impl JobRegistry {
     /// Jobs that are not finished or cancelled, in id order.
     pub fn active(&self) -> &[Job] {
         &self.active
+    }
+
+    /// The active jobs (as [`JobRegistry::active`]) with their allocated GPUs resolved
+    /// on `site`: made again only after the jobs changed, or for another site.
+    pub fn active_on(&mut self, site: &Site) -> (&[Job], &Allocations) {
+        let fits = self
+            .allocations
+            .as_ref()
+            .is_some_and(|a| a.fits(site, &self.active));
+        if !fits {
+            self.allocations = Some(Allocations::new(site, &self.active));
+        }
+        let allocations = self.allocations.get_or_insert_with(Allocations::default);
+        (&self.active, allocations)
     }
 
     pub fn get(&self, id: &str) -> Option<&Job> {
@@ -254,6 +273,41 @@ mod tests {
             id: format!("trace:{n:06}"),
             ..job(state)
         }
+    }
+
+    #[test]
+    fn allocations_are_resolved_once_and_again_when_the_jobs_or_the_site_change() {
+        let site = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("demo site");
+        let gpus = site.gpus();
+        let gpu = |i: usize| gpus[i].id.clone().into_owned();
+        let mut r = JobRegistry::default();
+        let mut a = job(JobState::Running);
+        a.allocated = vec![gpu(9), telemetry::EntityId::gpu("no-such-node", 0), gpu(3)];
+        r.sync([a.clone()]);
+        let (jobs, alloc) = r.active_on(&site);
+        assert_eq!(jobs, [a.clone()]);
+        assert_eq!(
+            alloc.of(0).collect::<Vec<_>>(),
+            [9, 3],
+            "unknown GPUs left out"
+        );
+        // the same view again: nothing changed, the allocations are kept
+        assert!(r.sync([a.clone()]).is_empty());
+        assert!(r
+            .allocations
+            .as_ref()
+            .is_some_and(|x| x.fits(&site, &r.active)));
+        // the job moves: resolved again
+        a.allocated = vec![gpu(0)];
+        r.sync([a.clone()]);
+        assert!(r.allocations.is_none());
+        assert_eq!(r.active_on(&site).1.of(0).collect::<Vec<_>>(), [0]);
+        // another site (a reload) has another GPU table: resolved again on it
+        let reloaded = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("demo site");
+        let kept = r.allocations.as_ref().expect("kept since the last change");
+        assert!(!kept.fits(&reloaded, &r.active));
+        let (_, alloc) = r.active_on(&reloaded);
+        assert!(alloc.fits(&reloaded, &[a]));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use telemetry::site::GpuRef;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 
 use crate::budget::{self, ScopeView};
+use crate::index::Allocations;
 use crate::plan::ClockLock;
 use crate::plan::{Action, Cap, Decision, Hold, Plan, State, Target};
 use crate::policy::ThermalMode;
@@ -35,6 +36,10 @@ pub struct Inputs<'a> {
     pub policy: &'a Policy,
     /// Price and carbon forecasts (empty when there is no feed).
     pub forecast: &'a crate::Forecast,
+    /// The jobs' allocated GPUs resolved to GPU indexes at the edge, where the caller
+    /// keeps them with its jobs (the job registry does); `None`: the evaluation
+    /// resolves them itself.
+    pub allocations: Option<&'a Allocations>,
 }
 
 /// The values a rule looked at, what it says about them and what would release it.
@@ -75,6 +80,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         prior,
         policy,
         forecast,
+        allocations,
     } = *inputs;
     let n = site.gpu_count();
     // wanted caps by GPU index
@@ -101,7 +107,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     // the site's GPUs, listed once: every step below indexes into this
     let index = rules_eval::Index::new(site, site.gpus())
         .with_snapshot(snapshot)
-        .with_jobs(jobs);
+        .with_allocated_jobs(jobs, allocations);
     let gpus = &index.gpus;
     let table = gpu_table(site, gpus);
     let prior_caps = by_index(&index, table, &prior.caps);

@@ -3,8 +3,9 @@
 //! rules and the budget.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
-use telemetry::site::GpuRef;
+use telemetry::site::{GpuIds, GpuRef};
 use telemetry::snapshot::Slot;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
@@ -23,6 +24,8 @@ pub struct Index<'a> {
     /// The evaluation's jobs, whose allocations are looked up once (see
     /// [`Index::allocations`]).
     jobs: Option<&'a [Job]>,
+    /// Their allocations, as given (resolved at the edge) or made on first use.
+    given: Option<&'a Allocations>,
     allocations: std::cell::OnceCell<Allocations>,
     /// `0..gpus.len()`: a GPU target's list of one GPU is a slice of it (no list made
     /// per GPU).
@@ -64,27 +67,62 @@ impl Iterator for GpuTargets<'_, '_> {
 
 /// Each job's allocated GPUs as indexes into [`Index::gpus`] (GPUs the site does not
 /// know are left out), by the job's position in its list.
+///
+/// Resolved at the edge: the job registry makes it once when its jobs change
+/// ([`Allocations::new`]) and hands it to every evaluation in
+/// [`Inputs::allocations`](crate::Inputs::allocations), so no evaluation looks up its
+/// jobs' GPU names; an evaluation given none (or one made for another site or another
+/// number of jobs) makes its own.
 #[derive(Debug, Clone, Default)]
 pub struct Allocations {
     start: Vec<u32>,
     gpus: Vec<u32>,
+    /// The GPU table of the site it was made for.
+    table: Option<Arc<GpuIds>>,
+}
+
+impl PartialEq for Allocations {
+    fn eq(&self, other: &Self) -> bool {
+        self.start == other.start && self.gpus == other.gpus
+    }
 }
 
 impl Allocations {
-    fn build(index: &Index<'_>, jobs: &[Job]) -> Allocations {
+    /// The allocations of `jobs` on `site`, in the jobs' order.
+    pub fn new(site: &Site, jobs: &[Job]) -> Allocations {
         let mut start = Vec::with_capacity(jobs.len() + 1);
-        let mut gpus = Vec::new();
+        let mut gpus = Vec::with_capacity(jobs.iter().map(|j| j.allocated.len()).sum());
         start.push(0);
+        let n = site.gpu_count();
         for j in jobs {
             gpus.extend(
                 j.allocated
                     .iter()
-                    .filter_map(|g| index.gpu_index(g))
+                    .filter_map(|g| site.gpu_index(g).filter(|&i| i < n))
                     .map(|i| i as u32),
             );
             start.push(gpus.len() as u32);
         }
-        Allocations { start, gpus }
+        Allocations {
+            start,
+            gpus,
+            table: site.gpu_table().cloned(),
+        }
+    }
+
+    /// Whether these are for `jobs` (as many) on `site` (its GPU table).
+    pub fn fits(&self, site: &Site, jobs: &[Job]) -> bool {
+        self.start.len() == jobs.len() + 1
+            && matches!((&self.table, site.gpu_table()), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+    }
+
+    /// How many jobs these are for.
+    pub fn len(&self) -> usize {
+        self.start.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The GPU indexes of job `j` (its position in the list).
@@ -102,6 +140,7 @@ impl<'a> Index<'a> {
             snapshot: None,
             slots: std::cell::OnceCell::new(),
             jobs: None,
+            given: None,
             allocations: std::cell::OnceCell::new(),
             positions: std::cell::OnceCell::new(),
         }
@@ -113,17 +152,32 @@ impl<'a> Index<'a> {
         self
     }
 
+    /// The index with the evaluation's jobs and their allocations resolved at the edge
+    /// (used where they fit the jobs and the site, else made anew).
+    pub fn with_allocated_jobs(mut self, jobs: &'a [Job], given: Option<&'a Allocations>) -> Self {
+        self.jobs = Some(jobs);
+        self.given = given.filter(|a| a.fits(self.site, jobs));
+        debug_assert!(
+            self.given
+                .is_none_or(|a| *a == Allocations::new(self.site, jobs)),
+            "allocations given for other jobs than the evaluation's"
+        );
+        self
+    }
+
     /// The jobs' allocations as GPU indexes: for the evaluation's jobs
     /// ([`Index::with_jobs`]) made once and kept, so each job's GPU names are looked up
     /// once per evaluation and not by every controller and rule that reads them; for
     /// another list made anew.
     pub fn allocations(&self, jobs: &[Job]) -> Cow<'_, Allocations> {
         match self.jobs {
-            Some(own) if std::ptr::eq(own, jobs) => Cow::Borrowed(
-                self.allocations
-                    .get_or_init(|| Allocations::build(self, own)),
-            ),
-            _ => Cow::Owned(Allocations::build(self, jobs)),
+            Some(own) if std::ptr::eq(own, jobs) => Cow::Borrowed(match self.given {
+                Some(given) => given,
+                None => self
+                    .allocations
+                    .get_or_init(|| Allocations::new(self.site, own)),
+            }),
+            _ => Cow::Owned(Allocations::new(self.site, jobs)),
         }
     }
 

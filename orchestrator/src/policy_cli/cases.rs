@@ -479,6 +479,7 @@ fn run_case(
                 prior: &prior,
                 policy,
                 forecast: &forecast,
+                allocations: None,
             },
             now,
         );

@@ -135,6 +135,7 @@ impl World {
                 prior: &self.prior,
                 policy,
                 forecast: &self.forecast,
+                allocations: None,
             },
             self.now,
         )

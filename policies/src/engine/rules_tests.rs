@@ -43,6 +43,7 @@ impl Sim {
                 prior: &self.state,
                 policy: &self.policy,
                 forecast: &self.forecast,
+                allocations: None,
             },
             t0() + at,
         );

@@ -136,17 +136,30 @@ fn run(
     policy: &Policy,
     now: Timestamp,
 ) -> Plan {
-    evaluate(
-        &Inputs {
-            site,
-            snapshot: snap,
-            jobs,
-            prior,
-            policy,
-            forecast: &crate::Forecast::default(),
-        },
-        now,
-    )
+    let forecast = crate::Forecast::default();
+    let with = |allocations| Inputs {
+        site,
+        snapshot: snap,
+        jobs,
+        prior,
+        policy,
+        forecast: &forecast,
+        allocations,
+    };
+    // the jobs' GPUs resolved at the edge (as the job registry does) give the same plan
+    // as resolved by the evaluation, and ones made for other jobs are not used
+    let resolved = crate::Allocations::new(site, jobs);
+    let plan = evaluate(&with(Some(&resolved)), now);
+    assert_eq!(plan, evaluate(&with(None), now), "allocations given or not");
+    if let Some((_, fewer)) = jobs.split_last() {
+        let other = crate::Allocations::new(site, fewer);
+        assert_eq!(
+            plan,
+            evaluate(&with(Some(&other)), now),
+            "other jobs' allocations"
+        );
+    }
+    plan
 }
 
 #[test]

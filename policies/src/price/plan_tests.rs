@@ -151,6 +151,7 @@ fn step(
             prior,
             policy,
             forecast: fc,
+            allocations: None,
         },
         now,
     )
@@ -531,6 +532,7 @@ fn step_billed(
             prior,
             policy,
             forecast: fc,
+            allocations: None,
         },
         now,
     )

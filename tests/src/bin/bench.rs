@@ -678,6 +678,8 @@ fn bench_engine() {
             rank[2 * i] = (r << 33) + i64::from(j.priority);
             rank[2 * i + 1] = (r << 33) + i64::from(j.priority);
         }
+        // the jobs' GPUs resolved at the edge, as the job registry does when its jobs change
+        let allocations = policies::Allocations::new(&site, &jobs);
         let mut times = Vec::new();
         for i in 0..runs.max(1) {
             let t = Instant::now();
@@ -689,6 +691,7 @@ fn bench_engine() {
                     prior: &prior,
                     policy: &policy,
                     forecast: &forecast,
+                    allocations: Some(&allocations),
                 },
                 now + 10.0 * i as f64,
             );
