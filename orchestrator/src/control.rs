@@ -293,8 +293,9 @@ impl ControlLoop {
                 tx.put_job(&job);
             }
         }
-        // the jobs' GPUs are resolved once, when the jobs change, not by every evaluation
-        let (active, allocations) = self.registry.active_on(&self.site);
+        // the jobs are resolved once (their GPUs, their ids), when they change, not by
+        // every evaluation
+        let (active, job_table) = self.registry.active_on(&self.site);
         let Plan {
             state,
             decisions,
@@ -308,7 +309,7 @@ impl ControlLoop {
                 prior: &self.state,
                 policy: &self.policy,
                 forecast: &self.forecast,
-                allocations: Some(allocations),
+                job_table: Some(job_table),
             },
             now,
         );

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use policies::Allocations;
+use policies::JobTable;
 use telemetry::fasthash::FnvMap;
 use telemetry::{Job, Site};
 
@@ -19,9 +19,10 @@ pub struct JobRegistry {
     finished: FnvMap<String, Job>,
     /// Finished job ids, oldest first.
     finished_order: VecDeque<String>,
-    /// The active jobs' allocated GPUs as the site's GPU indexes, resolved once for
-    /// every evaluation until the jobs or the site change (see [`JobRegistry::active_on`]).
-    allocations: Option<Allocations>,
+    /// The active jobs resolved on the site (their allocated GPUs as GPU indexes, their
+    /// ids to positions), once for every evaluation until the jobs or the site change
+    /// (see [`JobRegistry::active_on`]).
+    table: Option<JobTable>,
 }
 
 impl JobRegistry {
@@ -44,7 +45,7 @@ impl JobRegistry {
                 _ => {}
             }
             changed.push(job.clone());
-            self.allocations = None;
+            self.table = None;
             match (at, job.state.is_done()) {
                 (Ok(i), false) => self.active[i] = job,
                 (Ok(i), true) => {
@@ -80,18 +81,19 @@ impl JobRegistry {
         &self.active
     }
 
-    /// The active jobs (as [`JobRegistry::active`]) with their allocated GPUs resolved
-    /// on `site`: made again only after the jobs changed, or for another site.
-    pub fn active_on(&mut self, site: &Site) -> (&[Job], &Allocations) {
+    /// The active jobs (as [`JobRegistry::active`]) with their table on `site` (their
+    /// allocated GPUs and ids resolved): made again only after the jobs changed, or for
+    /// another site.
+    pub fn active_on(&mut self, site: &Site) -> (&[Job], &JobTable) {
         let fits = self
-            .allocations
+            .table
             .as_ref()
             .is_some_and(|a| a.fits(site, &self.active));
         if !fits {
-            self.allocations = Some(Allocations::new(site, &self.active));
+            self.table = Some(JobTable::new(site, &self.active));
         }
-        let allocations = self.allocations.get_or_insert_with(Allocations::default);
-        (&self.active, allocations)
+        let table = self.table.get_or_insert_with(JobTable::default);
+        (&self.active, table)
     }
 
     pub fn get(&self, id: &str) -> Option<&Job> {
@@ -276,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn allocations_are_resolved_once_and_again_when_the_jobs_or_the_site_change() {
+    fn the_job_table_is_made_once_and_again_when_the_jobs_or_the_site_change() {
         let site = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("demo site");
         let gpus = site.gpus();
         let gpu = |i: usize| gpus[i].id.clone().into_owned();
@@ -284,30 +286,35 @@ mod tests {
         let mut a = job(JobState::Running);
         a.allocated = vec![gpu(9), telemetry::EntityId::gpu("no-such-node", 0), gpu(3)];
         r.sync([a.clone()]);
-        let (jobs, alloc) = r.active_on(&site);
-        assert_eq!(jobs, [a.clone()]);
+        let mut b = numbered(7, JobState::Pending);
+        b.allocated = Vec::new();
+        r.sync([b.clone()]);
+        let (jobs, table) = r.active_on(&site);
+        assert_eq!(jobs, [a.clone(), b.clone()]);
         assert_eq!(
-            alloc.of(0).collect::<Vec<_>>(),
+            table.of(0).collect::<Vec<_>>(),
             [9, 3],
             "unknown GPUs left out"
         );
-        // the same view again: nothing changed, the allocations are kept
+        assert_eq!(table.of(1).count(), 0);
+        assert_eq!(table.position(jobs, &a.id), Some(0));
+        assert_eq!(table.position(jobs, &b.id), Some(1));
+        assert_eq!(table.position(jobs, "slurm:404"), None);
+        // the same view again: nothing changed, the table is kept
         assert!(r.sync([a.clone()]).is_empty());
-        assert!(r
-            .allocations
-            .as_ref()
-            .is_some_and(|x| x.fits(&site, &r.active)));
+        assert!(r.table.as_ref().is_some_and(|x| x.fits(&site, &r.active)));
         // the job moves: resolved again
         a.allocated = vec![gpu(0)];
         r.sync([a.clone()]);
-        assert!(r.allocations.is_none());
+        assert!(r.table.is_none());
         assert_eq!(r.active_on(&site).1.of(0).collect::<Vec<_>>(), [0]);
         // another site (a reload) has another GPU table: resolved again on it
         let reloaded = Site::parse("site.toml", crate::demo::DEFAULT_SITE).expect("demo site");
-        let kept = r.allocations.as_ref().expect("kept since the last change");
+        let kept = r.table.as_ref().expect("kept since the last change");
         assert!(!kept.fits(&reloaded, &r.active));
-        let (_, alloc) = r.active_on(&reloaded);
-        assert!(alloc.fits(&reloaded, &[a]));
+        let (jobs, table) = r.active_on(&reloaded);
+        assert!(table.fits(&reloaded, &[a, b]));
+        assert_eq!(table.position(jobs, "trace:000007"), Some(1));
     }
 
     #[test]

@@ -690,7 +690,7 @@ fn remembered_draws(
 
 /// (GPU index, its job) for every GPU of a running job.
 fn running_gpus<'j>(
-    alloc: &'j crate::index::Allocations,
+    alloc: &'j crate::index::JobTable,
     jobs: &'j [Job],
 ) -> impl Iterator<Item = (usize, &'j Job)> + 'j {
     jobs.iter()

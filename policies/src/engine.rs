@@ -13,7 +13,7 @@ use telemetry::site::GpuRef;
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 
 use crate::budget::{self, ScopeView};
-use crate::index::Allocations;
+use crate::index::JobTable;
 use crate::plan::ClockLock;
 use crate::plan::{Action, Cap, Decision, Hold, Plan, State, Target};
 use crate::policy::ThermalMode;
@@ -36,10 +36,10 @@ pub struct Inputs<'a> {
     pub policy: &'a Policy,
     /// Price and carbon forecasts (empty when there is no feed).
     pub forecast: &'a crate::Forecast,
-    /// The jobs' allocated GPUs resolved to GPU indexes at the edge, where the caller
-    /// keeps them with its jobs (the job registry does); `None`: the evaluation
-    /// resolves them itself.
-    pub allocations: Option<&'a Allocations>,
+    /// The jobs resolved at the edge (their allocated GPUs as GPU indexes, their ids to
+    /// positions), where the caller keeps them with its jobs (the job registry does);
+    /// `None`: the evaluation resolves them itself.
+    pub job_table: Option<&'a JobTable>,
 }
 
 /// The values a rule looked at, what it says about them and what would release it.
@@ -80,7 +80,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         prior,
         policy,
         forecast,
-        allocations,
+        job_table,
     } = *inputs;
     let n = site.gpu_count();
     // wanted caps by GPU index
@@ -107,7 +107,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     // the site's GPUs, listed once: every step below indexes into this
     let index = rules_eval::Index::new(site, site.gpus())
         .with_snapshot(snapshot)
-        .with_allocated_jobs(jobs, allocations);
+        .with_job_table(jobs, job_table);
     let gpus = &index.gpus;
     let table = gpu_table(site, gpus);
     let prior_caps = by_index(&index, table, &prior.caps);
@@ -265,13 +265,14 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             budget::facility_budget_kw(site, &policy.budget),
             snapshot,
             jobs,
+            &index.allocations(jobs),
             prior,
             &policy.price,
             pacing,
             forecast,
             now,
         );
-        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
+        merge_rule_holds(&mut verdicts, &index, prior, &rule_wants, now);
         price_out = Some((values, starts));
         verdicts
     } else {
@@ -284,7 +285,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
                 },
             );
         }
-        merge_rule_holds(&mut verdicts, jobs, prior, &rule_wants, now);
+        merge_rule_holds(&mut verdicts, &index, prior, &rule_wants, now);
         verdicts
     };
     // feed-forward: jobs whose hold ends this tick (an observe-only price rule keeps
@@ -372,7 +373,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             (&prior.holds, &mut next.holds)
         };
         hold_decisions(
-            jobs,
+            &index,
             prior_holds,
             verdicts,
             &values,
@@ -383,7 +384,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
         );
     } else {
         hold_decisions(
-            jobs,
+            &index,
             &prior.holds,
             verdicts,
             &BTreeMap::new(),
@@ -705,7 +706,7 @@ fn cap_decisions(
 
 #[allow(clippy::too_many_arguments)]
 fn hold_decisions(
-    jobs: &[Job],
+    index: &rules_eval::Index<'_>,
     prior: &BTreeMap<String, Hold>,
     verdicts: BTreeMap<String, Verdict>,
     values: &BTreeMap<String, f64>,
@@ -759,17 +760,9 @@ fn hold_decisions(
     }
     let mut kept: BTreeMap<String, Hold> = kept.into_iter().collect();
     holds.append(&mut kept);
-    // prior holds of jobs no longer listed: each listed job is struck off a set of the
-    // (few) held ids, not every job's id put in a set
-    let mut unseen: telemetry::fasthash::FnvSet<&str> = prior.keys().map(String::as_str).collect();
-    for j in jobs {
-        if unseen.is_empty() {
-            break;
-        }
-        unseen.remove(j.id.as_str());
-    }
+    // prior holds of jobs no longer listed (each held id found in the jobs' table)
     for job in prior.keys() {
-        if unseen.contains(job.as_str()) {
+        if index.job_position(job).is_none() {
             out.push(release(
                 job,
                 "job is no longer known",
@@ -820,12 +813,12 @@ fn budget_release(v: &ScopeView, rule: &crate::policy::BudgetRule) -> String {
 /// longer wants them are released.
 fn merge_rule_holds(
     verdicts: &mut BTreeMap<String, Verdict>,
-    jobs: &[Job],
+    index: &rules_eval::Index<'_>,
     prior: &State,
     rules: &[(&Rule, rules_eval::Wants)],
     now: Timestamp,
 ) {
-    use telemetry::fasthash::{FnvMap, FnvSet};
+    use telemetry::fasthash::FnvMap;
     let prior_holds = &prior.holds;
     // each job's first holding and first releasing rule (every job is merged on its
     // own: the order the jobs are visited in makes no difference)
@@ -891,13 +884,10 @@ fn merge_rule_holds(
             _ => {}
         }
     }
-    // holds of rules that no longer want them (the jobs' ids are listed only if one is)
-    let mut known: Option<FnvSet<&str>> = None;
+    // holds of rules that no longer want them
     for (job, h) in prior_holds {
         if h.rule.starts_with("rules.") && !verdicts.contains_key(job) {
-            let still = known
-                .get_or_insert_with(|| jobs.iter().map(|j| j.id.as_str()).collect())
-                .contains(job.as_str());
+            let still = index.job_position(job).is_some();
             verdicts.insert(
                 job.clone(),
                 Verdict::Release {

@@ -12,6 +12,7 @@ use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 use crate::rules::{ScopeKind, Selector};
 
 pub use telemetry::fasthash::Fnv;
+use telemetry::fasthash::FnvMap;
 
 /// The site seen as scopes: every entity with its GPUs, built once per evaluation.
 pub struct Index<'a> {
@@ -25,8 +26,8 @@ pub struct Index<'a> {
     /// [`Index::allocations`]).
     jobs: Option<&'a [Job]>,
     /// Their allocations, as given (resolved at the edge) or made on first use.
-    given: Option<&'a Allocations>,
-    allocations: std::cell::OnceCell<Allocations>,
+    given: Option<&'a JobTable>,
+    allocations: std::cell::OnceCell<JobTable>,
     /// `0..gpus.len()`: a GPU target's list of one GPU is a slice of it (no list made
     /// per GPU).
     positions: std::cell::OnceCell<Vec<usize>>,
@@ -65,36 +66,55 @@ impl Iterator for GpuTargets<'_, '_> {
     }
 }
 
-/// Each job's allocated GPUs as indexes into [`Index::gpus`] (GPUs the site does not
-/// know are left out), by the job's position in its list.
+/// The evaluation's jobs resolved on the site, by their position in the list: each
+/// job's allocated GPUs as indexes into [`Index::gpus`] (GPUs the site does not know are
+/// left out), and each job's position found from its id.
 ///
 /// Resolved at the edge: the job registry makes it once when its jobs change
-/// ([`Allocations::new`]) and hands it to every evaluation in
-/// [`Inputs::allocations`](crate::Inputs::allocations), so no evaluation looks up its
-/// jobs' GPU names; an evaluation given none (or one made for another site or another
-/// number of jobs) makes its own.
+/// ([`JobTable::new`]) and hands it to every evaluation in
+/// [`Inputs::job_table`](crate::Inputs::job_table), so no evaluation looks up its jobs'
+/// GPU names or walks every job to find a held one; an evaluation given none (or one made
+/// for another site or another number of jobs) makes its own.
 #[derive(Debug, Clone, Default)]
-pub struct Allocations {
+pub struct JobTable {
     start: Vec<u32>,
     gpus: Vec<u32>,
+    /// Each job's position by the FNV hash of its id; [`JobTable::SHARED`] where two
+    /// ids share a hash (those are found by a scan).
+    by_id: FnvMap<u64, u32>,
     /// The GPU table of the site it was made for.
     table: Option<Arc<GpuIds>>,
 }
 
-impl PartialEq for Allocations {
+impl PartialEq for JobTable {
     fn eq(&self, other: &Self) -> bool {
-        self.start == other.start && self.gpus == other.gpus
+        self.start == other.start && self.gpus == other.gpus && self.by_id == other.by_id
     }
 }
 
-impl Allocations {
-    /// The allocations of `jobs` on `site`, in the jobs' order.
-    pub fn new(site: &Site, jobs: &[Job]) -> Allocations {
+fn id_hash(id: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = Fnv::default();
+    h.write(id.as_bytes());
+    h.finish()
+}
+
+impl JobTable {
+    /// Marks a hash that more than one job's id has.
+    const SHARED: u32 = u32::MAX;
+
+    /// The table of `jobs` on `site`, in the jobs' order.
+    pub fn new(site: &Site, jobs: &[Job]) -> JobTable {
+        Self::with_hash(site, jobs, id_hash)
+    }
+
+    fn with_hash(site: &Site, jobs: &[Job], hash: fn(&str) -> u64) -> JobTable {
         let mut start = Vec::with_capacity(jobs.len() + 1);
         let mut gpus = Vec::with_capacity(jobs.iter().map(|j| j.allocated.len()).sum());
+        let mut by_id = FnvMap::with_capacity_and_hasher(jobs.len(), Default::default());
         start.push(0);
         let n = site.gpu_count();
-        for j in jobs {
+        for (p, j) in jobs.iter().enumerate() {
             gpus.extend(
                 j.allocated
                     .iter()
@@ -102,21 +122,26 @@ impl Allocations {
                     .map(|i| i as u32),
             );
             start.push(gpus.len() as u32);
+            by_id
+                .entry(hash(&j.id))
+                .and_modify(|q| *q = Self::SHARED)
+                .or_insert(p as u32);
         }
-        Allocations {
+        JobTable {
             start,
             gpus,
+            by_id,
             table: site.gpu_table().cloned(),
         }
     }
 
-    /// Whether these are for `jobs` (as many) on `site` (its GPU table).
+    /// Whether this is for `jobs` (as many) on `site` (its GPU table).
     pub fn fits(&self, site: &Site, jobs: &[Job]) -> bool {
         self.start.len() == jobs.len() + 1
             && matches!((&self.table, site.gpu_table()), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
     }
 
-    /// How many jobs these are for.
+    /// How many jobs this is for.
     pub fn len(&self) -> usize {
         self.start.len().saturating_sub(1)
     }
@@ -129,6 +154,55 @@ impl Allocations {
     pub fn of(&self, j: usize) -> impl Iterator<Item = usize> + '_ {
         let (a, b) = (self.start[j] as usize, self.start[j + 1] as usize);
         self.gpus[a..b].iter().map(|&g| g as usize)
+    }
+
+    /// The position in `jobs` (the list this table was made for) of the job with this
+    /// id (the first one, if the list has it twice).
+    pub fn position(&self, jobs: &[Job], id: &str) -> Option<usize> {
+        self.position_hashed(jobs, id, id_hash)
+    }
+
+    /// A table whose ids all share one hash (to test the scan).
+    #[cfg(test)]
+    pub(crate) fn with_one_hash(site: &Site, jobs: &[Job]) -> JobTable {
+        Self::with_hash(site, jobs, |_| 7)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn position_one_hash(&self, jobs: &[Job], id: &str) -> Option<usize> {
+        self.position_hashed(jobs, id, |_| 7)
+    }
+
+    /// Every position in `jobs` of a job with this id (one, unless the list has it more
+    /// than once).
+    pub fn positions<'j>(&self, jobs: &'j [Job], id: &'j str) -> impl Iterator<Item = usize> + 'j {
+        let (one, scan) = match self.by_id.get(&id_hash(id)) {
+            None => (None, false),
+            Some(&Self::SHARED) => (None, true),
+            Some(&p) => (
+                jobs.get(p as usize)
+                    .filter(|j| j.id == id)
+                    .map(|_| p as usize),
+                false,
+            ),
+        };
+        let scanned = jobs
+            .iter()
+            .enumerate()
+            .filter(move |(_, j)| scan && j.id == id)
+            .map(|(p, _)| p);
+        one.into_iter().chain(scanned)
+    }
+
+    fn position_hashed(&self, jobs: &[Job], id: &str, hash: fn(&str) -> u64) -> Option<usize> {
+        match self.by_id.get(&hash(id)) {
+            None => None,
+            Some(&Self::SHARED) => jobs.iter().position(|j| j.id == id),
+            Some(&p) => jobs
+                .get(p as usize)
+                .filter(|j| j.id == id)
+                .map(|_| p as usize),
+        }
     }
 }
 
@@ -152,32 +226,45 @@ impl<'a> Index<'a> {
         self
     }
 
-    /// The index with the evaluation's jobs and their allocations resolved at the edge
-    /// (used where they fit the jobs and the site, else made anew).
-    pub fn with_allocated_jobs(mut self, jobs: &'a [Job], given: Option<&'a Allocations>) -> Self {
+    /// The index with the evaluation's jobs and their table made at the edge (used
+    /// where it fits the jobs and the site, else made anew on first use).
+    pub fn with_job_table(mut self, jobs: &'a [Job], given: Option<&'a JobTable>) -> Self {
         self.jobs = Some(jobs);
-        self.given = given.filter(|a| a.fits(self.site, jobs));
+        self.given = given.filter(|t| t.fits(self.site, jobs));
         debug_assert!(
             self.given
-                .is_none_or(|a| *a == Allocations::new(self.site, jobs)),
-            "allocations given for other jobs than the evaluation's"
+                .is_none_or(|t| *t == JobTable::new(self.site, jobs)),
+            "a job table given for other jobs than the evaluation's"
         );
         self
     }
 
-    /// The jobs' allocations as GPU indexes: for the evaluation's jobs
-    /// ([`Index::with_jobs`]) made once and kept, so each job's GPU names are looked up
-    /// once per evaluation and not by every controller and rule that reads them; for
-    /// another list made anew.
-    pub fn allocations(&self, jobs: &[Job]) -> Cow<'_, Allocations> {
+    /// The table of the evaluation's jobs (see [`Index::allocations`]).
+    pub fn job_table(&self) -> Option<&JobTable> {
+        let own = self.jobs?;
+        Some(self.given.unwrap_or_else(|| {
+            self.allocations
+                .get_or_init(|| JobTable::new(self.site, own))
+        }))
+    }
+
+    /// The position among the evaluation's jobs of the job with this id.
+    pub fn job_position(&self, id: &str) -> Option<usize> {
+        let own = self.jobs?;
+        self.job_table()?.position(own, id)
+    }
+
+    /// The jobs' table (their allocations as GPU indexes): for the evaluation's jobs
+    /// ([`Index::with_jobs`]) given or made once and kept, so each job's GPU names are
+    /// looked up once per evaluation and not by every controller and rule that reads
+    /// them; for another list made anew.
+    pub fn allocations(&self, jobs: &[Job]) -> Cow<'_, JobTable> {
         match self.jobs {
-            Some(own) if std::ptr::eq(own, jobs) => Cow::Borrowed(match self.given {
-                Some(given) => given,
-                None => self
-                    .allocations
-                    .get_or_init(|| Allocations::new(self.site, own)),
-            }),
-            _ => Cow::Owned(Allocations::new(self.site, jobs)),
+            Some(own) if std::ptr::eq(own, jobs) => match self.job_table() {
+                Some(t) => Cow::Borrowed(t),
+                None => Cow::Owned(JobTable::new(self.site, jobs)),
+            },
+            _ => Cow::Owned(JobTable::new(self.site, jobs)),
         }
     }
 

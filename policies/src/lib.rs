@@ -49,7 +49,7 @@ pub mod triggers;
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};
 pub use gpu_map::GpuMap;
-pub use index::Allocations;
+pub use index::JobTable;
 pub use plan::{
     Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemories, RuleMemory, State,
     Target, Timers, UncappedDraw,

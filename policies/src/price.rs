@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use telemetry::fasthash::FnvMap;
+use crate::index::JobTable;
 use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
@@ -124,18 +124,27 @@ pub type PlannedStarts = BTreeMap<String, Timestamp>;
 
 /// The holds in force, found by job id in a hash map over the held jobs: every job is
 /// looked up, most of them not held, and the ordered map compares ids all the way down.
-struct Held<'a>(FnvMap<&'a str, &'a Hold>);
+/// The prior hold of each job, by the job's position in the list (each held id found
+/// once in the jobs' table, not every job's id looked up).
+struct Held<'a>(Vec<Option<&'a Hold>>);
 
 impl<'a> Held<'a> {
-    fn new(holds: &'a BTreeMap<String, Hold>) -> Self {
-        Held(holds.iter().map(|(k, h)| (k.as_str(), h)).collect())
+    fn new(holds: &'a BTreeMap<String, Hold>, jobs: &[Job], table: &JobTable) -> Self {
+        let mut by_job = Vec::new();
+        if !holds.is_empty() {
+            by_job.resize(jobs.len(), None);
+            for (id, h) in holds {
+                for p in table.positions(jobs, id) {
+                    by_job[p] = Some(h);
+                }
+            }
+        }
+        Held(by_job)
     }
 
-    fn get(&self, job: &str) -> Option<&'a Hold> {
-        if self.0.is_empty() {
-            return None;
-        }
-        self.0.get(job).copied()
+    /// The prior hold of the job at position `p`.
+    fn get(&self, p: usize) -> Option<&'a Hold> {
+        self.0.get(p).copied().flatten()
     }
 }
 
@@ -159,6 +168,7 @@ pub fn evaluate(
         facility_kw,
         snapshot,
         jobs,
+        &JobTable::new(site, jobs),
         prior,
         rule,
         pacing,
@@ -175,6 +185,7 @@ pub fn evaluate_with_starts(
     facility_kw: f64,
     snapshot: &Snapshot,
     jobs: &[Job],
+    table: &JobTable,
     prior: &State,
     rule: &PriceRule,
     pacing: Option<Pacing>,
@@ -191,6 +202,7 @@ pub fn evaluate_with_starts(
             site,
             facility_kw,
             jobs,
+            table,
             prior,
             rule,
             pacing,
@@ -215,7 +227,7 @@ pub fn evaluate_with_starts(
     };
     let mut out = BTreeMap::new();
     let mut cheap_again: Vec<(Timestamp, &Job, &Hold)> = Vec::new();
-    let holds = Held::new(&prior.holds);
+    let holds = Held::new(&prior.holds, jobs, table);
     // every held job has the same reason: written once
     let hold_reason = match obs {
         Some(o) if o.usable() => {
@@ -223,11 +235,11 @@ pub fn evaluate_with_starts(
         }
         _ => "price signal stale".to_string(),
     };
-    for job in jobs {
+    for (p, job) in jobs.iter().enumerate() {
         let eligible =
             job.deferrable && (rule.classes.is_empty() || rule.classes.contains(&job.class));
         let waiting = matches!(job.state, JobState::Pending | JobState::Held);
-        let held = holds.get(&job.id);
+        let held = holds.get(p);
         if !eligible || !waiting {
             if held.is_some() {
                 out.insert(
@@ -389,6 +401,7 @@ fn evaluate_plan(
     site: &Site,
     facility_kw: f64,
     jobs: &[Job],
+    table: &JobTable,
     prior: &State,
     rule: &PriceRule,
     pacing: Option<Pacing>,
@@ -412,8 +425,8 @@ fn evaluate_plan(
     let mut plan_jobs = Vec::new();
     let mut committed = Vec::new();
     let mut candidates: Vec<(&Job, Timestamp, Option<&Hold>)> = Vec::new();
-    let holds = Held::new(&prior.holds);
-    for job in jobs {
+    let holds = Held::new(&prior.holds, jobs, table);
+    for (p, job) in jobs.iter().enumerate() {
         let waiting = matches!(job.state, JobState::Pending | JobState::Held);
         let dur = job.est_duration_s.max(1.0);
         if job.state == JobState::Running {
@@ -428,7 +441,7 @@ fn evaluate_plan(
         if !waiting {
             continue;
         }
-        let held = holds.get(&job.id);
+        let held = holds.get(p);
         if !eligible(job, rule) {
             if held.is_some() {
                 out.insert(

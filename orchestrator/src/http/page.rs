@@ -454,7 +454,7 @@ mod tests {
                 prior: &policies::State::default(),
                 policy: &policy,
                 forecast: &policies::Forecast::default(),
-                allocations: None,
+                job_table: None,
             },
             now,
         );

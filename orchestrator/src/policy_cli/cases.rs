@@ -479,7 +479,7 @@ fn run_case(
                 prior: &prior,
                 policy,
                 forecast: &forecast,
-                allocations: None,
+                job_table: None,
             },
             now,
         );

@@ -135,7 +135,7 @@ impl World {
                 prior: &self.prior,
                 policy,
                 forecast: &self.forecast,
-                allocations: None,
+                job_table: None,
             },
             self.now,
         )

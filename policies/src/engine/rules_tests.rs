@@ -43,7 +43,7 @@ impl Sim {
                 prior: &self.state,
                 policy: &self.policy,
                 forecast: &self.forecast,
-                allocations: None,
+                job_table: None,
             },
             t0() + at,
         );

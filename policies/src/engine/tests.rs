@@ -137,26 +137,26 @@ fn run(
     now: Timestamp,
 ) -> Plan {
     let forecast = crate::Forecast::default();
-    let with = |allocations| Inputs {
+    let with = |job_table| Inputs {
         site,
         snapshot: snap,
         jobs,
         prior,
         policy,
         forecast: &forecast,
-        allocations,
+        job_table,
     };
-    // the jobs' GPUs resolved at the edge (as the job registry does) give the same plan
-    // as resolved by the evaluation, and ones made for other jobs are not used
-    let resolved = crate::Allocations::new(site, jobs);
+    // the jobs resolved at the edge (as the job registry does) give the same plan as
+    // resolved by the evaluation, and a table made for other jobs is not used
+    let resolved = crate::JobTable::new(site, jobs);
     let plan = evaluate(&with(Some(&resolved)), now);
-    assert_eq!(plan, evaluate(&with(None), now), "allocations given or not");
+    assert_eq!(plan, evaluate(&with(None), now), "job table given or not");
     if let Some((_, fewer)) = jobs.split_last() {
-        let other = crate::Allocations::new(site, fewer);
+        let other = crate::JobTable::new(site, fewer);
         assert_eq!(
             plan,
             evaluate(&with(Some(&other)), now),
-            "other jobs' allocations"
+            "other jobs' table"
         );
     }
     plan
@@ -1052,5 +1052,34 @@ fn caps_of_a_job_that_started_under_them_are_held_while_lifting_them_could_overs
             "tick {tick}: rack r1 draws {w:.0} W over its 1200 W"
         );
         assert_eq!(state.caps.len(), 4, "tick {tick}: {:?}", state.caps);
+    }
+}
+
+#[test]
+fn the_job_table_finds_jobs_by_id_also_where_their_ids_share_a_hash() {
+    let site = site();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+    let jobs = vec![
+        job("a", 1, &gpus[0..2]),
+        job("b", 1, &gpus[2..3]),
+        job("a", 2, &gpus[5..6]),
+    ];
+    let table = crate::JobTable::new(&site, &jobs);
+    assert_eq!(table.of(1).collect::<Vec<_>>(), [2]);
+    assert_eq!(table.position(&jobs, "b"), Some(1));
+    assert_eq!(
+        table.position(&jobs, "a"),
+        Some(0),
+        "the first of a listed twice"
+    );
+    assert_eq!(table.position(&jobs, "c"), None);
+    // every id with one hash: found by a scan, never mistaken for another
+    let shared = crate::index::JobTable::with_one_hash(&site, &jobs);
+    for id in ["a", "b", "c"] {
+        assert_eq!(
+            shared.position_one_hash(&jobs, id),
+            table.position(&jobs, id),
+            "{id}"
+        );
     }
 }

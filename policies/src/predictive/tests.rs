@@ -208,7 +208,7 @@ fn run(events: &[(usize, Event)], start_demand_w: f64) -> (f64, State) {
                 prior: &state,
                 policy: &policy,
                 forecast: &Forecast::default(),
-                allocations: None,
+                job_table: None,
             },
             now,
         );
@@ -268,7 +268,7 @@ fn a_capacity_drop_changes_the_prediction_within_one_tick() {
                 prior,
                 policy: &policy,
                 forecast: &Forecast::default(),
-                allocations: None,
+                job_table: None,
             },
             now,
         )

@@ -151,7 +151,7 @@ fn step(
             prior,
             policy,
             forecast: fc,
-            allocations: None,
+            job_table: None,
         },
         now,
     )
@@ -532,7 +532,7 @@ fn step_billed(
             prior,
             policy,
             forecast: fc,
-            allocations: None,
+            job_table: None,
         },
         now,
     )

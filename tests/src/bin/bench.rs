@@ -678,8 +678,9 @@ fn bench_engine() {
             rank[2 * i] = (r << 33) + i64::from(j.priority);
             rank[2 * i + 1] = (r << 33) + i64::from(j.priority);
         }
-        // the jobs' GPUs resolved at the edge, as the job registry does when its jobs change
-        let allocations = policies::Allocations::new(&site, &jobs);
+        // the jobs resolved at the edge (their GPUs, their ids), as the job registry does
+        // when its jobs change
+        let job_table = policies::JobTable::new(&site, &jobs);
         let mut times = Vec::new();
         for i in 0..runs.max(1) {
             let t = Instant::now();
@@ -691,7 +692,7 @@ fn bench_engine() {
                     prior: &prior,
                     policy: &policy,
                     forecast: &forecast,
-                    allocations: Some(&allocations),
+                    job_table: Some(&job_table),
                 },
                 now + 10.0 * i as f64,
             );
