@@ -238,6 +238,12 @@ fn default_log_filter() -> &'static str {
     }
 }
 
+/// jemalloc, not the system allocator: each tick allocates and frees the engine's
+/// working state (per GPU at 100,000 GPUs and more), and glibc's malloc fragments under
+/// that (docs/performance.md: peak memory and time at 1,000,000 GPUs).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     agent::logs::init(default_log_filter());
     let cli = Cli::parse();

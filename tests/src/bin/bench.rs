@@ -416,6 +416,12 @@ fn bench_backtest() {
     println!("  peak RSS: {:.1} MB", peak_rss_mb());
 }
 
+/// jemalloc, not the system allocator: each tick allocates and frees the engine's
+/// working state (per GPU at 100,000 GPUs and more), and glibc's malloc fragments under
+/// that (docs/performance.md: peak memory and time at 1,000,000 GPUs).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("backtest") => bench_backtest(),
