@@ -246,10 +246,6 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
     for (i, g) in gpus.iter().enumerate() {
         per_rack[g.rack_index].push(i, 1.0);
     }
-    let mut per_node: Vec<Members> = vec![Members::default(); site.nodes.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        per_node[g.node_index].push(i, 1.0);
-    }
     for (r, members) in site.racks.iter().zip(&per_rack) {
         out.push(Scope {
             entity: EntityId::rack(&r.id),
@@ -274,7 +270,13 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         .collect();
     let mut on_branch: std::collections::HashMap<(&str, &str), Vec<(usize, f64)>> =
         std::collections::HashMap::new();
+    // each node's GPUs, for the branch circuits (made only where there are some)
+    let mut per_node: Vec<Members> = Vec::new();
     if !branch_of.is_empty() {
+        per_node = vec![Members::default(); site.nodes.len()];
+        for (i, g) in gpus.iter().enumerate() {
+            per_node[g.node_index].push(i, 1.0);
+        }
         for (n, node) in site.nodes.iter().enumerate() {
             let share = 1.0 / node.outlets.len().max(1) as f64;
             for o in &node.outlets {
