@@ -246,10 +246,6 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
     for (i, g) in gpus.iter().enumerate() {
         per_rack[g.rack_index].push(i, 1.0);
     }
-    let mut per_node: Vec<Members> = vec![Members::default(); site.nodes.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        per_node[g.node_index].push(i, 1.0);
-    }
     for (r, members) in site.racks.iter().zip(&per_rack) {
         out.push(Scope {
             entity: EntityId::rack(&r.id),
@@ -274,7 +270,13 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         .collect();
     let mut on_branch: std::collections::HashMap<(&str, &str), Vec<(usize, f64)>> =
         std::collections::HashMap::new();
+    // each node's GPUs, for the branch circuits (made only where there are some)
+    let mut per_node: Vec<Members> = Vec::new();
     if !branch_of.is_empty() {
+        per_node = vec![Members::default(); site.nodes.len()];
+        for (i, g) in gpus.iter().enumerate() {
+            per_node[g.node_index].push(i, 1.0);
+        }
         for (n, node) in site.nodes.iter().enumerate() {
             let share = 1.0 / node.outlets.len().max(1) as f64;
             for o in &node.outlets {
@@ -609,13 +611,22 @@ impl PerGpu<'_, '_> {
         // the sums start from -0.0, as `Iterator::sum` of f64 does
         let (mut gpu_draw, mut demand, mut positive, mut unsure_w, mut starting_w) =
             (-0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64);
-        for (i, share) in members.iter() {
-            let d = limit(i, share, wanted).demand_w;
-            gpu_draw += self.draws[i] * share;
-            demand += d;
-            positive += d.max(0.0);
-            unsure_w += self.unsure[i] * share;
-            starting_w += self.extra_w[i] * share;
+        for &(a, b, share) in &members.0 {
+            let (a, b) = (a as usize, b as usize);
+            let runs = self.claims[a..b]
+                .iter()
+                .zip(&wanted[a..b])
+                .zip(&self.draws[a..b])
+                .zip(&self.unsure[a..b])
+                .zip(&self.extra_w[a..b]);
+            for ((((c, w), draw), unsure), extra) in runs {
+                let d = w.as_ref().map_or(c.demand_w, |w| w.watts.min(c.demand_w)) * share;
+                gpu_draw += draw * share;
+                demand += d;
+                positive += d.max(0.0);
+                unsure_w += unsure * share;
+                starting_w += extra * share;
+            }
         }
         let limited = || -> Vec<Claim> {
             members
@@ -954,21 +965,27 @@ fn place_starting(
     // the headroom of each idle GPU's tightest scope
     let mut tightest = vec![f64::INFINITY; gpus.len()];
     for (scope, obs) in scopes.iter().zip(measured) {
-        let gpu_draw: f64 = scope.members.iter().map(|(i, s)| draws[i] * s).sum();
-        let demand: f64 = scope
-            .members
-            .iter()
-            .map(|(i, s)| claims[i].demand_w * s)
-            .sum();
+        // the sums start from -0.0, as `Iterator::sum` of f64 does
+        let (mut gpu_draw, mut demand) = (-0.0_f64, -0.0_f64);
+        for &(a, b, share) in &scope.members.0 {
+            let (a, b) = (a as usize, b as usize);
+            for (d, c) in draws[a..b].iter().zip(&claims[a..b]) {
+                gpu_draw += d * share;
+                demand += c.demand_w * share;
+            }
+        }
         let headroom = scope.budget_kw * 1000.0 * (1.0 - rule.margin)
             - other_w(*obs, scope.base_w, gpu_draw)
             - demand;
-        for (i, _) in scope.members.iter() {
-            tightest[i] = tightest[i].min(headroom);
+        for &(a, b, _) in &scope.members.0 {
+            for t in &mut tightest[a as usize..b as usize] {
+                *t = t.min(headroom);
+            }
         }
     }
     let mut idle: Vec<usize> = (0..gpus.len()).filter(|&i| free[i]).collect();
-    idle.sort_by(|&a, &b| tightest[a].total_cmp(&tightest[b]).then(a.cmp(&b)));
+    // no two GPUs compare equal: the unstable sort gives the one order
+    idle.sort_unstable_by(|&a, &b| tightest[a].total_cmp(&tightest[b]).then(a.cmp(&b)));
     let mut out = Vec::new();
     let mut next = 0;
     for j in queued {

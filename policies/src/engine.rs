@@ -640,6 +640,8 @@ fn cap_decisions(
     let mut groups: Groups = Vec::new();
     let mut at: std::collections::HashMap<(&str, &str, Option<i64>), usize> =
         std::collections::HashMap::new();
+    // the group of the GPU before (a rack's GPUs come together and mostly share one)
+    let mut last: Option<usize> = None;
     for ((g, old), new) in all.iter().zip(prior).zip(next) {
         let (old, new) = (*old, new.as_ref());
         let changed = match (old, new) {
@@ -656,13 +658,27 @@ fn cap_decisions(
             rule,
             new.map(|c| (c.watts * 10.0).round() as i64),
         );
-        match at.get(&key) {
-            Some(&i) => groups[i].2.push(EntityId::clone(&g.id)),
+        // the same rack (by index: no id compared), rule and value as the GPU before
+        let same = |&i: &usize| {
+            let ((_, r, w), rack, _) = &groups[i];
+            *rack == g.rack_index && *r == rule && *w == key.2
+        };
+        if let Some(i) = last.filter(same) {
+            groups[i].2.push(EntityId::clone(&g.id));
+            continue;
+        }
+        let i = match at.get(&key) {
+            Some(&i) => {
+                groups[i].2.push(EntityId::clone(&g.id));
+                i
+            }
             None => {
                 at.insert(key, groups.len());
                 groups.push((key, g.rack_index, vec![EntityId::clone(&g.id)]));
+                groups.len() - 1
             }
-        }
+        };
+        last = Some(i);
     }
     for ((rack, rule, watts), rack_index, gpus) in groups {
         let (values, reason, release_text) = why
