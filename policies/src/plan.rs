@@ -255,6 +255,25 @@ impl RuleMemories {
         }
     }
 
+    /// [`RuleMemories::with_capacity`] for a rule over GPUs: room for the GPUs'
+    /// positions as well (see [`RuleMemories::push_gpu`]).
+    pub(crate) fn with_capacity_gpus(n: usize) -> Self {
+        RuleMemories {
+            entries: Vec::with_capacity(n),
+            gpus: Vec::with_capacity(n),
+        }
+    }
+
+    /// Gives back room reserved for many more targets than were kept.
+    pub(crate) fn shrink_if_sparse(&mut self) {
+        if self.entries.len() < self.entries.capacity() / 2 {
+            self.entries.shrink_to_fit();
+        }
+        if self.gpus.len() < self.gpus.capacity() / 2 {
+            self.gpus.shrink_to_fit();
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

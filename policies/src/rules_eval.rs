@@ -505,7 +505,16 @@ pub fn run(
         now,
         wants: Wants::default(),
         // in target order, as the next evaluation visits them
-        next: RuleMemories::with_capacity(memory.len()),
+        next: match rule.scope {
+            // room for the GPUs' positions too; with no prior memory (the first
+            // evaluation), for every GPU rather than a list grown by doubling (room
+            // never written to is not made resident)
+            ScopeKind::Gpu if memory.is_empty() => {
+                RuleMemories::with_capacity_gpus(index.gpus.len())
+            }
+            ScopeKind::Gpu => RuleMemories::with_capacity_gpus(memory.len()),
+            _ => RuleMemories::with_capacity(memory.len()),
+        },
         explained: vec![false; index.site.racks.len()],
         by_gpu: false,
         prior: memory.entries(),
@@ -557,6 +566,7 @@ pub fn run(
             }
         }
     }
+    visit.next.shrink_if_sparse();
     (visit.wants, visit.next)
 }
 
