@@ -429,6 +429,8 @@ fn budget_wants<'r, 'k>(
     // rack under many scopes of a kind (its branches, say) keeps the first one's, so
     // the others need no search of `why`
     let mut seen = vec![0u8; rack_scopes.len()];
+    // (key, explanation, whether it replaces one already there)
+    let mut made = Vec::new();
     for (k, v) in views.iter().enumerate() {
         let (rule, bit) = match v.scope.kind {
             telemetry::EntityKind::Site => ("budget.facility", 0),
@@ -449,7 +451,7 @@ fn budget_wants<'r, 'k>(
                 }
                 _ => Cow::Owned(v.scope.to_string()),
             };
-            why.insert((rule, name), Explain::Budget(set, k));
+            made.push(((rule, name), Explain::Budget(set, k), true));
         } else {
             // cap decisions are grouped by rack: explain each rack by its scope
             for &r in &v.racks {
@@ -457,8 +459,24 @@ fn budget_wants<'r, 'k>(
                     continue;
                 }
                 seen[r] |= bit;
-                why.entry((rule, Cow::Borrowed(rack_scopes[r].as_str())))
-                    .or_insert(Explain::Budget(set, k));
+                made.push((
+                    (rule, Cow::Borrowed(rack_scopes[r].as_str())),
+                    Explain::Budget(set, k),
+                    false,
+                ));
+            }
+        }
+    }
+    if why.is_empty() {
+        // made in one go (a key made twice keeps the last, as `insert` does; those that
+        // do not replace are made once each)
+        *why = made.into_iter().map(|(key, e, _)| (key, e)).collect();
+    } else {
+        for (key, e, replace) in made {
+            if replace {
+                why.insert(key, e);
+            } else {
+                why.entry(key).or_insert(e);
             }
         }
     }
