@@ -425,15 +425,21 @@ fn budget_wants<'r, 'k>(
             offer(target, i, w.watts, w.rule, policy.budget.lease_s);
         }
     }
+    // the racks each rule grouped by rack has explained in this call, a bit per rule: a
+    // rack under many scopes of a kind (its branches, say) keeps the first one's, so
+    // the others need no search of `why`
+    let mut seen = vec![0u8; rack_scopes.len()];
+    // (key, explanation, whether it replaces one already there)
+    let mut made = Vec::new();
     for (k, v) in views.iter().enumerate() {
-        let rule = match v.scope.kind {
-            telemetry::EntityKind::Site => "budget.facility",
-            telemetry::EntityKind::Rack => "budget.rack",
-            telemetry::EntityKind::Branch => "budget.branch",
-            telemetry::EntityKind::Pdu => "budget.pdu",
-            telemetry::EntityKind::Row => "budget.row",
-            telemetry::EntityKind::Room => "budget.room",
-            _ => "budget.feed",
+        let (rule, bit) = match v.scope.kind {
+            telemetry::EntityKind::Site => ("budget.facility", 0),
+            telemetry::EntityKind::Rack => ("budget.rack", 0),
+            telemetry::EntityKind::Branch => ("budget.branch", 1),
+            telemetry::EntityKind::Pdu => ("budget.pdu", 2),
+            telemetry::EntityKind::Row => ("budget.row", 4),
+            telemetry::EntityKind::Room => ("budget.room", 8),
+            _ => ("budget.feed", 16),
         };
         if rule == "budget.facility" || rule == "budget.rack" {
             // a rack's scope name is made once per evaluation
@@ -445,12 +451,32 @@ fn budget_wants<'r, 'k>(
                 }
                 _ => Cow::Owned(v.scope.to_string()),
             };
-            why.insert((rule, name), Explain::Budget(set, k));
+            made.push(((rule, name), Explain::Budget(set, k), true));
         } else {
             // cap decisions are grouped by rack: explain each rack by its scope
             for &r in &v.racks {
-                why.entry((rule, Cow::Borrowed(rack_scopes[r].as_str())))
-                    .or_insert(Explain::Budget(set, k));
+                if seen[r] & bit != 0 {
+                    continue;
+                }
+                seen[r] |= bit;
+                made.push((
+                    (rule, Cow::Borrowed(rack_scopes[r].as_str())),
+                    Explain::Budget(set, k),
+                    false,
+                ));
+            }
+        }
+    }
+    if why.is_empty() {
+        // made in one go (a key made twice keeps the last, as `insert` does; those that
+        // do not replace are made once each)
+        *why = made.into_iter().map(|(key, e, _)| (key, e)).collect();
+    } else {
+        for (key, e, replace) in made {
+            if replace {
+                why.insert(key, e);
+            } else {
+                why.entry(key).or_insert(e);
             }
         }
     }
