@@ -85,15 +85,18 @@ impl JobRegistry {
     /// allocated GPUs and ids resolved): made again only after the jobs changed, or for
     /// another site.
     pub fn active_on(&mut self, site: &Site) -> (&[Job], &JobTable) {
-        let fits = self
+        if !self
             .table
             .as_ref()
-            .is_some_and(|a| a.fits(site, &self.active));
-        if !fits {
-            self.table = Some(JobTable::new(site, &self.active));
+            .is_some_and(|t| t.fits(site, &self.active))
+        {
+            self.table = None;
         }
-        let table = self.table.get_or_insert_with(JobTable::default);
-        (&self.active, table)
+        let active = &self.active;
+        let table = self
+            .table
+            .get_or_insert_with(|| JobTable::new(site, active));
+        (active, table)
     }
 
     pub fn get(&self, id: &str) -> Option<&Job> {

@@ -75,7 +75,7 @@ impl Iterator for GpuTargets<'_, '_> {
 /// [`Inputs::job_table`](crate::Inputs::job_table), so no evaluation looks up its jobs'
 /// GPU names or walks every job to find a held one; an evaluation given none (or one made
 /// for another site or another number of jobs) makes its own.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct JobTable {
     start: Vec<u32>,
     gpus: Vec<u32>,
@@ -84,6 +84,8 @@ pub struct JobTable {
     by_id: FnvMap<u64, u32>,
     /// The GPU table of the site it was made for.
     table: Option<Arc<GpuIds>>,
+    /// The hash of `by_id` (FNV; another only in a test of ids that share one).
+    hash: fn(&str) -> u64,
 }
 
 impl PartialEq for JobTable {
@@ -132,6 +134,7 @@ impl JobTable {
             gpus,
             by_id,
             table: site.gpu_table().cloned(),
+            hash,
         }
     }
 
@@ -139,15 +142,6 @@ impl JobTable {
     pub fn fits(&self, site: &Site, jobs: &[Job]) -> bool {
         self.start.len() == jobs.len() + 1
             && matches!((&self.table, site.gpu_table()), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
-    }
-
-    /// How many jobs this is for.
-    pub fn len(&self) -> usize {
-        self.start.len().saturating_sub(1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The GPU indexes of job `j` (its position in the list).
@@ -159,24 +153,13 @@ impl JobTable {
     /// The position in `jobs` (the list this table was made for) of the job with this
     /// id (the first one, if the list has it twice).
     pub fn position(&self, jobs: &[Job], id: &str) -> Option<usize> {
-        self.position_hashed(jobs, id, id_hash)
-    }
-
-    /// A table whose ids all share one hash (to test the scan).
-    #[cfg(test)]
-    pub(crate) fn with_one_hash(site: &Site, jobs: &[Job]) -> JobTable {
-        Self::with_hash(site, jobs, |_| 7)
-    }
-
-    #[cfg(test)]
-    pub(crate) fn position_one_hash(&self, jobs: &[Job], id: &str) -> Option<usize> {
-        self.position_hashed(jobs, id, |_| 7)
+        self.positions(jobs, id).next()
     }
 
     /// Every position in `jobs` of a job with this id (one, unless the list has it more
     /// than once).
     pub fn positions<'j>(&self, jobs: &'j [Job], id: &'j str) -> impl Iterator<Item = usize> + 'j {
-        let (one, scan) = match self.by_id.get(&id_hash(id)) {
+        let (one, scan) = match self.by_id.get(&(self.hash)(id)) {
             None => (None, false),
             Some(&Self::SHARED) => (None, true),
             Some(&p) => (
@@ -194,15 +177,10 @@ impl JobTable {
         one.into_iter().chain(scanned)
     }
 
-    fn position_hashed(&self, jobs: &[Job], id: &str, hash: fn(&str) -> u64) -> Option<usize> {
-        match self.by_id.get(&hash(id)) {
-            None => None,
-            Some(&Self::SHARED) => jobs.iter().position(|j| j.id == id),
-            Some(&p) => jobs
-                .get(p as usize)
-                .filter(|j| j.id == id)
-                .map(|_| p as usize),
-        }
+    /// A table whose ids all share one hash (to test the scan).
+    #[cfg(test)]
+    pub(crate) fn with_one_hash(site: &Site, jobs: &[Job]) -> JobTable {
+        Self::with_hash(site, jobs, |_| 7)
     }
 }
 
@@ -220,12 +198,6 @@ impl<'a> Index<'a> {
         }
     }
 
-    /// The index with the evaluation's jobs, whose allocations it looks up once.
-    pub fn with_jobs(mut self, jobs: &'a [Job]) -> Self {
-        self.jobs = Some(jobs);
-        self
-    }
-
     /// The index with the evaluation's jobs and their table made at the edge (used
     /// where it fits the jobs and the site, else made anew on first use).
     pub fn with_job_table(mut self, jobs: &'a [Job], given: Option<&'a JobTable>) -> Self {
@@ -241,11 +213,15 @@ impl<'a> Index<'a> {
 
     /// The table of the evaluation's jobs (see [`Index::allocations`]).
     pub fn job_table(&self) -> Option<&JobTable> {
-        let own = self.jobs?;
-        Some(self.given.unwrap_or_else(|| {
+        self.jobs.map(|own| self.table_of(own))
+    }
+
+    /// The table given for the evaluation's jobs `own`, else made once.
+    fn table_of(&self, own: &[Job]) -> &JobTable {
+        self.given.unwrap_or_else(|| {
             self.allocations
                 .get_or_init(|| JobTable::new(self.site, own))
-        }))
+        })
     }
 
     /// The position among the evaluation's jobs of the job with this id.
@@ -255,15 +231,12 @@ impl<'a> Index<'a> {
     }
 
     /// The jobs' table (their allocations as GPU indexes): for the evaluation's jobs
-    /// ([`Index::with_jobs`]) given or made once and kept, so each job's GPU names are
+    /// ([`Index::with_job_table`]) given or made once and kept, so each job's GPU names are
     /// looked up once per evaluation and not by every controller and rule that reads
     /// them; for another list made anew.
     pub fn allocations(&self, jobs: &[Job]) -> Cow<'_, JobTable> {
         match self.jobs {
-            Some(own) if std::ptr::eq(own, jobs) => match self.job_table() {
-                Some(t) => Cow::Borrowed(t),
-                None => Cow::Owned(JobTable::new(self.site, jobs)),
-            },
+            Some(own) if std::ptr::eq(own, jobs) => Cow::Borrowed(self.table_of(own)),
             _ => Cow::Owned(JobTable::new(self.site, jobs)),
         }
     }

@@ -122,8 +122,6 @@ pub fn peak_target(
 /// The planned start of every job the price rule holds for a planned start.
 pub type PlannedStarts = BTreeMap<String, Timestamp>;
 
-/// The holds in force, found by job id in a hash map over the held jobs: every job is
-/// looked up, most of them not held, and the ordered map compares ids all the way down.
 /// The prior hold of each job, by the job's position in the list (each held id found
 /// once in the jobs' table, not every job's id looked up).
 struct Held<'a>(Vec<Option<&'a Hold>>);

@@ -1077,7 +1077,7 @@ fn the_job_table_finds_jobs_by_id_also_where_their_ids_share_a_hash() {
     let shared = crate::index::JobTable::with_one_hash(&site, &jobs);
     for id in ["a", "b", "c"] {
         assert_eq!(
-            shared.position_one_hash(&jobs, id),
+            shared.position(&jobs, id),
             table.position(&jobs, id),
             "{id}"
         );
