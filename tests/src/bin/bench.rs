@@ -24,10 +24,11 @@
 //!   release `serve` replicas on a Redis of its own, N times: the time until the next
 //!   leader's first tick, median and max, and the ticks lost (see `bench/failover.rs`).
 //!
-//! - `bench engine [--gpus N,N,...] [--runs R]`: one policy evaluation on a synthetic
-//!   site, beside a reference kernel (every GPU's readings by slot and a sort by cut
-//!   order): `kernel_ms`, `ratio` (evaluation ÷ kernel) and the growth from the smallest
-//!   size.
+//! - `bench engine [--gpus N,N,...] [--runs R] [--plans FILE]`: one policy evaluation on a
+//!   synthetic site, beside a reference kernel (every GPU's readings by slot and a sort by
+//!   cut order): `kernel_ms`, `ratio` (evaluation ÷ kernel) and the growth from the
+//!   smallest size; `--plans` writes each evaluation's plan as a JSON line to `FILE.GPUS`
+//!   (outside the timing: `scripts/identity` compares them across builds).
 //!
 //! - `bench latency [--nodes N] [--steps S] [--shards K]`: the release `serve` with
 //!   `tick_s = 15` on N nodes of 8 GPUs, N simulated agents (the real agent core, K
@@ -438,7 +439,7 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
         }
@@ -522,6 +523,14 @@ select = { class = "batch", deferrable = true }
 when = "price > price.cheapest_before_deadline"
 action = { hold = true }
 "#;
+
+/// `bench engine --plans FILE`: the file the plans of the evaluations at `gpus` GPUs
+/// are written to (`FILE.GPUS`), where asked for.
+fn plans_file(gpus: usize) -> Option<std::io::BufWriter<std::fs::File>> {
+    let path = std::env::args().skip_while(|a| a != "--plans").nth(1)?;
+    let file = std::fs::File::create(format!("{path}.{gpus}")).expect("create --plans file");
+    Some(std::io::BufWriter::new(file))
+}
 
 fn vm_hwm_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -687,6 +696,9 @@ fn bench_engine() {
         // the jobs resolved at the edge (their GPUs, their ids), as the job registry does
         // when its jobs change
         let job_table = policies::JobTable::new(&site, &jobs);
+        // `--plans FILE`: every evaluation's whole plan, one JSON line each (outside the
+        // timing), to check that a change to the engine leaves its output as it was
+        let mut plans = plans_file(gpus);
         let mut times = Vec::new();
         for i in 0..runs.max(1) {
             let t = Instant::now();
@@ -703,6 +715,11 @@ fn bench_engine() {
                 now + 10.0 * i as f64,
             );
             times.push(t.elapsed().as_secs_f64() * 1000.0);
+            if let Some(f) = plans.as_mut() {
+                use std::io::Write;
+                serde_json::to_writer(&mut *f, &plan).expect("plan as JSON");
+                writeln!(f).expect("write plans");
+            }
             prior = plan.state;
         }
         let mut kernel = Vec::new();
