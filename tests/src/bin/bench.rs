@@ -24,11 +24,12 @@
 //!   release `serve` replicas on a Redis of its own, N times: the time until the next
 //!   leader's first tick, median and max, and the ticks lost (see `bench/failover.rs`).
 //!
-//! - `bench engine [--gpus N,N,...] [--runs R] [--plans FILE]`: one policy evaluation on a
-//!   synthetic site, beside a reference kernel (every GPU's readings by slot and a sort by
+//! - `bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS]`: one policy
+//!   evaluation on a synthetic site, beside a reference kernel (every GPU's readings by slot and a sort by
 //!   cut order): `kernel_ms`, `ratio` (evaluation ÷ kernel) and the growth from the
 //!   smallest size; `--plans` writes each evaluation's plan as a JSON line to `FILE.GPUS`
-//!   (outside the timing: `scripts/identity` compares them across builds).
+//!   (outside the timing: `scripts/identity` compares them across builds); `--at` fixes the
+//!   time (Unix milliseconds) in place of now.
 //!
 //! - `bench latency [--nodes N] [--steps S] [--shards K]`: the release `serve` with
 //!   `tick_s = 15` on N nodes of 8 GPUs, N simulated agents (the real agent core, K
@@ -439,7 +440,7 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
         }
@@ -578,7 +579,12 @@ fn bench_engine() {
         let t = Instant::now();
         let site = telemetry::Site::parse("bench.toml", &text).expect("bench site");
         let policy = policies::Policy::parse("policy.toml", ENGINE_POLICY).expect("bench policy");
-        let now = powerplane_tests_now();
+        // `--at MILLIS`: a fixed time (Unix milliseconds) for runs to compare
+        let now = std::env::args()
+            .skip_while(|a| a != "--at")
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .map_or_else(powerplane_tests_now, Timestamp);
         let mut snap = Snapshot::new();
         snap.register(&site.snapshot_order());
         let mut rng = 0x2545_f491_4f6c_dd1du64;
