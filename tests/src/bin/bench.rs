@@ -24,12 +24,16 @@
 //!   release `serve` replicas on a Redis of its own, N times: the time until the next
 //!   leader's first tick, median and max, and the ticks lost (see `bench/failover.rs`).
 //!
-//! - `bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS]`: one policy
-//!   evaluation on a synthetic site, beside a reference kernel (every GPU's readings by slot and a sort by
-//!   cut order): `kernel_ms`, `ratio` (evaluation ÷ kernel) and the growth from the
-//!   smallest size; `--plans` writes each evaluation's plan as a JSON line to `FILE.GPUS`
-//!   (outside the timing: `scripts/identity` compares them across builds); `--at` fixes the
-//!   time (Unix milliseconds) in place of now.
+//! - `bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale]`: one
+//!   policy evaluation on a synthetic site, ticks 10 s apart with every reading taken anew
+//!   before each (outside the timing), each paired with a reference kernel on the same
+//!   readings (every GPU's readings by slot and a sort by cut order): `kernel_ms`, `ratio`
+//!   (evaluation median ÷ kernel median) and the growth from the smallest size;
+//!   `--stale` takes the readings once, before the first tick, so that from the fifth
+//!   on every reading is stale (a telemetry outage: the rules assume the worst);
+//!   `--plans` writes each evaluation's plan as a JSON line to `FILE.GPUS` (outside the
+//!   timing: `scripts/identity` compares them across builds); `--at` fixes the time (Unix
+//!   milliseconds) in place of now.
 //!
 //! - `bench latency [--nodes N] [--steps S] [--shards K]`: the release `serve` with
 //!   `tick_s = 15` on N nodes of 8 GPUs, N simulated agents (the real agent core, K
@@ -440,7 +444,7 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
         }
@@ -595,45 +599,31 @@ fn bench_engine() {
             (rng % 10_000) as f64 / 10_000.0
         };
         let all = site.gpus();
+        // every GPU's power and temperature, every rack's power and inlet, the price:
+        // read at each evaluation's time (as a tick sees them), or with `--stale` only
+        // once, before the first
+        let mut readings: Vec<(telemetry::EntityId, &str, f64)> = Vec::new();
         let mut rack_w = vec![0.0; site.racks.len()];
         for g in &all {
             let w = 120.0 + 180.0 * next();
             rack_w[g.rack_index] += w;
-            snap.ingest(
-                Sample::new(telemetry::EntityId::clone(&g.id), POWER_W, w, now, "bench"),
-                now,
-            )
-            .expect("sample");
-            snap.ingest(
-                Sample::new(
-                    telemetry::EntityId::clone(&g.id),
-                    GPU_TEMP_C,
-                    50.0 + 40.0 * next(),
-                    now,
-                    "bench",
-                ),
-                now,
-            )
-            .expect("sample");
+            let id = telemetry::EntityId::clone(&g.id);
+            readings.push((id.clone(), POWER_W, w));
+            readings.push((id, GPU_TEMP_C, 50.0 + 40.0 * next()));
         }
         for (r, rack) in site.racks.iter().enumerate() {
             let id = telemetry::EntityId::rack(&rack.id);
-            snap.ingest(
-                Sample::new(id.clone(), POWER_W, rack_w[r] + 2000.0, now, "bench"),
-                now,
-            )
-            .expect("sample");
-            snap.ingest(
-                Sample::new(id, INLET_TEMP_C, 22.0 + 10.0 * next(), now, "bench"),
-                now,
-            )
-            .expect("sample");
+            readings.push((id.clone(), POWER_W, rack_w[r] + 2000.0));
+            readings.push((id, INLET_TEMP_C, 22.0 + 10.0 * next()));
         }
-        snap.ingest(
-            Sample::new(site.site_entity(), PRICE_PER_KWH, 0.3, now, "bench"),
-            now,
-        )
-        .expect("sample");
+        readings.push((site.site_entity(), PRICE_PER_KWH, 0.3));
+        let read_at = |snap: &mut Snapshot, at: Timestamp| {
+            for (id, metric, value) in &readings {
+                snap.ingest(Sample::new(id.clone(), metric, *value, at, "bench"), at)
+                    .expect("sample");
+            }
+        };
+        read_at(&mut snap, now);
         // half the jobs run on two GPUs each; the rest wait, most of them deferrable batch
         let njobs = gpus / 2;
         let running = njobs * 4 / 5;
@@ -705,8 +695,15 @@ fn bench_engine() {
         // `--plans FILE`: every evaluation's whole plan, one JSON line each (outside the
         // timing), to check that a change to the engine leaves its output as it was
         let mut plans = plans_file(gpus);
+        let stale = std::env::args().any(|a| a == "--stale");
         let mut times = Vec::new();
+        let mut kernel = Vec::new();
+        let mut checksum = 0.0;
         for i in 0..runs.max(1) {
+            let at = now + 10.0 * i as f64;
+            if i > 0 && !stale {
+                read_at(&mut snap, at);
+            }
             let t = Instant::now();
             let plan = policies::evaluate(
                 &policies::Inputs {
@@ -718,22 +715,19 @@ fn bench_engine() {
                     forecast: &forecast,
                     job_table: Some(&job_table),
                 },
-                now + 10.0 * i as f64,
+                at,
             );
             times.push(t.elapsed().as_secs_f64() * 1000.0);
+            // the reference kernel on the same readings, paired with the evaluation
+            let t = Instant::now();
+            checksum += reference_kernel(&site, &snap, &rank, at);
+            kernel.push(t.elapsed().as_secs_f64() * 1000.0);
             if let Some(f) = plans.as_mut() {
                 use std::io::Write;
                 serde_json::to_writer(&mut *f, &plan).expect("plan as JSON");
                 writeln!(f).expect("write plans");
             }
             prior = plan.state;
-        }
-        let mut kernel = Vec::new();
-        let mut checksum = 0.0;
-        for i in 0..runs.max(1) {
-            let t = Instant::now();
-            checksum += reference_kernel(&site, &snap, &rank, now + 10.0 * i as f64);
-            kernel.push(t.elapsed().as_secs_f64() * 1000.0);
         }
         let median = |v: &[f64]| {
             let mut s = v.to_vec();
