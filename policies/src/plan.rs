@@ -70,7 +70,8 @@ pub struct RuleMemory {
     pub active: bool,
     /// When it last switched on or off.
     pub since: Timestamp,
-    /// Since when each comparison of `when` has been true (by comparison index).
+    /// Since when each timed comparison (`… for 5m`) of `when` has been true (by
+    /// comparison index); an untimed one needs no timer and has none.
     #[serde(default, skip_serializing_if = "Timers::is_empty")]
     pub when_true: Timers,
     #[serde(default, skip_serializing_if = "Timers::is_empty")]
@@ -84,7 +85,7 @@ pub struct RuleMemory {
     pub done: bool,
 }
 
-/// Since when each comparison of a condition has been true, by the comparison's index
+/// Since when each timed comparison of a condition has been true, by the comparison's index
 /// in the condition. In JSON a map (`{"0": "2024-06-03T06:00:00Z"}`); in memory the
 /// first [`Timers::INLINE`] comparisons sit in place (a duration is most often on the
 /// first or second comparison of a condition), so the memory of a rule over every GPU

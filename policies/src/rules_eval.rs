@@ -380,7 +380,13 @@ impl Ctx<'_, '_> {
                 let b = self.operand(&x.rhs, entity, gpus, job);
                 match (a, b) {
                     (Val::Ok(a), Val::Ok(b)) => {
-                        if x.op.apply(a, b) {
+                        if x.op.apply(a, b) && x.for_s <= 0.0 {
+                            // true at once: nothing to time, so no timer is kept (the
+                            // memory holds only what a later decision reads; one left
+                            // by an older build is dropped)
+                            timers.remove(x.id);
+                            Tri::True
+                        } else if x.op.apply(a, b) {
                             let since = timers.start(x.id, self.now);
                             if self.now.secs_since(since) + 1e-6 >= x.for_s {
                                 Tri::True

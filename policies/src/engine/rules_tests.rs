@@ -146,6 +146,80 @@ fn a_condition_must_hold_for_its_duration_and_releases_with_hysteresis() {
     assert_eq!(sim.cap(&n1), None, "uncapped in the end");
 }
 
+/// The rule memory holds only what a later decision reads: timers for the timed
+/// comparisons, the state of the targets where the rule is on. An untimed comparison
+/// needs no timer, and a target where nothing is timed and the rule is off has no entry
+/// (a timer left by an older build is dropped); the decisions are the same.
+#[test]
+fn rule_memory_keeps_only_timed_comparisons_and_active_targets() {
+    let rules = r#"
+[[rules]]
+name = "hot"
+scope = "rack"
+select = { name = "r1" }
+when = "inlet_temp_c > 30 for 60s and inlet_temp_c < 40"
+release = "inlet_temp_c < 28"
+action = { cap_pct = 80 }
+"#;
+    let mut sim = Sim::new(policy(rules));
+    let s = |t: f64, at: f64| inlets(&site(), Some(t), 25.0, t0() + at);
+    let memory = |sim: &Sim| {
+        sim.state
+            .rules
+            .get("hot")
+            .and_then(|m| m.get("r1"))
+            .cloned()
+    };
+    // cool: the release and `when`'s second comparison are true but untimed, the
+    // timed one false: nothing to remember
+    sim.tick(&s(25.0, 0.0), &[], 0.0);
+    assert_eq!(memory(&sim), None);
+    // warm: only the timed comparison (index 0) has a timer
+    sim.tick(&s(31.0, 10.0), &[], 10.0);
+    let m = memory(&sim).expect("a timer runs");
+    assert!(!m.active);
+    assert_eq!(
+        m.when_true.iter().collect::<Vec<_>>(),
+        vec![(0, t0() + 10.0)]
+    );
+    assert!(m.release_true.is_empty());
+    // on after 60 s of the timed one
+    sim.tick(&s(31.0, 70.0), &[], 70.0);
+    let m = memory(&sim).expect("on");
+    assert!(m.active);
+    assert_eq!(m.since, t0() + 70.0);
+    // released at once (the release is untimed), then nothing is left
+    let d = sim.tick(&s(25.0, 80.0), &[], 80.0);
+    assert!(!d.is_empty(), "the release is a decision");
+    assert_eq!(memory(&sim), None);
+    // a timer an older build kept for an untimed comparison is dropped
+    let mut old = policies_memory_with_untimed_timer(t0());
+    sim.state
+        .rules
+        .insert("hot".into(), std::mem::take(&mut old));
+    sim.tick(&s(25.0, 90.0), &[], 90.0);
+    assert_eq!(memory(&sim), None);
+}
+
+/// A memory for rack r1 as an older build kept it: off, with a timer on the untimed
+/// release comparison.
+fn policies_memory_with_untimed_timer(at: Timestamp) -> crate::plan::RuleMemories {
+    let mut m = crate::plan::RuleMemories::new();
+    m.insert(
+        "r1",
+        crate::plan::RuleMemory {
+            active: false,
+            since: at,
+            when_true: crate::plan::Timers::new(),
+            release_true: [(0usize, at)].into_iter().collect(),
+            level: None,
+            level_at: at,
+            done: false,
+        },
+    );
+    m
+}
+
 #[test]
 fn min_hold_keeps_a_rule_active() {
     let mut sim = Sim::new(policy(
