@@ -57,6 +57,10 @@ enum Explain {
     /// the scope's view in it. Most scopes cap nothing: their texts are made only for
     /// the caps that change.
     Budget(usize, usize),
+    /// An SRE rule's explanation: the rule's place among the rules run and the
+    /// explanation's among its wants, made into texts only for the caps that change
+    /// (a rule over every GPU explains itself in every rack, tick after tick).
+    Rule(usize, usize),
 }
 
 /// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt), with the rack's
@@ -238,20 +242,14 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
             offer(target, g, watts, id, rule.lease_s);
         }
         let mut seen_racks: BTreeSet<usize> = BTreeSet::new();
-        for w in &wants.why {
+        for (k, w) in wants.why.iter().enumerate() {
             for &r in &w.racks {
                 // the first explanation of the rule in a rack is the one kept
                 if !seen_racks.insert(r) {
                     continue;
                 }
                 let key = (id.as_str(), Cow::Borrowed(rack_scopes[r].as_str()));
-                why.entry(key).or_insert_with(|| {
-                    Explain::Made((
-                        w.values(),
-                        format!("{}: {}", w.target, w.reason),
-                        w.release.to_string(),
-                    ))
-                });
+                why.entry(key).or_insert(Explain::Rule(rule_wants.len(), k));
             }
         }
         rule_wants.push((rule, wants));
@@ -316,6 +314,7 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
     }
     let explain = Explainer {
         why: &why,
+        rules: &rule_wants,
         budget_views: &budget_views,
         rack_scopes: &rack_scopes,
         site_scope: &site_scope,
@@ -485,6 +484,8 @@ fn budget_wants<'r, 'k>(
 /// Makes the explanation of a cap decision from what the evaluation recorded.
 struct Explainer<'a, 'k> {
     why: &'a Why<'k>,
+    /// The SRE rules' wants, as run ([`Explain::Rule`] points into them).
+    rules: &'a [(&'a Rule, rules_eval::Wants)],
     budget_views: &'a [Vec<ScopeView>],
     rack_scopes: &'a [String],
     site_scope: &'a str,
@@ -501,6 +502,14 @@ impl Explainer<'_, '_> {
         };
         Some(match self.why.get(&(rule, Cow::Borrowed(scope)))? {
             Explain::Made(e) => e.clone(),
+            Explain::Rule(r, k) => {
+                let w = &self.rules[*r].1.why[*k];
+                (
+                    w.values(),
+                    format!("{}: {}", w.target, w.reason),
+                    w.release.to_string(),
+                )
+            }
             Explain::Budget(set, k) => {
                 let v = &self.budget_views[*set][*k];
                 (
