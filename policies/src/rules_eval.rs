@@ -12,7 +12,9 @@ use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::PRICE_PER_KWH;
 use telemetry::{EntityId, EntityKind, Job, JobState, Snapshot, Timestamp};
 
-use crate::expr::{Agg, BinOp, Cond, Condition, Expr, JobField, Series, Signal, Stat, TimeField};
+use crate::expr::{
+    Agg, BinOp, Compare, Cond, Condition, Expr, JobField, Series, Signal, Stat, TimeField,
+};
 pub use crate::index::{Fnv, Index};
 use crate::plan::{RuleMemories, RuleMemory, Timers};
 use crate::rules::{OnStale, Rule, RuleAction, ScopeKind};
@@ -363,6 +365,60 @@ impl Ctx<'_, '_> {
         }
     }
 
+    /// Evaluates a condition where a rule's `when` or `release` starts: a comparison
+    /// (the most common condition) in place, anything else by [`Ctx::cond`].
+    #[inline(always)]
+    fn top(
+        &self,
+        c: &Cond,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+        timers: &mut Timers,
+    ) -> Tri {
+        match c {
+            Cond::Cmp(x) => self.compare(x, entity, gpus, job, timers),
+            _ => self.cond(c, entity, gpus, job, timers),
+        }
+    }
+
+    /// One comparison, keeping its timer (since when it has been true) up to date.
+    #[inline(always)]
+    fn compare(
+        &self,
+        x: &Compare,
+        entity: &EntityId,
+        gpus: &[usize],
+        job: Option<&Job>,
+        timers: &mut Timers,
+    ) -> Tri {
+        let a = self.operand(&x.lhs, entity, gpus, job);
+        let b = self.operand(&x.rhs, entity, gpus, job);
+        match (a, b) {
+            (Val::Ok(a), Val::Ok(b)) if !x.op.apply(a, b) => {
+                timers.remove(x.id);
+                Tri::False
+            }
+            (Val::Ok(_), Val::Ok(_)) if x.for_s <= 0.0 => {
+                // true at once: nothing to time, so no timer is kept (the memory holds
+                // only what a later decision reads; one left by an older build is
+                // dropped)
+                timers.remove(x.id);
+                Tri::True
+            }
+            (Val::Ok(_), Val::Ok(_)) => {
+                let since = timers.start(x.id, self.now);
+                if self.now.secs_since(since) + 1e-6 >= x.for_s {
+                    Tri::True
+                } else {
+                    Tri::False
+                }
+            }
+            // a stale input neither starts nor resets the timer
+            _ => Tri::Unknown,
+        }
+    }
+
     /// Evaluates a condition, keeping `timers` (since when each comparison has been
     /// true) up to date.
     #[allow(clippy::too_many_arguments)]
@@ -375,33 +431,7 @@ impl Ctx<'_, '_> {
         timers: &mut Timers,
     ) -> Tri {
         match c {
-            Cond::Cmp(x) => {
-                let a = self.operand(&x.lhs, entity, gpus, job);
-                let b = self.operand(&x.rhs, entity, gpus, job);
-                match (a, b) {
-                    (Val::Ok(a), Val::Ok(b)) => {
-                        if x.op.apply(a, b) && x.for_s <= 0.0 {
-                            // true at once: nothing to time, so no timer is kept (the
-                            // memory holds only what a later decision reads; one left
-                            // by an older build is dropped)
-                            timers.remove(x.id);
-                            Tri::True
-                        } else if x.op.apply(a, b) {
-                            let since = timers.start(x.id, self.now);
-                            if self.now.secs_since(since) + 1e-6 >= x.for_s {
-                                Tri::True
-                            } else {
-                                Tri::False
-                            }
-                        } else {
-                            timers.remove(x.id);
-                            Tri::False
-                        }
-                    }
-                    // a stale input neither starts nor resets the timer
-                    _ => Tri::Unknown,
-                }
-            }
+            Cond::Cmp(x) => self.compare(x, entity, gpus, job, timers),
             // every part is evaluated (each keeps its timers): false if one is false,
             // else unknown if one is unknown
             Cond::And(v) => v.iter().fold(Tri::True, |r, c| {
@@ -740,10 +770,10 @@ impl Visit<'_, '_> {
         );
         let w = match &rule.when {
             None => Tri::True,
-            Some(c) => ctx.cond(&c.cond, entity, gpus, job, &mut mem.when_true),
+            Some(c) => ctx.top(&c.cond, entity, gpus, job, &mut mem.when_true),
         };
         let r = match &rule.release {
-            Some(c) => ctx.cond(&c.cond, entity, gpus, job, &mut mem.release_true),
+            Some(c) => ctx.top(&c.cond, entity, gpus, job, &mut mem.release_true),
             None => match w {
                 Tri::True => Tri::False,
                 Tri::False => Tri::True,
