@@ -223,7 +223,9 @@ pub fn evaluate_with_starts(
             OnStale::Ignore => Some(false),
         },
     };
-    let mut out = BTreeMap::new();
+    // the verdicts in job order, made into a map in one go (one insert per job into
+    // a map of large values moves them about)
+    let mut verdicts: Vec<(String, Verdict)> = Vec::new();
     let mut cheap_again: Vec<(Timestamp, &Job, &Hold)> = Vec::new();
     let holds = Held::new(&prior.holds, jobs, table);
     // every held job has the same reason: written once
@@ -240,24 +242,24 @@ pub fn evaluate_with_starts(
         let held = holds.get(p);
         if !eligible || !waiting {
             if held.is_some() {
-                out.insert(
+                verdicts.push((
                     job.id.clone(),
                     Verdict::Release {
                         reason: "job no longer waiting or not deferrable".into(),
                     },
-                );
+                ));
             }
             continue;
         }
         let by = release_by(job, rule);
         if now >= by {
             if held.is_some() {
-                out.insert(
+                verdicts.push((
                     job.id.clone(),
                     Verdict::Release {
                         reason: format!("latest start {by} reached"),
                     },
-                );
+                ));
             }
             continue;
         }
@@ -269,7 +271,7 @@ pub fn evaluate_with_starts(
         if hold {
             let lease_until = (now + rule.lease_s).min(by);
             let reason = hold_reason.clone();
-            out.insert(
+            verdicts.push((
                 job.id.clone(),
                 Verdict::Hold(Hold {
                     rule: "price.defer".into(),
@@ -277,7 +279,7 @@ pub fn evaluate_with_starts(
                     lease_until,
                     reason,
                 }),
-            );
+            ));
         } else if let Some(h) = held {
             cheap_again.push((by, job, h));
         }
@@ -289,6 +291,8 @@ pub fn evaluate_with_starts(
         ),
         _ => "price signal stale: not deferring on an unknown price".to_string(),
     };
+    // a job listed twice keeps its last verdict, as with one insert after another
+    let mut out: BTreeMap<String, Verdict> = verdicts.into_iter().collect();
     pace(
         cheap_again,
         &reason,
