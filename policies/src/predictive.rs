@@ -332,12 +332,11 @@ struct RackView {
 }
 
 /// The unit's planned loads under `fraction`: (unit kW, each rack's kW).
-fn planned(loads: &Loads<'_>, racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
+fn planned(racks: &[Rack<'_, '_>], fraction: f64, queued: usize) -> Load2 {
     let mut unit_w = 0.0;
     let mut left = queued;
     let mut rack_w = Vec::with_capacity(racks.len());
-    for v in racks {
-        let l = loads.rack(v.rack);
+    for l in racks {
         let n = left.min(l.idle.len());
         left -= n;
         let draw = l.draw_w(fraction);
@@ -360,13 +359,13 @@ struct Load2 {
 /// The unit's planned heat (kW) and the predicted inlet of each rack after `horizon_s`
 /// under `fraction`.
 fn predictions(
-    loads: &Loads<'_>,
+    loads: &[Rack<'_, '_>],
     racks: &[RackView],
     fraction: f64,
     queued: usize,
     horizon_s: f64,
 ) -> (f64, Vec<Option<f64>>) {
-    let l = planned(loads, racks, fraction, queued);
+    let l = planned(loads, fraction, queued);
     let p = racks
         .iter()
         .zip(&l.rack_kw)
@@ -392,7 +391,8 @@ type PlanAt = (u64, f64, Vec<Option<f64>>);
 /// One unit's planned heat and predicted inlets per cap level, each level made once
 /// (the searches and the decisions' values try the same levels).
 struct Plans<'a> {
-    loads: &'a Loads<'a>,
+    /// The loads of the unit's racks, as `views`.
+    loads: Vec<Rack<'a, 'a>>,
     views: &'a [RackView],
     queued: usize,
     horizon_s: f64,
@@ -407,7 +407,7 @@ impl Plans<'_> {
             Some(i) => i,
             None => {
                 let (unit_kw, p) = predictions(
-                    self.loads,
+                    &self.loads,
                     self.views,
                     fraction,
                     self.queued,
@@ -467,15 +467,17 @@ pub fn evaluate(
         levels: vec![None; site.racks.len()],
         fits: vec![None; site.racks.len()],
         predictions: vec![None; site.racks.len()],
+        release: None,
     };
     for unit in &site.cooling {
         unit_evaluate(&ctx, unit, &mut decided);
     }
+    let order = racks_by_id(site);
     Outcome {
-        levels: by_id(site, decided.levels),
+        levels: by_id(site, &order, decided.levels),
         steps: decided.steps,
-        fits: by_id(site, decided.fits),
-        predictions: by_id(site, decided.predictions),
+        fits: by_id(site, &order, decided.fits),
+        predictions: by_id(site, &order, decided.predictions),
     }
 }
 
@@ -491,13 +493,20 @@ fn by_rack<'p, V>(site: &Site, map: &'p BTreeMap<String, V>) -> Vec<Option<&'p V
     out
 }
 
-/// A map by rack id of each rack's entry (made at once from the racks' entries: no
-/// search per rack).
-fn by_id<V>(site: &Site, by_rack: Vec<Option<V>>) -> BTreeMap<String, V> {
-    site.racks
+/// The racks' indexes in the order of their ids (sorted once for the maps by rack id;
+/// racks of one id, if a site has any, in site order).
+fn racks_by_id(site: &Site) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..site.racks.len()).collect();
+    order.sort_by(|&a, &b| site.racks[a].id.cmp(&site.racks[b].id));
+    order
+}
+
+/// A map by rack id of each rack's entry, made at once from the entries in the ids'
+/// `order` (no search per rack, nothing left to sort).
+fn by_id<V>(site: &Site, order: &[usize], mut by_rack: Vec<Option<V>>) -> BTreeMap<String, V> {
+    order
         .iter()
-        .zip(by_rack)
-        .filter_map(|(r, v)| Some((r.id.clone(), v?)))
+        .filter_map(|&r| Some((site.racks[r].id.clone(), by_rack[r].take()?)))
         .collect()
 }
 
@@ -507,6 +516,26 @@ struct Decided {
     levels: Vec<Option<ThermalLevel>>,
     fits: Vec<Option<RackFit>>,
     predictions: Vec<Option<RackPrediction>>,
+    /// The last release text written and the temperature it names (racks of one inlet
+    /// limit share it: written once).
+    release: Option<(u64, String)>,
+}
+
+impl Decided {
+    /// What would lift a cap: the prediction under `release_c` at a higher level.
+    fn release(&mut self, release_c: f64, rule: &ThermalRule) -> String {
+        match &self.release {
+            Some((bits, text)) if *bits == release_c.to_bits() => text.clone(),
+            _ => {
+                let text = format!(
+                    "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
+                    rule.step_interval_s, rule.min_hold_s
+                );
+                self.release = Some((release_c.to_bits(), text.clone()));
+                text
+            }
+        }
+    }
 }
 
 /// What every cooling unit's evaluation looks at.
@@ -541,10 +570,20 @@ fn rack_views(
         .observe(&cooling, COOLING_CAPACITY_KW, now)
         .filter(|o| o.usable())
         .map_or(unit.capacity_kw, |o| o.value);
+    // a unit's racks mostly follow one another in the site: each is looked for after
+    // the one before it first, and found by its id only when it is not there
+    let mut after: Option<usize> = None;
     let idx: Vec<usize> = unit
         .racks
         .iter()
-        .filter_map(|r| site.rack_index(r))
+        .filter_map(|r| {
+            let i = match after {
+                Some(i) if site.racks.get(i).is_some_and(|next| next.id == *r) => i,
+                _ => site.rack_index(r)?,
+            };
+            after = Some(i + 1);
+            Some(i)
+        })
         .collect();
     let unit_w: Option<f64> = idx.iter().map(|&r| loads.racks[r].measured_w).sum();
     let inlet = snapshot.metric_id(INLET_TEMP_C);
@@ -600,7 +639,7 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Decided)
     let queued = queue.gpus(now, horizon_s);
     let step = rule.step_pct / 100.0;
     let plans = Plans {
-        loads,
+        loads: views.iter().map(|v| loads.rack(v.rack)).collect(),
         views: &views,
         queued,
         horizon_s,
@@ -732,14 +771,8 @@ fn rack_step(
         rule,
         signals,
     );
-    let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
     // what would lift the cap: written only for the racks that step
-    let release = || {
-        format!(
-            "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
-            rule.step_interval_s, rule.min_hold_s
-        )
-    };
+    let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
     let fit = v.fit.as_ref();
     let mut next = ThermalLevel { fraction, since };
     if target < fraction - 1e-9 {
@@ -758,12 +791,13 @@ fn rack_step(
         } else {
             why
         };
+        let release = out.release(release_c, rule);
         out.steps.push(Step {
             rack: rack.id.clone(),
             fraction: target,
             values,
             reason: format!("{reason}: tighten to {:.0}% of default", target * 100.0),
-            release: release(),
+            release,
         });
     } else if prev.is_some()
         && may_relax
@@ -781,12 +815,13 @@ fn rack_step(
                 f * 100.0
             )
         };
+        let release = out.release(release_c, rule);
         out.steps.push(Step {
             rack: rack.id.clone(),
             fraction: f,
             values,
             reason,
-            release: release(),
+            release,
         });
         next = ThermalLevel {
             fraction: f,
