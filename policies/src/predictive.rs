@@ -101,25 +101,6 @@ struct Rack<'l, 'm> {
 }
 
 impl<'m> Rack<'_, 'm> {
-    fn find_uniform(&self) -> Option<(&'m GpuModel, f64, f64)> {
-        let first = *self.models.first()?;
-        let same = |m: &&GpuModel| std::ptr::eq(*m, first);
-        if !self.models.iter().all(same) || !self.idle.iter().all(|(m, _)| same(m)) {
-            return None;
-        }
-        let uncapped_w = self.demands.iter().sum::<f64>();
-        // no demand is NaN when their sum is not
-        let max_w = if uncapped_w.is_nan() {
-            f64::NAN
-        } else {
-            self.demands
-                .iter()
-                .copied()
-                .fold(f64::NEG_INFINITY, f64::max)
-        };
-        Some((first, uncapped_w, max_w))
-    }
-
     fn draw_w(&self, fraction: f64) -> f64 {
         let other_w = self.load.other_w;
         match self.load.uniform {
@@ -216,10 +197,18 @@ fn rack_loads<'m>(
         idle: filler.map_or_else(Vec::new, |m| vec![(m, 0.0); idle_at]),
         racks: Vec::new(),
     };
-    // the next place of each rack's GPUs (and of its idle ones)
-    let mut next: Vec<(usize, usize)> =
-        racks.iter().map(|r| (r.gpus.start, r.idle.start)).collect();
-    let mut gpu_w = vec![0.0; site.racks.len()];
+    let mut fill: Vec<Fill> = racks
+        .iter()
+        .map(|r| Fill {
+            gpu_at: r.gpus.start,
+            idle_at: r.idle.start,
+            drawn_w: 0.0,
+            model: None,
+            same: true,
+            uncapped_w: std::iter::empty::<f64>().sum(),
+            max_w: f64::NEG_INFINITY,
+        })
+        .collect();
     let power = index.metric_id(POWER_W);
     for (i, g) in index.gpus.iter().enumerate() {
         let m = g.model;
@@ -236,15 +225,21 @@ fn rack_loads<'m>(
             (None, _) if is_busy => m.default_w,
             (None, _) => m.idle_w,
         };
-        gpu_w[g.rack_index] += draw.unwrap_or(demand_w);
-        let at = &mut next[g.rack_index];
-        loads.demands[at.0] = demand_w;
-        loads.models[at.0] = m;
-        at.0 += 1;
+        let f = &mut fill[g.rack_index];
+        f.drawn_w += draw.unwrap_or(demand_w);
+        loads.demands[f.gpu_at] = demand_w;
+        loads.models[f.gpu_at] = m;
+        f.gpu_at += 1;
         if !is_busy {
-            loads.idle[at.1] = (m, 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)));
-            at.1 += 1;
+            loads.idle[f.idle_at] = (m, 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)));
+            f.idle_at += 1;
         }
+        match f.model {
+            None => f.model = Some(m),
+            Some(first) => f.same &= std::ptr::eq(first, m),
+        }
+        f.uncapped_w += demand_w;
+        f.max_w = f.max_w.max(demand_w);
     }
     let rack_power = snapshot.metric_id(POWER_W);
     for (ri, rack) in site.racks.iter().enumerate() {
@@ -258,14 +253,34 @@ fn rack_loads<'m>(
         let load = &mut racks[ri];
         load.slot = slot;
         load.measured_w = measured;
-        load.other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
+        let f = &fill[ri];
+        load.other_w = measured.map_or(base, |w| (w - f.drawn_w).max(0.0));
+        // no demand is NaN when their sum is not
+        let max_w = if f.uncapped_w.is_nan() {
+            f64::NAN
+        } else {
+            f.max_w
+        };
+        load.uniform = f.model.filter(|_| f.same).map(|m| (m, f.uncapped_w, max_w));
     }
     loads.racks = racks;
-    for ri in 0..loads.racks.len() {
-        let uniform = loads.rack(ri).find_uniform();
-        loads.racks[ri].uniform = uniform;
-    }
     loads
+}
+
+/// One rack's GPUs as [`rack_loads`] walks them in site order: where its next GPU and
+/// idle GPU go in [`Loads`], and what [`RackLoad::other_w`] and [`RackLoad::uniform`]
+/// are made of.
+struct Fill<'m> {
+    gpu_at: usize,
+    idle_at: usize,
+    /// What its GPUs draw: their readings, else their demands.
+    drawn_w: f64,
+    /// Its first GPU's model, and whether every GPU so far is of that model.
+    model: Option<&'m GpuModel>,
+    same: bool,
+    /// Its GPUs' demands added up (as [`Iterator::sum`] does) and the highest.
+    uncapped_w: f64,
+    max_w: f64,
 }
 
 /// The queued jobs' GPUs as [`Queue::gpus`] counts them (made once per evaluation).
