@@ -64,6 +64,8 @@ struct Loads<'m> {
 /// One rack's part of [`Loads`].
 #[derive(Debug, Clone, Default)]
 struct RackLoad<'m> {
+    /// What is not GPU: the rack's power reading less its GPUs' draw, else its nodes'
+    /// base power.
     other_w: f64,
     /// Its GPUs in [`Loads::demands`] and [`Loads::models`].
     gpus: std::ops::Range<usize>,
