@@ -11,13 +11,12 @@
 
 use std::collections::BTreeMap;
 
-use telemetry::fasthash::FnvSet;
-
 use telemetry::metric::names::{COOLING_CAPACITY_KW, INLET_TEMP_C, POWER_W};
 use telemetry::site::CoolingUnit;
+use telemetry::snapshot::Slot;
 use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Site, Snapshot, Timestamp};
 
-use crate::index::Index;
+use crate::index::{Index, JobTable};
 use crate::plan::{round3, RackPrediction, ThermalLevel};
 use crate::policy::{OnStale, ThermalRule};
 use crate::thermal::{unit_state, Step};
@@ -47,62 +46,81 @@ fn start_gpu_w(m: &GpuModel, fraction: f64) -> f64 {
     (limit_w(m, fraction).min(m.default_w) - m.idle_w).max(0.0)
 }
 
-/// A rack's planned load: what is not GPU, its GPUs, and its idle GPUs, in site order.
-#[derive(Debug, Clone, Default)]
-struct RackLoad<'m> {
-    other_w: f64,
+/// Every rack's planned load, in site order, with the racks' GPUs laid out rack by rack
+/// in lists shared by all racks (no lists made per rack).
+#[derive(Debug, Default)]
+struct Loads<'m> {
+    racks: Vec<RackLoad<'m>>,
     /// Each GPU's demand: what it would draw under no cap (a running job's), or its
-    /// idle draw; and its model.
+    /// idle draw; rack by rack, in site order within a rack.
     demands: Vec<f64>,
+    /// Each GPU's model, as `demands`.
     models: Vec<&'m GpuModel>,
     /// Each idle GPU's model and the share of its node's base power a job adds when it
-    /// starts on it.
+    /// starts on it, rack by rack.
     idle: Vec<(&'m GpuModel, f64)>,
+}
+
+/// One rack's part of [`Loads`].
+#[derive(Debug, Clone, Default)]
+struct RackLoad<'m> {
+    /// What is not GPU: the rack's power reading less its GPUs' draw, else its nodes'
+    /// base power.
+    other_w: f64,
+    /// Its GPUs in [`Loads::demands`] and [`Loads::models`].
+    gpus: std::ops::Range<usize>,
+    /// Its idle GPUs in [`Loads::idle`].
+    idle: std::ops::Range<usize>,
     /// The rack's power reading, when usable.
     measured_w: Option<f64>,
     /// When every GPU of the rack is of one model: it, what the demands add up to
     /// uncapped, and the highest demand (NaN when the sum is). A cap level then makes
     /// one limit for the rack, and one at or over the highest demand caps nothing.
     uniform: Option<(&'m GpuModel, f64, f64)>,
+    /// The rack's slot in the snapshot (its readings are looked up by it).
+    slot: Option<Slot>,
 }
 
-impl<'m> RackLoad<'m> {
-    fn find_uniform(&self) -> Option<(&'m GpuModel, f64, f64)> {
-        let first = *self.models.first()?;
-        let same = |m: &&GpuModel| std::ptr::eq(*m, first);
-        if !self.models.iter().all(same) || !self.idle.iter().all(|(m, _)| same(m)) {
-            return None;
+impl<'m> Loads<'m> {
+    /// Rack `r`'s load with its GPUs.
+    fn rack(&self, r: usize) -> Rack<'_, 'm> {
+        let load = &self.racks[r];
+        Rack {
+            load,
+            demands: &self.demands[load.gpus.clone()],
+            models: &self.models[load.gpus.clone()],
+            idle: &self.idle[load.idle.clone()],
         }
-        let uncapped_w = self.demands.iter().sum::<f64>();
-        // no demand is NaN when their sum is not
-        let max_w = if uncapped_w.is_nan() {
-            f64::NAN
-        } else {
-            self.demands
-                .iter()
-                .copied()
-                .fold(f64::NEG_INFINITY, f64::max)
-        };
-        Some((first, uncapped_w, max_w))
     }
+}
 
+/// A rack's planned load: what is not GPU, its GPUs, and its idle GPUs, in site order.
+struct Rack<'l, 'm> {
+    load: &'l RackLoad<'m>,
+    demands: &'l [f64],
+    models: &'l [&'m GpuModel],
+    idle: &'l [(&'m GpuModel, f64)],
+}
+
+impl<'m> Rack<'_, 'm> {
     fn draw_w(&self, fraction: f64) -> f64 {
-        match self.uniform {
+        let other_w = self.load.other_w;
+        match self.load.uniform {
             Some((m, uncapped_w, max_w)) => {
                 let limit = limit_w(m, fraction);
                 if max_w <= limit {
                     // every GPU draws its demand: the sum is the uncapped one
-                    self.other_w + uncapped_w
+                    other_w + uncapped_w
                 } else {
-                    self.other_w + self.demands.iter().map(|d| d.min(limit)).sum::<f64>()
+                    other_w + self.demands.iter().map(|d| d.min(limit)).sum::<f64>()
                 }
             }
             None => {
-                self.other_w
+                other_w
                     + self
                         .demands
                         .iter()
-                        .zip(&self.models)
+                        .zip(self.models)
                         .map(|(d, m)| d.min(limit_w(m, fraction)))
                         .sum::<f64>()
             }
@@ -116,7 +134,7 @@ impl<'m> RackLoad<'m> {
         let n = n.min(m);
         let start: f64 = std::iter::empty::<f64>().sum();
         let (first, rest) = (&self.idle[..n], &self.idle[n..m]);
-        match self.uniform {
+        match self.load.uniform {
             Some((model, _, _)) => {
                 let gpu_w = start_gpu_w(model, fraction);
                 let first_n = first.iter().fold(start, |s, (_, b)| s + (gpu_w + b));
@@ -137,13 +155,13 @@ impl<'m> RackLoad<'m> {
 fn rack_loads<'m>(
     index: &Index<'m>,
     snapshot: &Snapshot,
+    alloc: &JobTable,
     jobs: &[Job],
     prior_caps: &[Option<&Cap>],
     now: Timestamp,
-) -> Vec<RackLoad<'m>> {
+) -> Loads<'m> {
     let site = index.site;
     let mut busy = vec![false; index.gpus.len()];
-    let alloc = index.allocations(jobs);
     for (k, _) in jobs
         .iter()
         .enumerate()
@@ -153,22 +171,46 @@ fn rack_loads<'m>(
             busy[i] = true;
         }
     }
+    // each rack's GPUs and idle GPUs, then where each rack's lie in the shared lists
     let mut counts = vec![(0usize, 0usize); site.racks.len()];
     for (g, &b) in index.gpus.iter().zip(&busy) {
         let c = &mut counts[g.rack_index];
         c.0 += 1;
         c.1 += usize::from(!b);
     }
-    let mut out: Vec<RackLoad> = counts
+    let (mut gpus_at, mut idle_at) = (0, 0);
+    let mut racks: Vec<RackLoad> = counts
         .iter()
-        .map(|&(n, idle)| RackLoad {
-            demands: Vec::with_capacity(n),
-            models: Vec::with_capacity(n),
-            idle: Vec::with_capacity(idle),
-            ..RackLoad::default()
+        .map(|&(n, idle)| {
+            let load = RackLoad {
+                gpus: gpus_at..gpus_at + n,
+                idle: idle_at..idle_at + idle,
+                ..RackLoad::default()
+            };
+            (gpus_at, idle_at) = (gpus_at + n, idle_at + idle);
+            load
         })
         .collect();
-    let mut gpu_w = vec![0.0; site.racks.len()];
+    // every place is written below: the first GPU's model only fills them until then
+    let filler = index.gpus.first().map(|g| g.model);
+    let mut loads = Loads {
+        demands: vec![0.0; gpus_at],
+        models: filler.map_or_else(Vec::new, |m| vec![m; gpus_at]),
+        idle: filler.map_or_else(Vec::new, |m| vec![(m, 0.0); idle_at]),
+        racks: Vec::new(),
+    };
+    let mut fill: Vec<Fill> = racks
+        .iter()
+        .map(|r| Fill {
+            gpu_at: r.gpus.start,
+            idle_at: r.idle.start,
+            drawn_w: 0.0,
+            model: None,
+            same: true,
+            uncapped_w: std::iter::empty::<f64>().sum(),
+            max_w: f64::NEG_INFINITY,
+        })
+        .collect();
     let power = index.metric_id(POWER_W);
     for (i, g) in index.gpus.iter().enumerate() {
         let m = g.model;
@@ -185,27 +227,62 @@ fn rack_loads<'m>(
             (None, _) if is_busy => m.default_w,
             (None, _) => m.idle_w,
         };
-        gpu_w[g.rack_index] += draw.unwrap_or(demand_w);
-        let rack = &mut out[g.rack_index];
-        rack.demands.push(demand_w);
-        rack.models.push(m);
+        let f = &mut fill[g.rack_index];
+        f.drawn_w += draw.unwrap_or(demand_w);
+        loads.demands[f.gpu_at] = demand_w;
+        loads.models[f.gpu_at] = m;
+        f.gpu_at += 1;
         if !is_busy {
-            rack.idle
-                .push((m, 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1))));
+            loads.idle[f.idle_at] = (m, 0.5 * g.node.base_w / f64::from(g.node.gpus.max(1)));
+            f.idle_at += 1;
         }
+        match f.model {
+            None => f.model = Some(m),
+            Some(first) => f.same &= std::ptr::eq(first, m),
+        }
+        f.uncapped_w += demand_w;
+        f.max_w = f.max_w.max(demand_w);
     }
+    let rack_power = snapshot.metric_id(POWER_W);
     for (ri, rack) in site.racks.iter().enumerate() {
-        let measured = snapshot
-            .observe(&EntityId::rack(&rack.id), POWER_W, now)
+        let slot = snapshot.slot(&EntityId::rack(&rack.id));
+        let measured = rack_power
+            .zip(slot)
+            .and_then(|(m, s)| snapshot.observe_slot(s, m, now))
             .filter(|o| o.usable())
             .map(|o| o.value);
         let base: f64 = rack.nodes.iter().map(|&n| site.nodes[n].base_w).sum();
-        let load = &mut out[ri];
+        let load = &mut racks[ri];
+        load.slot = slot;
         load.measured_w = measured;
-        load.other_w = measured.map_or(base, |w| (w - gpu_w[ri]).max(0.0));
-        load.uniform = load.find_uniform();
+        let f = &fill[ri];
+        load.other_w = measured.map_or(base, |w| (w - f.drawn_w).max(0.0));
+        // no demand is NaN when their sum is not
+        let max_w = if f.uncapped_w.is_nan() {
+            f64::NAN
+        } else {
+            f.max_w
+        };
+        load.uniform = f.model.filter(|_| f.same).map(|m| (m, f.uncapped_w, max_w));
     }
-    out
+    loads.racks = racks;
+    loads
+}
+
+/// One rack's GPUs as [`rack_loads`] walks them in site order: where its next GPU and
+/// idle GPU go in [`Loads`], and what [`RackLoad::other_w`] and [`RackLoad::uniform`]
+/// are made of.
+struct Fill<'m> {
+    gpu_at: usize,
+    idle_at: usize,
+    /// What its GPUs draw: their readings, else their demands.
+    drawn_w: f64,
+    /// Its first GPU's model, and whether every GPU so far is of that model.
+    model: Option<&'m GpuModel>,
+    same: bool,
+    /// Its GPUs' demands added up (as [`Iterator::sum`] does) and the highest.
+    uncapped_w: f64,
+    max_w: f64,
 }
 
 /// The queued jobs' GPUs as [`Queue::gpus`] counts them (made once per evaluation).
@@ -219,16 +296,23 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(jobs: &[Job], prior: &State, release_margin_s: f64) -> Queue {
-        let held: FnvSet<&str> = prior.holds.keys().map(String::as_str).collect();
+    fn new(jobs: &[Job], table: &JobTable, prior: &State, release_margin_s: f64) -> Queue {
+        // the held jobs found by their ids once, not every queued job's id hashed
+        let mut held = vec![false; jobs.len()];
+        for id in prior.holds.keys() {
+            for p in table.positions(jobs, id) {
+                held[p] = true;
+            }
+        }
         let mut free = 0;
         let mut held_ends = Vec::new();
-        for j in jobs
+        for (j, &is_held) in jobs
             .iter()
-            .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
+            .zip(&held)
+            .filter(|(j, _)| matches!(j.state, JobState::Pending | JobState::Held))
         {
             let gpus = j.gpus as usize;
-            if !held.contains(j.id.as_str()) {
+            if !is_held {
                 free += gpus;
             } else if let Some(t) = j.latest_start() {
                 held_ends.push((t + -release_margin_s, gpus));
@@ -265,12 +349,11 @@ struct RackView {
 }
 
 /// The unit's planned loads under `fraction`: (unit kW, each rack's kW).
-fn planned(loads: &[RackLoad<'_>], racks: &[RackView], fraction: f64, queued: usize) -> Load2 {
+fn planned(racks: &[Rack<'_, '_>], fraction: f64, queued: usize) -> Load2 {
     let mut unit_w = 0.0;
     let mut left = queued;
     let mut rack_w = Vec::with_capacity(racks.len());
-    for v in racks {
-        let l = &loads[v.rack];
+    for l in racks {
         let n = left.min(l.idle.len());
         left -= n;
         let draw = l.draw_w(fraction);
@@ -293,13 +376,13 @@ struct Load2 {
 /// The unit's planned heat (kW) and the predicted inlet of each rack after `horizon_s`
 /// under `fraction`.
 fn predictions(
-    loads: &[RackLoad<'_>],
+    loads: &[Rack<'_, '_>],
     racks: &[RackView],
     fraction: f64,
     queued: usize,
     horizon_s: f64,
 ) -> (f64, Vec<Option<f64>>) {
-    let l = planned(loads, racks, fraction, queued);
+    let l = planned(loads, fraction, queued);
     let p = racks
         .iter()
         .zip(&l.rack_kw)
@@ -325,7 +408,8 @@ type PlanAt = (u64, f64, Vec<Option<f64>>);
 /// One unit's planned heat and predicted inlets per cap level, each level made once
 /// (the searches and the decisions' values try the same levels).
 struct Plans<'a> {
-    loads: &'a [RackLoad<'a>],
+    /// The loads of the unit's racks, as `views`.
+    loads: Vec<Rack<'a, 'a>>,
     views: &'a [RackView],
     queued: usize,
     horizon_s: f64,
@@ -340,7 +424,7 @@ impl Plans<'_> {
             Some(i) => i,
             None => {
                 let (unit_kw, p) = predictions(
-                    self.loads,
+                    &self.loads,
                     self.views,
                     fraction,
                     self.queued,
@@ -382,31 +466,104 @@ pub fn evaluate(
     release_margin_s: f64,
     now: Timestamp,
 ) -> Outcome {
-    let loads = rack_loads(index, snapshot, jobs, prior_caps, now);
-    let mut out = Outcome::default();
-    let queue = Queue::new(jobs, prior, release_margin_s);
+    let table = index.allocations(jobs);
+    let loads = rack_loads(index, snapshot, &table, jobs, prior_caps, now);
+    let queue = Queue::new(jobs, &table, prior, release_margin_s);
     let ctx = UnitInputs {
         site,
         loads: &loads,
         snapshot,
         queue: &queue,
-        prior,
+        prior_fits: by_rack(site, &prior.thermal_models),
+        prior_levels: by_rack(site, &prior.thermal),
         rule,
         now,
     };
+    let mut decided = Decided {
+        steps: Vec::new(),
+        levels: vec![None; site.racks.len()],
+        fits: vec![None; site.racks.len()],
+        predictions: vec![None; site.racks.len()],
+        release: None,
+    };
     for unit in &site.cooling {
-        unit_evaluate(&ctx, unit, &mut out);
+        unit_evaluate(&ctx, unit, &mut decided);
+    }
+    let order = racks_by_id(site);
+    Outcome {
+        levels: by_id(site, &order, decided.levels),
+        steps: decided.steps,
+        fits: by_id(site, &order, decided.fits),
+        predictions: by_id(site, &order, decided.predictions),
+    }
+}
+
+/// Each rack's entry in a map by rack id, by rack index (each id looked up once, not
+/// each rack searched for in the map).
+fn by_rack<'p, V>(site: &Site, map: &'p BTreeMap<String, V>) -> Vec<Option<&'p V>> {
+    let mut out = vec![None; site.racks.len()];
+    for (id, v) in map {
+        if let Some(r) = site.rack_index(id) {
+            out[r] = Some(v);
+        }
     }
     out
+}
+
+/// The racks' indexes in the order of their ids (sorted once for the maps by rack id;
+/// racks of one id, if a site has any, in site order).
+fn racks_by_id(site: &Site) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..site.racks.len()).collect();
+    order.sort_by(|&a, &b| site.racks[a].id.cmp(&site.racks[b].id));
+    order
+}
+
+/// A map by rack id of each rack's entry, made at once from the entries in the ids'
+/// `order` (no search per rack, nothing left to sort).
+fn by_id<V>(site: &Site, order: &[usize], mut by_rack: Vec<Option<V>>) -> BTreeMap<String, V> {
+    order
+        .iter()
+        .filter_map(|&r| Some((site.racks[r].id.clone(), by_rack[r].take()?)))
+        .collect()
+}
+
+/// What the units decide, by rack index ([`Outcome`]'s maps once every unit is done).
+struct Decided {
+    steps: Vec<Step>,
+    levels: Vec<Option<ThermalLevel>>,
+    fits: Vec<Option<RackFit>>,
+    predictions: Vec<Option<RackPrediction>>,
+    /// The last release text written and the temperature it names (racks of one inlet
+    /// limit share it: written once).
+    release: Option<(u64, String)>,
+}
+
+impl Decided {
+    /// What would lift a cap: the prediction under `release_c` at a higher level.
+    fn release(&mut self, release_c: f64, rule: &ThermalRule) -> String {
+        match &self.release {
+            Some((bits, text)) if *bits == release_c.to_bits() => text.clone(),
+            _ => {
+                let text = format!(
+                    "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
+                    rule.step_interval_s, rule.min_hold_s
+                );
+                self.release = Some((release_c.to_bits(), text.clone()));
+                text
+            }
+        }
+    }
 }
 
 /// What every cooling unit's evaluation looks at.
 struct UnitInputs<'a> {
     site: &'a Site,
-    loads: &'a [RackLoad<'a>],
+    loads: &'a Loads<'a>,
     snapshot: &'a Snapshot,
     queue: &'a Queue,
-    prior: &'a State,
+    /// The prior state's fitted model and level of each rack, by rack index.
+    prior_fits: Vec<Option<&'a RackFit>>,
+    prior_levels: Vec<Option<&'a ThermalLevel>>,
     rule: &'a ThermalRule,
     now: Timestamp,
 }
@@ -415,13 +572,12 @@ struct UnitInputs<'a> {
 fn rack_views(
     inputs: &UnitInputs<'_>,
     unit: &CoolingUnit,
-    out: &mut Outcome,
+    out: &mut Decided,
 ) -> (Vec<RackView>, f64) {
     let UnitInputs {
         site,
         loads,
         snapshot,
-        prior,
         rule,
         now,
         ..
@@ -431,20 +587,34 @@ fn rack_views(
         .observe(&cooling, COOLING_CAPACITY_KW, now)
         .filter(|o| o.usable())
         .map_or(unit.capacity_kw, |o| o.value);
+    // a unit's racks mostly follow one another in the site: each is looked for after
+    // the one before it first, and found by its id only when it is not there
+    let mut after: Option<usize> = None;
     let idx: Vec<usize> = unit
         .racks
         .iter()
-        .filter_map(|r| site.rack_index(r))
+        .filter_map(|r| {
+            let i = match after {
+                Some(i) if site.racks.get(i).is_some_and(|next| next.id == *r) => i,
+                _ => site.rack_index(r)?,
+            };
+            after = Some(i + 1);
+            Some(i)
+        })
         .collect();
-    let unit_w: Option<f64> = idx.iter().map(|&r| loads[r].measured_w).sum();
-    let mut views = Vec::new();
+    let unit_w: Option<f64> = idx.iter().map(|&r| loads.racks[r].measured_w).sum();
+    let inlet = snapshot.metric_id(INLET_TEMP_C);
+    let mut views = Vec::with_capacity(idx.len());
     for &r in &idx {
         let rack = &site.racks[r];
-        let obs = snapshot.observe(&EntityId::rack(&rack.id), INLET_TEMP_C, now);
+        let load = &loads.racks[r];
+        let obs = inlet
+            .zip(load.slot)
+            .and_then(|(m, s)| snapshot.observe_slot(s, m, now));
         let inlet_c = obs.filter(|o| o.usable()).map(|o| o.value);
-        let old = prior.thermal_models.get(&rack.id);
+        let old = inputs.prior_fits[r];
         let mut fit = old.cloned();
-        if let (Some(t), Some(uw), Some(rw)) = (inlet_c, unit_w, loads[r].measured_w) {
+        if let (Some(t), Some(uw), Some(rw)) = (inlet_c, unit_w, load.measured_w) {
             let p = Params::new(unit, capacity_kw, old, rule.fit_max_rms_c);
             let load = Load {
                 unit_kw: uw / 1000.0,
@@ -455,10 +625,10 @@ fn rack_views(
         // the fit the rack's step shows: this one, else one an earlier unit made
         let shown = match &fit {
             Some(f) => {
-                out.fits.insert(rack.id.clone(), f.clone());
+                out.fits[r] = Some(f.clone());
                 Some(f.clone())
             }
-            None => out.fits.get(&rack.id).cloned(),
+            None => out.fits[r].clone(),
         };
         views.push(RackView {
             rack: r,
@@ -471,22 +641,22 @@ fn rack_views(
     (views, capacity_kw)
 }
 
-fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome) {
+fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Decided) {
     let UnitInputs {
         site,
         loads,
         snapshot,
         queue,
-        prior,
         rule,
         now,
+        ..
     } = *inputs;
     let (views, capacity_kw) = rack_views(inputs, unit, out);
     let horizon_s = rule.horizon_tau * unit.time_constant_s;
     let queued = queue.gpus(now, horizon_s);
     let step = rule.step_pct / 100.0;
     let plans = Plans {
-        loads,
+        loads: views.iter().map(|v| loads.rack(v.rack)).collect(),
         views: &views,
         queued,
         horizon_s,
@@ -521,7 +691,8 @@ fn unit_evaluate(inputs: &UnitInputs<'_>, unit: &CoolingUnit, out: &mut Outcome)
             horizon_s,
             capacity_kw,
         };
-        rack_step(&ctx, prior, rule, &signals, (wanted, liftable), now, out);
+        let prev = inputs.prior_levels[views[vi].rack];
+        rack_step(&ctx, prev, rule, &signals, (wanted, liftable), now, out);
     }
 }
 
@@ -536,6 +707,19 @@ struct RackCtx<'a> {
 }
 
 impl RackCtx<'_> {
+    /// The predicted peak under `fraction` as a decision shows it (rounded; NaN without
+    /// an inlet reading).
+    fn peak_c(&self, fraction: f64) -> f64 {
+        let v = &self.views[self.vi];
+        match v.inlet_c {
+            Some(t) => {
+                let predicted = self.plans.at(fraction, |_, p| p[self.vi]);
+                round3(predicted.unwrap_or(t).max(t))
+            }
+            None => f64::NAN,
+        }
+    }
+
     /// The values a decision shows: the inlet now, the predicted peak under `fraction`
     /// and when, the margin, and the model's parameters and fit quality.
     fn values(
@@ -545,50 +729,52 @@ impl RackCtx<'_> {
         fit: Option<&RackFit>,
     ) -> BTreeMap<String, f64> {
         let v = &self.views[self.vi];
-        let mut m = BTreeMap::new();
-        m.insert("limit_c".into(), v.limit_c);
-        m.insert("margin_c".into(), rule.margin_c);
         let (unit_kw, predicted) = self.plans.at(fraction, |kw, p| (kw, p[self.vi]));
-        m.insert("planned_heat_kw".into(), round3(unit_kw));
-        m.insert("capacity_kw".into(), round3(self.capacity_kw));
-        if let Some(t) = v.inlet_c {
-            m.insert("inlet_temp_c".into(), round3(t));
-            let p = predicted.unwrap_or(t);
-            m.insert("predicted_peak_c".into(), round3(p.max(t)));
-            m.insert(
-                "predicted_peak_in_s".into(),
-                if p > t { self.horizon_s } else { 0.0 },
-            );
-        }
         let p = &v.params;
-        m.insert("model_tau_s".into(), p.tau_s);
-        m.insert("model_offset_c".into(), round3(p.offset_c));
-        m.insert("model_rise_c".into(), round3(p.rise_c));
-        m.insert("model_fitted".into(), f64::from(u8::from(p.fitted)));
+        // in the keys' order: the map is made at once, without a search per key
+        let mut m: Vec<(&str, f64)> = Vec::with_capacity(15);
+        m.push(("capacity_kw", round3(self.capacity_kw)));
         if let Some(f) = fit {
-            m.insert("fit_rms_c".into(), round3(f.rms_c));
-            m.insert("fit_samples".into(), f64::from(f.samples));
+            m.push(("fit_rms_c", round3(f.rms_c)));
+            m.push(("fit_samples", f64::from(f.samples)));
         }
-        m
+        if let Some(t) = v.inlet_c {
+            m.push(("inlet_temp_c", round3(t)));
+        }
+        m.push(("limit_c", v.limit_c));
+        m.push(("margin_c", rule.margin_c));
+        m.push(("model_fitted", f64::from(u8::from(p.fitted))));
+        m.push(("model_offset_c", round3(p.offset_c)));
+        m.push(("model_rise_c", round3(p.rise_c)));
+        m.push(("model_tau_s", p.tau_s));
+        m.push(("planned_heat_kw", round3(unit_kw)));
+        if let Some(t) = v.inlet_c {
+            let p = predicted.unwrap_or(t);
+            m.push(("predicted_peak_c", round3(p.max(t))));
+            m.push((
+                "predicted_peak_in_s",
+                if p > t { self.horizon_s } else { 0.0 },
+            ));
+        }
+        m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
     }
 }
 
 /// One rack's next level: down at once to what the prediction allows (one step more
 /// when a reading is over its limit or the unit is short of headroom), up one step
-/// at a time with the hysteresis and the minimum hold.
+/// at a time with the hysteresis and the minimum hold. `prev`: the rack's level before.
 #[allow(clippy::too_many_arguments)]
 fn rack_step(
     ctx: &RackCtx<'_>,
-    prior: &State,
+    prev: Option<&ThermalLevel>,
     rule: &ThermalRule,
     signals: &crate::thermal::UnitState,
     (wanted, liftable): (f64, f64),
     now: Timestamp,
-    out: &mut Outcome,
+    out: &mut Decided,
 ) {
     let v = &ctx.views[ctx.vi];
     let rack = &ctx.site.racks[v.rack];
-    let prev = prior.thermal.get(&rack.id);
     let fraction = prev.map_or(1.0, |p| p.fraction);
     let since = prev.map_or(now, |p| p.since);
     let held_s = now.secs_since(since);
@@ -602,14 +788,8 @@ fn rack_step(
         rule,
         signals,
     );
-    let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
     // what would lift the cap: written only for the racks that step
-    let release = || {
-        format!(
-            "predicted inlet < {release_c:.1} °C at a higher level (at most one step per {}s, held at least {}s)",
-            rule.step_interval_s, rule.min_hold_s
-        )
-    };
+    let release_c = rack.inlet_limit_c - rule.margin_c - rule.release_below_c;
     let fit = v.fit.as_ref();
     let mut next = ThermalLevel { fraction, since };
     if target < fraction - 1e-9 {
@@ -618,11 +798,7 @@ fn rack_step(
             since: now,
         };
         let mut values = ctx.values(target, rule, fit);
-        let unchanged = ctx
-            .values(fraction, rule, None)
-            .get("predicted_peak_c")
-            .copied()
-            .unwrap_or(f64::NAN);
+        let unchanged = ctx.peak_c(fraction);
         values.insert("predicted_peak_unchanged_c".into(), unchanged);
         let reason = if why.is_empty() {
             format!(
@@ -632,12 +808,13 @@ fn rack_step(
         } else {
             why
         };
+        let release = out.release(release_c, rule);
         out.steps.push(Step {
             rack: rack.id.clone(),
             fraction: target,
             values,
             reason: format!("{reason}: tighten to {:.0}% of default", target * 100.0),
-            release: release(),
+            release,
         });
     } else if prev.is_some()
         && may_relax
@@ -655,12 +832,13 @@ fn rack_step(
                 f * 100.0
             )
         };
+        let release = out.release(release_c, rule);
         out.steps.push(Step {
             rack: rack.id.clone(),
             fraction: f,
             values,
             reason,
-            release: release(),
+            release,
         });
         next = ThermalLevel {
             fraction: f,
@@ -678,21 +856,18 @@ fn rack_step(
         } else {
             (inlet_c, 0.0)
         };
-        out.predictions.insert(
-            rack.id.clone(),
-            RackPrediction {
-                inlet_c,
-                predicted_c: round3(predicted_c),
-                peak_c: round3(peak_c),
-                peak_in_s,
-                horizon_s: ctx.horizon_s,
-                limit_c: rack.inlet_limit_c,
-                margin_c: rule.margin_c,
-            },
-        );
+        out.predictions[v.rack] = Some(RackPrediction {
+            inlet_c,
+            predicted_c: round3(predicted_c),
+            peak_c: round3(peak_c),
+            peak_in_s,
+            horizon_s: ctx.horizon_s,
+            limit_c: rack.inlet_limit_c,
+            margin_c: rule.margin_c,
+        });
     }
     if next.fraction < 1.0 - 1e-9 {
-        out.levels.insert(rack.id.clone(), next);
+        out.levels[v.rack] = Some(next);
     }
 }
 
