@@ -171,6 +171,18 @@ impl Members {
         self.0.is_empty()
     }
 
+    /// The sum of the members' `values` (by GPU index), each by its share, in member
+    /// order from -0.0 (as `Iterator::sum` of f64 does).
+    fn sum(&self, values: &[f64]) -> f64 {
+        let mut sum = -0.0_f64;
+        for &(a, b, share) in &self.0 {
+            for v in &values[a as usize..b as usize] {
+                sum += v * share;
+            }
+        }
+        sum
+    }
+
     /// `(GPU index, share)` in order.
     fn iter(&self) -> impl Iterator<Item = (usize, f64)> + Clone + '_ {
         self.0
@@ -505,12 +517,17 @@ pub fn evaluate(
         .iter()
         .map(|s| snapshot.observe(&s.entity, POWER_W, now))
         .collect();
+    // what each scope's GPUs draw (each by its share), for the headroom the jobs about
+    // to start are placed by and for each scope's cut
+    let gpu_draws: Vec<f64> = scopes.iter().map(|s| s.members.sum(&draws)).collect();
     // the GPUs of the jobs about to start, at their maximum
     let mut extra_w = vec![0.0; gpus.len()];
     let mut placed = vec![false; gpus.len()];
+    let mut any_placed = false;
     for (i, p) in place_starting(
-        gpus, scopes, &measured, &claims, &draws, &free, jobs, prior, rule, starting, now,
+        index, scopes, &measured, &gpu_draws, &claims, &free, jobs, prior, rule, starting, now,
     ) {
+        any_placed = true;
         placed[i] = true;
         let max_w = gpus[i].model.max_w;
         extra_w[i] = (max_w - claims[i].demand_w).max(0.0);
@@ -521,24 +538,26 @@ pub fn evaluate(
     let per_gpu = PerGpu {
         gpus,
         claims: &claims,
-        draws: &draws,
-        unsure: &unsure,
-        extra_w: &extra_w,
+        unsure: (unsure.iter().any(|&u| u > 0.0)).then_some(&unsure[..]),
+        extra_w: any_placed.then_some(&extra_w[..]),
         prior_caps,
         placed: &placed,
         free: &free,
     };
-    // by GPU index
-    let mut wanted: Vec<Option<BudgetCap>> = vec![None; gpus.len()];
+    let mut wanted = Wanted {
+        caps: vec![None; gpus.len()],
+        limited: claims.iter().map(|c| c.demand_w).collect(),
+    };
     let mut views = Vec::with_capacity(scopes.len() + 1);
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
-    for (scope, measured) in scopes.iter().zip(measured) {
+    for ((scope, measured), gpu_draw) in scopes.iter().zip(measured).zip(gpu_draws) {
         let mut view = per_gpu.cut(
             &scope.entity,
             scope.budget_kw,
             measured,
             scope.base_w,
+            gpu_draw,
             &scope.members,
             rule,
             stale,
@@ -551,12 +570,14 @@ pub fn evaluate(
     // then the facility (the contract with the utility)
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
+    let all = Members::all(gpus.len());
     let mut view = per_gpu.cut(
         &entity,
         facility_budget_kw(site, rule),
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        &Members::all(gpus.len()),
+        all.sum(&draws),
+        &all,
         rule,
         stale,
         "budget.facility",
@@ -564,16 +585,41 @@ pub fn evaluate(
     );
     view.racks = (0..site.racks.len()).collect();
     views.push(view);
-    (wanted, views)
+    (wanted.caps, views)
+}
+
+/// The caps the scopes cut so far, by GPU index, with each GPU's demand limited by its
+/// cap (what the next scope out counts it at).
+struct Wanted {
+    caps: Vec<Option<BudgetCap>>,
+    /// Each GPU's claimed demand, or its cap where that is lower.
+    limited: Vec<f64>,
+}
+
+impl Wanted {
+    /// Lowers GPU `i`'s cap to `watts` (by `rule`) unless it is that low already;
+    /// `demand_w` is the GPU's claimed demand.
+    fn tighten(&mut self, i: usize, watts: f64, rule: &'static str, demand_w: f64) {
+        match &self.caps[i] {
+            Some(w) if w.watts <= watts => {}
+            _ => {
+                self.caps[i] = Some(BudgetCap { watts, rule });
+                self.limited[i] = watts.min(demand_w);
+            }
+        }
+    }
 }
 
 /// Each GPU's figures in one budget evaluation, by GPU index.
 struct PerGpu<'a, 'g> {
     gpus: &'a [GpuRef<'g>],
     claims: &'a [Claim],
-    draws: &'a [f64],
-    unsure: &'a [f64],
-    extra_w: &'a [f64],
+    /// What each GPU may draw over its demand once its cap lifts; `None` where no GPU
+    /// may (all zero).
+    unsure: Option<&'a [f64]>,
+    /// What the jobs about to start add to each GPU's demand; `None` where none is
+    /// placed (all zero).
+    extra_w: Option<&'a [f64]>,
     prior_caps: &'a [Option<&'a crate::Cap>],
     placed: &'a [bool],
     free: &'a [bool],
@@ -582,8 +628,9 @@ struct PerGpu<'a, 'g> {
 impl PerGpu<'_, '_> {
     /// One scope's cut, applied to `wanted`: the scope's members (`(GPU index, share)`)
     /// claim their demand limited by the scopes inside it (what `wanted` holds so far),
-    /// each by its share. The members' sums are taken in member order, and the list of
-    /// limited claims is made only for a scope that needs it.
+    /// each by its share; `gpu_draw` is what they draw (see [`Members::sum`]). The
+    /// members' sums are taken in member order, and the list of limited claims is made
+    /// only for a scope that needs it.
     #[allow(clippy::too_many_arguments)]
     fn cut(
         &self,
@@ -591,47 +638,37 @@ impl PerGpu<'_, '_> {
         budget_kw: f64,
         measured: Option<telemetry::Observation>,
         base_w: f64,
+        gpu_draw: f64,
         members: &Members,
         rule: &BudgetRule,
         stale: usize,
         name: &'static str,
-        wanted: &mut [Option<BudgetCap>],
+        wanted: &mut Wanted,
     ) -> ScopeView {
-        let limit = |i: usize, share: f64, wanted: &[Option<BudgetCap>]| {
-            let c = self.claims[i];
-            let d = wanted[i]
-                .as_ref()
-                .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
-            Claim {
-                demand_w: d * share,
-                min_w: c.min_w * share,
-                priority: c.priority,
-            }
-        };
         // the sums start from -0.0, as `Iterator::sum` of f64 does
-        let (mut gpu_draw, mut demand, mut positive, mut unsure_w, mut starting_w) =
-            (-0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64);
+        let (mut demand, mut positive) = (-0.0_f64, -0.0_f64);
         for &(a, b, share) in &members.0 {
-            let (a, b) = (a as usize, b as usize);
-            let runs = self.claims[a..b]
-                .iter()
-                .zip(&wanted[a..b])
-                .zip(&self.draws[a..b])
-                .zip(&self.unsure[a..b])
-                .zip(&self.extra_w[a..b]);
-            for ((((c, w), draw), unsure), extra) in runs {
-                let d = w.as_ref().map_or(c.demand_w, |w| w.watts.min(c.demand_w)) * share;
-                gpu_draw += draw * share;
+            for l in &wanted.limited[a as usize..b as usize] {
+                let d = l * share;
                 demand += d;
                 positive += d.max(0.0);
-                unsure_w += unsure * share;
-                starting_w += extra * share;
             }
         }
+        // with every GPU's figure zero, a sum of the members' is +0.0 (-0.0 for none)
+        let zero = if members.is_empty() { -0.0 } else { 0.0 };
+        let unsure_w = self.unsure.map_or(zero, |u| members.sum(u));
+        let starting_w = self.extra_w.map_or(zero, |e| members.sum(e));
         let limited = || -> Vec<Claim> {
             members
                 .iter()
-                .map(|(i, share)| limit(i, share, wanted))
+                .map(|(i, share)| {
+                    let c = self.claims[i];
+                    Claim {
+                        demand_w: wanted.limited[i] * share,
+                        min_w: c.min_w * share,
+                        priority: c.priority,
+                    }
+                })
                 .collect()
         };
         let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
@@ -832,21 +869,19 @@ fn apply_cut(
     members: &Members,
     claims: &[Claim],
     name: &'static str,
-    wanted: &mut [Option<BudgetCap>],
+    wanted: &mut Wanted,
 ) {
     let PerGpu {
-        gpus,
-        unsure,
-        prior_caps,
-        ..
+        gpus, prior_caps, ..
     } = *per_gpu;
     // the cut order is the same in the limited claims as in the GPUs' own
     let priority = |i: usize| per_gpu.claims[i].priority;
-    if !matches!(cut, Cut::Lift) {
+    let demand = |i: usize| per_gpu.claims[i].demand_w;
+    if let Some(unsure) = per_gpu.unsure.filter(|_| !matches!(cut, Cut::Lift)) {
         for (i, _) in members.iter() {
             if unsure[i] > 0.0 && !is_protected(priority(i)) {
                 if let Some(p) = prior_caps[i] {
-                    tighten(&mut wanted[i], p.watts, name);
+                    wanted.tighten(i, p.watts, name, demand(i));
                 }
             }
         }
@@ -861,7 +896,7 @@ fn apply_cut(
                     continue;
                 }
                 if let Some(c) = prior_caps[i].filter(|c| *c.rule == *name) {
-                    tighten(&mut wanted[i], c.watts, name);
+                    wanted.tighten(i, c.watts, name, demand(i));
                 }
             }
         }
@@ -870,7 +905,8 @@ fn apply_cut(
                 if *a < c.demand_w - 1e-6 {
                     // the allocation is of the share through this scope: the GPU's cap
                     // is the allocation over its share
-                    tighten(&mut wanted[i], gpus[i].model.clamp_limit(*a / share), name);
+                    let watts = gpus[i].model.clamp_limit(*a / share);
+                    wanted.tighten(i, watts, name, demand(i));
                 }
             }
         }
@@ -886,7 +922,7 @@ fn cap_other_idle(
     members: &Members,
     claims: &[Claim],
     name: &'static str,
-    wanted: &mut [Option<BudgetCap>],
+    wanted: &mut Wanted,
 ) {
     let Cut::To(alloc) = cut else {
         return;
@@ -906,15 +942,9 @@ fn cap_other_idle(
     }
     for (i, _) in members.iter() {
         if free[i] && !placed[i] {
-            tighten(&mut wanted[i], gpus[i].model.clamp_limit(level), name);
+            let watts = gpus[i].model.clamp_limit(level);
+            wanted.tighten(i, watts, name, per_gpu.claims[i].demand_w);
         }
-    }
-}
-
-fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
-    match slot {
-        Some(w) if w.watts <= watts => {}
-        _ => *slot = Some(BudgetCap { watts, rule }),
     }
 }
 
@@ -930,11 +960,11 @@ fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
 /// they are in.
 #[allow(clippy::too_many_arguments)]
 fn place_starting(
-    gpus: &[GpuRef<'_>],
+    index: &crate::index::Index<'_>,
     scopes: &[Scope],
     measured: &[Option<telemetry::Observation>],
+    gpu_draws: &[f64],
     claims: &[Claim],
-    draws: &[f64],
     free: &[bool],
     jobs: &[Job],
     prior: &State,
@@ -942,35 +972,41 @@ fn place_starting(
     starting: &BTreeSet<String>,
     now: Timestamp,
 ) -> Vec<(usize, i64)> {
-    let mut queued: Vec<&Job> = jobs
-        .iter()
-        .filter(|j| match j.state {
-            telemetry::JobState::Pending => {
-                !prior.holds.contains_key(&j.id) || starting.contains(&j.id)
+    let gpus = &index.gpus[..];
+    // the jobs the prior state holds, by position (each hold's job found once, not each
+    // queued job's id searched among the holds)
+    let mut held = vec![false; jobs.len()];
+    if !prior.holds.is_empty() {
+        let table = index.allocations(jobs);
+        for id in prior.holds.keys() {
+            for p in table.positions(jobs, id) {
+                held[p] = true;
             }
+        }
+    }
+    let mut queued: Vec<(QueueKey, &Job)> = jobs
+        .iter()
+        .zip(&held)
+        .filter(|(j, &held)| match j.state {
+            telemetry::JobState::Pending => !held || starting.contains(&j.id),
             telemetry::JobState::Held => starting.contains(&j.id),
             _ => false,
         })
-        .filter(|j| j.gpus > 0)
+        .filter(|(j, _)| j.gpus > 0)
+        .map(|(j, _)| (QueueKey::of(j), j))
         .collect();
     if queued.is_empty() {
         return Vec::new();
     }
-    queued.sort_by(|a, b| {
-        b.priority
-            .cmp(&a.priority)
-            .then(a.submit_time.cmp(&b.submit_time))
-            .then(a.id.cmp(&b.id))
-    });
+    // the scheduler's order: priority (highest first), then submission, then id
+    queued.sort_by(|(a, ja), (b, jb)| a.cmp(b).then_with(|| ja.id.cmp(&jb.id)));
     // the headroom of each idle GPU's tightest scope
     let mut tightest = vec![f64::INFINITY; gpus.len()];
-    for (scope, obs) in scopes.iter().zip(measured) {
-        // the sums start from -0.0, as `Iterator::sum` of f64 does
-        let (mut gpu_draw, mut demand) = (-0.0_f64, -0.0_f64);
+    for ((scope, obs), &gpu_draw) in scopes.iter().zip(measured).zip(gpu_draws) {
+        // the sum starts from -0.0, as `Iterator::sum` of f64 does
+        let mut demand = -0.0_f64;
         for &(a, b, share) in &scope.members.0 {
-            let (a, b) = (a as usize, b as usize);
-            for (d, c) in draws[a..b].iter().zip(&claims[a..b]) {
-                gpu_draw += d * share;
+            for c in &claims[a as usize..b as usize] {
                 demand += c.demand_w * share;
             }
         }
@@ -983,21 +1019,51 @@ fn place_starting(
             }
         }
     }
-    let mut idle: Vec<usize> = (0..gpus.len()).filter(|&i| free[i]).collect();
-    // no two GPUs compare equal: the unstable sort gives the one order
-    idle.sort_unstable_by(|&a, &b| tightest[a].total_cmp(&tightest[b]).then(a.cmp(&b)));
+    // the idle GPUs by their tightest headroom (as `f64::total_cmp` orders it), then by
+    // index: no two compare equal, so the unstable sort gives the one order
+    let mut idle: Vec<(i64, usize)> = (0..gpus.len())
+        .filter(|&i| free[i])
+        .map(|i| (total_order_key(tightest[i]), i))
+        .collect();
+    idle.sort_unstable();
     let mut out = Vec::new();
     let mut next = 0;
-    for j in queued {
+    for (_, j) in queued {
         let n = j.gpus as usize;
         if idle.len() - next < n {
             continue;
         }
         let p = cut_order_of(j, rule, now);
-        out.extend(idle[next..next + n].iter().map(|&i| (i, p)));
+        out.extend(idle[next..next + n].iter().map(|&(_, i)| (i, p)));
         next += n;
     }
     out
+}
+
+/// A queued job's place in the scheduler's order short of its whole id: priority
+/// (highest first), submission, then the first 16 bytes of its id (zero-padded, as
+/// big-endian bytes compare as the id's bytes do). Two keys that differ order their jobs
+/// as the ids would; equal keys leave the order to the whole ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct QueueKey(std::cmp::Reverse<i32>, Timestamp, u128);
+
+impl QueueKey {
+    fn of(j: &Job) -> QueueKey {
+        let mut head = [0u8; 16];
+        let n = j.id.len().min(16);
+        head[..n].copy_from_slice(&j.id.as_bytes()[..n]);
+        QueueKey(
+            std::cmp::Reverse(j.priority),
+            j.submit_time,
+            u128::from_be_bytes(head),
+        )
+    }
+}
+
+/// An integer that orders floats as [`f64::total_cmp`] does.
+fn total_order_key(x: f64) -> i64 {
+    let bits = x.to_bits() as i64;
+    bits ^ ((((bits >> 63) as u64) >> 1) as i64)
 }
 
 /// The cut-order tier of jobs close to their deadline: above every class and priority.
