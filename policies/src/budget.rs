@@ -984,22 +984,28 @@ fn place_starting(
             }
         }
     }
-    let mut queued: Vec<(QueueKey, &Job)> = jobs
+    let mut queued: Vec<(QueueKey, u32)> = jobs
         .iter()
         .zip(&held)
-        .filter(|(j, &held)| match j.state {
+        .enumerate()
+        .filter(|(_, (j, &held))| match j.state {
             telemetry::JobState::Pending => !held || starting.contains(&j.id),
             telemetry::JobState::Held => starting.contains(&j.id),
             _ => false,
         })
-        .filter(|(j, _)| j.gpus > 0)
-        .map(|(j, _)| (QueueKey::of(j), j))
+        .filter(|(_, (j, _))| j.gpus > 0)
+        .map(|(k, (j, _))| (QueueKey::of(j), k as u32))
         .collect();
     if queued.is_empty() {
         return Vec::new();
     }
-    // the scheduler's order: priority (highest first), then submission, then id
-    queued.sort_by(|(a, ja), (b, jb)| a.cmp(b).then_with(|| ja.id.cmp(&jb.id)));
+    // the scheduler's order: priority (highest first), then submission, then id, then
+    // the jobs' order (so the unstable sort keeps jobs that compare equal as listed)
+    queued.sort_unstable_by(|(a, p), (b, q)| {
+        a.cmp(b)
+            .then_with(|| jobs[*p as usize].id.cmp(&jobs[*q as usize].id))
+            .then(p.cmp(q))
+    });
     // the headroom of each idle GPU's tightest scope
     let mut tightest = vec![f64::INFINITY; gpus.len()];
     for ((scope, obs), &gpu_draw) in scopes.iter().zip(measured).zip(gpu_draws) {
@@ -1028,7 +1034,8 @@ fn place_starting(
     idle.sort_unstable();
     let mut out = Vec::new();
     let mut next = 0;
-    for (_, j) in queued {
+    for (_, k) in queued {
+        let j = &jobs[k as usize];
         let n = j.gpus as usize;
         if idle.len() - next < n {
             continue;
@@ -1045,17 +1052,20 @@ fn place_starting(
 /// big-endian bytes compare as the id's bytes do). Two keys that differ order their jobs
 /// as the ids would; equal keys leave the order to the whole ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct QueueKey(std::cmp::Reverse<i32>, Timestamp, u128);
+struct QueueKey(std::cmp::Reverse<i32>, Timestamp, u64, u64);
 
 impl QueueKey {
     fn of(j: &Job) -> QueueKey {
         let mut head = [0u8; 16];
         let n = j.id.len().min(16);
         head[..n].copy_from_slice(&j.id.as_bytes()[..n]);
+        let (hi, lo) = head.split_at(8);
+        let word = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
         QueueKey(
             std::cmp::Reverse(j.priority),
             j.submit_time,
-            u128::from_be_bytes(head),
+            word(hi),
+            word(lo),
         )
     }
 }
