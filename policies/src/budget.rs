@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
@@ -151,9 +152,9 @@ impl Members {
         self.push_run(i as u32, i as u32 + 1, share);
     }
 
-    /// Adds the GPUs of `other`, each with `share`.
-    fn extend_with(&mut self, other: &Members, share: f64) {
-        for &(a, b, _) in &other.0 {
+    /// Adds the GPUs of the runs `other`, each with `share`.
+    fn extend_with(&mut self, other: &[(u32, u32, f64)], share: f64) {
+        for &(a, b, _) in other {
             self.push_run(a, b, share);
         }
     }
@@ -253,23 +254,36 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             .map(|l| l.limit_kw * l.derate)
     };
     let mut out = Vec::new();
-    // racks
-    let mut per_rack: Vec<Members> = vec![Members::default(); site.racks.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        per_rack[g.rack_index].push(i, 1.0);
-    }
-    for (r, members) in site.racks.iter().zip(&per_rack) {
+    // racks: each rack's GPUs as runs, in the GPUs' order
+    let per_rack = Grouped::new(
+        site.racks.len(),
+        gpus.chunk_by(|a, b| a.rack_index == b.rack_index)
+            .scan(0u32, |at, run| {
+                let a = *at;
+                *at += run.len() as u32;
+                Some((run[0].rack_index, (a, *at, 1.0)))
+            }),
+    );
+    // the racks (in order) whose GPUs are among those of a scope made of whole racks
+    let racks_in = |racks: &mut dyn Iterator<Item = usize>| -> Vec<usize> {
+        let mut v: Vec<usize> = racks.filter(|&r| !per_rack.of(r).is_empty()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    for (ri, r) in site.racks.iter().enumerate() {
+        let members = Members(per_rack.of(ri).to_vec());
         out.push(Scope {
             entity: EntityId::rack(&r.id),
             rule: "budget.rack",
             budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
             base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
-            members: members.clone(),
-            racks: Vec::new(),
+            racks: racks_in(&mut std::iter::once(ri)),
+            members,
         });
     }
     // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
-    let branch_of: std::collections::HashMap<(&str, &str), &str> = site
+    let branch_of: FnvMap<(&str, &str), &str> = site
         .pdus
         .iter()
         .flat_map(|p| {
@@ -280,12 +294,10 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             })
         })
         .collect();
-    let mut on_branch: std::collections::HashMap<(&str, &str), Vec<(usize, f64)>> =
-        std::collections::HashMap::new();
-    // each node's GPUs, for the branch circuits (made only where there are some)
-    let mut per_node: Vec<Members> = Vec::new();
     if !branch_of.is_empty() {
-        per_node = vec![Members::default(); site.nodes.len()];
+        let mut on_branch: FnvMap<(&str, &str), Vec<(usize, f64)>> = FnvMap::default();
+        // each node's GPUs
+        let mut per_node: Vec<Members> = vec![Members::default(); site.nodes.len()];
         for (i, g) in gpus.iter().enumerate() {
             per_node[g.node_index].push(i, 1.0);
         }
@@ -304,28 +316,42 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                 }
             }
         }
-    }
-    for p in &site.pdus {
-        for b in &p.branches {
-            let Some(nodes) = on_branch.get(&(p.id.as_str(), b.id.as_str())) else {
-                continue;
-            };
-            let mut members = Members::default();
-            let mut base_w = 0.0;
-            for &(n, share) in nodes {
-                base_w += site.nodes[n].base_w * share;
-                members.extend_with(&per_node[n], share);
+        // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
+        // together ends at each of them, and is walked GPU by GPU)
+        let mut rack_end = vec![0; site.racks.len()];
+        let mut together = vec![true; site.racks.len()];
+        for (i, g) in gpus.iter().enumerate() {
+            let r = g.rack_index;
+            together[r] &= rack_end[r] == 0 || rack_end[r] == i;
+            rack_end[r] = i + 1;
+        }
+        for (end, ok) in rack_end.iter_mut().zip(together) {
+            if !ok {
+                *end = 0;
             }
-            if !members.is_empty() {
-                let name = format!("{}.{}", p.id, b.id);
-                out.push(Scope {
-                    budget_kw: limit("branch", &name).unwrap_or(b.rating_kw * p.derate),
-                    entity: EntityId::new(EntityKind::Branch, name),
-                    rule: "budget.branch",
-                    base_w,
-                    members,
-                    racks: Vec::new(),
-                });
+        }
+        for p in &site.pdus {
+            for b in &p.branches {
+                let Some(nodes) = on_branch.get(&(p.id.as_str(), b.id.as_str())) else {
+                    continue;
+                };
+                let mut members = Members::default();
+                let mut base_w = 0.0;
+                for &(n, share) in nodes {
+                    base_w += site.nodes[n].base_w * share;
+                    members.extend_with(&per_node[n].0, share);
+                }
+                if !members.is_empty() {
+                    let name = format!("{}.{}", p.id, b.id);
+                    out.push(Scope {
+                        budget_kw: limit("branch", &name).unwrap_or(b.rating_kw * p.derate),
+                        entity: EntityId::new(EntityKind::Branch, name),
+                        rule: "budget.branch",
+                        base_w,
+                        racks: racks_of(gpus, &rack_end, &members),
+                        members,
+                    });
+                }
             }
         }
     }
@@ -341,44 +367,49 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         let mut base_w = 0.0;
         for &(ri, share) in shares {
             base_w += rack_base[ri] * share;
-            members.extend_with(&per_rack[ri], share);
+            members.extend_with(per_rack.of(ri), share);
         }
-        (members, base_w)
+        let racks = racks_in(&mut shares.iter().map(|&(ri, _)| ri));
+        (members, base_w, racks)
     };
-    let mut by_pdu: std::collections::HashMap<&str, Vec<(usize, f64)>> =
-        std::collections::HashMap::new();
-    let feed_of: std::collections::HashMap<&str, &str> = site
+    // PDUs and feeds by position (the first of an id), and each PDU id's feed (that of
+    // the last PDU of the id)
+    let pdu_at: FnvMap<&str, usize> = first_positions(site.pdus.iter().map(|p| p.id.as_str()));
+    let feed_at: FnvMap<&str, usize> = first_positions(site.feeds.iter().map(|f| f.id.as_str()));
+    let feed_of: FnvMap<&str, Option<usize>> = site
         .pdus
         .iter()
-        .map(|p| (p.id.as_str(), p.feed.as_str()))
+        .map(|p| (p.id.as_str(), feed_at.get(p.feed.as_str()).copied()))
         .collect();
-    let mut by_feed: std::collections::HashMap<&str, Vec<(usize, f64)>> =
-        std::collections::HashMap::new();
+    let mut by_pdu: Vec<(usize, (usize, f64))> = Vec::with_capacity(2 * site.racks.len());
+    let mut by_feed: Vec<(usize, (usize, f64))> = Vec::with_capacity(2 * site.racks.len());
+    let mut feeds: Vec<(usize, f64)> = Vec::new();
     for (ri, r) in site.racks.iter().enumerate() {
         let share = 1.0 / r.pdus.len().max(1) as f64;
-        let mut feeds: Vec<(&str, f64)> = Vec::new();
+        feeds.clear();
         for p in &r.pdus {
-            by_pdu.entry(p.as_str()).or_default().push((ri, share));
-            if let Some(f) = feed_of.get(p.as_str()) {
-                match feeds.iter_mut().find(|(x, _)| x == f) {
+            if let Some(&at) = pdu_at.get(p.as_str()) {
+                by_pdu.push((at, (ri, share)));
+            }
+            if let Some(&Some(f)) = feed_of.get(p.as_str()) {
+                match feeds.iter_mut().find(|(x, _)| *x == f) {
                     Some(e) => e.1 += share,
                     None => feeds.push((f, share)),
                 }
             }
         }
-        for (f, sh) in feeds {
-            by_feed.entry(f).or_default().push((ri, sh));
-        }
+        by_feed.extend(feeds.iter().map(|&(f, sh)| (f, (ri, sh))));
     }
+    let by_pdu = Grouped::new(site.pdus.len(), by_pdu.into_iter());
     for p in &site.pdus {
-        let (members, base_w) = group(by_pdu.get(p.id.as_str()).map_or(&[][..], |v| &v[..]));
+        let (members, base_w, racks) = group(by_pdu.of(pdu_at[p.id.as_str()]));
         if !members.is_empty() {
             out.push(Scope {
                 entity: EntityId::new(EntityKind::Pdu, &p.id),
                 rule: "budget.pdu",
                 budget_kw: limit("pdu", &p.id).unwrap_or(p.usable_kw()),
                 members,
-                racks: Vec::new(),
+                racks,
                 base_w,
             });
         }
@@ -398,9 +429,11 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         };
         let mut members = Members::default();
         let mut base_w = 0.0;
+        let mut racks = Vec::new();
         for (ri, r) in site.racks.iter().enumerate().filter(|(_, r)| in_scope(r)) {
             base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>();
-            members.extend_with(&per_rack[ri], 1.0);
+            members.extend_with(per_rack.of(ri), 1.0);
+            racks.push(ri);
         }
         out.push(Scope {
             entity: EntityId::new(
@@ -418,42 +451,69 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             },
             budget_kw: l.limit_kw * l.derate,
             members,
-            racks: Vec::new(),
+            racks: racks_in(&mut racks.into_iter()),
             base_w,
         });
     }
     // feeds: the PDUs they supply (only worth a scope when there is more than one)
     if site.feeds.len() > 1 {
+        let by_feed = Grouped::new(site.feeds.len(), by_feed.into_iter());
         for f in &site.feeds {
-            let (members, base_w) = group(by_feed.get(f.id.as_str()).map_or(&[][..], |v| &v[..]));
+            let (members, base_w, racks) = group(by_feed.of(feed_at[f.id.as_str()]));
             out.push(Scope {
                 entity: EntityId::new(EntityKind::Feed, &f.id),
                 rule: "budget.feed",
                 budget_kw: limit("feed", &f.id).unwrap_or(f.usable_kw()),
                 members,
-                racks: Vec::new(),
+                racks,
                 base_w,
             });
         }
     }
-    // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
-    // together ends at each of them, and is walked GPU by GPU)
-    let mut rack_end = vec![0; site.racks.len()];
-    let mut together = vec![true; site.racks.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        let r = g.rack_index;
-        together[r] &= rack_end[r] == 0 || rack_end[r] == i;
-        rack_end[r] = i + 1;
-    }
-    for (end, ok) in rack_end.iter_mut().zip(together) {
-        if !ok {
-            *end = 0;
-        }
-    }
-    for scope in &mut out {
-        scope.racks = racks_of(gpus, &rack_end, &scope.members);
-    }
     out
+}
+
+/// Each id's first position in a list.
+fn first_positions<'a>(ids: impl Iterator<Item = &'a str>) -> FnvMap<&'a str, usize> {
+    let mut at = FnvMap::default();
+    for (k, id) in ids.enumerate() {
+        at.entry(id).or_insert(k);
+    }
+    at
+}
+
+/// Items grouped by a key `0..n`, each group's in the order they were given (made once,
+/// with no list per group).
+struct Grouped<T> {
+    start: Vec<usize>,
+    items: Vec<T>,
+}
+
+impl<T: Copy> Grouped<T> {
+    fn new(n: usize, pairs: impl Iterator<Item = (usize, T)> + Clone) -> Grouped<T> {
+        let mut start = vec![0; n + 1];
+        for (k, _) in pairs.clone() {
+            start[k + 1] += 1;
+        }
+        for k in 0..n {
+            start[k + 1] += start[k];
+        }
+        let mut next = start.clone();
+        let mut items = Vec::with_capacity(start[n]);
+        // each item goes to the next free place of its group
+        let mut slots: Vec<Option<T>> = vec![None; start[n]];
+        for (k, item) in pairs {
+            slots[next[k]] = Some(item);
+            next[k] += 1;
+        }
+        items.extend(slots.into_iter().flatten());
+        Grouped { start, items }
+    }
+
+    /// The items of group `k`, in order.
+    fn of(&self, k: usize) -> &[T] {
+        &self.items[self.start[k]..self.start[k + 1]]
+    }
 }
 
 /// Wanted caps per GPU, and what each scope looked like.
@@ -1006,8 +1066,9 @@ fn place_starting(
             .then_with(|| jobs[*p as usize].id.cmp(&jobs[*q as usize].id))
             .then(p.cmp(q))
     });
-    // the headroom of each idle GPU's tightest scope
-    let mut tightest = vec![f64::INFINITY; gpus.len()];
+    // the idle GPUs, in order, and the headroom of each one's tightest scope
+    let idle: Vec<usize> = (0..gpus.len()).filter(|&i| free[i]).collect();
+    let mut tightest = vec![f64::INFINITY; idle.len()];
     for ((scope, obs), &gpu_draw) in scopes.iter().zip(measured).zip(gpu_draws) {
         // the sum starts from -0.0, as `Iterator::sum` of f64 does
         let mut demand = -0.0_f64;
@@ -1019,17 +1080,21 @@ fn place_starting(
         let headroom = scope.budget_kw * 1000.0 * (1.0 - rule.margin)
             - other_w(*obs, scope.base_w, gpu_draw)
             - demand;
+        // the scope's idle GPUs: those of each run, found in the ordered list
         for &(a, b, _) in &scope.members.0 {
-            for t in &mut tightest[a as usize..b as usize] {
+            let from = idle.partition_point(|&i| i < a as usize);
+            let to = from + idle[from..].partition_point(|&i| i < b as usize);
+            for t in &mut tightest[from..to] {
                 *t = t.min(headroom);
             }
         }
     }
     // the idle GPUs by their tightest headroom (as `f64::total_cmp` orders it), then by
     // index: no two compare equal, so the unstable sort gives the one order
-    let mut idle: Vec<(i64, usize)> = (0..gpus.len())
-        .filter(|&i| free[i])
-        .map(|i| (total_order_key(tightest[i]), i))
+    let mut idle: Vec<(i64, usize)> = idle
+        .iter()
+        .zip(&tightest)
+        .map(|(&i, &t)| (total_order_key(t), i))
         .collect();
     idle.sort_unstable();
     let mut out = Vec::new();
