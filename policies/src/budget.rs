@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
@@ -151,9 +152,9 @@ impl Members {
         self.push_run(i as u32, i as u32 + 1, share);
     }
 
-    /// Adds the GPUs of `other`, each with `share`.
-    fn extend_with(&mut self, other: &Members, share: f64) {
-        for &(a, b, _) in &other.0 {
+    /// Adds the GPUs of the runs `other`, each with `share`.
+    fn extend_with(&mut self, other: &[(u32, u32, f64)], share: f64) {
+        for &(a, b, _) in other {
             self.push_run(a, b, share);
         }
     }
@@ -169,6 +170,18 @@ impl Members {
 
     fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// The sum of the members' `values` (by GPU index), each by its share, in member
+    /// order from -0.0 (as `Iterator::sum` of f64 does).
+    fn sum(&self, values: &[f64]) -> f64 {
+        let mut sum = -0.0_f64;
+        for &(a, b, share) in &self.0 {
+            for v in &values[a as usize..b as usize] {
+                sum += v * share;
+            }
+        }
+        sum
     }
 
     /// `(GPU index, share)` in order.
@@ -241,23 +254,36 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             .map(|l| l.limit_kw * l.derate)
     };
     let mut out = Vec::new();
-    // racks
-    let mut per_rack: Vec<Members> = vec![Members::default(); site.racks.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        per_rack[g.rack_index].push(i, 1.0);
-    }
-    for (r, members) in site.racks.iter().zip(&per_rack) {
+    // racks: each rack's GPUs as runs, in the GPUs' order
+    let per_rack = Grouped::new(
+        site.racks.len(),
+        gpus.chunk_by(|a, b| a.rack_index == b.rack_index)
+            .scan(0u32, |at, run| {
+                let a = *at;
+                *at += run.len() as u32;
+                Some((run[0].rack_index, (a, *at, 1.0)))
+            }),
+    );
+    // the racks (in order) whose GPUs are among those of a scope made of whole racks
+    let racks_in = |racks: &mut dyn Iterator<Item = usize>| -> Vec<usize> {
+        let mut v: Vec<usize> = racks.filter(|&r| !per_rack.of(r).is_empty()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    for (ri, r) in site.racks.iter().enumerate() {
+        let members = Members(per_rack.of(ri).to_vec());
         out.push(Scope {
             entity: EntityId::rack(&r.id),
             rule: "budget.rack",
             budget_kw: limit("rack", &r.id).unwrap_or(r.power_budget_kw),
             base_w: r.nodes.iter().map(|&n| site.nodes[n].base_w).sum(),
-            members: members.clone(),
-            racks: Vec::new(),
+            racks: racks_in(&mut std::iter::once(ri)),
+            members,
         });
     }
     // branch circuits: nodes whose outlets sit on them, by share of the node's outlets
-    let branch_of: std::collections::HashMap<(&str, &str), &str> = site
+    let branch_of: FnvMap<(&str, &str), &str> = site
         .pdus
         .iter()
         .flat_map(|p| {
@@ -268,12 +294,10 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             })
         })
         .collect();
-    let mut on_branch: std::collections::HashMap<(&str, &str), Vec<(usize, f64)>> =
-        std::collections::HashMap::new();
-    // each node's GPUs, for the branch circuits (made only where there are some)
-    let mut per_node: Vec<Members> = Vec::new();
     if !branch_of.is_empty() {
-        per_node = vec![Members::default(); site.nodes.len()];
+        let mut on_branch: FnvMap<(&str, &str), Vec<(usize, f64)>> = FnvMap::default();
+        // each node's GPUs
+        let mut per_node: Vec<Members> = vec![Members::default(); site.nodes.len()];
         for (i, g) in gpus.iter().enumerate() {
             per_node[g.node_index].push(i, 1.0);
         }
@@ -292,28 +316,42 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
                 }
             }
         }
-    }
-    for p in &site.pdus {
-        for b in &p.branches {
-            let Some(nodes) = on_branch.get(&(p.id.as_str(), b.id.as_str())) else {
-                continue;
-            };
-            let mut members = Members::default();
-            let mut base_w = 0.0;
-            for &(n, share) in nodes {
-                base_w += site.nodes[n].base_w * share;
-                members.extend_with(&per_node[n], share);
+        // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
+        // together ends at each of them, and is walked GPU by GPU)
+        let mut rack_end = vec![0; site.racks.len()];
+        let mut together = vec![true; site.racks.len()];
+        for (i, g) in gpus.iter().enumerate() {
+            let r = g.rack_index;
+            together[r] &= rack_end[r] == 0 || rack_end[r] == i;
+            rack_end[r] = i + 1;
+        }
+        for (end, ok) in rack_end.iter_mut().zip(together) {
+            if !ok {
+                *end = 0;
             }
-            if !members.is_empty() {
-                let name = format!("{}.{}", p.id, b.id);
-                out.push(Scope {
-                    budget_kw: limit("branch", &name).unwrap_or(b.rating_kw * p.derate),
-                    entity: EntityId::new(EntityKind::Branch, name),
-                    rule: "budget.branch",
-                    base_w,
-                    members,
-                    racks: Vec::new(),
-                });
+        }
+        for p in &site.pdus {
+            for b in &p.branches {
+                let Some(nodes) = on_branch.get(&(p.id.as_str(), b.id.as_str())) else {
+                    continue;
+                };
+                let mut members = Members::default();
+                let mut base_w = 0.0;
+                for &(n, share) in nodes {
+                    base_w += site.nodes[n].base_w * share;
+                    members.extend_with(&per_node[n].0, share);
+                }
+                if !members.is_empty() {
+                    let name = format!("{}.{}", p.id, b.id);
+                    out.push(Scope {
+                        budget_kw: limit("branch", &name).unwrap_or(b.rating_kw * p.derate),
+                        entity: EntityId::new(EntityKind::Branch, name),
+                        rule: "budget.branch",
+                        base_w,
+                        racks: racks_of(gpus, &rack_end, &members),
+                        members,
+                    });
+                }
             }
         }
     }
@@ -329,44 +367,49 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         let mut base_w = 0.0;
         for &(ri, share) in shares {
             base_w += rack_base[ri] * share;
-            members.extend_with(&per_rack[ri], share);
+            members.extend_with(per_rack.of(ri), share);
         }
-        (members, base_w)
+        let racks = racks_in(&mut shares.iter().map(|&(ri, _)| ri));
+        (members, base_w, racks)
     };
-    let mut by_pdu: std::collections::HashMap<&str, Vec<(usize, f64)>> =
-        std::collections::HashMap::new();
-    let feed_of: std::collections::HashMap<&str, &str> = site
+    // PDUs and feeds by position (the first of an id), and each PDU id's feed (that of
+    // the last PDU of the id)
+    let pdu_at: FnvMap<&str, usize> = first_positions(site.pdus.iter().map(|p| p.id.as_str()));
+    let feed_at: FnvMap<&str, usize> = first_positions(site.feeds.iter().map(|f| f.id.as_str()));
+    let feed_of: FnvMap<&str, Option<usize>> = site
         .pdus
         .iter()
-        .map(|p| (p.id.as_str(), p.feed.as_str()))
+        .map(|p| (p.id.as_str(), feed_at.get(p.feed.as_str()).copied()))
         .collect();
-    let mut by_feed: std::collections::HashMap<&str, Vec<(usize, f64)>> =
-        std::collections::HashMap::new();
+    let mut by_pdu: Vec<(usize, (usize, f64))> = Vec::with_capacity(2 * site.racks.len());
+    let mut by_feed: Vec<(usize, (usize, f64))> = Vec::with_capacity(2 * site.racks.len());
+    let mut feeds: Vec<(usize, f64)> = Vec::new();
     for (ri, r) in site.racks.iter().enumerate() {
         let share = 1.0 / r.pdus.len().max(1) as f64;
-        let mut feeds: Vec<(&str, f64)> = Vec::new();
+        feeds.clear();
         for p in &r.pdus {
-            by_pdu.entry(p.as_str()).or_default().push((ri, share));
-            if let Some(f) = feed_of.get(p.as_str()) {
-                match feeds.iter_mut().find(|(x, _)| x == f) {
+            if let Some(&at) = pdu_at.get(p.as_str()) {
+                by_pdu.push((at, (ri, share)));
+            }
+            if let Some(&Some(f)) = feed_of.get(p.as_str()) {
+                match feeds.iter_mut().find(|(x, _)| *x == f) {
                     Some(e) => e.1 += share,
                     None => feeds.push((f, share)),
                 }
             }
         }
-        for (f, sh) in feeds {
-            by_feed.entry(f).or_default().push((ri, sh));
-        }
+        by_feed.extend(feeds.iter().map(|&(f, sh)| (f, (ri, sh))));
     }
+    let by_pdu = Grouped::new(site.pdus.len(), by_pdu.into_iter());
     for p in &site.pdus {
-        let (members, base_w) = group(by_pdu.get(p.id.as_str()).map_or(&[][..], |v| &v[..]));
+        let (members, base_w, racks) = group(by_pdu.of(pdu_at[p.id.as_str()]));
         if !members.is_empty() {
             out.push(Scope {
                 entity: EntityId::new(EntityKind::Pdu, &p.id),
                 rule: "budget.pdu",
                 budget_kw: limit("pdu", &p.id).unwrap_or(p.usable_kw()),
                 members,
-                racks: Vec::new(),
+                racks,
                 base_w,
             });
         }
@@ -386,9 +429,11 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
         };
         let mut members = Members::default();
         let mut base_w = 0.0;
+        let mut racks = Vec::new();
         for (ri, r) in site.racks.iter().enumerate().filter(|(_, r)| in_scope(r)) {
             base_w += r.nodes.iter().map(|&n| site.nodes[n].base_w).sum::<f64>();
-            members.extend_with(&per_rack[ri], 1.0);
+            members.extend_with(per_rack.of(ri), 1.0);
+            racks.push(ri);
         }
         out.push(Scope {
             entity: EntityId::new(
@@ -406,42 +451,69 @@ fn scopes(site: &Site, gpus: &[GpuRef<'_>], rule: &BudgetRule) -> Vec<Scope> {
             },
             budget_kw: l.limit_kw * l.derate,
             members,
-            racks: Vec::new(),
+            racks: racks_in(&mut racks.into_iter()),
             base_w,
         });
     }
     // feeds: the PDUs they supply (only worth a scope when there is more than one)
     if site.feeds.len() > 1 {
+        let by_feed = Grouped::new(site.feeds.len(), by_feed.into_iter());
         for f in &site.feeds {
-            let (members, base_w) = group(by_feed.get(f.id.as_str()).map_or(&[][..], |v| &v[..]));
+            let (members, base_w, racks) = group(by_feed.of(feed_at[f.id.as_str()]));
             out.push(Scope {
                 entity: EntityId::new(EntityKind::Feed, &f.id),
                 rule: "budget.feed",
                 budget_kw: limit("feed", &f.id).unwrap_or(f.usable_kw()),
                 members,
-                racks: Vec::new(),
+                racks,
                 base_w,
             });
         }
     }
-    // where each rack's GPUs end (one past its last; a rack whose GPUs do not sit
-    // together ends at each of them, and is walked GPU by GPU)
-    let mut rack_end = vec![0; site.racks.len()];
-    let mut together = vec![true; site.racks.len()];
-    for (i, g) in gpus.iter().enumerate() {
-        let r = g.rack_index;
-        together[r] &= rack_end[r] == 0 || rack_end[r] == i;
-        rack_end[r] = i + 1;
-    }
-    for (end, ok) in rack_end.iter_mut().zip(together) {
-        if !ok {
-            *end = 0;
-        }
-    }
-    for scope in &mut out {
-        scope.racks = racks_of(gpus, &rack_end, &scope.members);
-    }
     out
+}
+
+/// Each id's first position in a list.
+fn first_positions<'a>(ids: impl Iterator<Item = &'a str>) -> FnvMap<&'a str, usize> {
+    let mut at = FnvMap::default();
+    for (k, id) in ids.enumerate() {
+        at.entry(id).or_insert(k);
+    }
+    at
+}
+
+/// Items grouped by a key `0..n`, each group's in the order they were given (made once,
+/// with no list per group).
+struct Grouped<T> {
+    start: Vec<usize>,
+    items: Vec<T>,
+}
+
+impl<T: Copy> Grouped<T> {
+    fn new(n: usize, pairs: impl Iterator<Item = (usize, T)> + Clone) -> Grouped<T> {
+        let mut start = vec![0; n + 1];
+        for (k, _) in pairs.clone() {
+            start[k + 1] += 1;
+        }
+        for k in 0..n {
+            start[k + 1] += start[k];
+        }
+        let mut next = start.clone();
+        let mut items = Vec::with_capacity(start[n]);
+        // each item goes to the next free place of its group
+        let mut slots: Vec<Option<T>> = vec![None; start[n]];
+        for (k, item) in pairs {
+            slots[next[k]] = Some(item);
+            next[k] += 1;
+        }
+        items.extend(slots.into_iter().flatten());
+        Grouped { start, items }
+    }
+
+    /// The items of group `k`, in order.
+    fn of(&self, k: usize) -> &[T] {
+        &self.items[self.start[k]..self.start[k + 1]]
+    }
 }
 
 /// Wanted caps per GPU, and what each scope looked like.
@@ -505,12 +577,17 @@ pub fn evaluate(
         .iter()
         .map(|s| snapshot.observe(&s.entity, POWER_W, now))
         .collect();
+    // what each scope's GPUs draw (each by its share), for the headroom the jobs about
+    // to start are placed by and for each scope's cut
+    let gpu_draws: Vec<f64> = scopes.iter().map(|s| s.members.sum(&draws)).collect();
     // the GPUs of the jobs about to start, at their maximum
     let mut extra_w = vec![0.0; gpus.len()];
     let mut placed = vec![false; gpus.len()];
+    let mut any_placed = false;
     for (i, p) in place_starting(
-        gpus, scopes, &measured, &claims, &draws, &free, jobs, prior, rule, starting, now,
+        index, scopes, &measured, &gpu_draws, &claims, &free, jobs, prior, rule, starting, now,
     ) {
+        any_placed = true;
         placed[i] = true;
         let max_w = gpus[i].model.max_w;
         extra_w[i] = (max_w - claims[i].demand_w).max(0.0);
@@ -521,24 +598,26 @@ pub fn evaluate(
     let per_gpu = PerGpu {
         gpus,
         claims: &claims,
-        draws: &draws,
-        unsure: &unsure,
-        extra_w: &extra_w,
+        unsure: (unsure.iter().any(|&u| u > 0.0)).then_some(&unsure[..]),
+        extra_w: any_placed.then_some(&extra_w[..]),
         prior_caps,
         placed: &placed,
         free: &free,
     };
-    // by GPU index
-    let mut wanted: Vec<Option<BudgetCap>> = vec![None; gpus.len()];
+    let mut wanted = Wanted {
+        caps: vec![None; gpus.len()],
+        limited: claims.iter().map(|c| c.demand_w).collect(),
+    };
     let mut views = Vec::with_capacity(scopes.len() + 1);
     // innermost first; each scope shares what its budget leaves among demands already
     // limited by the scopes inside it
-    for (scope, measured) in scopes.iter().zip(measured) {
+    for ((scope, measured), gpu_draw) in scopes.iter().zip(measured).zip(gpu_draws) {
         let mut view = per_gpu.cut(
             &scope.entity,
             scope.budget_kw,
             measured,
             scope.base_w,
+            gpu_draw,
             &scope.members,
             rule,
             stale,
@@ -551,12 +630,14 @@ pub fn evaluate(
     // then the facility (the contract with the utility)
     let base_w: f64 = site.nodes.iter().map(|n| n.base_w).sum();
     let entity = site.site_entity();
+    let all = Members::all(gpus.len());
     let mut view = per_gpu.cut(
         &entity,
         facility_budget_kw(site, rule),
         snapshot.observe(&entity, POWER_W, now),
         base_w,
-        &Members::all(gpus.len()),
+        all.sum(&draws),
+        &all,
         rule,
         stale,
         "budget.facility",
@@ -564,16 +645,41 @@ pub fn evaluate(
     );
     view.racks = (0..site.racks.len()).collect();
     views.push(view);
-    (wanted, views)
+    (wanted.caps, views)
+}
+
+/// The caps the scopes cut so far, by GPU index, with each GPU's demand limited by its
+/// cap (what the next scope out counts it at).
+struct Wanted {
+    caps: Vec<Option<BudgetCap>>,
+    /// Each GPU's claimed demand, or its cap where that is lower.
+    limited: Vec<f64>,
+}
+
+impl Wanted {
+    /// Lowers GPU `i`'s cap to `watts` (by `rule`) unless it is that low already;
+    /// `demand_w` is the GPU's claimed demand.
+    fn tighten(&mut self, i: usize, watts: f64, rule: &'static str, demand_w: f64) {
+        match &self.caps[i] {
+            Some(w) if w.watts <= watts => {}
+            _ => {
+                self.caps[i] = Some(BudgetCap { watts, rule });
+                self.limited[i] = watts.min(demand_w);
+            }
+        }
+    }
 }
 
 /// Each GPU's figures in one budget evaluation, by GPU index.
 struct PerGpu<'a, 'g> {
     gpus: &'a [GpuRef<'g>],
     claims: &'a [Claim],
-    draws: &'a [f64],
-    unsure: &'a [f64],
-    extra_w: &'a [f64],
+    /// What each GPU may draw over its demand once its cap lifts; `None` where no GPU
+    /// may (all zero).
+    unsure: Option<&'a [f64]>,
+    /// What the jobs about to start add to each GPU's demand; `None` where none is
+    /// placed (all zero).
+    extra_w: Option<&'a [f64]>,
     prior_caps: &'a [Option<&'a crate::Cap>],
     placed: &'a [bool],
     free: &'a [bool],
@@ -582,8 +688,9 @@ struct PerGpu<'a, 'g> {
 impl PerGpu<'_, '_> {
     /// One scope's cut, applied to `wanted`: the scope's members (`(GPU index, share)`)
     /// claim their demand limited by the scopes inside it (what `wanted` holds so far),
-    /// each by its share. The members' sums are taken in member order, and the list of
-    /// limited claims is made only for a scope that needs it.
+    /// each by its share; `gpu_draw` is what they draw (see [`Members::sum`]). The
+    /// members' sums are taken in member order, and the list of limited claims is made
+    /// only for a scope that needs it.
     #[allow(clippy::too_many_arguments)]
     fn cut(
         &self,
@@ -591,47 +698,37 @@ impl PerGpu<'_, '_> {
         budget_kw: f64,
         measured: Option<telemetry::Observation>,
         base_w: f64,
+        gpu_draw: f64,
         members: &Members,
         rule: &BudgetRule,
         stale: usize,
         name: &'static str,
-        wanted: &mut [Option<BudgetCap>],
+        wanted: &mut Wanted,
     ) -> ScopeView {
-        let limit = |i: usize, share: f64, wanted: &[Option<BudgetCap>]| {
-            let c = self.claims[i];
-            let d = wanted[i]
-                .as_ref()
-                .map_or(c.demand_w, |w| w.watts.min(c.demand_w));
-            Claim {
-                demand_w: d * share,
-                min_w: c.min_w * share,
-                priority: c.priority,
-            }
-        };
         // the sums start from -0.0, as `Iterator::sum` of f64 does
-        let (mut gpu_draw, mut demand, mut positive, mut unsure_w, mut starting_w) =
-            (-0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64, -0.0_f64);
+        let (mut demand, mut positive) = (-0.0_f64, -0.0_f64);
         for &(a, b, share) in &members.0 {
-            let (a, b) = (a as usize, b as usize);
-            let runs = self.claims[a..b]
-                .iter()
-                .zip(&wanted[a..b])
-                .zip(&self.draws[a..b])
-                .zip(&self.unsure[a..b])
-                .zip(&self.extra_w[a..b]);
-            for ((((c, w), draw), unsure), extra) in runs {
-                let d = w.as_ref().map_or(c.demand_w, |w| w.watts.min(c.demand_w)) * share;
-                gpu_draw += draw * share;
+            for l in &wanted.limited[a as usize..b as usize] {
+                let d = l * share;
                 demand += d;
                 positive += d.max(0.0);
-                unsure_w += unsure * share;
-                starting_w += extra * share;
             }
         }
+        // with every GPU's figure zero, a sum of the members' is +0.0 (-0.0 for none)
+        let zero = if members.is_empty() { -0.0 } else { 0.0 };
+        let unsure_w = self.unsure.map_or(zero, |u| members.sum(u));
+        let starting_w = self.extra_w.map_or(zero, |e| members.sum(e));
         let limited = || -> Vec<Claim> {
             members
                 .iter()
-                .map(|(i, share)| limit(i, share, wanted))
+                .map(|(i, share)| {
+                    let c = self.claims[i];
+                    Claim {
+                        demand_w: wanted.limited[i] * share,
+                        min_w: c.min_w * share,
+                        priority: c.priority,
+                    }
+                })
                 .collect()
         };
         let measured_kw = measured.filter(|o| o.usable()).map(|o| o.value / 1000.0);
@@ -832,21 +929,19 @@ fn apply_cut(
     members: &Members,
     claims: &[Claim],
     name: &'static str,
-    wanted: &mut [Option<BudgetCap>],
+    wanted: &mut Wanted,
 ) {
     let PerGpu {
-        gpus,
-        unsure,
-        prior_caps,
-        ..
+        gpus, prior_caps, ..
     } = *per_gpu;
     // the cut order is the same in the limited claims as in the GPUs' own
     let priority = |i: usize| per_gpu.claims[i].priority;
-    if !matches!(cut, Cut::Lift) {
+    let demand = |i: usize| per_gpu.claims[i].demand_w;
+    if let Some(unsure) = per_gpu.unsure.filter(|_| !matches!(cut, Cut::Lift)) {
         for (i, _) in members.iter() {
             if unsure[i] > 0.0 && !is_protected(priority(i)) {
                 if let Some(p) = prior_caps[i] {
-                    tighten(&mut wanted[i], p.watts, name);
+                    wanted.tighten(i, p.watts, name, demand(i));
                 }
             }
         }
@@ -861,7 +956,7 @@ fn apply_cut(
                     continue;
                 }
                 if let Some(c) = prior_caps[i].filter(|c| *c.rule == *name) {
-                    tighten(&mut wanted[i], c.watts, name);
+                    wanted.tighten(i, c.watts, name, demand(i));
                 }
             }
         }
@@ -870,7 +965,8 @@ fn apply_cut(
                 if *a < c.demand_w - 1e-6 {
                     // the allocation is of the share through this scope: the GPU's cap
                     // is the allocation over its share
-                    tighten(&mut wanted[i], gpus[i].model.clamp_limit(*a / share), name);
+                    let watts = gpus[i].model.clamp_limit(*a / share);
+                    wanted.tighten(i, watts, name, demand(i));
                 }
             }
         }
@@ -886,7 +982,7 @@ fn cap_other_idle(
     members: &Members,
     claims: &[Claim],
     name: &'static str,
-    wanted: &mut [Option<BudgetCap>],
+    wanted: &mut Wanted,
 ) {
     let Cut::To(alloc) = cut else {
         return;
@@ -906,15 +1002,9 @@ fn cap_other_idle(
     }
     for (i, _) in members.iter() {
         if free[i] && !placed[i] {
-            tighten(&mut wanted[i], gpus[i].model.clamp_limit(level), name);
+            let watts = gpus[i].model.clamp_limit(level);
+            wanted.tighten(i, watts, name, per_gpu.claims[i].demand_w);
         }
-    }
-}
-
-fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
-    match slot {
-        Some(w) if w.watts <= watts => {}
-        _ => *slot = Some(BudgetCap { watts, rule }),
     }
 }
 
@@ -930,11 +1020,11 @@ fn tighten(slot: &mut Option<BudgetCap>, watts: f64, rule: &'static str) {
 /// they are in.
 #[allow(clippy::too_many_arguments)]
 fn place_starting(
-    gpus: &[GpuRef<'_>],
+    index: &crate::index::Index<'_>,
     scopes: &[Scope],
     measured: &[Option<telemetry::Observation>],
+    gpu_draws: &[f64],
     claims: &[Claim],
-    draws: &[f64],
     free: &[bool],
     jobs: &[Job],
     prior: &State,
@@ -942,62 +1032,113 @@ fn place_starting(
     starting: &BTreeSet<String>,
     now: Timestamp,
 ) -> Vec<(usize, i64)> {
-    let mut queued: Vec<&Job> = jobs
-        .iter()
-        .filter(|j| match j.state {
-            telemetry::JobState::Pending => {
-                !prior.holds.contains_key(&j.id) || starting.contains(&j.id)
+    let gpus = &index.gpus[..];
+    // the jobs the prior state holds, by position (each hold's job found once, not each
+    // queued job's id searched among the holds)
+    let mut held = vec![false; jobs.len()];
+    if !prior.holds.is_empty() {
+        let table = index.allocations(jobs);
+        for id in prior.holds.keys() {
+            for p in table.positions(jobs, id) {
+                held[p] = true;
             }
+        }
+    }
+    let mut queued: Vec<(QueueKey, u32)> = jobs
+        .iter()
+        .zip(&held)
+        .enumerate()
+        .filter(|(_, (j, &held))| match j.state {
+            telemetry::JobState::Pending => !held || starting.contains(&j.id),
             telemetry::JobState::Held => starting.contains(&j.id),
             _ => false,
         })
-        .filter(|j| j.gpus > 0)
+        .filter(|(_, (j, _))| j.gpus > 0)
+        .map(|(k, (j, _))| (QueueKey::of(j), k as u32))
         .collect();
     if queued.is_empty() {
         return Vec::new();
     }
-    queued.sort_by(|a, b| {
-        b.priority
-            .cmp(&a.priority)
-            .then(a.submit_time.cmp(&b.submit_time))
-            .then(a.id.cmp(&b.id))
+    // the scheduler's order: priority (highest first), then submission, then id, then
+    // the jobs' order (so the unstable sort keeps jobs that compare equal as listed)
+    queued.sort_unstable_by(|(a, p), (b, q)| {
+        a.cmp(b)
+            .then_with(|| jobs[*p as usize].id.cmp(&jobs[*q as usize].id))
+            .then(p.cmp(q))
     });
-    // the headroom of each idle GPU's tightest scope
-    let mut tightest = vec![f64::INFINITY; gpus.len()];
-    for (scope, obs) in scopes.iter().zip(measured) {
-        // the sums start from -0.0, as `Iterator::sum` of f64 does
-        let (mut gpu_draw, mut demand) = (-0.0_f64, -0.0_f64);
+    // the idle GPUs, in order, and the headroom of each one's tightest scope
+    let idle: Vec<usize> = (0..gpus.len()).filter(|&i| free[i]).collect();
+    let mut tightest = vec![f64::INFINITY; idle.len()];
+    for ((scope, obs), &gpu_draw) in scopes.iter().zip(measured).zip(gpu_draws) {
+        // the sum starts from -0.0, as `Iterator::sum` of f64 does
+        let mut demand = -0.0_f64;
         for &(a, b, share) in &scope.members.0 {
-            let (a, b) = (a as usize, b as usize);
-            for (d, c) in draws[a..b].iter().zip(&claims[a..b]) {
-                gpu_draw += d * share;
+            for c in &claims[a as usize..b as usize] {
                 demand += c.demand_w * share;
             }
         }
         let headroom = scope.budget_kw * 1000.0 * (1.0 - rule.margin)
             - other_w(*obs, scope.base_w, gpu_draw)
             - demand;
+        // the scope's idle GPUs: those of each run, found in the ordered list
         for &(a, b, _) in &scope.members.0 {
-            for t in &mut tightest[a as usize..b as usize] {
+            let from = idle.partition_point(|&i| i < a as usize);
+            let to = from + idle[from..].partition_point(|&i| i < b as usize);
+            for t in &mut tightest[from..to] {
                 *t = t.min(headroom);
             }
         }
     }
-    let mut idle: Vec<usize> = (0..gpus.len()).filter(|&i| free[i]).collect();
-    // no two GPUs compare equal: the unstable sort gives the one order
-    idle.sort_unstable_by(|&a, &b| tightest[a].total_cmp(&tightest[b]).then(a.cmp(&b)));
+    // the idle GPUs by their tightest headroom (as `f64::total_cmp` orders it), then by
+    // index: no two compare equal, so the unstable sort gives the one order
+    let mut idle: Vec<(i64, usize)> = idle
+        .iter()
+        .zip(&tightest)
+        .map(|(&i, &t)| (total_order_key(t), i))
+        .collect();
+    idle.sort_unstable();
     let mut out = Vec::new();
     let mut next = 0;
-    for j in queued {
+    for (_, k) in queued {
+        let j = &jobs[k as usize];
         let n = j.gpus as usize;
         if idle.len() - next < n {
             continue;
         }
         let p = cut_order_of(j, rule, now);
-        out.extend(idle[next..next + n].iter().map(|&i| (i, p)));
+        out.extend(idle[next..next + n].iter().map(|&(_, i)| (i, p)));
         next += n;
     }
     out
+}
+
+/// A queued job's place in the scheduler's order short of its whole id: priority
+/// (highest first), submission, then the first 16 bytes of its id (zero-padded, as
+/// big-endian bytes compare as the id's bytes do). Two keys that differ order their jobs
+/// as the ids would; equal keys leave the order to the whole ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct QueueKey(std::cmp::Reverse<i32>, Timestamp, u64, u64);
+
+impl QueueKey {
+    fn of(j: &Job) -> QueueKey {
+        let mut head = [0u8; 16];
+        let n = j.id.len().min(16);
+        head[..n].copy_from_slice(&j.id.as_bytes()[..n]);
+        let (hi, lo) = head.split_at(8);
+        let word = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+        QueueKey(
+            std::cmp::Reverse(j.priority),
+            j.submit_time,
+            word(hi),
+            word(lo),
+        )
+    }
+}
+
+/// An integer that orders floats as [`f64::total_cmp`] does.
+fn total_order_key(x: f64) -> i64 {
+    let bits = x.to_bits() as i64;
+    bits ^ ((((bits >> 63) as u64) >> 1) as i64)
 }
 
 /// The cut-order tier of jobs close to their deadline: above every class and priority.
