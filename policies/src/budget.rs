@@ -15,6 +15,7 @@ use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
+use crate::index::Held;
 use crate::policy::{BudgetRule, OnStale};
 use crate::State;
 
@@ -489,25 +490,22 @@ struct Grouped<T> {
     items: Vec<T>,
 }
 
-impl<T: Copy> Grouped<T> {
-    fn new(n: usize, pairs: impl Iterator<Item = (usize, T)> + Clone) -> Grouped<T> {
+impl<T> Grouped<T> {
+    fn new(n: usize, pairs: impl Iterator<Item = (usize, T)>) -> Grouped<T> {
+        let mut pairs: Vec<(usize, T)> = pairs.collect();
+        // stable: each group's items stay in the order given
+        pairs.sort_by_key(|&(k, _)| k);
         let mut start = vec![0; n + 1];
-        for (k, _) in pairs.clone() {
+        for &(k, _) in &pairs {
             start[k + 1] += 1;
         }
         for k in 0..n {
             start[k + 1] += start[k];
         }
-        let mut next = start.clone();
-        let mut items = Vec::with_capacity(start[n]);
-        // each item goes to the next free place of its group
-        let mut slots: Vec<Option<T>> = vec![None; start[n]];
-        for (k, item) in pairs {
-            slots[next[k]] = Some(item);
-            next[k] += 1;
+        Grouped {
+            start,
+            items: pairs.into_iter().map(|(_, item)| item).collect(),
         }
-        items.extend(slots.into_iter().flatten());
-        Grouped { start, items }
     }
 
     /// The items of group `k`, in order.
@@ -1033,28 +1031,17 @@ fn place_starting(
     now: Timestamp,
 ) -> Vec<(usize, i64)> {
     let gpus = &index.gpus[..];
-    // the jobs the prior state holds, by position (each hold's job found once, not each
-    // queued job's id searched among the holds)
-    let mut held = vec![false; jobs.len()];
-    if !prior.holds.is_empty() {
-        let table = index.allocations(jobs);
-        for id in prior.holds.keys() {
-            for p in table.positions(jobs, id) {
-                held[p] = true;
-            }
-        }
-    }
+    let held = Held::new(&prior.holds, jobs, &index.allocations(jobs));
     let mut queued: Vec<(QueueKey, u32)> = jobs
         .iter()
-        .zip(&held)
         .enumerate()
-        .filter(|(_, (j, &held))| match j.state {
-            telemetry::JobState::Pending => !held || starting.contains(&j.id),
+        .filter(|&(k, j)| match j.state {
+            telemetry::JobState::Pending => held.get(k).is_none() || starting.contains(&j.id),
             telemetry::JobState::Held => starting.contains(&j.id),
             _ => false,
         })
-        .filter(|(_, (j, _))| j.gpus > 0)
-        .map(|(k, (j, _))| (QueueKey::of(j), k as u32))
+        .filter(|(_, j)| j.gpus > 0)
+        .map(|(k, j)| (QueueKey::of(j), k as u32))
         .collect();
     if queued.is_empty() {
         return Vec::new();

@@ -3,12 +3,14 @@
 //! rules and the budget.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use telemetry::site::{GpuIds, GpuRef};
 use telemetry::snapshot::Slot;
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
+use crate::plan::Hold;
 use crate::rules::{ScopeKind, Selector};
 
 pub use telemetry::fasthash::Fnv;
@@ -181,6 +183,30 @@ impl JobTable {
     #[cfg(test)]
     pub(crate) fn with_one_hash(site: &Site, jobs: &[Job]) -> JobTable {
         Self::with_hash(site, jobs, |_| 7)
+    }
+}
+
+/// The prior hold of each job, by the job's position in the list (each held id found
+/// once in the jobs' table, not every job's id looked up).
+pub(crate) struct Held<'a>(Vec<Option<&'a Hold>>);
+
+impl<'a> Held<'a> {
+    pub(crate) fn new(holds: &'a BTreeMap<String, Hold>, jobs: &[Job], table: &JobTable) -> Self {
+        let mut by_job = Vec::new();
+        if !holds.is_empty() {
+            by_job.resize(jobs.len(), None);
+            for (id, h) in holds {
+                for p in table.positions(jobs, id) {
+                    by_job[p] = Some(h);
+                }
+            }
+        }
+        Held(by_job)
+    }
+
+    /// The prior hold of the job at position `p`.
+    pub(crate) fn get(&self, p: usize) -> Option<&'a Hold> {
+        self.0.get(p).copied().flatten()
     }
 }
 

@@ -16,7 +16,7 @@ use telemetry::site::CoolingUnit;
 use telemetry::snapshot::Slot;
 use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Site, Snapshot, Timestamp};
 
-use crate::index::{Index, JobTable};
+use crate::index::{Held, Index, JobTable};
 use crate::plan::{round3, RackPrediction, ThermalLevel};
 use crate::policy::{OnStale, ThermalRule};
 use crate::thermal::{unit_state, Step};
@@ -297,22 +297,16 @@ struct Queue {
 
 impl Queue {
     fn new(jobs: &[Job], table: &JobTable, prior: &State, release_margin_s: f64) -> Queue {
-        // the held jobs found by their ids once, not every queued job's id hashed
-        let mut held = vec![false; jobs.len()];
-        for id in prior.holds.keys() {
-            for p in table.positions(jobs, id) {
-                held[p] = true;
-            }
-        }
+        let held = Held::new(&prior.holds, jobs, table);
         let mut free = 0;
         let mut held_ends = Vec::new();
-        for (j, &is_held) in jobs
+        for (k, j) in jobs
             .iter()
-            .zip(&held)
-            .filter(|(j, _)| matches!(j.state, JobState::Pending | JobState::Held))
+            .enumerate()
+            .filter(|(_, j)| matches!(j.state, JobState::Pending | JobState::Held))
         {
             let gpus = j.gpus as usize;
-            if !is_held {
+            if held.get(k).is_none() {
                 free += gpus;
             } else if let Some(t) = j.latest_start() {
                 held_ends.push((t + -release_margin_s, gpus));

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::index::JobTable;
+use crate::index::{Held, JobTable};
 use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
@@ -121,30 +121,6 @@ pub fn peak_target(
 
 /// The planned start of every job the price rule holds for a planned start.
 pub type PlannedStarts = BTreeMap<String, Timestamp>;
-
-/// The prior hold of each job, by the job's position in the list (each held id found
-/// once in the jobs' table, not every job's id looked up).
-struct Held<'a>(Vec<Option<&'a Hold>>);
-
-impl<'a> Held<'a> {
-    fn new(holds: &'a BTreeMap<String, Hold>, jobs: &[Job], table: &JobTable) -> Self {
-        let mut by_job = Vec::new();
-        if !holds.is_empty() {
-            by_job.resize(jobs.len(), None);
-            for (id, h) in holds {
-                for p in table.positions(jobs, id) {
-                    by_job[p] = Some(h);
-                }
-            }
-        }
-        Held(by_job)
-    }
-
-    /// The prior hold of the job at position `p`.
-    fn get(&self, p: usize) -> Option<&'a Hold> {
-        self.0.get(p).copied().flatten()
-    }
-}
 
 /// A verdict for every job the rule is concerned with, and the values it looked at.
 /// `facility_kw` is the facility's budget (the policy's contract limit where it sets
