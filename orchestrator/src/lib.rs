@@ -20,7 +20,7 @@
 //! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`.
 //! - [`config`]: `powerplane.toml`, every problem of it and of the files it names in one pass.
 //! - [`serve`]: `powerplane serve`: sources on their threads, the loop on a real clock.
-//! - [`notify`]: systemd's notify protocol (from the agent crate): READY, WATCHDOG from
+//! - [`notify`]: systemd's notify protocol (from `powerplane-common`): READY, WATCHDOG from
 //!   the loop, STOPPING.
 //! - [`runtime`]: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
 //! - [`redfish`]: the `[redfish]` poller as a task of `serve`, its counters for `/metrics`.
@@ -50,7 +50,7 @@ pub mod energy_report;
 pub mod fleet;
 pub mod ha;
 pub mod http;
-pub use agent::notify;
+pub use common::notify;
 pub mod node_power;
 pub mod overrides;
 pub mod paths;

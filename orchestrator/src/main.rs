@@ -245,7 +245,7 @@ fn default_log_filter() -> &'static str {
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    agent::logs::init(default_log_filter());
+    common::logs::init(default_log_filter());
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo {
@@ -675,7 +675,7 @@ fn finish_probe(args: orchestrator::probe::ProbeArgs, json: bool) -> Result<Exit
     let mut err = std::io::stderr();
     let seen = probe::run(args, &mut out, &mut err)?;
     if !json {
-        print!("{}", probe::table(&seen, probe::wall_clock()));
+        print!("{}", probe::table(&seen, common::wall_clock()));
     }
     eprint!("{}", probe::survey_summary(&seen));
     if !seen.unreachable.is_empty() {

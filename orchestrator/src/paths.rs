@@ -2,4 +2,4 @@
 //! leaf every module that reads a config may use (one definition, the agent's, which
 //! reads a config file of its own).
 
-pub use agent::run::resolve;
+pub use common::resolve;

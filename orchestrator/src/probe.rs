@@ -51,7 +51,7 @@ impl Seen {
     }
 }
 /// The time now, from the system clock (the agent crate's clock).
-pub use agent::wall_clock;
+use common::wall_clock;
 
 /// Runs the probe; samples (with `--json`) go to `out`, status lines to `err`.
 pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<Seen> {

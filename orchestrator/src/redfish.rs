@@ -10,9 +10,9 @@ use sources::redfish::{EndpointStats, Options, Poller, StatsHandle, FAILURE_REAS
 use tracing::info;
 
 use crate::config::RedfishSection;
-use crate::probe::wall_clock;
 use crate::runtime::Runtime;
 use crate::serve::Buffer;
+use common::wall_clock;
 
 pub fn default_per_endpoint() -> usize {
     Options::default().per_endpoint

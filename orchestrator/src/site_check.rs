@@ -40,7 +40,7 @@ pub fn run(config: &Path) -> Result<Checked> {
         });
     }
     let mut poller = Poller::new(endpoints.clone(), 16)?;
-    let polled = poller.poll(crate::probe::wall_clock());
+    let polled = poller.poll(common::wall_clock());
     let surveys: Vec<Result<Survey, String>> = endpoints
         .iter()
         .map(|c| survey_blocking(c.clone()).map_err(|e| e.to_string()))

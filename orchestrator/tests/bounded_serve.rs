@@ -148,7 +148,7 @@ fn report(node: &str, power_w: f64) -> Vec<u8> {
     let r = NodeReport {
         v: VERSION,
         node: node.into(),
-        time: orchestrator::probe::wall_clock(),
+        time: ::common::wall_clock(),
         seq: 1,
         backend: "sim".into(),
         gpus: vec![GpuReport {

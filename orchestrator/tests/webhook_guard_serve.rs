@@ -256,7 +256,7 @@ fn a_job_that_finished_before_a_restart_stays_finished_after_it() {
         orchestrator::embedded::EmbeddedBackend::open(&d.join("s.redb")).expect("store"),
     ));
     // what a run before the restart stored: lsf:old submitted, started and finished
-    let now = orchestrator::probe::wall_clock();
+    let now = ::common::wall_clock();
     let e = |json: &str| integrations::webhook::JobEvent::parse(json.as_bytes()).expect("event");
     let job = e(r#"{"event":"submitted","scheduler":"lsf","job":"old","class":"batch"}"#).apply(
         None,

@@ -29,7 +29,7 @@ fn key() -> Key {
 }
 
 fn now() -> Timestamp {
-    orchestrator::probe::wall_clock()
+    common::wall_clock()
 }
 
 fn prefix(test: &str) -> String {

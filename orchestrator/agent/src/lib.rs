@@ -10,26 +10,22 @@
 //!
 //! - [`backends`]: the simulated and fault-injecting GPU backends (NVML is in
 //!   `sources::nvml`);
-//! - [`curves`], [`rng`]: the measured power-cap curves and the seeded generator the
-//!   simulated GPUs (and the controller's facility simulator) use;
+//! - [`curves`], [`rng`], [`notify`], [`logs`], [`wall_clock`]: from `powerplane-common`
+//!   (re-exported): the power-cap curves, the seeded generator, systemd's notify
+//!   protocol, the logs, the clock;
 //! - [`core`]: the state machine, free of MQTT and clock;
 //! - [`procs`]: which job a GPU process belongs to;
 //! - [`run`]: the config file and the MQTT loop;
-//! - [`cli`]: the command line both binaries share;
-//! - [`notify`]: systemd's notify protocol (READY, WATCHDOG, STOPPING), used by
-//!   `serve` too;
-//! - [`logs`]: text or JSON logs on stderr.
+//! - [`cli`]: the command line both binaries share.
 #![forbid(unsafe_code)]
 
 pub mod backends;
 pub mod cli;
 pub mod core;
-pub mod curves;
-pub mod logs;
-pub mod notify;
 pub mod procs;
-pub mod rng;
 pub mod run;
+
+pub use common::{curves, logs, notify, rng, wall_clock};
 
 pub use backends::{Fault, Faulty, Shared, SimGpus};
 
@@ -50,11 +46,6 @@ pub struct OnceError {
     pub index: Option<u32>,
     pub reason: &'static str,
     pub message: String,
-}
-
-/// The time now, from the system clock.
-pub fn wall_clock() -> telemetry::Timestamp {
-    telemetry::Timestamp::from(chrono::Utc::now())
 }
 
 /// Reads every GPU once.

@@ -377,14 +377,7 @@ pub fn run(
     Ok(())
 }
 
-/// A path from a config file: relative ones are relative to the file's folder.
-pub fn resolve(base: &Path, p: &Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    }
-}
+pub use common::resolve;
 
 /// Runs with a wall clock and the given stop flag.
 pub fn run_wall(

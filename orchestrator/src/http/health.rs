@@ -90,7 +90,7 @@ pub fn answer(path: &str, b: &Board) -> Reply {
     if path == "/healthz" {
         return json_reply(200, &json!({ "alive": true }));
     }
-    let list = checks(b, crate::probe::wall_clock());
+    let list = checks(b, common::wall_clock());
     let failing: Vec<&str> = list
         .iter()
         .filter(|(_, ok, _)| !ok)

@@ -673,13 +673,7 @@ impl Api {
             },
             None => false,
         };
-        match inbox.receive(
-            bearer,
-            timestamp,
-            signature,
-            body,
-            crate::probe::wall_clock(),
-        ) {
+        match inbox.receive(bearer, timestamp, signature, body, common::wall_clock()) {
             Ok(id) => json_reply(202, &json!({ "accepted": id })),
             Err((status, why)) => error(status, &why),
         }
@@ -705,7 +699,7 @@ impl Api {
             Err(r) => return r,
         };
         let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-        let now = crate::probe::wall_clock();
+        let now = common::wall_clock();
         match (method, route.strip_prefix("overrides").unwrap_or("")) {
             ("GET", "") => json_reply(
                 200,

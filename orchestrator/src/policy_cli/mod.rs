@@ -65,9 +65,9 @@ impl World {
         let file = inputs::SnapshotFile::parse(&sn, &st)?;
         let base = file.time()?;
         let now = match &a.at {
-            Some(at) => inputs::parse_time(at, base.unwrap_or_else(crate::probe::wall_clock))
+            Some(at) => inputs::parse_time(at, base.unwrap_or_else(common::wall_clock))
                 .map_err(|e| vec![format!("--at: {e}")])?,
-            None => base.unwrap_or_else(crate::probe::wall_clock),
+            None => base.unwrap_or_else(common::wall_clock),
         };
         let (mut snapshot, mut forecast) = match file.build(&site, now) {
             Ok(x) => x,

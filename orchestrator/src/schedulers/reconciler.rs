@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::store_link::StoreLink;
-use crate::probe::wall_clock;
+use common::wall_clock;
 
 /// The first retry after a failed pass waits this long; each next one twice as long.
 pub const BACKOFF: Duration = Duration::from_secs(1);

@@ -22,7 +22,7 @@ use crate::config::{AgentsSection, MqttSection};
 use crate::control::Actuator;
 use crate::fleet::{Fleet, FleetConfig};
 use crate::paths::resolve;
-use crate::probe::wall_clock;
+use common::wall_clock;
 
 /// Samples waiting for the next tick: bounded, keeps the newest, counts what it drops.
 #[derive(Debug)]

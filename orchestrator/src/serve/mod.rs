@@ -37,8 +37,8 @@ use crate::control::ControlLoop;
 use crate::embedded::EmbeddedBackend;
 use crate::http::Board;
 use crate::paths::resolve;
-use crate::probe::wall_clock;
 use crate::schedulers::Schedulers;
+use common::wall_clock;
 use leader::{start_ha, Leader, Standby};
 use prices::Prices;
 

@@ -5,7 +5,7 @@
 //! with a first-order lag; jobs arrive, wait for GPUs (or for a hold to end) and run.
 //! It is deterministic: one seed, one run.
 
-pub use agent::{curves, rng};
+pub use common::{curves, rng};
 pub mod events;
 mod fault;
 pub mod workload;
