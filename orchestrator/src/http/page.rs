@@ -126,9 +126,39 @@ fn predicted_headroom(b: &Board, body: &mut String) {
 }
 
 /// The whole page.
+/// The whole page.
 pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> String {
-    let now = b.time;
     let mut body = String::new();
+    heading(b, &mut body, refresh_s);
+    budgets(b, &mut body);
+    prices(b, &mut body);
+    racks(b, &mut body);
+    predicted_headroom(b, &mut body);
+    holds(b, &mut body);
+    caps(b, &mut body);
+    if let Some(f) = fleet {
+        agents(f, &mut body);
+    }
+    let style = r#"<style>
+.row { display: flex; flex-wrap: wrap; gap: 8px; margin: 6px 0; align-items: stretch; }
+.rowname { width: 70px; font-weight: bold; padding-top: 6px; }
+.rack { width: 150px; padding: 6px 8px; border-radius: 4px; font-size: 12px; border: 1px solid #0002; }
+.rack.ok { background: #ceead6; } .rack.tight { background: #feefc3; } .rack.over { background: #fad2cf; } .rack.unknown { background: #e8eaed; }
+td.ok { background: #ceead6; } td.tight { background: #feefc3; } td.over { background: #fad2cf; }
+</style>"#;
+    let html = report::page(&format!("{} — powerplane", b.site.name), &body);
+    html.replacen(
+        "<meta charset=\"utf-8\">",
+        &format!(
+            "<meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"{refresh_s}\">{style}"
+        ),
+        1,
+    )
+}
+
+/// The site's name, the time of the board, the policy, and this replica's role.
+fn heading(b: &Board, body: &mut String, refresh_s: u32) {
+    let now = b.time;
     let tz = b.site.timezone;
     let local = now
         .to_datetime()
@@ -152,8 +182,11 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
             ha.epoch
         );
     }
+}
 
-    // budgets
+/// The facility and each feed: power against budget.
+fn budgets(b: &Board, body: &mut String) {
+    let now = b.time;
     body.push_str("<h2>Power against budget</h2>");
     let site = b.site.site_entity();
     let p = b
@@ -183,8 +216,11 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
             "kW",
         ));
     }
+}
 
-    // price
+/// The price now and a chart of the next 24 hours.
+fn prices(b: &Board, body: &mut String) {
+    let now = b.time;
     body.push_str("<h2>Price now and the next 24 hours</h2>");
     if b.prices.is_empty() {
         body.push_str(r#"<p class="muted">No price series configured.</p>"#);
@@ -242,8 +278,11 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
             .svg(),
         );
     }
+}
 
-    // racks by row
+/// The racks by row, coloured by the worse of their power and inlet headroom.
+fn racks(b: &Board, body: &mut String) {
+    let now = b.time;
     body.push_str(r#"<h2>Racks</h2><p class="muted">Coloured by the worse of power headroom (under 10% of the budget: tight) and inlet headroom (under 2 °C: tight); grey: no fresh reading.</p>"#);
     let gpus = b.site.gpus();
     for row in &b.site.rows {
@@ -296,10 +335,10 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
         }
         body.push_str("</div>");
     }
+}
 
-    predicted_headroom(b, &mut body);
-
-    // holds
+/// The held jobs, the first 50 of them.
+fn holds(b: &Board, body: &mut String) {
     let _ = write!(body, "<h2>Held jobs ({})</h2>", b.state.holds.len());
     if b.state.holds.is_empty() {
         body.push_str(r#"<p class="muted">None.</p>"#);
@@ -325,8 +364,10 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
             );
         }
     }
+}
 
-    // caps and agents
+/// The caps in force, by rule.
+fn caps(b: &Board, body: &mut String) {
     let _ = write!(body, "<h2>Caps in force ({} GPUs)</h2>", b.state.caps.len());
     let mut per_rule: std::collections::BTreeMap<&str, (usize, f64)> = Default::default();
     for c in b.state.caps.values() {
@@ -347,40 +388,27 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> Str
         }
         body.push_str("</table>");
     }
-    if let Some(f) = fleet {
+}
+
+/// The GPU agents: how many GPUs run as desired, and each node's status.
+fn agents(f: &FleetStatus<'_>, body: &mut String) {
+    let _ = write!(
+        body,
+        "<h2>GPU agents</h2><p>{} of {} GPUs run as desired (acknowledged and enforced).</p>",
+        f.in_sync,
+        f.gpus.len()
+    );
+    body.push_str("<table><tr><th>node</th><th>status</th><th>GPUs under fail-safe</th></tr>");
+    for (node, n) in f.nodes {
         let _ = write!(
             body,
-            "<h2>GPU agents</h2><p>{} of {} GPUs run as desired (acknowledged and enforced).</p>",
-            f.in_sync,
-            f.gpus.len()
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(node),
+            escape(&n.status),
+            n.fail_safe_gpus.len()
         );
-        body.push_str("<table><tr><th>node</th><th>status</th><th>GPUs under fail-safe</th></tr>");
-        for (node, n) in f.nodes {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(node),
-                escape(&n.status),
-                n.fail_safe_gpus.len()
-            );
-        }
-        body.push_str("</table>");
     }
-    let style = r#"<style>
-.row { display: flex; flex-wrap: wrap; gap: 8px; margin: 6px 0; align-items: stretch; }
-.rowname { width: 70px; font-weight: bold; padding-top: 6px; }
-.rack { width: 150px; padding: 6px 8px; border-radius: 4px; font-size: 12px; border: 1px solid #0002; }
-.rack.ok { background: #ceead6; } .rack.tight { background: #feefc3; } .rack.over { background: #fad2cf; } .rack.unknown { background: #e8eaed; }
-td.ok { background: #ceead6; } td.tight { background: #feefc3; } td.over { background: #fad2cf; }
-</style>"#;
-    let html = report::page(&format!("{} — powerplane", b.site.name), &body);
-    html.replacen(
-        "<meta charset=\"utf-8\">",
-        &format!(
-            "<meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"{refresh_s}\">{style}"
-        ),
-        1,
-    )
+    body.push_str("</table>");
 }
 
 #[cfg(test)]
