@@ -5,46 +5,55 @@
 //! - [`policy`]: the policy file (`policy.toml`), parsed and validated with positions.
 //! - [`plan`]: what the engine decides: desired caps and holds, each with a lease, and
 //!   the [`Decision`]s that changed them, with the values that triggered each one.
-//! - [`engine`]: [`evaluate`], which runs the rules below in order and merges them, the
-//!   most protective cap winning.
-//! - [`budget`]: facility and rack power budgets, cut by water-filling in priority order.
-//! - [`thermal`]: rack inlet temperature against its limit, stepped with hysteresis
-//!   (the reactive mode).
-//! - [`thermal_model`] and [`predictive`]: a fitted first-order model of each rack's
-//!   inlet, and caps that keep its predicted peak under the limit (the default mode).
+//! - [`engine`]: [`evaluate`], a pipeline of pure stages, each a module of its own:
+//!   1. the [`controllers`] each say what they want from the same context (the policy,
+//!      the snapshot, the jobs, the prior state, the time), in the order of
+//!      `controllers::CONTROLLERS`: [`budget`], [`thermal`] (reactive, or
+//!      [`predictive`] on [`thermal_model`]), the SREs' [`rules`] and [`price`] (with
+//!      its [`planner`]); then the feed-forward, what they want once the jobs whose
+//!      hold ends this tick are known;
+//!   2. `merge`: one wanted cap per GPU (the most protective wins) and one verdict per
+//!      job (a hold by any rule holds, a `release` rule wins over every hold);
+//!   3. `settle`: the caps and clock locks in force (clamped, rate limited, leased);
+//!   4. `explain`: the decisions for what changed, grouped by rack, rule and value,
+//!      then the jobs' holds, suspensions and requeues (`jobs`).
+//!
+//!   Adding a controller is a folder under `controllers/` and a line in
+//!   `CONTROLLERS`.
+//! - [`node_power`]: which idle nodes to power down and which to bring back before
+//!   planned work needs them; run at the edge on the plan and the nodes' states.
+//! - [`rules_eval`] and [`expr`]: the rules' language, run by the rules controller.
 //! - [`index`]: the site seen as scopes, built once per evaluation.
 //! - [`forecast`]: price and carbon forecasts and their window statistics.
-//! - [`planner`]: when deferrable jobs should start, in the cheapest forecast slots
-//!   that have room.
-//! - [`node_power`]: which idle nodes to power down and which to bring back before
-//!   planned work needs them.
+//! - [`gpu_map`]: per-GPU state laid out by the site's GPU table.
 //! - [`triggers`]: the thresholds the policy acts on, for evaluating at once when a
 //!   sample crosses one between ticks.
-//! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
-//!   their latest start.
 //!
 //! The engine does no IO: it takes the site, the snapshot, the jobs, the prior state and
 //! the time as arguments, so the same code runs live, in tests, in the demo and in
 //! backtests, and gives the same plan for the same inputs.
 #![forbid(unsafe_code)]
 
-pub mod budget;
+pub mod controllers;
 pub mod engine;
 pub mod expr;
 pub mod forecast;
 pub mod gpu_map;
 pub mod index;
-pub mod node_power;
 pub mod plan;
-pub mod planner;
 pub mod policy;
-pub mod predictive;
-pub mod price;
 pub mod rules;
 pub mod rules_eval;
-pub mod thermal;
-pub mod thermal_model;
 pub mod triggers;
+
+// the controllers' modules, where they were before they had a folder each
+pub use controllers::budget;
+pub use controllers::node_power;
+pub use controllers::price;
+pub use controllers::price::planner;
+pub use controllers::thermal;
+pub use controllers::thermal::model as thermal_model;
+pub use controllers::thermal::predictive;
 
 pub use engine::{evaluate, Inputs};
 pub use forecast::{Forecast, StepSeries};

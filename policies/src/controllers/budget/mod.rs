@@ -7,6 +7,10 @@
 //! draws are lowered to a common level. Caps lift only once demand is below
 //! `release_ratio` × budget (two thresholds), so a scope near its budget does not flap.
 
+mod controller;
+
+pub(crate) use controller::Budget;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 

@@ -4,6 +4,12 @@
 //! the cap relaxes one step at a time once every signal is back under its release
 //! threshold and the cap has been held `min_hold_s`.
 
+mod controller;
+pub mod model;
+pub mod predictive;
+
+pub(crate) use controller::Thermal;
+
 use std::collections::BTreeMap;
 
 use telemetry::metric::names::{HEAT_LOAD_KW, INLET_TEMP_C, RETURN_TEMP_C, SUPPLY_TEMP_C};

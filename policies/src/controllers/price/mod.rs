@@ -3,15 +3,20 @@
 //! the price forecast that have room (plan mode); either way they are always released
 //! by their latest start (deadline − duration − margin).
 
+mod controller;
+pub mod planner;
+
+pub(crate) use controller::Price;
+
 use std::collections::BTreeMap;
 
 use crate::index::{Held, JobTable};
 use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
+use self::planner::{Capacity, Committed, Horizon, PlanJob};
 use crate::plan::round3;
 use crate::plan::Hold;
-use crate::planner::{self, Capacity, Committed, Horizon, PlanJob};
 use crate::policy::{OnStale, PriceMode, PriceRule};
 use crate::{Forecast, State};
 
