@@ -1,12 +1,31 @@
 //! The layout DESIGN.md fixes, checked on the dependency graph itself: the vocabulary
 //! and the engine carry no IO library, and the node agent carries no store, HTTP
-//! server, scheduler client or policy engine.
+//! server, scheduler client or policy engine, nor the HTTP client and Redfish poller
+//! of the sources it does not run.
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
 /// The crates `package` depends on (normal dependencies, all the way down).
 fn tree(package: &str) -> BTreeSet<String> {
+    cargo_tree(package, "{p}")
+        .iter()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// The features `package`'s build turns on in `dependency` (resolved for `package` alone).
+fn features(package: &str, dependency: &str) -> BTreeSet<String> {
+    cargo_tree(package, "{p} [{f}]")
+        .iter()
+        .filter(|l| l.split_whitespace().next() == Some(dependency))
+        .filter_map(|l| l.rsplit_once('[').and_then(|(_, f)| f.strip_suffix(']')))
+        .flat_map(|f| f.split(',').filter(|f| !f.is_empty()).map(str::to_string))
+        .collect()
+}
+
+/// `cargo tree -p package -e normal` with one line per crate in `format`.
+fn cargo_tree(package: &str, format: &str) -> BTreeSet<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace");
@@ -23,6 +42,8 @@ fn tree(package: &str) -> BTreeSet<String> {
             "none",
             "--locked",
             "--offline",
+            "--format",
+            format,
         ])
         .output()
         .expect("cargo tree runs");
@@ -33,7 +54,7 @@ fn tree(package: &str) -> BTreeSet<String> {
     );
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .map(str::to_string)
         .collect()
 }
 
@@ -71,4 +92,20 @@ fn the_node_agent_carries_no_store_http_server_scheduler_client_or_engine() {
     ];
     let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
     assert!(found.is_empty(), "the agent depends on {found:?}");
+}
+
+#[test]
+fn the_node_agent_carries_no_http_client_nor_redfish_poller() {
+    let deps = tree("powerplane-agent");
+    assert!(deps.contains("rumqttc"), "the agent speaks MQTT");
+    let banned = ["reqwest", "hyper", "hyper-util", "tower-http", "h2"];
+    let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
+    assert!(found.is_empty(), "the agent depends on {found:?}");
+    let on = features("powerplane-agent", "telemetry-sources");
+    assert!(on.contains("mqtt") && on.contains("nvml"), "{on:?}");
+    let code: Vec<_> = ["redfish", "http-feeds", "source"]
+        .iter()
+        .filter(|f| on.contains(**f))
+        .collect();
+    assert!(code.is_empty(), "the agent compiles the sources' {code:?}");
 }

@@ -4,17 +4,28 @@
 //!
 //! # Layout
 //!
-//! - [`mqtt`]: the MQTT source (JSON mappings, Sparkplug B) and the agents' link;
-//! - [`redfish`]: the Redfish poller (async, bounded, backed off);
-//! - [`nvml`]: the NVML GPU backend the node agent uses;
-//! - [`http`]: price and carbon feeds fetched over HTTP;
-//! - [`tls`]: trust settings shared by the clients;
+//! - `source`: the `Source` trait every telemetry input implements, the bounded sink
+//!   it pushes into (newest kept, drops counted) and its counters (feature `source`);
+//! - [`mqtt`]: the MQTT source (JSON mappings, Sparkplug B) and the agents' link
+//!   (feature `mqtt`);
+//! - [`redfish`]: the Redfish poller (async, bounded, backed off; feature `redfish`);
+//! - [`nvml`]: the NVML GPU backend the node agent uses (feature `nvml`);
+//! - [`http`]: price and carbon feeds fetched over HTTP (feature `http-feeds`);
+//! - [`tls`]: trust settings shared by the clients (feature `tls`, taken by the three
+//!   network features);
 //! - [`secret`]: passwords and URLs read from the files a config names.
+//!
+//! The node agent takes `mqtt` and `nvml` only: no HTTP client, no Redfish poller.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "http-feeds")]
 pub mod http;
+#[cfg(feature = "mqtt")]
 pub mod mqtt;
+#[cfg(feature = "nvml")]
 pub mod nvml;
+#[cfg(feature = "redfish")]
 pub mod redfish;
 pub mod secret;
+#[cfg(feature = "tls")]
 pub mod tls;
