@@ -131,6 +131,19 @@ fn utc_of_fixed(dt: chrono::DateTime<chrono::FixedOffset>) -> Timestamp {
     Timestamp::from(dt.with_timezone(&chrono::Utc))
 }
 
+/// A CSV row's naive local time in `fmt`.
+fn naive_time(t: &str, fmt: &str) -> Result<NaiveDateTime, String> {
+    NaiveDateTime::parse_from_str(t, fmt)
+        .map_err(|e| format!("time {t:?} does not match {fmt:?}: {e}"))
+}
+
+/// A CSV row's time with its offset.
+fn rfc3339_time(t: &str) -> Result<Timestamp, String> {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .map(utc_of_fixed)
+        .map_err(|e| format!("time {t:?} is not RFC 3339: {e}"))
+}
+
 /// Reads a CSV feed.
 pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedError> {
     let ferr = |message: String| FeedError::File {
@@ -189,17 +202,14 @@ pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedEr
         let t = get(tc)?;
         let ts = match (&f.time_format, tz) {
             (Some(fmt), Some(tz)) => {
-                let naive = NaiveDateTime::parse_from_str(t, fmt)
-                    .map_err(|e| lerr(i, format!("time {t:?} does not match {fmt:?}: {e}")))?;
+                let naive = naive_time(t, fmt).map_err(|m| lerr(i, m))?;
                 let zone = match zc {
                     Some(k) => Some(get(k)?),
                     None => None,
                 };
                 local(tz, naive, zone).map_err(|m| lerr(i, m))?
             }
-            _ => chrono::DateTime::parse_from_rfc3339(t)
-                .map(utc_of_fixed)
-                .map_err(|e| lerr(i, format!("time {t:?} is not RFC 3339: {e}")))?,
+            _ => rfc3339_time(t).map_err(|m| lerr(i, m))?,
         };
         let raw = get(vc)?;
         if raw.is_empty() {

@@ -240,7 +240,15 @@ impl JobEvent {
             .as_deref()
             .and_then(|t| Timestamp::parse_rfc3339(t).ok())
             .unwrap_or(now);
-        let mut job = prior.cloned().unwrap_or_else(|| Job {
+        let mut job = prior.cloned().unwrap_or_else(|| self.new_job(at));
+        self.fill(&mut job, deferrable_classes);
+        self.move_state(&mut job, prior.is_none(), at);
+        job
+    }
+
+    /// The job as first known, before the event's fields.
+    fn new_job(&self, at: Timestamp) -> Job {
+        Job {
             id: self.id(),
             scheduler: self.scheduler.clone(),
             name: String::new(),
@@ -258,7 +266,11 @@ impl JobEvent {
             est_duration_s: 3600.0,
             deferrable: false,
             preemptible: false,
-        });
+        }
+    }
+
+    /// The fields the event carries, written over the job's.
+    fn fill(&self, job: &mut Job, deferrable_classes: &[String]) {
         if let Some(v) = &self.name {
             job.name = v.clone();
         }
@@ -296,9 +308,13 @@ impl JobEvent {
         if let Some(a) = &self.allocated {
             job.allocated = a.iter().filter_map(|g| g.parse().ok()).collect();
         }
+    }
+
+    /// The job's state and times after the event (`first`: nothing was known of it).
+    fn move_state(&self, job: &mut Job, first: bool, at: Timestamp) {
         match self.event {
             EventKind::Submitted => {
-                if prior.is_none() {
+                if first {
                     job.state = JobState::Pending;
                     job.submit_time = at;
                 }
@@ -316,7 +332,6 @@ impl JobEvent {
                 job.end_time = Some(at);
             }
         }
-        job
     }
 }
 
