@@ -13,6 +13,8 @@
 //! - [`bind`]: the site's `[[redfish]]` bindings applied to fetched resources (pure).
 //! - [`poll`]: the [`Poller`]: global concurrency, a deadline per poll, backoff with
 //!   jitter, discoveries in the background, the async loop for `serve`.
+//! - `polled`: what one poll of one endpoint gave ([`Polled`], [`BindingReport`]),
+//!   made by `walk` and `task`, gathered by `poll` (which re-exports both).
 //! - `task`: one endpoint's walk as a task: the re-reads of its plan, or a discovery.
 //! - [`stats`]: failures per endpoint and reason, poll durations, overruns.
 
@@ -21,6 +23,7 @@ mod discover;
 pub mod endpoint;
 pub mod extract;
 pub mod poll;
+mod polled;
 pub mod stats;
 pub mod survey;
 mod task;

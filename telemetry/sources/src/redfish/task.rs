@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 
 use super::discover::Fetch;
 use super::endpoint::{Endpoint, Plan};
-use super::poll::Polled;
+use super::polled::Polled;
 use super::walk::Walk;
 use telemetry::mapping::Reject;
 use telemetry::Timestamp;

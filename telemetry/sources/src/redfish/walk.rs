@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::bind::{self, Matched, Outcome};
 use super::extract::{self, Found};
-use super::poll::{BindingReport, Polled};
+use super::polled::{BindingReport, Polled};
 use telemetry::site::redfish::RedfishBinding;
 use telemetry::{EntityId, EntityKind, Sample, Timestamp};
 
