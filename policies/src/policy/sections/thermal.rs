@@ -87,6 +87,13 @@ pub(crate) const SECTION: Section = Section {
 /// Its impossible values, each at its key.
 fn check(policy: &mut Policy, s: &mut SectionCheck<'_, '_>) {
     let t = &policy.thermal;
+    check_steps(t, s);
+    check_cooling(t, s);
+    check_prediction(t, s);
+}
+
+/// The reactive steps: their size, pace and release.
+fn check_steps(t: &ThermalRule, s: &mut SectionCheck<'_, '_>) {
     s.check(
         t.step_pct > 0.0 && t.step_pct <= 50.0,
         "step_pct",
@@ -119,6 +126,10 @@ fn check(policy: &mut Policy, s: &mut SectionCheck<'_, '_>) {
             t.min_hold_s
         ),
     );
+}
+
+/// The cooling units' limits: heat load and supply and return temperatures.
+fn check_cooling(t: &ThermalRule, s: &mut SectionCheck<'_, '_>) {
     s.check(
         t.max_load_ratio > 0.0
             && t.max_load_ratio <= 1.5
@@ -142,6 +153,10 @@ fn check(policy: &mut Policy, s: &mut SectionCheck<'_, '_>) {
             );
         }
     }
+}
+
+/// The prediction's margin, horizon and fit, and the lease.
+fn check_prediction(t: &ThermalRule, s: &mut SectionCheck<'_, '_>) {
     s.check(
         (0.0..=10.0).contains(&t.margin_c),
         "margin_c",
