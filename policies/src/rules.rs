@@ -234,11 +234,26 @@ enum DurationValue {
     Text(String),
 }
 
+/// Why a duration's text is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("empty duration")]
+    Empty,
+    #[error("`{0}` is not a duration (e.g. 30s, 5m, 1h30m)")]
+    NotANumber(String),
+    #[error("`{text}`: unknown unit `{unit}` (ms, s, m, h, d)")]
+    UnknownUnit { text: String, unit: String },
+    #[error("`{0}`: a number without a unit at the end")]
+    NoUnitAtEnd(String),
+    #[error("`{0}` is not a duration")]
+    NotADuration(String),
+}
+
 /// Parses `30s`, `2m`, `1h`, `1d`, `1h30m`, or a number of seconds.
-pub fn parse_duration(text: &str) -> Result<f64, String> {
+pub fn parse_duration(text: &str) -> Result<f64, DurationError> {
     let t = text.trim();
     if t.is_empty() {
-        return Err("empty duration".into());
+        return Err(DurationError::Empty);
     }
     let mut total = 0.0;
     let mut num = String::new();
@@ -256,25 +271,30 @@ pub fn parse_duration(text: &str) -> Result<f64, String> {
         }
         let n: f64 = num
             .parse()
-            .map_err(|_| format!("`{text}` is not a duration (e.g. 30s, 5m, 1h30m)"))?;
+            .map_err(|_| DurationError::NotANumber(text.to_string()))?;
         total += n * match unit.as_str() {
             "ms" => 0.001,
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
             "d" => 86400.0,
-            _ => return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m, h, d)")),
+            _ => {
+                return Err(DurationError::UnknownUnit {
+                    text: text.to_string(),
+                    unit,
+                })
+            }
         };
         num.clear();
         any = true;
     }
     if !num.is_empty() {
         if any {
-            return Err(format!("`{text}`: a number without a unit at the end"));
+            return Err(DurationError::NoUnitAtEnd(text.to_string()));
         }
         total = num
             .parse()
-            .map_err(|_| format!("`{text}` is not a duration"))?;
+            .map_err(|_| DurationError::NotADuration(text.to_string()))?;
     }
     Ok(total)
 }

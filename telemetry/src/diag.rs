@@ -42,6 +42,8 @@ impl std::error::Error for Diagnostics {}
 pub struct Collector<'a> {
     file: String,
     src: &'a str,
+    /// Shape problems (from [`read_all`]): reported first, in their own order.
+    shape: Vec<Problem>,
     problems: Vec<Problem>,
 }
 
@@ -50,6 +52,7 @@ impl<'a> Collector<'a> {
         Collector {
             file: file.into(),
             src,
+            shape: Vec::new(),
             problems: Vec::new(),
         }
     }
@@ -74,19 +77,43 @@ impl<'a> Collector<'a> {
         line_col(self.src, offset)
     }
 
-    pub fn has_problems(&self) -> bool {
-        !self.problems.is_empty()
+    /// Adds the shape problems [`read_all`] found in the same source; they are
+    /// reported before the others (so the first line of a report stays the first
+    /// thing that stopped the file from reading).
+    pub fn extend(&mut self, problems: impl IntoIterator<Item = Problem>) {
+        self.shape.extend(problems);
     }
 
-    /// The problems, sorted by position, or `Ok` when there were none.
+    pub fn has_problems(&self) -> bool {
+        !self.problems.is_empty() || !self.shape.is_empty()
+    }
+
+    /// `value` when there were no problems, else the problems sorted by position. A
+    /// value that could not be made (None) always comes with a problem.
+    pub fn finish_with<T>(mut self, value: Option<T>) -> Result<T, Diagnostics> {
+        if value.is_none() && !self.has_problems() {
+            self.at(0..0, "the file could not be read");
+        }
+        self.finish()?;
+        value.ok_or_else(|| Diagnostics {
+            file: String::new(),
+            problems: Vec::new(),
+        })
+    }
+
+    /// The problems, or `Ok` when there were none: the shape problems first, then the
+    /// others, each sorted by position.
     pub fn finish(mut self) -> Result<(), Diagnostics> {
-        if self.problems.is_empty() {
+        if !self.has_problems() {
             return Ok(());
         }
+        // stable: problems at one position keep the order they were found in
+        self.shape.sort_by_key(|p| (p.line, p.col));
         self.problems.sort_by_key(|p| (p.line, p.col));
+        self.shape.append(&mut self.problems);
         Err(Diagnostics {
             file: self.file,
-            problems: self.problems,
+            problems: self.shape,
         })
     }
 }
@@ -135,29 +162,65 @@ const MAX_SHAPE_PROBLEMS: usize = 50;
 /// line aside makes the key missing), so problems serde would meet after it show on
 /// the next run.
 pub fn parse_all<T: serde::de::DeserializeOwned>(file: &str, src: &str) -> Result<T, Diagnostics> {
+    let read = read_all::<T>(src);
+    match read.value {
+        Some(v) if read.problems.is_empty() => Ok(v),
+        _ => Err(Diagnostics {
+            file: file.to_string(),
+            problems: read.problems,
+        }),
+    }
+}
+
+/// What [`read_all`] made of a file: its shape problems, the text with the lines that
+/// hold them set aside (every other byte where it was), and the value read from that
+/// text when it reads.
+#[derive(Debug)]
+pub struct Read<T> {
+    /// None when no text could be read into `T` (a syntax error, a missing field, a
+    /// problem that cannot be set aside).
+    pub value: Option<T>,
+    /// The source with each set-aside line commented out; positions are those of the
+    /// source.
+    pub text: String,
+    /// The shape problems, sorted by position.
+    pub problems: Vec<Problem>,
+}
+
+/// Like [`parse_all`], but keeps what reads once the problems are set aside, so that
+/// the semantic checks can run on it in the same pass.
+pub fn read_all<T: serde::de::DeserializeOwned>(src: &str) -> Read<T> {
     // a syntax error: nothing else can be read reliably
     if let Err(e) = toml::from_str::<toml::Table>(src) {
-        return Err(from_toml_error(file, src, &e));
+        let (line, col) = e.span().map(|s| line_col(src, s.start)).unwrap_or((1, 1));
+        let message = e.message().trim().to_string();
+        return Read {
+            value: None,
+            text: src.to_string(),
+            problems: vec![Problem { line, col, message }],
+        };
     }
     let mut text = src.to_string();
     let mut problems: Vec<Problem> = Vec::new();
     let mut set_aside_keys: Vec<String> = Vec::new();
+    let mut value = None;
     loop {
         let err = match toml::from_str::<T>(&text) {
-            Ok(v) if problems.is_empty() => return Ok(v),
-            Ok(_) => break,
+            Ok(v) => {
+                value = Some(v);
+                break;
+            }
             Err(e) => e,
         };
         let message = err.message().trim().to_string();
+        let (line, col) = err.span().map(|s| line_col(src, s.start)).unwrap_or((1, 1));
         if let Some(field) = missing_field(&message) {
             // a required key whose line was set aside is a consequence, not news
             if !set_aside_keys.iter().any(|k| k == field) {
-                let (line, col) = err.span().map(|s| line_col(src, s.start)).unwrap_or((1, 1));
                 problems.push(Problem { line, col, message });
             }
             break;
         }
-        let (line, col) = err.span().map(|s| line_col(src, s.start)).unwrap_or((1, 1));
         if problems
             .iter()
             .any(|p| p.line == line && p.message == message)
@@ -172,10 +235,11 @@ pub fn parse_all<T: serde::de::DeserializeOwned>(file: &str, src: &str) -> Resul
         }
     }
     problems.sort_by_key(|p| (p.line, p.col));
-    Err(Diagnostics {
-        file: file.to_string(),
+    Read {
+        value,
+        text,
         problems,
-    })
+    }
 }
 
 /// The field a serde "missing field `x`" message names.

@@ -197,12 +197,16 @@ pub const DEFAULT_NODE_BASE_W: f64 = 400.0;
 
 impl Site {
     /// Parses and validates a site file. `file` is the name used in diagnostics.
+    ///
+    /// Every problem at once: the shape problems (unknown keys, wrong types) are set
+    /// aside and the rest of the file is still built and checked (unknown references,
+    /// impossible values), all reported together in the order of the file.
     pub fn parse(file: &str, src: &str) -> Result<Site, Diagnostics> {
-        let raw: RawSite = crate::diag::parse_all(file, src)?;
+        let read = crate::diag::read_all::<RawSite>(src);
         let mut c = Collector::new(file, src);
-        let site = build::build(raw, &mut c);
-        c.finish()?;
-        Ok(site)
+        c.extend(read.problems);
+        let site = read.value.map(|raw| build::build(raw, &mut c));
+        c.finish_with(site)
     }
 
     /// The site-wide usable power: the sum of its feeds after derating, in kW.
@@ -322,3 +326,29 @@ impl Site {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod every_problem_at_once {
+    use super::Site;
+
+    #[test]
+    fn shape_and_meaning_problems_are_reported_together() {
+        let src = "version = 1\n[site]\nname = \"x\"\ncolour = 3\n\n[[feeds]]\nid = \"utility\"\nrating_kw = -5\nphase = 3\n";
+        let err = Site::parse("s.toml", src).expect_err("invalid");
+        let lines: Vec<String> = err.to_string().lines().map(str::to_string).collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        // the shape problems first, then the meaning ones, each in the file's order
+        assert!(
+            lines[0].starts_with("s.toml:4:1: unknown field `colour`"),
+            "{err}"
+        );
+        assert!(
+            lines[1].starts_with("s.toml:9:1: unknown field `phase`"),
+            "{err}"
+        );
+        assert_eq!(
+            lines[2],
+            "s.toml:8:13: feed \"utility\": rating_kw must be within 0.001..=1000000, got -5"
+        );
+    }
+}

@@ -24,10 +24,12 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use super::raw::S;
 use crate::diag::Collector;
 use crate::metric;
 use crate::EntityId;
+
+/// A value with its byte span in the site file.
+type S<T> = toml::Spanned<T>;
 
 /// How several readings that one binding matches become one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
