@@ -103,7 +103,7 @@ fn the_node_agent_carries_no_http_client_nor_redfish_poller() {
     assert!(found.is_empty(), "the agent depends on {found:?}");
     let on = features("powerplane-agent", "telemetry-sources");
     assert!(on.contains("mqtt") && on.contains("nvml"), "{on:?}");
-    let code: Vec<_> = ["redfish", "http-feeds", "source"]
+    let code: Vec<_> = ["redfish", "http-feeds"]
         .iter()
         .filter(|f| on.contains(**f))
         .collect();

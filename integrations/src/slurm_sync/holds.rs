@@ -115,13 +115,7 @@ impl SlurmSync {
         now: Timestamp,
         store: &mut dyn Commit,
     ) -> Option<Applied> {
-        let intent = OurHold {
-            job_id: id,
-            rule: h.rule.clone(),
-            since: now,
-            lease_until: h.lease_until,
-            confirmed: false,
-        };
+        let intent = OurHold::new(id, h, now, false);
         // the intent is durable before Slurm is asked: a crash after the call
         // still knows the hold is ours
         if let Err(e) = store.commit({

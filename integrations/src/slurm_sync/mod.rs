@@ -53,6 +53,19 @@ pub struct OurHold {
     pub confirmed: bool,
 }
 
+impl OurHold {
+    /// The record of the plan's hold `h` on Slurm job `id`, made at `now`.
+    fn new(id: u64, h: &Hold, now: Timestamp, confirmed: bool) -> Self {
+        OurHold {
+            job_id: id,
+            rule: h.rule.clone(),
+            since: now,
+            lease_until: h.lease_until,
+            confirmed,
+        }
+    }
+}
+
 /// What the adapter counted.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SlurmCounters {

@@ -99,13 +99,7 @@ impl SlurmSync {
         now: Timestamp,
         store: &mut dyn Commit,
     ) -> Option<Applied> {
-        let rec = OurHold {
-            job_id: id,
-            rule: h.rule.clone(),
-            since: now,
-            lease_until: h.lease_until,
-            confirmed: true,
-        };
+        let rec = OurHold::new(id, h, now, true);
         // recorded first: a crash after the call still knows the suspension is ours
         let mut tx = Tx::new();
         tx.put_record(SUSPENDED, &id.to_string(), &rec);

@@ -4,8 +4,6 @@
 //!
 //! # Layout
 //!
-//! - feature `source` is reserved for the `Source` trait every telemetry input is to
-//!   implement (a task per source, a bounded sink that keeps the newest); not written yet;
 //! - [`mqtt`]: the MQTT source (JSON mappings, Sparkplug B) and the agents' link
 //!   (feature `mqtt`);
 //! - [`redfish`]: the Redfish poller (async, bounded, backed off; feature `redfish`);
