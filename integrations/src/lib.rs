@@ -5,14 +5,14 @@
 //! - [`scheduler`]: the one [`scheduler::Scheduler`] trait every scheduler adapter
 //!   implements (Slurm, Kubernetes, the outbound webhook), with typed
 //!   [`scheduler::SchedulerId`] and [`scheduler::JobId`]; each runs on a reconciler of
-//!   its own in the orchestrator, off the control loop.
+//!   its own in `powerplane-runtime`, off the control loop.
 //! - [`store`]: the durable store behind one trait ([`store::Backend`]): what must
 //!   survive a restart (audit log, energy ledger, job registry, caps and holds with
 //!   their leases). The typed [`store::Store`] sits on top of any backend; the Redis
 //!   backend lives here (reconnecting, a deadline per call), with
 //!   [`store::journal`], the local journal that keeps what Redis cannot take and
-//!   replays it, and [`store::health`], its counters for `/metrics` and readiness;
-//!   the embedded backend is in the `orchestrator` crate.
+//!   replays it, [`store::health`], its counters for `/metrics` and readiness, and
+//!   [`store::embedded`], the embedded (redb) backend, the default.
 //! - [`prices`]: price and carbon series (time → value), read from CSV.
 //! - [`slurm`]: Slurm jobs and their mapping to powerplane jobs; [`slurm_sync`] keeps
 //!   Slurm's holds in step with the plan, through [`slurm_api`].

@@ -1,7 +1,9 @@
 //! The layout DESIGN.md fixes, checked on the dependency graph itself: the vocabulary
 //! and the engine carry no IO library, and the node agent carries no store, HTTP
 //! server, scheduler client or policy engine, nor the HTTP client and Redfish poller
-//! of the sources it does not run.
+//! of the sources it does not run; the controller's crates depend only on those above
+//! them (control, report, sim, runtime, api, serve, tools), and the control loop's
+//! crate on no HTTP server and no MQTT client.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -89,6 +91,10 @@ fn the_node_agent_carries_no_store_http_server_scheduler_client_or_engine() {
         "policies",
         "integrations",
         "orchestrator",
+        "powerplane-control",
+        "powerplane-runtime",
+        "powerplane-api",
+        "powerplane-serve",
     ];
     let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
     assert!(found.is_empty(), "the agent depends on {found:?}");
@@ -108,4 +114,46 @@ fn the_node_agent_carries_no_http_client_nor_redfish_poller() {
         .filter(|f| on.contains(**f))
         .collect();
     assert!(code.is_empty(), "the agent compiles the sources' {code:?}");
+}
+
+/// The controller's crates in their dependency order: each may depend on those before it.
+const CONTROLLER: [&str; 7] = [
+    "powerplane-control",
+    "powerplane-report",
+    "powerplane-sim",
+    "powerplane-runtime",
+    "powerplane-api",
+    "powerplane-serve",
+    "powerplane-tools",
+];
+
+#[test]
+fn the_controllers_crates_depend_only_on_those_above_them() {
+    for (i, package) in CONTROLLER.iter().enumerate() {
+        let deps = tree(package);
+        assert!(deps.contains(*package), "{package}: {deps:?}");
+        let below: Vec<_> = CONTROLLER[i + 1..]
+            .iter()
+            .filter(|c| deps.contains(**c))
+            .collect();
+        assert!(below.is_empty(), "{package} depends on {below:?}");
+    }
+}
+
+/// The control loop's crate is not IO-free (it keeps its state in `integrations`'
+/// store, whose crate holds the Redis and redb backends and the Slurm client, and
+/// checks `[redfish]` endpoints with the sources' types), but it carries no HTTP
+/// server, MQTT client or GPU library of its own.
+#[test]
+fn the_control_loop_carries_no_http_server_mqtt_client_or_gpu_library() {
+    let deps = tree("powerplane-control");
+    let banned = [
+        "axum",
+        "tiny_http",
+        "rumqttc",
+        "nvml-wrapper",
+        "rustls-pemfile",
+    ];
+    let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
+    assert!(found.is_empty(), "the control loop depends on {found:?}");
 }

@@ -5,6 +5,7 @@
 //! go in one [`Batch`] and are committed atomically, so a crash leaves either the old
 //! state or the new one, never half of each.
 
+pub mod embedded;
 pub mod health;
 pub mod journal;
 pub mod redis;

@@ -1,0 +1,294 @@
+//! `/metrics` in the Prometheus text exposition format (0.0.4).
+
+//!
+//! [`render`] adds each part of the board in turn; [`exposition`] writes the families.
+
+mod counters;
+mod exposition;
+mod site;
+
+use exposition::Out;
+
+use super::Board;
+use control::fleet::FleetStatus;
+
+/// The exposition text for the board (and the fleet, when agents are commanded).
+pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
+    let mut o = Out::default();
+    identity(&mut o, b);
+    site::readings(&mut o, b);
+    site::site_budgets(&mut o, b);
+    site::racks(&mut o, b);
+    site::rows(&mut o, b);
+    site::pue(&mut o, b);
+    site::caps_and_holds(&mut o, b);
+    counters::loop_counters(&mut o, b);
+    counters::cadence(&mut o, b);
+    counters::edges(&mut o, b);
+    policy(&mut o, &b.policy_status);
+    for m in runtime::redfish::metrics(&b.redfish) {
+        let labels: Vec<(&str, &str)> = m.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        o.add(m.name, m.kind, m.help, &labels, m.value);
+    }
+    if let Some(f) = fleet {
+        counters::fleet(&mut o, f);
+    }
+    o.render()
+}
+
+/// The build, and this replica's part in high availability.
+fn identity(o: &mut Out, b: &Board) {
+    o.add(
+        "build_info",
+        "gauge",
+        "1, labelled with the version of powerplane that serves these metrics",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    let ha = b.ha_status();
+    o.add(
+        "leader",
+        "gauge",
+        "1 on the replica that actuates (the leader; a controller without [ha]), 0 on a follower",
+        &[("instance", ha.instance.as_str())],
+        if ha.is_leader() { 1.0 } else { 0.0 },
+    );
+    o.add(
+        "leader_epoch",
+        "gauge",
+        "The fencing epoch of the current leader's term, as this replica knows it (0 without [ha])",
+        &[],
+        ha.epoch as f64,
+    );
+    o.add(
+        "leader_transitions_total",
+        "counter",
+        "Terms this replica started or lost",
+        &[],
+        ha.transitions as f64,
+    );
+}
+
+/// The policy in force and its reloads.
+fn policy(o: &mut Out, p: &runtime::reload::PolicyStatus) {
+    for (result, n) in [("ok", p.reloads_ok), ("error", p.reloads_error)] {
+        o.add(
+            "policy_reloads_total",
+            "counter",
+            "Policy file reloads, by result (an invalid file keeps the policy in force)",
+            &[("result", result)],
+            n as f64,
+        );
+    }
+    o.add(
+        "policy_valid",
+        "gauge",
+        "1 when the policy file on disk is the policy in force, 0 while it is invalid",
+        &[],
+        f64::from(u8::from(p.valid)),
+    );
+    o.add(
+        "policy_loaded_timestamp_seconds",
+        "gauge",
+        "When the policy in force was loaded, labelled with its SHA-256",
+        &[("sha256", &p.sha256)],
+        p.loaded_at.as_secs_f64(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposition::esc;
+    use super::*;
+    use control::fleet::{Fleet, FleetConfig};
+    use policies::plan::Cap;
+    use telemetry::agent_proto::{Key, Topics};
+    use telemetry::metric::names::*;
+    use telemetry::EntityKind;
+    use telemetry::{EntityId, Sample, Site, Timestamp};
+
+    fn board() -> (Board, Fleet) {
+        let site = Site::parse("site.toml", control::examples::DEFAULT_SITE).expect("site");
+        let now = Timestamp::from_secs(1_790_000_000);
+        let mut b = Board::new(site.clone(), "policy.toml".into(), now);
+        let mut snap = telemetry::Snapshot::new();
+        let g = site.gpus()[0].id.clone().into_owned();
+        for (e, m, v) in [
+            (site.site_entity(), POWER_W, 30_000.0),
+            (site.site_entity(), PRICE_PER_KWH, 0.2),
+            (site.site_entity(), CARBON_G_PER_KWH, 300.0),
+            (
+                EntityId::new(EntityKind::Feed, "utility"),
+                POWER_W,
+                30_000.0,
+            ),
+            (EntityId::rack("a01"), POWER_W, 5_000.0),
+            (EntityId::rack("a02"), POWER_W, 6_000.0),
+            (EntityId::rack("a03"), POWER_W, 7_000.0),
+            (EntityId::rack("a01"), INLET_TEMP_C, 27.0),
+            (g.clone(), POWER_W, 250.0),
+        ] {
+            snap.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("sample");
+        }
+        let mut state = policies::State::default();
+        state.caps.insert(
+            g,
+            Cap {
+                watts: 200.0,
+                rule: "budget.rack".into(),
+                since: now,
+                lease_until: now.plus_secs(60.0),
+            },
+        );
+        let mut c = control::Counters::default();
+        c.samples_rejected.insert("out_of_range", 2);
+        let d = policies::Decision {
+            time: now,
+            rule: "budget.rack".into(),
+            target: policies::plan::Target::Job { job: "x".into() },
+            action: policies::Action::Release,
+            values: Default::default(),
+            reason: String::new(),
+            observe_only: false,
+            release: String::new(),
+        };
+        b.update(now, &snap, &state, &c, &[d], 0);
+        let mut f = Fleet::new(
+            &site,
+            Key::from_text(&"11".repeat(32)).expect("key"),
+            Topics::default(),
+            FleetConfig::default(),
+            now,
+        );
+        f.commands(&state, now);
+        (b, f)
+    }
+
+    #[test]
+    fn every_metric_the_grafana_dashboard_queries_is_exported() {
+        let (b, f) = board();
+        let text = render(&b, Some(&f.status()));
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("# TYPE "))
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .collect();
+        let dash = include_str!("../../../deploy/grafana/powerplane.json");
+        let v: serde_json::Value = serde_json::from_str(dash).expect("dashboard JSON");
+        let mut queried = std::collections::BTreeSet::new();
+        for p in v["panels"].as_array().expect("panels") {
+            for t in p["targets"].as_array().expect("targets") {
+                let e = t["expr"].as_str().expect("expr");
+                let mut rest = e;
+                while let Some(i) = rest.find("powerplane_") {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    rest = &rest[i + name.len()..];
+                    queried.insert(name);
+                }
+            }
+        }
+        assert!(queried.len() > 15, "{queried:?}");
+        let missing: Vec<_> = queried
+            .iter()
+            .filter(|q| !exported.contains(q.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the dashboard queries metrics /metrics does not export: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn each_racks_predicted_peak_and_headroom_are_gauges() {
+        let (mut b, _) = board();
+        assert!(
+            !render(&b, None).contains("predicted_inlet"),
+            "no prediction yet"
+        );
+        b.predictions.insert(
+            "a01".into(),
+            policies::RackPrediction {
+                inlet_c: 27.0,
+                predicted_c: 30.25,
+                peak_c: 30.25,
+                peak_in_s: 900.0,
+                horizon_s: 900.0,
+                limit_c: 32.0,
+                margin_c: 0.5,
+            },
+        );
+        let text = render(&b, None);
+        assert!(
+            text.contains("powerplane_predicted_inlet_peak_celsius{entity=\"rack/a01\"} 30.25"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane_predicted_inlet_headroom_celsius{entity=\"rack/a01\"} 1.25"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn pue_shows_once_every_rack_and_the_cooling_are_read() {
+        let (mut b, _) = board();
+        assert!(
+            !render(&b, None).contains("powerplane_pue_ratio"),
+            "racks b01..b03 unread"
+        );
+        let now = b.time;
+        let mut snap = b.snapshot.clone();
+        for (e, m, v) in [
+            (EntityId::rack("b01"), POWER_W, 6_000.0),
+            (EntityId::rack("b02"), POWER_W, 6_000.0),
+            (EntityId::rack("b03"), POWER_W, 6_000.0),
+            (
+                EntityId::new(EntityKind::Cooling, "crah-b"),
+                COOLING_POWER_W,
+                7_200.0,
+            ),
+        ] {
+            snap.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("sample");
+        }
+        let state = b.state.clone();
+        let counters = b.counters.clone();
+        b.update(now, &snap, &state, &counters, &[], 0);
+        // (36 kW IT + 7.2 kW cooling) / 36 kW
+        assert!(
+            render(&b, None).contains("powerplane_pue_ratio 1.2\n"),
+            "{}",
+            render(&b, None)
+        );
+    }
+
+    #[test]
+    fn the_exposition_has_one_help_and_type_per_family_and_escapes_labels() {
+        let (b, f) = board();
+        let text = render(&b, Some(&f.status()));
+        let mut seen = std::collections::BTreeSet::new();
+        for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert!(seen.insert(l.to_string()), "family declared twice: {l}");
+        }
+        assert!(text.contains("powerplane_samples_rejected_total{reason=\"out_of_range\"} 2"));
+        assert!(
+            text.contains("powerplane_row_power_watts{entity=\"row/row-a\"} 18000"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("row/row-b"),
+            "a row with racks unread has no sum"
+        );
+        assert!(text.contains(
+            "powerplane_gpu_cap_watts{entity=\"gpu/a01-n01:0\",rule=\"budget.rack\"} 200"
+        ));
+        assert!(
+            !text.contains("powerplane_gpu_utilization_ratio"),
+            "no value, no series"
+        );
+        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,222 @@
+//! The controller's own side of `/metrics`: what the loop counted, its cadence, the
+//! schedulers' and the store's counters, and the fleet of agents.
+
+use std::collections::BTreeMap;
+
+use super::exposition::Out;
+use super::Board;
+use control::fleet::FleetStatus;
+
+/// What the loop counted: ticks, samples, resets and actuation errors.
+pub(super) fn loop_counters(o: &mut Out, b: &Board) {
+    let c = &b.counters;
+    o.add(
+        "ticks_total",
+        "counter",
+        "Control loop ticks",
+        &[],
+        c.ticks as f64,
+    );
+    o.add(
+        "samples_total",
+        "counter",
+        "Samples ingested",
+        &[("result", "accepted")],
+        c.samples_accepted as f64,
+    );
+    o.add(
+        "samples_total",
+        "counter",
+        "Samples ingested",
+        &[("result", "older_ignored")],
+        c.samples_older_ignored as f64,
+    );
+    for (reason, n) in &c.samples_rejected {
+        o.add(
+            "samples_rejected_total",
+            "counter",
+            "Samples rejected, by reason",
+            &[("reason", reason)],
+            *n as f64,
+        );
+    }
+    o.add(
+        "samples_rejected_total",
+        "counter",
+        "Samples rejected, by reason",
+        &[("reason", "none")],
+        0.0,
+    );
+    o.add(
+        "energy_meter_resets_total",
+        "counter",
+        "Energy meters that went backwards (device reset or wrap)",
+        &[],
+        c.counter_resets as f64,
+    );
+    o.add(
+        "actuation_errors_total",
+        "counter",
+        "Actuations that failed",
+        &[],
+        c.actuation_errors as f64,
+    );
+}
+
+/// The loop's cadence: tick delays and durations, and evaluations for crossings.
+pub(super) fn cadence(o: &mut Out, b: &Board) {
+    o.add(
+        "tick_delay_seconds",
+        "gauge",
+        "How late the last tick started past its due time",
+        &[],
+        b.cadence.delay_s,
+    );
+    o.add(
+        "tick_delay_max_seconds",
+        "gauge",
+        "The largest tick delay since start",
+        &[],
+        b.cadence.delay_max_s,
+    );
+    o.add(
+        "tick_duration_seconds",
+        "gauge",
+        "How long the last complete tick took",
+        &[],
+        b.cadence.duration_s,
+    );
+    o.add(
+        "event_crossings_total",
+        "counter",
+        "Samples that crossed a threshold of the policy between evaluations",
+        &[],
+        b.cadence.event_crossings as f64,
+    );
+    o.add(
+        "event_evaluations_total",
+        "counter",
+        "Evaluations made at once for crossings, between ticks",
+        &[],
+        b.cadence.event_evaluations as f64,
+    );
+    o.add(
+        "event_latency_seconds",
+        "gauge",
+        "The last evaluation for a crossing: from the crossing seen to its commands handed to the agents",
+        &[],
+        b.cadence.event_latency_s,
+    );
+    o.add(
+        "event_latency_max_seconds",
+        "gauge",
+        "The largest event latency since start",
+        &[],
+        b.cadence.event_latency_max_s,
+    );
+    o.add(
+        "event_evaluation_duration_seconds",
+        "gauge",
+        "How long the last evaluation for a crossing took",
+        &[],
+        b.cadence.event_duration_s,
+    );
+}
+
+/// The schedulers', the store's and the buffer's counters, decisions by rule, the tariff and the last tick.
+pub(super) fn edges(o: &mut Out, b: &Board) {
+    let now = b.time;
+    let c = &b.counters;
+    for (name, help, v) in &b.scheduler_counters {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        o.add(name, kind, help, &[], *v);
+    }
+    for c in &b.labeled_counters {
+        o.add(
+            c.name,
+            "counter",
+            c.help,
+            &[(c.label, c.value)],
+            c.count as f64,
+        );
+    }
+    o.add(
+        "store_errors_total",
+        "counter",
+        "Store commits that failed (retried next tick)",
+        &[],
+        c.store_errors as f64,
+    );
+    for (name, kind, help, v) in b.store_health.iter().flat_map(|h| h.samples()) {
+        o.add(name, kind, help, &[], v);
+    }
+    o.add(
+        "buffer_dropped_samples_total",
+        "counter",
+        "Samples dropped because the buffer was full",
+        &[],
+        b.buffer_dropped as f64,
+    );
+    for ((rule, action), n) in &b.decisions_by_rule {
+        o.add(
+            "decisions_total",
+            "counter",
+            "Decisions, by rule and action",
+            &[("rule", rule), ("action", action)],
+            *n as f64,
+        );
+    }
+    if let Some(d) = b.site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw) {
+        o.add(
+            "demand_charge_per_kw",
+            "gauge",
+            "Cost per kW of the billing period's peak demand (site tariff)",
+            &[],
+            d,
+        );
+    }
+    o.add(
+        "last_tick_timestamp_seconds",
+        "gauge",
+        "When the last tick ran",
+        &[],
+        now.as_secs_f64(),
+    );
+}
+
+/// The fleet of agents: GPUs in sync, protocol messages and agents by status.
+pub(super) fn fleet(o: &mut Out, f: &FleetStatus<'_>) {
+    o.add(
+        "gpus_in_sync",
+        "gauge",
+        "GPUs whose agent acknowledged and enforces the desired state",
+        &[],
+        f.in_sync as f64,
+    );
+    for (k, v) in f.counters.iter() {
+        o.add(
+            "agent_messages_total",
+            "counter",
+            "Agent protocol messages, by kind",
+            &[("kind", k)],
+            *v as f64,
+        );
+    }
+    let mut by_status: BTreeMap<&str, u32> = BTreeMap::new();
+    for n in f.nodes.values() {
+        *by_status.entry(n.status.as_str()).or_default() += 1;
+    }
+    for s in ["online", "degraded", "stopped", "offline"] {
+        o.add(
+            "agents",
+            "gauge",
+            "Agents by the status they last reported",
+            &[("status", s)],
+            f64::from(by_status.get(s).copied().unwrap_or(0)),
+        );
+    }
+}

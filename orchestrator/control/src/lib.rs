@@ -1,0 +1,447 @@
+//! The control loop: tick → snapshot → evaluate → plan → actuate → audit.
+//!
+//! Each tick ingests the samples its telemetry sources produced, syncs the job
+//! registry, evaluates the policy on the snapshot, brings the world to the plan's
+//! desired state through the actuator, and commits the decisions, the ledger, the job
+//! changes and the new caps and holds to the store in one batch. A store that fails
+//! does not stop the loop: the writes wait and are retried on the next tick.
+//!
+//! The crate holds the loop and its state, and no IO of its own: the edges (sources,
+//! actuators, the store's backends, HTTP) live in `powerplane-runtime` and
+//! `powerplane-api` and reach the loop through its seams.
+//!
+//! # Layout
+//!
+//! - this module: the control loop over the [`Telemetry`] and [`Actuator`] seams.
+//! - [`overrides`]: operators' pins and exemptions with an expiry.
+//! - [`admit`]: the gate between the edges and the loop: only the site's entities pass.
+//! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
+//! - [`registry`]: the job registry, kept in the store.
+//! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
+//! - [`demand`]: the demand charge's peaks, per billing period, kept in the store.
+//! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`, and the
+//!   event-driven evaluations' debounce and rate.
+//! - [`feeds`]: how a price or carbon feed file is written (`[prices]`, the backtest).
+//! - [`examples`]: the demo hall's site and policy (examples/demo), for the tests and the demo.
+#![forbid(unsafe_code)]
+
+pub mod accounting;
+pub mod admit;
+pub mod cadence;
+pub mod demand;
+pub mod examples;
+pub mod feeds;
+pub mod fleet;
+pub mod overrides;
+pub mod registry;
+
+use std::collections::BTreeMap;
+
+use integrations::store::{LedgerEntry, Store, StoreError, Tx};
+use policies::{evaluate, Decision, Inputs, Plan, Policy, State};
+use telemetry::{Job, Sample, Site, Snapshot, Timestamp};
+use tracing::{debug, warn};
+
+use crate::accounting::Accountant;
+use crate::registry::JobRegistry;
+
+/// A source of samples (the simulator, MQTT, Redfish...).
+pub trait Telemetry {
+    fn poll(&mut self, now: Timestamp) -> Vec<Sample>;
+}
+
+/// Brings the world to a desired state: caps on GPUs, holds on jobs. Idempotent: it is
+/// handed the whole state every tick. Returns what could not be applied.
+pub trait Actuator {
+    fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String>;
+}
+
+/// What the loop counted since it started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub ticks: u64,
+    pub samples_accepted: u64,
+    pub samples_older_ignored: u64,
+    /// Energy counters that went backwards (device reset or wrap).
+    pub counter_resets: u64,
+    /// Rejected samples per reason.
+    pub samples_rejected: BTreeMap<&'static str, u64>,
+    pub decisions: u64,
+    pub actuation_errors: u64,
+    pub store_errors: u64,
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, Default)]
+pub struct TickReport {
+    pub decisions: Vec<Decision>,
+    pub ledger: Vec<LedgerEntry>,
+    pub rejected: Vec<String>,
+    pub actuation_errors: Vec<String>,
+    pub store_error: Option<String>,
+    /// The planned start of each job the price plan holds.
+    pub planned_starts: BTreeMap<String, Timestamp>,
+    /// Each rack's predicted inlet (the predictive thermal rule), by rack id.
+    pub predictions: BTreeMap<String, policies::RackPrediction>,
+}
+
+pub struct ControlLoop {
+    site: Site,
+    policy: Policy,
+    snapshot: Snapshot,
+    state: State,
+    committed: State,
+    registry: JobRegistry,
+    accountant: Accountant,
+    store: Store,
+    /// Writes not yet committed (the store was down), oldest first.
+    unsaved: Tx,
+    pub counters: Counters,
+    /// Operators' overrides, applied to what is actuated (not to the engine's state).
+    overrides: Vec<crate::overrides::Override>,
+    /// What the actuator was last handed: the plan with the overrides applied (`None`:
+    /// no override is set, the plan itself).
+    actuated: Option<State>,
+    /// Price and carbon forecasts the engine plans with.
+    forecast: policies::Forecast,
+    /// Entries for the audit log from outside the engine (a policy reload), written
+    /// with the next tick's decisions.
+    noted: Vec<Decision>,
+    /// Whether ticks write the store (jobs, audit log, state) and the energy ledger;
+    /// off for replays, which account energy themselves.
+    records: bool,
+    /// With `[ha]`: the replica and the epoch its decisions are audited under.
+    origin: Option<(String, u64)>,
+}
+
+impl ControlLoop {
+    /// A loop that resumes from what the store holds: caps, holds, thermal levels and
+    /// jobs come back as they were last committed.
+    pub fn restore(
+        site: Site,
+        policy: Policy,
+        mut store: Store,
+        ledger_interval_s: f64,
+    ) -> Result<Self, StoreError> {
+        let state = store.state()?;
+        let registry = JobRegistry::from_jobs(store.jobs()?);
+        let mut accountant = Accountant::new(ledger_interval_s);
+        // with a demand charge, the ledger follows the billing period's peak (resumed)
+        if let Some(t) = site
+            .tariff
+            .as_ref()
+            .filter(|t| t.demand_charge_per_kw.is_some())
+        {
+            let interval_s = t.demand_interval_s.unwrap_or(ledger_interval_s);
+            let records = store.records::<crate::demand::PeriodPeak>(crate::demand::COLLECTION)?;
+            accountant = accountant.with_demand(
+                crate::demand::DemandTracker::new(interval_s, site.timezone).restore(records),
+            );
+        }
+        // the site's GPUs take the snapshot's first slots: the engine reads them by index
+        let mut snapshot = Snapshot::new();
+        snapshot.register(&site.snapshot_order());
+        Ok(ControlLoop {
+            site,
+            policy,
+            snapshot,
+            committed: state.clone(),
+            state,
+            registry,
+            accountant,
+            store,
+            unsaved: Tx::new(),
+            counters: Counters::default(),
+            overrides: Vec::new(),
+            actuated: None,
+            forecast: policies::Forecast::default(),
+            noted: Vec::new(),
+            records: true,
+            origin: None,
+        })
+    }
+
+    /// Whether ticks write the store; off on a follower (with `[ha]`), which
+    /// evaluates the same inputs but leaves the store to the leader.
+    pub fn set_records(&mut self, on: bool) {
+        self.records = on;
+    }
+
+    /// The replica and the leader's epoch the audit log records with each decision.
+    pub fn set_origin(&mut self, origin: Option<(String, u64)>) {
+        self.origin = origin;
+    }
+
+    /// Reloads caps, holds, thermal levels and jobs from the store as last committed
+    /// (a follower mirroring its leader; a new leader taking over), keeping the
+    /// snapshot and the ledger's interval; writes not yet committed are dropped.
+    pub fn resume_from_store(&mut self) -> Result<(), StoreError> {
+        let state = self.store.state()?;
+        let jobs = self.store.jobs()?;
+        if self.accountant.demand().is_some() {
+            let records = self.store.records(crate::demand::COLLECTION)?;
+            if let Some(d) = self.accountant.demand_mut() {
+                d.reload(records);
+            }
+        }
+        self.registry = JobRegistry::from_jobs(jobs);
+        self.committed = state.clone();
+        self.state = state;
+        self.unsaved = Tx::new();
+        Ok(())
+    }
+
+    /// The same loop for a replay (`powerplane backtest`): the same decisions and
+    /// actuation, but nothing written to the store and no energy ledger kept (the
+    /// replay integrates energy itself); the counters still count.
+    pub fn without_records(mut self) -> Self {
+        self.records = false;
+        self
+    }
+
+    /// The price and carbon forecasts for the next ticks.
+    pub fn set_forecast(&mut self, forecast: policies::Forecast) {
+        self.forecast = forecast;
+    }
+
+    /// Replaces the policy; the next tick evaluates the new one from the same state.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    /// Adds an entry to the next tick's decisions (audited, logged, on the API).
+    pub fn note(&mut self, d: Decision) {
+        self.noted.push(d);
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// What is in force: the plan with the operators' overrides applied.
+    pub fn actuated(&self) -> &State {
+        self.actuated.as_ref().unwrap_or(&self.state)
+    }
+
+    /// Replaces the overrides; the next tick applies them and audits those that start
+    /// or end.
+    pub fn set_overrides(&mut self, overrides: Vec<crate::overrides::Override>) {
+        self.overrides = overrides;
+    }
+
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    pub fn registry(&self) -> &JobRegistry {
+        &self.registry
+    }
+
+    pub fn store(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    pub fn site(&self) -> &Site {
+        &self.site
+    }
+
+    /// Counts samples an edge refused before they reached the loop (see
+    /// [`crate::admit`]), under the same counter as the loop's own rejects.
+    pub fn count_rejected(&mut self, reason: &'static str, n: u64) {
+        if n > 0 {
+            *self.counters.samples_rejected.entry(reason).or_default() += n;
+        }
+    }
+
+    /// Marks every reading of an entity bad (its source said it died).
+    pub fn mark_bad(&mut self, entity: &telemetry::EntityId) {
+        self.snapshot.mark_bad(entity);
+    }
+
+    /// Takes samples into the snapshot at `now`, counting what is accepted and what is
+    /// refused (and why); returns the refusals. [`ControlLoop::tick`] ingests what it is
+    /// given; `serve` also ingests between evaluations, so that an evaluation made for
+    /// a crossing does not first take in every reading since the last one.
+    pub fn ingest(
+        &mut self,
+        samples: impl IntoIterator<Item = Sample>,
+        now: Timestamp,
+    ) -> Vec<String> {
+        let mut rejected = Vec::new();
+        for sample in samples {
+            match self.snapshot.ingest(sample, now) {
+                Ok(telemetry::snapshot::Ingested::Updated) => self.counters.samples_accepted += 1,
+                Ok(telemetry::snapshot::Ingested::CounterReset) => {
+                    self.counters.samples_accepted += 1;
+                    self.counters.counter_resets += 1;
+                }
+                Ok(telemetry::snapshot::Ingested::OlderIgnored) => {
+                    self.counters.samples_older_ignored += 1
+                }
+                Err(e) => {
+                    *self
+                        .counters
+                        .samples_rejected
+                        .entry(e.reason())
+                        .or_default() += 1;
+                    debug!(reason = e.reason(), "sample rejected: {e}");
+                    rejected.push(e.to_string());
+                }
+            }
+        }
+        rejected
+    }
+
+    /// One pass of the loop at `now`.
+    /// `samples` are what the telemetry sources produced since the last tick; `jobs` is
+    /// the schedulers' current view.
+    pub fn tick(
+        &mut self,
+        now: Timestamp,
+        samples: Vec<Sample>,
+        jobs: Vec<Job>,
+        actuator: &mut dyn Actuator,
+    ) -> TickReport {
+        self.counters.ticks += 1;
+        let mut report = TickReport::default();
+        // the billing period's peak so far, for the automatic peak target
+        let demand = self
+            .accountant
+            .demand()
+            .map(|d| d.samples(&self.site.site_entity(), now))
+            .unwrap_or_default();
+        report.rejected = self.ingest(samples.into_iter().chain(demand), now);
+        let mut tx = Tx::new();
+        let changed = self.registry.sync(jobs);
+        if self.records {
+            for job in changed {
+                tx.put_job(&job);
+            }
+        }
+        // the jobs are resolved once (their GPUs, their ids), when they change, not by
+        // every evaluation
+        let (active, job_table) = self.registry.active_on(&self.site);
+        let Plan {
+            state,
+            decisions,
+            planned_starts,
+            predictions,
+        } = evaluate(
+            &Inputs {
+                site: &self.site,
+                snapshot: &self.snapshot,
+                jobs: active,
+                prior: &self.state,
+                policy: &self.policy,
+                forecast: &self.forecast,
+                job_table: Some(job_table),
+            },
+            now,
+        );
+        report.planned_starts = planned_starts;
+        report.predictions = predictions;
+        let mut decisions = {
+            let mut noted = std::mem::take(&mut self.noted);
+            noted.extend(decisions);
+            noted
+        };
+        // with no override set now or before, what is actuated is the plan itself
+        let actuated = if self.overrides.is_empty() && self.actuated.is_none() {
+            None
+        } else {
+            let actuated = crate::overrides::apply(&state, &self.overrides, &self.site, now);
+            decisions.extend(crate::overrides::decisions(
+                self.actuated.as_ref().unwrap_or(&self.state),
+                &actuated,
+                &self.overrides,
+                now,
+            ));
+            Some(actuated)
+        };
+        report.actuation_errors = actuator.apply(actuated.as_ref().unwrap_or(&state), now);
+        self.actuated = actuated.filter(|_| !self.overrides.is_empty());
+        self.counters.actuation_errors += report.actuation_errors.len() as u64;
+        for e in &report.actuation_errors {
+            warn!(error = %e, "actuation failed");
+        }
+        self.counters.decisions += decisions.len() as u64;
+        if !self.records {
+            self.state = state;
+            report.decisions = decisions;
+            return report;
+        }
+        for d in &decisions {
+            match &self.origin {
+                Some((instance, epoch)) => tx.audit_by(d, instance, *epoch),
+                None => tx.audit(d),
+            };
+        }
+        report.ledger = self
+            .accountant
+            .record(&self.site, &self.snapshot, active, now);
+        for e in &report.ledger {
+            tx.ledger(e);
+        }
+        if let Some(c) = self.accountant.take_conditions() {
+            tx.conditions(&c);
+        }
+        if let Some(p) = self.accountant.demand_mut().and_then(|d| d.take_changed()) {
+            tx.put_record(crate::demand::COLLECTION, &p.period, &p);
+        }
+        self.state = state;
+        report.decisions = decisions;
+        self.unsaved.extend(tx);
+        report.store_error = self.save().err().map(|e| e.to_string());
+        report
+    }
+
+    /// Closes the open ledger interval and saves everything (at shutdown).
+    pub fn finish(&mut self, now: Timestamp) -> Result<Vec<LedgerEntry>, StoreError> {
+        let entries = self.accountant.flush(now);
+        let mut tx = Tx::new();
+        if let Some(d) = self.accountant.demand_mut() {
+            d.close();
+            if let Some(p) = d.take_changed() {
+                tx.put_record(crate::demand::COLLECTION, &p.period, &p);
+            }
+        }
+        for e in &entries {
+            tx.ledger(e);
+        }
+        if let Some(c) = self.accountant.take_conditions() {
+            tx.conditions(&c);
+        }
+        self.unsaved.extend(tx);
+        self.save()?;
+        Ok(entries)
+    }
+
+    /// Commits the waiting writes and the state as it is now, in one batch.
+    fn save(&mut self) -> Result<(), StoreError> {
+        let pending = std::mem::take(&mut self.unsaved);
+        let mut tx = pending.clone();
+        tx.state(&self.committed, &self.state);
+        match self.store.commit(tx) {
+            Ok(()) => {
+                self.committed = self.state.clone();
+                Ok(())
+            }
+            // a newer leader holds the store: these writes are not ours to make
+            Err(e @ StoreError::Fenced { .. }) => {
+                self.counters.store_errors += 1;
+                warn!(error = %e, dropped_ops = pending.len(), "store commit fenced off; writes dropped");
+                Err(e)
+            }
+            Err(e) => {
+                self.counters.store_errors += 1;
+                warn!(backend = self.store.backend_name(), error = %e, waiting_ops = pending.len(), "store commit failed; will retry next tick");
+                self.unsaved = pending;
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The runtime of `powerplane serve`: one tokio runtime for every IO edge, one
+//! cancellation token for shutdown, one task tracker, and a grace timeout.
+//!
+//! Each edge (HTTP, the store's connection, scheduler reconcilers, the Redfish poller,
+//! feeds) is a task spawned with [`Runtime::spawn`]; it watches [`Runtime::shutdown`]
+//! and ends when it is cancelled. The control loop runs on a thread of its own (it
+//! never awaits an edge) and hands work to the edges through bounded channels.
+//! [`Runtime::stop`] cancels the token, closes the tracker and waits for the tasks up
+//! to the grace timeout, warning about those still running when it expires.
+//!
+//! # Layout
+//!
+//! - this module: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
+//! - [`buffer`]: the bounded buffer the sources put samples into and the loop drains.
+//! - [`redfish`]: `[redfish]`: the poller as a task of `serve`, its counters for `/metrics`.
+//! - [`prices`]: `[prices]`: the price and carbon feeds, read or fetched.
+//! - [`node_power`]: `[node_power]`: powering nodes down and up (Slurm's power saving,
+//!   Redfish) and the worker that does it off the loop.
+//! - [`schedulers`]: `[schedulers]`: one reconciler per scheduler adapter (Slurm,
+//!   Kubernetes, the outbound webhook) on a thread of its own; jobs in, the plan's holds
+//!   out, job lifecycles.
+//! - [`ha`]: `[ha]`: several replicas, one leader, elected through Redis.
+//! - [`store_open`]: `[store] kind = "redis"`: Redis on the runtime, behind its journal.
+//! - [`reload`]: `serve` watches its policy file and swaps in valid edits between ticks.
+//! - [`paths`]: paths in `powerplane.toml`, relative to the file.
+#![forbid(unsafe_code)]
+
+pub mod buffer;
+pub mod ha;
+pub mod node_power;
+pub mod paths;
+pub mod prices;
+pub mod redfish;
+pub mod reload;
+pub mod schedulers;
+pub mod store_open;
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+/// How long shutdown waits for the edges to finish (well inside systemd's default
+/// stop timeout of 90 s, so the ledger is closed before it).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// The tokio runtime that owns every IO edge of `serve`.
+pub struct Runtime {
+    rt: tokio::runtime::Runtime,
+    /// Cancelled once, at shutdown: every edge task watches it.
+    pub shutdown: CancellationToken,
+    /// Every edge task, so that shutdown can wait for them.
+    pub tracker: TaskTracker,
+}
+
+impl Runtime {
+    /// A multi-threaded runtime with `workers` worker threads (at least 2).
+    pub fn new(workers: usize) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(2))
+            .thread_name("powerplane-io")
+            .enable_all()
+            .build()
+            .context("cannot start the tokio runtime")?;
+        Ok(Runtime {
+            rt,
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        })
+    }
+
+    /// The runtime's handle, for edges that block on a future from a thread of
+    /// their own (`handle.block_on(...)` outside the runtime's workers).
+    pub fn handle(&self) -> Handle {
+        self.rt.handle().clone()
+    }
+
+    /// Spawns an edge task, tracked for shutdown.
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tracker.spawn_on(fut, self.rt.handle())
+    }
+
+    /// Runs a blocking closure on the runtime's blocking pool, tracked for shutdown.
+    pub fn spawn_blocking<F, T>(&self, f: F) -> tokio::task::JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.tracker.spawn_blocking_on(f, self.rt.handle())
+    }
+
+    /// Cancels every edge and waits for them up to `grace`; returns whether they all
+    /// finished in time.
+    pub fn stop(self, grace: Duration) -> bool {
+        self.shutdown.cancel();
+        self.tracker.close();
+        let tracker = self.tracker.clone();
+        let done = self
+            .rt
+            .block_on(async move { tokio::time::timeout(grace, tracker.wait()).await.is_ok() });
+        if done {
+            info!("every edge stopped");
+        } else {
+            warn!(
+                grace_s = grace.as_secs_f64(),
+                still_running = self.tracker.len(),
+                "edges still running after the grace timeout; stopping anyway"
+            );
+        }
+        self.rt.shutdown_timeout(Duration::from_millis(500));
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn stop_cancels_every_edge_and_waits_for_it() {
+        let rt = Runtime::new(2).expect("runtime");
+        let finished = Arc::new(AtomicBool::new(false));
+        let (token, flag) = (rt.shutdown.clone(), finished.clone());
+        rt.spawn(async move {
+            token.cancelled().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flag.store(true, Ordering::SeqCst);
+        });
+        assert!(rt.stop(Duration::from_secs(5)));
+        assert!(finished.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn stop_gives_up_after_the_grace_timeout() {
+        let rt = Runtime::new(2).expect("runtime");
+        // an edge that ignores the token
+        rt.spawn(async { tokio::time::sleep(Duration::from_secs(3600)).await });
+        let t = std::time::Instant::now();
+        assert!(!rt.stop(Duration::from_millis(200)));
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+}

@@ -1,0 +1,219 @@
+//! `serve`'s telemetry and agent edges: the MQTT source on a thread of its own (into
+//! the sample buffer, see [`runtime::buffer`]), the agents' link (commands out,
+//! reports and acks in) and the actuators the tick hands its desired state to.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Result;
+use policies::State;
+use sources::mqtt::{Event, Link, LinkEvent, MqttSource};
+use telemetry::agent_proto::{Channel, Topics};
+use telemetry::mapping::Mapping;
+use telemetry::{Site, Timestamp};
+use tracing::{info, warn};
+
+use crate::config::{AgentsSection, MqttSection};
+use common::wall_clock;
+use control::admit::{Gate, Tally};
+use control::fleet::{Fleet, FleetConfig};
+use control::Actuator;
+use runtime::buffer::Buffer;
+use runtime::paths::resolve;
+
+/// Caps without `[agents]`: log when the desired caps change, command nothing. (Holds
+/// go to the schedulers in `[schedulers]`, which log their own actions.)
+#[derive(Debug, Default)]
+pub struct ObserveOnly {
+    last: State,
+}
+
+impl Actuator for ObserveOnly {
+    fn apply(&mut self, state: &State, _now: Timestamp) -> Vec<String> {
+        let watts = |s: &State| {
+            s.caps
+                .iter()
+                .map(|(g, c)| (g.clone(), c.watts.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        if watts(state) != watts(&self.last) {
+            info!(
+                caps = state.caps.len(),
+                "desired caps changed (no [agents]: nothing commanded)"
+            );
+        }
+        self.last = state.clone();
+        Vec::new()
+    }
+}
+
+/// Actuation through the GPU agents: the plan's caps and clock locks become signed,
+/// leased commands (holds go to the schedulers).
+pub struct AgentActuator {
+    fleet: Arc<Mutex<Fleet>>,
+    link: Link,
+    status_file: Option<PathBuf>,
+    in_sync: Option<usize>,
+}
+
+impl Actuator for AgentActuator {
+    fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String> {
+        let mut errors = Vec::new();
+        let mut fleet = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
+        for (topic, payload) in fleet.commands(state, now) {
+            // never blocks the tick: `try_publish` into the client's bounded queue; a full
+            // queue (a broker that does not take them) counts a drop, retried with backoff
+            if !self.link.publish(&topic, payload, true, false) {
+                errors.push(format!(
+                    "{topic}: command not queued (the broker has been unreachable; retried with backoff)"
+                ));
+            }
+        }
+        let status = fleet.status();
+        if self.in_sync != Some(status.in_sync) {
+            info!(
+                in_sync = status.in_sync,
+                gpus = status.gpus.len(),
+                "GPUs running as desired (acknowledged and enforced)"
+            );
+            self.in_sync = Some(status.in_sync);
+        }
+        if let Some(path) = &self.status_file {
+            let tmp = path.with_extension("tmp");
+            let written = serde_json::to_vec_pretty(&status)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(&tmp, b))
+                .and_then(|_| std::fs::rename(&tmp, path));
+            if let Err(e) = written {
+                warn!(path = %path.display(), error = %e, "cannot write the agents' status file");
+            }
+        }
+        errors
+    }
+}
+
+/// The MQTT source on a thread of its own: decoded samples (only the site's entities)
+/// into the buffer, decoder rejects into `tally`.
+pub fn spawn_mqtt(
+    m: MqttSection,
+    mapping: Mapping,
+    buffer: Arc<Buffer>,
+    gate: Arc<Gate>,
+    tally: Arc<Tally>,
+    keep: impl Fn() -> bool + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let mut source = MqttSource::new(m.client.clone(), mapping)?;
+    info!(url = %m.client.url, filters = ?source.filters(), "mqtt source starting");
+    Ok(std::thread::Builder::new()
+        .name("mqtt".into())
+        .spawn(move || {
+            source.run(&keep, &wall_clock, &mut |ev| {
+                if let Event::Message { decoded, .. } = ev {
+                    for r in &decoded.rejects {
+                        tally.add(r.reason, 1);
+                    }
+                    if let Some(r) = &decoded.rebirth {
+                        tally.add(
+                            if r.sent {
+                                control::admit::REBIRTH_SENT
+                            } else {
+                                control::admit::REBIRTH_HELD
+                            },
+                            1,
+                        );
+                    }
+                    buffer.push(
+                        gate.admit(decoded.samples, "mqtt"),
+                        gate.admit_dead(decoded.dead, "mqtt"),
+                    );
+                }
+            });
+        })?)
+}
+
+/// The actuator for the plan's caps: the agents (with `[agents]`) or observe-only.
+pub struct Actuation {
+    pub actuator: Box<dyn Actuator>,
+    /// The fleet's view, for the API and `/metrics` (with `[agents]`).
+    pub fleet: Option<Arc<Mutex<Fleet>>>,
+    /// The thread that reads the agents' reports and acks.
+    pub thread: Option<JoinHandle<()>>,
+}
+
+/// Opens the agents' link and the thread that takes their messages; without
+/// `[agents]`, caps are observe-only.
+pub fn open_agents(
+    agents: Option<AgentsSection>,
+    site: &Site,
+    base: &Path,
+    buffer: Arc<Buffer>,
+    gate: Arc<Gate>,
+    keep: impl Fn() -> bool + Send + 'static,
+) -> Result<Actuation> {
+    let Some(a) = agents else {
+        return Ok(Actuation {
+            actuator: Box::new(ObserveOnly::default()),
+            fleet: None,
+            thread: None,
+        });
+    };
+    let key = agent::run::read_key(&resolve(base, &a.key_file))?;
+    let topics = Topics::new(&a.topic_prefix);
+    let fleet = Arc::new(Mutex::new(Fleet::new(
+        site,
+        key,
+        topics.clone(),
+        FleetConfig {
+            lease_s: a.lease_s,
+            renew_s: a.renew_s,
+            retry_s: a.retry_s,
+        },
+        wall_clock(),
+    )));
+    let mut mqtt = a.mqtt.clone();
+    if mqtt.client_id.is_none() {
+        mqtt.client_id = Some(format!("powerplane-controller-{}", std::process::id()));
+    }
+    let (link, events) = Link::open(
+        &mqtt,
+        [Channel::Gpus, Channel::Ack, Channel::Health]
+            .into_iter()
+            .map(|c| topics.all(c))
+            .collect(),
+        None,
+    )?;
+    info!(url = %a.mqtt.url, prefix = %a.topic_prefix, lease_s = a.lease_s, "commanding the GPU agents");
+    let fl = fleet.clone();
+    let thread = std::thread::Builder::new()
+        .name("agents".into())
+        .spawn(move || {
+            while keep() {
+                match events.recv_timeout(Duration::from_millis(100)) {
+                    Ok(LinkEvent::Message { topic, payload }) => {
+                        let samples = fl.lock().unwrap_or_else(|p| p.into_inner()).on_message(
+                            &topic,
+                            &payload,
+                            wall_clock(),
+                        );
+                        if !samples.is_empty() {
+                            buffer.push(gate.admit(samples, "agents"), Vec::new());
+                        }
+                    }
+                    Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            }
+        })?;
+    Ok(Actuation {
+        actuator: Box::new(AgentActuator {
+            fleet: fleet.clone(),
+            link,
+            status_file: a.status_file.map(|p| resolve(base, &p)),
+            in_sync: None,
+        }),
+        fleet: Some(fleet),
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,162 @@
+//! `serve` with `[ha]`: the leader gate the tick consults (see [`runtime::ha`]), the
+//! take-over (restore from the store under the new epoch, open the schedulers,
+//! command every agent anew) and the step-down; a follower evaluates but never
+//! actuates.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use tracing::{info, warn};
+
+use super::Serve;
+use crate::config::{Config, StoreConfig};
+use runtime::schedulers::Schedulers;
+
+/// The leader election, with `[ha]` enabled (the store must be Redis).
+pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::Ha>> {
+    let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
+        return Ok(None);
+    };
+    let StoreConfig::Redis(r) = &cfg.store else {
+        anyhow::bail!(
+            "[ha] needs [store] kind = \"redis\": the embedded store serves one controller"
+        );
+    };
+    let deadline = Duration::from_secs_f64(r.timeout_s.max(0.1));
+    Ok(Some(runtime::ha::spawn(
+        h,
+        &r.url(base)?,
+        &r.prefix,
+        deadline,
+    )?))
+}
+
+/// With `[ha]`: what this replica holds as leader, and what it needs to take over.
+pub(super) struct Leader {
+    pub(super) ha: Option<runtime::ha::Ha>,
+    /// The epoch the last tick acted under (`None`: a follower).
+    pub(super) epoch: Option<u64>,
+    pub(super) fleet: Option<Arc<Mutex<control::fleet::Fleet>>>,
+    pub(super) hooks: api::Hooks,
+    pub(super) base: std::path::PathBuf,
+    pub(super) handle: tokio::runtime::Handle,
+    pub(super) shutdown: tokio_util::sync::CancellationToken,
+}
+
+/// What a follower hands its actuator: nothing is commanded.
+pub(super) struct Standby;
+
+impl control::Actuator for Standby {
+    fn apply(&mut self, _: &policies::State, _: telemetry::Timestamp) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+impl Serve {
+    /// With `[ha]`: follows the election (taking over, stepping down) and says whether
+    /// this tick may actuate; a follower mirrors the leader's committed state.
+    pub(super) fn follow_election(&mut self) -> bool {
+        let Some(ha) = &self.leader.ha else {
+            return true;
+        };
+        match ha.gate.state() {
+            runtime::ha::GateState::Acting(epoch) => {
+                if self.leader.epoch != Some(epoch) {
+                    self.take_over(epoch);
+                }
+            }
+            // this term's lease cannot be read: no effect this tick, the term kept
+            runtime::ha::GateState::Suspended(epoch) if self.leader.epoch == Some(epoch) => {
+                return false;
+            }
+            runtime::ha::GateState::Suspended(_) | runtime::ha::GateState::Following => {
+                if self.leader.epoch.is_some() {
+                    self.step_down();
+                }
+            }
+        }
+        if self.leader.epoch.is_none() {
+            if let Err(e) = self.control.resume_from_store() {
+                tracing::debug!(error = %e, "follower: cannot read the leader's state");
+            }
+        }
+        self.leader.epoch.is_some()
+    }
+
+    /// Elected: restore from the store under the new epoch, open the schedulers (their
+    /// holds and outbox as the last leader left them), and command every agent anew.
+    fn take_over(&mut self, epoch: u64) {
+        let started = std::time::Instant::now();
+        // a term that ended and a new one begun between two ticks
+        if self.leader.epoch.is_some() {
+            self.step_down();
+        }
+        let store = self.control.store();
+        store.set_fence(Some(epoch));
+        let opened = self
+            .control
+            .resume_from_store()
+            .map_err(anyhow::Error::from)
+            .and_then(|()| {
+                Schedulers::open(
+                    self.cfg.schedulers.as_ref(),
+                    &self.leader.base,
+                    self.control.store(),
+                    self.cfg.controller.tick_s,
+                    self.leader.handle.clone(),
+                    self.leader.shutdown.clone(),
+                )
+            });
+        let schedulers = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                // not restored: act next tick, if still the leader
+                warn!(epoch, error = %e, "elected, but cannot restore from the store; not acting yet");
+                self.control.store().set_fence(Some(0));
+                return;
+            }
+        };
+        self.schedulers = schedulers;
+        self.leader
+            .hooks
+            .set(self.schedulers.inbox(), self.schedulers.kube_hooks());
+        if let Some(f) = &self.leader.fleet {
+            f.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .set_epoch(Some(epoch));
+        }
+        let instance = self
+            .cfg
+            .ha
+            .as_ref()
+            .map(|h| h.instance())
+            .unwrap_or_default();
+        self.control.set_records(true);
+        self.control.set_origin(Some((instance.clone(), epoch)));
+        self.leader.epoch = Some(epoch);
+        info!(
+            instance = %instance,
+            epoch,
+            caps = self.control.state().caps.len(),
+            holds = self.control.state().holds.len(),
+            jobs = self.control.registry().len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "leader: restored from the store; actuating"
+        );
+    }
+
+    /// Deposed (or the lease cannot be read): stop actuating at once; the schedulers
+    /// finish their pass (fenced: nothing of it lands once another leads) and close.
+    fn step_down(&mut self) {
+        let was = self.leader.epoch.take();
+        let mut old = std::mem::replace(&mut self.schedulers, Schedulers::idle());
+        old.stop(self.control.store(), Duration::from_secs(2));
+        self.leader.hooks.set(None, None);
+        self.control.store().set_fence(Some(0));
+        self.control.set_records(false);
+        self.control.set_origin(None);
+        warn!(epoch = ?was, "not the leader (deposed, or the lease cannot be read): actuation stopped");
+    }
+}

@@ -1,0 +1,606 @@
+//! `powerplane serve`: the controller on a real clock.
+//!
+//! Sources run on threads of their own (MQTT) or as tasks on the runtime (the Redfish
+//! poller, see [`runtime::redfish`]) and put samples into
+//! one bounded buffer that keeps the newest and counts what it drops. Every tick the
+//! control loop drains it, evaluates the policy and commits to the store. With an
+//! `[agents]` section the plan's caps are commanded to the GPU node agents (signed,
+//! leased, acknowledged, renewed; see [`control::fleet`]) and the agents' reports feed the
+//! snapshot; without it caps are observe-only. With `[schedulers]` the holds in force
+//! are applied to the schedulers (see [`runtime::schedulers`]); without it they are
+//! observe-only: computed, leased, audited, stored and logged.
+//! With `[ha]` the replica follows the leader election (see [`leader`]): only the
+//! leader actuates, drives the schedulers and commits.
+//! SIGTERM or SIGINT stops the sources, closes the ledger interval and exits.
+//!
+//! # Layout
+//!
+//! - this module: the assembly: the edges started from the config, the loop on a real clock.
+//! - [`config`]: `powerplane.toml`, every problem of it and of the files it names in one pass.
+//! - `edges`: the MQTT sources and the agents' actuator, started from their sections.
+//! - `leader`: `[ha]`'s leader gate and the standby actuator.
+#![forbid(unsafe_code)]
+
+pub mod config;
+
+mod edges;
+mod leader;
+
+pub use edges::{AgentActuator, ObserveOnly};
+pub use runtime::buffer::Buffer;
+pub use runtime::node_power::worker::NodePowerSection;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use integrations::store::Store;
+use telemetry::Site;
+use tracing::{info, warn};
+
+use crate::config::{load, Config, Loaded, StoreConfig};
+use api::Board;
+use common::wall_clock;
+use control::ControlLoop;
+use integrations::store::embedded::EmbeddedBackend;
+use leader::{start_ha, Leader, Standby};
+use runtime::node_power::worker as nodes;
+use runtime::paths::resolve;
+use runtime::prices::Prices;
+use runtime::schedulers::Schedulers;
+
+/// The site and the store a config names, for `powerplane report`.
+pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
+    let loaded = load(config_path)?;
+    let base = config_path.parent().unwrap_or(Path::new("."));
+    let store = open_store(&loaded.config.store, base, None)?;
+    Ok((loaded.site, store))
+}
+
+/// Opens the configured store; with `handle` (serve), Redis behind its journal.
+fn open_store(
+    cfg: &StoreConfig,
+    base: &Path,
+    handle: Option<tokio::runtime::Handle>,
+) -> Result<Store> {
+    Ok(match cfg {
+        StoreConfig::Memoryless => anyhow::bail!(
+            "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
+        ),
+        StoreConfig::Embedded { path } => {
+            Store::new(Box::new(EmbeddedBackend::open(&resolve(base, path))?))
+        }
+        StoreConfig::Redis(redis) => match handle {
+            Some(h) => redis.open_journaled(base, h)?,
+            None => redis.open_plain(base)?,
+        },
+    })
+}
+
+/// Runs the controller until a signal, or for `run_for` when given.
+pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
+    let Loaded {
+        config: cfg,
+        site,
+        policy,
+        mapping,
+        prices,
+    } = load(config_path)?;
+    let base = config_path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // every IO edge runs on this runtime (see runtime); the control loop runs
+    // on this thread and never awaits an edge
+    let runtime = runtime::Runtime::new(4)?;
+    let mut store = open_store(&cfg.store, &base, Some(runtime.handle()))?;
+    // with [ha], a replica starts as a follower: fenced at epoch 0, no scheduler open,
+    // nothing commanded, until the election makes it the leader (see runtime::ha)
+    let ha = start_ha(&cfg, &base)?;
+    if ha.is_some() {
+        store.set_fence(Some(0));
+    }
+    let backend = store.backend_name();
+    let mut control = ControlLoop::restore(
+        site.clone(),
+        policy,
+        store,
+        cfg.controller.ledger_interval_s,
+    )?;
+    info!(
+        store = backend,
+        caps = control.state().caps.len(),
+        holds = control.state().holds.len(),
+        jobs = control.registry().len(),
+        "restored from the store"
+    );
+    if ha.is_some() {
+        control.set_records(false);
+    }
+    // each scheduler adapter reconciles on a thread of its own (see runtime::schedulers);
+    // with [ha] they open when this replica takes over
+    let schedulers = match ha {
+        Some(_) => Schedulers::idle(),
+        None => Schedulers::open(
+            cfg.schedulers.as_ref(),
+            &base,
+            control.store(),
+            cfg.controller.tick_s,
+            runtime.handle(),
+            runtime.shutdown.clone(),
+        )?,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
+    }
+    let started = Instant::now();
+    let keep_going = {
+        let stop = stop.clone();
+        move || !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| started.elapsed() < d)
+    };
+    let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
+    // only the site's entities reach the buffer (see control::admit)
+    let gate = Arc::new(control::admit::Gate::new(&site));
+    let mqtt_rejects = Arc::new(control::admit::Tally::default());
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
+        let (b, g, t) = (buffer.clone(), gate.clone(), mqtt_rejects.clone());
+        threads.push(edges::spawn_mqtt(m, mapping, b, g, t, keep_going.clone())?);
+    }
+    // the Redfish poller: a task on the runtime (see runtime::redfish); only the site's
+    // entities pass the gate
+    let redfish = match &cfg.redfish {
+        Some(r) => Some(runtime::redfish::spawn(
+            r,
+            &runtime,
+            buffer.clone(),
+            gate.clone(),
+        )?),
+        None => None,
+    };
+    let actuation = edges::open_agents(
+        cfg.agents.clone(),
+        &site,
+        &base,
+        buffer.clone(),
+        gate.clone(),
+        keep_going.clone(),
+    )?;
+    threads.extend(actuation.thread);
+    let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
+    board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
+    let configured = cfg.schedulers.as_ref();
+    let hooks = api::Hooks::new(schedulers.inbox(), schedulers.kube_hooks()).configured(
+        configured.is_some_and(|s| s.webhook.is_some()),
+        configured.is_some_and(|s| s.kubernetes.is_some()),
+    );
+    let overrides = Arc::new(Mutex::new(
+        control::overrides::Book::open(
+            cfg.http
+                .as_ref()
+                .and_then(|h| h.overrides_file.as_ref())
+                .map(|p| resolve(&base, p))
+                .as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("overrides: {e}"))?,
+    ));
+    if let Some(h) = &cfg.http {
+        let api = api::Api {
+            overrides: overrides.clone(),
+            board: board.clone(),
+            fleet: actuation.fleet.clone(),
+            tokens: api::load_tokens(h, &base)?,
+            metrics_public: h.metrics_public,
+            status_page_public: h.status_page_public,
+            refresh_s: h.refresh_s.max(1),
+            hooks: hooks.clone(),
+            stats: Default::default(),
+        };
+        api::serve(h, &base, api, &runtime)?;
+    }
+    // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
+    let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
+    threads.extend(fetcher);
+    let cfg_events = (
+        cfg.controller.event_debounce_ms,
+        cfg.controller.event_max_per_s,
+    );
+    let node_power = match &cfg.node_power {
+        Some(np) => Some(nodes::NodePower::start(np, &site, wall_clock())?),
+        None => None,
+    };
+    let mut serve = Serve {
+        node_power,
+        cfg,
+        control,
+        schedulers,
+        leader: Leader {
+            ha,
+            epoch: None,
+            fleet: actuation.fleet.clone(),
+            hooks,
+            base: base.clone(),
+            handle: runtime.handle(),
+            shutdown: runtime.shutdown.clone(),
+        },
+        actuator: actuation.actuator,
+        buffer,
+        gate,
+        mqtt_rejects,
+        redfish,
+        prices,
+        overrides,
+        reloader,
+        board,
+        cadence: control::cadence::Cadence::default(),
+        last_source_sample: None,
+        events: control::cadence::Events::new(cfg_events.0, cfg_events.1),
+        thresholds: policies::triggers::Thresholds::default(),
+        since: Default::default(),
+    };
+    // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
+    // by the loop itself, so a loop that stalls is restarted after WatchdogSec
+    let mut notify = common::notify::Notifier::from_env();
+    notify.ready(&format!(
+        "{} racks, {} GPUs; store {backend}",
+        site.racks.len(),
+        site.gpu_count()
+    ));
+    let tick = Duration::from_secs_f64(serve.cfg.controller.tick_s);
+    let mut next = Instant::now();
+    while keep_going() {
+        notify.watchdog();
+        serve.tick(next);
+        next += tick;
+        serve.between_ticks(next, &keep_going, &mut notify);
+    }
+    notify.stopping();
+    stop.store(true, Ordering::Relaxed);
+    serve.stop(runtime, threads)
+}
+
+/// The board the API reads, with the policy file as it is now, and its watcher.
+fn first_board(
+    cfg: &Config,
+    base: &Path,
+    site: &Site,
+    control: &mut ControlLoop,
+) -> Result<(Arc<RwLock<Board>>, runtime::reload::Reloader)> {
+    let policy_path = resolve(base, &cfg.controller.policy);
+    let mut board = Board::new(
+        site.clone(),
+        policy_path.display().to_string(),
+        wall_clock(),
+    );
+    board.store_health = control.store().health();
+    let reloader = start_policy_watch(
+        &policy_path,
+        cfg.controller.policy_reload_s,
+        control,
+        &mut board,
+    )?;
+    let sources = [
+        cfg.mqtt.is_some(),
+        cfg.redfish.is_some(),
+        cfg.agents.is_some(),
+    ];
+    board.ready = api::health::Readiness::new(&sources, cfg.http.as_ref());
+    Ok((Arc::new(RwLock::new(board)), reloader))
+}
+
+/// The running controller: the loop and what it reads from and hands to the edges.
+struct Serve {
+    cfg: Config,
+    control: ControlLoop,
+    schedulers: Schedulers,
+    leader: Leader,
+    actuator: Box<dyn control::Actuator>,
+    buffer: Arc<Buffer>,
+    gate: Arc<control::admit::Gate>,
+    mqtt_rejects: Arc<control::admit::Tally>,
+    redfish: Option<sources::redfish::StatsHandle>,
+    prices: Prices,
+    overrides: Arc<Mutex<control::overrides::Book>>,
+    reloader: runtime::reload::Reloader,
+    board: Arc<RwLock<Board>>,
+    cadence: control::cadence::Cadence,
+    last_source_sample: Option<telemetry::Timestamp>,
+    /// Event-driven evaluation: when a crossing is due, and the levels that count.
+    events: control::cadence::Events,
+    thresholds: policies::triggers::Thresholds,
+    /// What the last evaluation saw of the watched series read since (the readings
+    /// are taken in between evaluations, crossings are against what it saw).
+    since: policies::triggers::SinceEvaluation,
+    /// With `[node_power]`: nodes powered down and up through Slurm or Redfish.
+    node_power: Option<nodes::NodePower>,
+}
+
+impl Serve {
+    /// One tick, due at `due`: what the edges delivered in, the plan out to the
+    /// actuators and schedulers, the board for the API.
+    fn tick(&mut self, due: Instant) {
+        self.evaluate(Some(due));
+    }
+
+    /// An evaluation: a tick due at `due`, or (`None`) one made at once for samples
+    /// that crossed a threshold between ticks.
+    fn evaluate(&mut self, due: Option<Instant>) {
+        if let Some(due) = due {
+            self.cadence.start(due);
+        }
+        let began = Instant::now();
+        let crossed = due.is_none().then(|| self.events.armed()).flatten();
+        let now = wall_clock();
+        // most readings were taken in between evaluations (see `take_readings`)
+        let (mut samples, dead) = self.buffer.drain();
+        let refused = self.gate.take_refused();
+        self.control
+            .count_rejected(control::admit::UNKNOWN_ENTITY, refused);
+        if !samples.is_empty() {
+            self.last_source_sample = Some(now);
+        }
+        for e in &dead {
+            self.control.mark_bad(e);
+        }
+        let forecast = self.prices.tick(self.control.site(), now, &mut samples);
+        self.control.set_forecast(forecast);
+        {
+            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+            if book.expire(now) {
+                if let Err(e) = book.save() {
+                    warn!(error = %e, "cannot save the overrides");
+                }
+            }
+            self.control.set_overrides(book.list.clone());
+        }
+        if let Some((text, status)) = self.reloader.between_ticks(&mut self.control, now) {
+            let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(text) = text {
+                b.policy_text = text;
+            }
+            b.policy_status = status;
+        }
+        // schedulers: their jobs in, the holds in force out (see runtime::schedulers);
+        // neither waits on a scheduler
+        let acting = self.follow_election();
+        let jobs = self.schedulers.jobs();
+        let actuator: &mut dyn control::Actuator = if acting {
+            self.actuator.as_mut()
+        } else {
+            &mut Standby
+        };
+        // the GPUs of a node that is off read 0 W, fresh: off, not stale
+        if let Some(np) = &self.node_power {
+            samples.extend(np.off_samples(self.control.site(), now));
+        }
+        let mut timed = Timed {
+            inner: actuator,
+            done: None,
+        };
+        let report = self.control.tick(now, samples, jobs, &mut timed);
+        self.since.clear();
+        if due.is_none() {
+            self.cadence.event_done(crossed, timed.done, began);
+        }
+        if let Some(np) = &mut self.node_power {
+            // the price now above the mean of the next 24 h: deeper off-time
+            let prices = self.prices.next_24h(now);
+            let expensive = prices.first().is_some_and(|(_, p)| {
+                *p > prices.iter().map(|(_, v)| v).sum::<f64>() / prices.len() as f64
+            });
+            let actions = np.tick(
+                self.control.site(),
+                &self.control.policy().node_power,
+                self.control.registry().active(),
+                &report.planned_starts,
+                expensive,
+                acting,
+                now,
+            );
+            for a in &actions {
+                match a {
+                    policies::node_power::NodeAction::Down { node, reason } => {
+                        info!(node = %node, "node power down: {reason}")
+                    }
+                    policies::node_power::NodeAction::Up { node, reason } => {
+                        info!(node = %node, "node power up: {reason}")
+                    }
+                    policies::node_power::NodeAction::Failed { node, reason } => {
+                        warn!(node = %node, "node resume failed: {reason}")
+                    }
+                }
+            }
+        }
+        if acting && !self.schedulers.is_empty() {
+            let actuated = self.control.actuated().clone();
+            self.schedulers
+                .apply(&actuated, &report.decisions, now, self.control.store());
+            if report.store_error.is_none() {
+                self.schedulers.stored();
+            }
+        }
+        for d in &report.decisions {
+            info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
+        }
+        // the API reads a copy of the tick; without [http] nobody does
+        if self.cfg.http.is_some() {
+            self.publish(now, &report);
+        }
+        if let Some(e) = report.store_error {
+            warn!(error = %e, "store unavailable; writes kept for the next tick");
+        }
+        match due {
+            Some(_) => {
+                self.events.ticked();
+                self.cadence.end();
+            }
+            None => self.events.evaluated(Instant::now()),
+        }
+        self.cadence.event_crossings = self.events.crossings;
+        self.cadence.event_evaluations = self.events.evaluations;
+        if self.events.enabled() {
+            self.thresholds =
+                policies::triggers::Thresholds::new(self.control.policy(), self.control.site());
+        }
+    }
+
+    /// Takes what the edges delivered since the last look into the snapshot, so that
+    /// an evaluation (on a tick or a crossing) does not first ingest every reading
+    /// since the one before it; with `crossings`, notes whether any sample crossed a
+    /// threshold against the value the last evaluation saw.
+    fn take_readings(&mut self, crossings: bool) {
+        let (samples, dead) = self.buffer.drain();
+        if samples.is_empty() && dead.is_empty() {
+            return;
+        }
+        let now = wall_clock();
+        if crossings
+            && self
+                .thresholds
+                .any_crossed_since(self.control.snapshot(), &mut self.since, &samples)
+        {
+            self.events.crossed(Instant::now());
+        }
+        for e in &dead {
+            self.control.mark_bad(e);
+        }
+        if !samples.is_empty() {
+            self.last_source_sample = Some(now);
+            self.control.ingest(samples, now);
+        }
+    }
+
+    /// The tick, copied for the API and `/metrics`.
+    fn publish(&self, now: telemetry::Timestamp, report: &control::TickReport) {
+        let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
+        b.price_source = self.prices.source.to_string();
+        b.prices = self.prices.next_24h(now);
+        b.update(
+            now,
+            self.control.snapshot(),
+            self.control.actuated(),
+            &self.control.counters,
+            &report.decisions,
+            self.buffer.dropped.load(Ordering::Relaxed),
+        );
+        b.predictions = report.predictions.clone();
+        b.jobs = self.control.registry().active().to_vec();
+        b.schedulers = self.schedulers.status();
+        b.scheduler_counters = self.schedulers.counters();
+        if let Some(np) = &self.node_power {
+            b.scheduler_counters.extend(np.counters());
+        }
+        b.labeled_counters = control::admit::labeled(
+            self.cfg.mqtt.is_some().then(|| self.mqtt_rejects.counts()),
+            self.schedulers.events_rejected(),
+        );
+        b.ready
+            .after_tick(report.store_error.as_deref(), self.last_source_sample);
+        b.cadence = self.cadence.clone();
+        b.redfish = self
+            .redfish
+            .as_ref()
+            .map(|r| r.snapshot())
+            .unwrap_or_default();
+    }
+
+    /// Until `next` (at least once, even after a tick that ran late): the
+    /// reconcilers' store writes (a Slurm hold's intent waits for its commit here)
+    /// and the watchdog.
+    fn between_ticks(
+        &mut self,
+        next: Instant,
+        keep_going: &dyn Fn() -> bool,
+        notify: &mut common::notify::Notifier,
+    ) {
+        loop {
+            notify.watchdog();
+            // a crossing is evaluated at once (after its debounce), not at the tick
+            let until = self.events.due().map_or(next, |d| d.min(next));
+            // with events on, the buffer is looked at every 5 ms
+            let step = Duration::from_millis(if self.events.enabled() { 5 } else { 20 });
+            self.schedulers.commit_writes(
+                self.control.store(),
+                step.min(until.saturating_duration_since(Instant::now())),
+            );
+            if !keep_going() || Instant::now() >= next {
+                break;
+            }
+            // a follower's evaluations actuate nothing: it waits for the tick
+            let acting = self.leader.ha.is_none() || self.leader.epoch.is_some();
+            let events = self.events.enabled() && acting;
+            self.take_readings(events);
+            if events && self.events.due().is_some_and(|d| Instant::now() >= d) {
+                self.evaluate(None);
+            }
+        }
+    }
+
+    /// Shutdown: the reconcilers finish their pass, every edge is cancelled, the
+    /// ledger interval is closed and committed, then the runtime waits for its tasks.
+    fn stop(mut self, runtime: runtime::Runtime, threads: Vec<JoinHandle<()>>) -> Result<()> {
+        runtime.shutdown.cancel();
+        // the nodes this controller holds off come back (their lease ends with it)
+        if let Some(np) = self.node_power.take() {
+            np.stop(wall_clock());
+        }
+        self.schedulers
+            .stop(self.control.store(), runtime::DEFAULT_GRACE);
+        for t in threads {
+            let _ = t.join();
+        }
+        // a follower has nothing of its own to close; a leader closes the ledger
+        // interval, then gives the lease back so that a follower takes over at once
+        let follower = self.leader.ha.is_some() && self.leader.epoch.is_none();
+        if !follower {
+            self.control.finish(wall_clock())?;
+        }
+        if let Some(ha) = &mut self.leader.ha {
+            ha.stop();
+        }
+        runtime.stop(runtime::DEFAULT_GRACE);
+        let c = &self.control.counters;
+        info!(
+            ticks = c.ticks,
+            accepted = c.samples_accepted,
+            rejected = c.samples_rejected.values().sum::<u64>(),
+            dropped = self.buffer.dropped.load(Ordering::Relaxed),
+            decisions = c.decisions,
+            "stopped"
+        );
+        Ok(())
+    }
+}
+
+/// An actuator that notes when the desired state was handed on (for the event
+/// latency on `/metrics`).
+struct Timed<'a> {
+    inner: &'a mut dyn control::Actuator,
+    done: Option<Instant>,
+}
+
+impl control::Actuator for Timed<'_> {
+    fn apply(&mut self, state: &policies::State, now: telemetry::Timestamp) -> Vec<String> {
+        let errors = self.inner.apply(state, now);
+        self.done = Some(Instant::now());
+        errors
+    }
+}
+
+/// Starts watching the policy file: the loop runs the file as it is now (an edit made
+/// since `load` included), and the board shows its text and hash.
+fn start_policy_watch(
+    path: &Path,
+    every_s: f64,
+    control: &mut ControlLoop,
+    board: &mut api::Board,
+) -> Result<runtime::reload::Reloader> {
+    let now = wall_clock();
+    let (reloader, policy, text) =
+        runtime::reload::Reloader::start(path, every_s, control.site(), now)?;
+    control.set_policy(policy);
+    board.policy_text = text;
+    board.policy_status = reloader.status().clone();
+    Ok(reloader)
+}

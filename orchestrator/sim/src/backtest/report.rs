@@ -1,0 +1,264 @@
+//! The backtest's HTML report: the comparison table and the charts of the energy
+//! report (power against the budget, price, queue, waits), baseline and policy overlaid.
+
+use std::fmt::Write as _;
+
+use telemetry::Site;
+
+use super::{RunSummary, Series2, Summary};
+use report::{bars, escape, page, Chart, Line, Rule};
+
+const BASE: &str = "#7f7f7f";
+const POL: &str = "#1f77b4";
+const PRICE: &str = "#d62728";
+
+pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
+    let t0 = series
+        .policy
+        .first()
+        .map(|p| p.t)
+        .unwrap_or(telemetry::Timestamp(0));
+    let x = |t: telemetry::Timestamp| t.secs_since(t0) / 86400.0;
+    let span_days = series.policy.last().map_or(1.0, |p| x(p.t)).max(1.0);
+    let every = (span_days / 10.0).ceil().max(1.0);
+    let ticks: Vec<(f64, String)> = (0..=(span_days / every) as usize)
+        .map(|i| {
+            let d = i as f64 * every;
+            let t = t0 + d * 86400.0;
+            (
+                d,
+                t.to_datetime()
+                    .with_timezone(&site.timezone)
+                    .format("%m-%d")
+                    .to_string(),
+            )
+        })
+        .collect();
+    let pts = |v: &[super::Point], f: &dyn Fn(&super::Point) -> f64| -> Vec<(f64, f64)> {
+        v.iter().map(|p| (x(p.t), f(p))).collect()
+    };
+    let cur = format!("{}/kWh", site.currency);
+    let power = Chart {
+        title: "Facility IT power against its budget, and the price",
+        y_label: "kW",
+        right_label: Some(&cur),
+        lines: vec![
+            Line {
+                name: "baseline IT power",
+                color: BASE,
+                points: pts(&series.baseline, &|p| p.it_kw),
+                steps: false,
+                right_axis: false,
+            },
+            Line {
+                name: "power saving IT power",
+                color: "#999999",
+                points: pts(&series.power_save, &|p| p.it_kw),
+                steps: false,
+                right_axis: false,
+            },
+            Line {
+                name: "policy IT power",
+                color: POL,
+                points: pts(&series.policy, &|p| p.it_kw),
+                steps: false,
+                right_axis: false,
+            },
+            Line {
+                name: "price",
+                color: PRICE,
+                points: pts(&series.policy, &|p| p.price),
+                steps: true,
+                right_axis: true,
+            },
+        ],
+        rules: vec![Rule {
+            name: "budget",
+            color: "#000",
+            y: s.budget_kw,
+        }],
+        x_ticks: ticks.clone(),
+    };
+    let queue = Chart {
+        title: "Jobs waiting (and held by the policy)",
+        y_label: "jobs",
+        right_label: None,
+        lines: vec![
+            Line {
+                name: "baseline waiting",
+                color: BASE,
+                points: pts(&series.baseline, &|p| p.waiting as f64),
+                steps: true,
+                right_axis: false,
+            },
+            Line {
+                name: "policy waiting",
+                color: POL,
+                points: pts(&series.policy, &|p| p.waiting as f64),
+                steps: true,
+                right_axis: false,
+            },
+            Line {
+                name: "policy held",
+                color: "#9467bd",
+                points: pts(&series.policy, &|p| p.held as f64),
+                steps: true,
+                right_axis: false,
+            },
+        ],
+        rules: vec![],
+        x_ticks: ticks.clone(),
+    };
+    let inlet = Chart {
+        title: "Hottest rack inlet",
+        y_label: "°C",
+        right_label: None,
+        lines: vec![
+            Line {
+                name: "baseline",
+                color: BASE,
+                points: pts(&series.baseline, &|p| p.hottest_inlet_c),
+                steps: false,
+                right_axis: false,
+            },
+            Line {
+                name: "policy",
+                color: POL,
+                points: pts(&series.policy, &|p| p.hottest_inlet_c),
+                steps: false,
+                right_axis: false,
+            },
+        ],
+        rules: vec![Rule {
+            name: "lowest inlet limit",
+            color: PRICE,
+            y: site
+                .racks
+                .iter()
+                .map(|r| r.inlet_limit_c)
+                .fold(f64::INFINITY, f64::min),
+        }],
+        x_ticks: ticks,
+    };
+    let (b, p) = (&s.baseline, &s.policy);
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "<h1>powerplane backtest</h1><p class=\"muted\">Site {} ({} GPUs) · trace {} ({}, {} jobs, {} deferrable) · {} to {} · seed {} · tick {} s · simulated facility</p><p>{}</p>",
+        escape(&s.site),
+        s.gpus,
+        escape(&s.trace),
+        escape(&s.trace_format),
+        s.jobs,
+        s.deferrable_jobs,
+        escape(&s.start),
+        escape(&s.end),
+        s.seed,
+        s.tick_s,
+        escape(&s.alignment)
+    );
+    for l in &s.scenario {
+        let _ = write!(body, "<p>Scenario: {}</p>", escape(l));
+    }
+    body.push_str(
+        "<h2>Baseline against policy</h2><table><tr><th></th><th>baseline (no management)</th><th>power saving (Slurm-style)</th><th>policy</th></tr>",
+    );
+    let runs = [b, &s.power_save, p];
+    let cur = escape(&site.currency);
+    type Cell<'a> = Box<dyn Fn(&RunSummary) -> String + 'a>;
+    let rows: Vec<(&str, Cell)> = vec![
+        (
+            "Energy (IT + cooling)",
+            Box::new(|r| format!("{:.0} kWh", r.energy_kwh)),
+        ),
+        (
+            "Cost (energy + demand charge)",
+            Box::new(|r| format!("{:.2} {cur}", r.cost)),
+        ),
+        (
+            "Demand charge",
+            Box::new(|r| format!("{:.2} {cur}", r.demand_charge)),
+        ),
+        (
+            "Carbon",
+            Box::new(|r| {
+                r.carbon_kg
+                    .map_or("not measured".into(), |c| format!("{c:.0} kg"))
+            }),
+        ),
+        (
+            "Peak IT power",
+            Box::new(|r| format!("{:.1} kW", r.peak_kw)),
+        ),
+        (
+            "Time over budget",
+            Box::new(|r| format!("{:.0} s", r.budget_violation_s)),
+        ),
+        (
+            "Time over an inlet limit",
+            Box::new(|r| format!("{:.0} s", r.thermal_violation_s)),
+        ),
+        (
+            "Deadline misses",
+            Box::new(|r| r.deadline_misses.to_string()),
+        ),
+        (
+            "Wait, mean / p95",
+            Box::new(|r| format!("{:.0} / {:.0} s", r.wait_mean_s, r.wait_p95_s)),
+        ),
+        (
+            "Slowdown, mean / p95",
+            Box::new(|r| format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)),
+        ),
+        (
+            "GPU-hours delivered",
+            Box::new(|r| format!("{:.0}", r.gpu_hours)),
+        ),
+        (
+            "Node power-downs / node-hours off",
+            Box::new(|r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
+        ),
+        ("Jobs deferred", Box::new(|r| r.jobs_deferred.to_string())),
+    ];
+    for (k, f) in rows {
+        let _ = write!(body, "<tr><th>{k}</th>");
+        for r in runs {
+            let _ = write!(body, "<td>{}</td>", f(r));
+        }
+        body.push_str("</tr>");
+    }
+    let carbon = |c: Option<f64>| c.map_or("not measured".to_string(), |c| format!("{c:.1}%"));
+    let _ = write!(
+        body,
+        "</table><p>Savings against no management: cost {:.1}%, energy {:.1}%, carbon {}; against power saving: cost {:.1}%, energy {:.1}%. {}</p>",
+        s.savings_pct.cost,
+        s.savings_pct.energy,
+        carbon(s.savings_pct.carbon),
+        s.savings_vs_power_save_pct.cost,
+        s.savings_vs_power_save_pct.energy,
+        if s.policy.jobs_deferred == 0 {
+            "No job was deferred.".to_string()
+        } else {
+            format!(
+                "Deferred jobs waited {:.1} h on average; {:.2} {cur} saved per hour of added wait.",
+                s.deferred_wait_mean_s / 3600.0,
+                s.saving_per_wait_hour
+            )
+        }
+    );
+    let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
+    let _ = write!(body, "<h2>Queue</h2>{}", queue.svg());
+    let _ = write!(body, "<h2>Inlet temperature</h2>{}", inlet.svg());
+    let waits = vec![
+        ("baseline mean".to_string(), b.wait_mean_s / 60.0),
+        ("policy mean".to_string(), p.wait_mean_s / 60.0),
+        ("baseline p95".to_string(), b.wait_p95_s / 60.0),
+        ("policy p95".to_string(), p.wait_p95_s / 60.0),
+    ];
+    let _ = write!(
+        body,
+        "<h2>Waits</h2>{}",
+        bars("Job wait", "minutes", &waits, POL)
+    );
+    page("powerplane backtest", &body)
+}

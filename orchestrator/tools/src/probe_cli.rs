@@ -1,0 +1,198 @@
+//! `powerplane telemetry probe`'s command line: the sources from flags or from a
+//! config, probed (see [`crate::probe`]), as a table or JSON.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use sources::redfish::{Auth, EndpointConfig, Tls};
+
+use crate::probe::{self, ProbeArgs};
+
+#[derive(clap::Args)]
+pub struct ProbeOpts {
+    /// Probe the sources a controller config (powerplane.toml) names, instead of flags.
+    #[arg(long, conflicts_with_all = ["mqtt", "redfish"])]
+    config: Option<PathBuf>,
+    /// MQTT broker, mqtt://host[:port].
+    #[arg(long)]
+    mqtt: Option<String>,
+    /// Topic filter to subscribe to (repeatable; default: what the mapping needs).
+    #[arg(long = "topic")]
+    topics: Vec<String>,
+    /// Mapping file: how MQTT messages become samples.
+    #[arg(long)]
+    mapping: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    qos: u8,
+    /// MQTT protocol: 3.1.1 or 5.
+    #[arg(long, default_value = "3.1.1")]
+    mqtt_protocol: String,
+    #[arg(long)]
+    username: Option<String>,
+    /// Read from POWERPLANE_MQTT_PASSWORD when left out.
+    #[arg(long)]
+    password: Option<String>,
+    /// Share subscriptions with this group ($share/GROUP/...).
+    #[arg(long)]
+    shared_group: Option<String>,
+    /// Largest message accepted, in bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    max_packet_bytes: usize,
+    /// Redfish service to poll, e.g. https://10.1.2.3 (repeatable).
+    #[arg(long = "redfish")]
+    redfish: Vec<String>,
+    #[arg(long)]
+    redfish_user: Option<String>,
+    /// Read from POWERPLANE_REDFISH_PASSWORD when left out.
+    #[arg(long)]
+    redfish_password: Option<String>,
+    /// Log in with a Redfish session instead of HTTP Basic.
+    #[arg(long)]
+    redfish_session: bool,
+    /// Accept any certificate (say it explicitly; never the default).
+    #[arg(long)]
+    redfish_insecure: bool,
+    /// PEM file of the CA that signed the BMCs' certificates.
+    #[arg(long)]
+    redfish_ca_file: Option<String>,
+    /// SHA-256 fingerprint of the one certificate to trust.
+    #[arg(long)]
+    redfish_pin: Option<String>,
+    #[arg(long, default_value_t = 5.0)]
+    redfish_timeout_s: f64,
+    /// Seconds between two Redfish polls.
+    #[arg(long, default_value_t = 10.0)]
+    redfish_interval_s: f64,
+    /// How long to listen.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// One sample per line as JSON instead of a table; rejects go to standard error.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(o: Box<ProbeOpts>) -> Result<ExitCode> {
+    anyhow::ensure!(
+        o.seconds > 0.0 && o.seconds <= 86_400.0,
+        "--seconds must be within 0..=86400, got {}",
+        o.seconds
+    );
+    if let Some(config) = &o.config {
+        let loaded = serve::config::load(config)?;
+        let args = ProbeArgs {
+            mqtt: loaded.config.mqtt.as_ref().map(|m| m.client.clone()),
+            mapping: loaded.mapping,
+            redfish: loaded
+                .config
+                .redfish
+                .as_ref()
+                .map(|r| r.endpoints.clone())
+                .unwrap_or_default(),
+            redfish_interval_s: loaded
+                .config
+                .redfish
+                .as_ref()
+                .map_or(o.redfish_interval_s, |r| r.interval_s),
+            seconds: o.seconds,
+            json: o.json,
+        };
+        anyhow::ensure!(
+            args.mqtt.is_some() || !args.redfish.is_empty(),
+            "{}: names no [mqtt] and no [redfish] to probe",
+            config.display()
+        );
+        return finish(args, o.json);
+    }
+    anyhow::ensure!(
+        o.mqtt.is_some() || !o.redfish.is_empty(),
+        "nothing to probe: give --mqtt URL (with --mapping FILE), --redfish URL or --config FILE"
+    );
+    let mapping = match &o.mapping {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            match telemetry::mapping::Mapping::parse(&p.display().to_string(), &text) {
+                Ok(m) => Some(m),
+                Err(problems) => {
+                    eprintln!("{problems}");
+                    return Ok(ExitCode::from(1));
+                }
+            }
+        }
+        None => None,
+    };
+    let mqtt = o.mqtt.as_ref().map(|url| {
+        let mut c = sources::mqtt::MqttConfig::new(url);
+        c.topics = o.topics.clone();
+        c.qos = o.qos;
+        c.protocol = o.mqtt_protocol.clone();
+        c.username = o.username.clone();
+        c.password = o
+            .password
+            .clone()
+            .or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
+        c.shared_group = o.shared_group.clone();
+        c.max_packet_bytes = o.max_packet_bytes;
+        c
+    });
+    let password = o
+        .redfish_password
+        .clone()
+        .or_else(|| std::env::var("POWERPLANE_REDFISH_PASSWORD").ok());
+    let auth = match (o.redfish_user.clone(), password) {
+        (Some(username), Some(password)) if o.redfish_session => Auth::Session {
+            username,
+            password,
+            password_file: None,
+        },
+        (Some(username), Some(password)) => Auth::Basic {
+            username,
+            password,
+            password_file: None,
+        },
+        (Some(_), None) => {
+            anyhow::bail!("--redfish-user needs --redfish-password or POWERPLANE_REDFISH_PASSWORD")
+        }
+        _ => Auth::None,
+    };
+    let redfish = o
+        .redfish
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            let mut e = EndpointConfig::new(&format!("bmc{}", i + 1), url);
+            e.auth = auth.clone();
+            e.timeout_s = o.redfish_timeout_s;
+            e.tls = Tls {
+                ca_file: o.redfish_ca_file.clone(),
+                pinned_sha256: o.redfish_pin.clone(),
+                insecure: o.redfish_insecure,
+            };
+            e
+        })
+        .collect();
+    let args = ProbeArgs {
+        mqtt,
+        mapping,
+        redfish,
+        redfish_interval_s: o.redfish_interval_s,
+        seconds: o.seconds,
+        json: o.json,
+    };
+    finish(args, o.json)
+}
+
+fn finish(args: ProbeArgs, json: bool) -> Result<ExitCode> {
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    let seen = probe::run(args, &mut out, &mut err)?;
+    if !json {
+        print!("{}", probe::table(&seen, common::wall_clock()));
+    }
+    eprint!("{}", probe::survey_summary(&seen));
+    if !seen.unreachable.is_empty() {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}

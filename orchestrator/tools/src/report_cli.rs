@@ -1,0 +1,134 @@
+//! `powerplane report`'s command line: the ledger, the audit log and the inlets read
+//! from a config's store or an embedded store file, grouped (see
+//! `powerplane-report`'s `energy_report`), written as table, CSV, JSON or HTML.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use report::energy_report::{build, GroupBy};
+use telemetry::{Site, Timestamp};
+
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    config: Option<PathBuf>,
+    site: Option<PathBuf>,
+    store: Option<PathBuf>,
+    from: Option<String>,
+    to: Option<String>,
+    group_by: &str,
+    format: &str,
+    out: Option<PathBuf>,
+) -> Result<ExitCode> {
+    let by: GroupBy = group_by.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    anyhow::ensure!(
+        ["table", "csv", "json", "html"].contains(&format),
+        "--format {format:?}: use table, csv, json or html"
+    );
+    let (site, mut store) = match (config, site, store) {
+        (Some(c), _, _) => serve::open_for_report(&c)?,
+        (None, Some(site), Some(store)) => {
+            let text = std::fs::read_to_string(&site)
+                .with_context(|| format!("cannot read {}", site.display()))?;
+            let site = Site::parse(&site.display().to_string(), &text)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            anyhow::ensure!(store.exists(), "no store at {}", store.display());
+            let backend = integrations::store::embedded::EmbeddedBackend::open(&store)?;
+            (site, integrations::store::Store::new(Box::new(backend)))
+        }
+        _ => anyhow::bail!(
+            "say where the ledger is: --config powerplane.toml, or --site FILE --store state.redb"
+        ),
+    };
+    let mut ledger = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.ledger(next, 10_000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        ledger.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
+    let mut audit = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.audit(next, 10_000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        audit.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
+    let mut conditions = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = store.conditions(next, 10_000)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        conditions.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
+    let parse = |s: &str| {
+        Timestamp::parse_rfc3339(s)
+            .map_err(|e| anyhow::anyhow!("{s:?}: {e} (use RFC 3339, e.g. 2026-11-01T00:00:00Z)"))
+    };
+    let from = match from {
+        Some(f) => parse(&f)?,
+        None => ledger.iter().map(|e| e.start).min().unwrap_or_default(),
+    };
+    let to = match to {
+        Some(t) => parse(&t)?,
+        None => ledger
+            .iter()
+            .map(|e| e.end)
+            .max()
+            .unwrap_or_default()
+            .plus_secs(0.001),
+    };
+    anyhow::ensure!(from < to, "--from must be before --to");
+    let gpu_racks = site
+        .gpus()
+        .iter()
+        .map(|g| (g.id.to_string(), g.rack.id.clone()))
+        .collect();
+    let mut r = build(
+        &gpu_racks,
+        &ledger,
+        &audit,
+        by,
+        site.timezone,
+        &site.currency,
+        from,
+        to,
+    );
+    r.site = site.name.clone();
+    let jobs = store.jobs()?;
+    let peaks: Vec<control::demand::PeriodPeak> = store
+        .records(control::demand::COLLECTION)?
+        .into_values()
+        .collect();
+    let r = r
+        .with_inlets(&conditions)
+        .with_jobs(&jobs)
+        .with_demand_charge(
+            site.tariff.as_ref().and_then(|t| t.demand_charge_per_kw),
+            site.timezone,
+            &peaks,
+            &ledger,
+        );
+    let text = match format {
+        "csv" => r.csv(),
+        "json" => r.json(),
+        "html" => r.html(&site.name),
+        _ => r.table(),
+    };
+    match out {
+        Some(p) => {
+            std::fs::write(&p, text).with_context(|| format!("cannot write {}", p.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
