@@ -1,7 +1,7 @@
 //! `powerplane telemetry probe`'s command line: the sources from flags or from a
 //! config, probed (see [`crate::probe`]), as a table or JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -79,30 +79,7 @@ pub fn run(o: Box<ProbeOpts>) -> Result<ExitCode> {
         o.seconds
     );
     if let Some(config) = &o.config {
-        let loaded = serve::config::load(config)?;
-        let args = ProbeArgs {
-            mqtt: loaded.config.mqtt.as_ref().map(|m| m.client.clone()),
-            mapping: loaded.mapping,
-            redfish: loaded
-                .config
-                .redfish
-                .as_ref()
-                .map(|r| r.endpoints.clone())
-                .unwrap_or_default(),
-            redfish_interval_s: loaded
-                .config
-                .redfish
-                .as_ref()
-                .map_or(o.redfish_interval_s, |r| r.interval_s),
-            seconds: o.seconds,
-            json: o.json,
-        };
-        anyhow::ensure!(
-            args.mqtt.is_some() || !args.redfish.is_empty(),
-            "{}: names no [mqtt] and no [redfish] to probe",
-            config.display()
-        );
-        return finish(args, o.json);
+        return from_config(config, &o);
     }
     anyhow::ensure!(
         o.mqtt.is_some() || !o.redfish.is_empty(),
@@ -122,56 +99,8 @@ pub fn run(o: Box<ProbeOpts>) -> Result<ExitCode> {
         }
         None => None,
     };
-    let mqtt = o.mqtt.as_ref().map(|url| {
-        let mut c = sources::mqtt::MqttConfig::new(url);
-        c.topics = o.topics.clone();
-        c.qos = o.qos;
-        c.protocol = o.mqtt_protocol.clone();
-        c.username = o.username.clone();
-        c.password = o
-            .password
-            .clone()
-            .or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
-        c.shared_group = o.shared_group.clone();
-        c.max_packet_bytes = o.max_packet_bytes;
-        c
-    });
-    let password = o
-        .redfish_password
-        .clone()
-        .or_else(|| std::env::var("POWERPLANE_REDFISH_PASSWORD").ok());
-    let auth = match (o.redfish_user.clone(), password) {
-        (Some(username), Some(password)) if o.redfish_session => Auth::Session {
-            username,
-            password,
-            password_file: None,
-        },
-        (Some(username), Some(password)) => Auth::Basic {
-            username,
-            password,
-            password_file: None,
-        },
-        (Some(_), None) => {
-            anyhow::bail!("--redfish-user needs --redfish-password or POWERPLANE_REDFISH_PASSWORD")
-        }
-        _ => Auth::None,
-    };
-    let redfish = o
-        .redfish
-        .iter()
-        .enumerate()
-        .map(|(i, url)| {
-            let mut e = EndpointConfig::new(&format!("bmc{}", i + 1), url);
-            e.auth = auth.clone();
-            e.timeout_s = o.redfish_timeout_s;
-            e.tls = Tls {
-                ca_file: o.redfish_ca_file.clone(),
-                pinned_sha256: o.redfish_pin.clone(),
-                insecure: o.redfish_insecure,
-            };
-            e
-        })
-        .collect();
+    let mqtt = mqtt_config(&o);
+    let redfish = redfish_endpoints(&o)?;
     let args = ProbeArgs {
         mqtt,
         mapping,
@@ -195,4 +124,89 @@ fn finish(args: ProbeArgs, json: bool) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sources a controller config names.
+fn from_config(config: &Path, o: &ProbeOpts) -> Result<ExitCode> {
+    let loaded = serve::config::load(config)?;
+    let args = ProbeArgs {
+        mqtt: loaded.config.mqtt.as_ref().map(|m| m.client.clone()),
+        mapping: loaded.mapping,
+        redfish: loaded
+            .config
+            .redfish
+            .as_ref()
+            .map(|r| r.endpoints.clone())
+            .unwrap_or_default(),
+        redfish_interval_s: loaded
+            .config
+            .redfish
+            .as_ref()
+            .map_or(o.redfish_interval_s, |r| r.interval_s),
+        seconds: o.seconds,
+        json: o.json,
+    };
+    anyhow::ensure!(
+        args.mqtt.is_some() || !args.redfish.is_empty(),
+        "{}: names no [mqtt] and no [redfish] to probe",
+        config.display()
+    );
+    finish(args, o.json)
+}
+
+/// `--mqtt` and its flags; the password from the environment when left out.
+fn mqtt_config(o: &ProbeOpts) -> Option<sources::mqtt::MqttConfig> {
+    o.mqtt.as_ref().map(|url| {
+        let mut c = sources::mqtt::MqttConfig::new(url);
+        c.topics = o.topics.clone();
+        c.qos = o.qos;
+        c.protocol = o.mqtt_protocol.clone();
+        c.username = o.username.clone();
+        c.password = o
+            .password
+            .clone()
+            .or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
+        c.shared_group = o.shared_group.clone();
+        c.max_packet_bytes = o.max_packet_bytes;
+        c
+    })
+}
+
+/// `--redfish` endpoints, named bmc1, bmc2, ..., with the credentials and trust flags.
+fn redfish_endpoints(o: &ProbeOpts) -> Result<Vec<EndpointConfig>> {
+    let password = o
+        .redfish_password
+        .clone()
+        .or_else(|| std::env::var("POWERPLANE_REDFISH_PASSWORD").ok());
+    let auth = match (o.redfish_user.clone(), password) {
+        (Some(username), Some(password)) if o.redfish_session => Auth::Session {
+            username,
+            password,
+            password_file: None,
+        },
+        (Some(username), Some(password)) => Auth::Basic {
+            username,
+            password,
+            password_file: None,
+        },
+        (Some(_), None) => {
+            anyhow::bail!("--redfish-user needs --redfish-password or POWERPLANE_REDFISH_PASSWORD")
+        }
+        _ => Auth::None,
+    };
+    Ok(o.redfish
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            let mut e = EndpointConfig::new(&format!("bmc{}", i + 1), url);
+            e.auth = auth.clone();
+            e.timeout_s = o.redfish_timeout_s;
+            e.tls = Tls {
+                ca_file: o.redfish_ca_file.clone(),
+                pinned_sha256: o.redfish_pin.clone(),
+                insecure: o.redfish_insecure,
+            };
+            e
+        })
+        .collect())
 }

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use report::energy_report::{build, GroupBy};
+use integrations::store::{LedgerEntry, Store};
+use report::energy_report::{build, EnergyReport, GroupBy};
 use telemetry::{Site, Timestamp};
 
 #[allow(clippy::too_many_arguments)]
@@ -25,68 +26,11 @@ pub fn run(
         ["table", "csv", "json", "html"].contains(&format),
         "--format {format:?}: use table, csv, json or html"
     );
-    let (site, mut store) = match (config, site, store) {
-        (Some(c), _, _) => serve::open_for_report(&c)?,
-        (None, Some(site), Some(store)) => {
-            let text = std::fs::read_to_string(&site)
-                .with_context(|| format!("cannot read {}", site.display()))?;
-            let site = Site::parse(&site.display().to_string(), &text)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            anyhow::ensure!(store.exists(), "no store at {}", store.display());
-            let backend = integrations::store::embedded::EmbeddedBackend::open(&store)?;
-            (site, integrations::store::Store::new(Box::new(backend)))
-        }
-        _ => anyhow::bail!(
-            "say where the ledger is: --config powerplane.toml, or --site FILE --store state.redb"
-        ),
-    };
-    let mut ledger = Vec::new();
-    let mut next = 1;
-    loop {
-        let page = store.ledger(next, 10_000)?;
-        let Some(last) = page.last().map(|p| p.0) else {
-            break;
-        };
-        ledger.extend(page.into_iter().map(|p| p.1));
-        next = last + 1;
-    }
-    let mut audit = Vec::new();
-    let mut next = 1;
-    loop {
-        let page = store.audit(next, 10_000)?;
-        let Some(last) = page.last().map(|p| p.0) else {
-            break;
-        };
-        audit.extend(page.into_iter().map(|p| p.1));
-        next = last + 1;
-    }
-    let mut conditions = Vec::new();
-    let mut next = 1;
-    loop {
-        let page = store.conditions(next, 10_000)?;
-        let Some(last) = page.last().map(|p| p.0) else {
-            break;
-        };
-        conditions.extend(page.into_iter().map(|p| p.1));
-        next = last + 1;
-    }
-    let parse = |s: &str| {
-        Timestamp::parse_rfc3339(s)
-            .map_err(|e| anyhow::anyhow!("{s:?}: {e} (use RFC 3339, e.g. 2026-11-01T00:00:00Z)"))
-    };
-    let from = match from {
-        Some(f) => parse(&f)?,
-        None => ledger.iter().map(|e| e.start).min().unwrap_or_default(),
-    };
-    let to = match to {
-        Some(t) => parse(&t)?,
-        None => ledger
-            .iter()
-            .map(|e| e.end)
-            .max()
-            .unwrap_or_default()
-            .plus_secs(0.001),
-    };
+    let (site, mut store) = open(config, site, store)?;
+    let ledger = read_log(|next| store.ledger(next, 10_000))?;
+    let audit = read_log(|next| store.audit(next, 10_000))?;
+    let conditions = read_log(|next| store.conditions(next, 10_000))?;
+    let (from, to) = period(from, to, &ledger)?;
     anyhow::ensure!(from < to, "--from must be before --to");
     let gpu_racks = site
         .gpus()
@@ -118,10 +62,65 @@ pub fn run(
             &peaks,
             &ledger,
         );
+    write(&r, format, &site.name, out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The site and the store: a config's, or a site file and an embedded store file.
+fn open(
+    config: Option<PathBuf>,
+    site: Option<PathBuf>,
+    store: Option<PathBuf>,
+) -> Result<(Site, Store)> {
+    Ok(match (config, site, store) {
+        (Some(c), _, _) => serve::open_for_report(&c)?,
+        (None, Some(site), Some(store)) => {
+            let text = std::fs::read_to_string(&site)
+                .with_context(|| format!("cannot read {}", site.display()))?;
+            let site = Site::parse(&site.display().to_string(), &text)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            anyhow::ensure!(store.exists(), "no store at {}", store.display());
+            let backend = integrations::store::embedded::EmbeddedBackend::open(&store)?;
+            (site, integrations::store::Store::new(Box::new(backend)))
+        }
+        _ => anyhow::bail!(
+            "say where the ledger is: --config powerplane.toml, or --site FILE --store state.redb"
+        ),
+    })
+}
+
+/// `--from` and `--to`, by default the ledger's first start and just after its last end.
+fn period(
+    from: Option<String>,
+    to: Option<String>,
+    ledger: &[LedgerEntry],
+) -> Result<(Timestamp, Timestamp)> {
+    let parse = |s: &str| {
+        Timestamp::parse_rfc3339(s)
+            .map_err(|e| anyhow::anyhow!("{s:?}: {e} (use RFC 3339, e.g. 2026-11-01T00:00:00Z)"))
+    };
+    let from = match from {
+        Some(f) => parse(&f)?,
+        None => ledger.iter().map(|e| e.start).min().unwrap_or_default(),
+    };
+    let to = match to {
+        Some(t) => parse(&t)?,
+        None => ledger
+            .iter()
+            .map(|e| e.end)
+            .max()
+            .unwrap_or_default()
+            .plus_secs(0.001),
+    };
+    Ok((from, to))
+}
+
+/// The report in its format, to `out` or standard output.
+fn write(r: &EnergyReport, format: &str, site: &str, out: Option<PathBuf>) -> Result<()> {
     let text = match format {
         "csv" => r.csv(),
         "json" => r.json(),
-        "html" => r.html(&site.name),
+        "html" => r.html(site),
         _ => r.table(),
     };
     match out {
@@ -130,5 +129,23 @@ pub fn run(
         }
         None => print!("{text}"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// Every record of one of the store's logs, read in pages of 10,000 from the first.
+fn read_log<T, E>(mut read: impl FnMut(u64) -> Result<Vec<(u64, T)>, E>) -> Result<Vec<T>>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut all = Vec::new();
+    let mut next = 1;
+    loop {
+        let page = read(next)?;
+        let Some(last) = page.last().map(|p| p.0) else {
+            break;
+        };
+        all.extend(page.into_iter().map(|p| p.1));
+        next = last + 1;
+    }
+    Ok(all)
 }
