@@ -13,9 +13,9 @@ use super::{backoff, default_client_id, sleep_while, MqttConfig, HARD_PACKET_LIM
 #[derive(Debug, Error)]
 pub(super) enum RequestError {
     #[error(transparent)]
-    V4(#[from] rumqttc::ClientError),
+    V4(Box<rumqttc::ClientError>),
     #[error(transparent)]
-    V5(#[from] rumqttc::v5::ClientError),
+    V5(Box<rumqttc::v5::ClientError>),
 }
 
 /// What the connection produced.
@@ -202,7 +202,7 @@ impl Conn {
         match self {
             Conn::V4(c, ..) => c
                 .try_publish(topic, QoS::AtMostOnce, false, payload)
-                .map_err(RequestError::from),
+                .map_err(|e| RequestError::V4(Box::new(e))),
             Conn::V5(c, ..) => c
                 .try_publish(
                     topic,
@@ -210,7 +210,7 @@ impl Conn {
                     false,
                     payload,
                 )
-                .map_err(RequestError::from),
+                .map_err(|e| RequestError::V5(Box::new(e))),
         }
     }
 
@@ -225,7 +225,7 @@ impl Conn {
                         QoS::AtMostOnce
                     },
                 )
-                .map_err(RequestError::from),
+                .map_err(|e| RequestError::V4(Box::new(e))),
             Conn::V5(c, ..) => {
                 use rumqttc::v5::mqttbytes::QoS as Q5;
                 c.try_subscribe(
@@ -236,7 +236,7 @@ impl Conn {
                         Q5::AtMostOnce
                     },
                 )
-                .map_err(RequestError::from)
+                .map_err(|e| RequestError::V5(Box::new(e)))
             }
         }
     }

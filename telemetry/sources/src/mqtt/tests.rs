@@ -109,3 +109,55 @@ mod slow_broker {
         }
     }
 }
+
+#[cfg(feature = "source")]
+mod as_a_source {
+    use super::*;
+    use crate::source::{Batch, CancellationToken, Output, Run, Source};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Kept(Mutex<Vec<Batch>>);
+
+    impl Output for Kept {
+        fn push(&self, _kind: &'static str, batch: Batch) {
+            self.0.lock().expect("lock").push(batch);
+        }
+    }
+
+    #[test]
+    fn a_source_stops_when_its_token_is_cancelled_and_its_counters_stay_readable() {
+        let m = Mapping::parse(
+            "m.toml",
+            "version = 1\n[[json]]\ntopic = \"a/{r}/t\"\nentity = \"rack/{r}\"\nmetric = \"inlet_temp_c\"\nvalue = \"/v\"\n",
+        )
+        .expect("mapping");
+        // nobody listens on port 1: the source keeps failing to connect
+        let source: Box<dyn Source> =
+            Box::new(MqttSource::new(MqttConfig::new("mqtt://127.0.0.1:1"), m).expect("source"));
+        assert_eq!(source.kind(), "mqtt");
+        let stats = source.stats();
+        let cancel = CancellationToken::new();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let task = rt.spawn(source.run(Run {
+            cancel: cancel.clone(),
+            out: Arc::new(Kept::default()),
+            clock: || telemetry::Timestamp(0),
+        }));
+        std::thread::sleep(Duration::from_millis(300));
+        cancel.cancel();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("stopped in time")
+                .expect("joined");
+        });
+        let counters = stats.read();
+        assert!(counters.iter().any(|c| c.name == "mqtt_disconnects_total"));
+        assert!(counters.iter().all(|c| c.name.starts_with("mqtt_")));
+    }
+}
