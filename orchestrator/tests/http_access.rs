@@ -267,7 +267,7 @@ fn https(
         pinned_sha256: Some(pin.to_string()),
         ..Default::default()
     };
-    let config = sources::tls::client_config(&tls)?;
+    let config = sources::tls::client_config(&tls).map_err(|e| e.to_string())?;
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name.to_owned())
         .map_err(|e| e.to_string())?;

@@ -103,17 +103,21 @@ impl fmt::Debug for Key {
 /// Shortest key accepted, in bytes.
 pub const MIN_KEY_BYTES: usize = 16;
 
+/// Why the text of a key file is no key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the site key is {0} bytes; at least {MIN_KEY_BYTES} are needed (make one with `openssl rand -hex 32`)")]
+    TooShort(usize),
+}
+
 impl Key {
     /// A key from the text of a key file: hex (64 digits for 32 bytes, as
     /// `openssl rand -hex 32` writes) or, failing that, the trimmed text itself.
-    pub fn from_text(text: &str) -> Result<Key, String> {
+    pub fn from_text(text: &str) -> Result<Key, KeyError> {
         let t = text.trim();
         let bytes = hex_decode(t).unwrap_or_else(|| t.as_bytes().to_vec());
         if bytes.len() < MIN_KEY_BYTES {
-            return Err(format!(
-                "the site key is {} bytes; at least {MIN_KEY_BYTES} are needed (make one with `openssl rand -hex 32`)",
-                bytes.len()
-            ));
+            return Err(KeyError::TooShort(bytes.len()));
         }
         Ok(Key(bytes))
     }

@@ -53,13 +53,24 @@ impl EntityKind {
     }
 }
 
+/// Why a text is not an entity id (or kind).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntityError {
+    #[error("unknown entity kind {0:?}")]
+    UnknownKind(String),
+    #[error("entity {0:?} must be written kind/name, e.g. rack/a01")]
+    NoKind(String),
+    #[error("entity {0:?} has an empty name")]
+    EmptyName(String),
+}
+
 impl FromStr for EntityKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = EntityError;
+    fn from_str(s: &str) -> Result<Self, EntityError> {
         EntityKind::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown entity kind {s:?}"))
+            .ok_or_else(|| EntityError::UnknownKind(s.to_string()))
     }
 }
 
@@ -98,13 +109,13 @@ impl fmt::Display for EntityId {
 }
 
 impl FromStr for EntityId {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = EntityError;
+    fn from_str(s: &str) -> Result<Self, EntityError> {
         let (kind, name) = s
             .split_once('/')
-            .ok_or_else(|| format!("entity {s:?} must be written kind/name, e.g. rack/a01"))?;
+            .ok_or_else(|| EntityError::NoKind(s.to_string()))?;
         if name.is_empty() {
-            return Err(format!("entity {s:?} has an empty name"));
+            return Err(EntityError::EmptyName(s.to_string()));
         }
         Ok(EntityId::new(kind.parse()?, name))
     }

@@ -505,7 +505,7 @@ impl Store {
             .list(c)?
             .into_iter()
             .map(|(k, v)| {
-                let id: EntityId = k.parse().map_err(|e: String| StoreError::Backend {
+                let id: EntityId = k.parse().map_err(|e| StoreError::Backend {
                     backend: "store",
                     message: format!("{c} key {k:?}: {e}"),
                     source: None,

@@ -171,6 +171,32 @@ pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
         .map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}"))?;
     let key = read_key(&resolve(base, &cfg.key_file))?;
     let node = cfg.node.clone().unwrap_or_else(hostname);
+    check_numbers(&name, &node, &cfg)?;
+    if cfg.state_file.is_none() {
+        warn!("{name}: no state_file: a restart forgets the desired state, its leases and the command ids seen (replays)");
+    }
+    let fail_safe = fail_safe_of(&name, &cfg)?;
+    let on_exit = on_exit_of(&name, &cfg)?;
+    let mut rules = Rules::new(&node, key);
+    rules.max_lease_s = cfg.max_lease_s;
+    rules.max_age_s = cfg.max_command_age_s;
+    rules.max_skew_s = cfg.max_clock_skew_s;
+    rules.fail_safe = fail_safe;
+    rules.dry_run = cfg.dry_run;
+    rules.drift_tolerance_w = cfg.drift_tolerance_w;
+    rules.proc_root = cfg.proc_root.clone();
+    let state_file = cfg.state_file.as_ref().map(|p| resolve(base, p));
+    Ok(Loaded {
+        config: cfg,
+        rules,
+        on_exit,
+        state_file,
+    })
+}
+
+/// The node's name fits in a topic; the interval, the command limits and the drift
+/// tolerance are within their ranges.
+fn check_numbers(name: &str, node: &str, cfg: &AgentConfig) -> Result<()> {
     anyhow::ensure!(
         !node.is_empty() && !node.contains(['/', '+', '#']),
         "{name}: node {node:?} cannot be part of a topic"
@@ -195,52 +221,45 @@ pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
         "{name}: drift_tolerance_w must be 0 or more, got {}",
         cfg.drift_tolerance_w
     );
-    if cfg.state_file.is_none() {
-        warn!("{name}: no state_file: a restart forgets the desired state, its leases and the command ids seen (replays)");
-    }
-    let fail_safe = match (cfg.fail_safe.as_str(), cfg.fail_safe_cap_w, cfg.fail_safe_cap_pct) {
-        ("restore_default", None, None) => FailSafe::RestoreDefault,
-        ("keep", None, None) => FailSafe::Keep,
-        ("cap", Some(w), None) if w.is_finite() && w > 0.0 => FailSafe::Cap {
-            watts: Some(w),
-            percent: None,
+    Ok(())
+}
+
+/// What the agent does when its lease runs out.
+fn fail_safe_of(name: &str, cfg: &AgentConfig) -> Result<FailSafe> {
+    Ok(
+        match (cfg.fail_safe.as_str(), cfg.fail_safe_cap_w, cfg.fail_safe_cap_pct) {
+            ("restore_default", None, None) => FailSafe::RestoreDefault,
+            ("keep", None, None) => FailSafe::Keep,
+            ("cap", Some(w), None) if w.is_finite() && w > 0.0 => FailSafe::Cap {
+                watts: Some(w),
+                percent: None,
+            },
+            ("cap", None, Some(p)) if p.is_finite() && p > 0.0 && p <= 100.0 => FailSafe::Cap {
+                watts: None,
+                percent: Some(p),
+            },
+            ("cap", ..) => anyhow::bail!(
+                "{name}: fail_safe = \"cap\" needs one of fail_safe_cap_w (W, above 0) or fail_safe_cap_pct (0 < % <= 100)"
+            ),
+            ("restore_default" | "keep", ..) => anyhow::bail!(
+                "{name}: fail_safe_cap_w and fail_safe_cap_pct go with fail_safe = \"cap\" only"
+            ),
+            (other, ..) => anyhow::bail!(
+                "{name}: fail_safe must be \"restore_default\", \"cap\" or \"keep\", got {other:?}"
+            ),
         },
-        ("cap", None, Some(p)) if p.is_finite() && p > 0.0 && p <= 100.0 => FailSafe::Cap {
-            watts: None,
-            percent: Some(p),
-        },
-        ("cap", ..) => anyhow::bail!(
-            "{name}: fail_safe = \"cap\" needs one of fail_safe_cap_w (W, above 0) or fail_safe_cap_pct (0 < % <= 100)"
-        ),
-        ("restore_default" | "keep", ..) => anyhow::bail!(
-            "{name}: fail_safe_cap_w and fail_safe_cap_pct go with fail_safe = \"cap\" only"
-        ),
-        (other, ..) => anyhow::bail!(
-            "{name}: fail_safe must be \"restore_default\", \"cap\" or \"keep\", got {other:?}"
-        ),
-    };
-    let on_exit = match cfg.on_exit.as_str() {
+    )
+}
+
+/// What the agent leaves behind when it stops.
+fn on_exit_of(name: &str, cfg: &AgentConfig) -> Result<OnExit> {
+    Ok(match cfg.on_exit.as_str() {
         "restore_default" => OnExit::RestoreDefault,
         "keep" => OnExit::Keep,
         "fail_safe" => OnExit::FailSafe,
         other => anyhow::bail!(
             "{name}: on_exit must be \"restore_default\", \"keep\" or \"fail_safe\", got {other:?}"
         ),
-    };
-    let mut rules = Rules::new(&node, key);
-    rules.max_lease_s = cfg.max_lease_s;
-    rules.max_age_s = cfg.max_command_age_s;
-    rules.max_skew_s = cfg.max_clock_skew_s;
-    rules.fail_safe = fail_safe;
-    rules.dry_run = cfg.dry_run;
-    rules.drift_tolerance_w = cfg.drift_tolerance_w;
-    rules.proc_root = cfg.proc_root.clone();
-    let state_file = cfg.state_file.as_ref().map(|p| resolve(base, p));
-    Ok(Loaded {
-        config: cfg,
-        rules,
-        on_exit,
-        state_file,
     })
 }
 
@@ -278,13 +297,62 @@ pub fn run(
     let topics = Topics::new(&cfg.topic_prefix);
     let node = rules.node.clone();
     let key = rules.key.clone();
-    let (t_gpus, t_health, t_cmd, t_ack) = (
-        topics.topic(&node, Channel::Gpus),
-        topics.topic(&node, Channel::Health),
-        topics.topic(&node, Channel::Cmd),
-        topics.topic(&node, Channel::Ack),
-    );
-    let mut core = Core::start(rules, backend, state_file, clock());
+    let t = NodeTopics {
+        gpus: topics.topic(&node, Channel::Gpus),
+        health: topics.topic(&node, Channel::Health),
+        cmd: topics.topic(&node, Channel::Cmd),
+        ack: topics.topic(&node, Channel::Ack),
+    };
+    let core = Core::start(rules, backend, state_file, clock());
+    let (link, events) = open_link(&cfg, &node, &core, &t, clock)?;
+    info!(node = %node, cmd = %t.cmd, interval_s = cfg.interval_s, dry_run = cfg.dry_run, fail_safe = core.rules().fail_safe.name(), "agent starting");
+    let interval = Duration::from_secs_f64(cfg.interval_s);
+    // systemd (Type=notify): ready once the link is opening; the watchdog is pinged
+    // by this loop, so a loop that stalls is restarted
+    let mut notify = crate::notify::Notifier::from_env();
+    notify.ready(&format!("node {node}: reading the GPUs"));
+    let mut agent = Running {
+        core,
+        link,
+        t,
+        key,
+        clock,
+        next: Instant::now(),
+        reads_since_health: 0,
+        last_health: String::new(),
+    };
+    while keep_going() {
+        notify.watchdog();
+        let wait = agent
+            .next
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(100));
+        agent.on_event(events.recv_timeout(wait))?;
+        if Instant::now() >= agent.next {
+            agent.read(interval)?;
+        }
+    }
+    notify.stopping();
+    agent.stop(on_exit, &cfg.on_exit, &node)
+}
+
+/// The topics of this node's channels.
+struct NodeTopics {
+    gpus: String,
+    health: String,
+    cmd: String,
+    ack: String,
+}
+
+/// Opens the link to the broker: commands in, with a retained `offline` health as the
+/// last will.
+fn open_link(
+    cfg: &AgentConfig,
+    node: &str,
+    core: &Core,
+    t: &NodeTopics,
+    clock: &dyn Fn() -> Timestamp,
+) -> Result<(Link, std::sync::mpsc::Receiver<LinkEvent>)> {
     // the will has no time: the broker sends it when it notices the agent is gone
     let mut will = core.health("offline", clock(), Some("connection lost".into()));
     will.time = None;
@@ -292,49 +360,54 @@ pub fn run(
     if mqtt.client_id.is_none() {
         mqtt.client_id = Some(format!("powerplane-agent-{node}"));
     }
-    let (mut link, events) = Link::open(
+    Ok(Link::open(
         &mqtt,
-        vec![t_cmd.clone()],
+        vec![t.cmd.clone()],
         Some(Will {
-            topic: t_health.clone(),
+            topic: t.health.clone(),
             payload: serde_json::to_vec(&will)?,
             retain: true,
         }),
-    )?;
-    info!(node = %node, cmd = %t_cmd, interval_s = cfg.interval_s, dry_run = cfg.dry_run, fail_safe = core.rules().fail_safe.name(), "agent starting");
-    let interval = Duration::from_secs_f64(cfg.interval_s);
-    // systemd (Type=notify): ready once the link is opening; the watchdog is pinged
-    // by this loop, so a loop that stalls is restarted
-    let mut notify = crate::notify::Notifier::from_env();
-    notify.ready(&format!("node {node}: reading the GPUs"));
-    let mut next = Instant::now();
-    let mut reads_since_health = 0u32;
-    let mut last_health = String::new();
-    let publish_health = |core: &Core, status: &str, last: &mut String| {
-        let mut h = core.health(status, clock(), None);
+    )?)
+}
+
+/// The running agent: its core, its link and when it reads the GPUs next.
+struct Running<'a> {
+    core: Core,
+    link: Link,
+    t: NodeTopics,
+    key: Key,
+    clock: &'a dyn Fn() -> Timestamp,
+    next: Instant,
+    reads_since_health: u32,
+    last_health: String,
+}
+
+impl Running<'_> {
+    fn publish_health(&mut self, status: &str) {
+        let mut h = self.core.health(status, (self.clock)(), None);
         h.counters.insert(
             "mqtt_dropped".into(),
-            link.dropped.load(std::sync::atomic::Ordering::Relaxed),
+            self.link.dropped.load(std::sync::atomic::Ordering::Relaxed),
         );
         let json = serde_json::to_vec(&h).unwrap_or_default();
-        link.publish(&t_health, json, true, true);
-        *last = h.status;
-    };
-    while keep_going() {
-        notify.watchdog();
-        let wait = next
-            .saturating_duration_since(Instant::now())
-            .min(Duration::from_millis(100));
-        match events.recv_timeout(wait) {
-            Ok(LinkEvent::Connected) => publish_health(&core, "online", &mut last_health),
-            Ok(LinkEvent::Message { topic, payload }) if topic == t_cmd => {
+        self.link.publish(&self.t.health, json, true, true);
+        self.last_health = h.status;
+    }
+
+    /// What the link brought (or a timeout): a connect, or a command to answer.
+    fn on_event(&mut self, ev: Result<LinkEvent, std::sync::mpsc::RecvTimeoutError>) -> Result<()> {
+        match ev {
+            Ok(LinkEvent::Connected) => self.publish_health("online"),
+            Ok(LinkEvent::Message { topic, payload }) if topic == self.t.cmd => {
                 // a message that fails its signature check gets no answer
-                if let Some(ack) = core.answer(&payload, clock()) {
-                    link.publish(&t_ack, ack.seal(&key), true, false);
+                if let Some(ack) = self.core.answer(&payload, (self.clock)()) {
+                    self.link
+                        .publish(&self.t.ack, ack.seal(&self.key), true, false);
                     // show a new state at once (not for rejections: garbage must not
                     // make the agent read its GPUs on demand)
                     if ack.status != telemetry::agent_proto::AckStatus::Rejected {
-                        next = Instant::now();
+                        self.next = Instant::now();
                     }
                 }
             }
@@ -343,38 +416,50 @@ pub fn run(
                 anyhow::bail!("the MQTT thread stopped")
             }
         }
-        if Instant::now() >= next {
-            let report = core.tick(clock());
-            link.publish(&t_gpus, serde_json::to_vec(&report)?, false, false);
-            reads_since_health += 1;
-            let status = core.health("online", clock(), None).status;
-            if reads_since_health >= 30 || status != last_health {
-                publish_health(&core, "online", &mut last_health);
-                reads_since_health = 0;
-            }
-            next += interval;
-            if next < Instant::now() {
-                warn!(
-                    behind_ms = (Instant::now() - next).as_millis() as u64,
-                    "reading the GPUs took longer than the interval"
-                );
-                next = Instant::now() + interval;
-            }
-        }
+        Ok(())
     }
-    notify.stopping();
-    core.shutdown(on_exit, clock());
-    let report = core.tick(clock());
-    link.publish(&t_gpus, serde_json::to_vec(&report)?, true, false);
-    let h = core.health(
-        "stopped",
-        clock(),
-        Some(format!("stopped on request (on_exit = {})", cfg.on_exit)),
-    );
-    link.publish(&t_health, serde_json::to_vec(&h)?, true, true);
-    info!(node = %node, counters = ?core.counters, "agent stopped");
-    link.close(Duration::from_millis(300));
-    Ok(())
+
+    /// Reads the GPUs and publishes the report (and the health when it changed or 30
+    /// reads went by); the next read is an interval later.
+    fn read(&mut self, interval: Duration) -> Result<()> {
+        let report = self.core.tick((self.clock)());
+        self.link
+            .publish(&self.t.gpus, serde_json::to_vec(&report)?, false, false);
+        self.reads_since_health += 1;
+        let status = self.core.health("online", (self.clock)(), None).status;
+        if self.reads_since_health >= 30 || status != self.last_health {
+            self.publish_health("online");
+            self.reads_since_health = 0;
+        }
+        self.next += interval;
+        if self.next < Instant::now() {
+            warn!(
+                behind_ms = (Instant::now() - self.next).as_millis() as u64,
+                "reading the GPUs took longer than the interval"
+            );
+            self.next = Instant::now() + interval;
+        }
+        Ok(())
+    }
+
+    /// Does what `on_exit` says, publishes the last report and a `stopped` health, and
+    /// closes the link.
+    fn stop(mut self, on_exit: OnExit, on_exit_name: &str, node: &str) -> Result<()> {
+        self.core.shutdown(on_exit, (self.clock)());
+        let report = self.core.tick((self.clock)());
+        self.link
+            .publish(&self.t.gpus, serde_json::to_vec(&report)?, true, false);
+        let h = self.core.health(
+            "stopped",
+            (self.clock)(),
+            Some(format!("stopped on request (on_exit = {on_exit_name})")),
+        );
+        self.link
+            .publish(&self.t.health, serde_json::to_vec(&h)?, true, true);
+        info!(node = %node, counters = ?self.core.counters, "agent stopped");
+        self.link.close(Duration::from_millis(300));
+        Ok(())
+    }
 }
 
 pub use common::resolve;

@@ -11,9 +11,13 @@
 //! - [`http`]: price and carbon feeds fetched over HTTP (feature `http-feeds`);
 //! - [`tls`]: trust settings shared by the clients (feature `tls`, taken by the three
 //!   network features);
-//! - [`secret`]: passwords and URLs read from the files a config names.
+//! - [`secret`]: passwords and URLs read from the files a config names;
+//! - [`source`]: the [`source::Source`] trait every telemetry input implements (its
+//!   kind, its task on the runtime with a cancellation token and a bounded output, its
+//!   counters), for MQTT and Redfish (feature `source`, taken by `redfish`).
 //!
-//! The node agent takes `mqtt` and `nvml` only: no HTTP client, no Redfish poller.
+//! The node agent takes `mqtt` and `nvml` only: no HTTP client, no Redfish poller, no
+//! `Source` trait (it runs its MQTT link on a thread of its own).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "http-feeds")]
@@ -25,5 +29,7 @@ pub mod nvml;
 #[cfg(feature = "redfish")]
 pub mod redfish;
 pub mod secret;
+#[cfg(feature = "source")]
+pub mod source;
 #[cfg(feature = "tls")]
 pub mod tls;

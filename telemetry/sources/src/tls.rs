@@ -25,24 +25,49 @@ pub struct Tls {
     pub insecure: bool,
 }
 
+/// Why trust settings give no TLS client configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("give one of tls.ca_file, tls.pinned_sha256 and tls.insecure")]
+    Modes,
+    #[error("tls.pinned_sha256 {0:?} is not 64 hex digits")]
+    BadPin(String),
+    #[error("tls.ca_file {path}: {source}")]
+    CaPem {
+        path: String,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("tls.ca_file {path}: {source}")]
+    CaCertificate {
+        path: String,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("tls.ca_file {0}: no certificate in it")]
+    NoCertificate(String),
+    /// The provider offers none of the safe protocol versions.
+    #[error(transparent)]
+    Protocols(rustls::Error),
+}
+
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// A rustls client configuration that trusts what `tls` says.
-pub fn client_config(tls: &Tls) -> Result<rustls::ClientConfig, String> {
+pub fn client_config(tls: &Tls) -> Result<rustls::ClientConfig, TlsError> {
     let modes = usize::from(tls.insecure)
         + usize::from(tls.ca_file.is_some())
         + usize::from(tls.pinned_sha256.is_some());
     if modes > 1 {
-        return Err("give one of tls.ca_file, tls.pinned_sha256 and tls.insecure".into());
+        return Err(TlsError::Modes);
     }
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(TlsError::Protocols)?;
     if let Some(pin) = &tls.pinned_sha256 {
-        let want = parse_fingerprint(pin)
-            .ok_or_else(|| format!("tls.pinned_sha256 {pin:?} is not 64 hex digits"))?;
+        let want = parse_fingerprint(pin).ok_or_else(|| TlsError::BadPin(pin.clone()))?;
         return Ok(builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Pinned {
@@ -63,15 +88,22 @@ pub fn client_config(tls: &Tls) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     match &tls.ca_file {
         Some(ca) => {
+            let pem = |source| TlsError::CaPem {
+                path: ca.clone(),
+                source,
+            };
             let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
-                .map_err(|e| format!("tls.ca_file {ca}: {e}"))?
+                .map_err(pem)?
                 .collect::<Result<_, _>>()
-                .map_err(|e| format!("tls.ca_file {ca}: {e}"))?;
+                .map_err(pem)?;
             if certs.is_empty() {
-                return Err(format!("tls.ca_file {ca}: no certificate in it"));
+                return Err(TlsError::NoCertificate(ca.clone()));
             }
             for c in certs {
-                roots.add(c).map_err(|e| format!("tls.ca_file {ca}: {e}"))?;
+                roots.add(c).map_err(|source| TlsError::CaCertificate {
+                    path: ca.clone(),
+                    source,
+                })?;
             }
         }
         None => {
@@ -188,6 +220,6 @@ mod tests {
         });
         assert!(missing
             .err()
-            .is_some_and(|e| e.contains("/nonexistent.pem")));
+            .is_some_and(|e| e.to_string().contains("/nonexistent.pem")));
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::Quality;
 
 const MAPPING: &str = r#"
 version = 1

@@ -64,6 +64,19 @@ impl fmt::Display for Combine {
     }
 }
 
+/// Why a `resource` is no resource pattern.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("resource must name a path under /redfish/v1/")]
+    Empty,
+    #[error("resource {resource:?} has an empty segment {segment:?}")]
+    EmptySegment { resource: String, segment: String },
+    #[error("resource {0:?}: ** may only be the last segment")]
+    TreeNotLast(String),
+    #[error("resource {0:?}: a segment is a name, * or a final **")]
+    BadSegment(String),
+}
+
 /// A resource path under `/redfish/v1/`, each segment literal or `*` (any one
 /// segment); a last segment `**` is the whole tree below (one segment or more).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,31 +85,32 @@ pub struct ResourcePattern {
 }
 
 impl ResourcePattern {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, PatternError> {
         let s = s
             .trim()
             .trim_start_matches('/')
             .trim_start_matches("redfish/v1/")
             .trim_end_matches('/');
         if s.is_empty() {
-            return Err("resource must name a path under /redfish/v1/".into());
+            return Err(PatternError::Empty);
         }
         let segments: Vec<String> = s.split('/').map(str::to_string).collect();
         if let Some(bad) = segments.iter().find(|x| x.is_empty()) {
-            return Err(format!("resource {s:?} has an empty segment {bad:?}"));
+            return Err(PatternError::EmptySegment {
+                resource: s.to_string(),
+                segment: bad.clone(),
+            });
         }
         if let Some(i) = segments.iter().position(|x| x == "**") {
             if i + 1 != segments.len() {
-                return Err(format!("resource {s:?}: ** may only be the last segment"));
+                return Err(PatternError::TreeNotLast(s.to_string()));
             }
         }
         if segments
             .iter()
             .any(|x| x != "*" && x != "**" && (x.contains('*') || x.contains('#')))
         {
-            return Err(format!(
-                "resource {s:?}: a segment is a name, * or a final **"
-            ));
+            return Err(PatternError::BadSegment(s.to_string()));
         }
         Ok(ResourcePattern { segments })
     }

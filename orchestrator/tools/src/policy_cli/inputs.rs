@@ -166,7 +166,7 @@ impl<'a> Names<'a> {
             }
             return Ok(found);
         }
-        let id: EntityId = pattern.parse()?;
+        let id: EntityId = pattern.parse().map_err(|e| format!("{e}"))?;
         if !self.all.contains(&id) {
             return Err(format!(
                 "{id} is not an entity of the site {:?}",

@@ -15,6 +15,7 @@
 //!   jitter, discoveries in the background, the async loop for `serve`.
 //! - `polled`: what one poll of one endpoint gave ([`Polled`], [`BindingReport`]),
 //!   made by `walk` and `task`, gathered by `poll` (which re-exports both).
+//! - `source`: the poller as a [`crate::source::Source`] ([`RedfishSource`]).
 //! - `task`: one endpoint's walk as a task: the re-reads of its plan, or a discovery.
 //! - [`stats`]: failures per endpoint and reason, poll durations, overruns.
 
@@ -24,6 +25,7 @@ pub mod endpoint;
 pub mod extract;
 pub mod poll;
 mod polled;
+mod source;
 pub mod stats;
 pub mod survey;
 mod task;
@@ -35,9 +37,11 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use thiserror::Error;
 
+pub use crate::secret::PasswordError;
 pub use crate::tls::Tls;
 pub use endpoint::Endpoint;
 pub use poll::{backoff, BindingReport, Options, Polled, Poller, StatsHandle, REDISCOVER_EVERY};
+pub use source::RedfishSource;
 pub use stats::EndpointStats;
 
 /// How to authenticate.
@@ -68,7 +72,7 @@ pub enum Auth {
 impl Auth {
     /// Reads `password_file` (relative to `base`) into `password`; both at once, or
     /// neither for basic or session auth, is an error.
-    pub fn read_secrets(&mut self, base: &std::path::Path) -> Result<(), String> {
+    pub fn read_secrets(&mut self, base: &std::path::Path) -> Result<(), PasswordError> {
         let (Auth::Basic {
             password,
             password_file,
@@ -83,14 +87,11 @@ impl Auth {
             return Ok(());
         };
         match password_file.take() {
-            None if password.is_empty() => Err("auth needs password or password_file".into()),
+            None if password.is_empty() => Err(PasswordError::Missing),
             None => Ok(()),
-            Some(_) if !password.is_empty() => {
-                Err("give one of password or password_file, not both".into())
-            }
+            Some(_) if !password.is_empty() => Err(PasswordError::Both),
             Some(f) => {
-                *password =
-                    crate::secret::read(base, &f).map_err(|e| format!("password_file: {e}"))?;
+                *password = crate::secret::read(base, &f).map_err(PasswordError::File)?;
                 Ok(())
             }
         }

@@ -200,7 +200,7 @@ impl Poller {
                     return self
                         .endpoints
                         .iter()
-                        .map(|ep| Polled::failed(ep, &e))
+                        .map(|ep| Polled::failed(&ep.cfg.name, &e))
                         .collect();
                 }
             },
@@ -270,7 +270,7 @@ impl Poller {
         let out: Vec<Polled> = out
             .into_iter()
             .zip(&self.endpoints)
-            .map(|(p, ep)| p.unwrap_or_else(|| Polled::named(ep)))
+            .map(|(p, ep)| p.unwrap_or_else(|| Polled::named(&ep.cfg.name)))
             .collect();
         self.settle(&out);
         out
@@ -298,7 +298,7 @@ impl Poller {
                     return Started::Done(Polled {
                         deferred: true,
                         discovery: true,
-                        ..Polled::named(&ep)
+                        ..Polled::named(&ep.cfg.name)
                     });
                 }
             } else {
@@ -316,7 +316,7 @@ impl Poller {
             ep.counters.skipped();
             return Started::Done(Polled {
                 skipped: true,
-                ..Polled::named(&ep)
+                ..Polled::named(&ep.cfg.name)
             });
         }
         let first_polls = if slot.discovered_once {
@@ -360,7 +360,7 @@ impl Poller {
             return Polled {
                 deferred: true,
                 discovery: true,
-                ..Polled::named(ep)
+                ..Polled::named(&ep.cfg.name)
             };
         }
         h.abort();
@@ -368,7 +368,7 @@ impl Poller {
         let e = ep.fail("", "deadline", None, "poll not done within its interval");
         Polled {
             overrun: true,
-            ..Polled::failed(ep, &e)
+            ..Polled::failed(&ep.cfg.name, &e)
         }
     }
 
@@ -476,9 +476,9 @@ impl Drop for Poller {
 fn joined(ep: &Endpoint, r: Result<Option<Polled>, tokio::task::JoinError>) -> Polled {
     match r {
         Ok(Some(p)) => p,
-        Ok(None) => Polled::named(ep),
+        Ok(None) => Polled::named(&ep.cfg.name),
         Err(e) => Polled::failed(
-            ep,
+            &ep.cfg.name,
             &ep.fail("", "config", None, format!("the walk ended: {e}")),
         ),
     }

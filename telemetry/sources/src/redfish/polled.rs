@@ -1,10 +1,11 @@
 //! What one poll of one Redfish endpoint gave: its samples, rejects and the report of
 //! each binding. Made by the walk and the endpoint tasks, gathered by the poller
-//! (`poll`), read by `serve`, `telemetry probe` and the tests.
+//! (`poll`), read by `serve`, `telemetry probe` and the tests. It sits below `walk` and
+//! `endpoint` (it names an endpoint by its name), so their imports go one way:
+//! endpoint → walk → polled.
 
 use std::time::Duration;
 
-use super::endpoint::Endpoint;
 use super::RedfishError;
 use telemetry::mapping::Reject;
 use telemetry::Sample;
@@ -45,22 +46,23 @@ pub struct BindingReport {
 }
 
 impl Polled {
-    pub(super) fn named(ep: &Endpoint) -> Polled {
+    /// Nothing yet from the endpoint named `endpoint`.
+    pub(super) fn named(endpoint: &str) -> Polled {
         Polled {
-            endpoint: ep.cfg.name.clone(),
+            endpoint: endpoint.to_string(),
             ..Polled::default()
         }
     }
 
     /// An endpoint that could not be polled at all.
-    pub(super) fn failed(ep: &Endpoint, e: &RedfishError) -> Polled {
+    pub(super) fn failed(endpoint: &str, e: &RedfishError) -> Polled {
         Polled {
             error: Some(e.to_string()),
             rejects: vec![Reject {
                 reason: e.reason(),
                 detail: e.to_string(),
             }],
-            ..Polled::named(ep)
+            ..Polled::named(endpoint)
         }
     }
 }

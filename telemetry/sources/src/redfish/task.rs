@@ -25,7 +25,7 @@ pub(super) async fn replay(ep: Arc<Endpoint>, now: Timestamp) -> Polled {
         })
     };
     let Some(reads) = reads else {
-        return Polled::named(&ep);
+        return Polled::named(&ep.cfg.name);
     };
     let fetch = Fetch::new(&ep, false);
     let got = fetch.replay(&reads).await;
@@ -45,10 +45,10 @@ pub(super) async fn replay(ep: Arc<Endpoint>, now: Timestamp) -> Polled {
                     reason: e.reason(),
                     detail: e.to_string(),
                 }],
-                ..Polled::named(&ep)
+                ..Polled::named(&ep.cfg.name)
             }
         }
-        Err(e) => Polled::failed(&ep, &e),
+        Err(e) => Polled::failed(&ep.cfg.name, &e),
     };
     p.requests = requests;
     p.elapsed = t.elapsed();
@@ -68,7 +68,7 @@ pub(super) async fn discover(
     again: bool,
 ) -> Polled {
     let Ok(_slot) = slots.acquire_owned().await else {
-        return Polled::failed(&ep, &ep.fail("", "config", None, "poller closed"));
+        return Polled::failed(&ep.cfg.name, &ep.fail("", "config", None, "poller closed"));
     };
     let t = Instant::now();
     let fetch = Fetch::new(&ep, again);
@@ -110,7 +110,7 @@ pub(super) async fn discover(
                     plan.polls = 0;
                 }
             }
-            Polled::failed(&ep, &e)
+            Polled::failed(&ep.cfg.name, &e)
         }
     };
     p.discovery = true;
