@@ -44,7 +44,9 @@ pub enum TimeError {
         first: String,
         second: String,
     },
-    #[error("{naive} happens twice in {tz} (a DST change): give zone_column, or times with offsets")]
+    #[error(
+        "{naive} happens twice in {tz} (a DST change): give zone_column, or times with offsets"
+    )]
     Twice { naive: NaiveDateTime, tz: Tz },
     #[error("{naive} does not exist in {tz} (skipped by a DST change)")]
     Skipped { naive: NaiveDateTime, tz: Tz },
@@ -159,8 +161,12 @@ fn local(tz: Tz, naive: NaiveDateTime, zone: Option<&str>) -> Result<Timestamp, 
     match tz.from_local_datetime(&naive) {
         LocalResult::Single(dt) => Ok(pick(dt)),
         LocalResult::Ambiguous(a, b) => match zone {
-            Some(z) if a.offset().to_string() == z || a.format("%Z").to_string() == z => Ok(pick(a)),
-            Some(z) if b.offset().to_string() == z || b.format("%Z").to_string() == z => Ok(pick(b)),
+            Some(z) if a.offset().to_string() == z || a.format("%Z").to_string() == z => {
+                Ok(pick(a))
+            }
+            Some(z) if b.offset().to_string() == z || b.format("%Z").to_string() == z => {
+                Ok(pick(b))
+            }
             Some(z) => Err(TimeError::NeitherZone {
                 naive,
                 tz,

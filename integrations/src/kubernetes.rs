@@ -458,12 +458,13 @@ impl KubeHttp {
             })?;
         // the whole call, connect included, ends by `timeout`
         let deadline = std::time::Instant::now() + self.timeout;
-        let mut s = std::net::TcpStream::connect_timeout(&addr, self.timeout).map_err(|source| {
-            KubeError::Connect {
-                host: host.to_string(),
-                source,
-            }
-        })?;
+        let mut s =
+            std::net::TcpStream::connect_timeout(&addr, self.timeout).map_err(|source| {
+                KubeError::Connect {
+                    host: host.to_string(),
+                    source,
+                }
+            })?;
         let io = |source: std::io::Error| KubeError::Io {
             host: host.to_string(),
             source,

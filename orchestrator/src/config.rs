@@ -272,26 +272,31 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
     let mut problems = Problems::new(&name, &text, &shape.text);
     problems.shape = shape.problems;
     let Some(mut cfg) = shape.value else {
-        return Err(problems.finish().err().unwrap_or_else(|| {
-            anyhow::anyhow!("{name}:1:1: the file could not be read")
-        }));
+        return Err(problems
+            .finish()
+            .err()
+            .unwrap_or_else(|| anyhow::anyhow!("{name}:1:1: the file could not be read")));
     };
     read_secrets(&mut cfg, base, &mut problems);
-    let site = problems.at(&["controller", "site"]).take_file(
-        read(&cfg.controller.site, base),
-        |(n, t)| Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}")),
-    );
+    let site = problems
+        .at(&["controller", "site"])
+        .take_file(read(&cfg.controller.site, base), |(n, t)| {
+            Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))
+        });
     // checked against the site, as a reload is
     let policy = site.as_ref().and_then(|site| {
-        problems.at(&["controller", "policy"]).take_file(
-            read(&cfg.controller.policy, base),
-            |(n, t)| crate::reload::validate(&n, &t, site).map_err(anyhow::Error::msg),
-        )
+        problems
+            .at(&["controller", "policy"])
+            .take_file(read(&cfg.controller.policy, base), |(n, t)| {
+                crate::reload::validate(&n, &t, site).map_err(anyhow::Error::msg)
+            })
     });
     let mapping = cfg.mqtt.as_ref().and_then(|m| {
-        problems.at(&["mqtt", "mapping"]).take_file(read(&m.mapping, base), |(n, t)| {
-            Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))
-        })
+        problems
+            .at(&["mqtt", "mapping"])
+            .take_file(read(&m.mapping, base), |(n, t)| {
+                Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))
+            })
     });
     let prices = match &cfg.prices {
         Some(p) => problems.at(&["prices"]).take(load_prices(p, &name, base)),
@@ -330,9 +335,9 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
     for e in cfg.redfish.iter_mut().flat_map(|r| r.endpoints.iter_mut()) {
         let r = e.auth.read_secrets(base);
         let (name, endpoint) = (problems.name.clone(), e.name.clone());
-        problems.at(&["redfish", "endpoints"]).take(
-            r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")),
-        );
+        problems
+            .at(&["redfish", "endpoints"])
+            .take(r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")));
     }
     if let Some(a) = cfg.agents.as_mut() {
         let r = a.mqtt.read_secrets(base);
@@ -371,7 +376,9 @@ fn check_against_site(cfg: &mut Config, site: Option<&Site>, name: &str, problem
     problems.at(&["redfish"]).take(r);
     if let Some(np) = &cfg.node_power {
         for p in np.problems(site) {
-            problems.at(&["node_power"]).check(false, || format!("{name}: {p}"));
+            problems
+                .at(&["node_power"])
+                .check(false, || format!("{name}: {p}"));
         }
     }
 }

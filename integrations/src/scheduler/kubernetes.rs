@@ -5,8 +5,7 @@ use serde_json::json;
 use telemetry::{Job, Timestamp};
 
 use super::{
-    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId,
-    View,
+    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
 };
 use crate::kubernetes::{KubeHttp, KubeSync};
 

@@ -11,8 +11,7 @@ use telemetry::{Job, Timestamp};
 use tracing::warn;
 
 use super::{
-    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId,
-    View,
+    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
 };
 use crate::store::Tx;
 use crate::webhook::{DeliveryError, Outbox, Outcome};

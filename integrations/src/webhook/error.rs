@@ -79,4 +79,3 @@ impl DeliveryError {
         matches!(self, DeliveryError::Refused { .. })
     }
 }
-

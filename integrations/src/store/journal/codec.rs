@@ -121,10 +121,7 @@ pub fn decode(bytes: &[u8]) -> Result<Batch, DecodeError> {
                 value: r.bytes()?.to_vec(),
             },
             FENCE => {
-                let b: [u8; 8] = r
-                    .bytes()?
-                    .try_into()
-                    .map_err(|_| DecodeError::Fence)?;
+                let b: [u8; 8] = r.bytes()?.try_into().map_err(|_| DecodeError::Fence)?;
                 Op::Fence {
                     epoch: u64::from_le_bytes(b),
                 }
