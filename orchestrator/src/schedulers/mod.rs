@@ -279,22 +279,21 @@ impl Schedulers {
                 continue;
             };
             match self.reconciler(id.scheduler()).map(|r| r.requeues) {
-                Some(Requeues::Reconciler) => {
-                    // a job's requeue waiting for its ack is the same command
-                    if !self.requeues.contains_key(job) {
-                        let seq = self.next_requeue;
-                        self.next_requeue += 1;
-                        let reason = d.reason.clone();
-                        self.requeues.insert(
-                            job.clone(),
-                            Requeue {
-                                seq,
-                                job: id,
-                                reason,
-                            },
-                        );
-                    }
+                // a job's requeue waiting for its ack is the same command
+                Some(Requeues::Reconciler) if !self.requeues.contains_key(job) => {
+                    let seq = self.next_requeue;
+                    self.next_requeue += 1;
+                    let reason = d.reason.clone();
+                    self.requeues.insert(
+                        job.clone(),
+                        Requeue {
+                            seq,
+                            job: id,
+                            reason,
+                        },
+                    );
                 }
+                Some(Requeues::Reconciler) => {}
                 Some(Requeues::Outbox) => outbox.push((job.clone(), d.reason.clone())),
                 Some(Requeues::Never(why)) => warn!(job = %job, "{why}"),
                 None => {}
