@@ -22,9 +22,53 @@ pub enum FeedError {
         line: usize,
         message: String,
     },
+    #[error("{file}:{line}: {source}")]
+    Time {
+        file: String,
+        line: usize,
+        #[source]
+        source: TimeError,
+    },
     #[error("{file}: {message}")]
     File { file: String, message: String },
 }
+
+/// A feed row's time that cannot be read.
+#[derive(Debug, Error, PartialEq)]
+pub enum TimeError {
+    #[error("{naive} happens twice in {tz} and zone {zone:?} names neither ({first} or {second})")]
+    NeitherZone {
+        naive: NaiveDateTime,
+        tz: Tz,
+        zone: String,
+        first: String,
+        second: String,
+    },
+    #[error(
+        "{naive} happens twice in {tz} (a DST change): give zone_column, or times with offsets"
+    )]
+    Twice { naive: NaiveDateTime, tz: Tz },
+    #[error("{naive} does not exist in {tz} (skipped by a DST change)")]
+    Skipped { naive: NaiveDateTime, tz: Tz },
+    #[error("time {time:?} does not match {format:?}: {source}")]
+    Format {
+        time: String,
+        format: String,
+        #[source]
+        source: chrono::ParseError,
+    },
+    #[error("time {time:?} is not RFC 3339: {source}")]
+    Rfc3339 {
+        time: String,
+        #[source]
+        source: chrono::ParseError,
+    },
+}
+
+/// A unit name powerplane does not know.
+#[derive(Debug, Error, PartialEq)]
+#[error("unknown unit {0:?} (per_kwh, per_mwh, cents_per_kwh, g_per_kwh, kg_per_mwh, lb_per_mwh)")]
+pub struct UnknownUnit(pub String);
 
 /// The unit a feed's values come in; converted to per kWh (prices) or g/kWh (carbon).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -62,11 +106,10 @@ impl Unit {
 }
 
 impl FromStr for Unit {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        serde_json::from_value(serde_json::Value::String(s.into())).map_err(|_| {
-            format!("unknown unit {s:?} (per_kwh, per_mwh, cents_per_kwh, g_per_kwh, kg_per_mwh, lb_per_mwh)")
-        })
+    type Err = UnknownUnit;
+    fn from_str(s: &str) -> Result<Self, UnknownUnit> {
+        serde_json::from_value(serde_json::Value::String(s.into()))
+            .map_err(|_| UnknownUnit(s.to_string()))
     }
 }
 
@@ -112,18 +155,28 @@ fn number(s: &str, decimal_comma: bool) -> Option<f64> {
 
 /// A naive local time in `tz`, the repeated hour of a DST change told apart by the zone
 /// abbreviation when given.
-fn local(tz: Tz, naive: NaiveDateTime, zone: Option<&str>) -> Result<Timestamp, String> {
+fn local(tz: Tz, naive: NaiveDateTime, zone: Option<&str>) -> Result<Timestamp, TimeError> {
     use chrono::LocalResult;
     let pick = |dt: chrono::DateTime<Tz>| Timestamp::from(dt.with_timezone(&chrono::Utc));
     match tz.from_local_datetime(&naive) {
         LocalResult::Single(dt) => Ok(pick(dt)),
         LocalResult::Ambiguous(a, b) => match zone {
-            Some(z) if a.offset().to_string() == z || a.format("%Z").to_string() == z => Ok(pick(a)),
-            Some(z) if b.offset().to_string() == z || b.format("%Z").to_string() == z => Ok(pick(b)),
-            Some(z) => Err(format!("{naive} happens twice in {tz} and zone {z:?} names neither ({} or {})", a.format("%Z"), b.format("%Z"))),
-            None => Err(format!("{naive} happens twice in {tz} (a DST change): give zone_column, or times with offsets")),
+            Some(z) if a.offset().to_string() == z || a.format("%Z").to_string() == z => {
+                Ok(pick(a))
+            }
+            Some(z) if b.offset().to_string() == z || b.format("%Z").to_string() == z => {
+                Ok(pick(b))
+            }
+            Some(z) => Err(TimeError::NeitherZone {
+                naive,
+                tz,
+                zone: z.to_string(),
+                first: a.format("%Z").to_string(),
+                second: b.format("%Z").to_string(),
+            }),
+            None => Err(TimeError::Twice { naive, tz }),
         },
-        LocalResult::None => Err(format!("{naive} does not exist in {tz} (skipped by a DST change)")),
+        LocalResult::None => Err(TimeError::Skipped { naive, tz }),
     }
 }
 
@@ -132,16 +185,31 @@ fn utc_of_fixed(dt: chrono::DateTime<chrono::FixedOffset>) -> Timestamp {
 }
 
 /// A CSV row's naive local time in `fmt`.
-fn naive_time(t: &str, fmt: &str) -> Result<NaiveDateTime, String> {
-    NaiveDateTime::parse_from_str(t, fmt)
-        .map_err(|e| format!("time {t:?} does not match {fmt:?}: {e}"))
+fn naive_time(t: &str, fmt: &str) -> Result<NaiveDateTime, TimeError> {
+    NaiveDateTime::parse_from_str(t, fmt).map_err(|source| TimeError::Format {
+        time: t.to_string(),
+        format: fmt.to_string(),
+        source,
+    })
 }
 
 /// A CSV row's time with its offset.
-fn rfc3339_time(t: &str) -> Result<Timestamp, String> {
+fn rfc3339_time(t: &str) -> Result<Timestamp, TimeError> {
     chrono::DateTime::parse_from_rfc3339(t)
         .map(utc_of_fixed)
-        .map_err(|e| format!("time {t:?} is not RFC 3339: {e}"))
+        .map_err(|source| TimeError::Rfc3339 {
+            time: t.to_string(),
+            source,
+        })
+}
+
+/// The error of the time on line `line` (0-based) of `file`.
+fn time_error(file: &str, line: usize) -> impl Fn(TimeError) -> FeedError + '_ {
+    move |source| FeedError::Time {
+        file: file.into(),
+        line: line + 1,
+        source,
+    }
 }
 
 /// Reads a CSV feed.
@@ -202,14 +270,14 @@ pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedEr
         let t = get(tc)?;
         let ts = match (&f.time_format, tz) {
             (Some(fmt), Some(tz)) => {
-                let naive = naive_time(t, fmt).map_err(|m| lerr(i, m))?;
+                let naive = naive_time(t, fmt).map_err(time_error(file, i))?;
                 let zone = match zc {
                     Some(k) => Some(get(k)?),
                     None => None,
                 };
-                local(tz, naive, zone).map_err(|m| lerr(i, m))?
+                local(tz, naive, zone).map_err(time_error(file, i))?
             }
-            _ => rfc3339_time(t).map_err(|m| lerr(i, m))?,
+            _ => rfc3339_time(t).map_err(time_error(file, i))?,
         };
         let raw = get(vc)?;
         if raw.is_empty() {

@@ -15,6 +15,78 @@ use policies::Hold;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use telemetry::{Job, JobState, Timestamp};
+use thiserror::Error;
+
+use crate::scheduler::{ResponseError, SchedulerError};
+
+/// What can go wrong between powerplane and the Kubernetes API server.
+#[derive(Debug, Error)]
+pub enum KubeError {
+    #[error("{0}: only http:// (kubectl proxy)")]
+    NotHttp(String),
+    #[error("{host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{host}: no address")]
+    NoAddress { host: String },
+    #[error("connect {host}: {source}")]
+    Connect {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exchange failed or passed its deadline.
+    #[error("{host}: {source}")]
+    Io {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Answer(#[from] ResponseError),
+    /// The API server refused (`what`: the call, as the message names it).
+    #[error("{what}: HTTP {status}: {body}")]
+    Status {
+        what: String,
+        status: u16,
+        body: String,
+    },
+    #[error("list pods: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
+impl From<KubeError> for SchedulerError {
+    fn from(e: KubeError) -> Self {
+        match &e {
+            KubeError::NotHttp(_) => SchedulerError::Setup { source: e.into() },
+            KubeError::Io { source, .. } | KubeError::Connect { source, .. }
+                if source.kind() == std::io::ErrorKind::TimedOut
+                    || source.kind() == std::io::ErrorKind::WouldBlock =>
+            {
+                SchedulerError::Timeout { source: e.into() }
+            }
+            KubeError::Resolve { .. }
+            | KubeError::NoAddress { .. }
+            | KubeError::Connect { .. }
+            | KubeError::Io { .. } => SchedulerError::Unreachable { source: e.into() },
+            KubeError::Status { status, .. } => SchedulerError::Refused {
+                status: Some(*status),
+                source: e.into(),
+            },
+            KubeError::Answer(_) | KubeError::Json(_) => {
+                SchedulerError::BadAnswer { source: e.into() }
+            }
+        }
+    }
+}
+
+/// An AdmissionReview or ExtenderArgs that cannot be answered.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct ReviewError(&'static str);
 
 /// How pods are recognised and gated.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -167,14 +239,14 @@ impl PodMapping {
 
     /// Answers an `admission.k8s.io/v1` AdmissionReview: always allowed; a pod of a
     /// deferrable class being created gets the gate as a JSONPatch.
-    pub fn admit(&self, review: &Value) -> Result<Value, String> {
+    pub fn admit(&self, review: &Value) -> Result<Value, ReviewError> {
         let req = review
             .get("request")
-            .ok_or("an AdmissionReview without request")?;
+            .ok_or(ReviewError("an AdmissionReview without request"))?;
         let uid = req
             .get("uid")
             .and_then(Value::as_str)
-            .ok_or("request.uid missing")?;
+            .ok_or(ReviewError("request.uid missing"))?;
         let api_version = review
             .get("apiVersion")
             .and_then(Value::as_str)
@@ -247,7 +319,7 @@ fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// The candidate node names of ExtenderArgs (from `NodeNames` or `Nodes.items`).
-fn candidates(args: &Value) -> Result<(Vec<String>, bool), String> {
+fn candidates(args: &Value) -> Result<(Vec<String>, bool), ReviewError> {
     if let Some(names) = field(args, "NodeNames").and_then(Value::as_array) {
         return Ok((
             names
@@ -261,7 +333,9 @@ fn candidates(args: &Value) -> Result<(Vec<String>, bool), String> {
     let items = field(args, "Nodes")
         .and_then(|n| n.get("items"))
         .and_then(Value::as_array)
-        .ok_or("ExtenderArgs with neither NodeNames nor Nodes.items")?;
+        .ok_or(ReviewError(
+            "ExtenderArgs with neither NodeNames nor Nodes.items",
+        ))?;
     Ok((
         items
             .iter()
@@ -277,7 +351,9 @@ fn candidates(args: &Value) -> Result<(Vec<String>, bool), String> {
 pub fn filter(args: &Value, nodes: &BTreeMap<String, NodeCondition>) -> Value {
     let (names, by_name) = match candidates(args) {
         Ok(c) => c,
-        Err(e) => return json!({ "NodeNames": null, "Nodes": null, "FailedNodes": {}, "Error": e }),
+        Err(e) => {
+            return json!({ "NodeNames": null, "Nodes": null, "FailedNodes": {}, "Error": e.to_string() })
+        }
     };
     let hot = |n: &str| nodes.get(n).is_some_and(|c| c.hot);
     let cool: Vec<&String> = names.iter().filter(|n| !hot(n)).collect();
@@ -336,7 +412,7 @@ pub fn prioritize(args: &Value, nodes: &BTreeMap<String, NodeCondition>) -> Valu
 /// The Kubernetes API, as powerplane uses it.
 pub trait KubeApi {
     /// Pods in phase Pending and pods with the class label, every namespace.
-    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, String>;
+    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, KubeError>;
     /// Removes `spec.schedulingGates[index]` if it is still `gate`.
     fn remove_gate(
         &mut self,
@@ -344,7 +420,7 @@ pub trait KubeApi {
         name: &str,
         index: usize,
         gate: &str,
-    ) -> Result<(), String>;
+    ) -> Result<(), KubeError>;
 }
 
 /// The API server over plain HTTP (`kubectl proxy`, or an authenticating local proxy),
@@ -363,23 +439,36 @@ impl KubeHttp {
         path: &str,
         ctype: &str,
         body: &str,
-    ) -> Result<(u16, String), String> {
+    ) -> Result<(u16, String), KubeError> {
         use std::net::ToSocketAddrs;
         let host = self
             .base
             .strip_prefix("http://")
-            .ok_or_else(|| format!("{}: only http:// (kubectl proxy)", self.base))?
+            .ok_or_else(|| KubeError::NotHttp(self.base.clone()))?
             .trim_end_matches('/');
         let addr = host
             .to_socket_addrs()
-            .map_err(|e| format!("{host}: {e}"))?
+            .map_err(|source| KubeError::Resolve {
+                host: host.to_string(),
+                source,
+            })?
             .next()
-            .ok_or_else(|| format!("{host}: no address"))?;
+            .ok_or_else(|| KubeError::NoAddress {
+                host: host.to_string(),
+            })?;
         // the whole call, connect included, ends by `timeout`
         let deadline = std::time::Instant::now() + self.timeout;
-        let mut s = std::net::TcpStream::connect_timeout(&addr, self.timeout)
-            .map_err(|e| format!("connect {host}: {e}"))?;
-        let io = |e: std::io::Error| format!("{host}: {e}");
+        let mut s =
+            std::net::TcpStream::connect_timeout(&addr, self.timeout).map_err(|source| {
+                KubeError::Connect {
+                    host: host.to_string(),
+                    source,
+                }
+            })?;
+        let io = |source: std::io::Error| KubeError::Io {
+            host: host.to_string(),
+            source,
+        };
         let auth = self
             .token
             .as_ref()
@@ -402,7 +491,7 @@ impl KubeHttp {
 }
 
 impl KubeApi for KubeHttp {
-    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, String> {
+    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, KubeError> {
         let label: String = class_label
             .bytes()
             .map(|b| match b {
@@ -419,12 +508,13 @@ impl KubeApi for KubeHttp {
         ] {
             let (status, body) = self.request("GET", &path, "application/json", "")?;
             if status != 200 {
-                return Err(format!(
-                    "list pods: HTTP {status}: {}",
-                    body.chars().take(300).collect::<String>()
-                ));
+                return Err(KubeError::Status {
+                    what: "list pods".into(),
+                    status,
+                    body: body.chars().take(300).collect(),
+                });
             }
-            let v: Value = serde_json::from_str(&body).map_err(|e| format!("list pods: {e}"))?;
+            let v: Value = serde_json::from_str(&body).map_err(KubeError::Json)?;
             for pod in v
                 .get("items")
                 .and_then(Value::as_array)
@@ -451,7 +541,7 @@ impl KubeApi for KubeHttp {
         name: &str,
         index: usize,
         gate: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), KubeError> {
         // the test makes the removal fail rather than remove another gate if the list moved
         let patch = json!([
             { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": gate },
@@ -465,10 +555,11 @@ impl KubeApi for KubeHttp {
         )?;
         match status {
             200..=299 => Ok(()),
-            _ => Err(format!(
-                "remove the gate of {ns}/{name}: HTTP {status}: {}",
-                body.chars().take(300).collect::<String>()
-            )),
+            _ => Err(KubeError::Status {
+                what: format!("remove the gate of {ns}/{name}"),
+                status,
+                body: body.chars().take(300).collect(),
+            }),
         }
     }
 }
@@ -507,11 +598,11 @@ impl<A: KubeApi> KubeSync<A> {
 
     /// Pods powerplane gates or whose class it knows, as jobs (gated ones held); a
     /// pod that disappears is reported finished once.
-    pub fn poll(&mut self, now: Timestamp) -> Result<Vec<Job>, String> {
+    pub fn poll(&mut self, now: Timestamp) -> Result<Vec<Job>, KubeError> {
         self.counters.polls += 1;
         let pods = self.api.pods(&self.mapping.class_label).inspect_err(|e| {
             self.counters.poll_errors += 1;
-            self.counters.last_error = Some(e.clone());
+            self.counters.last_error = Some(e.to_string());
         })?;
         self.gated.clear();
         let mut jobs = Vec::new();
@@ -565,7 +656,7 @@ impl<A: KubeApi> KubeSync<A> {
                 }
                 Err(e) => {
                     self.counters.errors += 1;
-                    self.counters.last_error = Some(e);
+                    self.counters.last_error = Some(e.to_string());
                 }
             }
         }

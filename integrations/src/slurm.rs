@@ -212,7 +212,7 @@ mod tests {
     use super::*;
 
     /// One job of a v0.0.38 answer, through the versioned layer.
-    fn v0038(v: &serde_json::Value) -> Result<SlurmJob, String> {
+    fn v0038(v: &serde_json::Value) -> Result<SlurmJob, crate::slurm_api::ShapeError> {
         crate::slurm_api::JobView::from_json(v).map(|j| j.to_slurm_job())
     }
 

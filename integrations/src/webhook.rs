@@ -35,8 +35,10 @@ pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 pub const ATTEMPT_HEADER: &str = "X-Powerplane-Attempt";
 
 mod delivery;
+mod error;
 
 pub use delivery::{Outcome, Sender};
+pub use error::{DeliveryError, EventError, KeyTooShort, PostError};
 
 const OUTBOX: &str = "webhook_outbox";
 const DEAD: &str = "webhook_dead";
@@ -67,14 +69,11 @@ impl std::fmt::Debug for WebhookKey {
 }
 
 impl WebhookKey {
-    pub fn from_text(text: &str) -> Result<Self, String> {
+    pub fn from_text(text: &str) -> Result<Self, KeyTooShort> {
         let t = text.trim();
         let bytes = unhex(t).unwrap_or_else(|| t.as_bytes().to_vec());
         if bytes.len() < 16 {
-            return Err(format!(
-                "the webhook key is {} bytes; at least 16 are needed (openssl rand -hex 32)",
-                bytes.len()
-            ));
+            return Err(KeyTooShort(bytes.len()));
         }
         Ok(WebhookKey(bytes))
     }
@@ -192,8 +191,8 @@ pub struct JobEvent {
 
 impl JobEvent {
     /// Parses and checks an event body.
-    pub fn parse(body: &[u8]) -> Result<JobEvent, String> {
-        let e: JobEvent = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    pub fn parse(body: &[u8]) -> Result<JobEvent, EventError> {
+        let e: JobEvent = serde_json::from_slice(body)?;
         let ok_name = |s: &str| {
             !s.is_empty()
                 && s.len() <= 64
@@ -201,30 +200,33 @@ impl JobEvent {
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         };
         if !ok_name(&e.scheduler) || e.scheduler == "slurm" || e.scheduler == "kubernetes" {
-            return Err(format!(
-                "scheduler {:?}: use 1-64 of [A-Za-z0-9_-], not \"slurm\" or \"kubernetes\" (their adapters report their jobs)",
-                e.scheduler
-            ));
+            return Err(EventError::Scheduler(e.scheduler));
         }
         if e.job.is_empty() || e.job.len() > 128 || e.job.chars().any(char::is_control) {
-            return Err("job: 1-128 printable characters".into());
+            return Err(EventError::Job);
         }
         if let Some(d) = &e.est_duration_s {
             if !d.is_finite() || *d <= 0.0 || *d > 365.0 * 86400.0 {
-                return Err(format!("est_duration_s {d}: must be within (0, 1 year]"));
+                return Err(EventError::Duration(*d));
             }
         }
         if let Some(g) = e.gpus {
             if g > 100_000 {
-                return Err(format!("gpus {g}: absurd"));
+                return Err(EventError::Gpus(g));
             }
         }
         for g in e.allocated.iter().flatten() {
             g.parse::<telemetry::EntityId>()
-                .map_err(|err| format!("allocated {g:?}: {err}"))?;
+                .map_err(|err| EventError::Allocated {
+                    gpu: g.clone(),
+                    message: err.to_string(),
+                })?;
         }
         for t in [&e.time, &e.deadline].into_iter().flatten() {
-            Timestamp::parse_rfc3339(t).map_err(|err| format!("{t:?}: not RFC 3339: {err}"))?;
+            Timestamp::parse_rfc3339(t).map_err(|err| EventError::Time {
+                time: t.clone(),
+                message: err.to_string(),
+            })?;
         }
         Ok(e)
     }
@@ -535,23 +537,35 @@ pub fn http_post(
     headers: &[(&str, String)],
     body: &[u8],
     timeout: Duration,
-) -> Result<u16, String> {
+) -> Result<u16, PostError> {
     use std::net::ToSocketAddrs;
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: only http:// URLs (put a TLS proxy in front for https)"))?;
+        .ok_or_else(|| PostError::NotHttp(url.to_string()))?;
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
     let path = if path.is_empty() { "/" } else { path };
     let addr = host
         .to_socket_addrs()
-        .map_err(|e| format!("connect {host}: {e}"))?
+        .map_err(|source| PostError::Resolve {
+            host: host.to_string(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("connect {host}: no address"))?;
+        .ok_or_else(|| PostError::NoAddress {
+            host: host.to_string(),
+        })?;
     // the whole call, connect included, ends by `timeout`
     let deadline = std::time::Instant::now() + timeout;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
-        .map_err(|e| format!("connect {host}: {e}"))?;
-    let io = |e: std::io::Error| format!("{host}: {e}");
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|source| {
+        PostError::Connect {
+            host: host.to_string(),
+            source,
+        }
+    })?;
+    let io = |source: std::io::Error| PostError::Io {
+        host: host.to_string(),
+        source,
+    };
     let mut req = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
@@ -569,7 +583,9 @@ pub fn http_post(
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("{host}: no HTTP status in the answer"))
+        .ok_or_else(|| PostError::NoStatus {
+            host: host.to_string(),
+        })
 }
 
 #[cfg(test)]

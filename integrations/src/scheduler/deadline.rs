@@ -6,6 +6,8 @@
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
+pub use super::error::ResponseError;
+
 /// The largest answer read (a job list of a large cluster fits many times).
 pub const MAX_ANSWER: usize = 128 * 1024 * 1024;
 
@@ -74,11 +76,11 @@ pub fn to_end(_: &[u8]) -> bool {
 }
 
 /// Status and body of an HTTP/1.1 response (Content-Length, chunked, or to the end).
-pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), ResponseError> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or("the answer has no header end")?;
+        .ok_or(ResponseError::NoHeaderEnd)?;
     let head = String::from_utf8_lossy(&raw[..split]);
     let body = &raw[split + 4..];
     let mut lines = head.split("\r\n");
@@ -86,7 +88,7 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
         .next()
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| format!("bad status line in {:?}", head.lines().next()))?;
+        .ok_or_else(|| ResponseError::StatusLine(head.lines().next().map(str::to_string)))?;
     let mut length = None;
     let mut chunked = false;
     for l in lines {
@@ -106,7 +108,7 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
             let eol = rest
                 .windows(2)
                 .position(|w| w == b"\r\n")
-                .ok_or("truncated chunk")?;
+                .ok_or(ResponseError::TruncatedChunk)?;
             let size = usize::from_str_radix(
                 String::from_utf8_lossy(&rest[..eol])
                     .split(';')
@@ -115,13 +117,13 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
                     .trim(),
                 16,
             )
-            .map_err(|e| format!("bad chunk size: {e}"))?;
+            .map_err(ResponseError::ChunkSize)?;
             rest = &rest[eol + 2..];
             if size == 0 {
                 break;
             }
             if rest.len() < size {
-                return Err("truncated chunk".into());
+                return Err(ResponseError::TruncatedChunk);
             }
             out.extend_from_slice(&rest[..size]);
             rest = rest.get(size + 2..).unwrap_or(&[]);
@@ -130,7 +132,10 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
     }
     match length {
         Some(n) if body.len() >= n => Ok((status, body[..n].to_vec())),
-        Some(n) => Err(format!("answer cut short: {} of {n} bytes", body.len())),
+        Some(n) => Err(ResponseError::CutShort {
+            got: body.len(),
+            expected: n,
+        }),
         None => Ok((status, body.to_vec())),
     }
 }

@@ -16,6 +16,13 @@ pub enum SchedulerId {
 }
 
 impl SchedulerId {
+    /// Every adapter, each once.
+    pub const ALL: [SchedulerId; 3] = [
+        SchedulerId::Slurm,
+        SchedulerId::Kubernetes,
+        SchedulerId::Webhook,
+    ];
+
     /// The adapter of a job by the scheduler name it carries (`Job::scheduler`).
     pub fn of_scheduler(name: &str) -> SchedulerId {
         match name {

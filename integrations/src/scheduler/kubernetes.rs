@@ -4,7 +4,9 @@
 use serde_json::json;
 use telemetry::{Job, Timestamp};
 
-use super::{Applied, Commit, Counter, Desired, Pass, Scheduler, SchedulerId, View};
+use super::{
+    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
+};
 use crate::kubernetes::{KubeHttp, KubeSync};
 
 impl Scheduler for KubeSync<KubeHttp> {
@@ -12,12 +14,16 @@ impl Scheduler for KubeSync<KubeHttp> {
         SchedulerId::Kubernetes
     }
 
+    fn requeues(&self) -> Requeues {
+        Requeues::Never("a Kubernetes pod cannot be requeued by powerplane; ignored")
+    }
+
     fn poll(
         &mut self,
         now: Timestamp,
         _store: &mut dyn Commit,
-    ) -> Result<Option<Vec<Job>>, String> {
-        KubeSync::poll(self, now).map(Some)
+    ) -> Result<Option<Vec<Job>>, SchedulerError> {
+        Ok(Some(KubeSync::poll(self, now)?))
     }
 
     fn apply(&mut self, desired: &Desired, now: Timestamp, _store: &mut dyn Commit) -> Pass {

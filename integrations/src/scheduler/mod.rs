@@ -16,6 +16,7 @@
 //! [`Scheduler`], and one registration line in `orchestrator::schedulers`.
 
 pub mod deadline;
+pub mod error;
 pub mod ids;
 pub mod kubernetes;
 pub mod slurm;
@@ -27,6 +28,7 @@ use policies::Hold;
 use serde::Serialize;
 use telemetry::{Job, Timestamp};
 
+pub use error::{Cause, ResponseError, SchedulerError};
 pub use ids::{JobId, SchedulerId};
 
 use crate::store::{Store, StoreError, Tx};
@@ -100,6 +102,19 @@ pub struct Pass {
     pub failed: u32,
 }
 
+/// How an adapter takes the plan's requeues of its jobs: declared by the adapter
+/// ([`Scheduler::requeues`]), so the loop routes them without a branch per scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requeues {
+    /// Its reconciler carries out each once ([`Scheduler::requeue`]); the loop keeps
+    /// it until the reconciler acknowledges it.
+    Reconciler,
+    /// Queued as actions with the job's others (the outbound webhook's outbox).
+    Outbox,
+    /// It cannot requeue: each is dropped with this warning.
+    Never(&'static str),
+}
+
 /// A counter or gauge for `/metrics`: (name, help, value); names ending in `_total`
 /// are counters.
 pub type Counter = (&'static str, &'static str, f64);
@@ -109,20 +124,36 @@ pub type Counter = (&'static str, &'static str, f64);
 pub trait Scheduler: Send {
     fn id(&self) -> SchedulerId;
 
+    /// How the plan's requeues of this adapter's jobs are carried out.
+    fn requeues(&self) -> Requeues {
+        Requeues::Never("the scheduler cannot requeue powerplane's jobs; ignored")
+    }
+
+    /// Whether `/api/v1/schedulers` and `/metrics` show this adapter's status and
+    /// counters under its name (`false`: another part shows them for it, as the
+    /// webhook's section does for its deliveries).
+    fn reports(&self) -> bool {
+        true
+    }
+
     /// Reads the scheduler's jobs as powerplane sees them (a job gone from the
     /// scheduler comes back once as finished). `Ok(None)`: this adapter learns of its
     /// jobs otherwise (events).
-    fn poll(&mut self, now: Timestamp, store: &mut dyn Commit) -> Result<Option<Vec<Job>>, String>;
+    fn poll(
+        &mut self,
+        now: Timestamp,
+        store: &mut dyn Commit,
+    ) -> Result<Option<Vec<Job>>, SchedulerError>;
 
     /// Brings the scheduler to `desired` (idempotent: what is already so is left).
     fn apply(&mut self, desired: &Desired, now: Timestamp, store: &mut dyn Commit) -> Pass;
 
     /// Requeues one of this adapter's jobs.
-    fn requeue(&mut self, job: &JobId) -> Result<(), String> {
-        Err(format!(
-            "job {job}: the {} adapter cannot requeue",
-            self.id()
-        ))
+    fn requeue(&mut self, job: &JobId) -> Result<(), SchedulerError> {
+        Err(SchedulerError::CannotRequeue {
+            job: job.to_string(),
+            scheduler: self.id().to_string(),
+        })
     }
 
     /// Which of its jobs powerplane holds, and hints, as of the last poll or pass.

@@ -4,7 +4,9 @@ use serde_json::json;
 use telemetry::{Job, Timestamp};
 use tracing::{info, warn};
 
-use super::{Commit, Counter, Desired, JobId, Pass, Scheduler, SchedulerId, View};
+use super::{
+    Commit, Counter, Desired, JobId, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
+};
 use crate::slurm_sync::SlurmSync;
 
 impl Scheduler for SlurmSync {
@@ -12,10 +14,16 @@ impl Scheduler for SlurmSync {
         SchedulerId::Slurm
     }
 
-    fn poll(&mut self, now: Timestamp, store: &mut dyn Commit) -> Result<Option<Vec<Job>>, String> {
-        SlurmSync::poll(self, now, store)
-            .map(Some)
-            .map_err(|e| e.to_string())
+    fn requeues(&self) -> Requeues {
+        Requeues::Reconciler
+    }
+
+    fn poll(
+        &mut self,
+        now: Timestamp,
+        store: &mut dyn Commit,
+    ) -> Result<Option<Vec<Job>>, SchedulerError> {
+        Ok(Some(SlurmSync::poll(self, now, store)?))
     }
 
     fn apply(&mut self, desired: &Desired, now: Timestamp, store: &mut dyn Commit) -> Pass {
@@ -37,7 +45,7 @@ impl Scheduler for SlurmSync {
         }
     }
 
-    fn requeue(&mut self, job: &JobId) -> Result<(), String> {
+    fn requeue(&mut self, job: &JobId) -> Result<(), SchedulerError> {
         match SlurmSync::requeue(self, &job.to_string()) {
             Ok(()) => {
                 info!(job = %job, "requeued in Slurm");
@@ -45,7 +53,7 @@ impl Scheduler for SlurmSync {
             }
             Err(e) => {
                 warn!(job = %job, error = %e, "Slurm requeue failed");
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }

@@ -10,9 +10,11 @@ use serde_json::json;
 use telemetry::{Job, Timestamp};
 use tracing::warn;
 
-use super::{Applied, Commit, Counter, Desired, Pass, Scheduler, SchedulerId, View};
+use super::{
+    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
+};
 use crate::store::Tx;
-use crate::webhook::{Outbox, Outcome};
+use crate::webhook::{DeliveryError, Outbox, Outcome};
 
 /// A handle on the shared outbox.
 #[derive(Clone)]
@@ -36,11 +38,20 @@ impl Scheduler for OutboxDelivery {
         SchedulerId::Webhook
     }
 
+    fn requeues(&self) -> Requeues {
+        Requeues::Outbox
+    }
+
+    /// The webhook's section shows the outbox's status and counters.
+    fn reports(&self) -> bool {
+        false
+    }
+
     fn poll(
         &mut self,
         _now: Timestamp,
         _store: &mut dyn Commit,
-    ) -> Result<Option<Vec<Job>>, String> {
+    ) -> Result<Option<Vec<Job>>, SchedulerError> {
         // webhook jobs arrive as events
         Ok(None)
     }
@@ -64,7 +75,7 @@ impl Scheduler for OutboxDelivery {
             }
             let attempt = d.attempts + 1;
             let result = sender.post(&d, attempt);
-            let unanswered = matches!(&result, Err((e, _)) if !e.starts_with("HTTP "));
+            let unanswered = matches!(&result, Err(DeliveryError::Unanswered(_)));
             let (job, id) = (d.job.clone(), d.id.clone());
             match self.lock().record(d, attempt, result, now, &mut tx) {
                 Outcome::Delivered => applied.push(Applied {

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::http::{Answer, Auth, Http, TokenFile, Transport};
-use super::shapes::{self, JobView, Request, Update};
+use super::shapes::{self, JobView, Request, ShapeError, Update};
 use super::version::{self, ApiPin, ApiVersion};
 use super::SlurmApiError;
 
@@ -283,14 +283,14 @@ impl ApiClient {
         }
     }
 
-    fn decode<T>(&self, path: &str, r: Result<T, String>) -> Result<T, SlurmApiError> {
-        r.map_err(|message| {
+    fn decode<T>(&self, path: &str, r: Result<T, ShapeError>) -> Result<T, SlurmApiError> {
+        r.map_err(|source| {
             self.counters
                 .malformed_total
                 .fetch_add(1, Ordering::Relaxed);
             SlurmApiError::Decode {
                 path: path.into(),
-                message,
+                source,
             }
         })
     }
@@ -356,7 +356,7 @@ impl ApiClient {
                     .collect(),
             });
         }
-        self.decode(path, v.ok_or_else(|| "not JSON".to_string()))
+        self.decode(path, v.ok_or(ShapeError::NotJson))
     }
 
     fn unauthorized(&self, status: u16, detail: String) -> SlurmApiError {

@@ -29,7 +29,7 @@ pub mod version;
 
 pub use client::{ApiClient, SlurmApiConfig};
 pub use http::TokenFile;
-pub use shapes::{JobView, Number, Request, Update};
+pub use shapes::{JobView, Number, Request, ShapeError, Update};
 pub use version::{ApiPin, ApiVersion};
 
 use thiserror::Error;
@@ -85,8 +85,12 @@ pub enum SlurmApiError {
         /// Slurm's error numbers (2017: invalid job id, 2010: not the job's user, ...)
         numbers: Vec<i64>,
     },
-    #[error("slurmrestd {path}: cannot decode the answer: {message}")]
-    Decode { path: String, message: String },
+    #[error("slurmrestd {path}: cannot decode the answer: {source}")]
+    Decode {
+        path: String,
+        #[source]
+        source: ShapeError,
+    },
     #[error("scontrol {args}: {message}")]
     Command { args: String, message: String },
 }

@@ -120,13 +120,13 @@ impl JobView {
     }
 
     /// One entry of `jobs` in any version's answer.
-    pub fn from_json(v: &Value) -> Result<JobView, String> {
+    pub fn from_json(v: &Value) -> Result<JobView, ShapeError> {
         let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
         let n = |k: &str| Number::from_json(v.get(k));
         let job_id = v
             .get("job_id")
             .and_then(Value::as_u64)
-            .ok_or("a job without a numeric job_id")?;
+            .ok_or(ShapeError::NoJobId)?;
         let state: Vec<String> = match v.get("job_state") {
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(a)) => a
@@ -134,7 +134,7 @@ impl JobView {
                 .filter_map(Value::as_str)
                 .map(str::to_string)
                 .collect(),
-            _ => return Err(format!("job {job_id}: no job_state")),
+            _ => return Err(ShapeError::NoJobState(job_id)),
         };
         let nodes = n("node_count").value().unwrap_or(1).max(1) as u32;
         let gpus = gres_gpus(&s("tres_per_job"))
@@ -173,13 +173,26 @@ impl JobView {
     }
 }
 
+/// An answer that is not the shape of any version's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("not JSON")]
+    NotJson,
+    #[error("no jobs array")]
+    NoJobs,
+    #[error("a job without a numeric job_id")]
+    NoJobId,
+    #[error("job {0}: no job_state")]
+    NoJobState(u64),
+}
+
 /// The jobs of a `GET .../jobs` or `.../job/{id}` answer (the same `jobs` array in
 /// every version).
-pub fn parse_jobs(answer: &Value) -> Result<Vec<JobView>, String> {
+pub fn parse_jobs(answer: &Value) -> Result<Vec<JobView>, ShapeError> {
     answer
         .get("jobs")
         .and_then(Value::as_array)
-        .ok_or_else(|| "no jobs array".to_string())?
+        .ok_or(ShapeError::NoJobs)?
         .iter()
         .map(JobView::from_json)
         .collect()

@@ -67,6 +67,11 @@ impl fmt::Display for ApiVersion {
     }
 }
 
+/// An `api_version` powerplane does not speak.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("api_version must be \"auto\" or one of {ours:?}, got {0:?}", ours = ApiVersion::ours())]
+pub struct UnknownVersion(pub String);
+
 /// The config's `api_version`: `"auto"` (the newest both sides speak) or one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ApiPin {
@@ -76,16 +81,13 @@ pub enum ApiPin {
 }
 
 impl ApiPin {
-    pub fn parse(s: &str) -> Result<ApiPin, String> {
+    pub fn parse(s: &str) -> Result<ApiPin, UnknownVersion> {
         if s == "auto" {
             return Ok(ApiPin::Auto);
         }
-        ApiVersion::parse(s).map(ApiPin::Exact).ok_or_else(|| {
-            format!(
-                "api_version must be \"auto\" or one of {:?}, got {s:?}",
-                ApiVersion::ours()
-            )
-        })
+        ApiVersion::parse(s)
+            .map(ApiPin::Exact)
+            .ok_or_else(|| UnknownVersion(s.to_string()))
     }
 }
 
@@ -174,7 +176,7 @@ mod tests {
             ApiPin::parse("v0.0.38"),
             Ok(ApiPin::Exact(ApiVersion::V0038))
         );
-        let e = ApiPin::parse("v0.0.39").expect_err("refused");
+        let e = ApiPin::parse("v0.0.39").expect_err("refused").to_string();
         assert!(e.contains("v0.0.39") && e.contains("v0.0.42"), "{e}");
         let p: ApiPin = serde_json::from_str("\"v0.0.41\"").expect("pin");
         assert_eq!(p, ApiPin::Exact(ApiVersion::V0041));

@@ -9,8 +9,8 @@ use telemetry::Timestamp;
 use tracing::{info, warn};
 
 use super::{
-    http_post, jitter, seq_key, Delivery, Outbox, OutboxConfig, WebhookKey, ATTEMPT_HEADER, DEAD,
-    IDEMPOTENCY_HEADER, OUTBOX, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+    http_post, jitter, seq_key, Delivery, DeliveryError, Outbox, OutboxConfig, WebhookKey,
+    ATTEMPT_HEADER, DEAD, IDEMPOTENCY_HEADER, OUTBOX, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use crate::scheduler::Commit;
 use crate::store::Tx;
@@ -59,12 +59,12 @@ impl Outbox {
         &mut self,
         d: Delivery,
         attempt: u32,
-        result: Result<(), (String, bool)>,
+        result: Result<(), DeliveryError>,
         now: Timestamp,
         tx: &mut Tx,
     ) -> Outcome {
         let seq = d.seq;
-        let (e, refused) = match result {
+        let e = match result {
             Ok(()) => {
                 tx.delete_record(OUTBOX, &seq_key(seq));
                 self.queue.remove(&seq);
@@ -75,11 +75,11 @@ impl Outbox {
             Err(e) => e,
         };
         self.counters.failed_attempts += 1;
-        self.counters.last_error = Some(e.clone());
+        self.counters.last_error = Some(e.to_string());
         let mut d = d;
         d.attempts = attempt;
-        d.last_error = Some(e.clone());
-        if refused || attempt >= self.config.max_attempts {
+        d.last_error = Some(e.to_string());
+        if e.refused() || attempt >= self.config.max_attempts {
             warn!(job = %d.job, id = %d.id, attempt, error = %e, "webhook action dead-lettered");
             tx.delete_record(OUTBOX, &seq_key(seq));
             tx.put_record(DEAD, &seq_key(seq), &d);
@@ -112,7 +112,7 @@ impl Outbox {
             }
             let attempt = d.attempts + 1;
             let result = sender.post(&d, attempt);
-            let unanswered = matches!(&result, Err((e, _)) if !e.starts_with("HTTP "));
+            let unanswered = matches!(&result, Err(DeliveryError::Unanswered(_)));
             let (job, id) = (d.job.clone(), d.id.clone());
             match self.record(d, attempt, result, now, &mut tx) {
                 Outcome::Delivered => delivered.push(id),
@@ -150,8 +150,8 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// One POST; `Err((why, refused))` with `refused` when retrying cannot help.
-    pub fn post(&self, d: &Delivery, attempt: u32) -> Result<(), (String, bool)> {
+    /// One POST.
+    pub fn post(&self, d: &Delivery, attempt: u32) -> Result<(), DeliveryError> {
         let ts = (chrono::Utc::now().timestamp()).to_string();
         let sig = self.key.sign(&ts, d.body.as_bytes());
         let headers = [
@@ -167,15 +167,12 @@ impl Sender {
             d.body.as_bytes(),
             self.config.timeout,
         )
-        .map_err(|e| (e, false))?;
+        .map_err(DeliveryError::Unanswered)?;
         match status {
             200..=299 => Ok(()),
-            408 | 429 => Err((format!("HTTP {status}"), false)),
-            400..=499 => Err((
-                format!("HTTP {status}: the receiver refused the action"),
-                true,
-            )),
-            _ => Err((format!("HTTP {status}"), false)),
+            408 | 429 => Err(DeliveryError::Status { status }),
+            400..=499 => Err(DeliveryError::Refused { status }),
+            _ => Err(DeliveryError::Status { status }),
         }
     }
 }

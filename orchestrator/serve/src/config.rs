@@ -167,72 +167,55 @@ pub struct Loaded {
 }
 
 /// Loads and checks everything the config names; every problem is an error here,
-/// before anything starts, and all of them are reported at once: the config's own
-/// (shape and values) and those of every file it names (site, policy, mapping, feeds,
-/// keys).
+/// before anything starts, and all of them are reported at once, in one pass: the
+/// shape problems first (unknown keys, wrong types: each `file:line:col`), then, on
+/// what reads once they are set aside, its values and the problems of every file it
+/// names (site, policy, mapping, feeds, keys), by position (the key they are about;
+/// a named file's own problems keep their own positions).
 pub fn load(config_path: &Path) -> Result<Loaded> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     let (name, text) = read(config_path, Path::new("."))?;
-    // every problem of the file's shape at once, as file:line:col
-    let mut cfg: Config =
-        telemetry::diag::parse_all(&name, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut problems = Problems::default();
-    // secrets from their files (`*_file`), read once here
-    if let Some(m) = cfg.mqtt.as_mut() {
-        let r = m.client.read_secrets(base);
-        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}")));
-    }
-    for e in cfg.redfish.iter_mut().flat_map(|r| r.endpoints.iter_mut()) {
-        let r = e.auth.read_secrets(base);
-        let endpoint = e.name.clone();
-        problems
-            .take(r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")));
-    }
-    if let Some(a) = cfg.agents.as_mut() {
-        let r = a.mqtt.read_secrets(base);
-        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: [agents.mqtt] {e}")));
-    }
-    if let StoreConfig::Redis(r) = &cfg.store {
-        problems.take(r.url(base).map_err(|e| anyhow::anyhow!("{name}: {e}")));
-    }
-    let site = problems.take(
-        read(&cfg.controller.site, base)
-            .and_then(|(n, t)| Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
-    );
-    // checked against the site, as a reload is
-    let policy =
-        site.as_ref().and_then(|site| {
-            problems.take(read(&cfg.controller.policy, base).and_then(|(n, t)| {
-                runtime::reload::validate(&n, &t, site).map_err(anyhow::Error::msg)
-            }))
+    let shape = telemetry::diag::read_all::<Config>(&text);
+    let mut problems = Problems::new(&name, &text, &shape.text);
+    problems.shape = shape.problems;
+    let Some(mut cfg) = shape.value else {
+        return Err(problems
+            .finish()
+            .err()
+            .unwrap_or_else(|| anyhow::anyhow!("{name}:1:1: the file could not be read")));
+    };
+    read_secrets(&mut cfg, base, &mut problems);
+    let site = problems
+        .at(&["controller", "site"])
+        .take_file(read(&cfg.controller.site, base), |(n, t)| {
+            Site::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))
         });
+    // checked against the site, as a reload is
+    let policy = site.as_ref().and_then(|site| {
+        problems
+            .at(&["controller", "policy"])
+            .take_file(read(&cfg.controller.policy, base), |(n, t)| {
+                runtime::reload::validate(&n, &t, site).map_err(anyhow::Error::msg)
+            })
+    });
     let mapping = cfg.mqtt.as_ref().and_then(|m| {
-        problems.take(
-            read(&m.mapping, base)
-                .and_then(|(n, t)| Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))),
-        )
+        problems
+            .at(&["mqtt", "mapping"])
+            .take_file(read(&m.mapping, base), |(n, t)| {
+                Mapping::parse(&n, &t).map_err(|e| anyhow::anyhow!("{e}"))
+            })
     });
     let prices = match &cfg.prices {
-        Some(p) => problems.take(load_prices(p, &name, base)),
+        Some(p) => problems.at(&["prices"]).take(load_prices(p, &name, base)),
         None => None,
     };
-    if let Some(r) = &cfg.redfish {
-        let checked = runtime::redfish::check(r);
-        problems.take(checked.map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    if let Some(p) = &cfg.prices {
+        let ok = p.refresh_s >= 10.0 && p.stale_after_s > 0.0;
+        problems.at(&["prices", "refresh_s"]).check(ok, || {
+            format!("{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0")
+        });
     }
-    if let (Some(r), Some(site)) = (&cfg.redfish, &site) {
-        let r = control::admit::check_redfish(&r.endpoints, site);
-        problems.take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));
-    }
-    if let Some(site) = &site {
-        let r = attach_bindings(&mut cfg, site, &name);
-        problems.take(r);
-    }
-    if let (Some(np), Some(site)) = (&cfg.node_power, &site) {
-        for p in np.problems(site) {
-            problems.check(false, || format!("{name}: {p}"));
-        }
-    }
+    check_against_site(&mut cfg, site.as_ref(), &name, &mut problems);
     check_values(&cfg, &name, base, &mut problems);
     problems.finish()?;
     match (site, policy) {
@@ -244,6 +227,66 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
             prices: prices.flatten(),
         }),
         _ => anyhow::bail!("{name}: the site or the policy did not load"),
+    }
+}
+
+/// Secrets from their files (`*_file`), read once here.
+fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
+    if let Some(m) = cfg.mqtt.as_mut() {
+        let r = m.client.read_secrets(base);
+        let name = problems.name.clone();
+        problems
+            .at(&["mqtt"])
+            .take(r.map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}")));
+    }
+    for e in cfg.redfish.iter_mut().flat_map(|r| r.endpoints.iter_mut()) {
+        let r = e.auth.read_secrets(base);
+        let (name, endpoint) = (problems.name.clone(), e.name.clone());
+        problems
+            .at(&["redfish", "endpoints"])
+            .take(r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")));
+    }
+    if let Some(a) = cfg.agents.as_mut() {
+        let r = a.mqtt.read_secrets(base);
+        let name = problems.name.clone();
+        problems
+            .at(&["agents", "mqtt"])
+            .take(r.map_err(|e| anyhow::anyhow!("{name}: [agents.mqtt] {e}")));
+    }
+    if let StoreConfig::Redis(r) = &cfg.store {
+        let name = problems.name.clone();
+        problems
+            .at(&["store"])
+            .take(r.url(base).map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
+}
+
+/// What the config says that the site must agree with: the Redfish endpoints and
+/// their bindings, and the nodes `[node_power]` names.
+fn check_against_site(cfg: &mut Config, site: Option<&Site>, name: &str, problems: &mut Problems) {
+    if let Some(r) = &cfg.redfish {
+        let checked = runtime::redfish::check(r);
+        problems
+            .at(&["redfish"])
+            .take(checked.map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
+    let Some(site) = site else {
+        return;
+    };
+    if let Some(r) = &cfg.redfish {
+        let r = control::admit::check_redfish(&r.endpoints, site);
+        problems
+            .at(&["redfish", "endpoints"])
+            .take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
+    let r = attach_bindings(cfg, site, name);
+    problems.at(&["redfish"]).take(r);
+    if let Some(np) = &cfg.node_power {
+        for p in np.problems(site) {
+            problems
+                .at(&["node_power"])
+                .check(false, || format!("{name}: {p}"));
+        }
     }
 }
 
@@ -269,27 +312,118 @@ fn attach_bindings(cfg: &mut Config, site: &Site, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Every problem `load` finds, reported together.
-#[derive(Default)]
-struct Problems(Vec<String>);
+/// Every problem `load` finds, reported together: the shape problems first, then the
+/// others by the position of the key each is about. A problem that names this file
+/// (`powerplane.toml: ...`) is printed at its key's `line:col`; the problems of a file
+/// it names keep their own positions.
+struct Problems<'a> {
+    name: String,
+    src: &'a str,
+    /// The config's keys and their spans (of the text with the shape problems set
+    /// aside, whose positions are the source's).
+    keys: Option<toml::Spanned<toml::de::DeTable<'a>>>,
+    shape: Vec<telemetry::diag::Problem>,
+    found: Vec<(usize, String)>,
+}
 
-impl Problems {
-    fn take<T>(&mut self, r: Result<T>) -> Option<T> {
-        r.map_err(|e| self.0.push(format!("{e:#}"))).ok()
+/// Where the next problems are about: a byte offset of the source.
+struct At<'p, 'a> {
+    problems: &'p mut Problems<'a>,
+    offset: usize,
+}
+
+impl<'a> Problems<'a> {
+    fn new(name: &str, src: &'a str, set_aside: &'a str) -> Self {
+        Problems {
+            name: name.to_string(),
+            src,
+            keys: toml::de::DeTable::parse(set_aside).ok(),
+            shape: Vec::new(),
+            found: Vec::new(),
+        }
     }
 
-    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+    /// The problems about the key at `path` (or, where the file does not write it,
+    /// the nearest table above it that it does; the file's start when none).
+    fn at<'p>(&'p mut self, path: &[&str]) -> At<'p, 'a> {
+        let offset = self
+            .keys
+            .as_ref()
+            .map_or(0, |t| key_offset(t.get_ref(), path).unwrap_or(0));
+        At {
+            problems: self,
+            offset,
+        }
+    }
+
+    fn finish(mut self) -> Result<()> {
+        if self.shape.is_empty() && self.found.is_empty() {
+            return Ok(());
+        }
+        // stable: problems about one key keep the order they were found in
+        self.shape.sort_by_key(|p| (p.line, p.col));
+        self.found.sort_by_key(|(offset, _)| *offset);
+        let name = &self.name;
+        let own = format!("{name}: ");
+        let mut lines: Vec<String> = self
+            .shape
+            .iter()
+            .map(|p| format!("{name}:{}:{}: {}", p.line, p.col, p.message))
+            .collect();
+        for (offset, text) in &self.found {
+            match text.strip_prefix(&own) {
+                Some(message) => {
+                    let (line, col) = telemetry::diag::line_col(self.src, *offset);
+                    lines.push(format!("{name}:{line}:{col}: {message}"));
+                }
+                None => lines.push(text.clone()),
+            }
+        }
+        Err(anyhow::anyhow!("{}", lines.join("\n")))
+    }
+}
+
+impl At<'_, '_> {
+    fn take<T>(self, r: Result<T>) -> Option<T> {
+        let offset = self.offset;
+        r.map_err(|e| self.problems.found.push((offset, format!("{e:#}"))))
+            .ok()
+    }
+
+    /// A file the config names, read (`file`) and then parsed.
+    fn take_file<T>(
+        self,
+        file: Result<(String, String)>,
+        parse: impl FnOnce((String, String)) -> Result<T>,
+    ) -> Option<T> {
+        self.take(file.and_then(parse))
+    }
+
+    fn check(self, ok: bool, msg: impl FnOnce() -> String) {
         if !ok {
-            self.0.push(msg());
+            self.problems.found.push((self.offset, msg()));
         }
     }
+}
 
-    fn finish(self) -> Result<()> {
-        match self.0.is_empty() {
-            true => Ok(()),
-            false => Err(anyhow::anyhow!("{}", self.0.join("\n"))),
-        }
+/// The offset of the key at `path`, or of the deepest table on the way that the file
+/// writes (an array of tables: its first).
+fn key_offset(root: &toml::de::DeTable<'_>, path: &[&str]) -> Option<usize> {
+    let mut table = root;
+    let mut found = None;
+    for key in path {
+        let (k, v) = table.iter().find(|(k, _)| &**k.get_ref() == *key)?;
+        found = Some(k.span().start);
+        table = match v.get_ref() {
+            toml::de::DeValue::Table(t) => t,
+            toml::de::DeValue::Array(a) => match a.first().map(|v| v.get_ref()) {
+                Some(toml::de::DeValue::Table(t)) => t,
+                _ => return found,
+            },
+            _ => return found,
+        };
     }
+    found
 }
 
 /// The price and carbon series of `[prices]` (None: fetched from its URL later).
@@ -303,10 +437,6 @@ fn load_prices(p: &PricesSection, name: &str, base: &Path) -> Result<Option<(Ser
         (None, Some(_)) => (Series::default(), String::new(), String::new()),
         _ => anyhow::bail!("{name}: [prices] needs one of file or url"),
     };
-    anyhow::ensure!(
-        p.refresh_s >= 10.0 && p.stale_after_s > 0.0,
-        "{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0"
-    );
     let carbon = match &p.carbon {
         Some(c) => {
             let (n, t) = read(&c.file, base)?;
@@ -323,7 +453,7 @@ fn load_prices(p: &PricesSection, name: &str, base: &Path) -> Result<Option<(Ser
 /// The config's values that its shape cannot say: ranges, relations, readable keys.
 fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) {
     if let Some(a) = &cfg.agents {
-        problems.check(
+        problems.at(&["agents"]).check(
             a.retry_s > 0.0 && a.retry_s <= a.renew_s && a.renew_s * 2.0 <= a.lease_s,
             || format!(
                 "{name}: [agents] needs 0 < retry_s <= renew_s <= lease_s / 2 (got retry_s = {}, renew_s = {}, lease_s = {}): a lease must survive a missed renewal",
@@ -331,45 +461,93 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
             ),
         );
         // commands go out on ticks: a renewal may wait up to one tick
-        problems.check(a.renew_s * 2.0 + cfg.controller.tick_s <= a.lease_s, || {
+        let lease = problems.at(&["agents", "lease_s"]);
+        lease.check(a.renew_s * 2.0 + cfg.controller.tick_s <= a.lease_s, || {
             format!(
                 "{name}: [agents] lease_s ({}) must be at least 2 × renew_s + controller.tick_s ({}), or leases lapse between ticks",
                 a.lease_s,
                 a.renew_s * 2.0 + cfg.controller.tick_s
             )
         });
-        problems.take(agent::run::read_key(&resolve(base, &a.key_file)));
+        problems
+            .at(&["agents", "key_file"])
+            .take(agent::run::read_key(&resolve(base, &a.key_file)));
     }
     if let Some(h) = &cfg.http {
-        problems.take(api::load_tokens(h, base));
-        problems.take(api::server::check(h, base).map_err(anyhow::Error::from));
+        problems
+            .at(&["http"])
+            .take(api::load_tokens(h, base));
+        problems
+            .at(&["http"])
+            .take(api::server::check(h, base).map_err(anyhow::Error::from));
     }
     if let Some(s) = &cfg.schedulers {
-        problems.take(runtime::schedulers::check(s, name, base));
+        problems
+            .at(&["schedulers"])
+            .take(runtime::schedulers::check(s, name, base));
     }
     if let Some(ha) = &cfg.ha {
         let redis = matches!(cfg.store, StoreConfig::Redis(_));
         let agents = cfg.agents.as_ref().map(|a| a.lease_s);
         for p in runtime::ha::problems(ha, redis, agents, cfg.controller.tick_s) {
-            problems.check(false, || format!("{name}: {p}"));
+            problems.at(&["ha"]).check(false, || format!("{name}: {p}"));
         }
     }
     let reload = cfg.controller.policy_reload_s;
-    problems.check(reload == 0.0 || (0.1..=3600.0).contains(&reload), || {
+    let at = problems.at(&["controller", "policy_reload_s"]);
+    at.check(reload == 0.0 || (0.1..=3600.0).contains(&reload), || {
         format!("{name}: controller.policy_reload_s must be 0 (only on SIGHUP) or within 0.1..=3600, got {reload}")
     });
     let tick = cfg.controller.tick_s;
-    problems.check((0.1..=3600.0).contains(&tick), || {
+    let at = problems.at(&["controller", "tick_s"]);
+    at.check((0.1..=3600.0).contains(&tick), || {
         format!("{name}: controller.tick_s must be within 0.1..=3600, got {tick}")
     });
     let debounce = cfg.controller.event_debounce_ms;
-    problems.check((0.0..=10_000.0).contains(&debounce), || {
+    let at = problems.at(&["controller", "event_debounce_ms"]);
+    at.check((0.0..=10_000.0).contains(&debounce), || {
         format!("{name}: controller.event_debounce_ms must be within 0..=10000, got {debounce}")
     });
     let rate = cfg.controller.event_max_per_s;
-    problems.check((0.0..=100.0).contains(&rate), || {
+    let at = problems.at(&["controller", "event_max_per_s"]);
+    at.check((0.0..=100.0).contains(&rate), || {
         format!(
             "{name}: controller.event_max_per_s must be within 0..=100 (0: only ticks), got {rate}"
         )
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo");
+        for f in ["site.toml", "policy.toml"] {
+            std::fs::copy(demo.join(f), d.join(f)).expect("copy");
+        }
+        // an unknown top-level key, a wrong type in [controller], an impossible value
+        // in [prices]
+        let text = "colour = \"red\"\n[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\nbuffer_samples = \"many\"\n\n[prices]\nurl = \"http://127.0.0.1:9/prices.csv\"\nrefresh_s = 1\n";
+        std::fs::write(d.join("powerplane.toml"), text).expect("config");
+        let err = match load(&d.join("powerplane.toml")) {
+            Ok(_) => panic!("a broken config must not load"),
+            Err(e) => e.to_string(),
+        };
+        let name = d.join("powerplane.toml").display().to_string();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{err}");
+        assert_eq!(lines[0], format!("{name}:1:1: unknown field `colour`, expected one of `controller`, `store`, `mqtt`, `redfish`, `prices`, `agents`, `http`, `schedulers`, `ha`, `node_power`"));
+        assert!(
+            lines[1].starts_with(&format!("{name}:5:18: invalid type: string \"many\"")),
+            "{err}"
+        );
+        assert_eq!(
+            lines[2],
+            format!("{name}:9:1: [prices] refresh_s must be at least 10 and stale_after_s above 0")
+        );
+    }
 }

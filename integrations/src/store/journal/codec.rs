@@ -3,6 +3,25 @@
 
 use super::super::{Batch, Op};
 
+/// A journal entry that does not read back as a batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("truncated op")]
+    TruncatedOp,
+    #[error("truncated field length")]
+    TruncatedLength,
+    #[error("field of {len} bytes with {left} left")]
+    TruncatedField { len: usize, left: usize },
+    #[error("name not utf-8: {0}")]
+    Name(#[source] std::string::FromUtf8Error),
+    #[error("unknown journal entry version {0}")]
+    Version(u8),
+    #[error("fence epoch is not 8 bytes")]
+    Fence,
+    #[error("unknown op tag {0}")]
+    Tag(u8),
+}
+
 const VERSION: u8 = 1;
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
@@ -51,36 +70,39 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn byte(&mut self) -> Result<u8, String> {
-        let (&b, rest) = self.rest.split_first().ok_or("truncated op")?;
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let (&b, rest) = self.rest.split_first().ok_or(DecodeError::TruncatedOp)?;
         self.rest = rest;
         Ok(b)
     }
 
-    fn bytes(&mut self) -> Result<&'a [u8], String> {
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         if self.rest.len() < 4 {
-            return Err("truncated field length".into());
+            return Err(DecodeError::TruncatedLength);
         }
         let (len, rest) = self.rest.split_at(4);
         let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
         if rest.len() < len {
-            return Err(format!("field of {len} bytes with {} left", rest.len()));
+            return Err(DecodeError::TruncatedField {
+                len,
+                left: rest.len(),
+            });
         }
         let (field, rest) = rest.split_at(len);
         self.rest = rest;
         Ok(field)
     }
 
-    fn text(&mut self) -> Result<String, String> {
-        String::from_utf8(self.bytes()?.to_vec()).map_err(|e| format!("name not utf-8: {e}"))
+    fn text(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(DecodeError::Name)
     }
 }
 
-pub fn decode(bytes: &[u8]) -> Result<Batch, String> {
+pub fn decode(bytes: &[u8]) -> Result<Batch, DecodeError> {
     let mut r = Reader { rest: bytes };
     match r.byte()? {
         VERSION => {}
-        v => return Err(format!("unknown journal entry version {v}")),
+        v => return Err(DecodeError::Version(v)),
     }
     let mut ops = Vec::new();
     while !r.rest.is_empty() {
@@ -99,15 +121,12 @@ pub fn decode(bytes: &[u8]) -> Result<Batch, String> {
                 value: r.bytes()?.to_vec(),
             },
             FENCE => {
-                let b: [u8; 8] = r
-                    .bytes()?
-                    .try_into()
-                    .map_err(|_| "fence epoch is not 8 bytes".to_string())?;
+                let b: [u8; 8] = r.bytes()?.try_into().map_err(|_| DecodeError::Fence)?;
                 Op::Fence {
                     epoch: u64::from_le_bytes(b),
                 }
             }
-            t => return Err(format!("unknown op tag {t}")),
+            t => return Err(DecodeError::Tag(t)),
         });
     }
     Ok(Batch { ops })

@@ -158,7 +158,7 @@ impl JournalFile {
                 let batch = codec::decode(&bytes).map_err(|e| StoreError::Backend {
                     backend: NAME,
                     message: format!("{}: batch #{seq} is damaged: {e}", self.path.display()),
-                    source: None,
+                    source: Some(Box::new(e)),
                 })?;
                 Ok(Some((seq, batch)))
             }

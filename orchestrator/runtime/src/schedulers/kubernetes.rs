@@ -10,7 +10,10 @@ use integrations::scheduler::Scheduler;
 use policies::State;
 use tracing::info;
 
-use super::config::KubernetesSection;
+use integrations::store::Store;
+
+use super::config::{KubernetesSection, SchedulersSection};
+use super::Opened;
 
 /// What the admission and extender endpoints need.
 pub struct KubeHooks {
@@ -59,12 +62,15 @@ impl KubeHooks {
     }
 }
 
-/// The Kubernetes adapter of `[schedulers.kubernetes]`, its poll interval, and the
-/// hooks the HTTP side reads.
+/// The Kubernetes adapter of `[schedulers.kubernetes]` and its poll interval.
 pub fn open(
-    k: &KubernetesSection,
+    section: &SchedulersSection,
     base: &std::path::Path,
-) -> Result<(Box<dyn Scheduler>, f64, std::sync::Arc<KubeHooks>)> {
+    _store: &mut Store,
+) -> Result<Option<Opened>> {
+    let Some(k) = &section.kubernetes else {
+        return Ok(None);
+    };
     let token = match &k.token_file {
         Some(t) => Some(
             std::fs::read_to_string(crate::paths::resolve(base, t))?
@@ -79,13 +85,17 @@ pub fn open(
         timeout: Duration::from_secs_f64(k.timeout_s),
     };
     info!(api = %k.api, gate = %k.pods.gate, "steering Kubernetes pods through scheduling gates");
-    let hooks = std::sync::Arc::new(KubeHooks {
+    let adapter: Box<dyn Scheduler> = Box::new(KubeSync::new(api, k.pods.clone()));
+    Ok(Some(Opened {
+        adapter,
+        poll_s: Some(k.poll_s),
+    }))
+}
+
+/// What the admission and extender endpoints of `[schedulers.kubernetes]` read.
+pub fn hooks(k: &KubernetesSection) -> std::sync::Arc<KubeHooks> {
+    std::sync::Arc::new(KubeHooks {
         pods: k.pods.clone(),
         node_names: k.node_names.clone(),
-    });
-    Ok((
-        Box::new(KubeSync::new(api, k.pods.clone())),
-        k.poll_s,
-        hooks,
-    ))
+    })
 }

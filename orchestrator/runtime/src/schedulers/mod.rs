@@ -14,9 +14,10 @@
 //! are powerplane's is kept in the store (see [`integrations::slurm_sync`]), so a
 //! restart neither loses nor duplicates a hold.
 //!
-//! Adding a scheduler adapter: a type implementing [`integrations::scheduler::Scheduler`],
-//! a config section in [`config`], a glue file here that opens it, and one
-//! registration line in [`Schedulers::open`].
+//! Adding a scheduler adapter: a type implementing [`integrations::scheduler::Scheduler`]
+//! (which declares how its jobs' requeues go and whether it reports under its name),
+//! its [`SchedulerId`], a config section in [`config`], a glue file here whose `open`
+//! builds it from the section, and one registration line in [`ADAPTERS`].
 
 pub mod config;
 mod kubernetes;
@@ -30,7 +31,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use integrations::scheduler::{Counter, Desired, Hints, JobId, Requeue, Scheduler, SchedulerId};
+use integrations::scheduler::{
+    Counter, Desired, Hints, JobId, Requeue, Requeues, Scheduler, SchedulerId,
+};
 use integrations::store::{Store, Tx};
 use policies::State;
 use serde_json::json;
@@ -52,6 +55,20 @@ const RECENT: usize = 1000;
 
 /// The store log of what the reconcilers applied.
 pub const ACKS: &str = "scheduler_acks";
+
+/// An adapter opened from its section, and its poll interval (None: it does not poll).
+pub struct Opened {
+    pub adapter: Box<dyn Scheduler>,
+    pub poll_s: Option<f64>,
+}
+
+/// Opens one adapter from `[schedulers]` (None: its section is absent); `base` is the
+/// config file's folder.
+pub type Open = fn(&SchedulersSection, &std::path::Path, &mut Store) -> Result<Option<Opened>>;
+
+/// The polled adapters, one registration line each, in the order their reconcilers
+/// start (the webhook, with its inbound events, starts after them).
+pub const ADAPTERS: &[Open] = &[slurm::open, kubernetes::open];
 
 /// The schedulers of one `serve`.
 pub struct Schedulers {
@@ -92,26 +109,23 @@ impl Schedulers {
         };
         let none = SchedulersSection::default();
         let s = section.unwrap_or(&none);
-        // (adapter, poll_s): one line per adapter
-        let mut adapters: Vec<(Box<dyn Scheduler>, Option<f64>)> = Vec::new();
-        let (mut hook, mut kube_hooks) = (None, None);
-        if let Some(c) = &s.slurm {
-            let (a, poll_s) = slurm::open(c, base, store)?;
-            adapters.push((a, Some(poll_s)));
+        let mut adapters: Vec<Opened> = Vec::new();
+        for open in ADAPTERS {
+            adapters.extend(open(s, base, store)?);
         }
-        if let Some(c) = &s.kubernetes {
-            let (a, poll_s, hooks) = kubernetes::open(c, base)?;
-            adapters.push((a, Some(poll_s)));
-            kube_hooks = Some(hooks);
-        }
+        let kube_hooks = s.kubernetes.as_ref().map(kubernetes::hooks);
+        let mut hook = None;
         if let Some(c) = &s.webhook {
             let (w, delivery) = Webhook::open(c, base, store)?;
-            adapters.extend(delivery.map(|a| (a, None)));
+            adapters.extend(delivery.map(|adapter| Opened {
+                adapter,
+                poll_s: None,
+            }));
             hook = Some(w);
         }
         let (link, writes) = store_link::link();
         let mut reconcilers = Vec::new();
-        for (adapter, poll_s) in adapters {
+        for Opened { adapter, poll_s } in adapters {
             let every = poll_s.map(|p| Duration::from_secs_f64(if p > 0.0 { p } else { tick_s }));
             reconcilers.push(Reconciler::start(
                 adapter,
@@ -248,42 +262,44 @@ impl Schedulers {
         }
     }
 
-    /// The tick's requeue decisions: Slurm's to its reconciler (kept until it acks),
-    /// webhook jobs' returned for the outbox; a pod cannot be requeued.
+    /// The tick's requeue decisions, each the way its adapter declared
+    /// ([`Requeues`]): to its reconciler (kept until it acks), returned for the
+    /// outbox (a job id without a scheduler prefix too), or dropped with the
+    /// adapter's warning; a job whose adapter does not run is dropped.
     fn route_requeues(&mut self, decisions: &[policies::Decision]) -> Vec<(String, String)> {
-        let mut webhook = Vec::new();
+        let mut outbox = Vec::new();
         for d in decisions {
             let (policies::Action::Requeue, policies::Target::Job { job }, false) =
                 (&d.action, &d.target, d.observe_only)
             else {
                 continue;
             };
-            match JobId::parse(job) {
-                Some(id) if id.scheduler() == SchedulerId::Kubernetes => {
-                    warn!(job = %job, "a Kubernetes pod cannot be requeued by powerplane; ignored")
+            let Some(id) = JobId::parse(job) else {
+                outbox.push((job.clone(), d.reason.clone()));
+                continue;
+            };
+            match self.reconciler(id.scheduler()).map(|r| r.requeues) {
+                // a job's requeue waiting for its ack is the same command
+                Some(Requeues::Reconciler) if !self.requeues.contains_key(job) => {
+                    let seq = self.next_requeue;
+                    self.next_requeue += 1;
+                    let reason = d.reason.clone();
+                    self.requeues.insert(
+                        job.clone(),
+                        Requeue {
+                            seq,
+                            job: id,
+                            reason,
+                        },
+                    );
                 }
-                Some(id) if id.scheduler() == SchedulerId::Slurm => {
-                    // a job's requeue waiting for its ack is the same command
-                    if self.reconciler(SchedulerId::Slurm).is_some()
-                        && !self.requeues.contains_key(job)
-                    {
-                        let seq = self.next_requeue;
-                        self.next_requeue += 1;
-                        let reason = d.reason.clone();
-                        self.requeues.insert(
-                            job.clone(),
-                            Requeue {
-                                seq,
-                                job: id,
-                                reason,
-                            },
-                        );
-                    }
-                }
-                _ => webhook.push((job.clone(), d.reason.clone())),
+                Some(Requeues::Reconciler) => {}
+                Some(Requeues::Outbox) => outbox.push((job.clone(), d.reason.clone())),
+                Some(Requeues::Never(why)) => warn!(job = %job, "{why}"),
+                None => {}
             }
         }
-        webhook
+        outbox
     }
 
     fn reconciler(&self, id: SchedulerId) -> Option<&Reconciler> {
@@ -377,7 +393,7 @@ impl Schedulers {
         let mut reconcilers = serde_json::Map::new();
         for r in &self.reconcilers {
             let c = r.reported();
-            if r.id != SchedulerId::Webhook {
+            if r.reports {
                 by.insert(r.id, c.status.clone());
             }
             reconcilers.insert(
@@ -397,16 +413,27 @@ impl Schedulers {
             .iter()
             .filter(|(_, l)| **l != Lifecycle::Finished)
             .collect();
-        json!({
-            "slurm": by.get(&SchedulerId::Slurm),
-            "kubernetes": by.get(&SchedulerId::Kubernetes),
-            "webhook": self.webhook.as_ref().map(Webhook::status),
+        // every adapter's status under its name (null: not configured); the
+        // webhook's own section shows its deliveries
+        let mut out = serde_json::Map::new();
+        for id in SchedulerId::ALL {
+            out.insert(id.to_string(), json!(by.get(&id)));
+        }
+        out.insert(
+            SchedulerId::Webhook.to_string(),
+            json!(self.webhook.as_ref().map(Webhook::status)),
+        );
+        let rest = json!({
             "lifecycle": lifecycle,
             "transitions": self.recent,
             "reconcilers": reconcilers,
             "applied": self.acks,
             "requeues_waiting": self.requeues.keys().collect::<Vec<_>>(),
-        })
+        });
+        if let serde_json::Value::Object(rest) = rest {
+            out.extend(rest);
+        }
+        serde_json::Value::Object(out)
     }
 
     /// Counters for `/metrics`: (name, help, value).
@@ -415,7 +442,7 @@ impl Schedulers {
         let (mut passes, mut in_call) = (0u64, 0f64);
         for r in &self.reconcilers {
             let c = r.reported();
-            if r.id != SchedulerId::Webhook {
+            if r.reports {
                 out.extend(c.counters.iter().copied());
             }
             passes += c.passes;

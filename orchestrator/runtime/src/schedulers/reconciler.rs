@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use integrations::scheduler::{Applied, Counter, Desired, Scheduler, SchedulerId, View};
+use integrations::scheduler::{Applied, Counter, Desired, Requeues, Scheduler, SchedulerId, View};
 use telemetry::{Job, Timestamp};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -65,6 +65,10 @@ pub struct Reported {
 /// The loop's handle on one reconciler.
 pub struct Reconciler {
     pub id: SchedulerId,
+    /// What the adapter declared: how its jobs' requeues go, and whether it reports
+    /// its status and counters under its own name.
+    pub requeues: Requeues,
+    pub reports: bool,
     desired: watch::Sender<Option<Arc<Desired>>>,
     shared: Arc<Mutex<Reported>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -82,7 +86,7 @@ pub struct Settings {
 impl Reconciler {
     /// Starts the reconciler of `adapter` on a thread of its own.
     pub fn start(adapter: Box<dyn Scheduler>, settings: Settings) -> std::io::Result<Self> {
-        let id = adapter.id();
+        let (id, requeues, reports) = (adapter.id(), adapter.requeues(), adapter.reports());
         let (desired, rx) = watch::channel(None);
         let shared = Arc::new(Mutex::new(Reported {
             status: adapter.status(),
@@ -96,6 +100,8 @@ impl Reconciler {
             .spawn(move || Worker::new(adapter, settings, rx, cache).run())?;
         Ok(Reconciler {
             id,
+            requeues,
+            reports,
             desired,
             shared,
             thread: Some(thread),

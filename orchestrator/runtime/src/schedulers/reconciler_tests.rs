@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use integrations::scheduler::{
-    Commit, Counter, Desired, JobId, Pass, Requeue, Scheduler, SchedulerId, View,
+    Commit, Counter, Desired, JobId, Pass, Requeue, Requeues, Scheduler, SchedulerError,
+    SchedulerId, View,
 };
 use policies::Hold;
 use telemetry::{Job, Timestamp};
@@ -35,7 +36,15 @@ impl Scheduler for Fake {
         SchedulerId::Slurm
     }
 
-    fn poll(&mut self, _: Timestamp, _: &mut dyn Commit) -> Result<Option<Vec<Job>>, String> {
+    fn requeues(&self) -> Requeues {
+        Requeues::Reconciler
+    }
+
+    fn poll(
+        &mut self,
+        _: Timestamp,
+        _: &mut dyn Commit,
+    ) -> Result<Option<Vec<Job>>, SchedulerError> {
         Ok(Some(Vec::new()))
     }
 
@@ -60,7 +69,7 @@ impl Scheduler for Fake {
         }
     }
 
-    fn requeue(&mut self, job: &JobId) -> Result<(), String> {
+    fn requeue(&mut self, job: &JobId) -> Result<(), SchedulerError> {
         self.seen
             .lock()
             .expect("lock")

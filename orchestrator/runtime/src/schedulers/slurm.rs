@@ -9,19 +9,27 @@ use integrations::slurm_sync::SlurmSync;
 use integrations::store::Store;
 use tracing::info;
 
-use super::config::SlurmSection;
+use super::config::SchedulersSection;
+use super::Opened;
 
 /// The Slurm adapter of `[schedulers.slurm]` and its poll interval (`base`: the
 /// config file's folder, for relative paths).
 pub fn open(
-    s: &SlurmSection,
+    section: &SchedulersSection,
     base: &std::path::Path,
     store: &mut Store,
-) -> Result<(Box<dyn Scheduler>, f64)> {
+) -> Result<Option<Opened>> {
+    let Some(s) = &section.slurm else {
+        return Ok(None);
+    };
     let api = s.api_config(base);
     api.validate()?;
     let mut sync = SlurmSync::restore(api, s.mapping.clone(), store)?;
     sync.hold_with = s.hold_with;
     info!(endpoint = %s.endpoint, api_version = ?s.api_version, poll_s = s.poll_s, holds = sync.ours().len(), "steering Slurm through slurmrestd");
-    Ok((Box::new(sync), s.poll_s))
+    let adapter: Box<dyn Scheduler> = Box::new(sync);
+    Ok(Some(Opened {
+        adapter,
+        poll_s: Some(s.poll_s),
+    }))
 }

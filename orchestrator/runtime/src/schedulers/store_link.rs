@@ -23,7 +23,7 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 
 struct Write {
     tx: Tx,
-    done: SyncSender<Result<(), String>>,
+    done: SyncSender<Result<(), StoreError>>,
 }
 
 /// The reconciler's end: a [`Commit`] that hands the write to the loop.
@@ -93,7 +93,11 @@ impl Commit for StoreLink {
         }
         match answer.recv_timeout(end.saturating_duration_since(Instant::now())) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(not_committed(message)),
+            Ok(Err(e)) => Err(StoreError::Backend {
+                backend: "control loop",
+                message: e.to_string(),
+                source: Some(Box::new(e)),
+            }),
             Err(_) => Err(not_committed(format!(
                 "the control loop did not commit the write within {:?}",
                 self.deadline
@@ -119,9 +123,8 @@ impl StoreWrites {
         let rest = std::iter::from_fn(|| self.from_reconcilers.try_recv().ok());
         let waiting: Vec<Write> = first.into_iter().chain(rest).collect();
         for w in waiting {
-            let result = store.commit(w.tx).map_err(|e| {
+            let result = store.commit(w.tx).inspect_err(|e| {
                 warn!(error = %e, "cannot store a scheduler reconciler's write");
-                e.to_string()
             });
             match &result {
                 Ok(()) => self.committed += 1,
