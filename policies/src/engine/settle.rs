@@ -9,11 +9,11 @@ use telemetry::site::GpuRef;
 use telemetry::{EntityId, Timestamp};
 
 use super::merge::{Merged, Want};
-use super::{Context, Wants};
 use crate::budget;
 use crate::plan::{Cap, ClockLock, State};
 use crate::rules::Rule;
 use crate::rules_eval;
+use crate::stage::{Context, Wants};
 use crate::Policy;
 
 /// The caps in force after the tick, by GPU index, and the observed ones where any

@@ -10,9 +10,8 @@ use telemetry::site::GpuRef;
 use telemetry::EntityKind;
 
 use super::{BudgetCap, Prepared, ScopeView};
-use crate::controllers::Controller;
-use crate::engine::{CapWants, Context, Explain, Wants, Why};
 use crate::price::Pacing;
+use crate::stage::{CapWants, Context, Controller, Explain, Wants, Why};
 
 /// The `[budget]` controller.
 pub(crate) struct Budget;
