@@ -70,20 +70,8 @@ pub(super) fn evaluate_plan(
     // carbon at a price, when the policy gives one, is part of what a slot costs
     let priced = carbon_priced(forecast, rule);
     let price_series = priced.as_ref().unwrap_or(&forecast.price);
-    let horizon = Horizon {
-        slot_s: rule.plan_slot_s,
-        horizon_s: rule.plan_horizon_s,
-    };
-    let plan_jobs = &sorted.plan_jobs;
-    let schedule = planner::plan(
-        plan_jobs,
-        &sorted.committed,
-        capacity,
-        price_series,
-        horizon,
-        now,
-    );
-    values.insert("planned_jobs".to_string(), plan_jobs.len() as f64);
+    let schedule = sorted.plan(capacity, price_series, rule, now);
+    values.insert("planned_jobs".to_string(), sorted.plan_jobs.len() as f64);
     let (ready, later) = hold_planned(
         sorted.candidates,
         &schedule,
@@ -118,6 +106,28 @@ struct PlanInputs<'j> {
 }
 
 impl<'j> PlanInputs<'j> {
+    /// The planner's schedule of the jobs it places, over the rule's horizon.
+    fn plan(
+        &self,
+        capacity: Capacity,
+        price: &StepSeries,
+        rule: &PriceRule,
+        now: Timestamp,
+    ) -> Schedule {
+        let horizon = Horizon {
+            slot_s: rule.plan_slot_s,
+            horizon_s: rule.plan_horizon_s,
+        };
+        planner::plan(
+            &self.plan_jobs,
+            &self.committed,
+            capacity,
+            price,
+            horizon,
+            now,
+        )
+    }
+
     /// Sorts the jobs; a held job that is no longer the rule's to hold is released
     /// (in `out`).
     fn sort(
