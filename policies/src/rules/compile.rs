@@ -2,13 +2,12 @@
 //! the order written, every problem reported with its position.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 
 use serde::Deserialize;
 use telemetry::diag::Collector;
 use toml::Spanned;
 
-use super::signals::{check_signals, overlap};
+use super::signals::{check_signals, overlap, string_start};
 use super::{parse_duration, Glob, OnStale, Rule, RuleAction, ScopeKind, Selector};
 use crate::expr::{self, Condition};
 
@@ -82,17 +81,6 @@ pub(crate) struct RawRule {
     on_stale: Option<OnStale>,
     #[serde(default)]
     observe: bool,
-}
-
-/// The byte offset of the text of a TOML string value whose span is `span`: past the
-/// opening quote(s). Multi-line strings open with three.
-pub(super) fn string_start(src: &str, span: &Range<usize>) -> usize {
-    let s = &src[span.start.min(src.len())..span.end.min(src.len())];
-    if s.starts_with("\"\"\"") || s.starts_with("'''") {
-        span.start + 3
-    } else {
-        span.start + 1
-    }
 }
 
 fn compile_condition(

@@ -1,13 +1,25 @@
 //! The signals of a rule's conditions checked against its scope and the metrics'
 //! physical ranges, and a `release` that would flap with its `when`.
 
+use std::ops::Range;
 use telemetry::diag::Collector;
+
 use toml::Spanned;
 
-use super::compile::string_start;
 use super::ScopeKind;
 use crate::expr::{self, Condition, Signal};
 use crate::rules::headroom_limit_known;
+
+/// The byte offset of the text of a TOML string value whose span is `span`: past the
+/// opening quote(s). Multi-line strings open with three.
+pub(super) fn string_start(src: &str, span: &Range<usize>) -> usize {
+    let s = &src[span.start.min(src.len())..span.end.min(src.len())];
+    if s.starts_with("\"\"\"") || s.starts_with("'''") {
+        span.start + 3
+    } else {
+        span.start + 1
+    }
+}
 
 /// The signals of a rule's condition: known metrics, and signals its scope has; and
 /// thresholds a metric can reach.

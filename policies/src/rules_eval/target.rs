@@ -398,7 +398,7 @@ impl Seen<'_, '_, '_> {
         let running = j.state == JobState::Running;
         let acted = match rule.action {
             RuleAction::Hold => {
-                let by = crate::price::hold_limit(j, hold_margin_s, max_defer_s);
+                let by = crate::plan::hold_limit(j, hold_margin_s, max_defer_s);
                 if waiting && now < by {
                     let until = (now + rule.lease_s).min(by);
                     wants.holds.push((j.id.clone(), until));

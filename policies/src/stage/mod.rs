@@ -11,7 +11,8 @@ use std::collections::BTreeSet;
 
 pub(crate) use context::Context;
 pub use context::Inputs;
-pub(crate) use wants::{CapWants, Explain, Explained, Wants, Why};
+pub use wants::{BudgetCap, Pacing, ScopeView, Verdict};
+pub(crate) use wants::{BudgetTick, CapWants, Explain, Explained, Wants, Why};
 
 /// A controller of the engine: what it wants, from the evaluation's inputs and what
 /// the controllers before it wanted. Pure: it reads [`Context`] and writes only its own

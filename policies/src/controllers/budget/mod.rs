@@ -13,12 +13,12 @@ mod cut_order;
 mod placement;
 mod scopes;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use telemetry::metric::names::POWER_W;
 use telemetry::site::GpuRef;
-use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
+use telemetry::{Job, Site, Snapshot, Timestamp};
 
 use crate::policy::{BudgetRule, OnStale};
 use crate::State;
@@ -82,48 +82,7 @@ pub fn waterfill(claims: &[Claim], budget_w: f64) -> (Vec<f64>, bool) {
     (alloc, excess <= 1e-9)
 }
 
-/// The budget rule's wanted cap for one GPU.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BudgetCap {
-    pub watts: f64,
-    /// `budget.rack` or `budget.facility`.
-    pub rule: &'static str,
-}
-
-/// What the budget rule saw for one scope (the facility or a rack).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScopeView {
-    pub scope: EntityId,
-    pub budget_kw: f64,
-    pub measured_kw: Option<f64>,
-    pub demand_kw: f64,
-    pub feasible: bool,
-    pub stale_inputs: usize,
-    /// Of the demand, what the GPUs of the jobs about to start add (feed-forward).
-    pub starting_kw: f64,
-    /// Indexes of the racks the scope covers.
-    pub racks: Vec<usize>,
-}
-
-impl ScopeView {
-    pub fn values(&self) -> BTreeMap<String, f64> {
-        let mut v = BTreeMap::new();
-        v.insert("budget_kw".into(), round3(self.budget_kw));
-        v.insert("demand_kw".into(), round3(self.demand_kw));
-        if let Some(m) = self.measured_kw {
-            v.insert("measured_kw".into(), round3(m));
-        }
-        if self.stale_inputs > 0 {
-            v.insert("stale_inputs".into(), self.stale_inputs as f64);
-        }
-        if self.starting_kw > 0.0 {
-            v.insert("starting_kw".into(), round3(self.starting_kw));
-        }
-        v
-    }
-}
-
-pub(crate) use crate::plan::round3;
+pub use crate::stage::{BudgetCap, ScopeView};
 use cut::{PerGpu, Readings, Starts, Wanted};
 use cut_order::job_priority_by_gpu;
 use placement::place_starting;

@@ -14,44 +14,16 @@ use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
 use self::plan_mode::evaluate_plan;
+pub use crate::plan::hold_limit;
 use crate::plan::round3;
 use crate::plan::Hold;
 use crate::policy::{OnStale, PriceMode, PriceRule};
+pub use crate::stage::{Pacing, Verdict};
 use crate::{Forecast, State};
-
-/// A hold to place or renew, or a release, for one job.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    Hold(Hold),
-    Release { reason: String },
-}
 
 /// The last moment a job may still be held under the price rule.
 pub fn release_by(job: &Job, rule: &PriceRule) -> Timestamp {
     hold_limit(job, rule.margin_s, rule.max_defer_s)
-}
-
-/// The last moment a job may be held by any rule: its latest start minus `margin_s`,
-/// or, without a deadline, `max_defer_s` after submission.
-pub fn hold_limit(job: &Job, margin_s: f64, max_defer_s: f64) -> Timestamp {
-    match job.latest_start() {
-        Some(ls) => ls + -margin_s,
-        None => job.submit_time + max_defer_s,
-    }
-}
-
-/// Power headroom for releasing held jobs: when the price falls, held jobs are released
-/// most urgent first, only as many per tick as the facility budget has room for, so
-/// that a backlog does not start at once and overshoot the budget. A job that never
-/// fits is still released at its latest start.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Pacing {
-    /// Room left under the facility budget, in W (may be negative).
-    pub headroom_w: f64,
-    /// What one GPU of a released job is expected to draw, in W.
-    pub watts_per_gpu: f64,
-    /// What the facility draws now, in W (against the rule's `peak_target_kw`).
-    pub demand_w: f64,
 }
 
 /// The peak target released and planned work is paced under, and why it applies.
