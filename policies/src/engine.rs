@@ -8,46 +8,29 @@
 //! requeues. Controllers in observe mode run the same way into a separate,
 //! never-actuated state.
 
-mod context;
 mod explain;
 mod jobs;
 mod merge;
 mod settle;
-mod wants;
 
-use telemetry::{Job, Site, Snapshot, Timestamp};
+use telemetry::Timestamp;
 
-pub(crate) use context::Context;
-pub(crate) use wants::{CapWants, Explain, Wants, Why};
+pub use crate::stage::Inputs;
 
 use crate::controllers::CONTROLLERS;
-use crate::index::JobTable;
-use crate::plan::{Plan, State};
-use crate::Policy;
+use crate::plan::Plan;
+use crate::stage::{Context, Wants};
 
 #[cfg(test)]
-use crate::plan::{Action, Cap, Decision, Hold};
+use crate::plan::{Action, Cap, Decision, Hold, State};
 #[cfg(test)]
 use crate::price;
 #[cfg(test)]
+use crate::Policy;
+#[cfg(test)]
 use telemetry::EntityId;
-
-/// Everything the engine looks at.
-#[derive(Debug, Clone, Copy)]
-pub struct Inputs<'a> {
-    pub site: &'a Site,
-    pub snapshot: &'a Snapshot,
-    pub jobs: &'a [Job],
-    /// What is in force now (the previous plan's state, as applied).
-    pub prior: &'a State,
-    pub policy: &'a Policy,
-    /// Price and carbon forecasts (empty when there is no feed).
-    pub forecast: &'a crate::Forecast,
-    /// The jobs resolved at the edge (their allocated GPUs as GPU indexes, their ids to
-    /// positions), where the caller keeps them with its jobs (the job registry does);
-    /// `None`: the evaluation resolves them itself.
-    pub job_table: Option<&'a JobTable>,
-}
+#[cfg(test)]
+use telemetry::{Job, Site, Snapshot};
 
 /// Evaluates the policy. Pure: the same inputs and `now` give the same plan.
 pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {

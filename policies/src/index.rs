@@ -438,63 +438,15 @@ impl<'a> Index<'a> {
         scope: ScopeKind,
         sel: &Selector,
     ) -> Vec<(Cow<'_, EntityId>, Cow<'_, [usize]>)> {
-        let names = |n: &str| sel.names.is_empty() || sel.names.iter().any(|g| g.matches(n));
-        let racks_ok = self.racks_selected(sel);
-        let gpus_where = |f: &dyn Fn(&GpuRef<'_>) -> bool| -> Cow<'_, [usize]> {
-            Cow::Owned(
-                self.gpus
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, g)| racks_ok[g.rack_index] && f(g))
-                    .map(|(i, _)| i)
-                    .collect(),
-            )
+        let q = Query {
+            index: self,
+            sel,
+            racks_ok: self.racks_selected(sel),
         };
-        let s = self.site;
         let mut out = Vec::new();
         match scope {
-            ScopeKind::Site => {
-                if names(&s.name) {
-                    // every GPU (the common case) without a list made of them
-                    let g = if racks_ok.iter().all(|&ok| ok) {
-                        Cow::Borrowed(self.positions())
-                    } else {
-                        gpus_where(&|_| true)
-                    };
-                    out.push((Cow::Owned(s.site_entity()), g));
-                }
-            }
-            ScopeKind::Room => {
-                for room in s.rooms.iter().filter(|r| names(r)) {
-                    let g = gpus_where(&|g| self.room_of(g.rack_index) == room);
-                    out.push((Cow::Owned(EntityId::new(EntityKind::Room, room)), g));
-                }
-            }
-            ScopeKind::Row => {
-                for row in s.rows.iter().filter(|r| names(&r.id)) {
-                    let g = gpus_where(&|g| g.rack.row == row.id);
-                    out.push((Cow::Owned(EntityId::new(EntityKind::Row, &row.id)), g));
-                }
-            }
-            ScopeKind::Rack => {
-                let per = self.grouped(s.racks.len(), |g| g.rack_index);
-                for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
-                    if racks_ok[i] && names(&r.id) {
-                        out.push((Cow::Owned(EntityId::rack(&r.id)), g));
-                    }
-                }
-            }
-            ScopeKind::Node => {
-                let per = self.grouped(s.nodes.len(), |g| g.node_index);
-                for (node, g) in s.nodes.iter().zip(per) {
-                    let Some(rack) = self.rack_index(&node.rack) else {
-                        continue;
-                    };
-                    if racks_ok[rack] && names(&node.id) {
-                        out.push((Cow::Owned(EntityId::node(&node.id)), g));
-                    }
-                }
-            }
+            ScopeKind::Site => q.site(&mut out),
+            ScopeKind::Rack | ScopeKind::Node => q.grouped(scope, &mut out),
             ScopeKind::Gpu => {
                 out.reserve(self.gpus.len());
                 let positions = self.positions();
@@ -505,31 +457,12 @@ impl<'a> Index<'a> {
                     ));
                 }
             }
-            ScopeKind::Cooling => {
-                for c in s.cooling.iter().filter(|c| names(&c.id)) {
-                    let g = gpus_where(&|g| c.racks.contains(&g.rack.id));
-                    out.push((Cow::Owned(EntityId::new(EntityKind::Cooling, &c.id)), g));
-                }
-            }
-            ScopeKind::Pdu => {
-                for p in s.pdus.iter().filter(|p| names(&p.id)) {
-                    let g = gpus_where(&|g| g.rack.pdus.contains(&p.id));
-                    out.push((Cow::Owned(EntityId::new(EntityKind::Pdu, &p.id)), g));
-                }
-            }
-            ScopeKind::Feed => {
-                for f in s.feeds.iter().filter(|f| names(&f.id)) {
-                    let pdus: Vec<&str> = s
-                        .pdus
-                        .iter()
-                        .filter(|p| p.feed == f.id)
-                        .map(|p| p.id.as_str())
-                        .collect();
-                    let g = gpus_where(&|g| g.rack.pdus.iter().any(|p| pdus.contains(&p.as_str())));
-                    out.push((Cow::Owned(EntityId::new(EntityKind::Feed, &f.id)), g));
-                }
-            }
             ScopeKind::Job => {}
+            ScopeKind::Room
+            | ScopeKind::Row
+            | ScopeKind::Cooling
+            | ScopeKind::Pdu
+            | ScopeKind::Feed => q.equipment(scope, &mut out),
         }
         out
     }
@@ -558,6 +491,123 @@ impl<'a> Index<'a> {
                 .find(|c| c.id == entity.name)
                 .map(|c| c.capacity_kw),
             _ => None,
+        }
+    }
+}
+
+/// The targets of a scope, as [`Index::targets`] lists them.
+type Targets<'q> = Vec<(Cow<'q, EntityId>, Cow<'q, [usize]>)>;
+
+/// What [`Index::targets`] selects by: the selector, and the racks it keeps.
+struct Query<'q, 's, 'a> {
+    index: &'q Index<'a>,
+    sel: &'s Selector,
+    racks_ok: Vec<bool>,
+}
+
+impl<'q> Query<'q, '_, '_> {
+    /// Whether the selector's names pick `n` (no names pick everything).
+    fn names(&self, n: &str) -> bool {
+        let sel = self.sel;
+        sel.names.is_empty() || sel.names.iter().any(|g| g.matches(n))
+    }
+
+    /// The GPUs of the racks kept for which `f` holds, in order.
+    fn gpus_where(&self, f: &dyn Fn(&GpuRef<'_>) -> bool) -> Cow<'q, [usize]> {
+        let racks_ok = &self.racks_ok;
+        Cow::Owned(
+            self.index
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| racks_ok[g.rack_index] && f(g))
+                .map(|(i, _)| i)
+                .collect(),
+        )
+    }
+
+    /// The site, with its GPUs in the racks kept.
+    fn site(&self, out: &mut Targets<'q>) {
+        let s = self.index.site;
+        if self.names(&s.name) {
+            // every GPU (the common case) without a list made of them
+            let g = if self.racks_ok.iter().all(|&ok| ok) {
+                Cow::Borrowed(self.index.positions())
+            } else {
+                self.gpus_where(&|_| true)
+            };
+            out.push((Cow::Owned(s.site_entity()), g));
+        }
+    }
+
+    /// Racks or nodes, each with its GPUs (slices of the positions where they lie
+    /// together).
+    fn grouped(&self, scope: ScopeKind, out: &mut Targets<'q>) {
+        let (index, s) = (self.index, self.index.site);
+        let racks_ok = &self.racks_ok;
+        if scope == ScopeKind::Rack {
+            let per = index.grouped(s.racks.len(), |g| g.rack_index);
+            for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
+                if racks_ok[i] && self.names(&r.id) {
+                    out.push((Cow::Owned(EntityId::rack(&r.id)), g));
+                }
+            }
+            return;
+        }
+        let per = index.grouped(s.nodes.len(), |g| g.node_index);
+        for (node, g) in s.nodes.iter().zip(per) {
+            let Some(rack) = index.rack_index(&node.rack) else {
+                continue;
+            };
+            if racks_ok[rack] && self.names(&node.id) {
+                out.push((Cow::Owned(EntityId::node(&node.id)), g));
+            }
+        }
+    }
+
+    /// Rooms, rows, cooling units, PDUs or feeds, each with the GPUs of the racks kept
+    /// that it holds or serves.
+    fn equipment(&self, scope: ScopeKind, out: &mut Targets<'q>) {
+        let (index, s) = (self.index, self.index.site);
+        match scope {
+            ScopeKind::Room => {
+                for room in s.rooms.iter().filter(|r| self.names(r)) {
+                    let g = self.gpus_where(&|g| index.room_of(g.rack_index) == room);
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Room, room)), g));
+                }
+            }
+            ScopeKind::Row => {
+                for row in s.rows.iter().filter(|r| self.names(&r.id)) {
+                    let g = self.gpus_where(&|g| g.rack.row == row.id);
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Row, &row.id)), g));
+                }
+            }
+            ScopeKind::Cooling => {
+                for c in s.cooling.iter().filter(|c| self.names(&c.id)) {
+                    let g = self.gpus_where(&|g| c.racks.contains(&g.rack.id));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Cooling, &c.id)), g));
+                }
+            }
+            ScopeKind::Pdu => {
+                for p in s.pdus.iter().filter(|p| self.names(&p.id)) {
+                    let g = self.gpus_where(&|g| g.rack.pdus.contains(&p.id));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Pdu, &p.id)), g));
+                }
+            }
+            ScopeKind::Feed => {
+                for f in s.feeds.iter().filter(|f| self.names(&f.id)) {
+                    let pdus: Vec<&str> = s
+                        .pdus
+                        .iter()
+                        .filter(|p| p.feed == f.id)
+                        .map(|p| p.id.as_str())
+                        .collect();
+                    let g = self
+                        .gpus_where(&|g| g.rack.pdus.iter().any(|p| pdus.contains(&p.as_str())));
+                    out.push((Cow::Owned(EntityId::new(EntityKind::Feed, &f.id)), g));
+                }
+            }
+            _ => {}
         }
     }
 }

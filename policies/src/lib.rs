@@ -19,7 +19,8 @@
 //!      then the jobs' holds, suspensions and requeues (`jobs`).
 //!
 //!   Adding a controller is a folder under `controllers/` and a line in
-//!   `CONTROLLERS`.
+//!   `CONTROLLERS`. What the engine and the controllers share (the inputs, the
+//!   `Context`, the `Wants`, the `Controller` trait) is the `stage` module, below both.
 //! - [`node_power`]: which idle nodes to power down and which to bring back before
 //!   planned work needs them; run at the edge on the plan and the nodes' states.
 //! - [`rules_eval`] and [`expr`]: the rules' language, run by the rules controller.
@@ -44,6 +45,7 @@ pub mod plan;
 pub mod policy;
 pub mod rules;
 pub mod rules_eval;
+mod stage;
 pub mod triggers;
 
 // the controllers' modules, where they were before they had a folder each

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::gpu_map::GpuMap;
 use serde::{Deserialize, Serialize};
-use telemetry::{EntityId, Timestamp};
+use telemetry::{EntityId, Job, Timestamp};
 
 /// A power cap on one GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -410,7 +410,7 @@ pub struct State {
     pub rules: BTreeMap<String, RuleMemories>,
     /// The predictive thermal rule's fitted model per rack id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub thermal_models: BTreeMap<String, crate::thermal_model::RackFit>,
+    pub thermal_models: BTreeMap<String, RackFit>,
     /// What each capped busy GPU drew just before its cap, for the job it runs: the
     /// budget rule's demand for it while the cap holds it down (see
     /// [`crate::budget::remember_uncapped`]).
@@ -536,6 +536,30 @@ pub struct Plan {
 /// Rounded to three decimals, as values are written in decisions.
 pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+/// The last moment a job may be held by any rule: its latest start minus `margin_s`,
+/// or, without a deadline, `max_defer_s` after submission.
+pub fn hold_limit(job: &Job, margin_s: f64, max_defer_s: f64) -> Timestamp {
+    match job.latest_start() {
+        Some(ls) => ls + -margin_s,
+        None => job.submit_time + max_defer_s,
+    }
+}
+
+/// The fitted state of one rack's model, persisted with the engine state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RackFit {
+    pub offset_c: f64,
+    pub rise_c: f64,
+    /// Covariance of (offset, rise): [p00, p01, p11].
+    pub cov: [f64; 3],
+    /// Running RMS of the fitted model's one-tick prediction error.
+    pub rms_c: f64,
+    pub samples: u32,
+    /// The last usable inlet reading and when it was taken.
+    pub last_at: Timestamp,
+    pub last_inlet_c: f64,
 }
 
 #[cfg(test)]

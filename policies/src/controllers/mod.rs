@@ -14,8 +14,11 @@
 //!   the plan and the nodes' power states at the edge ([`node_power::decide`]), not in
 //!   [`crate::evaluate`].
 //!
-//! [`CONTROLLERS`] lists the controllers [`crate::evaluate`] runs, in order: adding one is
-//! a folder here and a line there.
+//! Each controller is an adapter (`controller.rs` in its folder) from the `Context` the
+//! engine makes to its pure model, writing `Wants`; both types and the `Controller`
+//! trait live in `crate::stage`, below the engine and the controllers. [`CONTROLLERS`]
+//! lists the controllers [`crate::evaluate`] runs, in order: adding one is a folder here
+//! and a line there.
 
 pub mod budget;
 pub mod node_power;
@@ -23,33 +26,13 @@ pub mod price;
 pub mod rules;
 pub mod thermal;
 
-use std::collections::BTreeSet;
-
-use crate::engine::{Context, Wants};
-
-/// A controller of the engine: what it wants, from the evaluation's inputs and what
-/// the controllers before it wanted. Pure: it reads [`Context`] and writes only its own
-/// part of [`Wants`].
-pub(crate) trait Controller: Sync {
-    /// Adds this controller's wants.
-    fn want<'c>(&self, cx: &'c Context<'_>, wants: &mut Wants<'c>);
-
-    /// Adds what it wants once the jobs that may start this tick are known (their holds
-    /// end): the feed-forward. Most controllers want nothing more.
-    fn want_starting<'c>(
-        &self,
-        _cx: &'c Context<'_>,
-        _starting: &BTreeSet<String>,
-        _wants: &mut Wants<'c>,
-    ) {
-    }
-}
+use crate::stage::Controller;
 
 /// The controllers, in the order they run: a controller sees the wants of those before
 /// it (the price rule paces its releases by the budget's headroom).
 pub(crate) const CONTROLLERS: &[&dyn Controller] = &[
-    &budget::Budget,
-    &thermal::Thermal,
+    &budget::controller::Budget,
+    &thermal::controller::Thermal,
     &rules::Rules,
-    &price::Price,
+    &price::controller::Price,
 ];

@@ -9,12 +9,11 @@ use telemetry::site::GpuRef;
 use telemetry::{EntityId, Timestamp};
 
 use super::settle::Settled;
-use super::wants::{Explain, Explained};
-use super::{Context, Wants};
 use crate::budget::ScopeView;
 use crate::plan::{Action, Cap, Decision, State, Target};
 use crate::rules::Rule;
 use crate::rules_eval;
+use crate::stage::{Context, Explain, Explained, Wants};
 
 /// Changed GPUs grouped by (rack, rule, new cap in tenths of a watt), with the rack's
 /// index.

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 
 use telemetry::{Job, Timestamp};
 
-use super::Context;
 use crate::plan::{Action, Decision, Hold, State, Target};
 use crate::price::{PlannedStarts, Verdict};
 use crate::rules::Rule;
 use crate::rules_eval;
+use crate::stage::Context;
 
 /// What job rules in observe mode would hold: kept in `observed_holds` (never acted
 /// on) with observe-only decisions when they start and end.

@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use telemetry::fasthash::FnvMap;
 use telemetry::Timestamp;
 
-use super::{CapWants, Context, Wants};
 use crate::plan::{Hold, State};
 use crate::price::Verdict;
 use crate::rules::Rule;
 use crate::rules_eval;
+use crate::stage::{CapWants, Context, Wants};
 
 /// A controller's wanted cap for one GPU, with what to say about it.
 #[derive(Debug, Clone)]

@@ -9,11 +9,10 @@ use telemetry::site::GpuRef;
 use telemetry::{EntityId, Timestamp};
 
 use super::merge::{Merged, Want};
-use super::{Context, Wants};
-use crate::budget;
 use crate::plan::{Cap, ClockLock, State};
 use crate::rules::Rule;
 use crate::rules_eval;
+use crate::stage::{Context, Wants};
 use crate::Policy;
 
 /// The caps in force after the tick, by GPU index, and the observed ones where any
@@ -33,9 +32,8 @@ pub(crate) fn caps<'p>(
 ) -> Settled<'p> {
     let (gpus, policy, now) = (cx.gpus(), cx.policy, cx.now);
     let caps = settle(gpus, &cx.prior_caps, &merged.enforce, policy, now);
-    if let Some(prepared) = &wants.budget {
-        let draws =
-            budget::remember_uncapped(&cx.index, prepared, cx.jobs, &cx.prior_caps, &caps, now);
+    if let Some(budget) = &wants.budget {
+        let draws = budget.remember_uncapped(cx, &caps);
         next.uncapped_draws = cx.to_map(draws);
     }
     let prior_observed = cx.by_index(&cx.prior.observed_caps);

@@ -29,6 +29,7 @@ use toml::Spanned;
 
 pub use crate::rules::OnStale;
 pub use sections::budget::{BudgetRule, Limit};
+pub use sections::node_power::NodePowerRule;
 pub use sections::price::{PriceMode, PriceRule};
 pub use sections::thermal::{ThermalMode, ThermalRule};
 
@@ -48,11 +49,8 @@ pub struct Policy {
     pub price: PriceRule,
     /// Off unless the policy turns it on; left out of the serialized policy while it
     /// is the default (so `policy explain` does not list it as disabled).
-    #[serde(
-        default,
-        skip_serializing_if = "crate::node_power::NodePowerRule::is_default"
-    )]
-    pub node_power: crate::node_power::NodePowerRule,
+    #[serde(default, skip_serializing_if = "NodePowerRule::is_default")]
+    pub node_power: NodePowerRule,
     /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
     #[serde(skip)]
     pub rules: Vec<crate::rules::Rule>,

@@ -9,10 +9,11 @@ use std::collections::BTreeSet;
 use telemetry::site::GpuRef;
 use telemetry::EntityKind;
 
-use super::{BudgetCap, Prepared, ScopeView};
-use crate::controllers::Controller;
-use crate::engine::{CapWants, Context, Explain, Wants, Why};
-use crate::price::Pacing;
+use super::Prepared;
+use crate::plan::{Cap, UncappedDraw};
+use crate::stage::{
+    BudgetCap, BudgetTick, CapWants, Context, Controller, Explain, Pacing, ScopeView, Wants, Why,
+};
 
 /// The `[budget]` controller.
 pub(crate) struct Budget;
@@ -25,7 +26,7 @@ impl Controller for Budget {
         }
         let remembered = cx.by_index(&cx.prior.uncapped_draws);
         let prepared = super::prepare(cx.site, &cx.index, cx.jobs, remembered, rule, cx.now);
-        let (wanted, views) = run(cx, &prepared, &BTreeSet::new());
+        let (wanted, views) = prepared.evaluate(cx, &BTreeSet::new());
         wants.pacing = views.last().map(|facility| Pacing {
             // release into half the room per tick: the rest is for what starts meanwhile
             headroom_w: 0.5
@@ -35,7 +36,7 @@ impl Controller for Budget {
             demand_w: facility.demand_kw * 1000.0,
         });
         record(cx, wanted, views, wants);
-        wants.budget = Some(prepared);
+        wants.budget = Some(Box::new(prepared));
     }
 
     fn want_starting<'c>(
@@ -47,29 +48,38 @@ impl Controller for Budget {
         let Some(prepared) = wants.budget.as_ref().filter(|_| !starting.is_empty()) else {
             return;
         };
-        let (wanted, views) = run(cx, prepared, starting);
+        let (wanted, views) = prepared.evaluate(cx, starting);
         record(cx, wanted, views, wants);
     }
 }
 
-/// One budget evaluation, with the jobs of `starting` reserved.
-fn run(
-    cx: &Context<'_>,
-    prepared: &Prepared<'_>,
-    starting: &BTreeSet<String>,
-) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
-    super::evaluate(
-        cx.site,
-        &cx.index,
-        prepared,
-        cx.snapshot,
-        &cx.prior_caps,
-        cx.jobs,
-        cx.prior,
-        &cx.policy.budget,
-        starting,
-        cx.now,
-    )
+impl BudgetTick for Prepared<'_> {
+    fn evaluate(
+        &self,
+        cx: &Context<'_>,
+        starting: &BTreeSet<String>,
+    ) -> (Vec<Option<BudgetCap>>, Vec<ScopeView>) {
+        super::evaluate(
+            cx.site,
+            &cx.index,
+            self,
+            cx.snapshot,
+            &cx.prior_caps,
+            cx.jobs,
+            cx.prior,
+            &cx.policy.budget,
+            starting,
+            cx.now,
+        )
+    }
+
+    fn remember_uncapped(
+        &self,
+        cx: &Context<'_>,
+        caps: &[Option<Cap>],
+    ) -> Vec<Option<UncappedDraw>> {
+        super::remember_uncapped(&cx.index, self, cx.jobs, &cx.prior_caps, caps, cx.now)
+    }
 }
 
 /// Keeps a budget evaluation's caps (to the enforced or the observed caps) and what

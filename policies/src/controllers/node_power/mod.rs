@@ -18,73 +18,9 @@
 //! What it never does: power down a node that runs work, or a node whose GPUs the work
 //! due within its boot time needs (property tested).
 
-use serde::{Deserialize, Serialize};
 use telemetry::Timestamp;
 
-/// The `[node_power]` table of a policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NodePowerRule {
-    pub enabled: bool,
-    /// Idle GPUs kept on beyond what the work due within a boot time needs.
-    pub reserve_gpus: u32,
-    /// The same as a share of the site's GPUs (the larger of the two holds).
-    pub reserve_share: f64,
-    /// A node is powered down after this long with no work, s.
-    pub idle_s: f64,
-    /// The same while the price is above the mean of the forecast's next 24 h.
-    pub idle_s_expensive: Option<f64>,
-    /// A node powered down stays off at least this long unless work needs it, s.
-    pub min_off_s: f64,
-    /// At most this many power-downs in any minute.
-    pub max_downs_per_min: u32,
-    /// Boot time (power-up until the node takes work), s; `boot_s_by_model` per GPU
-    /// model of the node where given.
-    pub boot_s: f64,
-    /// Shutdown time, s.
-    pub shutdown_s: f64,
-    pub boot_s_by_model: std::collections::BTreeMap<String, f64>,
-    /// A node not back this long after its power-up is marked failed.
-    pub resume_timeout_s: f64,
-    /// What a powered-down node still draws (BMC, fans), W.
-    pub off_w: f64,
-    /// A power-down carries a lease: a node the controller stops renewing it for is
-    /// brought back when it ends, s.
-    pub lease_s: f64,
-}
-
-impl Default for NodePowerRule {
-    fn default() -> Self {
-        NodePowerRule {
-            enabled: false,
-            reserve_gpus: 8,
-            reserve_share: 0.05,
-            idle_s: 900.0,
-            idle_s_expensive: None,
-            min_off_s: 600.0,
-            max_downs_per_min: 8,
-            boot_s: 300.0,
-            shutdown_s: 60.0,
-            boot_s_by_model: Default::default(),
-            resume_timeout_s: 900.0,
-            off_w: 15.0,
-            lease_s: 900.0,
-        }
-    }
-}
-
-impl NodePowerRule {
-    pub fn is_default(&self) -> bool {
-        *self == NodePowerRule::default()
-    }
-
-    pub fn boot_s_of(&self, model: &str) -> f64 {
-        self.boot_s_by_model
-            .get(model)
-            .copied()
-            .unwrap_or(self.boot_s)
-    }
-}
+pub use crate::policy::NodePowerRule;
 
 /// A node's power state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,24 +109,60 @@ pub fn decide(
     inputs: Inputs,
     now: Timestamp,
 ) -> Vec<NodeAction> {
-    let mut out = Vec::new();
     if !rule.enabled {
-        // a disabled rule brings every node it powered down back
-        for n in nodes {
-            if matches!(n.power, Power::Off { .. }) {
-                out.push(NodeAction::Up {
-                    node: n.id.clone(),
-                    reason: "node power rule disabled".into(),
-                });
-            }
-        }
-        return out;
+        return bring_back(nodes);
     }
+    let mut out = Vec::new();
     let total: u32 = nodes.iter().map(|n| n.gpus).sum();
     let reserve = rule
         .reserve_gpus
         .max((rule.reserve_share * f64::from(total)).ceil() as u32);
     // failed resumes first: they no longer count as supply
+    let failed = failed_resumes(nodes, rule, now, &mut out);
+    // per GPU model: the GPUs due within the model's boot time (+ the reserve, shared
+    // by all models in proportion to their size) against what is on or coming
+    let mut models: Vec<&str> = nodes.iter().map(|n| n.model.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    let mut downs_left = rule.max_downs_per_min.saturating_sub(inputs.downs_last_min);
+    let idle_s = if inputs.expensive {
+        rule.idle_s_expensive.unwrap_or(rule.idle_s)
+    } else {
+        rule.idle_s
+    };
+    for model in models {
+        let mut m = ModelNeed::of(model, nodes, needs, &failed, rule, (reserve, total), now);
+        if m.supply < m.want {
+            m.power_up(nodes, rule, now, &mut out);
+            continue;
+        }
+        m.power_down(nodes, idle_s, &mut downs_left, now, &mut out);
+    }
+    out
+}
+
+/// A disabled rule brings every node it powered down back.
+fn bring_back(nodes: &[NodeView]) -> Vec<NodeAction> {
+    let mut out = Vec::new();
+    for n in nodes {
+        if matches!(n.power, Power::Off { .. }) {
+            out.push(NodeAction::Up {
+                node: n.id.clone(),
+                reason: "node power rule disabled".into(),
+            });
+        }
+    }
+    out
+}
+
+/// The nodes that did not come back within the resume timeout, marked failed (in
+/// `out`), by node position.
+fn failed_resumes(
+    nodes: &[NodeView],
+    rule: &NodePowerRule,
+    now: Timestamp,
+    out: &mut Vec<NodeAction>,
+) -> Vec<bool> {
     let mut failed = vec![false; nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
         if let Power::Booting { since } = n.power {
@@ -207,18 +179,32 @@ pub fn decide(
             }
         }
     }
-    // per GPU model: the GPUs due within the model's boot time (+ the reserve, shared
-    // by all models in proportion to their size) against what is on or coming
-    let mut models: Vec<&str> = nodes.iter().map(|n| n.model.as_str()).collect();
-    models.sort_unstable();
-    models.dedup();
-    let mut downs_left = rule.max_downs_per_min.saturating_sub(inputs.downs_last_min);
-    let idle_s = if inputs.expensive {
-        rule.idle_s_expensive.unwrap_or(rule.idle_s)
-    } else {
-        rule.idle_s
-    };
-    for model in models {
+    failed
+}
+
+/// One GPU model's demand and supply: its nodes, the GPUs due within its boot time,
+/// its share of the reserve, and the free GPUs on or coming.
+struct ModelNeed {
+    boot: f64,
+    of_model: Vec<usize>,
+    due: u32,
+    share: f64,
+    want: u32,
+    supply: u32,
+}
+
+impl ModelNeed {
+    /// `reserve`: the reserve of the whole site, shared by the models in proportion to
+    /// their size, of `total` GPUs.
+    fn of(
+        model: &str,
+        nodes: &[NodeView],
+        needs: &[Need],
+        failed: &[bool],
+        rule: &NodePowerRule,
+        (reserve, total): (u32, u32),
+        now: Timestamp,
+    ) -> ModelNeed {
         let boot = rule.boot_s_of(model);
         let of_model: Vec<usize> = (0..nodes.len())
             .filter(|&i| nodes[i].model == model)
@@ -233,45 +219,74 @@ pub fn decide(
         let share = (f64::from(reserve) * f64::from(model_gpus) / f64::from(total.max(1))).ceil();
         let want = due.saturating_add(share as u32);
         // supply: free GPUs on nodes that are on or booting (failed ones left out)
-        let mut supply: u32 = of_model
+        let supply: u32 = of_model
             .iter()
             .filter(|&&i| !failed[i])
             .filter(|&&i| matches!(nodes[i].power, Power::On | Power::Booting { .. }))
             .map(|&i| nodes[i].free)
             .sum();
-        if supply < want {
-            // power up: nodes off longest first; the reserve waits for min_off_s, work
-            // that is due does not
-            let mut off: Vec<(Timestamp, usize)> = of_model
-                .iter()
-                .filter_map(|&i| match nodes[i].power {
-                    Power::Off { since } => Some((since, i)),
-                    _ => None,
-                })
-                .collect();
-            off.sort();
-            for (since, i) in off {
-                if supply >= want {
-                    break;
-                }
-                let for_work = supply < due;
-                if !for_work && now.secs_since(since) < rule.min_off_s {
-                    continue;
-                }
-                supply += nodes[i].gpus;
-                out.push(NodeAction::Up {
-                    node: nodes[i].id.clone(),
-                    reason: if for_work {
-                        format!("{due} GPUs of work due within its boot time ({boot:.0} s)")
-                    } else {
-                        format!("warm reserve of {} GPUs", share as u32)
-                    },
-                });
-            }
-            continue;
+        ModelNeed {
+            boot,
+            of_model,
+            due,
+            share,
+            want,
+            supply,
         }
-        // power down: idle nodes, idle longest first, while what stays covers `want`
-        let mut idle: Vec<(Timestamp, usize)> = of_model
+    }
+
+    /// Power up: nodes off longest first; the reserve waits for `min_off_s`, work that
+    /// is due does not.
+    fn power_up(
+        &mut self,
+        nodes: &[NodeView],
+        rule: &NodePowerRule,
+        now: Timestamp,
+        out: &mut Vec<NodeAction>,
+    ) {
+        let (due, boot, want) = (self.due, self.boot, self.want);
+        let mut off: Vec<(Timestamp, usize)> = self
+            .of_model
+            .iter()
+            .filter_map(|&i| match nodes[i].power {
+                Power::Off { since } => Some((since, i)),
+                _ => None,
+            })
+            .collect();
+        off.sort();
+        for (since, i) in off {
+            if self.supply >= want {
+                break;
+            }
+            let for_work = self.supply < due;
+            if !for_work && now.secs_since(since) < rule.min_off_s {
+                continue;
+            }
+            self.supply += nodes[i].gpus;
+            out.push(NodeAction::Up {
+                node: nodes[i].id.clone(),
+                reason: if for_work {
+                    format!("{due} GPUs of work due within its boot time ({boot:.0} s)")
+                } else {
+                    format!("warm reserve of {} GPUs", self.share as u32)
+                },
+            });
+        }
+    }
+
+    /// Power down: idle nodes, idle longest first, while what stays covers `want` and
+    /// `downs_left` allows.
+    fn power_down(
+        &mut self,
+        nodes: &[NodeView],
+        idle_s: f64,
+        downs_left: &mut u32,
+        now: Timestamp,
+        out: &mut Vec<NodeAction>,
+    ) {
+        let (due, boot, want) = (self.due, self.boot, self.want);
+        let mut idle: Vec<(Timestamp, usize)> = self
+            .of_model
             .iter()
             .filter(|&&i| nodes[i].power == Power::On && nodes[i].free == nodes[i].gpus)
             .filter_map(|&i| nodes[i].idle_since.map(|s| (s, i)))
@@ -279,26 +294,26 @@ pub fn decide(
             .collect();
         idle.sort();
         for (since, i) in idle {
-            if downs_left == 0 {
+            if *downs_left == 0 {
                 break;
             }
             let g = nodes[i].gpus;
-            if supply.saturating_sub(g) < want {
+            if self.supply.saturating_sub(g) < want {
                 break;
             }
-            supply -= g;
-            downs_left -= 1;
+            self.supply -= g;
+            *downs_left -= 1;
+            let supply = self.supply;
             out.push(NodeAction::Down {
                 node: nodes[i].id.clone(),
                 reason: format!(
                     "no work for {:.0} s, none due within its boot time ({boot:.0} s); {supply} GPUs stay on for {due} due and a reserve of {}",
                     now.secs_since(since),
-                    share as u32
+                    self.share as u32
                 ),
             });
         }
     }
-    out
 }
 
 #[cfg(test)]

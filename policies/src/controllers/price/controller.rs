@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use super::Verdict;
 use crate::budget;
-use crate::controllers::Controller;
-use crate::engine::{Context, Wants};
+use crate::stage::{Context, Controller, Wants};
 
 /// The `[price]` controller.
 pub(crate) struct Price;

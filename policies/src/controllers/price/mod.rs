@@ -3,10 +3,9 @@
 //! the price forecast that have room (plan mode); either way they are always released
 //! by their latest start (deadline − duration − margin).
 
-mod controller;
+pub(crate) mod controller;
+mod plan_mode;
 pub mod planner;
-
-pub(crate) use controller::Price;
 
 use std::collections::BTreeMap;
 
@@ -14,45 +13,17 @@ use crate::index::{Held, JobTable};
 use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W, PRICE_PER_KWH};
 use telemetry::{Job, JobState, Site, Snapshot, Timestamp};
 
-use self::planner::{Capacity, Committed, Horizon, PlanJob};
+use self::plan_mode::evaluate_plan;
+pub use crate::plan::hold_limit;
 use crate::plan::round3;
 use crate::plan::Hold;
 use crate::policy::{OnStale, PriceMode, PriceRule};
+pub use crate::stage::{Pacing, Verdict};
 use crate::{Forecast, State};
-
-/// A hold to place or renew, or a release, for one job.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    Hold(Hold),
-    Release { reason: String },
-}
 
 /// The last moment a job may still be held under the price rule.
 pub fn release_by(job: &Job, rule: &PriceRule) -> Timestamp {
     hold_limit(job, rule.margin_s, rule.max_defer_s)
-}
-
-/// The last moment a job may be held by any rule: its latest start minus `margin_s`,
-/// or, without a deadline, `max_defer_s` after submission.
-pub fn hold_limit(job: &Job, margin_s: f64, max_defer_s: f64) -> Timestamp {
-    match job.latest_start() {
-        Some(ls) => ls + -margin_s,
-        None => job.submit_time + max_defer_s,
-    }
-}
-
-/// Power headroom for releasing held jobs: when the price falls, held jobs are released
-/// most urgent first, only as many per tick as the facility budget has room for, so
-/// that a backlog does not start at once and overshoot the budget. A job that never
-/// fits is still released at its latest start.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Pacing {
-    /// Room left under the facility budget, in W (may be negative).
-    pub headroom_w: f64,
-    /// What one GPU of a released job is expected to draw, in W.
-    pub watts_per_gpu: f64,
-    /// What the facility draws now, in W (against the rule's `peak_target_kw`).
-    pub demand_w: f64,
 }
 
 /// The peak target released and planned work is paced under, and why it applies.
@@ -204,10 +175,6 @@ pub fn evaluate_with_starts(
             OnStale::Ignore => Some(false),
         },
     };
-    // the verdicts in job order, made into a map in one go (one insert per job into
-    // a map of large values moves them about)
-    let mut verdicts: Vec<(String, Verdict)> = Vec::new();
-    let mut cheap_again: Vec<(Timestamp, &Job, &Hold)> = Vec::new();
     let holds = Held::new(&prior.holds, jobs, table);
     // every held job has the same reason: written once
     let hold_reason = match obs {
@@ -216,6 +183,46 @@ pub fn evaluate_with_starts(
         }
         _ => "price signal stale".to_string(),
     };
+    let (verdicts, cheap_again) =
+        threshold_verdicts(jobs, &holds, rule, expensive, &hold_reason, now);
+    let reason = match obs {
+        Some(o) if o.usable() => format!(
+            "price {:.3} at or below {:.3} per kWh",
+            o.value, rule.defer_above
+        ),
+        _ => "price signal stale: not deferring on an unknown price".to_string(),
+    };
+    // a job listed twice keeps its last verdict, as with one insert after another
+    let mut out: BTreeMap<String, Verdict> = verdicts.into_iter().collect();
+    pace(
+        cheap_again,
+        &reason,
+        rule,
+        pacing,
+        target.as_ref(),
+        now,
+        &mut out,
+        &mut values,
+    );
+    (out, values, PlannedStarts::new())
+}
+
+/// Threshold mode's verdicts in job order (holds while the price is `expensive`,
+/// releases of the holds no longer the rule's), and the held jobs the price no longer
+/// holds, to be released paced.
+#[allow(clippy::type_complexity)]
+fn threshold_verdicts<'j>(
+    jobs: &'j [Job],
+    holds: &Held<'j>,
+    rule: &PriceRule,
+    expensive: Option<bool>,
+    hold_reason: &str,
+    now: Timestamp,
+) -> (Vec<(String, Verdict)>, Vec<(Timestamp, &'j Job, &'j Hold)>) {
+    // the verdicts in job order, made into a map in one go (one insert per job into
+    // a map of large values moves them about)
+    let mut verdicts: Vec<(String, Verdict)> = Vec::new();
+    let mut cheap_again: Vec<(Timestamp, &Job, &Hold)> = Vec::new();
     for (p, job) in jobs.iter().enumerate() {
         let eligible =
             job.deferrable && (rule.classes.is_empty() || rule.classes.contains(&job.class));
@@ -251,7 +258,7 @@ pub fn evaluate_with_starts(
         };
         if hold {
             let lease_until = (now + rule.lease_s).min(by);
-            let reason = hold_reason.clone();
+            let reason = hold_reason.to_string();
             verdicts.push((
                 job.id.clone(),
                 Verdict::Hold(Hold {
@@ -265,26 +272,7 @@ pub fn evaluate_with_starts(
             cheap_again.push((by, job, h));
         }
     }
-    let reason = match obs {
-        Some(o) if o.usable() => format!(
-            "price {:.3} at or below {:.3} per kWh",
-            o.value, rule.defer_above
-        ),
-        _ => "price signal stale: not deferring on an unknown price".to_string(),
-    };
-    // a job listed twice keeps its last verdict, as with one insert after another
-    let mut out: BTreeMap<String, Verdict> = verdicts.into_iter().collect();
-    pace(
-        cheap_again,
-        &reason,
-        rule,
-        pacing,
-        target.as_ref(),
-        now,
-        &mut out,
-        &mut values,
-    );
-    (out, values, PlannedStarts::new())
+    (verdicts, cheap_again)
 }
 
 /// Releases held jobs whose time has come, most urgent first, as far as the facility's
@@ -375,249 +363,6 @@ fn site_power_model(site: &Site) -> (f64, f64, u32) {
         n += node.gpus;
     }
     (busy / f64::from(n.max(1)), floor, n)
-}
-
-/// Plan mode: every eligible waiting job gets a planned start; jobs whose start is
-/// later than now are held, held jobs whose start has come are released (paced).
-#[allow(clippy::too_many_arguments)]
-fn evaluate_plan(
-    site: &Site,
-    facility_kw: f64,
-    jobs: &[Job],
-    table: &JobTable,
-    prior: &State,
-    rule: &PriceRule,
-    pacing: Option<Pacing>,
-    target: Option<&PeakTarget>,
-    forecast: &Forecast,
-    now: Timestamp,
-) -> (
-    BTreeMap<String, Verdict>,
-    BTreeMap<String, f64>,
-    PlannedStarts,
-) {
-    let mut values = BTreeMap::new();
-    let mut out = BTreeMap::new();
-    let mut starts = PlannedStarts::new();
-    let price_now = forecast.price.at(now).filter(|_| !forecast.stale);
-    if let Some(p) = price_now {
-        values.insert("price_per_kwh".to_string(), round3(p));
-    }
-    let (busy_w, floor_w, total_gpus) = site_power_model(site);
-    let wpg = pacing.map_or(busy_w, |p| p.watts_per_gpu);
-    let mut plan_jobs = Vec::new();
-    let mut committed = Vec::new();
-    let mut candidates: Vec<(&Job, Timestamp, Option<&Hold>)> = Vec::new();
-    let holds = Held::new(&prior.holds, jobs, table);
-    for (p, job) in jobs.iter().enumerate() {
-        let waiting = matches!(job.state, JobState::Pending | JobState::Held);
-        let dur = job.est_duration_s.max(1.0);
-        if job.state == JobState::Running {
-            let end = job.start_time.map_or(now + dur, |s| s + dur);
-            committed.push(Committed {
-                gpus: job.gpus,
-                watts: f64::from(job.gpus) * wpg,
-                until: end.max(now + 1.0),
-            });
-            continue;
-        }
-        if !waiting {
-            continue;
-        }
-        let held = holds.get(p);
-        if !eligible(job, rule) {
-            if held.is_some() {
-                out.insert(
-                    job.id.clone(),
-                    Verdict::Release {
-                        reason: "job no longer waiting or not deferrable".into(),
-                    },
-                );
-            }
-            // it starts as soon as the scheduler finds GPUs
-            committed.push(Committed {
-                gpus: job.gpus,
-                watts: f64::from(job.gpus) * wpg,
-                until: now + dur,
-            });
-            continue;
-        }
-        let by = release_by(job, rule);
-        if now >= by {
-            if held.is_some() {
-                out.insert(
-                    job.id.clone(),
-                    Verdict::Release {
-                        reason: format!("latest start {by} reached"),
-                    },
-                );
-            }
-            committed.push(Committed {
-                gpus: job.gpus,
-                watts: f64::from(job.gpus) * wpg,
-                until: now + dur,
-            });
-            continue;
-        }
-        // a planned start never makes the job slower than max_slowdown
-        let plan_by = match rule.max_slowdown {
-            Some(m) => by.min(job.submit_time + (m - 1.0).max(0.0) * dur),
-            None => by,
-        };
-        if now >= plan_by {
-            if held.is_some() {
-                out.insert(
-                    job.id.clone(),
-                    Verdict::Release {
-                        reason: format!(
-                            "max_slowdown {} reached",
-                            rule.max_slowdown.unwrap_or(0.0)
-                        ),
-                    },
-                );
-            }
-            committed.push(Committed {
-                gpus: job.gpus,
-                watts: f64::from(job.gpus) * wpg,
-                until: now + dur,
-            });
-            continue;
-        }
-        candidates.push((job, by, held));
-        plan_jobs.push(PlanJob {
-            id: job.id.clone(),
-            gpus: job.gpus,
-            watts: f64::from(job.gpus) * wpg,
-            duration_s: dur,
-            latest_start: plan_by,
-            delay_cost_per_s: rule.delay_cost_per_gpu_hour * f64::from(job.gpus) / 3600.0,
-        });
-    }
-    let Some(price_now) = price_now else {
-        // no usable forecast: what on_stale says
-        let reason = "price forecast stale or missing".to_string();
-        let mut ready = Vec::new();
-        for (job, by, held) in candidates {
-            let hold = match rule.on_stale {
-                OnStale::AssumeWorst => true,
-                OnStale::HoldLast => held.is_some(),
-                OnStale::Ignore => false,
-            };
-            if hold {
-                out.insert(
-                    job.id.clone(),
-                    Verdict::Hold(Hold {
-                        rule: "price.defer".into(),
-                        since: held.map_or(now, |h| h.since),
-                        lease_until: (now + rule.lease_s).min(by),
-                        reason: reason.clone(),
-                    }),
-                );
-            } else if let Some(h) = held {
-                ready.push((by, job, h));
-            }
-        }
-        let why = format!("{reason}: not deferring on an unknown price");
-        pace(
-            ready,
-            &why,
-            rule,
-            pacing,
-            target,
-            now,
-            &mut out,
-            &mut values,
-        );
-        return (out, values, starts);
-    };
-    // planned load stays under the budget's share, and under the peak target
-    let ceiling_kw = match target {
-        Some(t) => {
-            target_values(t, &mut values);
-            if t.automatic {
-                facility_kw * rule.plan_budget_share
-            } else {
-                (facility_kw * rule.plan_budget_share).min(t.kw)
-            }
-        }
-        None => facility_kw * rule.plan_budget_share,
-    };
-    let capacity = Capacity {
-        gpus: total_gpus,
-        power_w: ceiling_kw * 1000.0 - floor_w,
-    };
-    // carbon at a price, when the policy gives one, is part of what a slot costs
-    let priced;
-    let price_series = match rule.carbon_price_per_kg {
-        Some(cp) if cp > 0.0 && !forecast.carbon.points.is_empty() => {
-            let pts = forecast
-                .price
-                .points
-                .iter()
-                .map(|&(t, v)| (t, v + forecast.carbon.at(t).unwrap_or(0.0) / 1000.0 * cp))
-                .collect();
-            priced = crate::forecast::StepSeries::new(pts, forecast.price.last_step_s);
-            &priced
-        }
-        _ => &forecast.price,
-    };
-    let horizon = Horizon {
-        slot_s: rule.plan_slot_s,
-        horizon_s: rule.plan_horizon_s,
-    };
-    let schedule = planner::plan(&plan_jobs, &committed, capacity, price_series, horizon, now);
-    values.insert("planned_jobs".to_string(), plan_jobs.len() as f64);
-    let mut ready = Vec::new();
-    let mut later = 0usize;
-    // many jobs share a planned start: its text is made once
-    let mut start_text: BTreeMap<Timestamp, String> = BTreeMap::new();
-    for ((job, by, held), placed) in candidates.into_iter().zip(&schedule.placements) {
-        if placed.start > now {
-            later += 1;
-            starts.insert(job.id.clone(), placed.start);
-            let start = start_text
-                .entry(placed.start)
-                .or_insert_with(|| placed.start.to_string());
-            let worth = if placed.fits_now {
-                format!(
-                    "expected saving {:.3} > delay cost {:.3}",
-                    placed.saving, placed.delay_cost
-                )
-            } else {
-                format!(
-                    "no room to start now; expected saving {:.3}, delay cost {:.3}",
-                    placed.saving, placed.delay_cost
-                )
-            };
-            out.insert(
-                job.id.clone(),
-                Verdict::Hold(Hold {
-                    rule: "price.defer".into(),
-                    since: held.map_or(now, |h| h.since),
-                    lease_until: (now + rule.lease_s).min(by),
-                    reason: format!(
-                        "planned start {start} in the cheapest slot with room: {:.3} per kWh over its run, {price_now:.3} now; {worth}",
-                        placed.mean_price
-                    ),
-                }),
-            );
-        } else if let Some(h) = held {
-            ready.push((by, job, h));
-        }
-    }
-    values.insert("planned_later".to_string(), later as f64);
-    let reason = format!("planned start reached (price {price_now:.3} per kWh)");
-    pace(
-        ready,
-        &reason,
-        rule,
-        pacing,
-        target,
-        now,
-        &mut out,
-        &mut values,
-    );
-    (out, values, starts)
 }
 
 #[cfg(test)]

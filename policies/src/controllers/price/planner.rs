@@ -113,31 +113,88 @@ pub fn plan(
     horizon: Horizon,
     now: Timestamp,
 ) -> Schedule {
-    let starts = slots(now, horizon);
-    let n = starts.len();
-    let end_of = |k: usize| {
-        starts
-            .get(k + 1)
-            .copied()
-            .unwrap_or_else(|| starts[k] + horizon.slot_s)
-    };
-    let len: Vec<f64> = (0..n).map(|k| end_of(k).secs_since(starts[k])).collect();
-    let known: Vec<Option<f64>> = (0..n).map(|k| price.mean(starts[k], end_of(k))).collect();
-    let (sum, cnt) = known
-        .iter()
-        .flatten()
-        .fold((0.0, 0usize), |a, p| (a.0 + p, a.1 + 1));
-    let fill = if cnt > 0 { sum / cnt as f64 } else { 0.0 };
-    let p: Vec<f64> = known.iter().map(|v| v.unwrap_or(fill)).collect();
-    // prefix[k] = price · seconds over slots before k
-    let mut prefix = vec![0.0; n + 1];
-    for k in 0..n {
-        prefix[k + 1] = prefix[k] + p[k] * len[k];
+    let prices = SlotPrices::new(price, horizon, now);
+    let (gpus, watts) = committed_load(&prices.starts, committed);
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| {
+        (jobs[a].latest_start, &jobs[a].id).cmp(&(jobs[b].latest_start, &jobs[b].id))
+    });
+    let mut placer = Placer::new(&prices, capacity, gpus, watts, now);
+    let mut placements: Vec<Option<Placement>> = vec![None; jobs.len()];
+    for i in order {
+        placements[i] = Some(placer.place(&jobs[i]));
     }
-    let horizon_end = end_of(n - 1);
+    let Placer { gpus, watts, .. } = placer;
+    Schedule {
+        placements: placements.into_iter().flatten().collect(),
+        slot_starts: prices.starts,
+        gpus,
+        watts,
+    }
+}
 
-    // committed load: each covers the slots that start before it ends (a difference
-    // array, so many long-running jobs cost one search each)
+/// The horizon's slots and their prices: each slot's price (a slot the series does not
+/// cover at `fill`, the mean of those it does), and price · seconds before each slot.
+struct SlotPrices {
+    starts: Vec<Timestamp>,
+    p: Vec<f64>,
+    fill: f64,
+    /// `prefix[k]` = price · seconds over slots before k.
+    prefix: Vec<f64>,
+    horizon_end: Timestamp,
+}
+
+impl SlotPrices {
+    fn new(price: &StepSeries, horizon: Horizon, now: Timestamp) -> SlotPrices {
+        let starts = slots(now, horizon);
+        let n = starts.len();
+        let end_of = |k: usize| {
+            starts
+                .get(k + 1)
+                .copied()
+                .unwrap_or_else(|| starts[k] + horizon.slot_s)
+        };
+        let len: Vec<f64> = (0..n).map(|k| end_of(k).secs_since(starts[k])).collect();
+        let known: Vec<Option<f64>> = (0..n).map(|k| price.mean(starts[k], end_of(k))).collect();
+        let (sum, cnt) = known
+            .iter()
+            .flatten()
+            .fold((0.0, 0usize), |a, p| (a.0 + p, a.1 + 1));
+        let fill = if cnt > 0 { sum / cnt as f64 } else { 0.0 };
+        let p: Vec<f64> = known.iter().map(|v| v.unwrap_or(fill)).collect();
+        let mut prefix = vec![0.0; n + 1];
+        for k in 0..n {
+            prefix[k + 1] = prefix[k] + p[k] * len[k];
+        }
+        let horizon_end = end_of(n - 1);
+        SlotPrices {
+            starts,
+            p,
+            fill,
+            prefix,
+            horizon_end,
+        }
+    }
+
+    /// See [`run_cost`].
+    fn run_cost(&self, k: usize, end_slot: usize, dur: f64) -> f64 {
+        run_cost(
+            &self.prefix,
+            &self.starts,
+            &self.p,
+            self.fill,
+            k,
+            end_slot,
+            dur,
+            self.horizon_end,
+        )
+    }
+}
+
+/// The committed load in each slot, (GPUs, W): each covers the slots that start before
+/// it ends (a difference array, so many long-running jobs cost one search each).
+fn committed_load(starts: &[Timestamp], committed: &[Committed]) -> (Vec<u32>, Vec<f64>) {
+    let n = starts.len();
     let mut d_gpus = vec![0i64; n + 1];
     let mut d_watts = vec![0.0f64; n + 1];
     for c in committed {
@@ -156,54 +213,65 @@ pub fn plan(
         gpus[k] = u32::try_from(g_run.max(0)).unwrap_or(u32::MAX);
         watts[k] = w_run;
     }
+    (gpus, watts)
+}
 
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| {
-        (jobs[a].latest_start, &jobs[a].id).cmp(&(jobs[b].latest_start, &jobs[b].id))
-    });
-    let mut placements: Vec<Option<Placement>> = vec![None; jobs.len()];
-    let mut room = vec![0.0f64; n];
-    let mut ends = vec![0usize; n];
-    let mut fits: Vec<bool> = Vec::with_capacity(n);
-    let mut short: Vec<u32> = Vec::with_capacity(n + 1);
-    for i in order {
-        let job = &jobs[i];
+/// Places jobs one after another, each on the load planned so far (the lists of one
+/// job's search are kept for the next).
+struct Placer<'p> {
+    prices: &'p SlotPrices,
+    capacity: Capacity,
+    now: Timestamp,
+    /// GPUs and W planned in each slot.
+    gpus: Vec<u32>,
+    watts: Vec<f64>,
+    room: Vec<f64>,
+    ends: Vec<usize>,
+    fits: Vec<bool>,
+    short: Vec<u32>,
+}
+
+impl<'p> Placer<'p> {
+    fn new(
+        prices: &'p SlotPrices,
+        capacity: Capacity,
+        gpus: Vec<u32>,
+        watts: Vec<f64>,
+        now: Timestamp,
+    ) -> Placer<'p> {
+        let n = prices.starts.len();
+        Placer {
+            prices,
+            capacity,
+            now,
+            gpus,
+            watts,
+            room: vec![0.0f64; n],
+            ends: vec![0usize; n],
+            fits: Vec::with_capacity(n),
+            short: Vec::with_capacity(n + 1),
+        }
+    }
+
+    /// Places `job` in its cheapest start slot with room for its whole run (now where
+    /// there is none), and adds it to the planned load.
+    fn place(&mut self, job: &PlanJob) -> Placement {
+        let prices = self.prices;
+        let starts = &prices.starts;
         let dur = job.duration_s.max(1.0);
         // the last start slot: the last one beginning at or before the latest start
         let last = starts
             .partition_point(|s| *s <= job.latest_start)
             .saturating_sub(1);
-        // slots a run starting in k covers: [k, ends[k]) (ends never decrease with k)
-        let mut e = 0;
-        for k in 0..=last {
-            let end = starts[k] + dur;
-            if end >= horizon_end {
-                e = n;
-            } else {
-                while e < n && starts[e] < end {
-                    e += 1;
-                }
-            }
-            ends[k] = e.max(k + 1);
-        }
-        let reach = ends[last];
-        // room per slot: how many more jobs like this one fit (fractional is fine)
-        let per_gpus = 1.0 / f64::from(job.gpus.max(1));
-        let per_watts = if job.watts > 0.0 {
-            1.0 / job.watts
-        } else {
-            0.0
-        };
-        for k in 0..reach {
-            let g = f64::from(capacity.gpus.saturating_sub(gpus[k])) * per_gpus;
-            let w = if job.watts > 0.0 {
-                (capacity.power_w - watts[k]) * per_watts
-            } else {
-                f64::INFINITY
-            };
-            room[k] = g.min(w);
-        }
-        window_fits(&room[..reach], &ends[..=last], &mut fits, &mut short);
+        self.run_ends(last, dur);
+        self.room(job, self.ends[last]);
+        let reach = self.ends[last];
+        window_fits(
+            &self.room[..reach],
+            &self.ends[..=last],
+            &mut self.fits,
+            &mut self.short,
+        );
         // the delay's cost in the units of run_cost (price × seconds of run): the
         // currency per second of delay over the job's kW
         let kwh_per_price_s = job.watts.max(0.0) / 3.6e6;
@@ -214,45 +282,87 @@ pub fn plan(
         } else {
             0.0
         };
-        let mut best: Option<(f64, usize)> = None;
-        for (k, ok) in fits.iter().enumerate() {
-            if !ok {
-                continue;
-            }
-            let mut c = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
-            if k > 0 && delay_per_s > 0.0 {
-                c += delay_per_s * starts[k].secs_since(now);
-            }
-            if best.is_none_or(|(bc, _)| c < bc - 1e-12) {
-                best = Some((c, k));
-            }
-        }
-        let (k, forced) = match best {
-            Some((_, k)) => (k, false),
+        let (k, forced) = match self.cheapest(dur, delay_per_s) {
+            Some(k) => (k, false),
             None => (0, true),
         };
-        let cost = run_cost(&prefix, &starts, &p, fill, k, ends[k], dur, horizon_end);
-        let cost_now = run_cost(&prefix, &starts, &p, fill, 0, ends[0], dur, horizon_end);
-        let delay_s = starts[k].secs_since(now);
-        for slot in k..ends[k] {
-            gpus[slot] = gpus[slot].saturating_add(job.gpus);
-            watts[slot] += job.watts;
+        let end = self.ends[k];
+        let cost = prices.run_cost(k, end, dur);
+        let cost_now = prices.run_cost(0, self.ends[0], dur);
+        let delay_s = starts[k].secs_since(self.now);
+        for slot in k..end {
+            self.gpus[slot] = self.gpus[slot].saturating_add(job.gpus);
+            self.watts[slot] += job.watts;
         }
-        placements[i] = Some(Placement {
+        Placement {
             id: job.id.clone(),
             start: starts[k],
             mean_price: cost / job.duration_s.max(1.0),
             forced,
             saving: (cost_now - cost) * kwh_per_price_s,
             delay_cost: job.delay_cost_per_s.max(0.0) * delay_s,
-            fits_now: fits.first().copied().unwrap_or(false),
-        });
+            fits_now: self.fits.first().copied().unwrap_or(false),
+        }
     }
-    Schedule {
-        placements: placements.into_iter().flatten().collect(),
-        slot_starts: starts,
-        gpus,
-        watts,
+
+    /// The slots a run of `dur` starting in each slot k ≤ `last` covers: `[k, ends[k])`
+    /// (ends never decrease with k).
+    fn run_ends(&mut self, last: usize, dur: f64) {
+        let prices = self.prices;
+        let starts = &prices.starts;
+        let n = starts.len();
+        let mut e = 0;
+        for k in 0..=last {
+            let end = starts[k] + dur;
+            if end >= prices.horizon_end {
+                e = n;
+            } else {
+                while e < n && starts[e] < end {
+                    e += 1;
+                }
+            }
+            self.ends[k] = e.max(k + 1);
+        }
+    }
+
+    /// Room per slot up to `reach`: how many more jobs like this one fit (fractional is
+    /// fine).
+    fn room(&mut self, job: &PlanJob, reach: usize) {
+        let per_gpus = 1.0 / f64::from(job.gpus.max(1));
+        let per_watts = if job.watts > 0.0 {
+            1.0 / job.watts
+        } else {
+            0.0
+        };
+        for k in 0..reach {
+            let g = f64::from(self.capacity.gpus.saturating_sub(self.gpus[k])) * per_gpus;
+            let w = if job.watts > 0.0 {
+                (self.capacity.power_w - self.watts[k]) * per_watts
+            } else {
+                f64::INFINITY
+            };
+            self.room[k] = g.min(w);
+        }
+    }
+
+    /// The start slot of least cost (a later one only when cheaper by more than 1e-12)
+    /// among those the run fits from, the delay's cost included.
+    fn cheapest(&self, dur: f64, delay_per_s: f64) -> Option<usize> {
+        let starts = &self.prices.starts;
+        let mut best: Option<(f64, usize)> = None;
+        for (k, ok) in self.fits.iter().enumerate() {
+            if !ok {
+                continue;
+            }
+            let mut c = self.prices.run_cost(k, self.ends[k], dur);
+            if k > 0 && delay_per_s > 0.0 {
+                c += delay_per_s * starts[k].secs_since(self.now);
+            }
+            if best.is_none_or(|(bc, _)| c < bc - 1e-12) {
+                best = Some((c, k));
+            }
+        }
+        best.map(|(_, k)| k)
     }
 }
 

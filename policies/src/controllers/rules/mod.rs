@@ -5,10 +5,9 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use crate::controllers::Controller;
-use crate::engine::{CapWants, Context, Explain, Wants};
 use crate::plan::RuleMemories;
 use crate::rules_eval;
+use crate::stage::{CapWants, Context, Controller, Explain, Wants};
 
 /// The `[[rules]]` controller.
 pub(crate) struct Rules;

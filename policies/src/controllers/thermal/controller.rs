@@ -6,9 +6,8 @@ use std::borrow::Cow;
 
 use telemetry::EntityId;
 
-use crate::controllers::Controller;
-use crate::engine::{CapWants, Context, Explain, Wants};
 use crate::policy::ThermalMode;
+use crate::stage::{CapWants, Context, Controller, Explain, Wants};
 
 /// The `[thermal]` controller.
 pub(crate) struct Thermal;

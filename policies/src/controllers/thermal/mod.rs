@@ -4,11 +4,9 @@
 //! the cap relaxes one step at a time once every signal is back under its release
 //! threshold and the cap has been held `min_hold_s`.
 
-mod controller;
+pub(crate) mod controller;
 pub mod model;
 pub mod predictive;
-
-pub(crate) use controller::Thermal;
 
 use std::collections::BTreeMap;
 
@@ -135,42 +133,11 @@ pub fn evaluate(
         let fraction = prev.map_or(1.0, |p| p.fraction);
         let since = prev.map_or(now, |p| p.since);
         let held_s = now.secs_since(since);
-        let obs = snapshot.observe(&EntityId::rack(&rack.id), INLET_TEMP_C, now);
         let mut values = BTreeMap::new();
         values.insert("limit_c".to_string(), rack.inlet_limit_c);
-        let reading = match obs {
-            Some(o) if o.usable() => {
-                values.insert("inlet_temp_c".to_string(), round3(o.value));
-                Some(o.value)
-            }
-            Some(o) => {
-                values.insert("inlet_temp_c".to_string(), round3(o.value));
-                values.insert("age_s".to_string(), round3(o.age_s));
-                None
-            }
-            None => None,
-        };
+        let reading = inlet_reading(snapshot, rack, now, &mut values);
         // hot: tighten; cool: relax; neither: keep
-        let (hot, cool, why) = match reading {
-            Some(t) => (
-                t > rack.inlet_limit_c,
-                t < rack.inlet_limit_c - rule.release_below_c,
-                format!("inlet {t:.1} °C against limit {:.1} °C", rack.inlet_limit_c),
-            ),
-            None => match rule.on_stale {
-                OnStale::AssumeWorst => (
-                    true,
-                    false,
-                    "inlet reading stale or missing: assuming the worst".to_string(),
-                ),
-                OnStale::HoldLast => (false, false, String::new()),
-                OnStale::Ignore => (
-                    false,
-                    true,
-                    "inlet reading stale or missing: rule ignored".to_string(),
-                ),
-            },
-        };
+        let (hot, cool, why) = inlet_signals(reading, rack, rule);
         // the cooling unit that serves the rack can make it hot and keep it from cooling
         let (hot, cool, why) = match unit {
             Some(u) => {
@@ -183,19 +150,7 @@ pub fn evaluate(
             }
             None => (hot, cool, why),
         };
-        let mut release = vec![format!(
-            "inlet_temp_c < {:.1}",
-            rack.inlet_limit_c - rule.release_below_c
-        )];
-        if let Some(u) = unit {
-            release.extend(u.release.iter().cloned());
-        }
-        let release = format!(
-            "{} (one step per {}s, held at least {}s)",
-            release.join(" and "),
-            rule.step_interval_s,
-            rule.min_hold_s
-        );
+        let release = release_text(rack, unit, rule);
         let mut next = ThermalLevel { fraction, since };
         let first = prev.is_none();
         if hot && fraction > 0.0 && (first || held_s >= rule.step_interval_s) {
@@ -234,4 +189,76 @@ pub fn evaluate(
         }
     }
     (levels, steps)
+}
+
+/// The rack's inlet reading, when usable, with what it shows in `values`.
+fn inlet_reading(
+    snapshot: &Snapshot,
+    rack: &telemetry::site::Rack,
+    now: Timestamp,
+    values: &mut BTreeMap<String, f64>,
+) -> Option<f64> {
+    let obs = snapshot.observe(&EntityId::rack(&rack.id), INLET_TEMP_C, now);
+    match obs {
+        Some(o) if o.usable() => {
+            values.insert("inlet_temp_c".to_string(), round3(o.value));
+            Some(o.value)
+        }
+        Some(o) => {
+            values.insert("inlet_temp_c".to_string(), round3(o.value));
+            values.insert("age_s".to_string(), round3(o.age_s));
+            None
+        }
+        None => None,
+    }
+}
+
+/// What the rack's inlet says: (hot, cool, why); a missing reading follows `on_stale`.
+fn inlet_signals(
+    reading: Option<f64>,
+    rack: &telemetry::site::Rack,
+    rule: &ThermalRule,
+) -> (bool, bool, String) {
+    match reading {
+        Some(t) => (
+            t > rack.inlet_limit_c,
+            t < rack.inlet_limit_c - rule.release_below_c,
+            format!("inlet {t:.1} °C against limit {:.1} °C", rack.inlet_limit_c),
+        ),
+        None => match rule.on_stale {
+            OnStale::AssumeWorst => (
+                true,
+                false,
+                "inlet reading stale or missing: assuming the worst".to_string(),
+            ),
+            OnStale::HoldLast => (false, false, String::new()),
+            OnStale::Ignore => (
+                false,
+                true,
+                "inlet reading stale or missing: rule ignored".to_string(),
+            ),
+        },
+    }
+}
+
+/// What would relax the rack's cap: its inlet and its unit's signals under their
+/// release thresholds.
+fn release_text(
+    rack: &telemetry::site::Rack,
+    unit: Option<&UnitState>,
+    rule: &ThermalRule,
+) -> String {
+    let mut release = vec![format!(
+        "inlet_temp_c < {:.1}",
+        rack.inlet_limit_c - rule.release_below_c
+    )];
+    if let Some(u) = unit {
+        release.extend(u.release.iter().cloned());
+    }
+    format!(
+        "{} (one step per {}s, held at least {}s)",
+        release.join(" and "),
+        rule.step_interval_s,
+        rule.min_hold_s
+    )
 }

@@ -14,7 +14,6 @@
 //! `full_load_rise_c`) are fitted; the rest comes from the site file. Pure: time and
 //! the prior fit are arguments.
 
-use serde::{Deserialize, Serialize};
 use telemetry::site::CoolingUnit;
 use telemetry::Timestamp;
 
@@ -22,27 +21,14 @@ use telemetry::Timestamp;
 pub const OFFSET_BOUND_C: f64 = 3.0;
 /// Bounds of the fitted rise, as a factor of the prior's `full_load_rise_c`.
 pub const RISE_BOUNDS: (f64, f64) = (0.5, 2.0);
+pub use crate::plan::RackFit;
+
 /// A fit is used only after this many updates.
 pub const MIN_SAMPLES: u32 = 20;
 /// Forgetting factor of the least squares (older samples weigh less).
 const FORGET: f64 = 0.995;
 /// Weight of the newest error in the running RMS.
 const RMS_WEIGHT: f64 = 0.05;
-
-/// The fitted state of one rack's model, persisted with the engine state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RackFit {
-    pub offset_c: f64,
-    pub rise_c: f64,
-    /// Covariance of (offset, rise): [p00, p01, p11].
-    pub cov: [f64; 3],
-    /// Running RMS of the fitted model's one-tick prediction error.
-    pub rms_c: f64,
-    pub samples: u32,
-    /// The last usable inlet reading and when it was taken.
-    pub last_at: Timestamp,
-    pub last_inlet_c: f64,
-}
 
 impl RackFit {
     /// A fit that knows only the prior.

@@ -9,7 +9,7 @@
 //! - `budget.rs`: `[budget]`, the facility and rack power budgets.
 //! - `thermal.rs`: `[thermal]`, the thermal and predictive controllers.
 //! - `price.rs`: `[price]`, the price controller.
-//! - `node_power.rs`: `[node_power]`, node power (its type in `crate::node_power`).
+//! - `node_power.rs`: `[node_power]`, node power (its type, `NodePowerRule`, with it).
 //!
 //! A new controller's section: a module here, a field of [`super::Policy`] and one
 //! line in [`SECTIONS`].

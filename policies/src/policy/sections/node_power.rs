@@ -1,7 +1,74 @@
-//! The policy file's `[node_power]` section (its type is `crate::node_power::NodePowerRule`), checked.
+//! The policy file's `[node_power]` section, its type and its checks.
+
+use serde::{Deserialize, Serialize};
 
 use super::{Section, SectionCheck};
 use crate::policy::Policy;
+
+/// The `[node_power]` table of a policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodePowerRule {
+    pub enabled: bool,
+    /// Idle GPUs kept on beyond what the work due within a boot time needs.
+    pub reserve_gpus: u32,
+    /// The same as a share of the site's GPUs (the larger of the two holds).
+    pub reserve_share: f64,
+    /// A node is powered down after this long with no work, s.
+    pub idle_s: f64,
+    /// The same while the price is above the mean of the forecast's next 24 h.
+    pub idle_s_expensive: Option<f64>,
+    /// A node powered down stays off at least this long unless work needs it, s.
+    pub min_off_s: f64,
+    /// At most this many power-downs in any minute.
+    pub max_downs_per_min: u32,
+    /// Boot time (power-up until the node takes work), s; `boot_s_by_model` per GPU
+    /// model of the node where given.
+    pub boot_s: f64,
+    /// Shutdown time, s.
+    pub shutdown_s: f64,
+    pub boot_s_by_model: std::collections::BTreeMap<String, f64>,
+    /// A node not back this long after its power-up is marked failed.
+    pub resume_timeout_s: f64,
+    /// What a powered-down node still draws (BMC, fans), W.
+    pub off_w: f64,
+    /// A power-down carries a lease: a node the controller stops renewing it for is
+    /// brought back when it ends, s.
+    pub lease_s: f64,
+}
+
+impl Default for NodePowerRule {
+    fn default() -> Self {
+        NodePowerRule {
+            enabled: false,
+            reserve_gpus: 8,
+            reserve_share: 0.05,
+            idle_s: 900.0,
+            idle_s_expensive: None,
+            min_off_s: 600.0,
+            max_downs_per_min: 8,
+            boot_s: 300.0,
+            shutdown_s: 60.0,
+            boot_s_by_model: Default::default(),
+            resume_timeout_s: 900.0,
+            off_w: 15.0,
+            lease_s: 900.0,
+        }
+    }
+}
+
+impl NodePowerRule {
+    pub fn is_default(&self) -> bool {
+        *self == NodePowerRule::default()
+    }
+
+    pub fn boot_s_of(&self, model: &str) -> f64 {
+        self.boot_s_by_model
+            .get(model)
+            .copied()
+            .unwrap_or(self.boot_s)
+    }
+}
 
 /// The `[node_power]` section in the list of [`super::SECTIONS`].
 pub(crate) const SECTION: Section = Section {

@@ -5,6 +5,7 @@
 use super::*;
 use crate::{evaluate as engine, Forecast, Inputs, Policy};
 use proptest::prelude::*;
+use telemetry::metric::names::POWER_W;
 use telemetry::Sample;
 
 /// One cooling unit (2 kW, undersized) for two racks of one 4-GPU A40 node each. The

@@ -8,11 +8,28 @@ use std::sync::Arc;
 use telemetry::site::{GpuIds, GpuRef};
 use telemetry::{EntityId, Job, Site, Snapshot, Timestamp};
 
-use super::Inputs;
+use crate::index::JobTable;
 use crate::plan::{Cap, State};
 use crate::rules::Rule;
 use crate::rules_eval;
 use crate::{Forecast, GpuMap, Policy};
+
+/// Everything the engine looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub site: &'a Site,
+    pub snapshot: &'a Snapshot,
+    pub jobs: &'a [Job],
+    /// What is in force now (the previous plan's state, as applied).
+    pub prior: &'a State,
+    pub policy: &'a Policy,
+    /// Price and carbon forecasts (empty when there is no feed).
+    pub forecast: &'a Forecast,
+    /// The jobs resolved at the edge (their allocated GPUs as GPU indexes, their ids to
+    /// positions), where the caller keeps them with its jobs (the job registry does);
+    /// `None`: the evaluation resolves them itself.
+    pub job_table: Option<&'a JobTable>,
+}
 
 /// What the controllers look at: the inputs, and what is made of them once.
 pub(crate) struct Context<'a> {
