@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use chrono_tz::Tz;
-use integrations::store::{Account, Conditions, LedgerEntry};
-use policies::plan::{Action, Target};
+use integrations::store::Conditions;
+#[cfg(test)]
+use integrations::store::{Account, LedgerEntry};
+#[cfg(test)]
 use policies::Decision;
 use serde::Serialize;
 use telemetry::Timestamp;

@@ -149,8 +149,8 @@ impl Runs {
     /// The three facilities at `start`: the baseline (every node on, no policy), the
     /// policy's (its nodes managed when the policy manages node power) and the
     /// power-saving one (Slurm-style suspends).
-    pub fn new(inputs: &Inputs, policy: &Policy, start: Timestamp) -> Self {
-        let np = &policy.node_power;
+    pub fn new(inputs: &Inputs) -> Self {
+        let (np, start) = (&inputs.policy.node_power, inputs.start);
         let node_model = facility::NodePowerModel {
             boot_s: np.boot_s,
             boot_s_by_model: np.boot_s_by_model.clone(),

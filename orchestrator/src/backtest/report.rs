@@ -268,55 +268,55 @@ fn rows(cur: &str) -> Vec<(&'static str, Cell<'_>)> {
     vec![
         (
             "Energy (IT + cooling)",
-            Box::new(|r| format!("{:.0} kWh", r.energy_kwh)),
+            Box::new(move |r| format!("{:.0} kWh", r.energy_kwh)),
         ),
         (
             "Cost (energy + demand charge)",
-            Box::new(|r| format!("{:.2} {cur}", r.cost)),
+            Box::new(move |r| format!("{:.2} {cur}", r.cost)),
         ),
         (
             "Demand charge",
-            Box::new(|r| format!("{:.2} {cur}", r.demand_charge)),
+            Box::new(move |r| format!("{:.2} {cur}", r.demand_charge)),
         ),
         (
             "Carbon",
-            Box::new(|r| {
+            Box::new(move |r| {
                 r.carbon_kg
                     .map_or("not measured".into(), |c| format!("{c:.0} kg"))
             }),
         ),
         (
             "Peak IT power",
-            Box::new(|r| format!("{:.1} kW", r.peak_kw)),
+            Box::new(move |r| format!("{:.1} kW", r.peak_kw)),
         ),
         (
             "Time over budget",
-            Box::new(|r| format!("{:.0} s", r.budget_violation_s)),
+            Box::new(move |r| format!("{:.0} s", r.budget_violation_s)),
         ),
         (
             "Time over an inlet limit",
-            Box::new(|r| format!("{:.0} s", r.thermal_violation_s)),
+            Box::new(move |r| format!("{:.0} s", r.thermal_violation_s)),
         ),
         (
             "Deadline misses",
-            Box::new(|r| r.deadline_misses.to_string()),
+            Box::new(move |r| r.deadline_misses.to_string()),
         ),
         (
             "Wait, mean / p95",
-            Box::new(|r| format!("{:.0} / {:.0} s", r.wait_mean_s, r.wait_p95_s)),
+            Box::new(move |r| format!("{:.0} / {:.0} s", r.wait_mean_s, r.wait_p95_s)),
         ),
         (
             "Slowdown, mean / p95",
-            Box::new(|r| format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)),
+            Box::new(move |r| format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)),
         ),
         (
             "GPU-hours delivered",
-            Box::new(|r| format!("{:.0}", r.gpu_hours)),
+            Box::new(move |r| format!("{:.0}", r.gpu_hours)),
         ),
         (
             "Node power-downs / node-hours off",
-            Box::new(|r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
+            Box::new(move |r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
         ),
-        ("Jobs deferred", Box::new(|r| r.jobs_deferred.to_string())),
+        ("Jobs deferred", Box::new(move |r| r.jobs_deferred.to_string())),
     ]
 }

@@ -242,7 +242,7 @@ impl Hours {
     fn of_report(r: &EnergyReport) -> Self {
         let t0 = r.from.as_secs_f64();
         let hours = |t: Timestamp| (t.as_secs_f64() - t0) / 3600.0;
-        let span_h = hours(self.to).max(1e-9);
+        let span_h = hours(r.to).max(1e-9);
         let ticks: Vec<(f64, String)> = (0..=6)
             .map(|i| {
                 let h = span_h * f64::from(i) / 6.0;

@@ -15,7 +15,7 @@ mod fault;
 pub(crate) mod gpu;
 pub(crate) mod hold;
 pub(crate) mod readings;
-mod thermal;
+pub(crate) mod thermal;
 pub mod workload;
 
 pub use fault::Fault;

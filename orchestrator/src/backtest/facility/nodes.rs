@@ -4,7 +4,7 @@
 use policies::node_power::{NodeAction, NodeView, Power};
 use telemetry::{JobState, Site, Timestamp};
 
-use super::Facility;
+use super::{Facility, SimJob};
 use crate::sim::gpu::Gpus;
 
 pub(super) struct Node {
