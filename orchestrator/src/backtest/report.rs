@@ -317,6 +317,9 @@ fn rows(cur: &str) -> Vec<(&'static str, Cell<'_>)> {
             "Node power-downs / node-hours off",
             Box::new(move |r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
         ),
-        ("Jobs deferred", Box::new(move |r| r.jobs_deferred.to_string())),
+        (
+            "Jobs deferred",
+            Box::new(move |r| r.jobs_deferred.to_string()),
+        ),
     ]
 }
