@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+#[cfg(test)]
+use chrono_tz::Tz;
 use integrations::store::Conditions;
 #[cfg(test)]
 use integrations::store::{Account, LedgerEntry};
@@ -20,8 +22,6 @@ mod demand;
 mod html;
 
 pub use build::build;
-#[cfg(test)]
-use build::{key_of, spans};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupBy {
