@@ -75,28 +75,7 @@ fn bounds<'a>(ys: impl Iterator<Item = &'a f64>) -> (f64, f64) {
 impl Chart<'_> {
     /// The chart as an inline SVG element.
     pub fn svg(&self) -> String {
-        let xs = self.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
-        let (x0, x1) = bounds(xs.collect::<Vec<_>>().iter());
-        let left: Vec<f64> = self
-            .lines
-            .iter()
-            .filter(|l| !l.right_axis)
-            .flat_map(|l| l.points.iter().map(|p| p.1))
-            .chain(self.rules.iter().map(|r| r.y))
-            .collect();
-        let right: Vec<f64> = self
-            .lines
-            .iter()
-            .filter(|l| l.right_axis)
-            .flat_map(|l| l.points.iter().map(|p| p.1))
-            .collect();
-        let (ly0, ly1) = bounds(left.iter());
-        let (ry0, ry1) = bounds(right.iter());
-        let sx = |x: f64| L + (x - x0) / (x1 - x0) * (W - L - R);
-        let sy = |y: f64, right: bool| {
-            let (a, b) = if right { (ry0, ry1) } else { (ly0, ly1) };
-            H - B - (y - a) / (b - a) * (H - T - B)
-        };
+        let sc = Scale::of(self);
         let mut s = String::new();
         let _ = write!(
             s,
@@ -108,6 +87,16 @@ impl Chart<'_> {
             r#"<text x="{L}" y="18" class="ct">{}</text>"#,
             escape(self.title)
         );
+        self.axes(&sc, &mut s);
+        self.plot(&sc, &mut s);
+        self.legend(&mut s);
+        s.push_str("</svg>");
+        s
+    }
+
+    /// The frame, the grid with the left (and right) axis values, the axis labels and
+    /// the x ticks.
+    fn axes(&self, sc: &Scale, s: &mut String) {
         let _ = write!(
             s,
             r##"<rect x="{L}" y="{T}" width="{}" height="{}" fill="none" stroke="#bbb"/>"##,
@@ -115,8 +104,8 @@ impl Chart<'_> {
             H - T - B
         );
         for i in 0..=4 {
-            let y = ly0 + (ly1 - ly0) * f64::from(i) / 4.0;
-            let py = sy(y, false);
+            let y = sc.ly0 + (sc.ly1 - sc.ly0) * f64::from(i) / 4.0;
+            let py = sc.y(y, false);
             let _ = write!(
                 s,
                 r##"<line x1="{L}" x2="{}" y1="{py:.1}" y2="{py:.1}" stroke="#eee"/><text x="{}" y="{:.1}" class="ax" text-anchor="end">{}</text>"##,
@@ -125,13 +114,13 @@ impl Chart<'_> {
                 py + 4.0,
                 fmt_num(y)
             );
-            if !right.is_empty() {
-                let ry = ry0 + (ry1 - ry0) * f64::from(i) / 4.0;
+            if sc.has_right {
+                let ry = sc.ry0 + (sc.ry1 - sc.ry0) * f64::from(i) / 4.0;
                 let _ = write!(
                     s,
                     r#"<text x="{}" y="{:.1}" class="ax">{}</text>"#,
                     W - R + 6.0,
-                    sy(ry, true) + 4.0,
+                    sc.y(ry, true) + 4.0,
                     fmt_num(ry)
                 );
             }
@@ -155,7 +144,7 @@ impl Chart<'_> {
             );
         }
         for (x, label) in &self.x_ticks {
-            let px = sx(*x);
+            let px = sc.x(*x);
             let _ = write!(
                 s,
                 r#"<text x="{px:.1}" y="{}" class="ax" text-anchor="middle">{}</text>"#,
@@ -163,8 +152,12 @@ impl Chart<'_> {
                 escape(label)
             );
         }
+    }
+
+    /// The rules (dashed) and the lines.
+    fn plot(&self, sc: &Scale, s: &mut String) {
         for r in &self.rules {
-            let py = sy(r.y, false);
+            let py = sc.y(r.y, false);
             let _ = write!(
                 s,
                 r#"<line x1="{L}" x2="{}" y1="{py:.1}" y2="{py:.1}" stroke="{}" stroke-dasharray="6 4" stroke-width="1.5"/>"#,
@@ -176,7 +169,7 @@ impl Chart<'_> {
             let mut d = String::new();
             let mut prev: Option<(f64, f64)> = None;
             for &(x, y) in &l.points {
-                let (px, py) = (sx(x), sy(y, l.right_axis));
+                let (px, py) = (sc.x(x), sc.y(y, l.right_axis));
                 match prev {
                     None => {
                         let _ = write!(d, "M{px:.1},{py:.1}");
@@ -196,7 +189,10 @@ impl Chart<'_> {
                 l.color
             );
         }
-        // legend, on its own line under the title
+    }
+
+    /// The legend, on its own line under the title.
+    fn legend(&self, s: &mut String) {
         let mut lx = L;
         let entries: Vec<(&str, &str, bool)> = self
             .lines
@@ -219,8 +215,62 @@ impl Chart<'_> {
             );
             lx += 30.0 + 6.5 * name.len() as f64;
         }
-        s.push_str("</svg>");
-        s
+    }
+}
+
+/// Where values land on a chart: the x range and the left and right axes' ranges.
+struct Scale {
+    x0: f64,
+    x1: f64,
+    ly0: f64,
+    ly1: f64,
+    ry0: f64,
+    ry1: f64,
+    /// Whether any line is drawn against the right axis.
+    has_right: bool,
+}
+
+impl Scale {
+    fn of(c: &Chart<'_>) -> Self {
+        let xs = c.lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
+        let (x0, x1) = bounds(xs.collect::<Vec<_>>().iter());
+        let left: Vec<f64> = c
+            .lines
+            .iter()
+            .filter(|l| !l.right_axis)
+            .flat_map(|l| l.points.iter().map(|p| p.1))
+            .chain(c.rules.iter().map(|r| r.y))
+            .collect();
+        let right: Vec<f64> = c
+            .lines
+            .iter()
+            .filter(|l| l.right_axis)
+            .flat_map(|l| l.points.iter().map(|p| p.1))
+            .collect();
+        let (ly0, ly1) = bounds(left.iter());
+        let (ry0, ry1) = bounds(right.iter());
+        Scale {
+            x0,
+            x1,
+            ly0,
+            ly1,
+            ry0,
+            ry1,
+            has_right: !right.is_empty(),
+        }
+    }
+
+    fn x(&self, x: f64) -> f64 {
+        L + (x - self.x0) / (self.x1 - self.x0) * (W - L - R)
+    }
+
+    fn y(&self, y: f64, right: bool) -> f64 {
+        let (a, b) = if right {
+            (self.ry0, self.ry1)
+        } else {
+            (self.ly0, self.ly1)
+        };
+        H - B - (y - a) / (b - a) * (H - T - B)
     }
 }
 

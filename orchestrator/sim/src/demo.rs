@@ -129,29 +129,7 @@ pub struct Summary {
 
 /// Runs the demo; progress lines go to `progress`.
 pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
-    let site = Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let policy =
-        Policy::parse(&cfg.policy.name, &cfg.policy.text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let prices = Series::from_csv(&cfg.prices.name, &cfg.prices.text, "price_per_kwh")?;
-    let carbon = Series::from_csv(&cfg.prices.name, &cfg.prices.text, "carbon_g_per_kwh")
-        .unwrap_or_default();
-    std::fs::create_dir_all(&cfg.out)
-        .with_context(|| format!("cannot create {}", cfg.out.display()))?;
-    let db = cfg.out.join("state.redb");
-    if db.exists() {
-        std::fs::remove_file(&db).with_context(|| format!("cannot replace {}", db.display()))?;
-    }
-    let store = Store::new(Box::new(EmbeddedBackend::open(&db)?));
-    let mut control = ControlLoop::restore(site.clone(), policy, store, 60.0)?;
-    let mut fac = Facility::new(
-        site.clone(),
-        prices,
-        carbon,
-        Workload::default(),
-        cfg.seed,
-        cfg.start,
-    )
-    .with_faults(cfg.faults.clone());
+    let (site, mut control, mut fac) = setup(cfg)?;
 
     let ticks = (f64::from(cfg.minutes) * 60.0 / cfg.tick_s).round() as u64;
     let mut points = Vec::with_capacity(ticks as usize + 1);
@@ -218,6 +196,47 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
             events.crossings()
         )?;
     }
+    finish(cfg, &site, &fac, control, &points)
+}
+
+/// The site and policy read, the store opened afresh in the output folder, the
+/// control loop on it and the simulated facility.
+fn setup(cfg: &DemoConfig) -> Result<(Site, ControlLoop, Facility)> {
+    let site = Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy =
+        Policy::parse(&cfg.policy.name, &cfg.policy.text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let prices = Series::from_csv(&cfg.prices.name, &cfg.prices.text, "price_per_kwh")?;
+    let carbon = Series::from_csv(&cfg.prices.name, &cfg.prices.text, "carbon_g_per_kwh")
+        .unwrap_or_default();
+    std::fs::create_dir_all(&cfg.out)
+        .with_context(|| format!("cannot create {}", cfg.out.display()))?;
+    let db = cfg.out.join("state.redb");
+    if db.exists() {
+        std::fs::remove_file(&db).with_context(|| format!("cannot replace {}", db.display()))?;
+    }
+    let store = Store::new(Box::new(EmbeddedBackend::open(&db)?));
+    let control = ControlLoop::restore(site.clone(), policy, store, 60.0)?;
+    let fac = Facility::new(
+        site.clone(),
+        prices,
+        carbon,
+        Workload::default(),
+        cfg.seed,
+        cfg.start,
+    )
+    .with_faults(cfg.faults.clone());
+    Ok((site, control, fac))
+}
+
+/// The run ended at the facility's now: the control loop finishes, its audit log and
+/// ledger are read back, summarized and written out with the points.
+fn finish(
+    cfg: &DemoConfig,
+    site: &Site,
+    fac: &Facility,
+    mut control: ControlLoop,
+    points: &[Point],
+) -> Result<Summary> {
     let end = fac.now();
     control.finish(end)?;
     let counters = control.counters.clone();
@@ -230,14 +249,14 @@ pub fn run(cfg: &DemoConfig, progress: &mut dyn Write) -> Result<Summary> {
         .collect();
     let summary = summarize(
         cfg,
-        &site,
-        &points,
+        site,
+        points,
         &audit.iter().map(|a| a.1.clone()).collect::<Vec<_>>(),
         &ledger,
         fac.stats.clone(),
         counters.samples_rejected.values().sum(),
     );
-    output::write_outputs(cfg, &site, &points, &audit, &ledger, &fac, &summary)?;
+    output::write_outputs(cfg, site, points, &audit, &ledger, fac, &summary)?;
     Ok(summary)
 }
 
@@ -445,103 +464,101 @@ impl Summary {
             start.format("%Y-%m-%d %H:%M %Z"),
             self.seed
         );
-        let row = |s: &mut String, k: &str, v: String| {
+        for (k, v) in self.energy_rows().into_iter().chain(self.control_rows()) {
             let _ = writeln!(s, "  {k:<18} {v}");
-        };
-        row(
-            &mut s,
-            "energy",
-            format!(
-                "{:.1} kWh IT + {:.1} kWh cooling = {:.1} kWh",
-                self.it_kwh,
-                self.cooling_kwh,
-                self.it_kwh + self.cooling_kwh
+        }
+        let _ = writeln!(s, "\n  wrote {0}/report.html, {0}/report.csv, {0}/jobs.csv, {0}/audit.jsonl, {0}/state.redb", out.display());
+        s
+    }
+
+    /// The table's rows on energy, cost, power and heat.
+    fn energy_rows(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "energy",
+                format!(
+                    "{:.1} kWh IT + {:.1} kWh cooling = {:.1} kWh",
+                    self.it_kwh,
+                    self.cooling_kwh,
+                    self.it_kwh + self.cooling_kwh
+                ),
             ),
-        );
-        row(
-            &mut s,
-            "cost",
-            format!(
-                "{:.2} {} ({:.3} {}/kWh on average)",
-                self.cost,
-                self.currency,
-                self.cost / (self.it_kwh + self.cooling_kwh).max(1e-9),
-                self.currency
+            (
+                "cost",
+                format!(
+                    "{:.2} {} ({:.3} {}/kWh on average)",
+                    self.cost,
+                    self.currency,
+                    self.cost / (self.it_kwh + self.cooling_kwh).max(1e-9),
+                    self.currency
+                ),
             ),
-        );
-        row(&mut s, "carbon", format!("{:.1} kg CO2", self.carbon_kg));
-        row(
-            &mut s,
-            "peak IT power",
-            format!(
-                "{:.1} kW against a {:.1} kW budget ({:.1}%)",
-                self.peak_it_kw,
-                self.budget_kw,
-                100.0 * self.peak_it_kw / self.budget_kw
+            ("carbon", format!("{:.1} kg CO2", self.carbon_kg)),
+            (
+                "peak IT power",
+                format!(
+                    "{:.1} kW against a {:.1} kW budget ({:.1}%)",
+                    self.peak_it_kw,
+                    self.budget_kw,
+                    100.0 * self.peak_it_kw / self.budget_kw
+                ),
             ),
-        );
-        row(
-            &mut s,
-            "over budget",
-            format!("{:.0} s", self.over_budget_s),
-        );
-        row(
-            &mut s,
-            "hottest inlet",
-            format!(
-                "{:.1} °C at rack {} against its {:.1} °C limit",
-                self.hottest_inlet_c, self.hottest_rack, self.hottest_limit_c
+            ("over budget", format!("{:.0} s", self.over_budget_s)),
+            (
+                "hottest inlet",
+                format!(
+                    "{:.1} °C at rack {} against its {:.1} °C limit",
+                    self.hottest_inlet_c, self.hottest_rack, self.hottest_limit_c
+                ),
             ),
-        );
-        row(
-            &mut s,
-            "over inlet limit",
-            format!("{:.0} s (any rack)", self.over_inlet_limit_s),
-        );
-        row(
-            &mut s,
-            "caps",
-            format!(
-                "{} cap decisions, at most {} GPUs capped at once, {:.1} GPU-hours capped",
-                self.cap_decisions, self.peak_capped_gpus, self.capped_gpu_hours
+            (
+                "over inlet limit",
+                format!("{:.0} s (any rack)", self.over_inlet_limit_s),
             ),
-        );
-        row(
-            &mut s,
-            "deferred jobs",
-            format!(
+        ]
+    }
+
+    /// The table's rows on what the controller did, the jobs and the records.
+    fn control_rows(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "caps",
+                format!(
+                    "{} cap decisions, at most {} GPUs capped at once, {:.1} GPU-hours capped",
+                    self.cap_decisions, self.peak_capped_gpus, self.capped_gpu_hours
+                ),
+            ),
+            (
+                "deferred jobs",
+                format!(
                 "{} held; released: {} when the price fell, {} at their latest start, {} otherwise",
                 self.jobs_deferred,
                 self.releases_by_price,
                 self.releases_by_deadline,
                 self.releases_other
             ),
-        );
-        row(
-            &mut s,
-            "jobs",
-            format!(
-                "{} submitted, {} started, {} finished, {} deadline misses",
-                self.sim.jobs_submitted,
-                self.sim.jobs_started,
-                self.sim.jobs_finished,
-                self.sim.deadline_misses
             ),
-        );
-        row(
-            &mut s,
-            "work delivered",
-            format!("{:.2} GPU-hours", self.sim.work_gpu_s / 3600.0),
-        );
-        row(
-            &mut s,
-            "records",
-            format!(
-                "{} decisions in the audit log, {} ledger entries, {} samples rejected",
-                self.audit_records, self.ledger_entries, self.samples_rejected
+            (
+                "jobs",
+                format!(
+                    "{} submitted, {} started, {} finished, {} deadline misses",
+                    self.sim.jobs_submitted,
+                    self.sim.jobs_started,
+                    self.sim.jobs_finished,
+                    self.sim.deadline_misses
+                ),
             ),
-        );
-        let _ = writeln!(s, "\n  wrote {0}/report.html, {0}/report.csv, {0}/jobs.csv, {0}/audit.jsonl, {0}/state.redb", out.display());
-        s
+            (
+                "work delivered",
+                format!("{:.2} GPU-hours", self.sim.work_gpu_s / 3600.0),
+            ),
+            (
+                "records",
+                format!(
+                    "{} decisions in the audit log, {} ledger entries, {} samples rejected",
+                    self.audit_records, self.ledger_entries, self.samples_rejected
+                ),
+            ),
+        ]
     }
 }

@@ -1,106 +1,51 @@
-//! The simulated facility: what `powerplane demo` (and later the backtest) drives.
+//! The simulated facility: what `powerplane demo` drives, and the parts the backtest's
+//! trace-driven facility (`backtest::facility`) shares with it.
 //!
 //! GPUs draw power and make progress as Zeus measured on real A40s under each power
-//! limit; nodes draw a base load; rack inlets follow the heat load of their cooling unit
-//! with a first-order lag; jobs arrive, wait for GPUs (or for a hold to end) and run.
-//! It is deterministic: one seed, one run.
+//! limit, and go back to their default limit when a cap's lease ends ([`gpu`]); nodes
+//! draw a base load; rack inlets follow the heat load of their cooling unit with a
+//! first-order lag ([`thermal`]); jobs arrive, wait for GPUs (or for a hold to end,
+//! [`hold`]) and run; the facility reports what a real one would ([`readings`]).
+//! This module's [`Facility`] is the generator-driven front end: its jobs come from a
+//! seeded [`workload::Generator`]. It is deterministic: one seed, one run.
 //!
 //! # Layout
 //!
-//! - this module: the simulated facility: GPUs that respond to caps as measured by Zeus,
-//!   racks whose inlets follow heat load, a price series and arriving jobs.
+//! - this module: the generator-driven facility the demo drives.
+//! - [`gpu`], [`thermal`], [`hold`], [`readings`]: the parts both front ends share:
+//!   GPUs under caps with leases, rack inlets and cooling, holds, the readings.
 //! - [`events`]: the replays' event-driven evaluations, debounced as `serve`'s.
 //! - [`workload`]: the seeded job generator.
 //! - [`demo`]: `powerplane demo`, the simulated facility under the control loop.
 //! - [`backtest`]: `powerplane backtest`, a job trace and real prices replayed under the
-//!   policy and under a no-policy baseline.
+//!   policy and under a no-policy baseline, on the trace-driven front end.
 #![forbid(unsafe_code)]
 
 pub mod backtest;
 pub mod demo;
-
 pub use common::{curves, rng};
 pub mod events;
 mod fault;
+pub(crate) mod gpu;
+pub(crate) mod hold;
+pub(crate) mod readings;
+pub(crate) mod thermal;
 pub mod workload;
 
 pub use fault::Fault;
+pub use thermal::{cooling_kw_per_kw, thermal_targets, thermal_targets_by_unit};
 
 use std::collections::BTreeMap;
 
 use integrations::prices::Series;
 use policies::State;
-use telemetry::metric::names::*;
-use telemetry::{EntityId, EntityKind, GpuModel, Job, JobState, Sample, Site, Timestamp};
+use telemetry::{Job, JobState, Sample, Site, Timestamp};
 
 use control::{Actuator, Telemetry};
 use curves::Curve;
+use gpu::Gpus;
+use readings::{GpuReadings, Readings};
 use workload::{Generated, Generator, Workload};
-
-/// Cooling electrical power per kW of heat removed (1 / coefficient of performance).
-const CRAH_KW_PER_KW: f64 = 0.25;
-const CDU_KW_PER_KW: f64 = 0.12;
-
-/// What a cooling unit draws per kW of heat it removes.
-pub fn cooling_kw_per_kw(unit: &telemetry::site::CoolingUnit) -> f64 {
-    match unit.kind {
-        telemetry::site::CoolingKind::Crah => CRAH_KW_PER_KW,
-        telemetry::site::CoolingKind::Cdu => CDU_KW_PER_KW,
-    }
-}
-
-/// The thermal model of the simulated facility, shared by the demo and the backtest:
-/// where each rack's inlet is heading for the racks' power draw (W), and the electrical
-/// power each cooling unit spends (W). `capacity_factor` scales every cooling unit's
-/// capacity (a heat wave: 0.7).
-///
-/// Each unit's racks share its heat load: the inlet rises linearly with load up to the
-/// unit's capacity (`full_load_rise_c` at full capacity), faster above it
-/// (`overload_rise_c_per_kw`), and a rack drawing more than the unit's average sits
-/// hotter by the unit's `rack_skew_c_per_kw`. Inlets follow their target with the unit's time
-/// constant (first-order lag).
-pub fn thermal_targets(
-    site: &Site,
-    rack_power_w: &[f64],
-    capacity_factor: f64,
-) -> (Vec<f64>, Vec<f64>) {
-    thermal_targets_by_unit(
-        site,
-        rack_power_w,
-        &vec![capacity_factor; site.cooling.len()],
-    )
-}
-
-/// [`thermal_targets`] with a capacity factor per cooling unit (a unit with a failed
-/// pump or a capacity drop has its own).
-pub fn thermal_targets_by_unit(
-    site: &Site,
-    rack_power_w: &[f64],
-    capacity_factor: &[f64],
-) -> (Vec<f64>, Vec<f64>) {
-    let mut target = vec![22.0; site.racks.len()];
-    let mut cooling = vec![0.0; site.cooling.len()];
-    for (ci, unit) in site.cooling.iter().enumerate() {
-        let idx: Vec<usize> = unit
-            .racks
-            .iter()
-            .filter_map(|r| site.rack_index(r))
-            .collect();
-        let capacity_kw =
-            (unit.capacity_kw * capacity_factor.get(ci).copied().unwrap_or(1.0)).max(1e-6);
-        let heat_kw: f64 = idx.iter().map(|&i| rack_power_w[i]).sum::<f64>() / 1000.0;
-        let avg_kw = heat_kw / idx.len().max(1) as f64;
-        let base = unit.supply_temp_c
-            + unit.full_load_rise_c * heat_kw.min(capacity_kw) / capacity_kw
-            + unit.overload_rise_c_per_kw * (heat_kw - capacity_kw).max(0.0);
-        for &i in &idx {
-            target[i] = base + unit.rack_skew_c_per_kw * (rack_power_w[i] / 1000.0 - avg_kw);
-        }
-        let per_kw = cooling_kw_per_kw(unit);
-        cooling[ci] = heat_kw.min(capacity_kw) * per_kw * 1000.0;
-    }
-    (target, cooling)
-}
 
 /// What the engine plans with in the simulator: the next `horizon_s` of the price and
 /// carbon series (as `serve` hands it the next 48 h of its feed).
@@ -128,18 +73,6 @@ pub fn forecast(
     }
 }
 
-struct SimGpu {
-    id: EntityId,
-    node: usize,
-    rack: usize,
-    model: GpuModel,
-    limit_w: f64,
-    lease_until: Option<Timestamp>,
-    job: Option<usize>,
-    power_w: f64,
-    energy_j: f64,
-}
-
 struct SimJob {
     gen: Generated,
     done_s: f64,
@@ -164,7 +97,7 @@ pub struct SimStats {
 pub struct Facility {
     site: Site,
     curves: Vec<Curve>,
-    gpus: Vec<SimGpu>,
+    gpus: Gpus,
     jobs: Vec<SimJob>,
     inlet_c: Vec<f64>,
     rack_power_w: Vec<f64>,
@@ -190,21 +123,7 @@ impl Facility {
     ) -> Self {
         let curves = curves::a40();
         let mut gen = Generator::new(seed, workload, curves.len());
-        let gpus = site
-            .gpus()
-            .into_iter()
-            .map(|g| SimGpu {
-                id: g.id.into_owned(),
-                node: g.node_index,
-                rack: g.rack_index,
-                model: g.model.clone(),
-                limit_w: g.model.default_w,
-                lease_until: None,
-                job: None,
-                power_w: g.model.idle_w,
-                energy_j: 0.0,
-            })
-            .collect();
+        let gpus = Gpus::of(&site);
         let first_gap = gen.next_gap_s();
         let racks = site.racks.len();
         let mut f = Facility {
@@ -344,28 +263,16 @@ impl Facility {
         }
         self.progress(dt_s);
         self.update_power();
-        for g in &mut self.gpus {
+        for g in self.gpus.iter_mut() {
             g.energy_j += g.power_w * dt_s;
         }
         self.update_thermal(dt_s);
     }
 
     fn expire_leases(&mut self, now: Timestamp) {
-        for g in &mut self.gpus {
-            if g.lease_until.is_some_and(|l| l <= now) {
-                // an agent that hears nothing restores the default limit
-                g.limit_w = g.model.default_w;
-                g.lease_until = None;
-                self.stats.leases_expired += 1;
-            }
-        }
+        self.stats.leases_expired += self.gpus.expire_leases(now);
         for j in &mut self.jobs {
-            if j.hold_until.is_some_and(|h| h <= now) {
-                j.hold_until = None;
-                if j.gen.job.state == JobState::Held {
-                    j.gen.job.state = JobState::Pending;
-                }
-            }
+            hold::expire(&mut j.gen.job, &mut j.hold_until, now);
         }
     }
 
@@ -427,14 +334,13 @@ impl Facility {
 
     fn progress(&mut self, dt_s: f64) {
         let mut speed: BTreeMap<usize, f64> = BTreeMap::new();
-        for g in &self.gpus {
+        for g in self.gpus.iter_mut() {
             if let Some(j) = g.job {
-                let curve = &self.curves[self.jobs[j].gen.curve];
-                let (_, s) = curve.at(g.limit_w / g.model.max_w);
+                let (_, s) = g.busy(j, &self.curves[self.jobs[j].gen.curve]);
                 // a job runs at the pace of its slowest GPU
                 let e = speed.entry(j).or_insert(1.0);
                 *e = e.min(s);
-                if g.limit_w < g.model.default_w - 0.5 {
+                if g.capped() {
                     self.stats.capped_gpu_s += dt_s;
                 }
             }
@@ -450,7 +356,7 @@ impl Facility {
                 if job.gen.job.deadline.is_some_and(|d| d < self.now) {
                     self.stats.deadline_misses += 1;
                 }
-                for g in &mut self.gpus {
+                for g in self.gpus.iter_mut() {
                     if g.job == Some(j) {
                         g.job = None;
                     }
@@ -463,13 +369,10 @@ impl Facility {
     fn update_power(&mut self) {
         let mut rack_w = vec![0.0; self.site.racks.len()];
         let mut node_busy: BTreeMap<usize, (u32, u32)> = BTreeMap::new();
-        for g in &mut self.gpus {
+        for g in self.gpus.iter_mut() {
             g.power_w = match g.job {
-                Some(j) => {
-                    let (p, _) = self.curves[self.jobs[j].gen.curve].at(g.limit_w / g.model.max_w);
-                    (p * g.model.max_w).max(g.model.idle_w)
-                }
-                None => g.model.idle_w.min(g.limit_w),
+                Some(j) => g.busy(j, &self.curves[self.jobs[j].gen.curve]).0,
+                None => g.idle_w(),
             };
             rack_w[g.rack] += g.power_w;
             let e = node_busy.entry(g.node).or_default();
@@ -484,7 +387,7 @@ impl Facility {
                 } else {
                     0.0
                 };
-                rack_w[ri] += self.site.nodes[ni].base_w * (0.5 + 0.5 * share);
+                rack_w[ri] += gpu::node_base_w(self.site.nodes[ni].base_w, share);
             }
         }
         self.rack_power_w = rack_w;
@@ -500,14 +403,7 @@ impl Facility {
 
     fn update_thermal(&mut self, dt_s: f64) {
         let target = self.thermal_targets();
-        for (ri, rack) in self.site.racks.iter().enumerate() {
-            let tau = self
-                .site
-                .cooling_of(&rack.id)
-                .map_or(300.0, |c| c.time_constant_s);
-            let k = 1.0 - (-dt_s / tau).exp();
-            self.inlet_c[ri] += (target[ri] - self.inlet_c[ri]) * k;
-        }
+        thermal::follow(&self.site, &mut self.inlet_c, &target, dt_s);
     }
 
     fn settle_thermal(&mut self) {
@@ -532,10 +428,7 @@ impl Facility {
 
     /// GPUs whose limit is below default now.
     pub fn capped_gpus(&self) -> usize {
-        self.gpus
-            .iter()
-            .filter(|g| g.limit_w < g.model.default_w - 0.5)
-            .count()
+        self.gpus.iter().filter(|g| g.capped()).count()
     }
 
     /// Every job that is not finished, plus the ones that finished since `since`.
@@ -546,138 +439,28 @@ impl Facility {
 
 impl Telemetry for Facility {
     fn poll(&mut self, now: Timestamp) -> Vec<Sample> {
-        let src = "sim";
-        let mut out = Vec::with_capacity(self.gpus.len() * 3 + self.site.racks.len() * 2 + 8);
-        for g in &self.gpus {
-            out.push(Sample::new(
-                EntityId::clone(&g.id),
-                POWER_W,
-                g.power_w,
-                now,
-                src,
-            ));
-            out.push(Sample::new(
-                EntityId::clone(&g.id),
-                ENERGY_J,
-                g.energy_j,
-                now,
-                src,
-            ));
-            out.push(Sample::new(
-                EntityId::clone(&g.id),
-                POWER_LIMIT_W,
-                g.limit_w,
-                now,
-                src,
-            ));
+        Readings {
+            site: &self.site,
+            gpus: &self.gpus,
+            gpu_readings: GpuReadings::Full,
+            rack_power_w: &self.rack_power_w,
+            inlet_c: &self.inlet_c,
+            cooling_power_w: &self.cooling_power_w,
+            prices: &self.prices,
+            carbon: &self.carbon,
+            capacity_factors: self.capacity_factors(),
+            demand: None,
         }
-        facility_samples(
-            &FacilityReadings {
-                site: &self.site,
-                rack_power_w: &self.rack_power_w,
-                inlet_c: &self.inlet_c,
-                cooling_power_w: &self.cooling_power_w,
-                it_power_w: self.it_power_w(),
-                prices: &self.prices,
-                carbon: &self.carbon,
-            },
-            now,
-            src,
-            &mut out,
-        );
-        // what each cooling unit reports it can remove (its BMC's capacity reading)
-        for (unit, f) in self.site.cooling.iter().zip(self.capacity_factors()) {
-            out.push(Sample::new(
-                EntityId::new(EntityKind::Cooling, &unit.id),
-                COOLING_CAPACITY_KW,
-                unit.capacity_kw * f,
-                now,
-                src,
-            ));
-        }
-        out
-    }
-}
-
-/// What a simulated facility reports above its GPUs, as both the demo's and the
-/// backtest's simulators publish it each tick.
-pub(crate) struct FacilityReadings<'a> {
-    pub site: &'a Site,
-    pub rack_power_w: &'a [f64],
-    pub inlet_c: &'a [f64],
-    pub cooling_power_w: &'a [f64],
-    pub it_power_w: f64,
-    pub prices: &'a Series,
-    pub carbon: &'a Series,
-}
-
-/// Rack power and inlet, cooling power, the site's IT power, and the price and carbon
-/// intensity in force, as samples.
-pub(crate) fn facility_samples(
-    r: &FacilityReadings<'_>,
-    now: Timestamp,
-    src: &str,
-    out: &mut Vec<Sample>,
-) {
-    for (ri, rack) in r.site.racks.iter().enumerate() {
-        let e = EntityId::rack(&rack.id);
-        out.push(Sample::new(
-            e.clone(),
-            POWER_W,
-            r.rack_power_w[ri],
-            now,
-            src,
-        ));
-        out.push(Sample::new(e, INLET_TEMP_C, r.inlet_c[ri], now, src));
-    }
-    for (ci, unit) in r.site.cooling.iter().enumerate() {
-        let e = EntityId::new(EntityKind::Cooling, &unit.id);
-        out.push(Sample::new(
-            e,
-            COOLING_POWER_W,
-            r.cooling_power_w[ci],
-            now,
-            src,
-        ));
-    }
-    let site = r.site.site_entity();
-    out.push(Sample::new(site.clone(), POWER_W, r.it_power_w, now, src));
-    if let Some(p) = r.prices.at(now) {
-        out.push(Sample::new(site.clone(), PRICE_PER_KWH, p, now, src));
-    }
-    if let Some(c) = r.carbon.at(now) {
-        out.push(Sample::new(site, CARBON_G_PER_KWH, c, now, src));
+        .samples(now, "sim")
     }
 }
 
 impl Actuator for Facility {
     fn apply(&mut self, state: &State, _now: Timestamp) -> Vec<String> {
-        for g in &mut self.gpus {
-            match state.caps.get(&g.id) {
-                Some(c) => {
-                    g.limit_w = g.model.clamp_limit(c.watts);
-                    g.lease_until = Some(c.lease_until);
-                }
-                None => {
-                    g.limit_w = g.model.default_w;
-                    g.lease_until = None;
-                }
-            }
-        }
+        self.gpus.apply_caps(state);
         for j in &mut self.jobs {
-            let job = &mut j.gen.job;
-            match state.holds.get(&job.id) {
-                Some(h) if matches!(job.state, JobState::Pending | JobState::Held) => {
-                    job.state = JobState::Held;
-                    j.hold_until = Some(h.lease_until);
-                }
-                _ => {
-                    if job.state == JobState::Held {
-                        job.state = JobState::Pending;
-                    }
-                    j.hold_until = None;
-                }
-            }
+            let lease = state.holds.get(&j.gen.job.id).map(|h| h.lease_until);
+            hold::apply(&mut j.gen.job, &mut j.hold_until, lease);
         }
         Vec::new()
     }

@@ -1,6 +1,8 @@
 //! The simulated facility: leases, holds, caps, faults and determinism.
 use super::*;
 use policies::{Cap, Hold};
+use telemetry::metric::names::COOLING_CAPACITY_KW;
+use telemetry::{EntityId, EntityKind};
 
 const SITE: &str = include_str!("../../../examples/demo/site.toml");
 const PRICES: &str = include_str!("../../../examples/demo/prices.csv");

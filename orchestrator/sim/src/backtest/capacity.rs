@@ -192,51 +192,15 @@ pub fn run(
     let mut contract_kw = 0.0;
     let mut best: Option<(usize, usize)> = None;
     for i in 0..=max_steps {
-        let extra = i * step.max(1);
-        let text = grow(&cfg.site.text, &cfg.site.name, extra)?;
-        let mut c = cfg.clone();
-        c.site = Input {
-            name: cfg.site.name.clone(),
-            text,
-        };
-        c.out = cfg.out.join(format!("racks-{}", base_racks + extra));
-        let s = super::run(&c, progress)?;
-        contract_kw = s.budget_kw;
-        let mut u = c.clone();
-        u.site.text = unlimited_site(&c.site.text)?;
-        if let Some(sc) = &mut u.scenario {
-            sc.text = without_contract(&sc.text)?;
-        }
-        u.out = cfg
-            .out
-            .join(format!("racks-{}-unconstrained", base_racks + extra));
-        let free = super::run(&u, progress)?;
-        let l = lost(&s, &free);
-        let passed = s.policy.budget_violation_s == 0.0
-            && s.policy.thermal_violation_s == 0.0
-            && l <= MAX_LOST;
-        writeln!(
-            progress,
-            "capacity: {} racks, {} GPUs: {:.0} s over the contract, {:.0} s over an inlet limit, {:.2}% GPU-hours lost: {}",
-            base_racks + extra,
-            s.gpus,
-            s.policy.budget_violation_s,
-            s.policy.thermal_violation_s,
-            l * 100.0,
-            if passed { "holds" } else { "does not hold" }
-        )?;
-        steps.push(Step {
-            racks: base_racks + extra,
-            gpus: s.gpus,
-            budget_violation_s: s.policy.budget_violation_s,
-            thermal_violation_s: s.policy.thermal_violation_s,
-            gpu_hours_lost: l,
-            passed,
-        });
+        let racks = base_racks + i * step.max(1);
+        let (st, budget_kw) = try_size(cfg, i * step.max(1), racks, progress)?;
+        contract_kw = budget_kw;
+        let (passed, gpus) = (st.passed, st.gpus);
+        steps.push(st);
         if !passed {
             break;
         }
-        best = Some((base_racks + extra, s.gpus));
+        best = Some((racks, gpus));
     }
     let nameplate = contract_kw * 1000.0 / peak.max(1.0);
     let (racks, gpus) = best.unwrap_or((0, 0));
@@ -260,4 +224,51 @@ pub fn run(
         serde_json::to_string_pretty(&report)? + "\n",
     )?;
     Ok(report)
+}
+
+/// One size: the site grown by `extra` racks (`racks` in all) replayed under its
+/// contract and without limits; the step, and the contract's limit (kW).
+fn try_size(
+    cfg: &BacktestConfig,
+    extra: usize,
+    racks: usize,
+    progress: &mut dyn std::io::Write,
+) -> Result<(Step, f64)> {
+    let text = grow(&cfg.site.text, &cfg.site.name, extra)?;
+    let mut c = cfg.clone();
+    c.site = Input {
+        name: cfg.site.name.clone(),
+        text,
+    };
+    c.out = cfg.out.join(format!("racks-{racks}"));
+    let s = super::run(&c, progress)?;
+    let mut u = c.clone();
+    u.site.text = unlimited_site(&c.site.text)?;
+    if let Some(sc) = &mut u.scenario {
+        sc.text = without_contract(&sc.text)?;
+    }
+    u.out = cfg.out.join(format!("racks-{racks}-unconstrained"));
+    let free = super::run(&u, progress)?;
+    let l = lost(&s, &free);
+    let passed =
+        s.policy.budget_violation_s == 0.0 && s.policy.thermal_violation_s == 0.0 && l <= MAX_LOST;
+    writeln!(
+        progress,
+        "capacity: {} racks, {} GPUs: {:.0} s over the contract, {:.0} s over an inlet limit, {:.2}% GPU-hours lost: {}",
+        racks,
+        s.gpus,
+        s.policy.budget_violation_s,
+        s.policy.thermal_violation_s,
+        l * 100.0,
+        if passed { "holds" } else { "does not hold" }
+    )?;
+    let st = Step {
+        racks,
+        gpus: s.gpus,
+        budget_violation_s: s.policy.budget_violation_s,
+        thermal_violation_s: s.policy.thermal_violation_s,
+        gpu_hours_lost: l,
+        passed,
+    };
+    Ok((st, s.budget_kw))
 }

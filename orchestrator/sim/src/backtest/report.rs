@@ -3,9 +3,11 @@
 
 use std::fmt::Write as _;
 
-use telemetry::Site;
+use telemetry::{Site, Timestamp};
 
-use super::{RunSummary, Series2, Summary};
+use super::facility::Point;
+use super::replay::Series2;
+use super::{RunSummary, Summary};
 use report::{bars, escape, page, Chart, Line, Rule};
 
 const BASE: &str = "#7f7f7f";
@@ -13,61 +15,121 @@ const POL: &str = "#1f77b4";
 const PRICE: &str = "#d62728";
 
 pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
-    let t0 = series
-        .policy
-        .first()
-        .map(|p| p.t)
-        .unwrap_or(telemetry::Timestamp(0));
-    let x = |t: telemetry::Timestamp| t.secs_since(t0) / 86400.0;
-    let span_days = series.policy.last().map_or(1.0, |p| x(p.t)).max(1.0);
-    let every = (span_days / 10.0).ceil().max(1.0);
-    let ticks: Vec<(f64, String)> = (0..=(span_days / every) as usize)
-        .map(|i| {
-            let d = i as f64 * every;
-            let t = t0 + d * 86400.0;
-            (
-                d,
-                t.to_datetime()
-                    .with_timezone(&site.timezone)
-                    .format("%m-%d")
-                    .to_string(),
-            )
-        })
-        .collect();
-    let pts = |v: &[super::Point], f: &dyn Fn(&super::Point) -> f64| -> Vec<(f64, f64)> {
-        v.iter().map(|p| (x(p.t), f(p))).collect()
-    };
-    let cur = format!("{}/kWh", site.currency);
-    let power = Chart {
+    let days = Days::of(series, site);
+    let (b, p) = (&s.baseline, &s.policy);
+    let mut body = String::new();
+    header(&mut body, s);
+    let cur = escape(&site.currency);
+    comparison(&mut body, s, &cur);
+    let per_kwh = format!("{}/kWh", site.currency);
+    let _ = write!(
+        body,
+        "<h2>Power and price</h2>{}",
+        power_chart(s, &per_kwh, series, &days).svg()
+    );
+    let _ = write!(body, "<h2>Queue</h2>{}", queue_chart(series, &days).svg());
+    let _ = write!(
+        body,
+        "<h2>Inlet temperature</h2>{}",
+        inlet_chart(site, series, &days).svg()
+    );
+    let waits = vec![
+        ("baseline mean".to_string(), b.wait_mean_s / 60.0),
+        ("policy mean".to_string(), p.wait_mean_s / 60.0),
+        ("baseline p95".to_string(), b.wait_p95_s / 60.0),
+        ("policy p95".to_string(), p.wait_p95_s / 60.0),
+    ];
+    let _ = write!(
+        body,
+        "<h2>Waits</h2>{}",
+        bars("Job wait", "minutes", &waits, POL)
+    );
+    page("powerplane backtest", &body)
+}
+
+/// The charts' time axis: days since the first point, with a date tick every few days
+/// (ten ticks at most).
+struct Days {
+    t0: Timestamp,
+    ticks: Vec<(f64, String)>,
+}
+
+impl Days {
+    fn of(series: &Series2, site: &Site) -> Self {
+        let t0 = series.policy.first().map(|p| p.t).unwrap_or(Timestamp(0));
+        let x = |t: Timestamp| t.secs_since(t0) / 86400.0;
+        let span_days = series.policy.last().map_or(1.0, |p| x(p.t)).max(1.0);
+        let every = (span_days / 10.0).ceil().max(1.0);
+        let ticks: Vec<(f64, String)> = (0..=(span_days / every) as usize)
+            .map(|i| {
+                let d = i as f64 * every;
+                let t = t0 + d * 86400.0;
+                (
+                    d,
+                    t.to_datetime()
+                        .with_timezone(&site.timezone)
+                        .format("%m-%d")
+                        .to_string(),
+                )
+            })
+            .collect();
+        Days { t0, ticks }
+    }
+
+    fn x(&self, t: Timestamp) -> f64 {
+        t.secs_since(self.t0) / 86400.0
+    }
+
+    fn points(&self, v: &[Point], f: &dyn Fn(&Point) -> f64) -> Vec<(f64, f64)> {
+        v.iter().map(|p| (self.x(p.t), f(p))).collect()
+    }
+}
+
+/// A chart line on the left axis.
+fn line(
+    name: &'static str,
+    color: &'static str,
+    points: Vec<(f64, f64)>,
+    steps: bool,
+) -> Line<'static> {
+    Line {
+        name,
+        color,
+        points,
+        steps,
+        right_axis: false,
+    }
+}
+
+/// `per_kwh`: the price's unit.
+fn power_chart<'a>(s: &Summary, per_kwh: &'a str, series: &Series2, days: &Days) -> Chart<'a> {
+    Chart {
         title: "Facility IT power against its budget, and the price",
         y_label: "kW",
-        right_label: Some(&cur),
+        right_label: Some(per_kwh),
         lines: vec![
-            Line {
-                name: "baseline IT power",
-                color: BASE,
-                points: pts(&series.baseline, &|p| p.it_kw),
-                steps: false,
-                right_axis: false,
-            },
-            Line {
-                name: "power saving IT power",
-                color: "#999999",
-                points: pts(&series.power_save, &|p| p.it_kw),
-                steps: false,
-                right_axis: false,
-            },
-            Line {
-                name: "policy IT power",
-                color: POL,
-                points: pts(&series.policy, &|p| p.it_kw),
-                steps: false,
-                right_axis: false,
-            },
+            line(
+                "baseline IT power",
+                BASE,
+                days.points(&series.baseline, &|p| p.it_kw),
+                false,
+            ),
+            line(
+                "power saving IT power",
+                "#999999",
+                days.points(&series.power_save, &|p| p.it_kw),
+                false,
+            ),
+            line(
+                "policy IT power",
+                POL,
+                days.points(&series.policy, &|p| p.it_kw),
+                false,
+            ),
             Line {
                 name: "price",
                 color: PRICE,
-                points: pts(&series.policy, &|p| p.price),
+                points: days.points(&series.policy, &|p| p.price),
                 steps: true,
                 right_axis: true,
             },
@@ -77,57 +139,58 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
             color: "#000",
             y: s.budget_kw,
         }],
-        x_ticks: ticks.clone(),
-    };
-    let queue = Chart {
+        x_ticks: days.ticks.clone(),
+    }
+}
+
+fn queue_chart<'a>(series: &Series2, days: &Days) -> Chart<'a> {
+    Chart {
         title: "Jobs waiting (and held by the policy)",
         y_label: "jobs",
         right_label: None,
         lines: vec![
-            Line {
-                name: "baseline waiting",
-                color: BASE,
-                points: pts(&series.baseline, &|p| p.waiting as f64),
-                steps: true,
-                right_axis: false,
-            },
-            Line {
-                name: "policy waiting",
-                color: POL,
-                points: pts(&series.policy, &|p| p.waiting as f64),
-                steps: true,
-                right_axis: false,
-            },
-            Line {
-                name: "policy held",
-                color: "#9467bd",
-                points: pts(&series.policy, &|p| p.held as f64),
-                steps: true,
-                right_axis: false,
-            },
+            line(
+                "baseline waiting",
+                BASE,
+                days.points(&series.baseline, &|p| p.waiting as f64),
+                true,
+            ),
+            line(
+                "policy waiting",
+                POL,
+                days.points(&series.policy, &|p| p.waiting as f64),
+                true,
+            ),
+            line(
+                "policy held",
+                "#9467bd",
+                days.points(&series.policy, &|p| p.held as f64),
+                true,
+            ),
         ],
         rules: vec![],
-        x_ticks: ticks.clone(),
-    };
-    let inlet = Chart {
+        x_ticks: days.ticks.clone(),
+    }
+}
+
+fn inlet_chart<'a>(site: &Site, series: &Series2, days: &Days) -> Chart<'a> {
+    Chart {
         title: "Hottest rack inlet",
         y_label: "°C",
         right_label: None,
         lines: vec![
-            Line {
-                name: "baseline",
-                color: BASE,
-                points: pts(&series.baseline, &|p| p.hottest_inlet_c),
-                steps: false,
-                right_axis: false,
-            },
-            Line {
-                name: "policy",
-                color: POL,
-                points: pts(&series.policy, &|p| p.hottest_inlet_c),
-                steps: false,
-                right_axis: false,
-            },
+            line(
+                "baseline",
+                BASE,
+                days.points(&series.baseline, &|p| p.hottest_inlet_c),
+                false,
+            ),
+            line(
+                "policy",
+                POL,
+                days.points(&series.policy, &|p| p.hottest_inlet_c),
+                false,
+            ),
         ],
         rules: vec![Rule {
             name: "lowest inlet limit",
@@ -138,10 +201,12 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
                 .map(|r| r.inlet_limit_c)
                 .fold(f64::INFINITY, f64::min),
         }],
-        x_ticks: ticks,
-    };
-    let (b, p) = (&s.baseline, &s.policy);
-    let mut body = String::new();
+        x_ticks: days.ticks.clone(),
+    }
+}
+
+/// The title, the run's inputs and its scenario.
+fn header(body: &mut String, s: &Summary) {
     let _ = write!(
         body,
         "<h1>powerplane backtest</h1><p class=\"muted\">Site {} ({} GPUs) · trace {} ({}, {} jobs, {} deferrable) · {} to {} · seed {} · tick {} s · simulated facility</p><p>{}</p>",
@@ -160,67 +225,15 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
     for l in &s.scenario {
         let _ = write!(body, "<p>Scenario: {}</p>", escape(l));
     }
+}
+
+/// The table of the three runs, and the savings.
+fn comparison(body: &mut String, s: &Summary, cur: &str) {
     body.push_str(
         "<h2>Baseline against policy</h2><table><tr><th></th><th>baseline (no management)</th><th>power saving (Slurm-style)</th><th>policy</th></tr>",
     );
-    let runs = [b, &s.power_save, p];
-    let cur = escape(&site.currency);
-    type Cell<'a> = Box<dyn Fn(&RunSummary) -> String + 'a>;
-    let rows: Vec<(&str, Cell)> = vec![
-        (
-            "Energy (IT + cooling)",
-            Box::new(|r| format!("{:.0} kWh", r.energy_kwh)),
-        ),
-        (
-            "Cost (energy + demand charge)",
-            Box::new(|r| format!("{:.2} {cur}", r.cost)),
-        ),
-        (
-            "Demand charge",
-            Box::new(|r| format!("{:.2} {cur}", r.demand_charge)),
-        ),
-        (
-            "Carbon",
-            Box::new(|r| {
-                r.carbon_kg
-                    .map_or("not measured".into(), |c| format!("{c:.0} kg"))
-            }),
-        ),
-        (
-            "Peak IT power",
-            Box::new(|r| format!("{:.1} kW", r.peak_kw)),
-        ),
-        (
-            "Time over budget",
-            Box::new(|r| format!("{:.0} s", r.budget_violation_s)),
-        ),
-        (
-            "Time over an inlet limit",
-            Box::new(|r| format!("{:.0} s", r.thermal_violation_s)),
-        ),
-        (
-            "Deadline misses",
-            Box::new(|r| r.deadline_misses.to_string()),
-        ),
-        (
-            "Wait, mean / p95",
-            Box::new(|r| format!("{:.0} / {:.0} s", r.wait_mean_s, r.wait_p95_s)),
-        ),
-        (
-            "Slowdown, mean / p95",
-            Box::new(|r| format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)),
-        ),
-        (
-            "GPU-hours delivered",
-            Box::new(|r| format!("{:.0}", r.gpu_hours)),
-        ),
-        (
-            "Node power-downs / node-hours off",
-            Box::new(|r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
-        ),
-        ("Jobs deferred", Box::new(|r| r.jobs_deferred.to_string())),
-    ];
-    for (k, f) in rows {
+    let runs = [&s.baseline, &s.power_save, &s.policy];
+    for (k, f) in rows(cur) {
         let _ = write!(body, "<tr><th>{k}</th>");
         for r in runs {
             let _ = write!(body, "<td>{}</td>", f(r));
@@ -246,19 +259,67 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
             )
         }
     );
-    let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
-    let _ = write!(body, "<h2>Queue</h2>{}", queue.svg());
-    let _ = write!(body, "<h2>Inlet temperature</h2>{}", inlet.svg());
-    let waits = vec![
-        ("baseline mean".to_string(), b.wait_mean_s / 60.0),
-        ("policy mean".to_string(), p.wait_mean_s / 60.0),
-        ("baseline p95".to_string(), b.wait_p95_s / 60.0),
-        ("policy p95".to_string(), p.wait_p95_s / 60.0),
-    ];
-    let _ = write!(
-        body,
-        "<h2>Waits</h2>{}",
-        bars("Job wait", "minutes", &waits, POL)
-    );
-    page("powerplane backtest", &body)
+}
+
+type Cell<'a> = Box<dyn Fn(&RunSummary) -> String + 'a>;
+
+/// The table's rows: a label, and the cell of each run (`cur`: the currency, escaped).
+fn rows(cur: &str) -> Vec<(&'static str, Cell<'_>)> {
+    vec![
+        (
+            "Energy (IT + cooling)",
+            Box::new(move |r| format!("{:.0} kWh", r.energy_kwh)),
+        ),
+        (
+            "Cost (energy + demand charge)",
+            Box::new(move |r| format!("{:.2} {cur}", r.cost)),
+        ),
+        (
+            "Demand charge",
+            Box::new(move |r| format!("{:.2} {cur}", r.demand_charge)),
+        ),
+        (
+            "Carbon",
+            Box::new(move |r| {
+                r.carbon_kg
+                    .map_or("not measured".into(), |c| format!("{c:.0} kg"))
+            }),
+        ),
+        (
+            "Peak IT power",
+            Box::new(move |r| format!("{:.1} kW", r.peak_kw)),
+        ),
+        (
+            "Time over budget",
+            Box::new(move |r| format!("{:.0} s", r.budget_violation_s)),
+        ),
+        (
+            "Time over an inlet limit",
+            Box::new(move |r| format!("{:.0} s", r.thermal_violation_s)),
+        ),
+        (
+            "Deadline misses",
+            Box::new(move |r| r.deadline_misses.to_string()),
+        ),
+        (
+            "Wait, mean / p95",
+            Box::new(move |r| format!("{:.0} / {:.0} s", r.wait_mean_s, r.wait_p95_s)),
+        ),
+        (
+            "Slowdown, mean / p95",
+            Box::new(move |r| format!("{:.2} / {:.2}", r.slowdown_mean, r.slowdown_p95)),
+        ),
+        (
+            "GPU-hours delivered",
+            Box::new(move |r| format!("{:.0}", r.gpu_hours)),
+        ),
+        (
+            "Node power-downs / node-hours off",
+            Box::new(move |r| format!("{} / {:.0}", r.power_downs, r.node_off_h)),
+        ),
+        (
+            "Jobs deferred",
+            Box::new(move |r| r.jobs_deferred.to_string()),
+        ),
+    ]
 }

@@ -112,43 +112,7 @@ pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> 
         .enumerate()
         .map(|(i, c)| (c.as_str(), i))
         .collect();
-    let has = |c: &str| idx.contains_key(c);
-    let format = if has("num_gpus") && has("timestamp") {
-        Format::Philly
-    } else if has("num_replicas") && has("application") {
-        Format::Pollux
-    } else if has("submit") || has("duration_s") || has("gpus") {
-        Format::Generic
-    } else {
-        return Err(err(
-            file,
-            hl,
-            format!(
-                "unknown trace header {header:?}: expected the Philly-derived trace \
-                 (timestamp,duration,num_gpus,...), a Pollux workload \
-                 (name,time,application,num_replicas,...) or the generic CSV \
-                 (submit,duration_s,gpus[,id,class,deadline,gpu_model,workload])"
-            ),
-        ));
-    };
-    let required: &[&str] = match format {
-        Format::Philly => &["timestamp", "duration", "num_gpus"],
-        Format::Pollux => &["name", "time", "application", "num_replicas"],
-        Format::Generic => &["submit", "duration_s", "gpus"],
-    };
-    for c in required {
-        if !has(c) {
-            return Err(err(
-                file,
-                hl,
-                format!(
-                    "missing column {c:?} for a {} trace (header {header:?})",
-                    format.name()
-                ),
-            ));
-        }
-    }
-    let col = |c: &str| idx.get(c).copied();
+    let format = Format::of_header(file, hl, header, &idx)?;
     let mut jobs = Vec::new();
     for (ln, line) in lines {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -159,81 +123,16 @@ pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> 
                 format!("expected {} columns, got {}", cols.len(), f.len()),
             ));
         }
-        let get = |c: &str| col(c).map(|i| f[i]).unwrap_or("");
-        let opt = |c: &str| Some(get(c)).filter(|v| !v.is_empty()).map(str::to_string);
-        let num = |c: &str| -> anyhow::Result<f64> {
-            let v = get(c);
-            v.parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| err(file, ln, format!("{c} {v:?} is not a non-negative number")))
-        };
-        let gpus_of = |c: &str| -> anyhow::Result<u32> {
-            let v = get(c);
-            v.parse::<u32>().ok().filter(|g| *g >= 1).ok_or_else(|| {
-                err(
-                    file,
-                    ln,
-                    format!("{c} {v:?} is not a GPU count (1 or more)"),
-                )
-            })
+        let row = Row {
+            file,
+            ln,
+            fields: f,
+            idx: &idx,
         };
         let job = match format {
-            Format::Philly => {
-                let ts = get("timestamp");
-                let submit = NaiveDateTime::parse_from_str(ts, "%Y-%m-%d %H:%M:%S")
-                    .map_err(|e| err(file, ln, format!("timestamp {ts:?}: {e}")))?;
-                TraceJob {
-                    id: format!("philly-{ln}"),
-                    submit: When::Local(submit),
-                    duration_s: num("duration")?,
-                    gpus: gpus_of("num_gpus")?,
-                    class: None,
-                    deadline: None,
-                    gpu_model: None,
-                    workload: None,
-                    line: ln,
-                }
-            }
-            Format::Pollux => {
-                let app = get("application");
-                let (hours, curve) = pollux_application(app)
-                    .ok_or_else(|| err(file, ln, format!("unknown Pollux application {app:?}")))?;
-                TraceJob {
-                    id: format!("pollux-{}", get("name")),
-                    submit: When::Offset(num("time")?),
-                    duration_s: hours * 3600.0,
-                    gpus: gpus_of("num_replicas")?,
-                    class: None,
-                    deadline: None,
-                    gpu_model: None,
-                    workload: Some(curve.to_string()),
-                    line: ln,
-                }
-            }
-            Format::Generic => {
-                let s = get("submit");
-                let submit = parse_when(s)
-                    .ok_or_else(|| err(file, ln, format!("submit {s:?} is not a time")))?;
-                let deadline =
-                    match opt("deadline") {
-                        Some(d) => Some(parse_when(&d).ok_or_else(|| {
-                            err(file, ln, format!("deadline {d:?} is not a time"))
-                        })?),
-                        None => None,
-                    };
-                TraceJob {
-                    id: opt("id").unwrap_or_else(|| format!("job-{ln}")),
-                    submit,
-                    duration_s: num("duration_s")?,
-                    gpus: gpus_of("gpus")?,
-                    class: opt("class"),
-                    deadline,
-                    gpu_model: opt("gpu_model"),
-                    workload: opt("workload"),
-                    line: ln,
-                }
-            }
+            Format::Philly => row.philly()?,
+            Format::Pollux => row.pollux()?,
+            Format::Generic => row.generic()?,
         };
         if job.duration_s <= 0.0 {
             // a job that ran for no time (the Philly trace has a few): nothing to replay
@@ -245,6 +144,164 @@ pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> 
         return Err(anyhow::anyhow!("{file}: no jobs"));
     }
     Ok((format, jobs))
+}
+
+impl Format {
+    /// The format a header (line `hl`, columns `idx`) says, with the columns it needs.
+    fn of_header(
+        file: &str,
+        hl: usize,
+        header: &str,
+        idx: &BTreeMap<&str, usize>,
+    ) -> anyhow::Result<Format> {
+        let has = |c: &str| idx.contains_key(c);
+        let format = if has("num_gpus") && has("timestamp") {
+            Format::Philly
+        } else if has("num_replicas") && has("application") {
+            Format::Pollux
+        } else if has("submit") || has("duration_s") || has("gpus") {
+            Format::Generic
+        } else {
+            return Err(err(
+                file,
+                hl,
+                format!(
+                    "unknown trace header {header:?}: expected the Philly-derived trace \
+                     (timestamp,duration,num_gpus,...), a Pollux workload \
+                     (name,time,application,num_replicas,...) or the generic CSV \
+                     (submit,duration_s,gpus[,id,class,deadline,gpu_model,workload])"
+                ),
+            ));
+        };
+        let required: &[&str] = match format {
+            Format::Philly => &["timestamp", "duration", "num_gpus"],
+            Format::Pollux => &["name", "time", "application", "num_replicas"],
+            Format::Generic => &["submit", "duration_s", "gpus"],
+        };
+        for c in required {
+            if !has(c) {
+                return Err(err(
+                    file,
+                    hl,
+                    format!(
+                        "missing column {c:?} for a {} trace (header {header:?})",
+                        format.name()
+                    ),
+                ));
+            }
+        }
+        Ok(format)
+    }
+}
+
+/// One row of a trace: its fields, read by column name.
+struct Row<'a> {
+    file: &'a str,
+    ln: usize,
+    fields: Vec<&'a str>,
+    idx: &'a BTreeMap<&'a str, usize>,
+}
+
+impl Row<'_> {
+    fn get(&self, c: &str) -> &str {
+        self.idx
+            .get(c)
+            .copied()
+            .map(|i| self.fields[i])
+            .unwrap_or("")
+    }
+
+    fn opt(&self, c: &str) -> Option<String> {
+        Some(self.get(c))
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    }
+
+    fn num(&self, c: &str) -> anyhow::Result<f64> {
+        let v = self.get(c);
+        v.parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| {
+                err(
+                    self.file,
+                    self.ln,
+                    format!("{c} {v:?} is not a non-negative number"),
+                )
+            })
+    }
+
+    fn gpus(&self, c: &str) -> anyhow::Result<u32> {
+        let v = self.get(c);
+        v.parse::<u32>().ok().filter(|g| *g >= 1).ok_or_else(|| {
+            err(
+                self.file,
+                self.ln,
+                format!("{c} {v:?} is not a GPU count (1 or more)"),
+            )
+        })
+    }
+
+    fn philly(&self) -> anyhow::Result<TraceJob> {
+        let (file, ln) = (self.file, self.ln);
+        let ts = self.get("timestamp");
+        let submit = NaiveDateTime::parse_from_str(ts, "%Y-%m-%d %H:%M:%S")
+            .map_err(|e| err(file, ln, format!("timestamp {ts:?}: {e}")))?;
+        Ok(TraceJob {
+            id: format!("philly-{ln}"),
+            submit: When::Local(submit),
+            duration_s: self.num("duration")?,
+            gpus: self.gpus("num_gpus")?,
+            class: None,
+            deadline: None,
+            gpu_model: None,
+            workload: None,
+            line: ln,
+        })
+    }
+
+    fn pollux(&self) -> anyhow::Result<TraceJob> {
+        let (file, ln) = (self.file, self.ln);
+        let app = self.get("application");
+        let (hours, curve) = pollux_application(app)
+            .ok_or_else(|| err(file, ln, format!("unknown Pollux application {app:?}")))?;
+        Ok(TraceJob {
+            id: format!("pollux-{}", self.get("name")),
+            submit: When::Offset(self.num("time")?),
+            duration_s: hours * 3600.0,
+            gpus: self.gpus("num_replicas")?,
+            class: None,
+            deadline: None,
+            gpu_model: None,
+            workload: Some(curve.to_string()),
+            line: ln,
+        })
+    }
+
+    fn generic(&self) -> anyhow::Result<TraceJob> {
+        let (file, ln) = (self.file, self.ln);
+        let s = self.get("submit");
+        let submit =
+            parse_when(s).ok_or_else(|| err(file, ln, format!("submit {s:?} is not a time")))?;
+        let deadline = match self.opt("deadline") {
+            Some(d) => Some(
+                parse_when(&d)
+                    .ok_or_else(|| err(file, ln, format!("deadline {d:?} is not a time")))?,
+            ),
+            None => None,
+        };
+        Ok(TraceJob {
+            id: self.opt("id").unwrap_or_else(|| format!("job-{ln}")),
+            submit,
+            duration_s: self.num("duration_s")?,
+            gpus: self.gpus("gpus")?,
+            class: self.opt("class"),
+            deadline,
+            gpu_model: self.opt("gpu_model"),
+            workload: self.opt("workload"),
+            line: ln,
+        })
+    }
 }
 
 #[cfg(test)]

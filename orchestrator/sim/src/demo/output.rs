@@ -204,122 +204,36 @@ fn html(
     audit: &[(u64, Decision)],
     s: &Summary,
 ) -> String {
-    let x = |p: &Point| p.t.secs_since(s.start) / 60.0;
-    let ticks: Vec<(f64, String)> = points
-        .iter()
-        .filter(|p| (p.t.secs_since(s.start) / 60.0).rem_euclid(30.0) < 1e-6)
-        .map(|p| (x(p), local(site, p.t, "%H:%M")))
-        .collect();
+    let ticks = ticks_of(site, points, s);
     let price_unit = format!("{}/kWh", s.currency);
-    let power = Chart {
-        title: "Facility IT power against its budget, and the price",
-        y_label: "kW",
-        right_label: Some(&price_unit),
-        lines: vec![
-            Line {
-                name: "IT power (kW)",
-                color: COLORS[0],
-                points: points.iter().map(|p| (x(p), p.it_kw)).collect(),
-                steps: false,
-                right_axis: false,
-            },
-            Line {
-                name: "price",
-                color: COLORS[3],
-                points: points.iter().map(|p| (x(p), p.price)).collect(),
-                steps: true,
-                right_axis: true,
-            },
-        ],
-        rules: vec![Rule {
-            name: "budget",
-            color: "#000",
-            y: s.budget_kw,
-        }],
-        x_ticks: ticks.clone(),
-    };
-    let inlets = Chart {
-        title: "Rack inlet temperatures",
-        y_label: "°C",
-        right_label: None,
-        lines: site
-            .racks
-            .iter()
-            .enumerate()
-            .map(|(i, r)| Line {
-                name: &r.id,
-                color: COLORS[i % COLORS.len()],
-                points: points.iter().map(|p| (x(p), p.inlets[i])).collect(),
-                steps: false,
-                right_axis: false,
-            })
-            .collect(),
-        rules: vec![Rule {
-            name: "limit",
-            color: "#d62728",
-            y: site
-                .racks
-                .iter()
-                .map(|r| r.inlet_limit_c)
-                .fold(f64::INFINITY, f64::min),
-        }],
-        x_ticks: ticks.clone(),
-    };
-    let actions = Chart {
-        title: "Caps and holds in force",
-        y_label: "count",
-        right_label: None,
-        lines: vec![
-            Line {
-                name: "GPUs capped",
-                color: COLORS[1],
-                points: points
-                    .iter()
-                    .map(|p| (x(p), p.capped_gpus as f64))
-                    .collect(),
-                steps: true,
-                right_axis: false,
-            },
-            Line {
-                name: "jobs held",
-                color: COLORS[4],
-                points: points.iter().map(|p| (x(p), p.held_jobs as f64)).collect(),
-                steps: true,
-                right_axis: false,
-            },
-            Line {
-                name: "jobs running",
-                color: COLORS[2],
-                points: points
-                    .iter()
-                    .map(|p| (x(p), p.running_jobs as f64))
-                    .collect(),
-                steps: true,
-                right_axis: false,
-            },
-        ],
-        rules: vec![],
-        x_ticks: ticks,
-    };
-    let mut by_project: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for e in ledger {
-        let key = match &e.account {
-            Account::Job { project, .. } => project.clone(),
-            Account::Idle => "(idle)".into(),
-            Account::Overhead => "(cooling)".into(),
-        };
-        let v = by_project.entry(key).or_default();
-        v.0 += e.energy_kwh;
-        v.1 += e.cost;
-    }
-    let energy_rows: Vec<(String, f64)> =
-        by_project.iter().map(|(k, v)| (k.clone(), v.0)).collect();
-    let cost_rows: Vec<(String, f64)> = by_project.iter().map(|(k, v)| (k.clone(), v.1)).collect();
-
     let mut body = String::new();
     let _ = write!(body, "<h1>powerplane demo report</h1><p class=\"muted\">Site {} · {} minutes from {} · seed {} · simulated facility</p>", escape(&s.site), s.minutes, escape(&local(site, s.start, "%Y-%m-%d %H:%M %Z")), s.seed);
     body.push_str("<h2>Summary</h2><table>");
-    let rows = [
+    for (k, v) in summary_rows(s) {
+        let _ = write!(body, "<tr><th>{k}</th><td>{v}</td></tr>");
+    }
+    body.push_str("</table>");
+    let power = power_chart(points, s, &ticks, &price_unit);
+    let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
+    let inlets = inlet_chart(site, points, s, &ticks);
+    let _ = write!(body, "<h2>Inlet temperatures</h2>{}", inlets.svg());
+    predicted_inlets(site, points, s, &ticks_of(site, points, s), &mut body);
+    let actions = actions_chart(points, s, &ticks);
+    let _ = write!(body, "<h2>Caps and holds</h2>{}", actions.svg());
+    let (energy_rows, cost_rows) = per_project(ledger);
+    let _ = write!(
+        body,
+        "<h2>Energy and cost per project</h2>{}{}",
+        bars("Energy per project", "kWh", &energy_rows, COLORS[0]),
+        bars("Cost per project", &s.currency, &cost_rows, COLORS[1])
+    );
+    first_decisions(site, audit, &mut body);
+    page("powerplane demo report", &body)
+}
+
+/// The report's summary table: a label and its value per row.
+fn summary_rows(s: &Summary) -> [(&'static str, String); 9] {
+    [
         (
             "Energy",
             format!("{:.1} kWh IT + {:.1} kWh cooling", s.it_kwh, s.cooling_kwh),
@@ -364,21 +278,147 @@ fn html(
                 s.sim.jobs_submitted, s.sim.jobs_finished, s.sim.deadline_misses
             ),
         ),
-    ];
-    for (k, v) in rows {
-        let _ = write!(body, "<tr><th>{k}</th><td>{v}</td></tr>");
+    ]
+}
+
+/// IT power against the budget, and the price (in `price_unit`).
+fn power_chart<'a>(
+    points: &[Point],
+    s: &Summary,
+    ticks: &[(f64, String)],
+    price_unit: &'a str,
+) -> Chart<'a> {
+    let x = |p: &Point| p.t.secs_since(s.start) / 60.0;
+    Chart {
+        title: "Facility IT power against its budget, and the price",
+        y_label: "kW",
+        right_label: Some(price_unit),
+        lines: vec![
+            Line {
+                name: "IT power (kW)",
+                color: COLORS[0],
+                points: points.iter().map(|p| (x(p), p.it_kw)).collect(),
+                steps: false,
+                right_axis: false,
+            },
+            Line {
+                name: "price",
+                color: COLORS[3],
+                points: points.iter().map(|p| (x(p), p.price)).collect(),
+                steps: true,
+                right_axis: true,
+            },
+        ],
+        rules: vec![Rule {
+            name: "budget",
+            color: "#000",
+            y: s.budget_kw,
+        }],
+        x_ticks: ticks.to_vec(),
     }
-    body.push_str("</table>");
-    let _ = write!(body, "<h2>Power and price</h2>{}", power.svg());
-    let _ = write!(body, "<h2>Inlet temperatures</h2>{}", inlets.svg());
-    predicted_inlets(site, points, s, &ticks_of(site, points, s), &mut body);
-    let _ = write!(body, "<h2>Caps and holds</h2>{}", actions.svg());
-    let _ = write!(
-        body,
-        "<h2>Energy and cost per project</h2>{}{}",
-        bars("Energy per project", "kWh", &energy_rows, COLORS[0]),
-        bars("Cost per project", &s.currency, &cost_rows, COLORS[1])
-    );
+}
+
+/// Every rack's inlet, against the lowest limit.
+fn inlet_chart<'a>(
+    site: &'a Site,
+    points: &[Point],
+    s: &Summary,
+    ticks: &[(f64, String)],
+) -> Chart<'a> {
+    let x = |p: &Point| p.t.secs_since(s.start) / 60.0;
+    Chart {
+        title: "Rack inlet temperatures",
+        y_label: "°C",
+        right_label: None,
+        lines: site
+            .racks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Line {
+                name: &r.id,
+                color: COLORS[i % COLORS.len()],
+                points: points.iter().map(|p| (x(p), p.inlets[i])).collect(),
+                steps: false,
+                right_axis: false,
+            })
+            .collect(),
+        rules: vec![Rule {
+            name: "limit",
+            color: "#d62728",
+            y: site
+                .racks
+                .iter()
+                .map(|r| r.inlet_limit_c)
+                .fold(f64::INFINITY, f64::min),
+        }],
+        x_ticks: ticks.to_vec(),
+    }
+}
+
+/// GPUs capped, jobs held and jobs running.
+fn actions_chart(points: &[Point], s: &Summary, ticks: &[(f64, String)]) -> Chart<'static> {
+    let x = |p: &Point| p.t.secs_since(s.start) / 60.0;
+    Chart {
+        title: "Caps and holds in force",
+        y_label: "count",
+        right_label: None,
+        lines: vec![
+            Line {
+                name: "GPUs capped",
+                color: COLORS[1],
+                points: points
+                    .iter()
+                    .map(|p| (x(p), p.capped_gpus as f64))
+                    .collect(),
+                steps: true,
+                right_axis: false,
+            },
+            Line {
+                name: "jobs held",
+                color: COLORS[4],
+                points: points.iter().map(|p| (x(p), p.held_jobs as f64)).collect(),
+                steps: true,
+                right_axis: false,
+            },
+            Line {
+                name: "jobs running",
+                color: COLORS[2],
+                points: points
+                    .iter()
+                    .map(|p| (x(p), p.running_jobs as f64))
+                    .collect(),
+                steps: true,
+                right_axis: false,
+            },
+        ],
+        rules: vec![],
+        x_ticks: ticks.to_vec(),
+    }
+}
+
+/// Energy and cost per project from the ledger (the idle floor and cooling as their
+/// own), as bar rows.
+#[allow(clippy::type_complexity)]
+fn per_project(ledger: &[LedgerEntry]) -> (Vec<(String, f64)>, Vec<(String, f64)>) {
+    let mut by_project: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for e in ledger {
+        let key = match &e.account {
+            Account::Job { project, .. } => project.clone(),
+            Account::Idle => "(idle)".into(),
+            Account::Overhead => "(cooling)".into(),
+        };
+        let v = by_project.entry(key).or_default();
+        v.0 += e.energy_kwh;
+        v.1 += e.cost;
+    }
+    let energy_rows: Vec<(String, f64)> =
+        by_project.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+    let cost_rows: Vec<(String, f64)> = by_project.iter().map(|(k, v)| (k.clone(), v.1)).collect();
+    (energy_rows, cost_rows)
+}
+
+/// The first 25 decisions of the audit log, as a table.
+fn first_decisions(site: &Site, audit: &[(u64, Decision)], body: &mut String) {
     body.push_str("<h2>First decisions</h2><table><tr><th>time</th><th>rule</th><th>target</th><th>action</th><th>reason</th></tr>");
     for (_, d) in audit.iter().take(25) {
         let _ = write!(
@@ -396,5 +436,4 @@ fn html(
         "</table><p class=\"muted\">{} decisions in all: see audit.jsonl.</p>",
         audit.len()
     );
-    page("powerplane demo report", &body)
 }

@@ -1,0 +1,139 @@
+use chrono::Datelike;
+use chrono_tz::Tz;
+use integrations::prices::Series;
+use telemetry::{Job, JobState, Site, Timestamp};
+
+use super::facility::{self, Facility, SimJob};
+use super::inputs::alignment;
+use super::trace::{self, When};
+use crate::curves;
+
+#[test]
+fn a_trace_from_another_year_keeps_its_weekday_and_local_hour() {
+    let text = "timestamp,duration,num_gpus,gpu_time,cluster\n\
+                2017-10-09 07:01:55,66.0,1,66.0,a\n\
+                2017-10-29 02:30:00,60.0,1,60.0,a\n\
+                2017-12-24 23:00:00,60.0,1,60.0,a\n";
+    let (_, jobs) = trace::parse("p.csv", text).expect("trace");
+    let tz: Tz = "Europe/Berlin".parse().expect("tz");
+    let (align, statement) = alignment(&jobs, tz, Some(2024), Timestamp(0));
+    assert!(statement.contains("365 weeks"), "{statement}");
+    for j in &jobs {
+        let When::Local(orig) = j.submit else {
+            panic!("local times")
+        };
+        let moved = align(&j.submit)
+            .to_datetime()
+            .with_timezone(&tz)
+            .naive_local();
+        assert_eq!(moved.year(), 2024);
+        assert_eq!(moved.weekday(), orig.weekday());
+        assert_eq!(moved.time(), orig.time(), "{orig} -> {moved}");
+    }
+}
+
+fn managed(jobs: Vec<SimJob>) -> Facility {
+    let site = Site::parse(
+        "site.toml",
+        include_str!("../../../tests/fixtures/backtest/site.toml"),
+    )
+    .expect("site");
+    let start = Timestamp::from_secs(1_717_372_800);
+    Facility::new(
+        site,
+        curves::a40(),
+        Series::default(),
+        Series::default(),
+        jobs,
+        1e9,
+        Box::new(|_| vec![1.0]),
+        start,
+    )
+    .with_node_power(facility::NodeMode::Managed, Default::default())
+}
+
+fn down(node: &str) -> policies::node_power::NodeAction {
+    policies::node_power::NodeAction::Down {
+        node: node.into(),
+        reason: "test".into(),
+    }
+}
+
+fn power_of(f: &Facility, node: &str) -> policies::node_power::Power {
+    f.node_views()
+        .into_iter()
+        .find(|n| n.id == node)
+        .expect("node")
+        .power
+}
+
+/// Safety invariant 9: a powered-down node comes back when the controller stops
+/// renewing its lease.
+#[test]
+fn a_node_the_controller_stops_renewing_comes_back_after_its_lease() {
+    use policies::node_power::Power;
+    let mut f = managed(Vec::new());
+    let node = f.node_views()[0].id.clone();
+    let t0 = f.now();
+    f.apply_node_actions(&[down(&node)], t0, 900.0);
+    // the controller renews every tick for an hour: the node stays off
+    for _ in 0..12 {
+        f.step(300.0);
+        let now = f.now();
+        f.apply_node_actions(&[], now, 900.0);
+        assert!(
+            matches!(
+                power_of(&f, &node),
+                Power::Off { .. } | Power::ShuttingDown { .. }
+            ),
+            "{:?}",
+            power_of(&f, &node)
+        );
+    }
+    assert!(matches!(power_of(&f, &node), Power::Off { .. }));
+    // the controller dies: within the lease and a boot time the node is on again
+    let died = f.now();
+    while f.now().secs_since(died) < 900.0 + 300.0 + 300.0 {
+        f.step(300.0);
+    }
+    assert_eq!(power_of(&f, &node), Power::On);
+    assert_eq!(f.totals.lease_resumes, 1);
+}
+
+/// A job that arrives while the nodes it needs are off resumes them and starts
+/// after their boot time, with no controller.
+#[test]
+fn waiting_work_resumes_the_nodes_it_needs_without_a_controller() {
+    let start = Timestamp::from_secs(1_717_372_800);
+    let job = Job {
+        id: "big".into(),
+        scheduler: "trace".into(),
+        name: "big".into(),
+        user: "u".into(),
+        project: "p".into(),
+        class: "training".into(),
+        priority: 0,
+        gpus: 128,
+        allocated: Vec::new(),
+        state: JobState::Pending,
+        submit_time: start + 1800.0,
+        start_time: None,
+        end_time: None,
+        deadline: None,
+        est_duration_s: 600.0,
+        deferrable: false,
+        preemptible: false,
+    };
+    let mut f = managed(vec![SimJob::new(job, 600.0, 0, None)]);
+    let t0 = f.now();
+    let all: Vec<_> = f.node_views().iter().map(|n| down(&n.id)).collect();
+    f.apply_node_actions(&all, t0, 1e6);
+    while !f.done() && f.now().secs_since(t0) < 6.0 * 3600.0 {
+        f.step(300.0);
+    }
+    assert!(f.done(), "the job ran");
+    let j = &f.jobs[0].job;
+    let waited = j.start_time.expect("started").secs_since(j.submit_time);
+    assert!(waited >= 300.0, "it waited for the boot: {waited} s");
+    assert!(f.totals.power_ups >= 16, "{}", f.totals.power_ups);
+}
