@@ -4,18 +4,41 @@
 use axum::extract::Query;
 use axum::http::Uri;
 
+/// A query string that does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum BadQuery {
+    #[error("bad query string {query:?}: {source}")]
+    Uri {
+        query: String,
+        #[source]
+        source: axum::http::uri::InvalidUri,
+    },
+    #[error("bad query string {query:?}: {source}")]
+    Decode {
+        query: String,
+        #[source]
+        source: axum::extract::rejection::QueryRejection,
+    },
+}
+
 /// The `key=value` pairs of a query string (the part after `?`), percent-decoded and
 /// with `+` as a space, in order.
-pub fn pairs(query: &str) -> Result<Vec<(String, String)>, String> {
+pub fn pairs(query: &str) -> Result<Vec<(String, String)>, BadQuery> {
     if query.is_empty() {
         return Ok(Vec::new());
     }
     let uri: Uri = format!("/?{query}")
         .parse()
-        .map_err(|e| format!("bad query string {query:?}: {e}"))?;
+        .map_err(|source| BadQuery::Uri {
+            query: query.to_string(),
+            source,
+        })?;
     Query::<Vec<(String, String)>>::try_from_uri(&uri)
         .map(|q| q.0)
-        .map_err(|e| format!("bad query string {query:?}: {e}"))
+        .map_err(|source| BadQuery::Decode {
+            query: query.to_string(),
+            source,
+        })
 }
 
 /// The value of `key` in a form body (`a=1&b=2`), decoded.

@@ -36,15 +36,12 @@ pub fn bump(c: &AtomicU64) {
 impl HttpStats {
     /// Appends the families in the text exposition format 0.0.4.
     pub fn render_into(&self, out: &mut String) {
-        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let family =
-            |out: &mut String, name: &str, kind: &str, help: &str, rows: &[(&str, u64)]| {
-                let _ = writeln!(out, "# HELP powerplane_{name} {help}");
-                let _ = writeln!(out, "# TYPE powerplane_{name} {kind}");
-                for (labels, value) in rows {
-                    let _ = writeln!(out, "powerplane_{name}{labels} {value}");
-                }
-            };
+        self.render_connections(out);
+        self.render_requests(out);
+    }
+
+    /// The connection families: accepted and refused, evicted, open, accept errors.
+    fn render_connections(&self, out: &mut String) {
         family(
             out,
             "http_connections_total",
@@ -76,6 +73,10 @@ impl HttpStats {
             "Failed accepts of the HTTP listener (such as EMFILE at the fd limit); it keeps listening",
             &[("", v(&self.accept_errors))],
         );
+    }
+
+    /// The request families: limits hit, TLS handshakes and reloads, logins.
+    fn render_requests(&self, out: &mut String) {
         family(
             out,
             "http_limit_hits_total",
@@ -115,5 +116,18 @@ impl HttpStats {
                 ("{outcome=\"refused\"}", v(&self.logins_refused)),
             ],
         );
+    }
+}
+
+fn v(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// One family in the text exposition format: its help, its type, its rows.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP powerplane_{name} {help}");
+    let _ = writeln!(out, "# TYPE powerplane_{name} {kind}");
+    for (labels, value) in rows {
+        let _ = writeln!(out, "powerplane_{name}{labels} {value}");
     }
 }

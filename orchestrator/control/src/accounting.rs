@@ -18,6 +18,7 @@ use integrations::store::{Account, Conditions, InletCondition, LedgerEntry};
 use crate::demand::DemandTracker;
 use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::*;
+use telemetry::site::{GpuRef, Rack};
 use telemetry::{EntityId, EntityKind, Job, Site, Snapshot, Timestamp};
 
 const J_PER_KWH: f64 = 3.6e6;
@@ -96,7 +97,30 @@ impl Accountant {
         if dt <= 0.0 {
             return Vec::new();
         }
-        let value = |e: &EntityId, m: &str| snapshot.observe(e, m, now).map(|o| o.value);
+        self.note_inlets(site, snapshot, now);
+        let price = observed(snapshot, &site.site_entity(), PRICE_PER_KWH, now).unwrap_or(0.0);
+        let carbon = observed(snapshot, &site.site_entity(), CARBON_G_PER_KWH, now).unwrap_or(0.0);
+        let sums = self.charge_racks(site, snapshot, jobs, dt, now);
+        let charges = sums.charges(site, jobs, snapshot, dt, now);
+        if let Some(d) = &mut self.demand {
+            d.add(
+                last,
+                now,
+                charges
+                    .iter()
+                    .map(|(a, r, kwh, ..)| (a.clone(), r.clone(), *kwh)),
+            );
+        }
+        self.add_pending(charges, price, carbon);
+        let start = self.window_start.unwrap_or(last);
+        if now.secs_since(start) >= self.interval_s - 1e-9 {
+            return self.flush(now);
+        }
+        Vec::new()
+    }
+
+    /// Keeps the hottest fresh inlet of each rack in the open interval.
+    fn note_inlets(&mut self, site: &Site, snapshot: &Snapshot, now: Timestamp) {
         for rack in &site.racks {
             if let Some(o) = snapshot
                 .observe(&EntityId::rack(&rack.id), INLET_TEMP_C, now)
@@ -112,23 +136,22 @@ impl Accountant {
                 c.max_c = c.max_c.max(o.value);
             }
         }
-        let price = value(&site.site_entity(), PRICE_PER_KWH).unwrap_or(0.0);
-        let carbon = value(&site.site_entity(), CARBON_G_PER_KWH).unwrap_or(0.0);
-        // a GPU held by several jobs (MPS, time slicing) is split evenly between them
-        let mut owners: FnvMap<&EntityId, Vec<usize>> = FnvMap::default();
-        for (k, j) in jobs.iter().enumerate() {
-            for g in &j.allocated {
-                owners.entry(g).or_default().push(k);
-            }
-        }
-        // (kWh, of which estimated as power × time, of which on a shared GPU), summed
-        // per rack for idle GPUs and per (job, rack) for jobs' GPUs
-        let mut idle: Vec<Option<[f64; 3]>> = vec![None; site.racks.len()];
-        let mut by_job: BTreeMap<(usize, usize), [f64; 3]> = BTreeMap::new();
-        let add = |s: &mut [f64; 3], kwh: f64, est: f64, shared: f64| {
-            s[0] += kwh;
-            s[1] += est;
-            s[2] += shared;
+    }
+
+    /// Each rack's energy over `dt`, charged to its GPU slots: to the jobs holding
+    /// them, else to idle.
+    fn charge_racks(
+        &mut self,
+        site: &Site,
+        snapshot: &Snapshot,
+        jobs: &[Job],
+        dt: f64,
+        now: Timestamp,
+    ) -> SlotCharges {
+        let owners = owners(jobs);
+        let mut sums = SlotCharges {
+            idle: vec![None; site.racks.len()],
+            by_job: BTreeMap::new(),
         };
         let gpus = site.gpus();
         let mut by_rack: Vec<Vec<usize>> = vec![Vec::new(); site.racks.len()];
@@ -136,35 +159,16 @@ impl Accountant {
             by_rack[g.rack_index].push(i);
         }
         for (ri, rack) in site.racks.iter().enumerate() {
-            let rack_gpus: Vec<&telemetry::site::GpuRef<'_>> =
-                by_rack[ri].iter().map(|&i| &gpus[i]).collect();
+            let rack_gpus: Vec<&GpuRef<'_>> = by_rack[ri].iter().map(|&i| &gpus[i]).collect();
             let per_gpu: Vec<(f64, bool)> = rack_gpus
                 .iter()
                 .map(|g| self.gpu_energy_j(&g.id, snapshot, dt, now))
                 .collect();
             let gpu_j_total: f64 = per_gpu.iter().map(|p| p.0).sum();
-            // node meters: the node's own power (a BMC's chassis power), else the sum of
-            // the PDU outlets feeding it
-            let node_j: BTreeMap<usize, Option<f64>> = rack
-                .nodes
-                .iter()
-                .map(|&n| {
-                    let node = &site.nodes[n];
-                    let own = value(&EntityId::new(EntityKind::Node, node.id.clone()), POWER_W);
-                    let outlets = if node.outlets.is_empty() {
-                        None
-                    } else {
-                        node.outlets
-                            .iter()
-                            .map(|o| value(&EntityId::new(EntityKind::Outlet, o.clone()), POWER_W))
-                            .sum::<Option<f64>>()
-                    };
-                    (n, own.or(outlets).map(|w| w * dt))
-                })
-                .collect();
+            let node_j = node_energy_j(site, rack, snapshot, dt, now);
             let all_metered = !node_j.is_empty() && node_j.values().all(Option::is_some);
             // the rack's energy: its own meter, else its nodes', else its GPUs'
-            let rack_j = value(&EntityId::rack(&rack.id), POWER_W)
+            let rack_j = observed(snapshot, &EntityId::rack(&rack.id), POWER_W, now)
                 .map(|w| w * dt)
                 .or_else(|| all_metered.then(|| node_j.values().flatten().sum()))
                 .unwrap_or(gpu_j_total);
@@ -172,103 +176,25 @@ impl Accountant {
             // the rest (CPUs, memory, fans) goes to GPU slots: by each node's measured
             // share when every node is metered, else evenly
             let slot_other: Vec<f64> = if all_metered {
-                let node_gpu_j = |n: usize| -> f64 {
-                    rack_gpus
-                        .iter()
-                        .zip(&per_gpu)
-                        .filter(|(g, _)| g.node_index == n)
-                        .map(|(_, p)| p.0)
-                        .sum()
-                };
-                let node_other: BTreeMap<usize, f64> = node_j
-                    .iter()
-                    .map(|(n, j)| (*n, (j.unwrap_or(0.0) - node_gpu_j(*n)).max(0.0)))
-                    .collect();
-                let sum: f64 = node_other.values().sum();
-                rack_gpus
-                    .iter()
-                    .map(|g| {
-                        let slots = rack_gpus
-                            .iter()
-                            .filter(|h| h.node_index == g.node_index)
-                            .count();
-                        let share = if sum > 0.0 {
-                            node_other[&g.node_index] / sum
-                        } else {
-                            1.0 / rack_gpus.len() as f64 * slots as f64
-                        };
-                        other * share / slots.max(1) as f64
-                    })
-                    .collect()
+                by_node_share(&rack_gpus, &per_gpu, &node_j, other)
             } else {
                 vec![other / rack_gpus.len().max(1) as f64; rack_gpus.len()]
             };
-            for ((g, (j, integrated)), extra) in rack_gpus.iter().zip(per_gpu).zip(slot_other) {
-                let kwh = (j + extra) / J_PER_KWH;
-                let estimated = if integrated { j / J_PER_KWH } else { 0.0 };
-                match owners.get(&*g.id).map(Vec::as_slice) {
-                    None | Some([]) => add(idle[ri].get_or_insert([0.0; 3]), kwh, estimated, 0.0),
-                    Some(holders) => {
-                        let k = holders.len() as f64;
-                        let shared = if holders.len() > 1 { kwh / k } else { 0.0 };
-                        for &job in holders {
-                            add(
-                                by_job.entry((job, ri)).or_default(),
-                                kwh / k,
-                                estimated / k,
-                                shared,
-                            );
-                        }
-                    }
-                }
-            }
+            sums.charge_slots(ri, &rack_gpus, per_gpu, slot_other, &owners);
             if rack_gpus.is_empty() {
                 add(
-                    idle[ri].get_or_insert([0.0; 3]),
+                    sums.idle[ri].get_or_insert([0.0; 3]),
                     rack_j / J_PER_KWH,
                     0.0,
                     0.0,
                 );
             }
         }
-        let mut charges: Vec<(Account, Option<String>, f64, f64, f64)> = Vec::new();
-        for (ri, s) in idle.iter().enumerate() {
-            if let Some([kwh, est, shared]) = *s {
-                let rack = Some(site.racks[ri].id.clone());
-                charges.push((Account::Idle, rack, kwh, est, shared));
-            }
-        }
-        for ((k, ri), [kwh, est, shared]) in by_job {
-            let job = &jobs[k];
-            charges.push((
-                Account::Job {
-                    job: job.id.clone(),
-                    project: job.project.clone(),
-                    user: job.user.clone(),
-                },
-                Some(site.racks[ri].id.clone()),
-                kwh,
-                est,
-                shared,
-            ));
-        }
-        for unit in &site.cooling {
-            if let Some(w) = value(
-                &EntityId::new(EntityKind::Cooling, &unit.id),
-                COOLING_POWER_W,
-            ) {
-                charges.push((Account::Overhead, None, w * dt / J_PER_KWH, 0.0, 0.0));
-            }
-        }
-        if let Some(d) = &mut self.demand {
-            d.add(
-                last,
-                now,
-                charges
-                    .iter()
-                    .map(|(a, r, kwh, ..)| (a.clone(), r.clone(), *kwh)),
-            );
-        }
+        sums
+    }
+
+    /// Adds the charges to the open interval, priced at the price and carbon in force.
+    fn add_pending(&mut self, charges: Vec<Charge>, price: f64, carbon: f64) {
         for (account, rack, kwh, estimated, shared) in charges {
             let s = self.pending.entry((account, rack)).or_default();
             s.kwh += kwh;
@@ -277,11 +203,6 @@ impl Accountant {
             s.cost += kwh * price;
             s.carbon_kg += kwh * carbon / 1000.0;
         }
-        let start = self.window_start.unwrap_or(last);
-        if now.secs_since(start) >= self.interval_s - 1e-9 {
-            return self.flush(now);
-        }
-        Vec::new()
     }
 
     /// The conditions of the interval closed last, once.
@@ -353,6 +274,179 @@ impl Accountant {
             None => (by_power, true),
         }
     }
+}
+
+/// One charge: the account, its rack, kWh, of which estimated as power × time, of which
+/// on a shared GPU.
+type Charge = (Account, Option<String>, f64, f64, f64);
+
+/// (kWh, of which estimated as power × time, of which on a shared GPU), summed per
+/// rack for idle GPUs and per (job, rack) for jobs' GPUs.
+struct SlotCharges {
+    idle: Vec<Option<[f64; 3]>>,
+    by_job: BTreeMap<(usize, usize), [f64; 3]>,
+}
+
+impl SlotCharges {
+    /// Charges each GPU slot of rack `ri` (its own energy and its share of the rest)
+    /// to the jobs holding it, split evenly, else to idle.
+    fn charge_slots(
+        &mut self,
+        ri: usize,
+        rack_gpus: &[&GpuRef<'_>],
+        per_gpu: Vec<(f64, bool)>,
+        slot_other: Vec<f64>,
+        owners: &FnvMap<&EntityId, Vec<usize>>,
+    ) {
+        for ((g, (j, integrated)), extra) in rack_gpus.iter().zip(per_gpu).zip(slot_other) {
+            let kwh = (j + extra) / J_PER_KWH;
+            let estimated = if integrated { j / J_PER_KWH } else { 0.0 };
+            match owners.get(&*g.id).map(Vec::as_slice) {
+                None | Some([]) => add(self.idle[ri].get_or_insert([0.0; 3]), kwh, estimated, 0.0),
+                Some(holders) => {
+                    let k = holders.len() as f64;
+                    let shared = if holders.len() > 1 { kwh / k } else { 0.0 };
+                    for &job in holders {
+                        add(
+                            self.by_job.entry((job, ri)).or_default(),
+                            kwh / k,
+                            estimated / k,
+                            shared,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The charges in ledger order: idle per rack, then jobs per (job, rack), then
+    /// cooling units' power over `dt` as overhead.
+    fn charges(
+        self,
+        site: &Site,
+        jobs: &[Job],
+        snapshot: &Snapshot,
+        dt: f64,
+        now: Timestamp,
+    ) -> Vec<Charge> {
+        let mut charges: Vec<Charge> = Vec::new();
+        for (ri, s) in self.idle.iter().enumerate() {
+            if let Some([kwh, est, shared]) = *s {
+                let rack = Some(site.racks[ri].id.clone());
+                charges.push((Account::Idle, rack, kwh, est, shared));
+            }
+        }
+        for ((k, ri), [kwh, est, shared]) in self.by_job {
+            let job = &jobs[k];
+            charges.push((
+                Account::Job {
+                    job: job.id.clone(),
+                    project: job.project.clone(),
+                    user: job.user.clone(),
+                },
+                Some(site.racks[ri].id.clone()),
+                kwh,
+                est,
+                shared,
+            ));
+        }
+        for unit in &site.cooling {
+            let cooling = EntityId::new(EntityKind::Cooling, &unit.id);
+            if let Some(w) = observed(snapshot, &cooling, COOLING_POWER_W, now) {
+                charges.push((Account::Overhead, None, w * dt / J_PER_KWH, 0.0, 0.0));
+            }
+        }
+        charges
+    }
+}
+
+fn add(s: &mut [f64; 3], kwh: f64, est: f64, shared: f64) {
+    s[0] += kwh;
+    s[1] += est;
+    s[2] += shared;
+}
+
+fn observed(snapshot: &Snapshot, e: &EntityId, m: &str, now: Timestamp) -> Option<f64> {
+    snapshot.observe(e, m, now).map(|o| o.value)
+}
+
+/// The jobs holding each GPU, by index in `jobs`: a GPU held by several jobs (MPS,
+/// time slicing) is split evenly between them.
+fn owners(jobs: &[Job]) -> FnvMap<&EntityId, Vec<usize>> {
+    let mut owners: FnvMap<&EntityId, Vec<usize>> = FnvMap::default();
+    for (k, j) in jobs.iter().enumerate() {
+        for g in &j.allocated {
+            owners.entry(g).or_default().push(k);
+        }
+    }
+    owners
+}
+
+/// Each node's metered energy over `dt`, by node index: the node's own power (a BMC's
+/// chassis power), else the sum of the PDU outlets feeding it.
+fn node_energy_j(
+    site: &Site,
+    rack: &Rack,
+    snapshot: &Snapshot,
+    dt: f64,
+    now: Timestamp,
+) -> BTreeMap<usize, Option<f64>> {
+    let value = |e: &EntityId| observed(snapshot, e, POWER_W, now);
+    rack.nodes
+        .iter()
+        .map(|&n| {
+            let node = &site.nodes[n];
+            let own = value(&EntityId::new(EntityKind::Node, node.id.clone()));
+            let outlets = if node.outlets.is_empty() {
+                None
+            } else {
+                node.outlets
+                    .iter()
+                    .map(|o| value(&EntityId::new(EntityKind::Outlet, o.clone())))
+                    .sum::<Option<f64>>()
+            };
+            (n, own.or(outlets).map(|w| w * dt))
+        })
+        .collect()
+}
+
+/// The rack's energy beyond its GPUs (`other`) per GPU slot, when every node is
+/// metered: by each node's share of what its nodes used beyond their GPUs, split
+/// evenly between the node's slots.
+fn by_node_share(
+    rack_gpus: &[&GpuRef<'_>],
+    per_gpu: &[(f64, bool)],
+    node_j: &BTreeMap<usize, Option<f64>>,
+    other: f64,
+) -> Vec<f64> {
+    let node_gpu_j = |n: usize| -> f64 {
+        rack_gpus
+            .iter()
+            .zip(per_gpu)
+            .filter(|(g, _)| g.node_index == n)
+            .map(|(_, p)| p.0)
+            .sum()
+    };
+    let node_other: BTreeMap<usize, f64> = node_j
+        .iter()
+        .map(|(n, j)| (*n, (j.unwrap_or(0.0) - node_gpu_j(*n)).max(0.0)))
+        .collect();
+    let sum: f64 = node_other.values().sum();
+    rack_gpus
+        .iter()
+        .map(|g| {
+            let slots = rack_gpus
+                .iter()
+                .filter(|h| h.node_index == g.node_index)
+                .count();
+            let share = if sum > 0.0 {
+                node_other[&g.node_index] / sum
+            } else {
+                1.0 / rack_gpus.len() as f64 * slots as f64
+            };
+            other * share / slots.max(1) as f64
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -322,15 +322,41 @@ impl ControlLoop {
                 tx.put_job(&job);
             }
         }
-        // the jobs are resolved once (their GPUs, their ids), when they change, not by
-        // every evaluation
-        let (active, job_table) = self.registry.active_on(&self.site);
         let Plan {
             state,
             decisions,
             planned_starts,
             predictions,
-        } = evaluate(
+        } = self.plan(now);
+        report.planned_starts = planned_starts;
+        report.predictions = predictions;
+        let mut decisions = {
+            let mut noted = std::mem::take(&mut self.noted);
+            noted.extend(decisions);
+            noted
+        };
+        let actuated = self.with_overrides(&state, &mut decisions, now);
+        report.actuation_errors = self.actuate(actuator, actuated, &state, now);
+        self.counters.decisions += decisions.len() as u64;
+        if !self.records {
+            self.state = state;
+            report.decisions = decisions;
+            return report;
+        }
+        report.ledger = self.record(&mut tx, &decisions, now);
+        self.state = state;
+        report.decisions = decisions;
+        self.unsaved.extend(tx);
+        report.store_error = self.save().err().map(|e| e.to_string());
+        report
+    }
+
+    /// Evaluates the policy on the snapshot and the active jobs.
+    fn plan(&mut self, now: Timestamp) -> Plan {
+        // the jobs are resolved once (their GPUs, their ids), when they change, not by
+        // every evaluation
+        let (active, job_table) = self.registry.active_on(&self.site);
+        evaluate(
             &Inputs {
                 site: &self.site,
                 snapshot: &self.snapshot,
@@ -341,49 +367,62 @@ impl ControlLoop {
                 job_table: Some(job_table),
             },
             now,
-        );
-        report.planned_starts = planned_starts;
-        report.predictions = predictions;
-        let mut decisions = {
-            let mut noted = std::mem::take(&mut self.noted);
-            noted.extend(decisions);
-            noted
-        };
-        // with no override set now or before, what is actuated is the plan itself
-        let actuated = if self.overrides.is_empty() && self.actuated.is_none() {
-            None
-        } else {
-            let actuated = crate::overrides::apply(&state, &self.overrides, &self.site, now);
-            decisions.extend(crate::overrides::decisions(
-                self.actuated.as_ref().unwrap_or(&self.state),
-                &actuated,
-                &self.overrides,
-                now,
-            ));
-            Some(actuated)
-        };
-        report.actuation_errors = actuator.apply(actuated.as_ref().unwrap_or(&state), now);
+        )
+    }
+
+    /// The plan with the operators' overrides applied, adding the decisions of those
+    /// that start or end; `None` with no override set now or before (what is actuated
+    /// is the plan itself).
+    fn with_overrides(
+        &self,
+        state: &State,
+        decisions: &mut Vec<Decision>,
+        now: Timestamp,
+    ) -> Option<State> {
+        if self.overrides.is_empty() && self.actuated.is_none() {
+            return None;
+        }
+        let actuated = crate::overrides::apply(state, &self.overrides, &self.site, now);
+        decisions.extend(crate::overrides::decisions(
+            self.actuated.as_ref().unwrap_or(&self.state),
+            &actuated,
+            &self.overrides,
+            now,
+        ));
+        Some(actuated)
+    }
+
+    /// Hands the actuator what is in force (`actuated`, else the plan); returns and
+    /// counts what could not be applied.
+    fn actuate(
+        &mut self,
+        actuator: &mut dyn Actuator,
+        actuated: Option<State>,
+        plan: &State,
+        now: Timestamp,
+    ) -> Vec<String> {
+        let errors = actuator.apply(actuated.as_ref().unwrap_or(plan), now);
         self.actuated = actuated.filter(|_| !self.overrides.is_empty());
-        self.counters.actuation_errors += report.actuation_errors.len() as u64;
-        for e in &report.actuation_errors {
+        self.counters.actuation_errors += errors.len() as u64;
+        for e in &errors {
             warn!(error = %e, "actuation failed");
         }
-        self.counters.decisions += decisions.len() as u64;
-        if !self.records {
-            self.state = state;
-            report.decisions = decisions;
-            return report;
-        }
-        for d in &decisions {
+        errors
+    }
+
+    /// Adds the tick's audit entries, energy ledger, closed conditions and changed
+    /// demand peak to `tx`, in that order; returns the ledger entries.
+    fn record(&mut self, tx: &mut Tx, decisions: &[Decision], now: Timestamp) -> Vec<LedgerEntry> {
+        for d in decisions {
             match &self.origin {
                 Some((instance, epoch)) => tx.audit_by(d, instance, *epoch),
                 None => tx.audit(d),
             };
         }
-        report.ledger = self
-            .accountant
-            .record(&self.site, &self.snapshot, active, now);
-        for e in &report.ledger {
+        let ledger =
+            self.accountant
+                .record(&self.site, &self.snapshot, self.registry.active(), now);
+        for e in &ledger {
             tx.ledger(e);
         }
         if let Some(c) = self.accountant.take_conditions() {
@@ -392,11 +431,7 @@ impl ControlLoop {
         if let Some(p) = self.accountant.demand_mut().and_then(|d| d.take_changed()) {
             tx.put_record(crate::demand::COLLECTION, &p.period, &p);
         }
-        self.state = state;
-        report.decisions = decisions;
-        self.unsaved.extend(tx);
-        report.store_error = self.save().err().map(|e| e.to_string());
-        report
+        ledger
     }
 
     /// Closes the open ledger interval and saves everything (at shutdown).

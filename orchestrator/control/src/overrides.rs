@@ -4,12 +4,14 @@
 //! flaps when they end. The most protective cap still wins: a pin never raises a cap
 //! the policy set lower, and it is clamped into each GPU's constraints.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use policies::plan::Cap;
-use policies::State;
+use policies::plan::{Action, Cap, Target};
+use policies::{Decision, State};
 use serde::{Deserialize, Serialize};
-use telemetry::{Site, Timestamp};
+use telemetry::{EntityId, EntityKind, Site, Timestamp};
 
 /// What an override does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,22 +50,63 @@ pub struct Request {
 
 pub const MAX_FOR_S: f64 = 7.0 * 86_400.0;
 
+/// Why a request body is not a request.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    #[error("unknown field `{field}` (known: {known})")]
+    UnknownField { field: String, known: String },
+}
+
+/// Why a request does not fit the site.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refused {
+    #[error("for_s must be within 0 < for_s <= {MAX_FOR_S} (7 days), got {0}")]
+    Duration(f64),
+    #[error("no rack {0:?} in the site")]
+    NoRack(String),
+    #[error("watts_per_gpu must be above 0, got {0}")]
+    Watts(f64),
+    #[error("job must name a job (e.g. slurm:1234)")]
+    NoJob,
+}
+
+/// Why the overrides file cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum BookError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+}
+
 impl Request {
     /// Parses a request body; a member it does not know is an error (a typo must not
     /// silently set something else).
-    pub fn parse(body: &[u8]) -> Result<Request, String> {
-        let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    pub fn parse(body: &[u8]) -> Result<Request, RequestError> {
+        let v: serde_json::Value = serde_json::from_slice(body).map_err(RequestError::Json)?;
         let known = ["kind", "rack", "watts_per_gpu", "job", "for_s", "reason"];
         if let Some(bad) = v
             .as_object()
             .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())))
         {
-            return Err(format!(
-                "unknown field `{bad}` (known: {})",
-                known.join(", ")
-            ));
+            return Err(RequestError::UnknownField {
+                field: bad.clone(),
+                known: known.join(", "),
+            });
         }
-        serde_json::from_value(v).map_err(|e| e.to_string())
+        serde_json::from_value(v).map_err(RequestError::Json)
     }
 }
 
@@ -75,12 +118,9 @@ impl Request {
         now: Timestamp,
         by: &str,
         id: String,
-    ) -> Result<Override, String> {
+    ) -> Result<Override, Refused> {
         if !(self.for_s.is_finite() && self.for_s > 0.0 && self.for_s <= MAX_FOR_S) {
-            return Err(format!(
-                "for_s must be within 0 < for_s <= {MAX_FOR_S} (7 days), got {}",
-                self.for_s
-            ));
+            return Err(Refused::Duration(self.for_s));
         }
         match &self.what {
             What::PinRackCap {
@@ -88,17 +128,15 @@ impl Request {
                 watts_per_gpu,
             } => {
                 if site.rack(rack).is_none() {
-                    return Err(format!("no rack {rack:?} in the site"));
+                    return Err(Refused::NoRack(rack.clone()));
                 }
                 if !(watts_per_gpu.is_finite() && *watts_per_gpu > 0.0) {
-                    return Err(format!(
-                        "watts_per_gpu must be above 0, got {watts_per_gpu}"
-                    ));
+                    return Err(Refused::Watts(*watts_per_gpu));
                 }
             }
             What::ExemptJob { job } => {
                 if job.trim().is_empty() {
-                    return Err("job must name a job (e.g. slurm:1234)".into());
+                    return Err(Refused::NoJob);
                 }
             }
         }
@@ -127,7 +165,7 @@ pub fn apply(plan: &State, overrides: &[Override], site: &Site, now: Timestamp) 
                     let lower = out.caps.get(&g.id).is_none_or(|c| c.watts > w);
                     if lower {
                         out.caps.insert(
-                            telemetry::EntityId::clone(&g.id),
+                            EntityId::clone(&g.id),
                             Cap {
                                 watts: w,
                                 rule: format!("override.{}", o.id).into(),
@@ -146,6 +184,11 @@ pub fn apply(plan: &State, overrides: &[Override], site: &Site, now: Timestamp) 
     out
 }
 
+/// GPUs whose override cap started, per (rule, watts as bits).
+type Started = BTreeMap<(Arc<str>, u64), Vec<EntityId>>;
+/// GPUs whose override cap ended, per rule.
+type Ended = BTreeMap<Arc<str>, Vec<EntityId>>;
+
 /// Audit records for the override caps and exemptions that start or end between two
 /// actuated states.
 pub fn decisions(
@@ -153,77 +196,14 @@ pub fn decisions(
     after: &State,
     overrides: &[Override],
     now: Timestamp,
-) -> Vec<policies::Decision> {
-    use policies::plan::{Action, Target};
-    use std::collections::BTreeMap;
+) -> Vec<Decision> {
+    let (started, ended) = changed_caps(before, after);
     let mut out = Vec::new();
-    let ov = |c: Option<&Cap>| {
-        c.filter(|c| c.rule.starts_with("override."))
-            .map(|c| (c.rule.clone(), c.watts.to_bits()))
-    };
-    // GPUs whose override cap started, per (rule, watts); and those whose ended
-    let mut started: BTreeMap<(std::sync::Arc<str>, u64), Vec<telemetry::EntityId>> =
-        BTreeMap::new();
-    let mut ended: BTreeMap<std::sync::Arc<str>, Vec<telemetry::EntityId>> = BTreeMap::new();
-    for (g, c) in &after.caps {
-        if let Some(k) = ov(Some(c)) {
-            if ov(before.caps.get(g)) != Some(k.clone()) {
-                started.entry(k).or_default().push(g.clone());
-            }
-        }
-    }
-    for (g, c) in &before.caps {
-        if let Some((rule, _)) = ov(Some(c)) {
-            if ov(after.caps.get(g)).is_none_or(|(r, _)| r != rule) {
-                ended.entry(rule).or_default().push(g.clone());
-            }
-        }
-    }
-    let find = |rule: &str| {
-        overrides
-            .iter()
-            .find(|o| format!("override.{}", o.id) == rule)
-    };
-    let entity = |o: Option<&Override>| match o.map(|o| &o.what) {
-        Some(What::PinRackCap { rack, .. }) => {
-            telemetry::EntityId::new(telemetry::EntityKind::Rack, rack.clone())
-        }
-        _ => telemetry::EntityId::new(telemetry::EntityKind::Site, "override"),
-    };
     for ((rule, bits), gpus) in started {
-        let o = find(&rule);
-        out.push(policies::Decision {
-            time: now,
-            rule: rule.to_string(),
-            target: Target::Gpus {
-                entity: entity(o),
-                gpus,
-            },
-            action: Action::Cap {
-                watts: f64::from_bits(bits),
-            },
-            values: BTreeMap::new(),
-            reason: o.map_or("override".into(), |o| {
-                format!("pinned by {} until {}: {}", o.by, o.until, o.reason)
-            }),
-            observe_only: false,
-            release: String::new(),
-        });
+        out.push(cap_started(overrides, rule, bits, gpus, now));
     }
     for (rule, gpus) in ended {
-        out.push(policies::Decision {
-            time: now,
-            rule: rule.to_string(),
-            target: Target::Gpus {
-                entity: entity(find(&rule)),
-                gpus,
-            },
-            action: Action::Uncap,
-            values: BTreeMap::new(),
-            reason: "the override ended or was removed; the policy's caps apply".into(),
-            observe_only: false,
-            release: String::new(),
-        });
+        out.push(cap_ended(overrides, rule, gpus, now));
     }
     for job in before.holds.keys().filter(|j| {
         !after.holds.contains_key(*j)
@@ -231,18 +211,114 @@ pub fn decisions(
                 .iter()
                 .any(|o| matches!(&o.what, What::ExemptJob { job: x } if x == *j))
     }) {
-        out.push(policies::Decision {
-            time: now,
-            rule: "override.exempt".into(),
-            target: Target::Job { job: job.clone() },
-            action: Action::Release,
-            values: BTreeMap::new(),
-            reason: "exempted from holds by an operator".into(),
-            observe_only: false,
-            release: String::new(),
-        });
+        out.push(exempted(job, now));
     }
     out
+}
+
+/// The override caps (rule, watts as bits) of a GPU's cap, if an override set it.
+fn override_cap(c: Option<&Cap>) -> Option<(Arc<str>, u64)> {
+    c.filter(|c| c.rule.starts_with("override."))
+        .map(|c| (c.rule.clone(), c.watts.to_bits()))
+}
+
+/// The GPUs whose override cap started, and those whose override cap ended.
+fn changed_caps(before: &State, after: &State) -> (Started, Ended) {
+    let mut started = Started::new();
+    let mut ended = Ended::new();
+    for (g, c) in &after.caps {
+        if let Some(k) = override_cap(Some(c)) {
+            if override_cap(before.caps.get(g)) != Some(k.clone()) {
+                started.entry(k).or_default().push(g.clone());
+            }
+        }
+    }
+    for (g, c) in &before.caps {
+        if let Some((rule, _)) = override_cap(Some(c)) {
+            if override_cap(after.caps.get(g)).is_none_or(|(r, _)| r != rule) {
+                ended.entry(rule).or_default().push(g.clone());
+            }
+        }
+    }
+    (started, ended)
+}
+
+/// The override a cap's rule names.
+fn find<'a>(overrides: &'a [Override], rule: &str) -> Option<&'a Override> {
+    overrides
+        .iter()
+        .find(|o| format!("override.{}", o.id) == rule)
+}
+
+/// The entity an override's decisions are about: its rack, else the site.
+fn entity(o: Option<&Override>) -> EntityId {
+    match o.map(|o| &o.what) {
+        Some(What::PinRackCap { rack, .. }) => EntityId::new(EntityKind::Rack, rack.clone()),
+        _ => EntityId::new(EntityKind::Site, "override"),
+    }
+}
+
+fn cap_started(
+    overrides: &[Override],
+    rule: Arc<str>,
+    bits: u64,
+    gpus: Vec<EntityId>,
+    now: Timestamp,
+) -> Decision {
+    let o = find(overrides, &rule);
+    Decision {
+        time: now,
+        rule: rule.to_string(),
+        target: Target::Gpus {
+            entity: entity(o),
+            gpus,
+        },
+        action: Action::Cap {
+            watts: f64::from_bits(bits),
+        },
+        values: BTreeMap::new(),
+        reason: o.map_or("override".into(), |o| {
+            format!("pinned by {} until {}: {}", o.by, o.until, o.reason)
+        }),
+        observe_only: false,
+        release: String::new(),
+    }
+}
+
+fn cap_ended(
+    overrides: &[Override],
+    rule: Arc<str>,
+    gpus: Vec<EntityId>,
+    now: Timestamp,
+) -> Decision {
+    Decision {
+        time: now,
+        rule: rule.to_string(),
+        target: Target::Gpus {
+            entity: entity(find(overrides, &rule)),
+            gpus,
+        },
+        action: Action::Uncap,
+        values: BTreeMap::new(),
+        reason: "the override ended or was removed; the policy's caps apply".into(),
+        observe_only: false,
+        release: String::new(),
+    }
+}
+
+fn exempted(job: &str, now: Timestamp) -> Decision {
+    Decision {
+        time: now,
+        rule: "override.exempt".into(),
+        target: Target::Job {
+            job: job.to_string(),
+        },
+        action: Action::Release,
+        values: BTreeMap::new(),
+        reason: "exempted from holds by an operator".into(),
+        observe_only: false,
+        release: String::new(),
+    }
 }
 
 /// Overrides kept in a JSON file, so that a restart keeps them.
@@ -255,12 +331,20 @@ pub struct Book {
 
 impl Book {
     /// Loads the file (missing: empty).
-    pub fn open(path: Option<&Path>) -> Result<Book, String> {
+    pub fn open(path: Option<&Path>) -> Result<Book, BookError> {
         let list: Vec<Override> = match path {
             Some(p) => match std::fs::read(p) {
-                Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))?,
+                Ok(b) => serde_json::from_slice(&b).map_err(|source| BookError::Parse {
+                    path: p.to_path_buf(),
+                    source,
+                })?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(format!("{}: {e}", p.display())),
+                Err(source) => {
+                    return Err(BookError::Io {
+                        path: p.to_path_buf(),
+                        source,
+                    })
+                }
             },
             None => Vec::new(),
         };
@@ -288,13 +372,16 @@ impl Book {
         n != self.list.len()
     }
 
-    pub fn save(&self) -> Result<(), String> {
+    pub fn save(&self) -> Result<(), BookError> {
         let Some(p) = &self.path else { return Ok(()) };
         let tmp = p.with_extension("tmp");
-        let bytes = serde_json::to_vec_pretty(&self.list).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec_pretty(&self.list).map_err(BookError::Encode)?;
         std::fs::write(&tmp, bytes)
             .and_then(|_| std::fs::rename(&tmp, p))
-            .map_err(|e| format!("{}: {e}", p.display()))
+            .map_err(|source| BookError::Io {
+                path: p.clone(),
+                source,
+            })
     }
 }
 
@@ -418,7 +505,7 @@ mod tests {
             let e = r
                 .accept(&site, t(0.0), "sre", "o".into())
                 .expect_err("refused");
-            assert!(e.contains(says), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
         }
     }
 

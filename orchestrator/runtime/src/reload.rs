@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use policies::{Action, Decision, Policy, Target};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use telemetry::diag::Diagnostics;
 use telemetry::{Site, Timestamp};
 use tracing::{info, warn};
 
@@ -168,7 +169,7 @@ impl PolicyWatch {
                 })
             }
             Err(e) => {
-                self.reject(e, Some(sha), now);
+                self.reject(e.to_string(), Some(sha), now);
                 None
             }
         }
@@ -194,11 +195,22 @@ impl PolicyWatch {
     }
 }
 
+/// Why a policy text cannot run: every problem of its parse, or of its check against
+/// the site, one per line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidPolicy {
+    #[error("{0}")]
+    Parse(#[source] Diagnostics),
+    #[error("{0}")]
+    Site(#[source] Diagnostics),
+}
+
 /// Checks a policy text as `serve` would run it: parsed, and checked against the site
 /// (selectors that pick nothing, caps below a GPU's minimum, unknown equipment).
-pub fn validate(name: &str, text: &str, site: &Site) -> Result<Policy, String> {
-    let p = Policy::parse(name, text).map_err(|e| e.to_string())?;
-    p.check_site(name, text, site).map_err(|e| e.to_string())?;
+pub fn validate(name: &str, text: &str, site: &Site) -> Result<Policy, InvalidPolicy> {
+    let p = Policy::parse(name, text).map_err(InvalidPolicy::Parse)?;
+    p.check_site(name, text, site)
+        .map_err(InvalidPolicy::Site)?;
     Ok(p)
 }
 

@@ -25,6 +25,7 @@ pub mod config;
 
 mod edges;
 mod leader;
+mod start;
 
 pub use edges::{AgentActuator, ObserveOnly};
 pub use runtime::buffer::Buffer;
@@ -42,15 +43,15 @@ use telemetry::Site;
 use tracing::{info, warn};
 
 use crate::config::{load, Config, Loaded, StoreConfig};
-use api::Board;
-use common::wall_clock;
 use control::ControlLoop;
 use integrations::store::embedded::EmbeddedBackend;
-use leader::{start_ha, Leader, Standby};
-use runtime::node_power::worker as nodes;
+use api::Board;
 use runtime::paths::resolve;
-use runtime::prices::Prices;
 use runtime::schedulers::Schedulers;
+use common::wall_clock;
+use leader::{Leader, Standby};
+use runtime::node_power::worker as nodes;
+use runtime::prices::Prices;
 
 /// The site and the store a config names, for `powerplane report`.
 pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
@@ -93,43 +94,74 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     // every IO edge runs on this runtime (see runtime); the control loop runs
     // on this thread and never awaits an edge
     let runtime = runtime::Runtime::new(4)?;
-    let mut store = open_store(&cfg.store, &base, Some(runtime.handle()))?;
-    // with [ha], a replica starts as a follower: fenced at epoch 0, no scheduler open,
-    // nothing commanded, until the election makes it the leader (see runtime::ha)
-    let ha = start_ha(&cfg, &base)?;
-    if ha.is_some() {
-        store.set_fence(Some(0));
-    }
-    let backend = store.backend_name();
-    let mut control = ControlLoop::restore(
-        site.clone(),
-        policy,
-        store,
-        cfg.controller.ledger_interval_s,
+    let (mut control, ha, backend) = start::control(&cfg, &base, &site, policy, &runtime)?;
+    let schedulers = start::schedulers(&cfg, &base, ha.is_some(), &mut control, &runtime)?;
+    let (stop, keep_going) = stop_on_signals(run_for)?;
+    let mut edges = start::Edges::open(&cfg, mapping, &site, &base, &runtime, keep_going.clone())?;
+    let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
+    board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
+    let hooks = start::hooks(&cfg, &schedulers);
+    let overrides = start::overrides(&cfg, &base)?;
+    start::http(
+        &cfg,
+        &base,
+        &runtime,
+        &board,
+        &edges.fleet,
+        &hooks,
+        &overrides,
     )?;
-    info!(
-        store = backend,
-        caps = control.state().caps.len(),
-        holds = control.state().holds.len(),
-        jobs = control.registry().len(),
-        "restored from the store"
+    // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
+    let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
+    edges.threads.extend(fetcher);
+    let events = control::cadence::Events::new(
+        cfg.controller.event_debounce_ms,
+        cfg.controller.event_max_per_s,
     );
-    if ha.is_some() {
-        control.set_records(false);
-    }
-    // each scheduler adapter reconciles on a thread of its own (see runtime::schedulers);
-    // with [ha] they open when this replica takes over
-    let schedulers = match ha {
-        Some(_) => Schedulers::idle(),
-        None => Schedulers::open(
-            cfg.schedulers.as_ref(),
-            &base,
-            control.store(),
-            cfg.controller.tick_s,
-            runtime.handle(),
-            runtime.shutdown.clone(),
-        )?,
+    let node_power = match &cfg.node_power {
+        Some(np) => Some(nodes::NodePower::start(np, &site, wall_clock())?),
+        None => None,
     };
+    let leader = Leader {
+        ha,
+        epoch: None,
+        fleet: edges.fleet.clone(),
+        hooks,
+        base: base.clone(),
+        handle: runtime.handle(),
+        shutdown: runtime.shutdown.clone(),
+    };
+    let mut serve = Serve {
+        node_power,
+        cfg,
+        control,
+        schedulers,
+        leader,
+        actuator: edges.actuator,
+        buffer: edges.buffer,
+        gate: edges.gate,
+        mqtt_rejects: edges.mqtt_rejects,
+        redfish: edges.redfish,
+        prices,
+        overrides,
+        reloader,
+        board,
+        cadence: control::cadence::Cadence::default(),
+        last_source_sample: None,
+        events,
+        thresholds: policies::triggers::Thresholds::default(),
+        since: Default::default(),
+    };
+    serve.drive(&site, backend, &keep_going);
+    stop.store(true, Ordering::Relaxed);
+    serve.stop(runtime, edges.threads)
+}
+
+/// The flag SIGTERM and SIGINT raise, and whether to keep going: no signal yet, and
+/// `run_for` (when given) not over.
+fn stop_on_signals(
+    run_for: Option<Duration>,
+) -> Result<(Arc<AtomicBool>, impl Fn() -> bool + Clone + Send + 'static)> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
@@ -139,125 +171,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         let stop = stop.clone();
         move || !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| started.elapsed() < d)
     };
-    let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
-    // only the site's entities reach the buffer (see control::admit)
-    let gate = Arc::new(control::admit::Gate::new(&site));
-    let mqtt_rejects = Arc::new(control::admit::Tally::default());
-    let mut threads: Vec<JoinHandle<()>> = Vec::new();
-    if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
-        let (b, g, t) = (buffer.clone(), gate.clone(), mqtt_rejects.clone());
-        threads.push(edges::spawn_mqtt(m, mapping, b, g, t, keep_going.clone())?);
-    }
-    // the Redfish poller: a task on the runtime (see runtime::redfish); only the site's
-    // entities pass the gate
-    let redfish = match &cfg.redfish {
-        Some(r) => Some(runtime::redfish::spawn(
-            r,
-            &runtime,
-            buffer.clone(),
-            gate.clone(),
-        )?),
-        None => None,
-    };
-    let actuation = edges::open_agents(
-        cfg.agents.clone(),
-        &site,
-        &base,
-        buffer.clone(),
-        gate.clone(),
-        keep_going.clone(),
-    )?;
-    threads.extend(actuation.thread);
-    let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
-    board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
-    let configured = cfg.schedulers.as_ref();
-    let hooks = api::Hooks::new(schedulers.inbox(), schedulers.kube_hooks()).configured(
-        configured.is_some_and(|s| s.webhook.is_some()),
-        configured.is_some_and(|s| s.kubernetes.is_some()),
-    );
-    let overrides = Arc::new(Mutex::new(
-        control::overrides::Book::open(
-            cfg.http
-                .as_ref()
-                .and_then(|h| h.overrides_file.as_ref())
-                .map(|p| resolve(&base, p))
-                .as_deref(),
-        )
-        .map_err(|e| anyhow::anyhow!("overrides: {e}"))?,
-    ));
-    if let Some(h) = &cfg.http {
-        let api = api::Api {
-            overrides: overrides.clone(),
-            board: board.clone(),
-            fleet: actuation.fleet.clone(),
-            tokens: api::load_tokens(h, &base)?,
-            metrics_public: h.metrics_public,
-            status_page_public: h.status_page_public,
-            refresh_s: h.refresh_s.max(1),
-            hooks: hooks.clone(),
-            stats: Default::default(),
-        };
-        api::serve(h, &base, api, &runtime)?;
-    }
-    // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
-    let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
-    threads.extend(fetcher);
-    let cfg_events = (
-        cfg.controller.event_debounce_ms,
-        cfg.controller.event_max_per_s,
-    );
-    let node_power = match &cfg.node_power {
-        Some(np) => Some(nodes::NodePower::start(np, &site, wall_clock())?),
-        None => None,
-    };
-    let mut serve = Serve {
-        node_power,
-        cfg,
-        control,
-        schedulers,
-        leader: Leader {
-            ha,
-            epoch: None,
-            fleet: actuation.fleet.clone(),
-            hooks,
-            base: base.clone(),
-            handle: runtime.handle(),
-            shutdown: runtime.shutdown.clone(),
-        },
-        actuator: actuation.actuator,
-        buffer,
-        gate,
-        mqtt_rejects,
-        redfish,
-        prices,
-        overrides,
-        reloader,
-        board,
-        cadence: control::cadence::Cadence::default(),
-        last_source_sample: None,
-        events: control::cadence::Events::new(cfg_events.0, cfg_events.1),
-        thresholds: policies::triggers::Thresholds::default(),
-        since: Default::default(),
-    };
-    // systemd (Type=notify): ready now that every edge runs; the watchdog is pinged
-    // by the loop itself, so a loop that stalls is restarted after WatchdogSec
-    let mut notify = common::notify::Notifier::from_env();
-    notify.ready(&format!(
-        "{} racks, {} GPUs; store {backend}",
-        site.racks.len(),
-        site.gpu_count()
-    ));
-    let tick = Duration::from_secs_f64(serve.cfg.controller.tick_s);
-    let mut next = Instant::now();
-    while keep_going() {
-        notify.watchdog();
-        serve.tick(next);
-        next += tick;
-        serve.between_ticks(next, &keep_going, &mut notify);
-    }
-    notify.stopping();
-    stop.store(true, Ordering::Relaxed);
-    serve.stop(runtime, threads)
+    Ok((stop, keep_going))
 }
 
 /// The board the API reads, with the policy file as it is now, and its watcher.
@@ -317,6 +231,27 @@ struct Serve {
 }
 
 impl Serve {
+    /// Ticks until `keep_going` says stop. With systemd (Type=notify): ready now that
+    /// every edge runs; the watchdog is pinged by the loop itself, so a loop that
+    /// stalls is restarted after WatchdogSec.
+    fn drive(&mut self, site: &Site, backend: &str, keep_going: &dyn Fn() -> bool) {
+        let mut notify = common::notify::Notifier::from_env();
+        notify.ready(&format!(
+            "{} racks, {} GPUs; store {backend}",
+            site.racks.len(),
+            site.gpu_count()
+        ));
+        let tick = Duration::from_secs_f64(self.cfg.controller.tick_s);
+        let mut next = Instant::now();
+        while keep_going() {
+            notify.watchdog();
+            self.tick(next);
+            next += tick;
+            self.between_ticks(next, keep_going, &mut notify);
+        }
+        notify.stopping();
+    }
+
     /// One tick, due at `due`: what the edges delivered in, the plan out to the
     /// actuators and schedulers, the board for the API.
     fn tick(&mut self, due: Instant) {
@@ -332,35 +267,9 @@ impl Serve {
         let began = Instant::now();
         let crossed = due.is_none().then(|| self.events.armed()).flatten();
         let now = wall_clock();
-        // most readings were taken in between evaluations (see `take_readings`)
-        let (mut samples, dead) = self.buffer.drain();
-        let refused = self.gate.take_refused();
-        self.control
-            .count_rejected(control::admit::UNKNOWN_ENTITY, refused);
-        if !samples.is_empty() {
-            self.last_source_sample = Some(now);
-        }
-        for e in &dead {
-            self.control.mark_bad(e);
-        }
-        let forecast = self.prices.tick(self.control.site(), now, &mut samples);
-        self.control.set_forecast(forecast);
-        {
-            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-            if book.expire(now) {
-                if let Err(e) = book.save() {
-                    warn!(error = %e, "cannot save the overrides");
-                }
-            }
-            self.control.set_overrides(book.list.clone());
-        }
-        if let Some((text, status)) = self.reloader.between_ticks(&mut self.control, now) {
-            let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
-            if let Some(text) = text {
-                b.policy_text = text;
-            }
-            b.policy_status = status;
-        }
+        let mut samples = self.drain_edges(now);
+        self.apply_overrides(now);
+        self.reload_policy(now);
         // schedulers: their jobs in, the holds in force out (see runtime::schedulers);
         // neither waits on a scheduler
         let acting = self.follow_election();
@@ -383,35 +292,7 @@ impl Serve {
         if due.is_none() {
             self.cadence.event_done(crossed, timed.done, began);
         }
-        if let Some(np) = &mut self.node_power {
-            // the price now above the mean of the next 24 h: deeper off-time
-            let prices = self.prices.next_24h(now);
-            let expensive = prices.first().is_some_and(|(_, p)| {
-                *p > prices.iter().map(|(_, v)| v).sum::<f64>() / prices.len() as f64
-            });
-            let actions = np.tick(
-                self.control.site(),
-                &self.control.policy().node_power,
-                self.control.registry().active(),
-                &report.planned_starts,
-                expensive,
-                acting,
-                now,
-            );
-            for a in &actions {
-                match a {
-                    policies::node_power::NodeAction::Down { node, reason } => {
-                        info!(node = %node, "node power down: {reason}")
-                    }
-                    policies::node_power::NodeAction::Up { node, reason } => {
-                        info!(node = %node, "node power up: {reason}")
-                    }
-                    policies::node_power::NodeAction::Failed { node, reason } => {
-                        warn!(node = %node, "node resume failed: {reason}")
-                    }
-                }
-            }
-        }
+        self.power_nodes(&report, acting, now);
         if acting && !self.schedulers.is_empty() {
             let actuated = self.control.actuated().clone();
             self.schedulers
@@ -430,6 +311,92 @@ impl Serve {
         if let Some(e) = report.store_error {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
+        self.evaluated(due);
+    }
+
+    /// What the edges delivered since the last look (most readings were taken in
+    /// between evaluations, see `take_readings`), with the price feed's samples; the
+    /// refused and the dead are counted and marked, the forecast handed to the loop.
+    fn drain_edges(&mut self, now: telemetry::Timestamp) -> Vec<telemetry::Sample> {
+        let (mut samples, dead) = self.buffer.drain();
+        let refused = self.gate.take_refused();
+        self.control
+            .count_rejected(control::admit::UNKNOWN_ENTITY, refused);
+        if !samples.is_empty() {
+            self.last_source_sample = Some(now);
+        }
+        for e in &dead {
+            self.control.mark_bad(e);
+        }
+        let forecast = self.prices.tick(self.control.site(), now, &mut samples);
+        self.control.set_forecast(forecast);
+        samples
+    }
+
+    /// Drops the expired overrides (saving the book) and hands the loop those in force.
+    fn apply_overrides(&mut self, now: telemetry::Timestamp) {
+        let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        if book.expire(now) {
+            if let Err(e) = book.save() {
+                warn!(error = %e, "cannot save the overrides");
+            }
+        }
+        self.control.set_overrides(book.list.clone());
+    }
+
+    /// Reloads the policy file when it changed, and shows its text and status.
+    fn reload_policy(&mut self, now: telemetry::Timestamp) {
+        if let Some((text, status)) = self.reloader.between_ticks(&mut self.control, now) {
+            let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(text) = text {
+                b.policy_text = text;
+            }
+            b.policy_status = status;
+        }
+    }
+
+    /// With `[node_power]`: powers nodes down and up after the tick, and logs it.
+    fn power_nodes(
+        &mut self,
+        report: &control::TickReport,
+        acting: bool,
+        now: telemetry::Timestamp,
+    ) {
+        let Some(np) = &mut self.node_power else {
+            return;
+        };
+        // the price now above the mean of the next 24 h: deeper off-time
+        let prices = self.prices.next_24h(now);
+        let expensive = prices.first().is_some_and(|(_, p)| {
+            *p > prices.iter().map(|(_, v)| v).sum::<f64>() / prices.len() as f64
+        });
+        let actions = np.tick(
+            self.control.site(),
+            &self.control.policy().node_power,
+            self.control.registry().active(),
+            &report.planned_starts,
+            expensive,
+            acting,
+            now,
+        );
+        for a in &actions {
+            match a {
+                policies::node_power::NodeAction::Down { node, reason } => {
+                    info!(node = %node, "node power down: {reason}")
+                }
+                policies::node_power::NodeAction::Up { node, reason } => {
+                    info!(node = %node, "node power up: {reason}")
+                }
+                policies::node_power::NodeAction::Failed { node, reason } => {
+                    warn!(node = %node, "node resume failed: {reason}")
+                }
+            }
+        }
+    }
+
+    /// After an evaluation: the cadence and the event counters, and the thresholds of
+    /// the policy in force.
+    fn evaluated(&mut self, due: Option<Instant>) {
         match due {
             Some(_) => {
                 self.events.ticked();
@@ -539,7 +506,11 @@ impl Serve {
 
     /// Shutdown: the reconcilers finish their pass, every edge is cancelled, the
     /// ledger interval is closed and committed, then the runtime waits for its tasks.
-    fn stop(mut self, runtime: runtime::Runtime, threads: Vec<JoinHandle<()>>) -> Result<()> {
+    fn stop(
+        mut self,
+        runtime: runtime::Runtime,
+        threads: Vec<JoinHandle<()>>,
+    ) -> Result<()> {
         runtime.shutdown.cancel();
         // the nodes this controller holds off come back (their lease ends with it)
         if let Some(np) = self.node_power.take() {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use sources::mqtt::{Event, MqttConfig, MqttSource};
 use sources::redfish::survey::{survey_blocking, Survey};
-use sources::redfish::{EndpointConfig, Polled, Poller};
+use sources::redfish::{EndpointConfig, Polled, Poller, RedfishError};
 use telemetry::mapping::Mapping;
 use telemetry::snapshot::Snapshot;
 use telemetry::Timestamp;
@@ -58,56 +58,13 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     let mut seen = Seen::default();
     let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
     let bound = args.redfish.clone();
-    let redfish = if args.redfish.is_empty() {
-        None
-    } else {
-        for e in &args.redfish {
-            refuse_a_path(&e.url)?;
-            writeln!(err, "probe: redfish {} ({})", e.url, e.name)?;
-        }
-        let configs = args.redfish.clone();
-        let mut poller = Poller::new(args.redfish, 16)?;
-        let interval = Duration::from_secs_f64(args.redfish_interval_s.max(1.0));
-        Some(std::thread::spawn(move || {
-            let mut all: Vec<Polled> = Vec::new();
-            loop {
-                let started = Instant::now();
-                all.extend(poller.poll(wall_clock()));
-                let next = started + interval;
-                if next >= deadline {
-                    break;
-                }
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            }
-            let surveys: Vec<_> = configs
-                .into_iter()
-                .map(|c| survey_blocking(c).map_err(|e| e.to_string()))
-                .collect();
-            (all, surveys)
-        }))
-    };
+    let interval = Duration::from_secs_f64(args.redfish_interval_s.max(1.0));
+    let redfish = start_redfish(args.redfish, interval, deadline, err)?;
     if let Some(cfg) = args.mqtt {
         let mapping = args.mapping.ok_or_else(|| {
             anyhow::anyhow!("--mqtt needs --mapping FILE: how to turn messages into samples")
         })?;
-        let mut source = MqttSource::new(cfg.clone(), mapping)?;
-        writeln!(
-            err,
-            "probe: mqtt {} subscribing to {}",
-            cfg.url,
-            source.filters().join(", ")
-        )?;
-        let keep_going = || Instant::now() < deadline;
-        let mut io_error = None;
-        source.run(&keep_going, &wall_clock, &mut |ev| {
-            let r = handle(ev, &mut seen, args.json, out, err);
-            if let Err(e) = r {
-                io_error.get_or_insert(e);
-            }
-        });
-        if let Some(e) = io_error {
-            return Err(e.into());
-        }
+        listen_mqtt(cfg, mapping, deadline, &mut seen, args.json, out, err)?;
     }
     if let Some(h) = redfish {
         let (polled, surveys) = h
@@ -116,37 +73,118 @@ pub fn run(args: ProbeArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         for s in surveys {
             match s {
                 Ok(s) => seen.surveys.push(s),
-                Err(e) => seen.unreachable.push(e),
+                Err(e) => seen.unreachable.push(e.to_string()),
             }
         }
         for p in polled {
-            if let Some(e) = &p.error {
-                writeln!(err, "probe: redfish {}: {e}", p.endpoint)?;
-            }
-            if p.discovery {
-                write!(err, "{}", bindings_summary(&bound, &p))?;
-            }
-            let decoded = telemetry::mapping::Decoded {
-                samples: p.samples,
-                rejects: p.rejects,
-                dead: Vec::new(),
-                rebirth: None,
-            };
-            handle(
-                Event::Message {
-                    topic: String::new(),
-                    bytes: 0,
-                    decoded,
-                },
-                &mut seen,
-                args.json,
-                out,
-                err,
-            )?;
-            seen.messages -= 1; // a poll is not a message
+            take_poll(p, &bound, &mut seen, args.json, out, err)?;
         }
     }
     Ok(seen)
+}
+
+/// What the Redfish thread hands back: every poll, and each endpoint's survey (or
+/// why it could not be read).
+type RedfishRun = std::thread::JoinHandle<(Vec<Polled>, Vec<Result<Survey, RedfishError>>)>;
+
+/// Polls the Redfish endpoints every `interval` until `deadline` on a thread, then
+/// surveys each; `None` without endpoints.
+fn start_redfish(
+    endpoints: Vec<EndpointConfig>,
+    interval: Duration,
+    deadline: Instant,
+    err: &mut dyn Write,
+) -> Result<Option<RedfishRun>> {
+    if endpoints.is_empty() {
+        return Ok(None);
+    }
+    for e in &endpoints {
+        refuse_a_path(&e.url)?;
+        writeln!(err, "probe: redfish {} ({})", e.url, e.name)?;
+    }
+    let configs = endpoints.clone();
+    let mut poller = Poller::new(endpoints, 16)?;
+    Ok(Some(std::thread::spawn(move || {
+        let mut all: Vec<Polled> = Vec::new();
+        loop {
+            let started = Instant::now();
+            all.extend(poller.poll(wall_clock()));
+            let next = started + interval;
+            if next >= deadline {
+                break;
+            }
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        let surveys: Vec<_> = configs.into_iter().map(survey_blocking).collect();
+        (all, surveys)
+    })))
+}
+
+/// Takes the broker's messages until `deadline`.
+fn listen_mqtt(
+    cfg: MqttConfig,
+    mapping: Mapping,
+    deadline: Instant,
+    seen: &mut Seen,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<()> {
+    let mut source = MqttSource::new(cfg.clone(), mapping)?;
+    writeln!(
+        err,
+        "probe: mqtt {} subscribing to {}",
+        cfg.url,
+        source.filters().join(", ")
+    )?;
+    let keep_going = || Instant::now() < deadline;
+    let mut io_error = None;
+    source.run(&keep_going, &wall_clock, &mut |ev| {
+        let r = handle(ev, seen, json, out, err);
+        if let Err(e) = r {
+            io_error.get_or_insert(e);
+        }
+    });
+    if let Some(e) = io_error {
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// One Redfish poll, taken as a message would be (but not counted as one).
+fn take_poll(
+    p: Polled,
+    bound: &[EndpointConfig],
+    seen: &mut Seen,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<()> {
+    if let Some(e) = &p.error {
+        writeln!(err, "probe: redfish {}: {e}", p.endpoint)?;
+    }
+    if p.discovery {
+        write!(err, "{}", bindings_summary(bound, &p))?;
+    }
+    let decoded = telemetry::mapping::Decoded {
+        samples: p.samples,
+        rejects: p.rejects,
+        dead: Vec::new(),
+        rebirth: None,
+    };
+    handle(
+        Event::Message {
+            topic: String::new(),
+            bytes: 0,
+            decoded,
+        },
+        seen,
+        json,
+        out,
+        err,
+    )?;
+    seen.messages -= 1; // a poll is not a message
+    Ok(())
 }
 
 /// What each site binding of an endpoint took in a discovery (`--config` with a site

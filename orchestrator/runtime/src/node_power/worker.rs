@@ -232,6 +232,22 @@ pub struct NodePower {
     poll_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// What the pending and held jobs need: their GPUs, now (a held job at its planned
+/// start).
+fn needs(jobs: &[Job], planned: &BTreeMap<String, Timestamp>, now: Timestamp) -> Vec<Need> {
+    jobs.iter()
+        .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
+        .map(|j| Need {
+            at: match j.state {
+                JobState::Held => planned.get(&j.id).copied().unwrap_or(now),
+                _ => now,
+            },
+            gpus: j.gpus,
+            model: None,
+        })
+        .collect()
+}
+
 impl NodePower {
     /// Starts the thread; the section's nodes must be the site's.
     pub fn start(cfg: &NodePowerSection, site: &Site, now: Timestamp) -> Result<NodePower> {
@@ -376,6 +392,28 @@ impl NodePower {
         if !acting {
             return Vec::new();
         }
+        let views = self.views(site, jobs, now);
+        let needs = needs(jobs, planned, now);
+        self.recent_downs.retain(|t| now.secs_since(*t) < 60.0);
+        let actions = policies::node_power::decide(
+            &views,
+            &needs,
+            rule,
+            Inputs {
+                expensive,
+                downs_last_min: self.recent_downs.len() as u32,
+            },
+            now,
+        );
+        for a in &actions {
+            self.carry_out(a, now);
+        }
+        actions
+    }
+
+    /// The bound nodes as the decision sees them, in the site's order: their free
+    /// GPUs (a running job's GPUs are used) and since when they are idle.
+    fn views(&mut self, site: &Site, jobs: &[Job], now: Timestamp) -> Vec<NodeView> {
         // which nodes run work (a running job's GPUs)
         let mut busy: BTreeMap<&str, u32> = BTreeMap::new();
         for j in jobs {
@@ -406,65 +444,44 @@ impl NodePower {
                 idle_since: n.idle_since,
             });
         }
-        let needs: Vec<Need> = jobs
-            .iter()
-            .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
-            .map(|j| Need {
-                at: match j.state {
-                    JobState::Held => planned.get(&j.id).copied().unwrap_or(now),
-                    _ => now,
-                },
-                gpus: j.gpus,
-                model: None,
-            })
-            .collect();
-        self.recent_downs.retain(|t| now.secs_since(*t) < 60.0);
-        let actions = policies::node_power::decide(
-            &views,
-            &needs,
-            rule,
-            Inputs {
-                expensive,
-                downs_last_min: self.recent_downs.len() as u32,
-            },
-            now,
-        );
-        for a in &actions {
-            match a {
-                NodeAction::Down { node, .. } => {
-                    if self.send(Command::Power {
-                        node: node.clone(),
-                        on: false,
-                    }) {
-                        self.counts.downs += 1;
-                        self.recent_downs.push(now);
-                        if let Some(n) = self.nodes.get_mut(node) {
-                            n.power = Power::ShuttingDown { since: now };
-                            n.ours = true;
-                        }
-                    }
-                }
-                NodeAction::Up { node, .. } => {
-                    if self.send(Command::Power {
-                        node: node.clone(),
-                        on: true,
-                    }) {
-                        self.counts.ups += 1;
-                        if let Some(n) = self.nodes.get_mut(node) {
-                            n.power = Power::Booting { since: now };
-                        }
-                    }
-                }
-                NodeAction::Failed { node, .. } => {
-                    self.counts.failed_resumes += 1;
+        views
+    }
+
+    /// Sends what the decision says for one node and notes it in the node's state.
+    fn carry_out(&mut self, a: &NodeAction, now: Timestamp) {
+        match a {
+            NodeAction::Down { node, .. } => {
+                if self.send(Command::Power {
+                    node: node.clone(),
+                    on: false,
+                }) {
+                    self.counts.downs += 1;
+                    self.recent_downs.push(now);
                     if let Some(n) = self.nodes.get_mut(node) {
-                        n.power = Power::Failed;
-                        n.ours = false;
+                        n.power = Power::ShuttingDown { since: now };
+                        n.ours = true;
                     }
                 }
             }
+            NodeAction::Up { node, .. } => {
+                if self.send(Command::Power {
+                    node: node.clone(),
+                    on: true,
+                }) {
+                    self.counts.ups += 1;
+                    if let Some(n) = self.nodes.get_mut(node) {
+                        n.power = Power::Booting { since: now };
+                    }
+                }
+            }
+            NodeAction::Failed { node, .. } => {
+                self.counts.failed_resumes += 1;
+                if let Some(n) = self.nodes.get_mut(node) {
+                    n.power = Power::Failed;
+                    n.ours = false;
+                }
+            }
         }
-        actions
     }
 
     /// Powers up every node this controller holds off (its lease ends).

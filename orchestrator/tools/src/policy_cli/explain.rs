@@ -34,37 +34,7 @@ pub fn text(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> Strin
     holds(&mut s, &plan.state.holds);
     if !plan.state.clocks.is_empty() {
         let _ = writeln!(s, "\nCLOCKS LOCKED AFTER THE TICK");
-        let mut rows: Vec<(String, usize, f64, String, String)> = Vec::new();
-        for g in w.site.gpus() {
-            let Some(c) = plan.state.clocks.get(&g.id) else {
-                continue;
-            };
-            match rows
-                .iter_mut()
-                .find(|r| r.0 == g.rack.id && (r.2 - c.mhz).abs() < 0.5 && r.3 == c.rule)
-            {
-                Some(r) => r.1 += 1,
-                None => rows.push((
-                    g.rack.id.clone(),
-                    1,
-                    c.mhz,
-                    c.rule.clone(),
-                    c.lease_until.to_string(),
-                )),
-            }
-        }
-        let wide = rows.iter().map(|r| r.3.len()).max().unwrap_or(0).max(16);
-        let _ = writeln!(
-            s,
-            "  {:<10} {:>5} {:>9}  {:<wide$}  LEASE UNTIL",
-            "RACK", "GPUS", "CLOCK", "RULE"
-        );
-        for (rack, n, mhz, rule, lease) in rows {
-            let _ = writeln!(
-                s,
-                "  {rack:<10} {n:>5} {mhz:>5.0} MHz  {rule:<wide$}  {lease}"
-            );
-        }
+        clocks(&mut s, w, &plan.state);
     }
     if !plan.state.suspended.is_empty() {
         let _ = writeln!(s, "\nSUSPENDED JOBS AFTER THE TICK");
@@ -95,6 +65,41 @@ pub fn text(policy_file: &str, policy: &Policy, w: &World, plan: &Plan) -> Strin
         let _ = writeln!(s, "\nDISABLED: {}", disabled.join(", "));
     }
     s
+}
+
+/// The locked clocks per (rack, clock, rule), with their GPUs and lease.
+fn clocks(s: &mut String, w: &World, state: &State) {
+    let mut rows: Vec<(String, usize, f64, String, String)> = Vec::new();
+    for g in w.site.gpus() {
+        let Some(c) = state.clocks.get(&g.id) else {
+            continue;
+        };
+        match rows
+            .iter_mut()
+            .find(|r| r.0 == g.rack.id && (r.2 - c.mhz).abs() < 0.5 && r.3 == c.rule)
+        {
+            Some(r) => r.1 += 1,
+            None => rows.push((
+                g.rack.id.clone(),
+                1,
+                c.mhz,
+                c.rule.clone(),
+                c.lease_until.to_string(),
+            )),
+        }
+    }
+    let wide = rows.iter().map(|r| r.3.len()).max().unwrap_or(0).max(16);
+    let _ = writeln!(
+        s,
+        "  {:<10} {:>5} {:>9}  {:<wide$}  LEASE UNTIL",
+        "RACK", "GPUS", "CLOCK", "RULE"
+    );
+    for (rack, n, mhz, rule, lease) in rows {
+        let _ = writeln!(
+            s,
+            "  {rack:<10} {n:>5} {mhz:>5.0} MHz  {rule:<wide$}  {lease}"
+        );
+    }
 }
 
 fn decision(s: &mut String, n: usize, d: &Decision, state: &State, observed: bool) {

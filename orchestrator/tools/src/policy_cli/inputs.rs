@@ -2,6 +2,12 @@
 //! prior state and forecasts, each read with its problems as `file:line:col: message`
 //! (TOML) or `file: where: message` (JSON).
 
+mod jobs;
+#[cfg(test)]
+mod tests;
+
+pub use jobs::{jobs_file, RawJob};
+
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
@@ -10,10 +16,71 @@ use policies::{Forecast, State, StepSeries};
 use serde::Deserialize;
 use telemetry::diag::line_col;
 use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
-use telemetry::{EntityId, Job, JobState, Quality, Sample, Site, Snapshot, Timestamp};
+use telemetry::{EntityId, Quality, Sample, Site, Snapshot, Timestamp};
 
 /// Problems found in input files, one per line.
 pub type Problems = Vec<String>;
+
+/// What is wrong with one value of an input (a time, an entity, a reading, a
+/// forecast point, a job), as the CLI shows it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InputError {
+    #[error("{0:?} is not a duration (e.g. +30s, 5m, -1h30m)")]
+    NotADuration(String),
+    #[error("{0:?}: a number without a unit after another one (e.g. 1h30m)")]
+    NoUnit(String),
+    #[error("{0:?} is neither RFC 3339 (2026-11-30T12:00:00Z) nor an offset (+30s)")]
+    NotATime(String),
+    #[error("{0:?} matches no entity of the site")]
+    NoMatch(String),
+    /// Not an entity id (the id parser's message).
+    #[error("{0}")]
+    NotAnId(String),
+    #[error("{id} is not an entity of the site {site:?}")]
+    NotInSite { id: EntityId, site: String },
+    #[error("{entity} {metric}: value is missing")]
+    NoValue { entity: String, metric: String },
+    #[error("unknown metric {metric:?} (known: {known})")]
+    UnknownMetric { metric: String, known: String },
+    #[error("give age_s or time, not both")]
+    AgeAndTime,
+    #[error("time {time:?}: {source} (use RFC 3339)")]
+    ReadingTime {
+        time: String,
+        #[source]
+        source: chrono::ParseError,
+    },
+    #[error("age_s must be 0 or more, got {0}")]
+    NegativeAge(f64),
+    #[error("{series}[{index}]: {source}")]
+    PointTime {
+        series: &'static str,
+        index: usize,
+        #[source]
+        source: Box<InputError>,
+    },
+    #[error("{series}[{index}]: value must be a finite number")]
+    PointValue { series: &'static str, index: usize },
+    #[error("a job needs a non-empty id")]
+    NoJobId,
+    #[error("job {job}: {field}: {source}")]
+    JobTime {
+        job: String,
+        field: &'static str,
+        #[source]
+        source: Box<InputError>,
+    },
+    #[error("job {job}: allocated: {source}")]
+    Allocated {
+        job: String,
+        #[source]
+        source: Box<InputError>,
+    },
+    #[error("job {job}: allocated: {id} is not a GPU")]
+    NotAGpu { job: String, id: EntityId },
+    #[error("job {0}: est_duration_s must be 0 or more")]
+    Duration(String),
+}
 
 /// Reads a file, or says why not as `file: message`.
 pub fn read(path: &Path) -> Result<(String, String), Problems> {
@@ -59,7 +126,7 @@ pub fn json_error(file: &str, e: &serde_json::Error) -> String {
 }
 
 /// Seconds from a duration such as `30s`, `+5m`, `-1h30m`, `2d` or `90` (seconds).
-pub fn parse_offset(s: &str) -> Result<f64, String> {
+pub fn parse_offset(s: &str) -> Result<f64, InputError> {
     let t = s.trim();
     let (sign, body) = match t.as_bytes().first() {
         Some(b'+') => (1.0, &t[1..]),
@@ -67,7 +134,7 @@ pub fn parse_offset(s: &str) -> Result<f64, String> {
         _ => (1.0, t),
     };
     if body.is_empty() {
-        return Err(format!("{s:?} is not a duration (e.g. +30s, 5m, -1h30m)"));
+        return Err(InputError::NotADuration(s.to_string()));
     }
     if let Ok(v) = body.parse::<f64>() {
         return Ok(sign * v);
@@ -84,30 +151,28 @@ pub fn parse_offset(s: &str) -> Result<f64, String> {
             'm' => 60.0,
             'h' => 3600.0,
             'd' => 86_400.0,
-            _ => return Err(format!("{s:?} is not a duration (e.g. +30s, 5m, -1h30m)")),
+            _ => return Err(InputError::NotADuration(s.to_string())),
         };
         let v: f64 = num
             .parse()
-            .map_err(|_| format!("{s:?} is not a duration (e.g. +30s, 5m, -1h30m)"))?;
+            .map_err(|_| InputError::NotADuration(s.to_string()))?;
         total += v * unit;
         num.clear();
     }
     if !num.is_empty() {
-        return Err(format!(
-            "{s:?}: a number without a unit after another one (e.g. 1h30m)"
-        ));
+        return Err(InputError::NoUnit(s.to_string()));
     }
     Ok(sign * total)
 }
 
 /// An instant: RFC 3339, or an offset (`+30s`, `-1h`) from `base`.
-pub fn parse_time(s: &str, base: Timestamp) -> Result<Timestamp, String> {
+pub fn parse_time(s: &str, base: Timestamp) -> Result<Timestamp, InputError> {
     if let Ok(t) = Timestamp::parse_rfc3339(s.trim()) {
         return Ok(t);
     }
-    parse_offset(s).map(|d| base.plus_secs(d)).map_err(|_| {
-        format!("{s:?} is neither RFC 3339 (2026-11-30T12:00:00Z) nor an offset (+30s)")
-    })
+    parse_offset(s)
+        .map(|d| base.plus_secs(d))
+        .map_err(|_| InputError::NotATime(s.to_string()))
 }
 
 /// Matches `pattern` (with `*` for any run of characters) against `text`.
@@ -153,7 +218,7 @@ impl<'a> Names<'a> {
     }
 
     /// The site's entities an id or pattern names (`rack/a01`, `gpu/a01-*`, `gpu/*`).
-    pub fn resolve(&self, pattern: &str) -> Result<Vec<EntityId>, String> {
+    pub fn resolve(&self, pattern: &str) -> Result<Vec<EntityId>, InputError> {
         if pattern.contains('*') {
             let found: Vec<EntityId> = self
                 .all
@@ -162,16 +227,16 @@ impl<'a> Names<'a> {
                 .cloned()
                 .collect();
             if found.is_empty() {
-                return Err(format!("{pattern:?} matches no entity of the site"));
+                return Err(InputError::NoMatch(pattern.to_string()));
             }
             return Ok(found);
         }
-        let id: EntityId = pattern.parse().map_err(|e| format!("{e}"))?;
+        let id: EntityId = pattern.parse().map_err(InputError::NotAnId)?;
         if !self.all.contains(&id) {
-            return Err(format!(
-                "{id} is not an entity of the site {:?}",
-                self.site.name
-            ));
+            return Err(InputError::NotInSite {
+                id,
+                site: self.site.name.clone(),
+            });
         }
         Ok(vec![id])
     }
@@ -208,27 +273,30 @@ impl RawReading {
         names: &Names<'_>,
         now: Timestamp,
         source: &str,
-    ) -> Result<Vec<Sample>, String> {
-        let value = self
-            .value
-            .ok_or_else(|| format!("{} {}: value is missing", self.entity, self.metric))?;
-        let spec = telemetry::metric::spec(&self.metric).ok_or_else(|| {
-            format!(
-                "unknown metric {:?} (known: {})",
-                self.metric,
-                telemetry::metric::all()
+    ) -> Result<Vec<Sample>, InputError> {
+        let value = self.value.ok_or_else(|| InputError::NoValue {
+            entity: self.entity.clone(),
+            metric: self.metric.clone(),
+        })?;
+        let spec =
+            telemetry::metric::spec(&self.metric).ok_or_else(|| InputError::UnknownMetric {
+                metric: self.metric.clone(),
+                known: telemetry::metric::all()
                     .iter()
                     .map(|m| m.name)
                     .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
+                    .join(", "),
+            })?;
         let ts = match (&self.time, self.age_s) {
-            (Some(_), Some(_)) => return Err("give age_s or time, not both".into()),
-            (Some(t), None) => Timestamp::parse_rfc3339(t)
-                .map_err(|e| format!("time {t:?}: {e} (use RFC 3339)"))?,
+            (Some(_), Some(_)) => return Err(InputError::AgeAndTime),
+            (Some(t), None) => {
+                Timestamp::parse_rfc3339(t).map_err(|source| InputError::ReadingTime {
+                    time: t.clone(),
+                    source,
+                })?
+            }
             (None, Some(a)) if !(a.is_finite() && a >= 0.0) => {
-                return Err(format!("age_s must be 0 or more, got {a}"))
+                return Err(InputError::NegativeAge(a))
             }
             (None, a) => now.plus_secs(-a.unwrap_or(0.0)),
         };
@@ -274,13 +342,20 @@ pub struct RawForecast {
 }
 
 impl RawForecast {
-    pub fn forecast(&self, now: Timestamp) -> Result<Forecast, String> {
-        let series = |pts: &[RawPoint], what: &str| -> Result<StepSeries, String> {
+    pub fn forecast(&self, now: Timestamp) -> Result<Forecast, InputError> {
+        let series = |pts: &[RawPoint], what: &'static str| -> Result<StepSeries, InputError> {
             let mut v = Vec::new();
             for (i, p) in pts.iter().enumerate() {
-                let t = parse_time(&p.at, now).map_err(|e| format!("{what}[{i}]: {e}"))?;
+                let t = parse_time(&p.at, now).map_err(|e| InputError::PointTime {
+                    series: what,
+                    index: i,
+                    source: Box::new(e),
+                })?;
                 if !p.value.is_finite() {
-                    return Err(format!("{what}[{i}]: value must be a finite number"));
+                    return Err(InputError::PointValue {
+                        series: what,
+                        index: i,
+                    });
                 }
                 v.push((t, p.value));
             }
@@ -434,7 +509,7 @@ impl SnapshotFile {
                         latest.insert((s.entity.clone(), s.metric.as_str().to_string()), (s, pos));
                     }
                 }
-                Err(e) => problems.push(at(&self.file, &self.src, pos, &e)),
+                Err(e) => problems.push(at(&self.file, &self.src, pos, &e.to_string())),
             }
         }
         let mut bad: Vec<&Pos> = Vec::new();
@@ -462,180 +537,6 @@ impl SnapshotFile {
         } else {
             Err(problems)
         }
-    }
-}
-
-/// One job as written in a jobs file or a test tick: only `id` is required.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawJob {
-    pub id: String,
-    #[serde(default)]
-    pub scheduler: Option<String>,
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub user: Option<String>,
-    #[serde(default)]
-    pub project: Option<String>,
-    #[serde(default)]
-    pub class: Option<String>,
-    #[serde(default)]
-    pub priority: Option<i32>,
-    #[serde(default)]
-    pub gpus: Option<u32>,
-    /// GPU ids or patterns (`gpu/a01-n01:*`).
-    #[serde(default)]
-    pub allocated: Vec<String>,
-    #[serde(default)]
-    pub state: Option<JobState>,
-    #[serde(default)]
-    pub submit_time: Option<String>,
-    #[serde(default)]
-    pub start_time: Option<String>,
-    #[serde(default)]
-    pub end_time: Option<String>,
-    #[serde(default)]
-    pub deadline: Option<String>,
-    #[serde(default)]
-    pub est_duration_s: Option<f64>,
-    #[serde(default)]
-    pub deferrable: Option<bool>,
-    #[serde(default)]
-    pub preemptible: Option<bool>,
-}
-
-impl RawJob {
-    /// The job, with defaults, and times (RFC 3339 or offsets) placed relative to `now`.
-    pub fn job(&self, names: &Names<'_>, now: Timestamp) -> Result<Job, String> {
-        if self.id.trim().is_empty() {
-            return Err("a job needs a non-empty id".into());
-        }
-        let t = |what: &str, s: &Option<String>| -> Result<Option<Timestamp>, String> {
-            s.as_ref()
-                .map(|s| parse_time(s, now).map_err(|e| format!("job {}: {what}: {e}", self.id)))
-                .transpose()
-        };
-        let mut allocated = Vec::new();
-        for a in &self.allocated {
-            let ids = names
-                .resolve(a)
-                .map_err(|e| format!("job {}: allocated: {e}", self.id))?;
-            if let Some(bad) = ids.iter().find(|e| e.kind != telemetry::EntityKind::Gpu) {
-                return Err(format!("job {}: allocated: {bad} is not a GPU", self.id));
-            }
-            allocated.extend(ids);
-        }
-        let state = self.state.unwrap_or(if allocated.is_empty() {
-            JobState::Pending
-        } else {
-            JobState::Running
-        });
-        let gpus = self.gpus.unwrap_or((allocated.len() as u32).max(1));
-        let est = self.est_duration_s.unwrap_or(3600.0);
-        if !(est.is_finite() && est >= 0.0) {
-            return Err(format!("job {}: est_duration_s must be 0 or more", self.id));
-        }
-        Ok(Job {
-            id: self.id.clone(),
-            scheduler: self.scheduler.clone().unwrap_or_else(|| {
-                self.id
-                    .split_once(':')
-                    .map_or("file".to_string(), |(s, _)| s.to_string())
-            }),
-            name: self.name.clone().unwrap_or_else(|| self.id.clone()),
-            user: self.user.clone().unwrap_or_else(|| "unknown".into()),
-            project: self.project.clone().unwrap_or_else(|| "default".into()),
-            class: self.class.clone().unwrap_or_else(|| "batch".into()),
-            priority: self.priority.unwrap_or(0),
-            gpus,
-            allocated,
-            state,
-            submit_time: t("submit_time", &self.submit_time)?.unwrap_or(now),
-            start_time: t("start_time", &self.start_time)?,
-            end_time: t("end_time", &self.end_time)?,
-            deadline: t("deadline", &self.deadline)?,
-            est_duration_s: est,
-            deferrable: self.deferrable.unwrap_or(true),
-            preemptible: self.preemptible.unwrap_or(false),
-        })
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawJobsToml {
-    #[serde(default)]
-    jobs: Vec<toml::Spanned<RawJob>>,
-}
-
-/// A jobs file: TOML `[[jobs]]`, or JSON (a list, or `{"jobs": [...]}`).
-pub fn jobs_file(file: &str, src: &str, site: &Site, now: Timestamp) -> Result<Vec<Job>, Problems> {
-    let raw: Vec<(Pos, RawJob)> = if is_json(file) {
-        let v: serde_json::Value =
-            serde_json::from_str(src).map_err(|e| vec![json_error(file, &e)])?;
-        let list = match v {
-            serde_json::Value::Array(l) => l,
-            serde_json::Value::Object(mut m) => match m.remove("jobs") {
-                Some(serde_json::Value::Array(l)) => l,
-                _ => {
-                    return Err(vec![format!(
-                        "{file}: expected a list of jobs or {{\"jobs\": [...]}}"
-                    )])
-                }
-            },
-            _ => {
-                return Err(vec![format!(
-                    "{file}: expected a list of jobs or {{\"jobs\": [...]}}"
-                )])
-            }
-        };
-        let mut out = Vec::new();
-        let mut problems = Vec::new();
-        for (i, mut j) in list.into_iter().enumerate() {
-            // `/api/v1/jobs` lists {"job": {...}, "held": ...}
-            if let Some(inner) = j
-                .get_mut("job")
-                .filter(|v| v.is_object())
-                .map(std::mem::take)
-            {
-                j = inner;
-            }
-            match serde_json::from_value::<RawJob>(j) {
-                Ok(j) => out.push((Pos::Path(format!("jobs[{i}]")), j)),
-                Err(e) => problems.push(format!("{file}: jobs[{i}]: {e}")),
-            }
-        }
-        if !problems.is_empty() {
-            return Err(problems);
-        }
-        out
-    } else {
-        let r: RawJobsToml = toml::from_str(src).map_err(|e| vec![toml_error(file, src, &e)])?;
-        r.jobs
-            .into_iter()
-            .map(|j| (Pos::Span(j.span()), j.into_inner()))
-            .collect()
-    };
-    let mut problems = Vec::new();
-    let mut jobs: Vec<Job> = Vec::new();
-    let names = Names::new(site);
-    for (pos, r) in raw {
-        match r.job(&names, now) {
-            Ok(j) if jobs.iter().any(|o| o.id == j.id) => problems.push(at(
-                file,
-                src,
-                &pos,
-                &format!("job {} is listed twice", j.id),
-            )),
-            Ok(j) => jobs.push(j),
-            Err(e) => problems.push(at(file, src, &pos, &e)),
-        }
-    }
-    if problems.is_empty() {
-        Ok(jobs)
-    } else {
-        Err(problems)
     }
 }
 
@@ -673,34 +574,4 @@ pub fn prices_file(file: &str, src: &str) -> Result<Forecast, Problems> {
         carbon: StepSeries::new(carbon.points().to_vec(), step(&carbon)),
         stale: false,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn offsets_and_times() {
-        assert_eq!(parse_offset("+30s"), Ok(30.0));
-        assert_eq!(parse_offset("-1h30m"), Ok(-5400.0));
-        assert_eq!(parse_offset("90"), Ok(90.0));
-        assert_eq!(parse_offset("2d"), Ok(172_800.0));
-        assert!(parse_offset("soon").is_err());
-        assert!(parse_offset("1h30").is_err());
-        let base = Timestamp::from_secs(1_000);
-        assert_eq!(parse_time("+5m", base), Ok(Timestamp::from_secs(1_300)));
-        assert_eq!(
-            parse_time("1970-01-01T00:00:10Z", base),
-            Ok(Timestamp::from_secs(10))
-        );
-    }
-
-    #[test]
-    fn globs() {
-        assert!(glob("gpu/*", "gpu/a01-n01:0"));
-        assert!(glob("gpu/a01-*:3", "gpu/a01-n02:3"));
-        assert!(!glob("gpu/a01-*:3", "gpu/a01-n02:4"));
-        assert!(glob("rack/a01", "rack/a01"));
-        assert!(!glob("rack/a0", "rack/a01"));
-    }
 }

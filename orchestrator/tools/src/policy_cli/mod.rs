@@ -147,7 +147,7 @@ pub fn load_policy(path: &Path, site: &Site) -> Result<(Policy, String), Problem
     let (n, t) = inputs::read(path)?;
     runtime::reload::validate(&n, &t, site)
         .map(|p| (p, t))
-        .map_err(|e| vec![e])
+        .map_err(|e| vec![e.to_string()])
 }
 
 /// Reads the site file.

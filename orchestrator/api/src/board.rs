@@ -1,0 +1,147 @@
+//! What the API shows: the [`Board`] the control loop publishes after every tick.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use policies::{Decision, State};
+use telemetry::{Site, Snapshot, Timestamp};
+
+use super::health;
+use control::Counters;
+
+/// What the API shows, as of the last tick.
+#[derive(Debug, Clone)]
+pub struct Board {
+    pub site: Site,
+    pub policy_file: String,
+    /// The policy in force, as written.
+    pub policy_text: String,
+    pub started: Timestamp,
+    pub time: Timestamp,
+    pub snapshot: Snapshot,
+    pub state: State,
+    pub counters: Counters,
+    pub buffer_dropped: u64,
+    /// Decisions counted by (rule, action kind).
+    pub decisions_by_rule: BTreeMap<(String, String), u64>,
+    /// The most recent decisions, oldest first (at most [`RECENT_DECISIONS`]).
+    pub recent: VecDeque<Decision>,
+    /// The price in force now and its steps over the next 24 hours.
+    pub prices: Vec<(Timestamp, f64)>,
+    /// The jobs the schedulers report as pending or running.
+    pub jobs: Vec<telemetry::Job>,
+    /// Where the price comes from now: `feed`, `tariff` or `feed (stale)`.
+    pub price_source: String,
+    /// The schedulers powerplane steers: holds in force, counters, job lifecycles.
+    pub schedulers: serde_json::Value,
+    /// Scheduler counters for `/metrics`: (name, help, value).
+    pub scheduler_counters: Vec<(&'static str, &'static str, f64)>,
+    /// The edges' reject counters by reason, for `/metrics` (see [`control::admit`]).
+    pub labeled_counters: Vec<control::admit::LabeledCounter>,
+    /// The policy in force and the outcome of the last reload.
+    pub policy_status: runtime::reload::PolicyStatus,
+    /// The store's reachability and counters (`None`: the embedded store), for
+    /// `/metrics` and readiness.
+    pub store_health: Option<std::sync::Arc<integrations::store::health::StoreHealth>>,
+    /// What `/readyz` checks besides the policy: the store, the sources' freshness.
+    pub ready: health::Readiness,
+    /// The control loop's tick delay and duration.
+    pub cadence: control::cadence::Cadence,
+    /// The Redfish poller's counters per endpoint (empty without `[redfish]`).
+    pub redfish: Vec<sources::redfish::EndpointStats>,
+    /// The leader election (with `[ha]`), read live by `/metrics`, `/readyz` and the
+    /// API.
+    pub ha: Option<std::sync::Arc<runtime::ha::Gate>>,
+    /// Each rack's predicted inlet after the last tick (the predictive thermal rule).
+    pub predictions: BTreeMap<String, policies::RackPrediction>,
+}
+
+pub const RECENT_DECISIONS: usize = 10_000;
+
+/// `cap`, `uncap`, `hold`, `release`, `lock_clocks`, `unlock_clocks`, `requeue`,
+/// `suspend`, `resume`.
+pub fn action_kind(a: &policies::Action) -> &'static str {
+    match a {
+        policies::Action::Cap { .. } => "cap",
+        policies::Action::Uncap => "uncap",
+        policies::Action::Hold { .. } => "hold",
+        policies::Action::Release => "release",
+        policies::Action::LockClocks { .. } => "lock_clocks",
+        policies::Action::UnlockClocks => "unlock_clocks",
+        policies::Action::Requeue => "requeue",
+        policies::Action::Suspend { .. } => "suspend",
+        policies::Action::Resume => "resume",
+        policies::Action::PolicyLoaded { .. } => "policy_loaded",
+    }
+}
+
+impl Board {
+    /// Whether the store's server answered its last call (for `/readyz`); the embedded
+    /// store is always there.
+    pub fn store_reachable(&self) -> bool {
+        self.store_health.as_ref().is_none_or(|h| h.is_reachable())
+    }
+
+    pub fn new(site: Site, policy_file: String, started: Timestamp) -> Self {
+        Board {
+            site,
+            policy_file,
+            policy_text: String::new(),
+            started,
+            time: started,
+            snapshot: Snapshot::new(),
+            state: State::default(),
+            counters: Counters::default(),
+            buffer_dropped: 0,
+            decisions_by_rule: BTreeMap::new(),
+            recent: VecDeque::new(),
+            prices: Vec::new(),
+            jobs: Vec::new(),
+            price_source: String::new(),
+            schedulers: serde_json::Value::Null,
+            scheduler_counters: Vec::new(),
+            labeled_counters: Vec::new(),
+            policy_status: runtime::reload::PolicyStatus::default(),
+            store_health: None,
+            ready: health::Readiness::default(),
+            cadence: Default::default(),
+            redfish: Vec::new(),
+            ha: None,
+            predictions: BTreeMap::new(),
+        }
+    }
+
+    /// This replica's role: with `[ha]` as the election has it now, else the leader.
+    pub fn ha_status(&self) -> runtime::ha::HaStatus {
+        match &self.ha {
+            Some(g) => g.status(),
+            None => runtime::ha::HaStatus::single(),
+        }
+    }
+
+    /// What one tick changed.
+    pub fn update(
+        &mut self,
+        time: Timestamp,
+        snapshot: &Snapshot,
+        state: &State,
+        counters: &Counters,
+        decisions: &[Decision],
+        buffer_dropped: u64,
+    ) {
+        self.time = time;
+        self.snapshot = snapshot.clone();
+        self.state = state.clone();
+        self.counters = counters.clone();
+        self.buffer_dropped = buffer_dropped;
+        for d in decisions {
+            *self
+                .decisions_by_rule
+                .entry((d.rule.clone(), action_kind(&d.action).to_string()))
+                .or_default() += 1;
+            if self.recent.len() == RECENT_DECISIONS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(d.clone());
+        }
+    }
+}

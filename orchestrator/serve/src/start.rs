@@ -1,0 +1,195 @@
+//! Starting `serve`: the store and the control loop restored from it, the schedulers,
+//! the edges that feed the buffer and take the plan, the overrides and the HTTP API,
+//! each opened in the order `run` calls them.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use anyhow::Result;
+use policies::Policy;
+use telemetry::mapping::Mapping;
+use telemetry::Site;
+use tracing::info;
+
+use super::edges::{self, Buffer};
+use super::{leader::start_ha, open_store};
+use crate::config::Config;
+use control::ControlLoop;
+use api::Board;
+use runtime::paths::resolve;
+use runtime::Runtime;
+use runtime::schedulers::Schedulers;
+
+/// The control loop as the store left it, the leader election (with `[ha]`) and the
+/// store's kind.
+pub(super) fn control(
+    cfg: &Config,
+    base: &Path,
+    site: &Site,
+    policy: Policy,
+    runtime: &Runtime,
+) -> Result<(ControlLoop, Option<runtime::ha::Ha>, &'static str)> {
+    let mut store = open_store(&cfg.store, base, Some(runtime.handle()))?;
+    // with [ha], a replica starts as a follower: fenced at epoch 0, no scheduler open,
+    // nothing commanded, until the election makes it the leader (see runtime::ha)
+    let ha = start_ha(cfg, base)?;
+    if ha.is_some() {
+        store.set_fence(Some(0));
+    }
+    let backend = store.backend_name();
+    let mut control = ControlLoop::restore(
+        site.clone(),
+        policy,
+        store,
+        cfg.controller.ledger_interval_s,
+    )?;
+    info!(
+        store = backend,
+        caps = control.state().caps.len(),
+        holds = control.state().holds.len(),
+        jobs = control.registry().len(),
+        "restored from the store"
+    );
+    if ha.is_some() {
+        control.set_records(false);
+    }
+    Ok((control, ha, backend))
+}
+
+/// Each scheduler adapter reconciles on a thread of its own (see runtime::schedulers);
+/// with `[ha]` they open when this replica takes over.
+pub(super) fn schedulers(
+    cfg: &Config,
+    base: &Path,
+    ha: bool,
+    control: &mut ControlLoop,
+    runtime: &Runtime,
+) -> Result<Schedulers> {
+    if ha {
+        return Ok(Schedulers::idle());
+    }
+    Schedulers::open(
+        cfg.schedulers.as_ref(),
+        base,
+        control.store(),
+        cfg.controller.tick_s,
+        runtime.handle(),
+        runtime.shutdown.clone(),
+    )
+}
+
+/// The edges: the buffer the sources fill and the gate before it, the MQTT source,
+/// the Redfish poller and the agents (or observe-only caps).
+pub(super) struct Edges {
+    pub(super) buffer: Arc<Buffer>,
+    pub(super) gate: Arc<control::admit::Gate>,
+    pub(super) mqtt_rejects: Arc<control::admit::Tally>,
+    pub(super) threads: Vec<JoinHandle<()>>,
+    pub(super) redfish: Option<sources::redfish::StatsHandle>,
+    /// The plan's caps go here: the agents, or observe-only.
+    pub(super) actuator: Box<dyn control::Actuator>,
+    /// The fleet's view, for the API and `/metrics` (with `[agents]`).
+    pub(super) fleet: Option<Arc<Mutex<control::fleet::Fleet>>>,
+}
+
+impl Edges {
+    pub(super) fn open(
+        cfg: &Config,
+        mapping: Option<Mapping>,
+        site: &Site,
+        base: &Path,
+        runtime: &Runtime,
+        keep_going: impl Fn() -> bool + Clone + Send + 'static,
+    ) -> Result<Edges> {
+        let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
+        // only the site's entities reach the buffer (see control::admit)
+        let gate = Arc::new(control::admit::Gate::new(site));
+        let mqtt_rejects = Arc::new(control::admit::Tally::default());
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
+            let (b, g, t) = (buffer.clone(), gate.clone(), mqtt_rejects.clone());
+            threads.push(edges::spawn_mqtt(m, mapping, b, g, t, keep_going.clone())?);
+        }
+        // the Redfish poller: a task on the runtime (see runtime::redfish); only the site's
+        // entities pass the gate
+        let redfish = match &cfg.redfish {
+            Some(r) => Some(runtime::redfish::spawn(
+                r,
+                runtime,
+                buffer.clone(),
+                gate.clone(),
+            )?),
+            None => None,
+        };
+        let actuation = edges::open_agents(
+            cfg.agents.clone(),
+            site,
+            base,
+            buffer.clone(),
+            gate.clone(),
+            keep_going,
+        )?;
+        threads.extend(actuation.thread);
+        Ok(Edges {
+            buffer,
+            gate,
+            mqtt_rejects,
+            threads,
+            redfish,
+            actuator: actuation.actuator,
+            fleet: actuation.fleet,
+        })
+    }
+}
+
+/// What the HTTP server takes from the schedulers open now (or once this replica
+/// leads).
+pub(super) fn hooks(cfg: &Config, schedulers: &Schedulers) -> api::Hooks {
+    let configured = cfg.schedulers.as_ref();
+    api::Hooks::new(schedulers.inbox(), schedulers.kube_hooks()).configured(
+        configured.is_some_and(|s| s.webhook.is_some()),
+        configured.is_some_and(|s| s.kubernetes.is_some()),
+    )
+}
+
+/// The operators' overrides, from `[http] overrides_file` when given.
+pub(super) fn overrides(cfg: &Config, base: &Path) -> Result<Arc<Mutex<control::overrides::Book>>> {
+    Ok(Arc::new(Mutex::new(
+        control::overrides::Book::open(
+            cfg.http
+                .as_ref()
+                .and_then(|h| h.overrides_file.as_ref())
+                .map(|p| resolve(base, p))
+                .as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("overrides: {e}"))?,
+    )))
+}
+
+/// With `[http]`: serves the API on the board, the fleet, the hooks and the overrides.
+pub(super) fn http(
+    cfg: &Config,
+    base: &Path,
+    runtime: &Runtime,
+    board: &Arc<RwLock<Board>>,
+    fleet: &Option<Arc<Mutex<control::fleet::Fleet>>>,
+    hooks: &api::Hooks,
+    overrides: &Arc<Mutex<control::overrides::Book>>,
+) -> Result<()> {
+    let Some(h) = &cfg.http else {
+        return Ok(());
+    };
+    let api = api::Api {
+        overrides: overrides.clone(),
+        board: board.clone(),
+        fleet: fleet.clone(),
+        tokens: api::load_tokens(h, base)?,
+        metrics_public: h.metrics_public,
+        status_page_public: h.status_page_public,
+        refresh_s: h.refresh_s.max(1),
+        hooks: hooks.clone(),
+        stats: Default::default(),
+    };
+    Ok(api::serve(h, base, api, runtime)?)
+}
