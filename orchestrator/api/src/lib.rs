@@ -424,7 +424,7 @@ impl Api {
                 Ok(answer) => json_reply(200, &answer),
                 Err(e) => {
                     warn!(error = %e, "bad AdmissionReview");
-                    error(400, &e)
+                    error(400, &e.to_string())
                 }
             },
             "filter" | "prioritize" => {

@@ -285,7 +285,7 @@ pub fn check_redfish(
                     endpoint: ep.name.clone(),
                     path: path.clone(),
                     entity: entity.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }

@@ -474,9 +474,7 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
             .take(agent::run::read_key(&resolve(base, &a.key_file)));
     }
     if let Some(h) = &cfg.http {
-        problems
-            .at(&["http"])
-            .take(api::load_tokens(h, base));
+        problems.at(&["http"]).take(api::load_tokens(h, base));
         problems
             .at(&["http"])
             .take(api::server::check(h, base).map_err(anyhow::Error::from));

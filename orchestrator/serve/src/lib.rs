@@ -43,15 +43,15 @@ use telemetry::Site;
 use tracing::{info, warn};
 
 use crate::config::{load, Config, Loaded, StoreConfig};
+use api::Board;
+use common::wall_clock;
 use control::ControlLoop;
 use integrations::store::embedded::EmbeddedBackend;
-use api::Board;
-use runtime::paths::resolve;
-use runtime::schedulers::Schedulers;
-use common::wall_clock;
 use leader::{Leader, Standby};
 use runtime::node_power::worker as nodes;
+use runtime::paths::resolve;
 use runtime::prices::Prices;
+use runtime::schedulers::Schedulers;
 
 /// The site and the store a config names, for `powerplane report`.
 pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
@@ -506,11 +506,7 @@ impl Serve {
 
     /// Shutdown: the reconcilers finish their pass, every edge is cancelled, the
     /// ledger interval is closed and committed, then the runtime waits for its tasks.
-    fn stop(
-        mut self,
-        runtime: runtime::Runtime,
-        threads: Vec<JoinHandle<()>>,
-    ) -> Result<()> {
+    fn stop(mut self, runtime: runtime::Runtime, threads: Vec<JoinHandle<()>>) -> Result<()> {
         runtime.shutdown.cancel();
         // the nodes this controller holds off come back (their lease ends with it)
         if let Some(np) = self.node_power.take() {

@@ -12,14 +12,15 @@ use telemetry::mapping::Mapping;
 use telemetry::Site;
 use tracing::info;
 
-use super::edges::{self, Buffer};
+use super::edges;
 use super::{leader::start_ha, open_store};
 use crate::config::Config;
-use control::ControlLoop;
 use api::Board;
+use control::ControlLoop;
+use runtime::buffer::Buffer;
 use runtime::paths::resolve;
-use runtime::Runtime;
 use runtime::schedulers::Schedulers;
+use runtime::Runtime;
 
 /// The control loop as the store left it, the leader election (with `[ha]`) and the
 /// store's kind.

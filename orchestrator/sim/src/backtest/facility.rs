@@ -25,11 +25,11 @@ use policies::State;
 use telemetry::fasthash::FnvMap;
 use telemetry::{Job, JobState, Sample, Site, Timestamp};
 
-use control::{Actuator, Telemetry};
 use crate::curves::Curve;
 use crate::gpu::{self, Gpus};
 use crate::hold;
 use crate::readings::{GpuReadings, Readings};
+use control::{Actuator, Telemetry};
 use nodes::Node;
 
 /// A job of the replay: what the scheduler knows, and what only the simulator knows.
@@ -180,11 +180,8 @@ impl Facility {
         };
         f.arrive(start);
         f.update_power();
-        let (target, cooling) = crate::thermal_targets_by_unit(
-            &f.site,
-            &f.rack_power_w,
-            &(f.cooling_factor)(start),
-        );
+        let (target, cooling) =
+            crate::thermal_targets_by_unit(&f.site, &f.rack_power_w, &(f.cooling_factor)(start));
         f.inlet_c = target;
         f.cooling_power_w = cooling;
         f

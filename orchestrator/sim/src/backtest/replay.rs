@@ -12,8 +12,8 @@ use telemetry::{JobState, Site, Timestamp};
 use super::facility::{self, Facility, Point};
 use super::inputs::Inputs;
 use super::scenario::Scenario;
-use control::{ControlLoop, Telemetry};
 use crate::events::{dt_s, ReplayEvents, Stop};
+use control::{ControlLoop, Telemetry};
 
 /// A store that keeps nothing: the backtest reads its results from the facility and
 /// the tick reports, and a long replay should not grow a database.
@@ -128,12 +128,8 @@ impl Runs {
                 Stop::Evaluate(t) => {
                     self.step(dt_s(now, t), first);
                     first = false;
-                    let fc = crate::forecast(
-                        self.pol.prices(),
-                        self.pol.carbon(),
-                        t,
-                        48.0 * 3600.0,
-                    );
+                    let fc =
+                        crate::forecast(self.pol.prices(), self.pol.carbon(), t, 48.0 * 3600.0);
                     control.set_forecast(fc);
                     let jobs = self.pol.take_jobs();
                     let report = control.tick(t, events.take(Vec::new()), jobs, &mut self.pol);

@@ -34,8 +34,8 @@ pub enum InputError {
     #[error("{0:?} matches no entity of the site")]
     NoMatch(String),
     /// Not an entity id (the id parser's message).
-    #[error("{0}")]
-    NotAnId(String),
+    #[error(transparent)]
+    NotAnId(#[from] telemetry::entity::EntityError),
     #[error("{id} is not an entity of the site {site:?}")]
     NotInSite { id: EntityId, site: String },
     #[error("{entity} {metric}: value is missing")]

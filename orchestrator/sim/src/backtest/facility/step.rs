@@ -196,8 +196,7 @@ impl Facility {
     fn follow_inlets(&mut self, t0: Timestamp, dt_s: f64, rack_j: &[f64]) {
         let avg_rack_w: Vec<f64> = rack_j.iter().map(|j| j / dt_s).collect();
         let factors = (self.cooling_factor)(t0);
-        let (target, cooling) =
-            crate::thermal_targets_by_unit(&self.site, &avg_rack_w, &factors);
+        let (target, cooling) = crate::thermal_targets_by_unit(&self.site, &avg_rack_w, &factors);
         self.cooling_power_w = cooling;
         thermal::follow(&self.site, &mut self.inlet_c, &target, dt_s);
         if self
