@@ -523,7 +523,7 @@ mod tests {
     fn every_problem_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
-        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo");
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo");
         for f in ["site.toml", "policy.toml"] {
             std::fs::copy(demo.join(f), d.join(f)).expect("copy");
         }
