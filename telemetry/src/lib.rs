@@ -18,6 +18,9 @@
 //!   node agent reads and sets GPUs through (NVML in the `telemetry-sources` crate).
 //! - [`job`]: [`Job`], a scheduler's job as powerplane sees it.
 //! - [`diag`]: diagnostics with file, line and column, shared by every file parser.
+//! - [`prices`]: price and carbon series (time → value); [`feeds`]: the feed formats
+//!   sites have (CSV with columns, units and local times, JSON, ENTSO-E day-ahead XML),
+//!   parsed from text (the fetching is the runtime's).
 //!
 //! Nothing here does IO (the clients are in the `telemetry-sources` crate,
 //! `telemetry/sources`): everything takes time and input as arguments, and never reads
@@ -29,12 +32,14 @@ pub mod decoder;
 pub mod diag;
 pub mod entity;
 pub mod fasthash;
+pub mod feeds;
 pub mod gpu;
 pub mod gpu_backend;
 pub mod job;
 pub mod log_limit;
 pub mod mapping;
 pub mod metric;
+pub mod prices;
 pub mod sample;
 pub mod site;
 pub mod snapshot;

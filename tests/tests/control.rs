@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use integrations::prices::Series;
 use integrations::store::{Backend, Batch, Store, StoreError};
 use orchestrator::control::{ControlLoop, Telemetry};
 use orchestrator::demo::{DEFAULT_POLICY, DEFAULT_PRICES, DEFAULT_SITE, DEFAULT_START};
@@ -13,6 +12,7 @@ use orchestrator::sim::workload::Workload;
 use orchestrator::sim::Facility;
 use policies::{Action, Policy};
 use telemetry::metric::names::*;
+use telemetry::prices::Series;
 use telemetry::{EntityId, Sample, Site, Timestamp};
 
 fn site() -> Site {

@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use integrations::prices::Series;
 use integrations::store::journal::{Journaled, Limits};
 use integrations::store::redis::RedisBackend;
 use integrations::store::{Conditions, LedgerEntry, Store};
@@ -16,6 +15,7 @@ use orchestrator::sim::workload::Workload;
 use orchestrator::sim::Facility;
 use policies::{Decision, Policy, State};
 use powerplane_tests::redis_server::RedisServer;
+use telemetry::prices::Series;
 use telemetry::{Job, Site, Timestamp};
 
 const TICKS: usize = 40;

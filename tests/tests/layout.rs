@@ -3,7 +3,7 @@
 //! server, scheduler client or policy engine, nor the HTTP client and Redfish poller
 //! of the sources it does not run; the controller's crates depend only on those above
 //! them (control, report, sim, runtime, api, serve, tools), and the control loop's
-//! crate on no HTTP server and no MQTT client.
+//! crate (with the store's contract it keeps its state through) on no IO library.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -140,20 +140,40 @@ fn the_controllers_crates_depend_only_on_those_above_them() {
     }
 }
 
-/// The control loop's crate is not IO-free (it keeps its state in `integrations`'
-/// store, whose crate holds the Redis and redb backends and the Slurm client, and
-/// checks `[redfish]` endpoints with the sources' types), but it carries no HTTP
-/// server, MQTT client or GPU library of its own.
+/// The control loop's crate is free of IO: it keeps its state through the `store`
+/// crate's contract (the backends are in `integrations`), takes prices and feeds as
+/// parsed series, and carries no async runtime, HTTP, MQTT, database or GPU library,
+/// nor the edges' crates.
 #[test]
-fn the_control_loop_carries_no_http_server_mqtt_client_or_gpu_library() {
+fn the_control_loop_carries_no_io_library_nor_the_edges_crates() {
     let deps = tree("powerplane-control");
+    assert!(deps.contains("powerplane-store"), "{deps:?}");
     let banned = [
+        "tokio",
+        "hyper",
+        "reqwest",
         "axum",
         "tiny_http",
         "rumqttc",
+        "redis",
+        "redb",
         "nvml-wrapper",
-        "rustls-pemfile",
+        "rustls",
+        "integrations",
+        "telemetry-sources",
     ];
     let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
     assert!(found.is_empty(), "the control loop depends on {found:?}");
+}
+
+/// The store's contract carries no backend's library.
+#[test]
+fn the_stores_contract_carries_no_backend_library() {
+    let deps = tree("powerplane-store");
+    let banned = ["tokio", "redis", "redb", "hyper"];
+    let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
+    assert!(
+        found.is_empty(),
+        "the store's contract depends on {found:?}"
+    );
 }

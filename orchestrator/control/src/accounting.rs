@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use integrations::store::{Account, Conditions, InletCondition, LedgerEntry};
+use store::{Account, Conditions, InletCondition, LedgerEntry};
 
 use crate::demand::DemandTracker;
 use telemetry::fasthash::FnvMap;

@@ -232,71 +232,6 @@ pub fn labeled(
     out
 }
 
-/// An entity a Redfish endpoint names that is not one of the site's.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum EndpointEntity {
-    #[error("[[redfish.endpoints]] {endpoint:?}: entities.{path:?} = {entity:?}: the site file has no such entity")]
-    NotInSite {
-        endpoint: String,
-        path: String,
-        entity: String,
-    },
-    #[error("[[redfish.endpoints]] {endpoint:?}: entities.{path:?} = {entity:?}: {reason}")]
-    NotAnId {
-        endpoint: String,
-        path: String,
-        entity: String,
-        /// The id parser's message.
-        reason: String,
-    },
-}
-
-/// Every entity of the Redfish endpoints the site does not have, one per line.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{}", lines(.0))]
-pub struct UnknownEntities(pub Vec<EndpointEntity>);
-
-fn lines(problems: &[EndpointEntity]) -> String {
-    problems
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Checks that every entity a Redfish endpoint names is one of the site's; every
-/// problem at once.
-pub fn check_redfish(
-    endpoints: &[sources::redfish::EndpointConfig],
-    site: &Site,
-) -> Result<(), UnknownEntities> {
-    let known = site.entities();
-    let mut problems = Vec::new();
-    for ep in endpoints {
-        for (path, entity) in &ep.entities {
-            match entity.parse::<EntityId>() {
-                Ok(e) if known.contains(&e) => {}
-                Ok(_) => problems.push(EndpointEntity::NotInSite {
-                    endpoint: ep.name.clone(),
-                    path: path.clone(),
-                    entity: entity.clone(),
-                }),
-                Err(reason) => problems.push(EndpointEntity::NotAnId {
-                    endpoint: ep.name.clone(),
-                    path: path.clone(),
-                    entity: entity.clone(),
-                    reason: reason.to_string(),
-                }),
-            }
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(UnknownEntities(problems))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,27 +267,6 @@ mod tests {
         assert_eq!(gate.take_refused(), 0, "taken once");
         assert!(gate.knows_node(&site.nodes[0].id));
         assert!(!gate.knows_node("made-up"));
-    }
-
-    #[test]
-    fn redfish_entities_must_be_the_sites() {
-        use sources::redfish::EndpointConfig;
-        let site = Site::parse("site.toml", crate::examples::DEFAULT_SITE).expect("site");
-        let mut good = EndpointConfig::new("pdu", "http://127.0.0.1:1");
-        good.entities
-            .insert("RackPDUs/1".into(), "pdu/pdu-a01".into());
-        assert_eq!(check_redfish(std::slice::from_ref(&good), &site), Ok(()));
-        let mut bad = good.clone();
-        bad.entities.insert("RackPDUs/2".into(), "pdu/nope".into());
-        bad.entities.insert("RackPDUs/3".into(), "nonsense".into());
-        let e = check_redfish(&[good, bad], &site)
-            .expect_err("unknown entities")
-            .to_string();
-        assert!(
-            e.contains("\"pdu/nope\": the site file has no such entity"),
-            "{e}"
-        );
-        assert_eq!(e.lines().count(), 2, "every problem at once: {e}");
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use chrono::Offset;
 use chrono_tz::Tz;
-use integrations::store::{Account, LedgerEntry};
 use serde::{Deserialize, Serialize};
+use store::{Account, LedgerEntry};
 use telemetry::metric::names::{DAY_PEAK_W, PERIOD_PEAK_W};
 use telemetry::{Sample, Timestamp};
 

@@ -37,8 +37,8 @@ pub mod registry;
 
 use std::collections::BTreeMap;
 
-use integrations::store::{LedgerEntry, Store, StoreError, Tx};
 use policies::{evaluate, Decision, Inputs, Plan, Policy, State};
+use store::{LedgerEntry, Store, StoreError, Tx};
 use telemetry::{Job, Sample, Site, Snapshot, Timestamp};
 use tracing::{debug, warn};
 

@@ -9,15 +9,16 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use integrations::prices::Series;
 use policies::Policy;
 use serde::Deserialize;
 use sources::mqtt::MqttConfig;
 use telemetry::mapping::Mapping;
+use telemetry::prices::Series;
 use telemetry::Site;
 
 pub use control::cadence::{DEFAULT_EVENT_DEBOUNCE_MS, DEFAULT_EVENT_MAX_PER_S};
 pub use control::feeds::FeedFormat;
+pub use runtime::mqtt::MqttSection;
 pub use runtime::paths::resolve;
 pub use runtime::prices::{CarbonSection, PricesSection};
 pub use runtime::redfish::RedfishSection;
@@ -139,14 +140,6 @@ pub enum StoreConfig {
         path: PathBuf,
     },
     Redis(runtime::store_open::RedisStoreConfig),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MqttSection {
-    pub mapping: PathBuf,
-    #[serde(flatten)]
-    pub client: MqttConfig,
 }
 
 fn read(path: &Path, base: &Path) -> Result<(String, String)> {
@@ -274,7 +267,7 @@ fn check_against_site(cfg: &mut Config, site: Option<&Site>, name: &str, problem
         return;
     };
     if let Some(r) = &cfg.redfish {
-        let r = control::admit::check_redfish(&r.endpoints, site);
+        let r = runtime::redfish::check_redfish(&r.endpoints, site);
         problems
             .at(&["redfish", "endpoints"])
             .take(r.map_err(|e| anyhow::anyhow!("{name}: {e}")));

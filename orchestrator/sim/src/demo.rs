@@ -11,9 +11,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use integrations::prices::Series;
 use integrations::store::{LedgerEntry, Store};
 use policies::{Action, Decision, Policy, Target};
+use telemetry::prices::Series;
 use telemetry::{Site, Timestamp};
 
 use crate::events::{dt_s, ReplayEvents, Stop};

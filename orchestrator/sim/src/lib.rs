@@ -37,8 +37,8 @@ pub use thermal::{cooling_kw_per_kw, thermal_targets, thermal_targets_by_unit};
 
 use std::collections::BTreeMap;
 
-use integrations::prices::Series;
 use policies::State;
+use telemetry::prices::Series;
 use telemetry::{Job, JobState, Sample, Site, Timestamp};
 
 use control::{Actuator, Telemetry};

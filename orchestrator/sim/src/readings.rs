@@ -2,8 +2,8 @@
 //! facilities publish it: its GPUs, racks, cooling units, the site, and the price and
 //! carbon intensity in force.
 
-use integrations::prices::Series;
 use telemetry::metric::names::*;
+use telemetry::prices::Series;
 use telemetry::{EntityId, EntityKind, Sample, Site, Timestamp};
 
 use super::gpu::Gpu;

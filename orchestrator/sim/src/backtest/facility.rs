@@ -19,10 +19,10 @@ mod totals;
 pub use nodes::{NodeMode, NodePowerModel};
 pub use totals::{Point, Totals};
 
-use integrations::prices::Series;
 use policies::node_power::Power;
 use policies::State;
 use telemetry::fasthash::FnvMap;
+use telemetry::prices::Series;
 use telemetry::{Job, JobState, Sample, Site, Timestamp};
 
 use crate::curves::Curve;

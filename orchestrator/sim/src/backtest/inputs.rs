@@ -4,8 +4,8 @@
 use anyhow::Result;
 use chrono::{Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone};
 use chrono_tz::Tz;
-use integrations::prices::Series;
 use policies::Policy;
+use telemetry::prices::Series;
 use telemetry::{Job, JobState, Site, Timestamp};
 
 use super::facility::SimJob;
@@ -22,9 +22,9 @@ fn read_series(
     column: &str,
 ) -> Result<Series> {
     let default = control::feeds::FeedFormat::default();
-    format
+    Ok(format
         .unwrap_or(&default)
-        .read(&input.name, &input.text, column)
+        .read(&input.name, &input.text, column)?)
 }
 
 /// The local year most of a series lies in.

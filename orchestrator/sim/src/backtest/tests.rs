@@ -1,6 +1,6 @@
 use chrono::Datelike;
 use chrono_tz::Tz;
-use integrations::prices::Series;
+use telemetry::prices::Series;
 use telemetry::{Job, JobState, Site, Timestamp};
 
 use super::facility::{self, Facility, SimJob};

@@ -559,7 +559,7 @@ pub fn state_file(file: &str, src: &str) -> Result<State, Problems> {
 
 /// A price CSV as `serve` reads it (`start,price_per_kwh[,carbon_g_per_kwh]`).
 pub fn prices_file(file: &str, src: &str) -> Result<Forecast, Problems> {
-    use integrations::prices::Series;
+    use telemetry::prices::Series;
     let price = Series::from_csv(file, src, "price_per_kwh").map_err(|e| vec![e.to_string()])?;
     let carbon = Series::from_csv(file, src, "carbon_g_per_kwh").unwrap_or_default();
     let step = |s: &Series| {

@@ -6,10 +6,10 @@
 
 use std::str::FromStr;
 
+use crate::Timestamp;
 use chrono::{NaiveDateTime, TimeZone};
 use chrono_tz::Tz;
 use serde::Deserialize;
-use telemetry::Timestamp;
 use thiserror::Error;
 
 use crate::prices::Series;

@@ -1,6 +1,6 @@
 //! Price and carbon series: a value that holds from one instant until the next.
 
-use telemetry::Timestamp;
+use crate::Timestamp;
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq)]
