@@ -11,8 +11,11 @@
 //! # Layout
 //!
 //! - this module: the tokio runtime of `serve`: edge tasks, the shutdown token, the grace timeout.
+//! - [`sources`]: every telemetry input as a `Source` in one list, started alike on the
+//!   shutdown token, admitted alike (the site's entities only) into the buffer.
 //! - [`buffer`]: the bounded buffer the sources put samples into and the loop drains.
-//! - [`redfish`]: `[redfish]`: the poller as a task of `serve`, its counters for `/metrics`.
+//! - [`mqtt`]: `[mqtt]`: the MQTT source (JSON mappings and Sparkplug B).
+//! - [`redfish`]: `[redfish]`: the poller as a source of `serve`, its counters for `/metrics`.
 //! - [`prices`]: `[prices]`: the price and carbon feeds, read or fetched.
 //! - [`node_power`]: `[node_power]`: powering nodes down and up (Slurm's power saving,
 //!   Redfish) and the worker that does it off the loop.
@@ -27,12 +30,14 @@
 
 pub mod buffer;
 pub mod ha;
+pub mod mqtt;
 pub mod node_power;
 pub mod paths;
 pub mod prices;
 pub mod redfish;
 pub mod reload;
 pub mod schedulers;
+pub mod sources;
 pub mod store_open;
 
 use std::future::Future;
@@ -50,7 +55,8 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// The tokio runtime that owns every IO edge of `serve`.
 pub struct Runtime {
-    rt: tokio::runtime::Runtime,
+    /// `None` only once stopped (see `Drop`).
+    rt: Option<tokio::runtime::Runtime>,
     /// Cancelled once, at shutdown: every edge task watches it.
     pub shutdown: CancellationToken,
     /// Every edge task, so that shutdown can wait for them.
@@ -67,16 +73,20 @@ impl Runtime {
             .build()
             .context("cannot start the tokio runtime")?;
         Ok(Runtime {
-            rt,
+            rt: Some(rt),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
         })
     }
 
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("the runtime runs until stopped")
+    }
+
     /// The runtime's handle, for edges that block on a future from a thread of
     /// their own (`handle.block_on(...)` outside the runtime's workers).
     pub fn handle(&self) -> Handle {
-        self.rt.handle().clone()
+        self.rt().handle().clone()
     }
 
     /// Spawns an edge task, tracked for shutdown.
@@ -85,7 +95,7 @@ impl Runtime {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.tracker.spawn_on(fut, self.rt.handle())
+        self.tracker.spawn_on(fut, self.rt().handle())
     }
 
     /// Runs a blocking closure on the runtime's blocking pool, tracked for shutdown.
@@ -94,17 +104,37 @@ impl Runtime {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        self.tracker.spawn_blocking_on(f, self.rt.handle())
+        self.tracker.spawn_blocking_on(f, self.rt().handle())
+    }
+
+    /// SIGTERM and SIGINT cancel [`Runtime::shutdown`]: the one shutdown path of every
+    /// edge, task or thread (each watches the token), and of the control loop.
+    pub fn cancel_on_signals(&self) -> Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _entered = self.rt().enter();
+        let mut term = signal(SignalKind::terminate()).context("cannot install signal handlers")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot install signal handlers")?;
+        let token = self.shutdown.clone();
+        self.spawn(async move {
+            let which = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+                _ = token.cancelled() => return,
+            };
+            info!(signal = which, "stopping");
+            token.cancel();
+        });
+        Ok(())
     }
 
     /// Cancels every edge and waits for them up to `grace`; returns whether they all
     /// finished in time.
-    pub fn stop(self, grace: Duration) -> bool {
+    pub fn stop(mut self, grace: Duration) -> bool {
         self.shutdown.cancel();
         self.tracker.close();
         let tracker = self.tracker.clone();
         let done = self
-            .rt
+            .rt()
             .block_on(async move { tokio::time::timeout(grace, tracker.wait()).await.is_ok() });
         if done {
             info!("every edge stopped");
@@ -115,14 +145,47 @@ impl Runtime {
                 "edges still running after the grace timeout; stopping anyway"
             );
         }
-        self.rt.shutdown_timeout(Duration::from_millis(500));
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_millis(500));
+        }
         done
+    }
+}
+
+/// A runtime dropped without [`Runtime::stop`] (serve returning an error after its
+/// edges started) still cancels every edge and gives them a moment, rather than
+/// waiting on a source's blocking read for ever.
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runtime_dropped_without_stop_cancels_its_edges_and_returns() {
+        let rt = Runtime::new(2).expect("runtime");
+        let token = rt.shutdown.clone();
+        // a source's blocking read, watching the token (as the MQTT source does)
+        rt.spawn_blocking(move || {
+            while !token.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let started = std::time::Instant::now();
+        drop(rt);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 

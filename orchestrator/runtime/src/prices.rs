@@ -1,17 +1,15 @@
 //! `serve`'s price and carbon edge: the feed (a file, or a URL fetched every
-//! `refresh_s` on a thread of its own), and what the tick takes from it: the price and
+//! `refresh_s` on the runtime's blocking pool), and what the tick takes from it: the price and
 //! carbon samples now (the feed while it covers now, else the site's tariff) and the
 //! forecast the engine plans with.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use integrations::prices::Series;
 use serde::Deserialize;
 use telemetry::metric::names::{CARBON_G_PER_KWH, PRICE_PER_KWH};
+use telemetry::prices::Series;
 use telemetry::{Sample, Site, Timestamp};
 use tracing::{info, warn};
 
@@ -63,13 +61,14 @@ pub struct Prices {
 }
 
 impl Prices {
-    /// The series loaded with the config, and (with `url`) the thread that refreshes
-    /// them; a failed fetch keeps the last series.
+    /// The series loaded with the config and (with `url`) the fetcher that refreshes
+    /// them, on the runtime's blocking pool until its shutdown token is cancelled; a
+    /// failed fetch keeps the last series.
     pub fn start(
         section: Option<&PricesSection>,
         loaded: Option<(Series, Series)>,
-        keep: impl Fn() -> bool + Send + 'static,
-    ) -> Result<(Prices, Option<JoinHandle<()>>)> {
+        runtime: &crate::Runtime,
+    ) -> Prices {
         let feed = Arc::new(RwLock::new(loaded.unwrap_or_default()));
         let prices = Prices {
             feed: feed.clone(),
@@ -77,11 +76,11 @@ impl Prices {
             source: "",
         };
         let Some((p, url)) = section.and_then(|p| Some((p.clone(), p.url.clone()?))) else {
-            return Ok((prices, None));
+            return prices;
         };
-        let thread = std::thread::Builder::new()
-            .name("prices".into())
-            .spawn(move || {
+        let token = runtime.shutdown.clone();
+        let keep = move || !token.is_cancelled();
+        runtime.spawn_blocking(move || {
                 let every = Duration::from_secs_f64(p.refresh_s);
                 while keep() {
                     let got = sources::http::fetch_text(
@@ -90,7 +89,7 @@ impl Prices {
                         &sources::tls::Tls::default(),
                     )
                     .map_err(anyhow::Error::msg)
-                    .and_then(|text| p.format.read(&url, &text, "price_per_kwh"));
+                    .and_then(|text| Ok(p.format.read(&url, &text, "price_per_kwh")?));
                     match got {
                         Ok(series) => {
                             info!(url = %url, points = series.points().len(), last = ?series.points().last().map(|p| p.0), "price feed fetched");
@@ -103,8 +102,8 @@ impl Prices {
                         std::thread::sleep(Duration::from_millis(100));
                     }
                 }
-            })?;
-        Ok((prices, Some(thread)))
+            });
+        prices
     }
 
     /// The price and carbon samples at `now` (into `samples`) and the forecast the

@@ -1,20 +1,17 @@
-//! The Redfish edge of `serve`: the `[redfish]` poller as a task on the serve runtime,
-//! pushing its samples into the tick's bounded buffer; its counters go to `/metrics`
-//! through the board.
+//! The Redfish edge of `serve`: the `[redfish]` section, checked, and its poller as a
+//! source (started with the others, see [`crate::sources`]) whose samples go into the
+//! tick's bounded buffer; its per-endpoint counters go to `/metrics` through the board.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use serde::Deserialize;
 use sources::redfish::{
-    EndpointConfig, EndpointStats, Options, Poller, StatsHandle, FAILURE_REASONS,
+    EndpointConfig, EndpointStats, Options, Poller, RedfishSource, StatsHandle, FAILURE_REASONS,
 };
 use tracing::info;
 
-use crate::buffer::Buffer;
-use crate::Runtime;
-use common::wall_clock;
+use telemetry::{EntityId, Site};
 
 /// `[redfish]` in `powerplane.toml`.
 #[derive(Debug, Clone, Deserialize)]
@@ -82,13 +79,9 @@ pub fn check(r: &RedfishSection) -> Result<()> {
     Ok(())
 }
 
-/// Starts the poller on `runtime`; it stops with the runtime's shutdown token.
-pub fn spawn(
-    r: &RedfishSection,
-    runtime: &Runtime,
-    buffer: Arc<Buffer>,
-    gate: Arc<control::admit::Gate>,
-) -> Result<StatsHandle> {
+/// The poller of `r` as a source (see [`crate::sources`]), and the handle its
+/// per-endpoint counters are read through for `/metrics`.
+pub fn source(r: &RedfishSection) -> Result<(RedfishSource, StatsHandle)> {
     check(r)?;
     let poller = Poller::with_options(
         r.endpoints.clone(),
@@ -100,24 +93,16 @@ pub fn spawn(
         },
     )?;
     let stats = poller.stats();
-    let interval = Duration::from_secs_f64(r.interval_s);
     info!(
         endpoints = poller.endpoints.len(),
         interval_s = r.interval_s,
         concurrency = r.concurrency,
         per_endpoint = r.per_endpoint,
-        "redfish poller starting"
+        "redfish poller configured"
     );
-    let shutdown = runtime.shutdown.clone().cancelled_owned();
-    runtime.spawn(poller.run(interval, wall_clock, shutdown, move |p| {
-        // each endpoint's samples as soon as they are read; the buffer keeps the
-        // newest and counts what it drops
-        buffer.push(
-            gate.admit(std::mem::take(&mut p.samples), "redfish"),
-            Vec::new(),
-        );
-    }));
-    Ok(stats)
+    // each endpoint's samples go out as soon as they are read
+    let source = RedfishSource::new(poller, Duration::from_secs_f64(r.interval_s));
+    Ok((source, stats))
 }
 
 /// One exported sample of a Redfish family.
@@ -213,9 +198,91 @@ pub fn metrics(endpoints: &[EndpointStats]) -> Vec<Metric> {
     out
 }
 
+/// An entity a Redfish endpoint names that is not one of the site's.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EndpointEntity {
+    #[error("[[redfish.endpoints]] {endpoint:?}: entities.{path:?} = {entity:?}: the site file has no such entity")]
+    NotInSite {
+        endpoint: String,
+        path: String,
+        entity: String,
+    },
+    #[error("[[redfish.endpoints]] {endpoint:?}: entities.{path:?} = {entity:?}: {reason}")]
+    NotAnId {
+        endpoint: String,
+        path: String,
+        entity: String,
+        /// The id parser's message.
+        reason: String,
+    },
+}
+
+/// Every entity of the Redfish endpoints the site does not have, one per line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}", lines(.0))]
+pub struct UnknownEntities(pub Vec<EndpointEntity>);
+
+fn lines(problems: &[EndpointEntity]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Checks that every entity a Redfish endpoint names is one of the site's; every
+/// problem at once.
+pub fn check_redfish(endpoints: &[EndpointConfig], site: &Site) -> Result<(), UnknownEntities> {
+    let known = site.entities();
+    let mut problems = Vec::new();
+    for ep in endpoints {
+        for (path, entity) in &ep.entities {
+            match entity.parse::<EntityId>() {
+                Ok(e) if known.contains(&e) => {}
+                Ok(_) => problems.push(EndpointEntity::NotInSite {
+                    endpoint: ep.name.clone(),
+                    path: path.clone(),
+                    entity: entity.clone(),
+                }),
+                Err(reason) => problems.push(EndpointEntity::NotAnId {
+                    endpoint: ep.name.clone(),
+                    path: path.clone(),
+                    entity: entity.clone(),
+                    reason: reason.to_string(),
+                }),
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(UnknownEntities(problems))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redfish_entities_must_be_the_sites() {
+        let site = Site::parse("site.toml", control::examples::DEFAULT_SITE).expect("site");
+        let mut good = EndpointConfig::new("pdu", "http://127.0.0.1:1");
+        good.entities
+            .insert("RackPDUs/1".into(), "pdu/pdu-a01".into());
+        assert_eq!(check_redfish(std::slice::from_ref(&good), &site), Ok(()));
+        let mut bad = good.clone();
+        bad.entities.insert("RackPDUs/2".into(), "pdu/nope".into());
+        bad.entities.insert("RackPDUs/3".into(), "nonsense".into());
+        let e = check_redfish(&[good, bad], &site)
+            .expect_err("unknown entities")
+            .to_string();
+        assert!(
+            e.contains("\"pdu/nope\": the site file has no such entity"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 2, "every problem at once: {e}");
+    }
 
     #[test]
     fn every_bad_number_of_the_section_is_reported_at_once() {

@@ -1,26 +1,24 @@
-//! `serve`'s telemetry and agent edges: the MQTT source on a thread of its own (into
-//! the sample buffer, see [`runtime::buffer`]), the agents' link (commands out,
-//! reports and acks in) and the actuators the tick hands its desired state to.
+//! `serve`'s agent edge and actuators: the agents' link (commands out; reports and
+//! acks in, as a source like the others, see `runtime::sources`) and the actuators
+//! the tick hands its desired state to.
 
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Result;
 use policies::State;
-use sources::mqtt::{Event, Link, LinkEvent, MqttSource};
+use sources::mqtt::{Link, LinkEvent};
+use sources::source::{Batch, Run, Source, Stats, Task};
 use telemetry::agent_proto::{Channel, Topics};
-use telemetry::mapping::Mapping;
 use telemetry::{Site, Timestamp};
 use tracing::{info, warn};
 
-use crate::config::{AgentsSection, MqttSection};
+use crate::config::AgentsSection;
 use common::wall_clock;
-use control::admit::{Gate, Tally};
 use control::fleet::{Fleet, FleetConfig};
 use control::Actuator;
-use runtime::buffer::Buffer;
 use runtime::paths::resolve;
 
 /// Caps without `[agents]`: log when the desired caps change, command nothing. (Holds
@@ -94,69 +92,23 @@ impl Actuator for AgentActuator {
     }
 }
 
-/// The MQTT source on a thread of its own: decoded samples (only the site's entities)
-/// into the buffer, decoder rejects into `tally`.
-pub fn spawn_mqtt(
-    m: MqttSection,
-    mapping: Mapping,
-    buffer: Arc<Buffer>,
-    gate: Arc<Gate>,
-    tally: Arc<Tally>,
-    keep: impl Fn() -> bool + Send + 'static,
-) -> Result<JoinHandle<()>> {
-    let mut source = MqttSource::new(m.client.clone(), mapping)?;
-    info!(url = %m.client.url, filters = ?source.filters(), "mqtt source starting");
-    Ok(std::thread::Builder::new()
-        .name("mqtt".into())
-        .spawn(move || {
-            source.run(&keep, &wall_clock, &mut |ev| {
-                if let Event::Message { decoded, .. } = ev {
-                    for r in &decoded.rejects {
-                        tally.add(r.reason, 1);
-                    }
-                    if let Some(r) = &decoded.rebirth {
-                        tally.add(
-                            if r.sent {
-                                control::admit::REBIRTH_SENT
-                            } else {
-                                control::admit::REBIRTH_HELD
-                            },
-                            1,
-                        );
-                    }
-                    buffer.push(
-                        gate.admit(decoded.samples, "mqtt"),
-                        gate.admit_dead(decoded.dead, "mqtt"),
-                    );
-                }
-            });
-        })?)
-}
-
 /// The actuator for the plan's caps: the agents (with `[agents]`) or observe-only.
 pub struct Actuation {
     pub actuator: Box<dyn Actuator>,
     /// The fleet's view, for the API and `/metrics` (with `[agents]`).
     pub fleet: Option<Arc<Mutex<Fleet>>>,
-    /// The thread that reads the agents' reports and acks.
-    pub thread: Option<JoinHandle<()>>,
+    /// The source that reads the agents' reports and acks.
+    pub reports: Option<AgentReports>,
 }
 
 /// Opens the agents' link and the thread that takes their messages; without
 /// `[agents]`, caps are observe-only.
-pub fn open_agents(
-    agents: Option<AgentsSection>,
-    site: &Site,
-    base: &Path,
-    buffer: Arc<Buffer>,
-    gate: Arc<Gate>,
-    keep: impl Fn() -> bool + Send + 'static,
-) -> Result<Actuation> {
+pub fn open_agents(agents: Option<AgentsSection>, site: &Site, base: &Path) -> Result<Actuation> {
     let Some(a) = agents else {
         return Ok(Actuation {
             actuator: Box::new(ObserveOnly::default()),
             fleet: None,
-            thread: None,
+            reports: None,
         });
     };
     let key = agent::run::read_key(&resolve(base, &a.key_file))?;
@@ -185,27 +137,6 @@ pub fn open_agents(
         None,
     )?;
     info!(url = %a.mqtt.url, prefix = %a.topic_prefix, lease_s = a.lease_s, "commanding the GPU agents");
-    let fl = fleet.clone();
-    let thread = std::thread::Builder::new()
-        .name("agents".into())
-        .spawn(move || {
-            while keep() {
-                match events.recv_timeout(Duration::from_millis(100)) {
-                    Ok(LinkEvent::Message { topic, payload }) => {
-                        let samples = fl.lock().unwrap_or_else(|p| p.into_inner()).on_message(
-                            &topic,
-                            &payload,
-                            wall_clock(),
-                        );
-                        if !samples.is_empty() {
-                            buffer.push(gate.admit(samples, "agents"), Vec::new());
-                        }
-                    }
-                    Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                }
-            }
-        })?;
     Ok(Actuation {
         actuator: Box::new(AgentActuator {
             fleet: fleet.clone(),
@@ -213,7 +144,61 @@ pub fn open_agents(
             status_file: a.status_file.map(|p| resolve(base, &p)),
             in_sync: None,
         }),
-        fleet: Some(fleet),
-        thread: Some(thread),
+        fleet: Some(fleet.clone()),
+        reports: Some(AgentReports { fleet, events }),
     })
+}
+
+/// The agents' reports (GPU readings, acks, health) as a source: its samples go in
+/// with the others' (see `runtime::sources`); the fleet keeps its own counters.
+pub struct AgentReports {
+    fleet: Arc<Mutex<Fleet>>,
+    events: std::sync::mpsc::Receiver<LinkEvent>,
+}
+
+impl Source for AgentReports {
+    fn kind(&self) -> &'static str {
+        "agents"
+    }
+
+    fn describe(&self) -> String {
+        "the GPU agents' reports".into()
+    }
+
+    fn stats(&self) -> Stats {
+        // the fleet's counters are on /metrics through the board
+        Stats::new(Vec::new)
+    }
+
+    fn run(self: Box<Self>, run: Run) -> Task {
+        let AgentReports { fleet, events } = *self;
+        let Run { cancel, out, clock } = run;
+        Box::pin(async move {
+            // the link's receiver blocks: on the blocking pool, watching the token
+            let read = tokio::task::spawn_blocking(move || {
+                while !cancel.is_cancelled() {
+                    match events.recv_timeout(Duration::from_millis(100)) {
+                        Ok(LinkEvent::Message { topic, payload }) => {
+                            let samples = fleet
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .on_message(&topic, &payload, clock());
+                            out.push(
+                                "agents",
+                                Batch {
+                                    samples,
+                                    ..Batch::default()
+                                },
+                            );
+                        }
+                        Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            });
+            if let Err(e) = read.await {
+                warn!(error = %e, "the agents' reports ended");
+            }
+        })
+    }
 }

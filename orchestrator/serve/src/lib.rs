@@ -32,12 +32,11 @@ pub use runtime::buffer::Buffer;
 pub use runtime::node_power::worker::NodePowerSection;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use integrations::store::Store;
 use telemetry::Site;
 use tracing::{info, warn};
@@ -96,8 +95,11 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     let runtime = runtime::Runtime::new(4)?;
     let (mut control, ha, backend) = start::control(&cfg, &base, &site, policy, &runtime)?;
     let schedulers = start::schedulers(&cfg, &base, ha.is_some(), &mut control, &runtime)?;
-    let (stop, keep_going) = stop_on_signals(run_for)?;
-    let mut edges = start::Edges::open(&cfg, mapping, &site, &base, &runtime, keep_going.clone())?;
+    // SIGTERM and SIGINT cancel the runtime's token: the one shutdown path of every
+    // edge, and of this loop
+    runtime.cancel_on_signals()?;
+    let keep_going = keep_going(&runtime, run_for);
+    let edges = start::Edges::open(&cfg, mapping, &site, &base, &runtime)?;
     let (board, reloader) = first_board(&cfg, &base, &site, &mut control)?;
     board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
     let hooks = start::hooks(&cfg, &schedulers);
@@ -112,8 +114,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         &overrides,
     )?;
     // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
-    let (prices, fetcher) = Prices::start(cfg.prices.as_ref(), prices, keep_going.clone())?;
-    edges.threads.extend(fetcher);
+    let prices = Prices::start(cfg.prices.as_ref(), prices, &runtime);
     let events = control::cadence::Events::new(
         cfg.controller.event_debounce_ms,
         cfg.controller.event_max_per_s,
@@ -152,26 +153,20 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         thresholds: policies::triggers::Thresholds::default(),
         since: Default::default(),
     };
+    info!(
+        sources = ?edges.sources.iter().map(|s| s.kind).collect::<Vec<_>>(),
+        "serving"
+    );
     serve.drive(&site, backend, &keep_going);
-    stop.store(true, Ordering::Relaxed);
-    serve.stop(runtime, edges.threads)
+    serve.stop(runtime)
 }
 
-/// The flag SIGTERM and SIGINT raise, and whether to keep going: no signal yet, and
-/// `run_for` (when given) not over.
-fn stop_on_signals(
-    run_for: Option<Duration>,
-) -> Result<(Arc<AtomicBool>, impl Fn() -> bool + Clone + Send + 'static)> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
-    }
+/// Whether to keep going: the runtime's shutdown token not cancelled (no signal yet),
+/// and `run_for` (when given) not over.
+fn keep_going(runtime: &runtime::Runtime, run_for: Option<Duration>) -> impl Fn() -> bool {
     let started = Instant::now();
-    let keep_going = {
-        let stop = stop.clone();
-        move || !stop.load(Ordering::Relaxed) && run_for.is_none_or(|d| started.elapsed() < d)
-    };
-    Ok((stop, keep_going))
+    let token = runtime.shutdown.clone();
+    move || !token.is_cancelled() && run_for.is_none_or(|d| started.elapsed() < d)
 }
 
 /// The board the API reads, with the policy file as it is now, and its watcher.
@@ -506,7 +501,7 @@ impl Serve {
 
     /// Shutdown: the reconcilers finish their pass, every edge is cancelled, the
     /// ledger interval is closed and committed, then the runtime waits for its tasks.
-    fn stop(mut self, runtime: runtime::Runtime, threads: Vec<JoinHandle<()>>) -> Result<()> {
+    fn stop(mut self, runtime: runtime::Runtime) -> Result<()> {
         runtime.shutdown.cancel();
         // the nodes this controller holds off come back (their lease ends with it)
         if let Some(np) = self.node_power.take() {
@@ -514,9 +509,6 @@ impl Serve {
         }
         self.schedulers
             .stop(self.control.store(), runtime::DEFAULT_GRACE);
-        for t in threads {
-            let _ = t.join();
-        }
         // a follower has nothing of its own to close; a leader closes the ledger
         // interval, then gives the lease back so that a follower takes over at once
         let follower = self.leader.ha.is_some() && self.leader.epoch.is_none();

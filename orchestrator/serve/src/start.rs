@@ -4,10 +4,10 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 
 use anyhow::Result;
 use policies::Policy;
+use sources::source::Source;
 use telemetry::mapping::Mapping;
 use telemetry::Site;
 use tracing::info;
@@ -80,14 +80,15 @@ pub(super) fn schedulers(
     )
 }
 
-/// The edges: the buffer the sources fill and the gate before it, the MQTT source,
-/// the Redfish poller and the agents (or observe-only caps).
+/// The edges: the buffer the sources fill and the gate before it, the sources (MQTT,
+/// Redfish, the agents' reports) in one list, and the agents (or observe-only caps).
 pub(super) struct Edges {
     pub(super) buffer: Arc<Buffer>,
     pub(super) gate: Arc<control::admit::Gate>,
     pub(super) mqtt_rejects: Arc<control::admit::Tally>,
-    pub(super) threads: Vec<JoinHandle<()>>,
     pub(super) redfish: Option<sources::redfish::StatsHandle>,
+    /// Every source started, with its counters.
+    pub(super) sources: Vec<runtime::sources::Running>,
     /// The plan's caps go here: the agents, or observe-only.
     pub(super) actuator: Box<dyn control::Actuator>,
     /// The fleet's view, for the API and `/metrics` (with `[agents]`).
@@ -95,49 +96,47 @@ pub(super) struct Edges {
 }
 
 impl Edges {
+    /// Builds every source its section asks for and starts them on `runtime`: they
+    /// stop with its shutdown token.
     pub(super) fn open(
         cfg: &Config,
         mapping: Option<Mapping>,
         site: &Site,
         base: &Path,
         runtime: &Runtime,
-        keep_going: impl Fn() -> bool + Clone + Send + 'static,
     ) -> Result<Edges> {
         let buffer = Arc::new(Buffer::new(cfg.controller.buffer_samples));
         // only the site's entities reach the buffer (see control::admit)
         let gate = Arc::new(control::admit::Gate::new(site));
         let mqtt_rejects = Arc::new(control::admit::Tally::default());
-        let mut threads: Vec<JoinHandle<()>> = Vec::new();
-        if let (Some(m), Some(mapping)) = (cfg.mqtt.clone(), mapping) {
-            let (b, g, t) = (buffer.clone(), gate.clone(), mqtt_rejects.clone());
-            threads.push(edges::spawn_mqtt(m, mapping, b, g, t, keep_going.clone())?);
+        let mut list: Vec<Box<dyn Source>> = Vec::new();
+        if let (Some(m), Some(mapping)) = (&cfg.mqtt, mapping) {
+            list.push(Box::new(runtime::mqtt::source(m, mapping)?));
         }
-        // the Redfish poller: a task on the runtime (see runtime::redfish); only the site's
-        // entities pass the gate
         let redfish = match &cfg.redfish {
-            Some(r) => Some(runtime::redfish::spawn(
-                r,
-                runtime,
-                buffer.clone(),
-                gate.clone(),
-            )?),
+            Some(r) => {
+                let (source, stats) = runtime::redfish::source(r)?;
+                list.push(Box::new(source));
+                Some(stats)
+            }
             None => None,
         };
-        let actuation = edges::open_agents(
-            cfg.agents.clone(),
-            site,
-            base,
-            buffer.clone(),
-            gate.clone(),
-            keep_going,
-        )?;
-        threads.extend(actuation.thread);
+        let actuation = edges::open_agents(cfg.agents.clone(), site, base)?;
+        if let Some(reports) = actuation.reports {
+            list.push(Box::new(reports));
+        }
+        let admission = Arc::new(runtime::sources::Admission {
+            buffer: buffer.clone(),
+            gate: gate.clone(),
+            rejects: mqtt_rejects.clone(),
+        });
+        let sources = runtime::sources::start(list, runtime, admission);
         Ok(Edges {
             buffer,
             gate,
             mqtt_rejects,
-            threads,
             redfish,
+            sources,
             actuator: actuation.actuator,
             fleet: actuation.fleet,
         })
