@@ -168,6 +168,9 @@ impl Drop for Runtime {
 mod tests {
     use super::*;
 
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
     #[test]
     fn a_runtime_dropped_without_stop_cancels_its_edges_and_returns() {
         let rt = Runtime::new(2).expect("runtime");
@@ -186,8 +189,6 @@ mod tests {
             started.elapsed()
         );
     }
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
 
     #[test]
     fn stop_cancels_every_edge_and_waits_for_it() {

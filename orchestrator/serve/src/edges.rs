@@ -101,8 +101,8 @@ pub struct Actuation {
     pub reports: Option<AgentReports>,
 }
 
-/// Opens the agents' link and the thread that takes their messages; without
-/// `[agents]`, caps are observe-only.
+/// Opens the agents' link and the source that takes their reports (started with the
+/// others); without `[agents]`, caps are observe-only.
 pub fn open_agents(agents: Option<AgentsSection>, site: &Site, base: &Path) -> Result<Actuation> {
     let Some(a) = agents else {
         return Ok(Actuation {
