@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use orchestrator::demo::{self, DemoConfig, Input};
 use telemetry::{Site, Timestamp};
 
@@ -122,6 +122,13 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Write the man pages and the bash, zsh and fish completions of this binary
+    /// under OUT (for the packages).
+    #[command(hide = true)]
+    GenerateDocs {
+        /// The folder to write `man/` and `completions/` into.
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -200,6 +207,16 @@ fn exit_code(result: Result<ExitCode>) -> ExitCode {
 /// Runs the command the line names, in the crate that holds it.
 fn dispatch(command: Command) -> Result<ExitCode> {
     match command {
+        Command::GenerateDocs { out } => {
+            let files =
+                common::cli_docs::write(Cli::command(), "powerplane", &out).with_context(|| {
+                    format!("writing man pages and completions to {}", out.display())
+                })?;
+            for f in files {
+                println!("{}", f.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo {
             minutes,
             out,

@@ -27,10 +27,11 @@ fn systemd_analyze(args: &[&str], dir: &Path) -> std::process::Output {
 /// that ExecStart is executable).
 fn unit_copy(name: &str, dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(root().join("deploy/systemd").join(name)).expect("unit");
-    let text = text.replace(
-        "/usr/local/bin/powerplane",
-        env!("CARGO_BIN_EXE_powerplane"),
-    );
+    // `powerplane agent` runs the same code as `powerplane-agent`
+    let bin = env!("CARGO_BIN_EXE_powerplane");
+    let text = text
+        .replace("/usr/bin/powerplane-agent", &format!("{bin} agent"))
+        .replace("/usr/bin/powerplane", bin);
     let p = dir.join(name);
     std::fs::write(&p, text).expect("unit copy");
     p

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //!
+//! - [`cli_docs`]: man pages and shell completions from a binary's clap definition;
 //! - [`clock`]: the time now, behind the [`clock::Clock`] seam so tests can pass their own;
 //! - [`logs`]: text or JSON logs on stderr;
 //! - [`notify`]: systemd's notify protocol (READY, WATCHDOG, STOPPING);
@@ -11,6 +12,7 @@
 //! - [`paths`]: paths in config files, relative to the file's folder.
 #![forbid(unsafe_code)]
 
+pub mod cli_docs;
 pub mod clock;
 pub mod curves;
 pub mod logs;
