@@ -102,12 +102,12 @@ enum Command {
         /// End of the period, exclusive (RFC 3339; default: after the last entry).
         #[arg(long)]
         to: Option<String>,
-        /// job, project, user, rack or day (in the site's time zone).
-        #[arg(long, default_value = "project")]
-        group_by: String,
-        /// table, csv, json or html.
-        #[arg(long, default_value = "table")]
-        format: String,
+        /// What the rows are (days in the site's time zone).
+        #[arg(long, value_enum, default_value_t = tools::report_cli::GroupByArg::Project)]
+        group_by: tools::report_cli::GroupByArg,
+        /// How the report is written.
+        #[arg(long, value_enum, default_value_t = tools::report_cli::Format::Table)]
+        format: tools::report_cli::Format,
         /// Write here instead of standard output.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -263,7 +263,7 @@ fn dispatch(command: Command) -> Result<ExitCode> {
             group_by,
             format,
             out,
-        } => tools::report_cli::run(config, site, store, from, to, &group_by, &format, out),
+        } => tools::report_cli::run(config, site, store, from, to, group_by, format, out),
         Command::Telemetry {
             command: TelemetryCommand::Probe(opts),
         } => tools::probe_cli::run(opts),

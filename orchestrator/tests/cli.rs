@@ -706,3 +706,66 @@ fn telemetry_probe_ends_with_the_survey_and_fails_on_an_unreachable_endpoint() {
     assert!(!with_path.status.success(), "{err}");
     assert!(err.contains("give the base url without a path"), "{err}");
 }
+
+#[test]
+fn choices_are_enumerations_and_secrets_never_flags() {
+    // (arguments, what the error must say)
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["report", "--format", "pdf"],
+            "[possible values: table, csv, json, html]",
+        ),
+        (
+            &["report", "--group-by", "planet"],
+            "[possible values: job, project, user, rack, day]",
+        ),
+        (
+            &["telemetry", "probe", "--mqtt-protocol", "4"],
+            "[possible values: 3.1.1, 5]",
+        ),
+        (&["telemetry", "probe", "--qos", "3"], "3 is not in 0..=2"),
+        (
+            &["agent", "--once", "--backend", "cuda"],
+            "[possible values: nvml, sim]",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = powerplane().args(args).output().expect("powerplane");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2) && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+    // a password on the command line is refused: `ps` and shell history would keep it
+    for flag in ["--password", "--redfish-password"] {
+        let out = powerplane()
+            .args(["telemetry", "probe", flag, "secret"])
+            .output()
+            .expect("powerplane");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("unexpected argument"),
+            "{flag}: {err}"
+        );
+    }
+    // a password file that cannot be read is named
+    let out = powerplane()
+        .args([
+            "telemetry",
+            "probe",
+            "--mqtt",
+            "mqtt://127.0.0.1:1",
+            "--password-file",
+            "/nonexistent/mqtt.password",
+            "--seconds",
+            "1",
+        ])
+        .output()
+        .expect("powerplane");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("/nonexistent/mqtt.password"),
+        "{err}"
+    );
+}

@@ -173,7 +173,7 @@ fn report_refuses_bad_arguments_clearly() {
                 "--store",
                 "/nonexistent.redb",
             ],
-            "use job, project, user, rack or day",
+            "[possible values: job, project, user, rack, day]",
         ),
         (
             vec![
@@ -184,7 +184,7 @@ fn report_refuses_bad_arguments_clearly() {
                 "--store",
                 "/nonexistent.redb",
             ],
-            "use table, csv, json or html",
+            "[possible values: table, csv, json, html]",
         ),
         (
             vec!["--site", &site, "--store", "/nonexistent.redb"],

@@ -25,9 +25,9 @@ pub struct AgentArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// `nvml` (the node's NVIDIA GPUs) or `sim` (simulated GPUs).
-    #[arg(long, default_value = "nvml")]
-    pub backend: String,
+    /// Where the GPUs are read (without --config).
+    #[arg(long, value_enum, default_value_t = Backend::Nvml)]
+    pub backend: Backend,
     /// Simulated GPUs (with --backend sim).
     #[arg(long, default_value_t = 8)]
     pub gpus: u32,
@@ -37,8 +37,18 @@ pub struct AgentArgs {
     /// This node's name (default: the host name).
     #[arg(long)]
     pub node: Option<String>,
+    /// Seed of the simulated GPUs' load (with --backend sim): one seed, one reading.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+/// `--backend`: where `--once` reads the GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The node's NVIDIA GPUs, through NVML (libnvidia-ml.so.1).
+    Nvml,
+    /// Simulated GPUs (--gpus, --gpu-model, --seed), for a test bench.
+    Sim,
 }
 
 impl AgentArgs {
@@ -64,12 +74,12 @@ impl AgentArgs {
                 Err(e) => failed(&e),
             };
         }
-        let mut b: Box<dyn GpuBackend> = match self.backend.as_str() {
-            "nvml" => match sources::nvml::NvmlBackend::open() {
+        let mut b: Box<dyn GpuBackend> = match self.backend {
+            Backend::Nvml => match sources::nvml::NvmlBackend::open() {
                 Ok(b) => Box::new(b),
                 Err(e) => return failed(&e),
             },
-            "sim" => {
+            Backend::Sim => {
                 let model = telemetry::GpuModel::builtin(&self.gpu_model).ok_or_else(|| {
                     anyhow::anyhow!(
                         "unknown --gpu-model {:?} (known: {})",
@@ -79,7 +89,6 @@ impl AgentArgs {
                 })?;
                 Box::new(crate::SimGpus::new(self.gpus, model, self.seed))
             }
-            other => anyhow::bail!("unknown --backend {other:?}: use nvml or sim"),
         };
         print_once(&node, b.as_mut(), self.json)
     }

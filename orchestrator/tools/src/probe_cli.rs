@@ -23,16 +23,20 @@ pub struct ProbeOpts {
     /// Mapping file: how MQTT messages become samples.
     #[arg(long)]
     mapping: Option<PathBuf>,
-    #[arg(long, default_value_t = 0)]
+    /// QoS of the subscriptions: 0 (at most once), 1 (at least once) or 2.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
     qos: u8,
-    /// MQTT protocol: 3.1.1 or 5.
-    #[arg(long, default_value = "3.1.1")]
-    mqtt_protocol: String,
+    /// MQTT protocol version.
+    #[arg(long, value_enum, default_value_t = MqttProtocol::V311)]
+    mqtt_protocol: MqttProtocol,
+    /// MQTT user name.
     #[arg(long)]
     username: Option<String>,
-    /// Read from POWERPLANE_MQTT_PASSWORD when left out.
-    #[arg(long)]
-    password: Option<String>,
+    /// A file holding the MQTT password (never the password itself on the command
+    /// line, where `ps` and the shell's history see it); without it,
+    /// POWERPLANE_MQTT_PASSWORD.
+    #[arg(long, value_name = "FILE")]
+    password_file: Option<PathBuf>,
     /// Share subscriptions with this group ($share/GROUP/...).
     #[arg(long)]
     shared_group: Option<String>,
@@ -42,11 +46,12 @@ pub struct ProbeOpts {
     /// Redfish service to poll, e.g. https://10.1.2.3 (repeatable).
     #[arg(long = "redfish")]
     redfish: Vec<String>,
+    /// Redfish user name.
     #[arg(long)]
     redfish_user: Option<String>,
-    /// Read from POWERPLANE_REDFISH_PASSWORD when left out.
-    #[arg(long)]
-    redfish_password: Option<String>,
+    /// A file holding the Redfish password; without it, POWERPLANE_REDFISH_PASSWORD.
+    #[arg(long, value_name = "FILE")]
+    redfish_password_file: Option<PathBuf>,
     /// Log in with a Redfish session instead of HTTP Basic.
     #[arg(long)]
     redfish_session: bool,
@@ -59,6 +64,7 @@ pub struct ProbeOpts {
     /// SHA-256 fingerprint of the one certificate to trust.
     #[arg(long)]
     redfish_pin: Option<String>,
+    /// Deadline of one Redfish request, seconds.
     #[arg(long, default_value_t = 5.0)]
     redfish_timeout_s: f64,
     /// Seconds between two Redfish polls.
@@ -70,6 +76,36 @@ pub struct ProbeOpts {
     /// One sample per line as JSON instead of a table; rejects go to standard error.
     #[arg(long)]
     json: bool,
+}
+
+/// `--mqtt-protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MqttProtocol {
+    #[value(name = "3.1.1")]
+    V311,
+    #[value(name = "5")]
+    V5,
+}
+
+impl MqttProtocol {
+    fn as_str(self) -> &'static str {
+        match self {
+            MqttProtocol::V311 => "3.1.1",
+            MqttProtocol::V5 => "5",
+        }
+    }
+}
+
+/// A secret: from its file (trimmed), else from the environment variable.
+fn secret(file: Option<&Path>, var: &str) -> Result<Option<String>> {
+    match file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the password file {}", f.display()))?;
+            Ok(Some(text.trim_end_matches(['\r', '\n']).to_string()))
+        }
+        None => Ok(std::env::var(var).ok()),
+    }
 }
 
 pub fn run(o: Box<ProbeOpts>) -> Result<ExitCode> {
@@ -99,7 +135,7 @@ pub fn run(o: Box<ProbeOpts>) -> Result<ExitCode> {
         }
         None => None,
     };
-    let mqtt = mqtt_config(&o);
+    let mqtt = mqtt_config(&o)?;
     let redfish = redfish_endpoints(&o)?;
     let args = ProbeArgs {
         mqtt,
@@ -155,29 +191,27 @@ fn from_config(config: &Path, o: &ProbeOpts) -> Result<ExitCode> {
 }
 
 /// `--mqtt` and its flags; the password from the environment when left out.
-fn mqtt_config(o: &ProbeOpts) -> Option<sources::mqtt::MqttConfig> {
-    o.mqtt.as_ref().map(|url| {
-        let mut c = sources::mqtt::MqttConfig::new(url);
-        c.topics = o.topics.clone();
-        c.qos = o.qos;
-        c.protocol = o.mqtt_protocol.clone();
-        c.username = o.username.clone();
-        c.password = o
-            .password
-            .clone()
-            .or_else(|| std::env::var("POWERPLANE_MQTT_PASSWORD").ok());
-        c.shared_group = o.shared_group.clone();
-        c.max_packet_bytes = o.max_packet_bytes;
-        c
-    })
+fn mqtt_config(o: &ProbeOpts) -> Result<Option<sources::mqtt::MqttConfig>> {
+    let Some(url) = o.mqtt.as_ref() else {
+        return Ok(None);
+    };
+    let mut c = sources::mqtt::MqttConfig::new(url);
+    c.topics = o.topics.clone();
+    c.qos = o.qos;
+    c.protocol = o.mqtt_protocol.as_str().to_string();
+    c.username = o.username.clone();
+    c.password = secret(o.password_file.as_deref(), "POWERPLANE_MQTT_PASSWORD")?;
+    c.shared_group = o.shared_group.clone();
+    c.max_packet_bytes = o.max_packet_bytes;
+    Ok(Some(c))
 }
 
 /// `--redfish` endpoints, named bmc1, bmc2, ..., with the credentials and trust flags.
 fn redfish_endpoints(o: &ProbeOpts) -> Result<Vec<EndpointConfig>> {
-    let password = o
-        .redfish_password
-        .clone()
-        .or_else(|| std::env::var("POWERPLANE_REDFISH_PASSWORD").ok());
+    let password = secret(
+        o.redfish_password_file.as_deref(),
+        "POWERPLANE_REDFISH_PASSWORD",
+    )?;
     let auth = match (o.redfish_user.clone(), password) {
         (Some(username), Some(password)) if o.redfish_session => Auth::Session {
             username,
@@ -190,7 +224,9 @@ fn redfish_endpoints(o: &ProbeOpts) -> Result<Vec<EndpointConfig>> {
             password_file: None,
         },
         (Some(_), None) => {
-            anyhow::bail!("--redfish-user needs --redfish-password or POWERPLANE_REDFISH_PASSWORD")
+            anyhow::bail!(
+                "--redfish-user needs --redfish-password-file or POWERPLANE_REDFISH_PASSWORD"
+            )
         }
         _ => Auth::None,
     };

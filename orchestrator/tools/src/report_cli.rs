@@ -10,6 +10,40 @@ use integrations::store::{LedgerEntry, Store};
 use report::energy_report::{build, EnergyReport, GroupBy};
 use telemetry::{Site, Timestamp};
 
+/// `--group-by`: what the report's rows are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupByArg {
+    Job,
+    Project,
+    User,
+    Rack,
+    /// Days in the site's time zone.
+    Day,
+}
+
+impl From<GroupByArg> for GroupBy {
+    fn from(g: GroupByArg) -> GroupBy {
+        match g {
+            GroupByArg::Job => GroupBy::Job,
+            GroupByArg::Project => GroupBy::Project,
+            GroupByArg::User => GroupBy::User,
+            GroupByArg::Rack => GroupBy::Rack,
+            GroupByArg::Day => GroupBy::Day,
+        }
+    }
+}
+
+/// `--format`: how the report is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns, for a terminal.
+    Table,
+    Csv,
+    Json,
+    /// One self-contained page with charts.
+    Html,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     config: Option<PathBuf>,
@@ -17,15 +51,11 @@ pub fn run(
     store: Option<PathBuf>,
     from: Option<String>,
     to: Option<String>,
-    group_by: &str,
-    format: &str,
+    group_by: GroupByArg,
+    format: Format,
     out: Option<PathBuf>,
 ) -> Result<ExitCode> {
-    let by: GroupBy = group_by.parse().map_err(|e: String| anyhow::anyhow!(e))?;
-    anyhow::ensure!(
-        ["table", "csv", "json", "html"].contains(&format),
-        "--format {format:?}: use table, csv, json or html"
-    );
+    let by = GroupBy::from(group_by);
     let (site, mut store) = open(config, site, store)?;
     let ledger = read_log(|next| store.ledger(next, 10_000))?;
     let audit = read_log(|next| store.audit(next, 10_000))?;
@@ -116,12 +146,12 @@ fn period(
 }
 
 /// The report in its format, to `out` or standard output.
-fn write(r: &EnergyReport, format: &str, site: &str, out: Option<PathBuf>) -> Result<()> {
+fn write(r: &EnergyReport, format: Format, site: &str, out: Option<PathBuf>) -> Result<()> {
     let text = match format {
-        "csv" => r.csv(),
-        "json" => r.json(),
-        "html" => r.html(site),
-        _ => r.table(),
+        Format::Csv => r.csv(),
+        Format::Json => r.json(),
+        Format::Html => r.html(site),
+        Format::Table => r.table(),
     };
     match out {
         Some(p) => {
