@@ -1,6 +1,7 @@
 //! The NVML backend: NVIDIA's management library, loaded at run time, so that the binary
 //! runs on machines without a GPU and says clearly that NVML is missing.
 
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::GpuLockedClocksSetting;
 use nvml_wrapper::error::NvmlError;
@@ -75,7 +76,7 @@ impl GpuBackend for NvmlBackend {
             .unwrap_or(0.0);
         let throttle = d
             .current_throttle_reasons()
-            .map(|r| format!("{r:?}"))
+            .map(throttle_reason_names)
             .unwrap_or_default();
         Ok(GpuReading {
             index,
@@ -101,11 +102,7 @@ impl GpuBackend for NvmlBackend {
             default_limit_w: mw(d.power_management_limit_default(), "default power limit")?,
             min_limit_w: f64::from(constraints.min_limit) / 1000.0,
             max_limit_w: f64::from(constraints.max_limit) / 1000.0,
-            throttle_reasons: throttle
-                .split(" | ")
-                .filter(|s| !s.is_empty())
-                .map(|s| s.trim().to_lowercase())
-                .collect(),
+            throttle_reasons: throttle,
             pids: d
                 .running_compute_processes()
                 .map(|p| p.iter().map(|p| p.pid).collect())
@@ -164,5 +161,83 @@ impl GpuBackend for NvmlBackend {
                 .map_err(|e| map(index, "default power limit", e))?
         };
         self.set_power_limit(index, f64::from(default) / 1000.0)
+    }
+}
+
+/// NVML's throttle reasons (`nvmlClocksThrottleReason*`), by the names the agent
+/// reports: NVML's own, in snake case.
+const THROTTLE_REASONS: [(ThrottleReasons, &str); 9] = [
+    (ThrottleReasons::GPU_IDLE, "gpu_idle"),
+    (
+        ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+        "applications_clocks_setting",
+    ),
+    (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
+    (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+    (ThrottleReasons::SYNC_BOOST, "sync_boost"),
+    (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+    (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+    (
+        ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+        "hw_power_brake_slowdown",
+    ),
+    (
+        ThrottleReasons::DISPLAY_CLOCK_SETTING,
+        "display_clock_setting",
+    ),
+];
+
+/// The names of the reasons set in `reasons`, read bit by bit (an unthrottled GPU has
+/// none); a bit NVML documents after this list comes out as `unknown_0x...`.
+pub fn throttle_reason_names(reasons: ThrottleReasons) -> Vec<String> {
+    let bits = reasons.bits();
+    let mut known = 0u64;
+    let mut names = Vec::new();
+    for (flag, name) in THROTTLE_REASONS {
+        known |= flag.bits();
+        if bits & flag.bits() != 0 {
+            names.push(name.to_string());
+        }
+    }
+    let mut rest = bits & !known;
+    while rest != 0 {
+        let bit = rest & rest.wrapping_neg();
+        names.push(format!("unknown_{bit:#x}"));
+        rest &= !bit;
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_reasons_are_named_bit_by_bit() {
+        // NVML's documented values (nvml.h): none 0, idle 0x1, sw power cap 0x4,
+        // hw slowdown 0x8, sw thermal 0x20, hw thermal 0x40
+        assert!(throttle_reason_names(ThrottleReasons::from_bits_retain(0)).is_empty());
+        assert_eq!(
+            throttle_reason_names(ThrottleReasons::from_bits_retain(0x4)),
+            ["sw_power_cap"]
+        );
+        assert_eq!(
+            throttle_reason_names(ThrottleReasons::from_bits_retain(0x1 | 0x8 | 0x20 | 0x40)),
+            [
+                "gpu_idle",
+                "hw_slowdown",
+                "sw_thermal_slowdown",
+                "hw_thermal_slowdown"
+            ]
+        );
+        assert_eq!(
+            throttle_reason_names(ThrottleReasons::from_bits_retain(0x4 | 0x1000)),
+            ["sw_power_cap", "unknown_0x1000"]
+        );
+        // every name once, snake case, no debug formatting
+        for (flag, name) in THROTTLE_REASONS {
+            assert_eq!(throttle_reason_names(flag), [name]);
+            assert!(name.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+        }
     }
 }
