@@ -279,7 +279,7 @@ fn role(port: u16) -> Option<(bool, u64)> {
             .and_then(|v| v.parse::<f64>().ok())
     };
     Some((
-        value("powerplane_leader{")? == 1.0,
+        value("powerplane_leader{replica=\"")? == 1.0,
         value("powerplane_leader_epoch ")? as u64,
     ))
 }

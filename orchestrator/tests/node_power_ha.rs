@@ -58,7 +58,7 @@ fn leads(port: u16) -> Option<bool> {
         return None;
     }
     body.lines()
-        .find(|l| l.starts_with("powerplane_leader{"))
+        .find(|l| l.starts_with("powerplane_leader{replica=\""))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .map(|v| v == 1.0)

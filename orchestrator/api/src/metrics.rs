@@ -50,7 +50,8 @@ fn identity(o: &mut Out, b: &Board) {
         "leader",
         "gauge",
         "1 on the replica that actuates (the leader; a controller without [ha]), 0 on a follower",
-        &[("instance", ha.instance.as_str())],
+        // `replica`, not `instance`: Prometheus sets `instance` to the scrape target
+        &[("replica", ha.instance.as_str())],
         if ha.is_leader() { 1.0 } else { 0.0 },
     );
     o.add(
