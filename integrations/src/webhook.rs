@@ -19,7 +19,6 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
-use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -389,8 +388,13 @@ pub struct Delivery {
 /// How the outbox delivers.
 #[derive(Debug, Clone)]
 pub struct OutboxConfig {
+    /// `https://` (or `http://`) URL of the receiver.
     pub url: String,
-    pub timeout: Duration,
+    /// The receiver's client, from the one outbound HTTP stack
+    /// ([`sources::http::blocking_client`]): its deadline (`timeout_s`) and TLS (the
+    /// site's CA, a pin, a client certificate). Blocking: the webhook reconciler posts
+    /// from a thread of its own.
+    pub client: reqwest::blocking::Client,
     pub max_attempts: u32,
     pub backoff_s: f64,
     pub max_backoff_s: f64,
@@ -529,63 +533,6 @@ impl Outbox {
     pub fn dead(store: &mut Store) -> Result<Vec<Delivery>, StoreError> {
         Ok(store.records::<Delivery>(DEAD)?.into_values().collect())
     }
-}
-
-/// A plain HTTP/1.1 POST to `http://host:port/path`; returns the status.
-pub fn http_post(
-    url: &str,
-    headers: &[(&str, String)],
-    body: &[u8],
-    timeout: Duration,
-) -> Result<u16, PostError> {
-    use std::net::ToSocketAddrs;
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| PostError::NotHttp(url.to_string()))?;
-    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let path = if path.is_empty() { "/" } else { path };
-    let addr = host
-        .to_socket_addrs()
-        .map_err(|source| PostError::Resolve {
-            host: host.to_string(),
-            source,
-        })?
-        .next()
-        .ok_or_else(|| PostError::NoAddress {
-            host: host.to_string(),
-        })?;
-    // the whole call, connect included, ends by `timeout`
-    let deadline = std::time::Instant::now() + timeout;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|source| {
-        PostError::Connect {
-            host: host.to_string(),
-            source,
-        }
-    })?;
-    let io = |source: std::io::Error| PostError::Io {
-        host: host.to_string(),
-        source,
-    };
-    let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    )
-    .into_bytes();
-    for (k, v) in headers {
-        req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
-    }
-    req.extend_from_slice(b"\r\n");
-    req.extend_from_slice(body);
-    // the status line is enough
-    let head = crate::scheduler::deadline::exchange(&mut s, &req, deadline, |got| got.len() >= 12)
-        .map_err(io)?;
-    String::from_utf8_lossy(&head)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| PostError::NoStatus {
-            host: host.to_string(),
-        })
 }
 
 #[cfg(test)]

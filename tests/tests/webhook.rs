@@ -40,7 +40,8 @@ fn receiver(answer: fn(&str) -> u16) -> (String, Arc<Mutex<Vec<String>>>) {
 fn config(url: &str) -> OutboxConfig {
     OutboxConfig {
         url: url.to_string(),
-        timeout: Duration::from_secs(5),
+        client: sources::http::blocking_client(Duration::from_secs(5), &Default::default())
+            .expect("client"),
         max_attempts: 3,
         backoff_s: 0.01,
         max_backoff_s: 0.02,

@@ -1,5 +1,6 @@
-//! A deadline for a whole request of the adapters' blocking HTTP clients (the Kubernetes
-//! API, the webhook receiver): a socket's read timeout bounds one read,
+//! A deadline for a whole request of the Kubernetes adapter's blocking HTTP client (the
+//! webhook receiver is posted to by the one outbound client stack, whose deadline is
+//! reqwest's): a socket's read timeout bounds one read,
 //! so a server that trickles a byte now and then would hold a call for ever; here the
 //! whole exchange (the request written, the answer read) ends by its deadline.
 
@@ -185,8 +186,13 @@ mod tests {
         let t = took(&|| kube.lock().expect("lock").pods("x").is_err());
         // two lists, each by its own deadline
         assert!(t < Duration::from_secs(3), "Kubernetes call took {t:?}");
+        let client =
+            sources::http::blocking_client(timeout, &sources::tls::Tls::default()).expect("client");
         let t = took(&|| {
-            crate::webhook::http_post(&format!("http://127.0.0.1:{port}/"), &[], b"{}", timeout)
+            client
+                .post(format!("http://127.0.0.1:{port}/"))
+                .body("{}")
+                .send()
                 .is_err()
         });
         assert!(t < Duration::from_secs(3), "webhook POST took {t:?}");

@@ -9,7 +9,7 @@ use telemetry::Timestamp;
 use tracing::{info, warn};
 
 use super::{
-    http_post, jitter, seq_key, Delivery, DeliveryError, Outbox, OutboxConfig, WebhookKey,
+    jitter, seq_key, Delivery, DeliveryError, Outbox, OutboxConfig, PostError, WebhookKey,
     ATTEMPT_HEADER, DEAD, IDEMPOTENCY_HEADER, OUTBOX, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 use crate::scheduler::Commit;
@@ -150,24 +150,27 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// One POST.
+    /// One POST, by the receiver's client (its deadline and TLS): the status decides
+    /// (2xx delivered; 408, 429 and 5xx retried; any other 4xx refused for good).
     pub fn post(&self, d: &Delivery, attempt: u32) -> Result<(), DeliveryError> {
         let ts = (chrono::Utc::now().timestamp()).to_string();
         let sig = self.key.sign(&ts, d.body.as_bytes());
-        let headers = [
-            ("Content-Type", "application/json".to_string()),
-            (TIMESTAMP_HEADER, ts),
-            (SIGNATURE_HEADER, sig),
-            (IDEMPOTENCY_HEADER, d.id.clone()),
-            (ATTEMPT_HEADER, attempt.to_string()),
-        ];
-        let status = http_post(
-            &self.config.url,
-            &headers,
-            d.body.as_bytes(),
-            self.config.timeout,
-        )
-        .map_err(DeliveryError::Unanswered)?;
+        let url = &self.config.url;
+        let resp = self
+            .config
+            .client
+            .post(url)
+            .header("Content-Type", "application/json")
+            .header(TIMESTAMP_HEADER, ts)
+            .header(SIGNATURE_HEADER, sig)
+            .header(IDEMPOTENCY_HEADER, d.id.as_str())
+            .header(ATTEMPT_HEADER, attempt.to_string())
+            .body(d.body.clone())
+            .send()
+            .map_err(|e| DeliveryError::Unanswered(PostError::of(url, &e)))?;
+        // the status is the answer; the body is not read (the connection is not kept
+        // for one the receiver may still be writing)
+        let status = resp.status().as_u16();
         match status {
             200..=299 => Ok(()),
             408 | 429 => Err(DeliveryError::Status { status }),

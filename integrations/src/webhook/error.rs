@@ -29,34 +29,44 @@ pub enum EventError {
     Time { time: String, message: String },
 }
 
-/// A POST to the webhook receiver that got no HTTP status back.
+/// A POST to the webhook receiver that got no HTTP status back: by what an operator
+/// fixes (the receiver's address, its certificate or ours, a receiver that hangs).
 #[derive(Debug, Error)]
 pub enum PostError {
-    #[error("{0}: only http:// URLs (put a TLS proxy in front for https)")]
-    NotHttp(String),
-    #[error("connect {host}: {source}")]
-    Resolve {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("connect {host}: no address")]
-    NoAddress { host: String },
-    #[error("connect {host}: {source}")]
-    Connect {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The exchange failed or passed its deadline.
-    #[error("{host}: {source}")]
-    Io {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{host}: no HTTP status in the answer")]
-    NoStatus { host: String },
+    /// No connection: refused, reset, no such host, or a proxy that failed.
+    #[error("POST {url}: cannot connect: {message}")]
+    Connect { url: String, message: String },
+    /// The TLS handshake failed: the receiver's certificate is not trusted (`ca_file`,
+    /// `pinned_sha256`), or it wants a client certificate (`client_cert_file`).
+    #[error("POST {url}: TLS: {message}")]
+    Tls { url: String, message: String },
+    /// No answer by the deadline (`timeout_s`).
+    #[error("POST {url}: no answer within the deadline: {message}")]
+    Timeout { url: String, message: String },
+    #[error("POST {url}: {message}")]
+    Other { url: String, message: String },
+}
+
+impl PostError {
+    /// Sorts a client error by its cause.
+    pub fn of(url: &str, e: &reqwest::Error) -> PostError {
+        let message = sources::http::chain(e);
+        let url = url.to_string();
+        let lower = message.to_ascii_lowercase();
+        if e.is_timeout() || lower.contains("timed out") {
+            PostError::Timeout { url, message }
+        } else if lower.contains("certificate")
+            || lower.contains("tls")
+            || lower.contains("handshake")
+            || lower.contains("alert")
+        {
+            PostError::Tls { url, message }
+        } else if e.is_connect() {
+            PostError::Connect { url, message }
+        } else {
+            PostError::Other { url, message }
+        }
+    }
 }
 
 /// Why one delivery attempt failed.

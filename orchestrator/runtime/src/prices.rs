@@ -27,6 +27,11 @@ pub struct PricesSection {
     pub url: Option<String>,
     #[serde(default = "default_refresh")]
     pub refresh_s: f64,
+    /// With `url`: how its server is trusted and what the client shows (the `tls` keys
+    /// of every outbound client: `ca_file`, `pinned_sha256`, `insecure`,
+    /// `client_cert_file`, `client_key_file`).
+    #[serde(default)]
+    pub tls: sources::tls::Tls,
     /// The feed is stale this long after its last point: the site's tariff applies.
     #[serde(default = "default_stale")]
     pub stale_after_s: f64,
@@ -83,11 +88,7 @@ impl Prices {
         runtime.spawn_blocking(move || {
                 let every = Duration::from_secs_f64(p.refresh_s);
                 while keep() {
-                    let got = sources::http::fetch_text(
-                        &url,
-                        Duration::from_secs(30),
-                        &sources::tls::Tls::default(),
-                    )
+                    let got = sources::http::fetch_text(&url, Duration::from_secs(30), &p.tls)
                     .map_err(anyhow::Error::msg)
                     .and_then(|text| Ok(p.format.read(&url, &text, "price_per_kwh")?));
                     match got {

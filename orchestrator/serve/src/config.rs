@@ -232,12 +232,36 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
             .at(&["mqtt"])
             .take(r.map_err(|e| anyhow::anyhow!("{name}: [mqtt] {e}")));
     }
+    let resolve = |p: &str| {
+        runtime::paths::resolve(base, Path::new(p))
+            .display()
+            .to_string()
+    };
     for e in cfg.redfish.iter_mut().flat_map(|r| r.endpoints.iter_mut()) {
+        e.tls = e.tls.resolved(resolve);
         let r = e.auth.read_secrets(base);
         let (name, endpoint) = (problems.name.clone(), e.name.clone());
         problems
             .at(&["redfish", "endpoints"])
             .take(r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")));
+    }
+    if let Some(p) = cfg.prices.as_mut() {
+        p.tls = p.tls.resolved(resolve);
+        if p.url.is_some() {
+            let r = sources::tls::client_config(&p.tls);
+            let name = problems.name.clone();
+            problems
+                .at(&["prices", "tls"])
+                .take(r.map_err(|e| anyhow::anyhow!("{name}: [prices] {e}")));
+        }
+    }
+    if let Some(np) = cfg.node_power.as_mut() {
+        np.tls = np.tls.resolved(resolve);
+        let r = np.auth.read_secrets(base);
+        let name = problems.name.clone();
+        problems
+            .at(&["node_power", "auth"])
+            .take(r.map_err(|e| anyhow::anyhow!("{name}: [node_power] {e}")));
     }
     if let Some(a) = cfg.agents.as_mut() {
         let r = a.mqtt.read_secrets(base);

@@ -241,6 +241,7 @@ fn redfish_endpoints(o: &ProbeOpts) -> Result<Vec<EndpointConfig>> {
                 ca_file: o.redfish_ca_file.clone(),
                 pinned_sha256: o.redfish_pin.clone(),
                 insecure: o.redfish_insecure,
+                ..Tls::default()
             };
             e
         })

@@ -1,5 +1,16 @@
-//! Fetching a document over HTTP(S) (price and carbon feeds), with the same TLS
-//! settings as the other sources.
+//! The one outbound HTTP client stack (reqwest on tokio), for every call powerplane
+//! makes over HTTP: webhook deliveries, price and carbon feeds, Redfish telemetry and
+//! Redfish node power. Each client
+//! - ends every call by its deadline (connect, headers and body);
+//! - trusts what [`Tls`] says: the system's roots plus the site's `ca_file`, one pinned
+//!   certificate, or (said explicitly) anything;
+//! - shows `client_cert_file` / `client_key_file` when the server asks (mutual TLS);
+//! - goes through the proxy that `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` name,
+//!   except for the hosts in `NO_PROXY` (reqwest's system proxy).
+//!
+//! [`client`] is the async client (on the caller's runtime); [`blocking_client`] the
+//! same for the threads of their own that make blocking calls (it runs its own
+//! runtime thread; build and use it outside the async runtime's workers).
 
 use std::time::Duration;
 
@@ -7,14 +18,22 @@ use thiserror::Error;
 
 use crate::tls::{client_config, Tls, TlsError};
 
+/// Why no client could be built.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("timeout_s must be within 0.1..=120, got {0}")]
+    Timeout(f64),
+    #[error("cannot build the HTTP client: {0}")]
+    Build(#[source] reqwest::Error),
+}
+
 /// Why a document could not be fetched.
 #[derive(Debug, Error)]
 pub enum FetchError {
     #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The client could not be built.
-    #[error(transparent)]
-    Client(reqwest::Error),
+    Client(#[from] ClientError),
     #[error("GET {url}: {source}")]
     Get {
         url: String,
@@ -28,18 +47,53 @@ pub enum FetchError {
     },
 }
 
-/// GETs `url` and returns its body as text; an HTTP error status is an error.
-pub fn fetch_text(url: &str, timeout: Duration, tls: &Tls) -> Result<String, FetchError> {
+const USER_AGENT: &str = concat!("powerplane/", env!("CARGO_PKG_VERSION"));
+
+/// Servers (BMCs above all) close idle connections early: none is kept longer.
+const POOL_IDLE: Duration = Duration::from_secs(30);
+
+fn checked(timeout: Duration, tls: &Tls) -> Result<rustls::ClientConfig, ClientError> {
+    let s = timeout.as_secs_f64();
+    if !(0.1..=120.0).contains(&s) {
+        return Err(ClientError::Timeout(s));
+    }
     // reqwest's own TLS needs a process-wide provider; installing it twice is harmless
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut b = reqwest::blocking::Client::builder()
+    Ok(client_config(tls)?)
+}
+
+/// An async client whose every call ends within `timeout`, trusting what `tls` says.
+pub fn client(timeout: Duration, tls: &Tls) -> Result<reqwest::Client, ClientError> {
+    let config = checked(timeout, tls)?;
+    reqwest::Client::builder()
         .timeout(timeout)
         .connect_timeout(timeout)
-        .user_agent(concat!("powerplane/", env!("CARGO_PKG_VERSION")));
-    if url.starts_with("https://") {
-        b = b.tls_backend_preconfigured(client_config(tls)?);
-    }
-    let client = b.build().map_err(FetchError::Client)?;
+        .pool_idle_timeout(POOL_IDLE)
+        .user_agent(USER_AGENT)
+        .tls_backend_preconfigured(config)
+        .build()
+        .map_err(ClientError::Build)
+}
+
+/// [`client`] for blocking calls on a thread of their own.
+pub fn blocking_client(
+    timeout: Duration,
+    tls: &Tls,
+) -> Result<reqwest::blocking::Client, ClientError> {
+    let config = checked(timeout, tls)?;
+    reqwest::blocking::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .pool_idle_timeout(POOL_IDLE)
+        .user_agent(USER_AGENT)
+        .tls_backend_preconfigured(config)
+        .build()
+        .map_err(ClientError::Build)
+}
+
+/// GETs `url` and returns its body as text; an HTTP error status is an error.
+pub fn fetch_text(url: &str, timeout: Duration, tls: &Tls) -> Result<String, FetchError> {
+    let client = blocking_client(timeout, tls)?;
     let get = |source| FetchError::Get {
         url: url.to_string(),
         source,
@@ -53,4 +107,17 @@ pub fn fetch_text(url: &str, timeout: Duration, tls: &Tls) -> Result<String, Fet
         });
     }
     resp.text().map_err(get)
+}
+
+/// An error and its causes on one line (reqwest's own message says little: "error
+/// sending request").
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

@@ -1,20 +1,23 @@
-//! TLS trust for the sources: the system's roots, a CA file, one pinned certificate,
-//! or (said explicitly) anything. Shared by MQTT and Redfish.
+//! TLS for every outbound client (MQTT, Redfish, webhooks, feeds, node power): how the
+//! server is trusted (the system's roots plus the site's CA file, one pinned
+//! certificate, or, said explicitly, anything) and, for mutual TLS, the client's own
+//! certificate and key.
 
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// How to trust a server's certificate.
+/// How to trust a server's certificate, and what the client shows of itself.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tls {
-    /// PEM file of the CA that signed the server's certificate.
+    /// PEM file of the site's CA (one or more certificates), trusted beside the
+    /// system's roots.
     #[serde(default)]
     pub ca_file: Option<String>,
     /// SHA-256 of the server's certificate (hex, colons allowed): trust exactly that one.
@@ -23,6 +26,25 @@ pub struct Tls {
     /// Accept any certificate. Say so explicitly; never the default.
     #[serde(default)]
     pub insecure: bool,
+    /// Mutual TLS: PEM file of the client's certificate (its chain, leaf first).
+    #[serde(default)]
+    pub client_cert_file: Option<String>,
+    /// Mutual TLS: PEM file of the client certificate's private key.
+    #[serde(default)]
+    pub client_key_file: Option<String>,
+}
+
+impl Tls {
+    /// The same settings with every file path resolved by `resolve` (relative paths
+    /// are the config file's).
+    pub fn resolved(&self, resolve: impl Fn(&str) -> String) -> Tls {
+        Tls {
+            ca_file: self.ca_file.as_deref().map(&resolve),
+            client_cert_file: self.client_cert_file.as_deref().map(&resolve),
+            client_key_file: self.client_key_file.as_deref().map(&resolve),
+            ..self.clone()
+        }
+    }
 }
 
 /// Why trust settings give no TLS client configuration.
@@ -49,13 +71,33 @@ pub enum TlsError {
     /// The provider offers none of the safe protocol versions.
     #[error(transparent)]
     Protocols(rustls::Error),
+    #[error("give both tls client_cert_file and client_key_file, or neither")]
+    HalfIdentity,
+    #[error("client_cert_file {path}: {source}")]
+    ClientCertPem {
+        path: String,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("client_cert_file {0}: no certificate in it")]
+    NoClientCertificate(String),
+    #[error("client_key_file {path}: {source}")]
+    ClientKeyPem {
+        path: String,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    /// The key does not fit the certificate, or is of a kind rustls cannot sign with.
+    #[error("client_cert_file and client_key_file: {0}")]
+    ClientIdentity(#[source] rustls::Error),
 }
 
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// A rustls client configuration that trusts what `tls` says.
+/// A rustls client configuration that trusts what `tls` says and, with a client
+/// certificate, shows it.
 pub fn client_config(tls: &Tls) -> Result<rustls::ClientConfig, TlsError> {
     let modes = usize::from(tls.insecure)
         + usize::from(tls.ca_file.is_some())
@@ -63,56 +105,87 @@ pub fn client_config(tls: &Tls) -> Result<rustls::ClientConfig, TlsError> {
     if modes > 1 {
         return Err(TlsError::Modes);
     }
+    let identity = identity(tls)?;
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Protocols)?;
-    if let Some(pin) = &tls.pinned_sha256 {
-        let want = parse_fingerprint(pin).ok_or_else(|| TlsError::BadPin(pin.clone()))?;
-        return Ok(builder
+    let verified = if tls.pinned_sha256.is_some() || tls.insecure {
+        let want = match &tls.pinned_sha256 {
+            Some(pin) => Some(parse_fingerprint(pin).ok_or_else(|| TlsError::BadPin(pin.clone()))?),
+            None => None,
+        };
+        builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Pinned {
-                want: Some(want),
+                want,
                 provider: provider(),
             }))
-            .with_no_client_auth());
+    } else {
+        builder.with_root_certificates(roots(tls.ca_file.as_deref())?)
+    };
+    match identity {
+        Some((chain, key)) => verified
+            .with_client_auth_cert(chain, key)
+            .map_err(TlsError::ClientIdentity),
+        None => Ok(verified.with_no_client_auth()),
     }
-    if tls.insecure {
-        return Ok(builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Pinned {
-                want: None,
-                provider: provider(),
-            }))
-            .with_no_client_auth());
-    }
+}
+
+/// The system's roots, and the certificates of `ca_file`.
+fn roots(ca_file: Option<&str>) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    match &tls.ca_file {
-        Some(ca) => {
-            let pem = |source| TlsError::CaPem {
-                path: ca.clone(),
-                source,
-            };
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
-                .map_err(pem)?
-                .collect::<Result<_, _>>()
-                .map_err(pem)?;
-            if certs.is_empty() {
-                return Err(TlsError::NoCertificate(ca.clone()));
-            }
-            for c in certs {
-                roots.add(c).map_err(|source| TlsError::CaCertificate {
-                    path: ca.clone(),
-                    source,
-                })?;
-            }
+    // an unreadable system store leaves the site's CA (or, without one, nothing
+    // trusted: every handshake then fails with a clear certificate error)
+    for c in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(c);
+    }
+    if let Some(ca) = ca_file {
+        let pem = |source| TlsError::CaPem {
+            path: ca.to_string(),
+            source,
+        };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+            .map_err(pem)?
+            .collect::<Result<_, _>>()
+            .map_err(pem)?;
+        if certs.is_empty() {
+            return Err(TlsError::NoCertificate(ca.to_string()));
         }
-        None => {
-            for c in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(c);
-            }
+        for c in certs {
+            roots.add(c).map_err(|source| TlsError::CaCertificate {
+                path: ca.to_string(),
+                source,
+            })?;
         }
     }
-    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+    Ok(roots)
+}
+
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
+/// The client's certificate chain and key, when both are given.
+fn identity(tls: &Tls) -> Result<Option<Identity>, TlsError> {
+    let (cert, key) = match (&tls.client_cert_file, &tls.client_key_file) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(k)) => (c, k),
+        _ => return Err(TlsError::HalfIdentity),
+    };
+    let pem = |source| TlsError::ClientCertPem {
+        path: cert.clone(),
+        source,
+    };
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(pem)?
+        .collect::<Result<_, _>>()
+        .map_err(pem)?;
+    if chain.is_empty() {
+        return Err(TlsError::NoClientCertificate(cert.clone()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::ClientKeyPem {
+        path: key.clone(),
+        source,
+    })?;
+    Ok(Some((chain, key)))
 }
 
 /// `AB:CD:...` or `abcd...` → 32 bytes.
@@ -211,7 +284,7 @@ mod tests {
         let both = Tls {
             insecure: true,
             pinned_sha256: Some("ab".repeat(32)),
-            ca_file: None,
+            ..Tls::default()
         };
         assert!(client_config(&both).is_err());
         let missing = client_config(&Tls {

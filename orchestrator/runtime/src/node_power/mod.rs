@@ -4,7 +4,8 @@
 //! or through Redfish `ComputerSystem.Reset` ([`RedfishPower`]: `GracefulShutdown` to
 //! power down, `On` to power up) on the node's BMC, for sites without Slurm.
 //!
-//! Blocking calls with a deadline on every one (HTTP: connect and whole request;
+//! Blocking calls with a deadline on every one (HTTP: connect and whole request, by
+//! the Redfish endpoint client with its auth and TLS;
 //! `scontrol`: the process is killed at the deadline): callers run them off the
 //! control tick (`spawn_blocking` or its own thread), never on it.
 //! The reset target is read from the system's own `Actions` (as the standard says),
@@ -14,9 +15,10 @@ pub mod worker;
 
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use policies::node_power::NodeAction;
 use serde_json::Value;
+use sources::redfish::{Endpoint, EndpointConfig};
 
 /// A node's power state as its BMC reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,41 +42,29 @@ impl PowerState {
     }
 }
 
-/// Redfish power control of one BMC (one or more systems).
+/// Redfish power control of one BMC (one or more systems), through the Redfish
+/// telemetry's own endpoint client: the same `auth` (HTTP Basic, or a Redfish session
+/// logged in again when its token expires) and `tls` (the site's CA, a pin, a client
+/// certificate) as `[[redfish.endpoints]]`, on the one outbound HTTP stack. Blocking:
+/// each call runs on a small runtime of its own, for the node power thread.
 pub struct RedfishPower {
-    client: reqwest::blocking::Client,
-    base: String,
-    auth: Option<(String, String)>,
+    endpoint: Endpoint,
+    rt: tokio::runtime::Runtime,
 }
 
 impl RedfishPower {
-    /// `base`: `http(s)://host:port`; every call ends within `timeout`.
-    pub fn new(base: &str, timeout: Duration, auth: Option<(String, String)>) -> Result<Self> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::blocking::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .user_agent(concat!("powerplane/", env!("CARGO_PKG_VERSION")))
+    /// `cfg.url`: `https://host:port`; every call ends within `cfg.timeout_s`.
+    pub fn new(cfg: EndpointConfig) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
-            .context("Redfish client")?;
-        Ok(RedfishPower {
-            client,
-            base: base.trim_end_matches('/').to_string(),
-            auth,
-        })
+            .context("node power runtime")?;
+        let endpoint = Endpoint::new(cfg)?;
+        Ok(RedfishPower { endpoint, rt })
     }
 
     fn get(&self, path: &str) -> Result<Value> {
-        let mut r = self.client.get(format!("{}{path}", self.base));
-        if let Some((u, p)) = &self.auth {
-            r = r.basic_auth(u, Some(p));
-        }
-        let resp = r.send().with_context(|| format!("GET {path}"))?;
-        let status = resp.status();
-        if !status.is_success() {
-            bail!("GET {path}: HTTP {status}");
-        }
-        resp.json().with_context(|| format!("GET {path}: not JSON"))
+        Ok(self.rt.block_on(self.endpoint.get(path))?)
     }
 
     /// The systems the BMC manages (their `@odata.id`).
@@ -96,7 +86,8 @@ impl RedfishPower {
     }
 
     /// POSTs `ComputerSystem.Reset` with `reset_type` (`On`, `GracefulShutdown`, ...);
-    /// a type the system does not list as allowed is refused before it is sent.
+    /// a type the system does not list as allowed is refused before it is sent, and
+    /// nothing is sent when the system cannot be read (credentials refused, say).
     pub fn reset(&self, system: &str, reset_type: &str) -> Result<()> {
         let v = self.get(system)?;
         let action = &v["Actions"]["#ComputerSystem.Reset"];
@@ -109,18 +100,10 @@ impl RedfishPower {
             .as_str()
             .map(str::to_string)
             .unwrap_or_else(|| format!("{system}/Actions/ComputerSystem.Reset"));
-        let mut r = self
-            .client
-            .post(format!("{}{target}", self.base))
-            .json(&serde_json::json!({ "ResetType": reset_type }));
-        if let Some((u, p)) = &self.auth {
-            r = r.basic_auth(u, Some(p));
-        }
-        let resp = r.send().with_context(|| format!("POST {target}"))?;
-        let status = resp.status();
-        if !status.is_success() {
-            return Err(anyhow!("POST {target} ({reset_type}): HTTP {status}"));
-        }
+        self.rt.block_on(
+            self.endpoint
+                .post_action(&target, &serde_json::json!({ "ResetType": reset_type })),
+        )?;
         Ok(())
     }
 

@@ -23,7 +23,9 @@
 //! backend, Slurm itself resumes a powered-down node that a job needs.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -52,9 +54,19 @@ pub enum Backend {
 pub struct NodePowerSection {
     #[serde(default)]
     pub backend: Backend,
-    /// Redfish: `http(s)://host:port` of the Redfish service.
+    /// Redfish: `https://host:port` of the Redfish service.
     #[serde(default)]
     pub url: Option<String>,
+    /// Redfish: how to log in, as `[[redfish.endpoints]]`: `{ kind = "basic", username
+    /// = "...", password_file = "..." }` (HTTP Basic on every call) or `kind =
+    /// "session"` (one Redfish session, logged in again when it expires).
+    #[serde(default)]
+    pub auth: sources::redfish::Auth,
+    /// Redfish: how the BMC's certificate is trusted, as `[[redfish.endpoints]]`:
+    /// `{ ca_file = "..." }` (beside the system's roots), `{ pinned_sha256 = "..." }`
+    /// or `{ insecure = true }`; `client_cert_file` / `client_key_file` for mutual TLS.
+    #[serde(default)]
+    pub tls: sources::tls::Tls,
     /// Deadline of every Redfish call, s.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
@@ -79,6 +91,22 @@ pub struct NodePowerSection {
 }
 
 impl NodePowerSection {
+    /// The Redfish service as an endpoint of the Redfish client (named `node-power`):
+    /// its URL, auth, TLS and deadline.
+    pub fn endpoint(&self) -> sources::redfish::EndpointConfig {
+        let mut e = sources::redfish::EndpointConfig::new(
+            "node-power",
+            self.url
+                .as_deref()
+                .unwrap_or_default()
+                .trim_end_matches('/'),
+        );
+        e.auth = self.auth.clone();
+        e.tls = self.tls.clone();
+        e.timeout_s = self.timeout_s;
+        e
+    }
+
     /// The bound nodes: site node id → the backend's name of it.
     pub fn targets(&self) -> &BTreeMap<String, String> {
         match self.backend {
@@ -99,9 +127,28 @@ impl NodePowerSection {
             Backend::Redfish => "redfish",
             Backend::Slurm => "slurm",
         };
+        if self.backend == Backend::Slurm
+            && (self.auth != sources::redfish::Auth::None
+                || self.tls != sources::tls::Tls::default())
+        {
+            bad.push(
+                "[node_power] auth and tls are for backend = \"redfish\"; backend = \"slurm\" runs scontrol"
+                    .into(),
+            );
+        }
+        if let Err(e) = sources::tls::client_config(&self.tls) {
+            bad.push(format!("[node_power] {e}"));
+        }
         match (self.backend, &self.url) {
             (Backend::Redfish, None) => {
                 bad.push("[node_power] backend = \"redfish\" needs url".into())
+            }
+            (Backend::Redfish, Some(u))
+                if !(u.starts_with("https://") || u.starts_with("http://")) =>
+            {
+                bad.push(format!(
+                    "[node_power] url {u:?}: an https:// (or http://) URL"
+                ))
             }
             (Backend::Slurm, Some(_)) => bad.push(
                 "[node_power] url is for backend = \"redfish\"; backend = \"slurm\" runs scontrol"
@@ -125,6 +172,12 @@ impl NodePowerSection {
                     "[node_power.{list}]: {node} is not a node of the site"
                 ));
             }
+        }
+        if self.backend == Backend::Redfish && !(0.1..=120.0).contains(&self.timeout_s) {
+            bad.push(format!(
+                "[node_power] timeout_s must be within 0.1..=120 with backend = \"redfish\" (got {})",
+                self.timeout_s
+            ));
         }
         if self.backend == Backend::Slurm && self.scontrol.first().is_none_or(|c| c.is_empty()) {
             bad.push("[node_power] scontrol must name a command".into());
@@ -217,6 +270,17 @@ struct Counts {
     dropped: u64,
 }
 
+/// The counters the thread keeps (shared with the tick for `/metrics`).
+#[derive(Debug, Default)]
+struct ThreadCounts {
+    /// Reports dropped (the queue to the tick was full).
+    reports_dropped: std::sync::atomic::AtomicU64,
+    /// Power state reads that failed (the node keeps its last state).
+    poll_errors: std::sync::atomic::AtomicU64,
+    /// Calls the backend refused for their credentials (Redfish 401 / 403).
+    auth_failures: std::sync::atomic::AtomicU64,
+}
+
 pub struct NodePower {
     commands: SyncSender<Command>,
     reports: Receiver<Report>,
@@ -226,10 +290,8 @@ pub struct NodePower {
     recent_downs: Vec<Timestamp>,
     acting: bool,
     counts: Counts,
-    /// Reports the thread dropped (the queue to the tick was full).
-    reports_dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Power state reads that failed (the node keeps its last state).
-    poll_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// What the thread counts.
+    thread_counts: Arc<ThreadCounts>,
 }
 
 /// What the pending and held jobs need: their GPUs, now (a held job at its planned
@@ -255,25 +317,19 @@ impl NodePower {
         anyhow::ensure!(bad.is_empty(), "{}", bad.join("; "));
         let timeout = Duration::from_secs_f64(cfg.timeout_s);
         let client: Box<dyn Switch> = match cfg.backend {
-            Backend::Redfish => Box::new(RedfishPower::new(
-                cfg.url.as_deref().unwrap_or_default(),
-                timeout,
-                None,
-            )?),
+            Backend::Redfish => Box::new(RedfishPower::new(cfg.endpoint())?),
             Backend::Slurm => Box::new(SlurmPower::new(cfg.scontrol.clone(), timeout)?),
         };
         let (ctx, crx) = sync_channel(COMMANDS);
         let (rtx, rrx) = sync_channel(REPORTS);
         let systems = cfg.targets().clone();
         let poll = Duration::from_secs_f64(cfg.poll_s);
-        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let poll_errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let thread_counts = Arc::new(ThreadCounts::default());
         let thread = std::thread::Builder::new()
             .name("node-power".into())
             .spawn({
-                let dropped = dropped.clone();
-                let poll_errors = poll_errors.clone();
-                move || worker(client, systems, poll, crx, rtx, dropped, poll_errors)
+                let counts = thread_counts.clone();
+                move || worker(client, systems, poll, crx, rtx, &counts)
             })?;
         let nodes = cfg
             .targets()
@@ -297,8 +353,7 @@ impl NodePower {
             recent_downs: Vec::new(),
             acting: false,
             counts: Counts::default(),
-            reports_dropped: dropped,
-            poll_errors,
+            thread_counts,
         })
     }
 
@@ -565,15 +620,17 @@ impl NodePower {
             (
                 "node_power_commands_dropped_total",
                 "Node power commands and reports dropped (queue full); decided or polled again",
-                (self.counts.dropped
-                    + self
-                        .reports_dropped
-                        .load(std::sync::atomic::Ordering::Relaxed)) as f64,
+                (self.counts.dropped + self.thread_counts.reports_dropped.load(Relaxed)) as f64,
             ),
             (
                 "node_power_poll_errors_total",
                 "Node power state reads that failed (the node keeps its last state)",
-                self.poll_errors.load(std::sync::atomic::Ordering::Relaxed) as f64,
+                self.thread_counts.poll_errors.load(Relaxed) as f64,
+            ),
+            (
+                "node_power_auth_failures_total",
+                "Node power calls the BMC refused for their credentials (HTTP 401 or 403); nothing was powered",
+                self.thread_counts.auth_failures.load(Relaxed) as f64,
             ),
             (
                 "nodes_off",
@@ -602,19 +659,34 @@ impl NodePower {
     }
 }
 
-/// The thread: commands as they come, the nodes' power states every `poll`.
+/// Whether a backend's error is its BMC refusing the credentials.
+fn is_auth(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<sources::redfish::RedfishError>()
+            .is_some_and(|r| r.reason() == "auth")
+    })
+}
+
+/// The thread: commands as they come, the nodes' power states every `poll`. Failures
+/// are counted (credentials refused apart) and logged, rate-limited per node and call.
 fn worker(
     client: Box<dyn Switch>,
     systems: BTreeMap<String, String>,
     poll: Duration,
     commands: Receiver<Command>,
     reports: SyncSender<Report>,
-    dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    poll_errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    counts: &ThreadCounts,
 ) {
     let report = |r: Report| {
         if reports.try_send(r).is_err() {
-            dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            counts.reports_dropped.fetch_add(1, Relaxed);
+        }
+    };
+    // a refused command is logged by the tick; a failed read here, once a minute a node
+    let mut log = telemetry::log_limit::LogLimiter::new(Duration::from_secs(60));
+    let auth = |e: &anyhow::Error| {
+        if is_auth(e) {
+            counts.auth_failures.fetch_add(1, Relaxed);
         }
     };
     let mut next_poll = std::time::Instant::now();
@@ -627,6 +699,7 @@ fn worker(
                 };
                 if let Err(e) = client.set(system, on) {
                     let what = if on { "power up" } else { "power down" };
+                    auth(&e);
                     report(Report::Failed {
                         node,
                         error: format!("{what}: {e:#}"),
@@ -638,6 +711,7 @@ fn worker(
                     match client.state(system) {
                         Ok(PowerState::Off | PowerState::PoweringOff) => {
                             if let Err(e) = client.set(system, true) {
+                                auth(&e);
                                 report(Report::Failed {
                                     node: node.clone(),
                                     error: format!("On (take-over): {e:#}"),
@@ -645,10 +719,13 @@ fn worker(
                             }
                         }
                         Ok(_) => {}
-                        Err(e) => report(Report::Failed {
-                            node: node.clone(),
-                            error: format!("power state (take-over): {e:#}"),
-                        }),
+                        Err(e) => {
+                            auth(&e);
+                            report(Report::Failed {
+                                node: node.clone(),
+                                error: format!("power state (take-over): {e:#}"),
+                            })
+                        }
                     }
                 }
             }
@@ -660,11 +737,15 @@ fn worker(
                             state,
                         }),
                         Err(e) => {
-                            poll_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tracing::debug!(node = %node, error = %format!("{e:#}"), "power state");
+                            counts.poll_errors.fetch_add(1, Relaxed);
+                            auth(&e);
+                            if let Some(suppressed) = log.allow(node, std::time::Instant::now()) {
+                                warn!(node = %node, suppressed, error = %format!("{e:#}"), "cannot read the node's power state");
+                            }
                         }
                     }
                 }
+                log.warn_suppressed("node power", std::time::Instant::now());
                 next_poll = std::time::Instant::now() + poll;
             }
             Err(RecvTimeoutError::Disconnected) => return,

@@ -51,9 +51,26 @@ pub struct WebhookSection {
     /// The shared key (hex, `openssl rand -hex 32`): verifies inbound events, signs
     /// outbound actions.
     pub key_file: PathBuf,
-    /// Where actions are POSTed (`http://host:port/path`); without it, none are sent.
+    /// Where actions are POSTed (`https://host/path`, or `http://` on a trusted
+    /// network); without it, none are sent.
     #[serde(default)]
     pub url: Option<String>,
+    /// PEM file of the site's CA, trusted beside the system's roots for the receiver's
+    /// certificate.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// SHA-256 of the receiver's certificate (hex, colons allowed): trust that one only.
+    #[serde(default)]
+    pub pinned_sha256: Option<String>,
+    /// Accept any certificate from the receiver. Say so explicitly; never the default.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Mutual TLS: PEM file of the certificate powerplane shows the receiver.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// Mutual TLS: PEM file of that certificate's private key.
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
     /// Inbound timestamps further than this from the clock are refused.
     #[serde(default = "default_tolerance")]
     pub tolerance_s: f64,
@@ -80,6 +97,34 @@ pub struct WebhookSection {
     /// each; beyond it, 429.
     #[serde(default = "default_events_per_minute")]
     pub events_per_minute: u32,
+}
+
+impl WebhookSection {
+    /// The section's TLS settings, their files resolved against `base`.
+    pub fn tls(&self, base: &std::path::Path) -> sources::tls::Tls {
+        let path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| crate::paths::resolve(base, p).display().to_string())
+        };
+        sources::tls::Tls {
+            ca_file: path(&self.ca_file),
+            pinned_sha256: self.pinned_sha256.clone(),
+            insecure: self.insecure,
+            client_cert_file: path(&self.client_cert_file),
+            client_key_file: path(&self.client_key_file),
+        }
+    }
+
+    /// The receiver's client: `timeout_s` on every POST, the section's TLS.
+    pub fn client(
+        &self,
+        base: &std::path::Path,
+    ) -> Result<reqwest::blocking::Client, sources::http::ClientError> {
+        sources::http::blocking_client(
+            std::time::Duration::from_secs_f64(self.timeout_s),
+            &self.tls(base),
+        )
+    }
 }
 
 fn default_events_per_minute() -> u32 {
@@ -225,9 +270,11 @@ pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Resul
         read_key(&crate::paths::resolve(base, &w.key_file))?;
         if let Some(u) = &w.url {
             anyhow::ensure!(
-                u.starts_with("http://"),
-                "{file}: [schedulers.webhook] url {u:?}: only http:// (put a TLS proxy in front for https)"
+                u.starts_with("http://") || u.starts_with("https://"),
+                "{file}: [schedulers.webhook] url {u:?}: an http:// or https:// URL"
             );
+            w.client(base)
+                .map_err(|e| anyhow::anyhow!("{file}: [schedulers.webhook] {e}"))?;
         }
         anyhow::ensure!(
             w.tolerance_s > 0.0

@@ -455,7 +455,7 @@ impl Webhook {
             let o = Outbox::restore(
                 OutboxConfig {
                     url: url.clone(),
-                    timeout: Duration::from_secs_f64(w.timeout_s),
+                    client: w.client(base)?,
                     max_attempts: w.max_attempts,
                     backoff_s: w.backoff_s,
                     max_backoff_s: w.max_backoff_s,

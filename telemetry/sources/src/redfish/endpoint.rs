@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 use super::stats::Counters;
 use super::walk::Read;
 use super::{tls, Auth, EndpointConfig, RedfishError};
+use crate::http::chain;
 use telemetry::{EntityId, EntityKind};
 
 /// The largest resource read; a bigger body is refused (`oversize`) so that a broken
@@ -93,8 +94,20 @@ impl Endpoint {
         status: Option<u16>,
         message: impl Into<String>,
     ) -> RedfishError {
+        self.fail_on("GET", path, kind, status, message)
+    }
+
+    fn fail_on(
+        &self,
+        method: &'static str,
+        path: &str,
+        kind: &'static str,
+        status: Option<u16>,
+        message: impl Into<String>,
+    ) -> RedfishError {
         RedfishError::Fetch {
             endpoint: self.cfg.name.clone(),
+            method,
             path: path.to_string(),
             kind,
             status,
@@ -116,9 +129,70 @@ impl Endpoint {
         let closed = |_| self.fail(path, "config", None, "poller closed");
         let _mine = self.per.acquire().await.map_err(closed)?;
         let _global = self.global.acquire().await.map_err(closed)?;
+        let resp = self.authorized(path, None).await?;
+        if !resp.status().is_success() {
+            return Err(self.fail(
+                path,
+                "http_status",
+                Some(resp.status().as_u16()),
+                format!("HTTP {}", resp.status()),
+            ));
+        }
+        let body = self.body(path, resp).await?;
+        serde_json::from_slice(&body).map_err(|e| self.fail(path, "bad_json", None, e.to_string()))
+    }
+
+    /// POSTs `body` to an action's `target` (`ComputerSystem.Reset`, ...), within both
+    /// limits and with the endpoint's auth; anything but 2xx is an error, counted by
+    /// reason.
+    pub async fn post_action(&self, target: &str, body: &Value) -> Result<(), RedfishError> {
+        let r = async {
+            let closed = |_| self.fail_on("POST", target, "config", None, "poller closed");
+            let _mine = self.per.acquire().await.map_err(closed)?;
+            let _global = self.global.acquire().await.map_err(closed)?;
+            let resp = self.authorized(target, Some(body)).await?;
+            let status = resp.status();
+            if !status.is_success() {
+                // the service's own message (a Redfish error body) says why
+                let text = resp.text().await.unwrap_or_default();
+                let why = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                return Err(self.fail_on(
+                    "POST",
+                    target,
+                    "http_status",
+                    Some(status.as_u16()),
+                    format!("HTTP {status} {why}").trim_end().to_string(),
+                ));
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = &r {
+            self.counters.failure(e.failure());
+        }
+        r
+    }
+
+    /// One request with the endpoint's auth: a GET, or with `body` a POST of it as
+    /// JSON. A session is logged in first and again (twice at most) when the service
+    /// answers 401 to its token; a 401 or 403 otherwise is an `auth` error. Any other
+    /// status is the caller's to judge.
+    async fn authorized(
+        &self,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<reqwest::Response, RedfishError> {
+        let method = if body.is_some() { "POST" } else { "GET" };
         for attempt in 0..3 {
             let url = format!("{}{path}", self.cfg.url);
-            let mut req = self.client.get(&url).header("Accept", "application/json");
+            let mut req = match body {
+                None => self.client.get(&url),
+                Some(b) => self.client.post(&url).json(b),
+            }
+            .header("Accept", "application/json");
             let mut used = None;
             match &self.cfg.auth {
                 Auth::None => {}
@@ -135,7 +209,7 @@ impl Endpoint {
             let resp = req
                 .send()
                 .await
-                .map_err(|e| self.fail(path, classify(&e), None, chain(&e)))?;
+                .map_err(|e| self.fail_on(method, path, classify(&e), None, chain(&e)))?;
             let status = resp.status().as_u16();
             if status == 401 && attempt < 2 && used.is_some() {
                 // expired: log in again, unless a concurrent GET already did
@@ -146,21 +220,23 @@ impl Endpoint {
                 continue;
             }
             if status == 401 || status == 403 {
-                return Err(self.fail(path, "auth", Some(status), format!("HTTP {status}")));
-            }
-            if !resp.status().is_success() {
-                return Err(self.fail(
+                return Err(self.fail_on(
+                    method,
                     path,
-                    "http_status",
+                    "auth",
                     Some(status),
-                    format!("HTTP {}", resp.status()),
+                    format!("HTTP {status}: the credentials were refused"),
                 ));
             }
-            let body = self.body(path, resp).await?;
-            return serde_json::from_slice(&body)
-                .map_err(|e| self.fail(path, "bad_json", None, e.to_string()));
+            return Ok(resp);
         }
-        Err(self.fail(path, "auth", Some(401), "session login rejected twice"))
+        Err(self.fail_on(
+            method,
+            path,
+            "auth",
+            Some(401),
+            "session login rejected twice",
+        ))
     }
 
     /// The body, refused beyond [`MAX_BODY_BYTES`].
@@ -293,16 +369,4 @@ fn classify(e: &reqwest::Error) -> &'static str {
         // refused, reset, DNS: the endpoint cannot be reached
         "unreachable"
     }
-}
-
-/// An error and its causes on one line.
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

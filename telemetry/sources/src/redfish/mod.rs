@@ -164,9 +164,11 @@ impl EndpointConfig {
 pub enum RedfishError {
     #[error("redfish {endpoint}: {message}")]
     Config { endpoint: String, message: String },
-    #[error("redfish {endpoint}: GET {path}: {kind}: {message}")]
+    #[error("redfish {endpoint}: {method} {path}: {kind}: {message}")]
     Fetch {
         endpoint: String,
+        /// `GET`, or `POST` for an action.
+        method: &'static str,
         path: String,
         kind: &'static str,
         /// The HTTP status, for `http_status` and `auth`.
@@ -240,6 +242,7 @@ mod tests {
     fn fetch(kind: &'static str, status: Option<u16>) -> RedfishError {
         RedfishError::Fetch {
             endpoint: "e".into(),
+            method: "GET",
             path: "/redfish/v1".into(),
             kind,
             status,
