@@ -380,11 +380,24 @@ impl Store {
         self.backend.health()
     }
 
-    /// Commits a transaction atomically.
+    /// Commits a transaction atomically; its duration counts in
+    /// `powerplane_store_commit_seconds{backend}`.
     pub fn commit(&mut self, tx: Tx) -> Result<(), StoreError> {
         if tx.is_empty() {
             return Ok(());
         }
+        let started = std::time::Instant::now();
+        let r = self.commit_batch(tx);
+        telemetry::histogram::registry(
+            "store_commit_seconds",
+            "Store commits (one transaction each), by backend, failed ones included",
+            &[("backend", self.backend.name())],
+        )
+        .observe(started.elapsed());
+        r
+    }
+
+    fn commit_batch(&mut self, tx: Tx) -> Result<(), StoreError> {
         match self.fence {
             None => self.backend.commit(&tx.batch).map(|_| ()),
             Some(epoch) => {

@@ -35,6 +35,7 @@ pub mod fasthash;
 pub mod feeds;
 pub mod gpu;
 pub mod gpu_backend;
+pub mod histogram;
 pub mod job;
 pub mod log_limit;
 pub mod mapping;

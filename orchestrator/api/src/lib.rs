@@ -56,6 +56,10 @@ pub struct HttpSection {
     /// `/metrics` without a token (Prometheus scrapes); `false` asks for a viewer token.
     #[serde(default = "yes")]
     pub metrics_public: bool,
+    /// GPUs whose readings `/metrics` exports one by one at most; a site with more has
+    /// them summed up by node (`kind = "node_gpus"`), so that a scrape stays small.
+    #[serde(default = "default_gpu_series")]
+    pub metrics_gpu_series: usize,
     /// The status page at `/` without a token (a control-room screen on a closed
     /// network); otherwise a viewer token in the header, or a login (`POST /login`)
     /// that gives a session cookie.
@@ -99,6 +103,10 @@ pub struct HttpSection {
     pub tls_key_file: Option<PathBuf>,
 }
 
+fn default_gpu_series() -> usize {
+    metrics::DEFAULT_GPU_SERIES
+}
+
 fn five() -> u32 {
     5
 }
@@ -114,6 +122,8 @@ pub struct Api {
     pub fleet: Option<Arc<Mutex<Fleet>>>,
     pub tokens: Vec<Token>,
     pub metrics_public: bool,
+    /// `[http] metrics_gpu_series`.
+    pub metrics_gpu_series: usize,
     pub status_page_public: bool,
     pub refresh_s: u32,
     pub overrides: Arc<Mutex<control::overrides::Book>>,
@@ -313,7 +323,7 @@ impl Api {
             .as_ref()
             .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
         let status = fleet.as_ref().map(|f| f.status());
-        let mut text = metrics::render(&board, status.as_ref());
+        let mut text = metrics::render(&board, status.as_ref(), self.metrics_gpu_series);
         self.stats.render_into(&mut text);
         Reply {
             status: 200,

@@ -5,6 +5,7 @@
 
 mod counters;
 mod exposition;
+mod process;
 mod site;
 
 use exposition::Out;
@@ -12,11 +13,17 @@ use exposition::Out;
 use super::Board;
 use control::fleet::FleetStatus;
 
-/// The exposition text for the board (and the fleet, when agents are commanded).
-pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
+/// GPUs exported one by one at most when `[http] metrics_gpu_series` is not set: a
+/// 10,000-GPU site's scrape stays about 5 MB, and a larger site's GPUs are summed up by
+/// node.
+pub const DEFAULT_GPU_SERIES: usize = 10_000;
+
+/// The exposition text for the board (and the fleet, when agents are commanded); the
+/// GPUs' readings one by one up to `gpu_series` GPUs, by node beyond.
+pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> String {
     let mut o = Out::default();
     identity(&mut o, b);
-    site::readings(&mut o, b);
+    site::readings(&mut o, b, gpu_series);
     site::site_budgets(&mut o, b);
     site::racks(&mut o, b);
     site::rows(&mut o, b);
@@ -32,6 +39,29 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>) -> String {
     }
     if let Some(f) = fleet {
         counters::fleet(&mut o, f);
+    }
+    // the edges' histograms, whatever edges registered them
+    for f in telemetry::histogram::registered() {
+        for (labels, h) in &f.members {
+            let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            o.histogram(f.name, f.help, &labels, h);
+        }
+    }
+    process::metrics(&mut o);
+    o.render()
+}
+
+/// One histogram family on its own, a label set per row, written whole (for the
+/// parts of `/metrics` rendered beside the board: the HTTP edge's).
+pub(crate) fn histogram_family(
+    name: &str,
+    help: &str,
+    label: &str,
+    rows: &[(&str, telemetry::histogram::Snapshot)],
+) -> String {
+    let mut o = Out::default();
+    for (value, h) in rows {
+        o.histogram(name, help, &[(label, value)], h);
     }
     o.render()
 }
@@ -169,7 +199,7 @@ mod tests {
     #[test]
     fn every_metric_the_grafana_dashboard_queries_is_exported() {
         let (b, f) = board();
-        let text = render(&b, Some(&f.status()));
+        let text = render(&b, Some(&f.status()), DEFAULT_GPU_SERIES);
         let exported: std::collections::BTreeSet<&str> = text
             .lines()
             .filter(|l| l.starts_with("# TYPE "))
@@ -204,10 +234,95 @@ mod tests {
     }
 
     #[test]
+    fn gpus_beyond_metrics_gpu_series_are_summed_up_by_node_and_energy_is_a_counter() {
+        let (mut b, _) = board();
+        let now = b.time;
+        let mut snap = b.snapshot.clone();
+        let gpus = b.site.gpus();
+        let node = gpus[0].node.id.clone();
+        let second = gpus[1].id.clone().into_owned();
+        assert_eq!(gpus[1].node.id, node, "the first node has two GPUs or more");
+        for (e, m, v) in [
+            (second.clone(), POWER_W, 150.0),
+            (gpus[0].id.clone().into_owned(), GPU_TEMP_C, 61.0),
+            (second, GPU_TEMP_C, 67.0),
+            (gpus[0].id.clone().into_owned(), ENERGY_J, 1.0e6),
+        ] {
+            snap.ingest(Sample::new(e, m, v, now, "t"), now)
+                .expect("sample");
+        }
+        drop(gpus);
+        let (state, counters) = (b.state.clone(), b.counters.clone());
+        b.update(now, &snap, &state, &counters, &[], 0);
+        let one_by_one = render(&b, None, DEFAULT_GPU_SERIES);
+        assert!(one_by_one.contains("kind=\"gpu\""), "{one_by_one}");
+        assert!(one_by_one.contains("# TYPE powerplane_energy_joules_total counter\n"));
+        assert!(one_by_one.contains("powerplane_gpu_series_per_node 0\n"));
+        let by_node = render(&b, None, 1);
+        assert!(!by_node.contains("kind=\"gpu\""), "{by_node}");
+        assert!(by_node.contains("powerplane_gpu_series_per_node 1\n"));
+        let at = |family: &str| {
+            by_node
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "{family}{{entity=\"node/{node}\",kind=\"node_gpus\"}}"
+                    ))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {family} of node {node}:\n{by_node}"))
+        };
+        // power summed, the hottest GPU's temperature, energy summed as a counter
+        assert_eq!(at("powerplane_power_watts"), 400.0);
+        assert_eq!(at("powerplane_gpu_temperature_celsius"), 67.0);
+        assert_eq!(at("powerplane_energy_joules_total"), 1.0e6);
+        assert!(by_node.contains("# TYPE powerplane_energy_joules_total counter\n"));
+    }
+
+    #[test]
+    fn the_loop_and_the_edges_histograms_are_exported_whole() {
+        let (b, _) = board();
+        b.cadence
+            .histograms
+            .tick
+            .observe(std::time::Duration::from_millis(7));
+        telemetry::histogram::registry("store_commit_seconds", "commits", &[("backend", "test")])
+            .observe(std::time::Duration::from_millis(2));
+        let text = render(&b, None, DEFAULT_GPU_SERIES);
+        assert!(
+            text.contains("# TYPE powerplane_tick_seconds histogram\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane_tick_seconds_bucket{le=\"0.005\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane_tick_seconds_bucket{le=\"0.01\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerplane_tick_seconds_bucket{le=\"+Inf\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("powerplane_tick_seconds_count 1\n"), "{text}");
+        assert!(
+            text.contains(
+                "powerplane_store_commit_seconds_bucket{backend=\"test\",le=\"0.0025\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE process_resident_memory_bytes gauge\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn each_racks_predicted_peak_and_headroom_are_gauges() {
         let (mut b, _) = board();
         assert!(
-            !render(&b, None).contains("predicted_inlet"),
+            !render(&b, None, DEFAULT_GPU_SERIES).contains("predicted_inlet"),
             "no prediction yet"
         );
         b.predictions.insert(
@@ -222,7 +337,7 @@ mod tests {
                 margin_c: 0.5,
             },
         );
-        let text = render(&b, None);
+        let text = render(&b, None, DEFAULT_GPU_SERIES);
         assert!(
             text.contains("powerplane_predicted_inlet_peak_celsius{entity=\"rack/a01\"} 30.25"),
             "{text}"
@@ -237,7 +352,7 @@ mod tests {
     fn pue_shows_once_every_rack_and_the_cooling_are_read() {
         let (mut b, _) = board();
         assert!(
-            !render(&b, None).contains("powerplane_pue_ratio"),
+            !render(&b, None, DEFAULT_GPU_SERIES).contains("powerplane_pue_ratio"),
             "racks b01..b03 unread"
         );
         let now = b.time;
@@ -260,16 +375,16 @@ mod tests {
         b.update(now, &snap, &state, &counters, &[], 0);
         // (36 kW IT + 7.2 kW cooling) / 36 kW
         assert!(
-            render(&b, None).contains("powerplane_pue_ratio 1.2\n"),
+            render(&b, None, DEFAULT_GPU_SERIES).contains("powerplane_pue_ratio 1.2\n"),
             "{}",
-            render(&b, None)
+            render(&b, None, DEFAULT_GPU_SERIES)
         );
     }
 
     #[test]
     fn the_exposition_has_one_help_and_type_per_family_and_escapes_labels() {
         let (b, f) = board();
-        let text = render(&b, Some(&f.status()));
+        let text = render(&b, Some(&f.status()), DEFAULT_GPU_SERIES);
         let mut seen = std::collections::BTreeSet::new();
         for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             assert!(seen.insert(l.to_string()), "family declared twice: {l}");

@@ -49,12 +49,22 @@ enum Got {
     Broken,
 }
 
-/// Answers one request; never fails (errors are answers).
+/// Answers one request; never fails (errors are answers). Its duration counts in the
+/// route's histogram.
 pub(super) async fn answer(
     req: Request<Incoming>,
     ctx: Arc<Ctx>,
     marker: Marker,
 ) -> Response<Body> {
+    let started = Instant::now();
+    let route = super::stats::route_index(req.uri().path());
+    let stats = ctx.stats.clone();
+    let response = answer_timed(req, ctx, marker).await;
+    stats.request_seconds[route].observe(started.elapsed());
+    response
+}
+
+async fn answer_timed(req: Request<Incoming>, ctx: Arc<Ctx>, marker: Marker) -> Response<Body> {
     let _busy = marker.busy();
     let (parts, body) = req.into_parts();
     let method = parts.method.as_str().to_string();

@@ -4,6 +4,8 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use telemetry::histogram::Histogram;
+
 /// Every count is since start.
 #[derive(Debug, Default)]
 pub struct HttpStats {
@@ -26,6 +28,51 @@ pub struct HttpStats {
     pub tls_reloads_error: AtomicU64,
     pub logins_ok: AtomicU64,
     pub logins_refused: AtomicU64,
+    /// How long each request took, from its head read to its answer, by [`ROUTES`].
+    pub request_seconds: [Histogram; ROUTES.len()],
+}
+
+/// The `route` label of the request histogram: the API's own routes, so that the
+/// label stays bounded whatever paths clients send (any other is `other`).
+pub const ROUTES: [&str; 21] = [
+    "/",
+    "/login",
+    "/logout",
+    "/metrics",
+    "/healthz",
+    "/readyz",
+    "/api/v1/openapi.json",
+    "/api/v1/events",
+    "/api/v1/status",
+    "/api/v1/racks",
+    "/api/v1/gpus",
+    "/api/v1/holds",
+    "/api/v1/jobs",
+    "/api/v1/policy",
+    "/api/v1/decisions",
+    "/api/v1/schedulers",
+    "/api/v1/agents",
+    "/api/v1/overrides",
+    "/api/v1/k8s/admission",
+    "/api/v1/k8s/filter",
+    "other",
+];
+
+/// The index in [`ROUTES`] of a request's path (`/api/v1/overrides/...` is
+/// `/api/v1/overrides`; `/api/v1/k8s/prioritize` shares `/api/v1/k8s/filter`, the
+/// scheduler extender's).
+pub fn route_index(path: &str) -> usize {
+    let path = if path.starts_with("/api/v1/overrides/") {
+        "/api/v1/overrides"
+    } else if path == "/api/v1/k8s/prioritize" {
+        "/api/v1/k8s/filter"
+    } else {
+        path
+    };
+    ROUTES
+        .iter()
+        .position(|r| *r == path)
+        .unwrap_or(ROUTES.len() - 1)
 }
 
 /// Adds one to a counter.
@@ -38,6 +85,17 @@ impl HttpStats {
     pub fn render_into(&self, out: &mut String) {
         self.render_connections(out);
         self.render_requests(out);
+        let rows: Vec<(&str, telemetry::histogram::Snapshot)> = ROUTES
+            .iter()
+            .zip(&self.request_seconds)
+            .map(|(r, h)| (*r, h.snapshot()))
+            .collect();
+        out.push_str(&crate::metrics::histogram_family(
+            "http_request_duration_seconds",
+            "HTTP requests by route, from the head read to the answer written (a job event's wait for the store included)",
+            "route",
+            &rows,
+        ));
     }
 
     /// The connection families: accepted and refused, evicted, open, accept errors.

@@ -9,7 +9,23 @@
 //! simulated time (`Timestamp`) of the replays (`demo`, `backtest`; see
 //! `powerplane-sim`'s `events`), so a replay debounces and rate-limits as `serve` does.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use telemetry::histogram::Histogram;
+
+/// The loop's latency histograms (`/metrics`), shared by every copy of its [`Cadence`].
+#[derive(Debug, Default)]
+pub struct LoopHistograms {
+    /// Each complete tick's duration.
+    pub tick: Histogram,
+    /// Each evaluation made for a crossing, from start to end (the store's commit
+    /// included).
+    pub event_evaluation: Histogram,
+    /// Each crossing evaluated: from the crossing seen to its commands handed to the
+    /// agents' link.
+    pub event_to_command: Histogram,
+}
 
 /// `[controller] event_debounce_ms` when not set (the replays use it too).
 pub const DEFAULT_EVENT_DEBOUNCE_MS: f64 = 20.0;
@@ -52,6 +68,8 @@ pub struct Cadence {
     pub event_latency_s: f64,
     pub event_latency_max_s: f64,
     pub event_duration_s: f64,
+    /// Every tick's and every evaluation's timing, not only the last.
+    pub histograms: Arc<LoopHistograms>,
     started: Option<Instant>,
 }
 
@@ -73,10 +91,14 @@ impl Cadence {
         began: Instant,
     ) {
         let now = Instant::now();
-        self.event_duration_s = now.saturating_duration_since(began).as_secs_f64();
+        let took = now.saturating_duration_since(began);
+        self.event_duration_s = took.as_secs_f64();
+        self.histograms.event_evaluation.observe(took);
         if let Some(c) = crossed {
             let at = actuated.unwrap_or(now);
-            self.event_latency_s = at.saturating_duration_since(c).as_secs_f64();
+            let latency = at.saturating_duration_since(c);
+            self.histograms.event_to_command.observe(latency);
+            self.event_latency_s = latency.as_secs_f64();
             self.event_latency_max_s = self.event_latency_max_s.max(self.event_latency_s);
         }
     }
@@ -84,7 +106,9 @@ impl Cadence {
     /// The tick is done.
     pub fn end(&mut self) {
         if let Some(t) = self.started.take() {
-            self.duration_s = t.elapsed().as_secs_f64();
+            let took = t.elapsed();
+            self.histograms.tick.observe(took);
+            self.duration_s = took.as_secs_f64();
         }
     }
 }

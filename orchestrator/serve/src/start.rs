@@ -186,6 +186,7 @@ pub(super) fn http(
         fleet: fleet.clone(),
         tokens: api::load_tokens(h, base)?,
         metrics_public: h.metrics_public,
+        metrics_gpu_series: h.metrics_gpu_series,
         status_page_public: h.status_page_public,
         refresh_s: h.refresh_s.max(1),
         hooks: hooks.clone(),

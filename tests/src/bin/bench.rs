@@ -42,6 +42,12 @@
 //!   MQTT connections); S rack inlet steps on MQTT, each timed from the publish to the
 //!   agents' receipt of the cap command: p50, p99, max (see `bench/latency.rs`).
 //!
+//! - `bench metrics [--gpus N,N,...] [--gpu-series M]`: `/metrics` rendered for a
+//!   synthetic site of N GPUs with six readings each (power, energy, limit,
+//!   temperature, utilization, clock) and every rack's power and inlet: its size and
+//!   render time (median of 5), with `[http] metrics_gpu_series` M (default: the
+//!   product's default) and with every GPU one by one, in the same run.
+//!
 //! Run with `cargo run --release -p powerplane-tests --bin bench -- mqtt`.
 
 #[path = "bench/failover.rs"]
@@ -438,6 +444,7 @@ fn main() {
         Some("agent") => bench_agent(),
         Some("engine") => bench_engine(),
         Some("http") => http::bench_http(),
+        Some("metrics") => bench_metrics(),
         Some("failover") => failover::run(arg("--runs", 20), arg("--replicas", 3)),
         Some("latency") => latency::run(
             arg("--nodes", 1000),
@@ -446,9 +453,86 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
+        }
+    }
+}
+
+fn bench_metrics() {
+    use orchestrator::http::metrics::{render, DEFAULT_GPU_SERIES};
+    use telemetry::metric::names::*;
+    use telemetry::{Sample, Snapshot};
+    let sizes: Vec<usize> = std::env::args()
+        .skip_while(|a| a != "--gpus")
+        .nth(1)
+        .unwrap_or_else(|| "10000,100000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let series = arg("--gpu-series", DEFAULT_GPU_SERIES);
+    println!("metrics: /metrics rendered (median of 5), six readings per GPU");
+    println!(
+        "{:>9} {:>12} {:>10} {:>10} {:>9} {:>13} {:>10}",
+        "gpus", "gpu_series", "bytes", "mb", "lines", "render_ms", "per_node"
+    );
+    for gpus in sizes {
+        let site = telemetry::Site::parse("bench.toml", &engine_site(gpus)).expect("bench site");
+        let now = powerplane_tests_now();
+        let mut snap = Snapshot::new();
+        snap.register(&site.snapshot_order());
+        let mut put = |id: telemetry::EntityId, metric: &str, v: f64| {
+            snap.ingest(Sample::new(id, metric, v, now, "bench"), now)
+                .expect("sample");
+        };
+        for (i, g) in site.gpus().iter().enumerate() {
+            let id = telemetry::EntityId::clone(&g.id);
+            let f = (i % 97) as f64;
+            put(id.clone(), POWER_W, 150.0 + f);
+            put(id.clone(), ENERGY_J, 1.0e9 + f * 1.0e6);
+            put(id.clone(), POWER_LIMIT_W, 300.0);
+            put(id.clone(), GPU_TEMP_C, 50.0 + f / 4.0);
+            put(id.clone(), UTILIZATION_PCT, f);
+            put(id, SM_CLOCK_MHZ, 1410.0);
+        }
+        for rack in &site.racks {
+            let id = telemetry::EntityId::rack(&rack.id);
+            put(id.clone(), POWER_W, 9000.0);
+            put(id, INLET_TEMP_C, 25.0);
+        }
+        let mut board = orchestrator::http::Board::new(site, "policy.toml".into(), now);
+        board.update(
+            now,
+            &snap,
+            &policies::State::default(),
+            &orchestrator::control::Counters::default(),
+            &[],
+            0,
+        );
+        for limit in [series, usize::MAX] {
+            let mut times = Vec::new();
+            let mut text = String::new();
+            for _ in 0..5 {
+                let t = Instant::now();
+                text = render(&board, None, limit);
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            times.sort_by(f64::total_cmp);
+            println!(
+                "{:>9} {:>12} {:>10} {:>10.2} {:>9} {:>13.1} {:>10}",
+                gpus,
+                if limit == usize::MAX {
+                    "all".to_string()
+                } else {
+                    limit.to_string()
+                },
+                text.len(),
+                text.len() as f64 / 1e6,
+                text.lines().count(),
+                times[2],
+                gpus > limit
+            );
         }
     }
 }

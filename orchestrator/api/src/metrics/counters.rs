@@ -121,6 +121,25 @@ pub(super) fn cadence(o: &mut Out, b: &Board) {
         &[],
         b.cadence.event_duration_s,
     );
+    let h = &b.cadence.histograms;
+    o.histogram(
+        "tick_seconds",
+        "How long each complete tick took",
+        &[],
+        &h.tick.snapshot(),
+    );
+    o.histogram(
+        "event_evaluation_seconds",
+        "How long each evaluation for a crossing took (the store's commit included)",
+        &[],
+        &h.event_evaluation.snapshot(),
+    );
+    o.histogram(
+        "event_to_command_seconds",
+        "From a threshold crossing seen to its commands handed to the agents' link, for each crossing evaluated",
+        &[],
+        &h.event_to_command.snapshot(),
+    );
 }
 
 /// The schedulers', the store's and the buffer's counters, decisions by rule, the tariff and the last tick.

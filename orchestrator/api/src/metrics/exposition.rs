@@ -11,9 +11,9 @@ pub(super) fn prom(metric: &str) -> Option<(&'static str, f64, &'static str)> {
     Some(match metric {
         POWER_W => ("power_watts", 1.0, "Electrical power drawn"),
         ENERGY_J => (
-            "energy_reading_joules",
+            "energy_joules_total",
             1.0,
-            "Cumulative energy as the device reports it (restarts from 0 on a reset)",
+            "Cumulative energy as the device reports it (a counter; restarts from 0 on a device reset)",
         ),
         POWER_LIMIT_W => ("gpu_power_limit_watts", 1.0, "Power limit the GPU enforces"),
         GPU_TEMP_C => ("gpu_temperature_celsius", 1.0, "GPU temperature"),
@@ -118,6 +118,63 @@ impl Out {
             },
             v,
         ));
+    }
+
+    /// A sample of a family whose name is the standard one, not ours (`process_*`).
+    pub(super) fn add_plain(&mut self, name: &str, kind: &'static str, help: &str, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        self.families
+            .entry(name.to_string())
+            .or_insert(Family {
+                help: help.to_string(),
+                kind,
+                samples: Vec::new(),
+            })
+            .samples
+            .push((String::new(), v));
+    }
+
+    /// A histogram's `_bucket{le}` (cumulative, to `+Inf`), `_sum` and `_count`, under
+    /// `labels` (the same family may hold several label sets).
+    pub(super) fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+        h: &telemetry::histogram::Snapshot,
+    ) {
+        let base: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", esc(v)))
+            .collect();
+        let f = self
+            .families
+            .entry(format!("powerplane_{name}"))
+            .or_insert(Family {
+                help: help.to_string(),
+                kind: "histogram",
+                samples: Vec::new(),
+            });
+        for (le, n) in &h.cumulative {
+            let le = if le.is_infinite() {
+                "+Inf".to_string()
+            } else {
+                le.to_string()
+            };
+            let mut l = base.clone();
+            l.push(format!("le=\"{le}\""));
+            f.samples
+                .push((format!("_bucket{{{}}}", l.join(",")), *n as f64));
+        }
+        let l = if base.is_empty() {
+            String::new()
+        } else {
+            format!("{{{}}}", base.join(","))
+        };
+        f.samples.push((format!("_sum{l}"), h.sum_s));
+        f.samples.push((format!("_count{l}"), h.count as f64));
     }
 
     pub(super) fn render(self) -> String {

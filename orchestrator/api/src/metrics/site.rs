@@ -9,17 +9,34 @@ use telemetry::{EntityKind, Quality};
 use super::exposition::{prom, Out};
 use super::Board;
 
-/// Every reading of a known metric, GPUs included, with its age and quality.
-pub(super) fn readings(o: &mut Out, b: &Board) {
+/// How the GPUs' own series are exported.
+fn gpu_readings_per_node(b: &Board, gpu_series: usize) -> bool {
+    b.site.gpu_count() > gpu_series
+}
+
+/// Every reading of a known metric with its age and quality; the GPUs' one by one
+/// while the site has at most `gpu_series` GPUs, else summed up by node (see
+/// [`node_gpus`]), so that the scrape of a 100,000-GPU site stays a few MB.
+pub(super) fn readings(o: &mut Out, b: &Board, gpu_series: usize) {
     let now = b.time;
+    let per_node = gpu_readings_per_node(b, gpu_series);
+    let mut nodes: BTreeMap<(&str, &str), NodeGpus> = BTreeMap::new();
     for (e, m, r) in b.snapshot.iter() {
         let Some((name, scale, help)) = prom(m.as_str()) else {
             continue;
         };
+        if per_node && e.kind == EntityKind::Gpu {
+            let node = e.name.rsplit_once(':').map_or(e.name.as_str(), |(n, _)| n);
+            nodes
+                .entry((node, m.as_str()))
+                .or_default()
+                .add(r.value * scale);
+            continue;
+        }
         let kind = e.kind.as_str().to_string();
         let labels = [("entity", e.to_string()), ("kind", kind)];
         let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        o.add(name, "gauge", help, &l, r.value * scale);
+        o.add(name, family_kind(m.as_str()), help, &l, r.value * scale);
         if e.kind != EntityKind::Gpu {
             let l = [("entity", labels[0].1.as_str()), ("metric", m.as_str())];
             o.add(
@@ -40,6 +57,14 @@ pub(super) fn readings(o: &mut Out, b: &Board) {
             );
         }
     }
+    node_gpus(o, &nodes);
+    o.add(
+        "gpu_series_per_node",
+        "gauge",
+        "1 when the GPUs' readings are summed up by node ([http] metrics_gpu_series is below the site's GPUs), 0 when each GPU has its own series",
+        &[],
+        if per_node { 1.0 } else { 0.0 },
+    );
     o.add(
         "telemetry_stale_readings",
         "gauge",
@@ -47,6 +72,56 @@ pub(super) fn readings(o: &mut Out, b: &Board) {
         &[],
         b.snapshot.stale(now).len() as f64,
     );
+}
+
+/// Energy readings are the devices' own counters (a reset restarts them, which
+/// Prometheus' `rate` and `increase` take as a counter reset); the rest are gauges.
+fn family_kind(metric: &str) -> &'static str {
+    if metric == ENERGY_J {
+        "counter"
+    } else {
+        "gauge"
+    }
+}
+
+/// One node's GPUs' readings of one metric.
+#[derive(Default)]
+struct NodeGpus {
+    sum: f64,
+    max: f64,
+    n: usize,
+}
+
+impl NodeGpus {
+    fn add(&mut self, v: f64) {
+        self.max = if self.n == 0 { v } else { self.max.max(v) };
+        self.sum += v;
+        self.n += 1;
+    }
+}
+
+/// The GPUs' readings by node, under the per-GPU families' names with `kind =
+/// "node_gpus"` and the node as `entity`: power, energy and limits summed; temperature
+/// the hottest GPU's; utilization and clock the mean.
+fn node_gpus(o: &mut Out, nodes: &BTreeMap<(&str, &str), NodeGpus>) {
+    for ((node, metric), g) in nodes {
+        let Some((name, _, help)) = prom(metric) else {
+            continue;
+        };
+        let v = match *metric {
+            GPU_TEMP_C => g.max,
+            UTILIZATION_PCT | SM_CLOCK_MHZ => g.sum / g.n.max(1) as f64,
+            _ => g.sum,
+        };
+        let entity = format!("node/{node}");
+        o.add(
+            name,
+            family_kind(metric),
+            help,
+            &[("entity", &entity), ("kind", "node_gpus")],
+            v,
+        );
+    }
 }
 
 /// The site's and the feeds' budgets, and the site's headroom.

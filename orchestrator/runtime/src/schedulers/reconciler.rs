@@ -229,9 +229,20 @@ impl Worker {
             || (self.poll_seq > 0 && d.polls.get(&self.adapter.id()) == Some(&self.poll_seq))
     }
 
+    /// The histogram of this scheduler's `call` (`poll`, `apply`, `requeue`).
+    fn call_seconds(&self, call: &'static str) -> Arc<telemetry::histogram::Histogram> {
+        telemetry::histogram::registry(
+            "scheduler_call_seconds",
+            "Calls to the schedulers by the reconcilers, by scheduler and call (poll: its jobs read; apply: a pass of the desired state; requeue), failed ones included",
+            &[("scheduler", &self.adapter.id().to_string()), ("call", call)],
+        )
+    }
+
     fn poll(&mut self) {
-        self.cache().busy_since = Some(Instant::now());
+        let started = Instant::now();
+        self.cache().busy_since = Some(started);
         let got = self.adapter.poll(wall_clock(), &mut self.settings.store);
+        self.call_seconds("poll").observe(started.elapsed());
         if let Some(every) = self.settings.poll_every {
             self.next_poll = Instant::now() + every;
         }
@@ -272,10 +283,12 @@ impl Worker {
         };
         self.pending = false;
         self.applied_poll = self.poll_seq;
-        self.cache().busy_since = Some(Instant::now());
+        let started = Instant::now();
+        self.cache().busy_since = Some(started);
         let pass = self
             .adapter
             .apply(&desired, wall_clock(), &mut self.settings.store);
+        self.call_seconds("apply").observe(started.elapsed());
         let mut applied = pass.applied;
         let mine = self.adapter.id();
         for r in desired
@@ -284,7 +297,10 @@ impl Worker {
             .filter(|r| r.seq > self.requeued_up_to)
         {
             if r.job.scheduler() == mine {
-                let detail = match self.adapter.requeue(&r.job) {
+                let started = Instant::now();
+                let requeued = self.adapter.requeue(&r.job);
+                self.call_seconds("requeue").observe(started.elapsed());
+                let detail = match requeued {
                     Ok(()) => format!("requeued: {}", r.reason),
                     Err(e) => format!("requeue failed: {e}"),
                 };

@@ -16,6 +16,17 @@ use telemetry::{EntityId, EntityKind};
 /// or hostile BMC cannot grow the controller.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
 
+/// Every GET of every endpoint (one family without labels: a site has thousands of
+/// BMCs; the per-endpoint counters say which one fails).
+static GET_SECONDS: std::sync::LazyLock<Arc<telemetry::histogram::Histogram>> =
+    std::sync::LazyLock::new(|| {
+        telemetry::histogram::registry(
+            "redfish_get_seconds",
+            "Redfish GETs of all endpoints, from the wait for a slot to the body read, failed ones included",
+            &[],
+        )
+    });
+
 /// What discovery found to read, and how many polls have used it.
 #[derive(Debug, Clone)]
 pub(super) struct Plan {
@@ -117,7 +128,9 @@ impl Endpoint {
 
     /// GETs a resource as JSON, within both limits; a failure is counted by reason.
     pub async fn get(&self, path: &str) -> Result<Value, RedfishError> {
+        let started = std::time::Instant::now();
         let r = self.get_uncounted(path).await;
+        GET_SECONDS.observe(started.elapsed());
         if let Err(e) = &r {
             self.counters.failure(e.failure());
         }
