@@ -31,6 +31,8 @@ pub struct Board {
     pub jobs: Vec<telemetry::Job>,
     /// Where the price comes from now: `feed`, `tariff` or `feed (stale)`.
     pub price_source: String,
+    /// Each price and carbon feed's age and fetches.
+    pub feeds: Vec<runtime::prices::FeedReport>,
     /// The schedulers powerplane steers: holds in force, counters, job lifecycles.
     pub schedulers: serde_json::Value,
     /// Scheduler counters for `/metrics`: (name, help, value).
@@ -97,6 +99,7 @@ impl Board {
             prices: Vec::new(),
             jobs: Vec::new(),
             price_source: String::new(),
+            feeds: Vec::new(),
             schedulers: serde_json::Value::Null,
             scheduler_counters: Vec::new(),
             labeled_counters: Vec::new(),

@@ -31,6 +31,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> 
     site::caps_and_holds(&mut o, b);
     counters::loop_counters(&mut o, b);
     counters::cadence(&mut o, b);
+    counters::feeds(&mut o, b);
     counters::edges(&mut o, b);
     policy(&mut o, &b.policy_status);
     for m in runtime::redfish::metrics(&b.redfish) {

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod buffer;
+pub mod feed_fetch;
 pub mod ha;
 pub mod mqtt;
 pub mod node_power;

@@ -203,9 +203,11 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         None => None,
     };
     if let Some(p) = &cfg.prices {
-        let ok = p.refresh_s >= 10.0 && p.stale_after_s > 0.0;
+        let ok = p.refresh_s >= 10.0
+            && p.stale_after_s > 0.0
+            && p.carbon.as_ref().is_none_or(|c| c.refresh_s >= 10.0);
         problems.at(&["prices", "refresh_s"]).check(ok, || {
-            format!("{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0")
+            format!("{name}: [prices] refresh_s (and [prices.carbon] refresh_s) must be at least 10 and stale_after_s above 0")
         });
     }
     check_against_site(&mut cfg, site.as_ref(), &name, &mut problems);
@@ -246,13 +248,30 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
             .take(r.map_err(|m| anyhow::anyhow!("{name}: [[redfish.endpoints]] {endpoint}: {m}")));
     }
     if let Some(p) = cfg.prices.as_mut() {
+        let name = problems.name.clone();
         p.tls = p.tls.resolved(resolve);
         if p.url.is_some() {
             let r = sources::tls::client_config(&p.tls);
-            let name = problems.name.clone();
             problems
                 .at(&["prices", "tls"])
                 .take(r.map_err(|e| anyhow::anyhow!("{name}: [prices] {e}")));
+        }
+        let r = p.auth.read_secrets(base);
+        problems
+            .at(&["prices", "auth"])
+            .take(r.map_err(|e| anyhow::anyhow!("{name}: [prices] auth: {e}")));
+        if let Some(c) = p.carbon.as_mut() {
+            c.tls = c.tls.resolved(resolve);
+            if c.url.is_some() {
+                let r = sources::tls::client_config(&c.tls);
+                problems
+                    .at(&["prices", "carbon", "tls"])
+                    .take(r.map_err(|e| anyhow::anyhow!("{name}: [prices.carbon] {e}")));
+            }
+            let r = c.auth.read_secrets(base);
+            problems
+                .at(&["prices", "carbon", "auth"])
+                .take(r.map_err(|e| anyhow::anyhow!("{name}: [prices.carbon] auth: {e}")));
         }
     }
     if let Some(np) = cfg.node_power.as_mut() {
@@ -455,10 +474,15 @@ fn load_prices(p: &PricesSection, name: &str, base: &Path) -> Result<Option<(Ser
         _ => anyhow::bail!("{name}: [prices] needs one of file or url"),
     };
     let carbon = match &p.carbon {
-        Some(c) => {
-            let (n, t) = read(&c.file, base)?;
-            c.format.read(&n, &t, "carbon_g_per_kwh")?
-        }
+        Some(c) => match (&c.file, &c.url) {
+            (Some(f), None) => {
+                let (n, t) = read(f, base)?;
+                c.format.read(&n, &t, "carbon_g_per_kwh")?
+            }
+            // fetched by `serve` once it runs
+            (None, Some(_)) => Series::default(),
+            _ => anyhow::bail!("{name}: [prices.carbon] needs one of file or url"),
+        },
         None if p.format.format.is_none() && !t.is_empty() => {
             Series::from_csv(&n, &t, "carbon_g_per_kwh").unwrap_or_default()
         }

@@ -437,6 +437,7 @@ impl Serve {
     fn publish(&self, now: telemetry::Timestamp, report: &control::TickReport) {
         let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
         b.price_source = self.prices.source.to_string();
+        b.feeds = self.prices.reports(now);
         b.prices = self.prices.next_24h(now);
         b.update(
             now,

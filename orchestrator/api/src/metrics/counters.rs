@@ -63,6 +63,30 @@ pub(super) fn loop_counters(o: &mut Out, b: &Board) {
     );
 }
 
+/// The price and carbon feeds: the age of what each holds, and its fetches.
+pub(super) fn feeds(o: &mut Out, b: &Board) {
+    for f in &b.feeds {
+        if let Some(age) = f.age_s {
+            o.add(
+                "feed_age_seconds",
+                "gauge",
+                "Since the feed last gave a good series (a fetch, or its file at start); a failing feed keeps its last series and ages",
+                &[("feed", f.feed)],
+                age,
+            );
+        }
+        for (result, n) in [("ok", f.fetches_ok), ("error", f.fetches_failed)] {
+            o.add(
+                "feed_fetches_total",
+                "counter",
+                "Fetches of the live feeds by result (an error keeps the last good series)",
+                &[("feed", f.feed), ("result", result)],
+                n as f64,
+            );
+        }
+    }
+}
+
 /// The loop's cadence: tick delays and durations, and evaluations for crossings.
 pub(super) fn cadence(o: &mut Out, b: &Board) {
     o.add(
