@@ -235,17 +235,26 @@ pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedEr
             "time_format gives naive local times: timezone is needed too".into(),
         ));
     }
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
-    let (hl, header) = lines.next().ok_or_else(|| ferr("no rows".into()))?;
-    let split = |l: &str| {
-        l.split(f.delimiter)
-            .map(|c| c.trim().trim_matches('"').to_string())
-            .collect::<Vec<_>>()
-    };
-    let cols = split(header);
+    let delimiter = u8::try_from(f.delimiter)
+        .ok()
+        .filter(u8::is_ascii)
+        .ok_or_else(|| {
+            ferr(format!(
+                "delimiter {:?} is not one ASCII character",
+                f.delimiter
+            ))
+        })?;
+    let rows = crate::csvtext::rows(text, delimiter).map_err(|e| FeedError::Line {
+        file: file.into(),
+        line: e.line,
+        message: e.message,
+    })?;
+    // a quote left around a field (one not right after the delimiter) goes too
+    let unquote = |c: &String| c.trim_matches('"').to_string();
+    let mut rows = rows.into_iter();
+    let head = rows.next().ok_or_else(|| ferr("no rows".into()))?;
+    let (hl, header) = (head.line - 1, head.text);
+    let cols: Vec<String> = head.fields.iter().map(unquote).collect();
     let col = |name: &str| {
         cols.iter()
             .position(|c| c == name)
@@ -257,8 +266,9 @@ pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedEr
         None => None,
     };
     let mut points = Vec::new();
-    for (i, line) in lines {
-        let c = split(line);
+    for row in rows {
+        let i = row.line - 1;
+        let c: Vec<String> = row.fields.iter().map(unquote).collect();
         let get = |k: usize| {
             c.get(k).map(String::as_str).ok_or_else(|| {
                 lerr(

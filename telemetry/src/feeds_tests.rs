@@ -97,6 +97,66 @@ fn semicolons_decimal_commas_offsets_and_gaps() {
     assert!((s.points()[1].1 + 0.00325).abs() < 1e-12);
 }
 
+fn smard() -> CsvFormat {
+    CsvFormat {
+        time_column: "Zeit".into(),
+        value_column: "Preis [EUR/MWh]".into(),
+        unit: Unit::PerMwh,
+        time_format: None,
+        timezone: None,
+        zone_column: None,
+        delimiter: ';',
+        decimal_comma: true,
+    }
+}
+
+#[test]
+fn a_quoted_field_may_hold_the_delimiter_and_decimal_commas_may_be_quoted() {
+    let text = "Zeit;Quelle;\"Preis [EUR/MWh]\"\n2024-06-01T00:00:00+02:00;\"EPEX; DE-LU\";\"1.234,5\"\n2024-06-01T02:00:00+02:00;x;-3,25\n";
+    let s = parse_csv("smard.csv", text, &smard()).expect("parses");
+    assert_eq!(s.points().len(), 2);
+    assert!((s.points()[0].1 - 1.2345).abs() < 1e-12);
+    let mut f = smard();
+    f.delimiter = ',';
+    f.time_column = "time".into();
+    f.value_column = "price".into();
+    let text = "time,region,price\n2024-06-01T00:00:00Z,\"DE, LU\",80\n";
+    let s = parse_csv("c.csv", text, &f).expect("parses");
+    assert_eq!(s.points(), &[(ts("2024-06-01T00:00:00Z"), 0.08)]);
+    // the old reading of a quote not right after the delimiter stays
+    let text = "time, \"price\"\n2024-06-01T00:00:00Z, \"80\"\n";
+    let s = parse_csv("c.csv", text, &f).expect("parses");
+    assert_eq!(s.points(), &[(ts("2024-06-01T00:00:00Z"), 0.08)]);
+}
+
+#[test]
+fn a_byte_order_mark_and_crlf_line_ends_are_read_as_plain_text() {
+    let text = "\u{feff}Zeit;Preis [EUR/MWh]\r\n2024-06-01T00:00:00+02:00;1.234,5\r\n\r\n2024-06-01T01:00:00+02:00;\r\n2024-06-01T02:00:00+02:00;-3,25\r\n";
+    let s = parse_csv("smard.csv", text, &smard()).expect("parses");
+    assert_eq!(s.points().len(), 2);
+    assert!((s.points()[1].1 + 0.00325).abs() < 1e-12);
+    let bad = "\u{feff}Zeit;Preis [EUR/MWh]\r\n# c\r\n2024-06-01T00:00:00+02:00;viel\r\n";
+    assert_eq!(
+        parse_csv("smard.csv", bad, &smard())
+            .expect_err("bad")
+            .to_string(),
+        "smard.csv:3: \"viel\" is not a number"
+    );
+    let mut f = de_lu();
+    f.zone_column = None;
+    let e = parse_csv("de.csv", &DE_LU.replace('\n', "\r\n"), &f).expect_err("ambiguous");
+    assert!(e.to_string().starts_with("de.csv:5: "), "{e}");
+    assert_eq!(
+        parse_csv("de.csv", &DE_LU.replace('\n', "\r\n"), &de_lu()),
+        parse_csv("de.csv", DE_LU, &de_lu())
+    );
+    let e = parse_csv("x.csv", "\u{feff}when,price\r\n", &de_lu()).expect_err("no column");
+    assert_eq!(
+        e.to_string(),
+        "x.csv:1: no column \"time\" in the header \"when,price\""
+    );
+}
+
 #[test]
 fn json_as_objects_or_as_parallel_arrays() {
     let ec = r#"{"license_info": "CC BY 4.0", "unix_seconds": [1717200000, 1717203600, 1717207200], "price": [80.5, null, 95.0], "unit": "EUR / MWh"}"#;
