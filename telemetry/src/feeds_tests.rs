@@ -197,6 +197,56 @@ fn json_as_objects_or_as_parallel_arrays() {
     assert!(e.to_string().starts_with("c.json:2: "), "{e}");
 }
 
+/// [`ENTSOE`] written another way XML allows: a namespace prefix on every element,
+/// attributes and whitespace inside the tags, values on lines of their own, a comment
+/// holding a stale period, CDATA and an entity. The old reading by string search found
+/// no period in it (and the commented one where it did).
+const ENTSOE_PREFIXED: &str = r#"<?xml version="1.0" encoding="utf-8"?>
+<md:Publication_MarketDocument xmlns:md="urn:iec62325.351:tc57wg16:451-3:publicationdocument:7:3" >
+  <md:mRID>1</md:mRID>
+  <md:type>A44</md:type>
+  <!-- <Period><timeInterval><start>2024-10-26T22:00Z</start></timeInterval>
+       <resolution>PT60M</resolution><Point><position>1</position><price.amount>999</price.amount></Point></Period> -->
+  <md:TimeSeries>
+    <md:curveType>A03</md:curveType>
+    <md:Period xml:lang="en">
+      <md:timeInterval>
+        <md:start>
+          2024-10-26T22:00Z
+        </md:start>
+        <md:end >2024-10-27T02:00Z</md:end>
+      </md:timeInterval>
+      <md:resolution><![CDATA[PT60M]]></md:resolution>
+      <md:Point>
+        <md:position>1</md:position>
+        <md:price.amount>92.22</md:price.amount>
+      </md:Point>
+      <md:Point><md:position>2</md:position><md:price.amount>8&#52;.00</md:price.amount></md:Point>
+      <md:Point ><md:position >4</md:position><md:price.amount
+        >-5.10</md:price.amount></md:Point>
+    </md:Period>
+  </md:TimeSeries>
+  <md:TimeSeries>
+    <md:Period>
+      <md:timeInterval><md:start>2024-10-27T02:00Z</md:start><md:end>2024-10-27T03:00Z</md:end></md:timeInterval>
+      <md:resolution>PT15M</md:resolution>
+      <md:Point><md:position>1</md:position><md:price.amount>70</md:price.amount></md:Point>
+      <md:Point><md:position>3</md:position><md:price.amount>71</md:price.amount></md:Point>
+    </md:Period>
+  </md:TimeSeries>
+</md:Publication_MarketDocument>
+"#;
+
+#[test]
+fn entsoe_documents_read_the_same_in_any_namespace_prefix_and_whitespace() {
+    let plain = parse_entsoe("a44.xml", ENTSOE).expect("parses");
+    assert_eq!(parse_entsoe("a44.xml", ENTSOE_PREFIXED), Ok(plain.clone()));
+    let crlf = ENTSOE
+        .replace('\n', "\r\n")
+        .replace("<Period>", "<Period >");
+    assert_eq!(parse_entsoe("a44.xml", &crlf), Ok(plain));
+}
+
 /// The shape of an ENTSO-E A44 document (values made up), with a left-out position (A03).
 const ENTSOE: &str = r#"<?xml version="1.0" encoding="utf-8"?>
 <Publication_MarketDocument xmlns="urn:iec62325.351:tc57wg16:451-3:publicationdocument:7:3">
@@ -244,6 +294,19 @@ fn entsoe_day_ahead_documents_read_per_kwh_with_left_out_points_held() {
         .expect_err("not a44")
         .to_string()
         .contains("not an ENTSO-E"));
+    assert!(parse_entsoe("x.xml", "<Acknowledgement_MarketDocument><Reason>Publication_MarketDocument</Reason></Acknowledgement_MarketDocument>")
+        .expect_err("not a44")
+        .to_string()
+        .contains("not an ENTSO-E"));
+    let e = parse_entsoe(
+        "x.xml",
+        "<Publication_MarketDocument>\n<Period>\n</Publication_MarketDocument>",
+    )
+    .expect_err("not closed");
+    assert!(
+        e.to_string().starts_with("x.xml:3: not well-formed XML"),
+        "{e}"
+    );
     let past_end = ENTSOE.replace("<position>4</position>", "<position>9</position>");
     assert!(parse_entsoe("x.xml", &past_end)
         .expect_err("past end")
