@@ -43,20 +43,6 @@ const OUTBOX: &str = "webhook_outbox";
 const DEAD: &str = "webhook_dead";
 const META: &str = "webhook_meta";
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// A shared webhook key (hex, as `openssl rand -hex 32` writes, or the text itself).
 #[derive(Clone)]
 pub struct WebhookKey(Vec<u8>);
@@ -70,7 +56,7 @@ impl std::fmt::Debug for WebhookKey {
 impl WebhookKey {
     pub fn from_text(text: &str) -> Result<Self, KeyTooShort> {
         let t = text.trim();
-        let bytes = unhex(t).unwrap_or_else(|| t.as_bytes().to_vec());
+        let bytes = hex::decode(t).unwrap_or_else(|_| t.as_bytes().to_vec());
         if bytes.len() < 16 {
             return Err(KeyTooShort(bytes.len()));
         }
@@ -89,7 +75,7 @@ impl WebhookKey {
     pub fn sign(&self, timestamp: &str, body: &[u8]) -> String {
         format!(
             "sha256={}",
-            hex(&self.mac(timestamp, body).finalize().into_bytes())
+            hex::encode(self.mac(timestamp, body).finalize().into_bytes())
         )
     }
 
@@ -109,7 +95,11 @@ impl WebhookKey {
         if (now.as_secs_f64() - secs as f64).abs() > tolerance_s {
             return Err(Rejected::Stale);
         }
-        let Some(given) = sig.trim().strip_prefix("sha256=").and_then(unhex) else {
+        let Some(given) = sig
+            .trim()
+            .strip_prefix("sha256=")
+            .and_then(|h| hex::decode(h).ok())
+        else {
             return Err(Rejected::BadSignature);
         };
         // constant-time comparison
@@ -574,7 +564,39 @@ mod tests {
         // the documented construction: HMAC-SHA256(key, "{ts}.{body}")
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&key().0).expect("mac");
         m.update(b"1700000000.{\"event\":\"submitted\"}");
-        assert_eq!(sig, format!("sha256={}", hex(&m.finalize().into_bytes())));
+        assert_eq!(
+            sig,
+            format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+        );
+    }
+
+    #[test]
+    fn a_key_that_is_not_hex_is_its_trimmed_text_and_signatures_are_lower_case() {
+        let upper = "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF";
+        assert_eq!(WebhookKey::from_text(upper).expect("key").0, key().0);
+        let text = " a shared secret, not hex \n";
+        assert_eq!(
+            WebhookKey::from_text(text).expect("key").0,
+            b"a shared secret, not hex".to_vec()
+        );
+        let odd = "00112233445566778899aabbccddeeff0";
+        assert_eq!(WebhookKey::from_text(odd).expect("key").0, odd.as_bytes());
+        assert!(WebhookKey::from_text("abcd").is_err());
+
+        let now = Timestamp::from_secs(1_700_000_000);
+        let sig = key().sign("1700000000", b"{}");
+        let digits = &sig["sha256=".len()..];
+        assert!(digits
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase()));
+        let v = |sig: &str| key().verify(Some("1700000000"), Some(sig), b"{}", now, 300.0);
+        assert_eq!(
+            v(&format!("sha256={}", digits.to_ascii_uppercase())),
+            Ok(())
+        );
+        assert_eq!(v(digits), Err(Rejected::BadSignature));
+        assert_eq!(v("sha256=zz"), Err(Rejected::BadSignature));
+        assert_eq!(v("sha256="), Err(Rejected::BadSignature));
     }
 
     #[test]

@@ -115,7 +115,7 @@ impl Key {
     /// `openssl rand -hex 32` writes) or, failing that, the trimmed text itself.
     pub fn from_text(text: &str) -> Result<Key, KeyError> {
         let t = text.trim();
-        let bytes = hex_decode(t).unwrap_or_else(|| t.as_bytes().to_vec());
+        let bytes = hex::decode(t).unwrap_or_else(|_| t.as_bytes().to_vec());
         if bytes.len() < MIN_KEY_BYTES {
             return Err(KeyError::TooShort(bytes.len()));
         }
@@ -130,30 +130,16 @@ impl Key {
     }
 
     fn sign(&self, domain: &[u8], body: &[u8]) -> String {
-        hex_encode(&self.mac(domain, body).finalize().into_bytes())
+        hex::encode(self.mac(domain, body).finalize().into_bytes())
     }
 
     fn verify(&self, domain: &[u8], body: &[u8], sig: &str) -> bool {
-        match hex_decode(sig) {
+        match hex::decode(sig) {
             // constant-time comparison
-            Some(s) => self.mac(domain, body).verify_slice(&s).is_ok(),
-            None => false,
+            Ok(s) => self.mac(domain, body).verify_slice(&s).is_ok(),
+            Err(_) => false,
         }
     }
-}
-
-pub fn hex_encode(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.is_empty() || !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
 }
 
 /// `{"body": ..., "sig": "..."}` as it travels.
@@ -566,5 +552,35 @@ mod tests {
     fn short_keys_are_refused_and_hex_keys_decode() {
         assert!(Key::from_text("short").is_err());
         assert_eq!(Key::from_text(&"ab".repeat(32)).expect("key").0.len(), 32);
+    }
+
+    #[test]
+    fn a_key_that_is_not_hex_is_its_trimmed_text_and_hex_may_be_upper_case() {
+        let upper = "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF";
+        assert_eq!(Key::from_text(upper).expect("key").0, key().0);
+        let text = "  not hex but long enough  \n";
+        assert_eq!(
+            Key::from_text(text).expect("key").0,
+            b"not hex but long enough".to_vec()
+        );
+        // odd length: the text, not half a byte
+        let odd = "00112233445566778899aabbccddeeff0";
+        assert_eq!(Key::from_text(odd).expect("key").0, odd.as_bytes());
+        assert_eq!(Key::from_text("").err(), Some(KeyError::TooShort(0)));
+    }
+
+    #[test]
+    fn signatures_are_lower_case_hex_and_upper_case_or_junk_is_judged_as_hex() {
+        let k = key();
+        let sig = k.sign(b"d", b"body");
+        assert_eq!(sig.len(), 64);
+        assert!(sig
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase()));
+        assert!(k.verify(b"d", b"body", &sig));
+        assert!(k.verify(b"d", b"body", &sig.to_ascii_uppercase()));
+        assert!(!k.verify(b"d", b"body", &sig[1..]));
+        assert!(!k.verify(b"d", b"body", "zz"));
+        assert!(!k.verify(b"d", b"body", ""));
     }
 }

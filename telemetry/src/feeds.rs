@@ -235,17 +235,26 @@ pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedEr
             "time_format gives naive local times: timezone is needed too".into(),
         ));
     }
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
-    let (hl, header) = lines.next().ok_or_else(|| ferr("no rows".into()))?;
-    let split = |l: &str| {
-        l.split(f.delimiter)
-            .map(|c| c.trim().trim_matches('"').to_string())
-            .collect::<Vec<_>>()
-    };
-    let cols = split(header);
+    let delimiter = u8::try_from(f.delimiter)
+        .ok()
+        .filter(u8::is_ascii)
+        .ok_or_else(|| {
+            ferr(format!(
+                "delimiter {:?} is not one ASCII character",
+                f.delimiter
+            ))
+        })?;
+    let rows = crate::csvtext::rows(text, delimiter).map_err(|e| FeedError::Line {
+        file: file.into(),
+        line: e.line,
+        message: e.message,
+    })?;
+    // a quote left around a field (one not right after the delimiter) goes too
+    let unquote = |c: &String| c.trim_matches('"').to_string();
+    let mut rows = rows.into_iter();
+    let head = rows.next().ok_or_else(|| ferr("no rows".into()))?;
+    let (hl, header) = (head.line - 1, head.text);
+    let cols: Vec<String> = head.fields.iter().map(unquote).collect();
     let col = |name: &str| {
         cols.iter()
             .position(|c| c == name)
@@ -257,8 +266,9 @@ pub fn parse_csv(file: &str, text: &str, f: &CsvFormat) -> Result<Series, FeedEr
         None => None,
     };
     let mut points = Vec::new();
-    for (i, line) in lines {
-        let c = split(line);
+    for row in rows {
+        let i = row.line - 1;
+        let c: Vec<String> = row.fields.iter().map(unquote).collect();
         let get = |k: usize| {
             c.get(k).map(String::as_str).ok_or_else(|| {
                 lerr(
@@ -403,25 +413,32 @@ pub fn parse_json(file: &str, text: &str, f: &JsonFormat) -> Result<Series, Feed
 /// Reads an ENTSO-E day-ahead publication document (`Publication_MarketDocument`,
 /// A44): every `TimeSeries/Period` with its start, resolution (`PT15M`, `PT30M`,
 /// `PT60M`) and `Point`s (`position`, `price.amount` in currency per MWh). A point left
-/// out (curve type A03) holds the previous price. Prices come out per kWh.
+/// out (curve type A03) holds the previous price. Prices come out per kWh. The document
+/// is read as XML: elements by their local name in any namespace (prefixed or not),
+/// attributes, comments, CDATA and whitespace anywhere XML allows them.
 pub fn parse_entsoe(file: &str, text: &str) -> Result<Series, FeedError> {
     let ferr = |message: String| FeedError::File {
         file: file.into(),
         message,
     };
-    let mut points = Vec::new();
-    let mut rest = text;
-    let mut periods = 0;
-    if !text.contains("Publication_MarketDocument") {
-        return Err(ferr("not an ENTSO-E Publication_MarketDocument".into()));
+    let not_a44 = || ferr("not an ENTSO-E Publication_MarketDocument".into());
+    let doc = match roxmltree::Document::parse(text) {
+        Ok(doc) => doc,
+        Err(_) if !text.contains("Publication_MarketDocument") => return Err(not_a44()),
+        Err(e) => {
+            return Err(FeedError::Line {
+                file: file.into(),
+                line: e.pos().row as usize,
+                message: format!("not well-formed XML: {e}"),
+            })
+        }
+    };
+    if doc.root_element().tag_name().name() != "Publication_MarketDocument" {
+        return Err(not_a44());
     }
-    while let Some(p) = rest.find("<Period>") {
-        let body_end = rest[p..]
-            .find("</Period>")
-            .ok_or_else(|| ferr("a <Period> is not closed".into()))?
-            + p;
-        let period = &rest[p..body_end];
-        rest = &rest[body_end + 9..];
+    let mut points = Vec::new();
+    let mut periods = 0;
+    for period in doc.descendants().filter(|n| is(n, "Period")) {
         periods += 1;
         let start = tag(period, "start")
             .ok_or_else(|| ferr(format!("period {periods}: no timeInterval start")))?;
@@ -442,14 +459,7 @@ pub fn parse_entsoe(file: &str, text: &str) -> Result<Series, FeedError> {
             }
         };
         let mut pts: Vec<(u32, f64)> = Vec::new();
-        let mut prest = period;
-        while let Some(q) = prest.find("<Point>") {
-            let qe = prest[q..]
-                .find("</Point>")
-                .ok_or_else(|| ferr("a <Point> is not closed".into()))?
-                + q;
-            let point = &prest[q..qe];
-            prest = &prest[qe + 8..];
+        for point in period.descendants().filter(|n| is(n, "Point")) {
             let pos: u32 = tag(point, "position")
                 .and_then(|s| s.parse().ok())
                 .ok_or_else(|| ferr(format!("period {periods}: a point without a position")))?;
@@ -485,12 +495,21 @@ pub fn parse_entsoe(file: &str, text: &str) -> Result<Series, FeedError> {
     Ok(Series::new(points))
 }
 
-fn tag(s: &str, name: &str) -> Option<String> {
-    let open = format!("<{name}>");
-    let close = format!("</{name}>");
-    let a = s.find(&open)? + open.len();
-    let b = s[a..].find(&close)? + a;
-    Some(s[a..b].trim().to_string())
+/// An element of local name `name`, in whichever namespace.
+fn is(n: &roxmltree::Node<'_, '_>, name: &str) -> bool {
+    n.is_element() && n.tag_name().name() == name
+}
+
+/// The trimmed text of the first element `name` within `node` (as ENTSO-E nests it:
+/// `timeInterval/start` of a period, `position` of a point).
+fn tag(node: roxmltree::Node<'_, '_>, name: &str) -> Option<String> {
+    let e = node.descendants().skip(1).find(|n| is(n, name))?;
+    let text: String = e
+        .children()
+        .filter(|c| c.is_text())
+        .filter_map(|c| c.text())
+        .collect();
+    Some(text.trim().to_string())
 }
 
 /// `2024-10-26T22:00Z` (ENTSO-E leaves out the seconds) or RFC 3339.

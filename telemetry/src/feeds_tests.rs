@@ -97,6 +97,66 @@ fn semicolons_decimal_commas_offsets_and_gaps() {
     assert!((s.points()[1].1 + 0.00325).abs() < 1e-12);
 }
 
+fn smard() -> CsvFormat {
+    CsvFormat {
+        time_column: "Zeit".into(),
+        value_column: "Preis [EUR/MWh]".into(),
+        unit: Unit::PerMwh,
+        time_format: None,
+        timezone: None,
+        zone_column: None,
+        delimiter: ';',
+        decimal_comma: true,
+    }
+}
+
+#[test]
+fn a_quoted_field_may_hold_the_delimiter_and_decimal_commas_may_be_quoted() {
+    let text = "Zeit;Quelle;\"Preis [EUR/MWh]\"\n2024-06-01T00:00:00+02:00;\"EPEX; DE-LU\";\"1.234,5\"\n2024-06-01T02:00:00+02:00;x;-3,25\n";
+    let s = parse_csv("smard.csv", text, &smard()).expect("parses");
+    assert_eq!(s.points().len(), 2);
+    assert!((s.points()[0].1 - 1.2345).abs() < 1e-12);
+    let mut f = smard();
+    f.delimiter = ',';
+    f.time_column = "time".into();
+    f.value_column = "price".into();
+    let text = "time,region,price\n2024-06-01T00:00:00Z,\"DE, LU\",80\n";
+    let s = parse_csv("c.csv", text, &f).expect("parses");
+    assert_eq!(s.points(), &[(ts("2024-06-01T00:00:00Z"), 0.08)]);
+    // the old reading of a quote not right after the delimiter stays
+    let text = "time, \"price\"\n2024-06-01T00:00:00Z, \"80\"\n";
+    let s = parse_csv("c.csv", text, &f).expect("parses");
+    assert_eq!(s.points(), &[(ts("2024-06-01T00:00:00Z"), 0.08)]);
+}
+
+#[test]
+fn a_byte_order_mark_and_crlf_line_ends_are_read_as_plain_text() {
+    let text = "\u{feff}Zeit;Preis [EUR/MWh]\r\n2024-06-01T00:00:00+02:00;1.234,5\r\n\r\n2024-06-01T01:00:00+02:00;\r\n2024-06-01T02:00:00+02:00;-3,25\r\n";
+    let s = parse_csv("smard.csv", text, &smard()).expect("parses");
+    assert_eq!(s.points().len(), 2);
+    assert!((s.points()[1].1 + 0.00325).abs() < 1e-12);
+    let bad = "\u{feff}Zeit;Preis [EUR/MWh]\r\n# c\r\n2024-06-01T00:00:00+02:00;viel\r\n";
+    assert_eq!(
+        parse_csv("smard.csv", bad, &smard())
+            .expect_err("bad")
+            .to_string(),
+        "smard.csv:3: \"viel\" is not a number"
+    );
+    let mut f = de_lu();
+    f.zone_column = None;
+    let e = parse_csv("de.csv", &DE_LU.replace('\n', "\r\n"), &f).expect_err("ambiguous");
+    assert!(e.to_string().starts_with("de.csv:5: "), "{e}");
+    assert_eq!(
+        parse_csv("de.csv", &DE_LU.replace('\n', "\r\n"), &de_lu()),
+        parse_csv("de.csv", DE_LU, &de_lu())
+    );
+    let e = parse_csv("x.csv", "\u{feff}when,price\r\n", &de_lu()).expect_err("no column");
+    assert_eq!(
+        e.to_string(),
+        "x.csv:1: no column \"time\" in the header \"when,price\""
+    );
+}
+
 #[test]
 fn json_as_objects_or_as_parallel_arrays() {
     let ec = r#"{"license_info": "CC BY 4.0", "unix_seconds": [1717200000, 1717203600, 1717207200], "price": [80.5, null, 95.0], "unit": "EUR / MWh"}"#;
@@ -135,6 +195,56 @@ fn json_as_objects_or_as_parallel_arrays() {
     assert!(e.to_string().contains("item 0"), "{e}");
     let e = parse_json("c.json", "{\n\"data\": [", &f).expect_err("bad json");
     assert!(e.to_string().starts_with("c.json:2: "), "{e}");
+}
+
+/// [`ENTSOE`] written another way XML allows: a namespace prefix on every element,
+/// attributes and whitespace inside the tags, values on lines of their own, a comment
+/// holding a stale period, CDATA and an entity. The old reading by string search found
+/// no period in it (and the commented one where it did).
+const ENTSOE_PREFIXED: &str = r#"<?xml version="1.0" encoding="utf-8"?>
+<md:Publication_MarketDocument xmlns:md="urn:iec62325.351:tc57wg16:451-3:publicationdocument:7:3" >
+  <md:mRID>1</md:mRID>
+  <md:type>A44</md:type>
+  <!-- <Period><timeInterval><start>2024-10-26T22:00Z</start></timeInterval>
+       <resolution>PT60M</resolution><Point><position>1</position><price.amount>999</price.amount></Point></Period> -->
+  <md:TimeSeries>
+    <md:curveType>A03</md:curveType>
+    <md:Period xml:lang="en">
+      <md:timeInterval>
+        <md:start>
+          2024-10-26T22:00Z
+        </md:start>
+        <md:end >2024-10-27T02:00Z</md:end>
+      </md:timeInterval>
+      <md:resolution><![CDATA[PT60M]]></md:resolution>
+      <md:Point>
+        <md:position>1</md:position>
+        <md:price.amount>92.22</md:price.amount>
+      </md:Point>
+      <md:Point><md:position>2</md:position><md:price.amount>8&#52;.00</md:price.amount></md:Point>
+      <md:Point ><md:position >4</md:position><md:price.amount
+        >-5.10</md:price.amount></md:Point>
+    </md:Period>
+  </md:TimeSeries>
+  <md:TimeSeries>
+    <md:Period>
+      <md:timeInterval><md:start>2024-10-27T02:00Z</md:start><md:end>2024-10-27T03:00Z</md:end></md:timeInterval>
+      <md:resolution>PT15M</md:resolution>
+      <md:Point><md:position>1</md:position><md:price.amount>70</md:price.amount></md:Point>
+      <md:Point><md:position>3</md:position><md:price.amount>71</md:price.amount></md:Point>
+    </md:Period>
+  </md:TimeSeries>
+</md:Publication_MarketDocument>
+"#;
+
+#[test]
+fn entsoe_documents_read_the_same_in_any_namespace_prefix_and_whitespace() {
+    let plain = parse_entsoe("a44.xml", ENTSOE).expect("parses");
+    assert_eq!(parse_entsoe("a44.xml", ENTSOE_PREFIXED), Ok(plain.clone()));
+    let crlf = ENTSOE
+        .replace('\n', "\r\n")
+        .replace("<Period>", "<Period >");
+    assert_eq!(parse_entsoe("a44.xml", &crlf), Ok(plain));
 }
 
 /// The shape of an ENTSO-E A44 document (values made up), with a left-out position (A03).
@@ -184,6 +294,19 @@ fn entsoe_day_ahead_documents_read_per_kwh_with_left_out_points_held() {
         .expect_err("not a44")
         .to_string()
         .contains("not an ENTSO-E"));
+    assert!(parse_entsoe("x.xml", "<Acknowledgement_MarketDocument><Reason>Publication_MarketDocument</Reason></Acknowledgement_MarketDocument>")
+        .expect_err("not a44")
+        .to_string()
+        .contains("not an ENTSO-E"));
+    let e = parse_entsoe(
+        "x.xml",
+        "<Publication_MarketDocument>\n<Period>\n</Publication_MarketDocument>",
+    )
+    .expect_err("not closed");
+    assert!(
+        e.to_string().starts_with("x.xml:3: not well-formed XML"),
+        "{e}"
+    );
     let past_end = ENTSOE.replace("<position>4</position>", "<position>9</position>");
     assert!(parse_entsoe("x.xml", &past_end)
         .expect_err("past end")

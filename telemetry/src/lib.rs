@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent_proto;
+pub mod csvtext;
 pub mod decoder;
 pub mod diag;
 pub mod entity;

@@ -49,32 +49,31 @@ impl Series {
     }
 
     /// Reads `start,value` rows (RFC 3339 start, a header line first). `column` names
-    /// the value column.
+    /// the value column. CSV as [`crate::csvtext`] reads it: quoted fields, CRLF and a
+    /// leading byte order mark are fine; `#` lines are comments.
     pub fn from_csv(file: &str, text: &str, column: &str) -> Result<Series, SeriesError> {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
         let err = |line: usize, message: String| SeriesError::Line {
             file: file.to_string(),
-            line: line + 1,
+            line,
             message,
         };
-        let (hline, header) = lines.next().ok_or_else(|| SeriesError::Empty {
+        let rows = crate::csvtext::rows(text, b',').map_err(|e| err(e.line, e.message))?;
+        let mut rows = rows.into_iter();
+        let head = rows.next().ok_or_else(|| SeriesError::Empty {
             file: file.to_string(),
         })?;
-        let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+        let (hline, header, cols) = (head.line, head.text, &head.fields);
         let ts_col = cols
             .iter()
-            .position(|c| *c == "start")
+            .position(|c| c == "start")
             .ok_or_else(|| err(hline, format!("no `start` column in header {header:?}")))?;
         let v_col = cols
             .iter()
-            .position(|c| *c == column)
+            .position(|c| c == column)
             .ok_or_else(|| err(hline, format!("no `{column}` column in header {header:?}")))?;
         let mut points = Vec::new();
-        for (i, line) in lines {
-            let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        for row in rows {
+            let (i, f) = (row.line, &row.fields);
             let (Some(ts), Some(v)) = (f.get(ts_col), f.get(v_col)) else {
                 return Err(err(
                     i,
@@ -127,5 +126,42 @@ mod tests {
             })
         );
         assert!(Series::from_csv("p.csv", "start,x\n", "price_per_kwh").is_err());
+        assert_eq!(
+            Series::from_csv("p.csv", "# prices\nbegin,price_per_kwh\n", "price_per_kwh")
+                .expect_err("no start")
+                .to_string(),
+            "p.csv:2: no `start` column in header \"begin,price_per_kwh\""
+        );
+        let short = "start,note,price_per_kwh\r\n2024-06-03T00:00:00Z,\"a,b\"\r\n";
+        assert_eq!(
+            Series::from_csv("p.csv", short, "price_per_kwh")
+                .expect_err("short")
+                .to_string(),
+            "p.csv:2: expected 3 columns, got 2"
+        );
+    }
+
+    fn plain() -> Series {
+        let csv = "start,price_per_kwh,carbon_g_per_kwh\n2024-06-03T00:00:00Z,0.10,300\n2024-06-03T01:00:00Z,0.30,250\n";
+        Series::from_csv("p.csv", csv, "price_per_kwh").expect("valid")
+    }
+
+    #[test]
+    fn a_quoted_field_may_hold_the_delimiter() {
+        let csv = "start,source,price_per_kwh\n2024-06-03T00:00:00Z,\"EPEX, day-ahead\",0.10\n\"2024-06-03T01:00:00Z\",\"a \"\"b\"\"\",\"0.30\"\n";
+        assert_eq!(Series::from_csv("p.csv", csv, "price_per_kwh"), Ok(plain()));
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_crlf_line_ends_are_read_as_plain_text() {
+        let csv = "\u{feff}start,price_per_kwh,carbon_g_per_kwh\r\n2024-06-03T00:00:00Z,0.10,300\r\n\r\n# note\r\n2024-06-03T01:00:00Z,0.30,250\r\n";
+        assert_eq!(Series::from_csv("p.csv", csv, "price_per_kwh"), Ok(plain()));
+        let bad = "\u{feff}start,price_per_kwh\r\n2024-06-03T00:00:00Z,0.10\r\n\r\n2024-06-03T01:00:00Z,x\r\n";
+        assert_eq!(
+            Series::from_csv("p.csv", bad, "price_per_kwh")
+                .expect_err("bad")
+                .to_string(),
+            "p.csv:4: bad price_per_kwh \"x\""
+        );
     }
 }

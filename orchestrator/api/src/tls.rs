@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -78,16 +80,14 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// A rustls acceptor (HTTP/1.1 by ALPN) for the pair.
 fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
-    let chain: Vec<_> = rustls_pemfile::certs(&mut read(cert)?.as_slice())
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
         .filter_map(Result::ok)
         .collect();
     if chain.is_empty() {
         return Err(TlsError::NoCert(cert.to_path_buf()));
     }
-    let private = rustls_pemfile::private_key(&mut read(key)?.as_slice())
-        .ok()
-        .flatten()
-        .ok_or_else(|| TlsError::NoKey(key.to_path_buf()))?;
+    let private = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .map_err(|_| TlsError::NoKey(key.to_path_buf()))?;
     let config_error = |source| TlsError::Config {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),
@@ -132,6 +132,60 @@ pub async fn reload_on_sighup(tls: Arc<Tls>, stats: Arc<HttpStats>, shutdown: Ca
                 bump(&stats.tls_reloads_error);
                 warn!(error = %e, "SIGHUP: TLS certificate not reread; the previous one stays");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CERT: &str = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    const KEY: &str = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+
+    fn pair(cert: &str, key: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (c, k) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&c, cert).expect("cert");
+        std::fs::write(&k, key).expect("key");
+        (dir, c, k)
+    }
+
+    #[test]
+    fn a_missing_file_is_a_read_error_naming_it() {
+        let (_dir, c, k) = pair(CERT, KEY);
+        let gone = c.with_file_name("gone.pem");
+        let e = Tls::load(&gone, &k).err().expect("error");
+        assert!(
+            matches!(e, TlsError::Read { ref path, .. } if *path == gone),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_without_a_certificate_block_is_no_cert() {
+        let (_dir, c, k) = pair("not pem\n", KEY);
+        let e = Tls::load(&c, &k).err().expect("error");
+        assert!(matches!(e, TlsError::NoCert(ref p) if *p == c), "{e}");
+        let (_dir, c, k) = pair(KEY, KEY);
+        let e = Tls::load(&c, &k).err().expect("error");
+        assert!(matches!(e, TlsError::NoCert(_)), "{e}");
+    }
+
+    #[test]
+    fn a_file_without_a_key_block_is_no_key() {
+        let (_dir, c, k) = pair(CERT, CERT);
+        let e = Tls::load(&c, &k).err().expect("error");
+        assert!(matches!(e, TlsError::NoKey(ref p) if *p == k), "{e}");
+    }
+
+    #[test]
+    fn a_key_block_of_any_kind_is_taken_and_then_checked_by_rustls() {
+        for label in ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"] {
+            let key = format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n");
+            let (_dir, c, k) = pair(CERT, &key);
+            let e = Tls::load(&c, &k).err().expect("error");
+            assert!(matches!(e, TlsError::Config { .. }), "{label}: {e}");
         }
     }
 }

@@ -194,8 +194,5 @@ fn new_writer_id(path: &Path) -> String {
     h.update(path.to_string_lossy().as_bytes());
     h.update(std::process::id().to_le_bytes());
     h.update(now.to_le_bytes());
-    h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&h.finalize()[..8])
 }

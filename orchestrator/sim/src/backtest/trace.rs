@@ -1,7 +1,11 @@
 //! Job traces: the Philly-derived trace (Pollux artifact), the Pollux workload files,
 //! and a generic CSV. Every row error names its `file:line`.
 //!
-//! Generic CSV (header first, columns in any order; `#` lines are comments):
+//! Every format is CSV as [`telemetry::csvtext`] reads it: a field may be quoted
+//! (`"a,b"`), lines may end in CRLF, a leading byte order mark is dropped, and `#`
+//! lines are comments.
+//!
+//! Generic CSV (header first, columns in any order):
 //!
 //! | column | required | meaning |
 //! | --- | --- | --- |
@@ -98,15 +102,12 @@ fn parse_when(s: &str) -> Option<When> {
 
 /// Reads a trace, recognising its format by its header.
 pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
-        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
-    let (hl, header) = lines
+    let rows = telemetry::csvtext::rows(text, b',').map_err(|e| err(file, e.line, e))?;
+    let mut rows = rows.into_iter();
+    let head = rows
         .next()
         .ok_or_else(|| anyhow::anyhow!("{file}: empty trace"))?;
-    let cols: Vec<String> = header.split(',').map(|c| c.trim().to_string()).collect();
+    let (hl, header, cols) = (head.line, head.text, &head.fields);
     let idx: BTreeMap<&str, usize> = cols
         .iter()
         .enumerate()
@@ -114,8 +115,8 @@ pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> 
         .collect();
     let format = Format::of_header(file, hl, header, &idx)?;
     let mut jobs = Vec::new();
-    for (ln, line) in lines {
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+    for row in rows {
+        let (ln, f) = (row.line, row.fields);
         if f.len() < cols.len() {
             return Err(err(
                 file,
@@ -198,7 +199,7 @@ impl Format {
 struct Row<'a> {
     file: &'a str,
     ln: usize,
-    fields: Vec<&'a str>,
+    fields: Vec<String>,
     idx: &'a BTreeMap<&'a str, usize>,
 }
 
@@ -207,8 +208,7 @@ impl Row<'_> {
         self.idx
             .get(c)
             .copied()
-            .map(|i| self.fields[i])
-            .unwrap_or("")
+            .map_or("", |i| self.fields[i].as_str())
     }
 
     fn opt(&self, c: &str) -> Option<String> {
@@ -329,6 +329,38 @@ mod tests {
     }
 
     #[test]
+    fn a_quoted_field_may_hold_a_comma() {
+        let text = "id,submit,duration_s,gpus,class,workload\n\"a,1\",\"2024-06-03 10:00:00\",600,2,\"batch\",\"x, \"\"y\"\"\"\nb,0,60,1,,\n";
+        let (f, j) = parse("g.csv", text).expect("generic");
+        assert_eq!(f, Format::Generic);
+        assert_eq!(j[0].id, "a,1");
+        assert_eq!(j[0].gpus, 2);
+        assert_eq!(j[0].class.as_deref(), Some("batch"));
+        assert_eq!(j[0].workload.as_deref(), Some("x, \"y\""));
+        assert_eq!((j[1].id.as_str(), j[1].line), ("b", 3));
+    }
+
+    #[test]
+    fn a_byte_order_mark_and_crlf_line_ends_are_read_as_plain_text() {
+        let lf = "# exported\ntimestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,1,66.0,11cb48\n\n2017-10-09 07:02:10,120.0,4,480.0,11cb48\n";
+        let crlf = format!("\u{feff}{}", lf.replace('\n', "\r\n"));
+        let (f, j) = parse("p.csv", &crlf).expect("philly");
+        assert_eq!(f, Format::Philly);
+        assert_eq!(parse("p.csv", lf).expect("philly"), (f, j.clone()));
+        assert_eq!(
+            j.iter()
+                .map(|j| (j.id.as_str(), j.line))
+                .collect::<Vec<_>>(),
+            [("philly-3", 3), ("philly-5", 5)]
+        );
+        let bad = crlf.replace("120.0", "long");
+        assert_eq!(
+            parse("p.csv", &bad).expect_err("bad").to_string(),
+            "p.csv:5: duration \"long\" is not a non-negative number"
+        );
+    }
+
+    #[test]
     fn bad_rows_and_missing_columns_name_file_and_line() {
         let e = parse("g.csv", "submit,gpus\n0,1\n").expect_err("missing");
         assert!(
@@ -344,6 +376,14 @@ mod tests {
         );
         let e = parse("g.csv", "submit,duration_s,gpus\n0,60\n").expect_err("short row");
         assert_eq!(e.to_string(), "g.csv:2: expected 3 columns, got 2");
+        let e = parse("p.csv", "\u{feff}a,b\r\n1,2\r\n").expect_err("unknown");
+        assert!(
+            e.to_string()
+                .starts_with("p.csv:1: unknown trace header \"a,b\""),
+            "{e}"
+        );
+        let e = parse("g.csv", "submit,duration_s,gpus\r\n\"0,60\"\r\n").expect_err("short");
+        assert_eq!(e.to_string(), "g.csv:2: expected 3 columns, got 1");
         let e = parse("p.csv", "a,b\n1,2\n").expect_err("unknown");
         assert!(
             e.to_string().starts_with("p.csv:1: unknown trace header"),
