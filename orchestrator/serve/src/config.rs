@@ -203,12 +203,17 @@ pub fn load(config_path: &Path) -> Result<Loaded> {
         None => None,
     };
     if let Some(p) = &cfg.prices {
-        let ok = p.refresh_s >= 10.0
-            && p.stale_after_s > 0.0
-            && p.carbon.as_ref().is_none_or(|c| c.refresh_s >= 10.0);
+        let ok = p.refresh_s >= 10.0 && p.stale_after_s > 0.0;
         problems.at(&["prices", "refresh_s"]).check(ok, || {
-            format!("{name}: [prices] refresh_s (and [prices.carbon] refresh_s) must be at least 10 and stale_after_s above 0")
+            format!("{name}: [prices] refresh_s must be at least 10 and stale_after_s above 0")
         });
+        if let Some(c) = &p.carbon {
+            problems
+                .at(&["prices", "carbon", "refresh_s"])
+                .check(c.refresh_s >= 10.0, || {
+                    format!("{name}: [prices.carbon] refresh_s must be at least 10")
+                });
+        }
     }
     check_against_site(&mut cfg, site.as_ref(), &name, &mut problems);
     check_values(&cfg, &name, base, &mut problems);

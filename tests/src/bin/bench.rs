@@ -16,8 +16,8 @@
 //!   submission) of the Philly-derived trace in `../shared/data` with the 2024 DE-LU
 //!   prices on the 2,048-GPU example site, pinned to one core: time against trace length.
 //!
-//! - `bench http [--rate R] [--seconds S] [--connections N]`: the release `serve`'s
-//!   HTTP side driven at R req/s (`/metrics` and `/api/v1/status`) over N keep-alive
+//! - `bench http [--rate R] [--seconds S] [--connections N] [--bin PATH]`: the release
+//!   `serve`'s (or PATH's) HTTP side driven at R req/s (`/metrics` and `/api/v1/status`) over N keep-alive
 //!   connections; p50/p99/max latency and errors (see `bench/http.rs`).
 //!
 //! - `bench failover [--runs N] [--replicas R]`: `kill -9` of the `[ha]` leader among R
@@ -453,7 +453,7 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] [--bin PATH] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
         }

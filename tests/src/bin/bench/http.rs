@@ -130,11 +130,20 @@ pub fn bench_http() {
     let rate = arg("--rate", 2000) as f64;
     let seconds = arg("--seconds", 20) as u64;
     let connections = arg("--connections", 32).max(1);
-    let bin = workspace_root().join("target/release/powerplane");
+    // `--bin PATH`: another build to compare (say, the one before a change)
+    let bin = std::env::args()
+        .skip_while(|a| a != "--bin")
+        .nth(1)
+        .map_or_else(
+            || workspace_root().join("target/release/powerplane"),
+            Into::into,
+        );
     assert!(
         bin.exists(),
-        "build it first: cargo build --release --bin powerplane"
+        "build it first: cargo build --release --bin powerplane ({})",
+        bin.display()
     );
+    println!("serve: {}", bin.display());
     let dir = tempfile::tempdir().expect("tmp");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
