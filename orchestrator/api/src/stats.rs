@@ -85,10 +85,12 @@ impl HttpStats {
     pub fn render_into(&self, out: &mut String) {
         self.render_connections(out);
         self.render_requests(out);
+        // the routes requested since start (a scrape of a quiet API stays small)
         let rows: Vec<(&str, telemetry::histogram::Snapshot)> = ROUTES
             .iter()
             .zip(&self.request_seconds)
             .map(|(r, h)| (*r, h.snapshot()))
+            .filter(|(_, h)| h.count > 0)
             .collect();
         out.push_str(&crate::metrics::histogram_family(
             "http_request_duration_seconds",

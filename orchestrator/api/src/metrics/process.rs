@@ -83,10 +83,14 @@ fn stat() -> Option<(f64, f64)> {
     Some(((num(14)? + num(15)?) / USER_HZ, num(22)?))
 }
 
+/// The boot time from `/proc/stat`, read once (the file is long on a many-core host).
 fn boot_time() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
+    static BOOT: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *BOOT.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
+    })
 }
 
 fn max_fds() -> Option<f64> {
