@@ -11,24 +11,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{http, metric_value as value, promtool_check, serve, serve_log, VIEWER};
-use orchestrator::node_power::{PowerState, RedfishPower};
+use orchestrator::node_power::PowerState;
 
 #[path = "common/sushy_emulator.rs"]
 mod sushy_emulator;
-use sushy_emulator::Emulator;
-
-/// Waits (generously: the fake driver takes seconds, the machine is loaded) until
-/// `system` reports `want`.
-fn wait_for(r: &RedfishPower, system: &str, want: PowerState, log: &dyn Fn() -> String) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(120) {
-        if r.power_state(system).ok() == Some(want) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    panic!("{system} never reached {want:?}\n{}", log());
-}
+use sushy_emulator::{wait_for, Emulator};
 
 #[test]
 fn serve_powers_idle_nodes_down_through_redfish_and_back_up_at_shutdown() {

@@ -16,18 +16,7 @@ use orchestrator::node_power::{PowerState, RedfishPower};
 
 #[path = "common/sushy_emulator.rs"]
 mod sushy_emulator;
-use sushy_emulator::{Emulator, Secured};
-
-fn wait_for(r: &RedfishPower, system: &str, want: PowerState, log: &dyn Fn() -> String) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(120) {
-        if r.power_state(system).ok() == Some(want) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    panic!("{system} never reached {want:?}\n{}", log());
-}
+use sushy_emulator::{wait_for, Emulator, Secured};
 
 fn metrics(port: u16) -> String {
     let (code, _, body) = http(port, "GET", "/metrics", None, b"");

@@ -52,19 +52,11 @@ impl PostError {
     pub fn of(url: &str, e: &reqwest::Error) -> PostError {
         let message = sources::http::chain(e);
         let url = url.to_string();
-        let lower = message.to_ascii_lowercase();
-        if e.is_timeout() || lower.contains("timed out") {
-            PostError::Timeout { url, message }
-        } else if lower.contains("certificate")
-            || lower.contains("tls")
-            || lower.contains("handshake")
-            || lower.contains("alert")
-        {
-            PostError::Tls { url, message }
-        } else if e.is_connect() {
-            PostError::Connect { url, message }
-        } else {
-            PostError::Other { url, message }
+        match sources::http::classify(e) {
+            "timeout" => PostError::Timeout { url, message },
+            "tls" => PostError::Tls { url, message },
+            _ if e.is_connect() => PostError::Connect { url, message },
+            _ => PostError::Other { url, message },
         }
     }
 }

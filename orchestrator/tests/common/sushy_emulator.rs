@@ -153,6 +153,24 @@ impl Emulator {
     }
 }
 
+/// Waits (generously: the fake driver takes seconds, the machine is loaded) until
+/// `system` reports `want`.
+pub fn wait_for(
+    r: &orchestrator::node_power::RedfishPower,
+    system: &str,
+    want: orchestrator::node_power::PowerState,
+    log: &dyn Fn() -> String,
+) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(120) {
+        if r.power_state(system).ok() == Some(want) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("{system} never reached {want:?}\n{}", log());
+}
+
 impl Drop for Emulator {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -29,24 +29,6 @@ pub enum ClientError {
     Build(#[source] reqwest::Error),
 }
 
-/// Why a document could not be fetched.
-#[derive(Debug, Error)]
-pub enum FetchError {
-    #[error(transparent)]
-    Client(#[from] ClientError),
-    #[error("GET {url}: {source}")]
-    Get {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    #[error("GET {url}: HTTP {status}")]
-    Status {
-        url: String,
-        status: reqwest::StatusCode,
-    },
-}
-
 const USER_AGENT: &str = concat!("powerplane/", env!("CARGO_PKG_VERSION"));
 
 /// Servers (BMCs above all) close idle connections early: none is kept longer.
@@ -91,22 +73,21 @@ pub fn blocking_client(
         .map_err(ClientError::Build)
 }
 
-/// GETs `url` and returns its body as text; an HTTP error status is an error.
-pub fn fetch_text(url: &str, timeout: Duration, tls: &Tls) -> Result<String, FetchError> {
-    let client = blocking_client(timeout, tls)?;
-    let get = |source| FetchError::Get {
-        url: url.to_string(),
-        source,
-    };
-    let resp = client.get(url).send().map_err(get)?;
-    let status = resp.status();
-    if !status.is_success() {
-        return Err(FetchError::Status {
-            url: url.to_string(),
-            status,
-        });
+/// What a failed call ran into, by what an operator fixes: `timeout`, `tls` (a
+/// certificate refused, by either side) or `unreachable` (refused, reset, DNS, proxy).
+pub fn classify(e: &reqwest::Error) -> &'static str {
+    let text = chain(e).to_ascii_lowercase();
+    if e.is_timeout() || text.contains("timed out") {
+        "timeout"
+    } else if text.contains("certificate")
+        || text.contains("tls")
+        || text.contains("handshake")
+        || text.contains("alert")
+    {
+        "tls"
+    } else {
+        "unreachable"
     }
-    resp.text().map_err(get)
 }
 
 /// An error and its causes on one line (reqwest's own message says little: "error

@@ -158,6 +158,20 @@ struct Worker {
     /// Successful polls, and the one the last pass applied a plan of.
     poll_seq: u64,
     applied_poll: u64,
+    /// `scheduler_call_seconds` of this scheduler: poll, apply, requeue.
+    calls: [Arc<telemetry::histogram::Histogram>; 3],
+}
+
+/// The histograms of `id`'s calls, in the order of [`Worker::calls`].
+fn call_histograms(id: SchedulerId) -> [Arc<telemetry::histogram::Histogram>; 3] {
+    let id = id.to_string();
+    ["poll", "apply", "requeue"].map(|call| {
+        telemetry::histogram::registry(
+            "scheduler_call_seconds",
+            "Calls to the schedulers by the reconcilers, by scheduler and call (poll: its jobs read; apply: a pass of the desired state; requeue), failed ones included",
+            &[("scheduler", &id), ("call", call)],
+        )
+    })
 }
 
 impl Worker {
@@ -168,6 +182,7 @@ impl Worker {
         shared: Arc<Mutex<Reported>>,
     ) -> Self {
         Worker {
+            calls: call_histograms(adapter.id()),
             adapter,
             settings,
             rx,
@@ -229,20 +244,11 @@ impl Worker {
             || (self.poll_seq > 0 && d.polls.get(&self.adapter.id()) == Some(&self.poll_seq))
     }
 
-    /// The histogram of this scheduler's `call` (`poll`, `apply`, `requeue`).
-    fn call_seconds(&self, call: &'static str) -> Arc<telemetry::histogram::Histogram> {
-        telemetry::histogram::registry(
-            "scheduler_call_seconds",
-            "Calls to the schedulers by the reconcilers, by scheduler and call (poll: its jobs read; apply: a pass of the desired state; requeue), failed ones included",
-            &[("scheduler", &self.adapter.id().to_string()), ("call", call)],
-        )
-    }
-
     fn poll(&mut self) {
         let started = Instant::now();
         self.cache().busy_since = Some(started);
         let got = self.adapter.poll(wall_clock(), &mut self.settings.store);
-        self.call_seconds("poll").observe(started.elapsed());
+        self.calls[0].observe(started.elapsed());
         if let Some(every) = self.settings.poll_every {
             self.next_poll = Instant::now() + every;
         }
@@ -288,7 +294,7 @@ impl Worker {
         let pass = self
             .adapter
             .apply(&desired, wall_clock(), &mut self.settings.store);
-        self.call_seconds("apply").observe(started.elapsed());
+        self.calls[1].observe(started.elapsed());
         let mut applied = pass.applied;
         let mine = self.adapter.id();
         for r in desired
@@ -299,7 +305,7 @@ impl Worker {
             if r.job.scheduler() == mine {
                 let started = Instant::now();
                 let requeued = self.adapter.requeue(&r.job);
-                self.call_seconds("requeue").observe(started.elapsed());
+                self.calls[2].observe(started.elapsed());
                 let detail = match requeued {
                     Ok(()) => format!("requeued: {}", r.reason),
                     Err(e) => format!("requeue failed: {e}"),

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use super::stats::Counters;
 use super::walk::Read;
 use super::{tls, Auth, EndpointConfig, RedfishError};
-use crate::http::chain;
+use crate::http::{chain, classify};
 use telemetry::{EntityId, EntityKind};
 
 /// The largest resource read; a bigger body is refused (`oversize`) so that a broken
@@ -369,17 +369,5 @@ impl Endpoint {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .is_none_or(|p| p.polls >= rediscover_every)
-    }
-}
-
-fn classify(e: &reqwest::Error) -> &'static str {
-    let text = chain(e).to_ascii_lowercase();
-    if e.is_timeout() || text.contains("timed out") {
-        "timeout"
-    } else if text.contains("certificate") || text.contains("tls") || text.contains("handshake") {
-        "tls"
-    } else {
-        // refused, reset, DNS: the endpoint cannot be reached
-        "unreachable"
     }
 }
