@@ -63,7 +63,7 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\nmapping = \"mapping.toml\"\n\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n[[http.tokens]]\nname = \"t\"\nrole = \"viewer\"\ntoken = \"0123456789abcdef-viewer\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 30\nrenew_s = 2\nretry_s = 1\ntopic_prefix = \"{prefix}\"\nstatus_file = \"agents.json\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\nledger_interval_s = 1\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\nmapping = \"mapping.toml\"\n\n[http]\nlisten = \"127.0.0.1:{http_port}\"\n[[http.tokens]]\nname = \"t\"\nrole = \"viewer\"\ntoken = \"0123456789abcdef-viewer\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 30\nrenew_s = 2\nretry_s = 1\ntopic_prefix = \"{prefix}\"\nstatus_file = \"agents.json\"\n[agents.mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n"
         ),
     )
     .expect("config");
@@ -113,15 +113,22 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
     let limit =
         format!("powerplane_gpu_power_limit_watts{{entity=\"gpu/{node}:0\",kind=\"gpu\"}} ");
     let capped = format!("powerplane_gpu_cap_watts{{entity=\"gpu/{node}:0\",");
+    let ledger_idle = "powerplane_ledger_energy_joules_total{account=\"idle\",project=\"\"} ";
     let end = Instant::now() + Duration::from_secs(5);
     let metrics = loop {
         let (code, _, metrics) = common::http(http_port, "GET", "/metrics", None, b"");
         assert_eq!(code, 200);
         let (l, c) = (value(&metrics, &limit), value(&metrics, &capped));
-        if (l.is_some() && l == c) || Instant::now() > end {
+        // the idle GPUs' energy, charged by the ledger (1 s intervals), as a counter
+        let idle = value(&metrics, ledger_idle);
+        if (l.is_some() && l == c && idle.is_some_and(|j| j > 0.0)) || Instant::now() > end {
             assert!(
                 l.is_some() && l == c,
                 "enforced {l:?} against cap {c:?} in:\n{metrics}"
+            );
+            assert!(
+                idle.is_some_and(|j| j > 0.0),
+                "no idle energy charged in:\n{metrics}"
             );
             break metrics;
         }
@@ -131,6 +138,8 @@ fn serve_caps_through_the_agent_keeps_the_cap_across_its_restart_and_sigterm_res
         "powerplane_gpus_in_sync ",
         "powerplane_agents{status=\"online\"} 1",
         "powerplane_agent_messages_total{kind=\"acks\"}",
+        "# TYPE powerplane_ledger_energy_joules_total counter",
+        "powerplane_ledger_carbon_grams_total{account=\"idle\",project=\"\"} ",
     ] {
         assert!(metrics.contains(needle), "{needle} missing in:\n{metrics}");
     }

@@ -30,13 +30,20 @@ const LEGACY: &[(&str, &str)] = &[
     ("PowerOutputWatts", "W"),
     ("LastPowerOutputWatts", "W"),
     ("LineInputVoltage", "V"),
+    // PowerControl[].PowerMetrics (Power.v1): statistics over IntervalInMin
+    ("AverageConsumedWatts", "W"),
+    ("MinConsumedWatts", "W"),
+    ("MaxConsumedWatts", "W"),
+    // ProcessorMetrics.v1
+    ("ConsumedPowerWatt", "W"),
+    ("TemperatureCelsius", "Cel"),
 ];
 
 /// UCUM unit, or a property name's unit suffix, to (canonical unit, factor).
 fn to_canonical(unit: &str) -> Option<(&'static str, f64)> {
     Some(match unit {
         "Cel" | "Celsius" => ("°C", 1.0),
-        "W" | "Watts" => ("W", 1.0),
+        "W" | "Watts" | "Watt" => ("W", 1.0),
         "A" | "Amps" => ("A", 1.0),
         "V" | "Volts" | "Voltage" | "Voltages" => ("V", 1.0),
         "kW.h" | "kWh" => ("J", 3.6e6),
@@ -79,6 +86,7 @@ fn unit_from_names(names: &[String]) -> Option<&'static str> {
         "WattHours",
         "Joules",
         "Watts",
+        "Watt",
         "Amps",
         "Volts",
         "Voltage",

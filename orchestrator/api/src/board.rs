@@ -55,9 +55,62 @@ pub struct Board {
     pub ha: Option<std::sync::Arc<runtime::ha::Gate>>,
     /// Each rack's predicted inlet after the last tick (the predictive thermal rule).
     pub predictions: BTreeMap<String, policies::RackPrediction>,
+    /// The energy ledger's entries since this process started, summed by account and
+    /// project (counters for `/metrics`).
+    pub ledger: LedgerTotals,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
+
+/// Projects with a series of their own on `/metrics`; the energy of any further
+/// project is summed under `project="_other"`, so a site that names a project per job
+/// does not grow the scrape without bound.
+pub const LEDGER_PROJECT_SERIES: usize = 1_000;
+
+/// What the energy ledger charged, summed since the process started.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LedgerSums {
+    pub energy_kwh: f64,
+    pub cost: f64,
+    pub carbon_kg: f64,
+    /// Ledger entries summed in.
+    pub entries: u64,
+}
+
+/// The ledger's sums by account (`job`, `idle`, `overhead`) and project (empty for
+/// idle and overhead). They only grow: `/metrics` writes them as counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LedgerTotals {
+    pub by_account: BTreeMap<(&'static str, String), LedgerSums>,
+    projects: usize,
+}
+
+impl LedgerTotals {
+    /// Adds the entries of the intervals a tick closed.
+    pub fn add(&mut self, entries: &[integrations::store::LedgerEntry]) {
+        use integrations::store::Account;
+        for e in entries {
+            let (account, project) = match &e.account {
+                Account::Job { project, .. } => ("job", project.as_str()),
+                Account::Idle => ("idle", ""),
+                Account::Overhead => ("overhead", ""),
+            };
+            let mut key = (account, project.to_string());
+            if !self.by_account.contains_key(&key) && account == "job" {
+                if self.projects >= LEDGER_PROJECT_SERIES {
+                    key.1 = "_other".to_string();
+                } else {
+                    self.projects += 1;
+                }
+            }
+            let s = self.by_account.entry(key).or_default();
+            s.energy_kwh += e.energy_kwh;
+            s.cost += e.cost;
+            s.carbon_kg += e.carbon_kg;
+            s.entries += 1;
+        }
+    }
+}
 
 /// `cap`, `uncap`, `hold`, `release`, `lock_clocks`, `unlock_clocks`, `requeue`,
 /// `suspend`, `resume`.
@@ -110,6 +163,7 @@ impl Board {
             redfish: Vec::new(),
             ha: None,
             predictions: BTreeMap::new(),
+            ledger: LedgerTotals::default(),
         }
     }
 

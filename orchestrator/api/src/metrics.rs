@@ -32,6 +32,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> 
     counters::loop_counters(&mut o, b);
     counters::cadence(&mut o, b);
     counters::feeds(&mut o, b);
+    counters::ledger(&mut o, b);
     counters::edges(&mut o, b);
     policy(&mut o, &b.policy_status);
     for m in runtime::redfish::metrics(&b.redfish) {
@@ -278,6 +279,80 @@ mod tests {
         assert_eq!(at("powerplane_gpu_temperature_celsius"), 67.0);
         assert_eq!(at("powerplane_energy_joules_total"), 1.0e6);
         assert!(by_node.contains("# TYPE powerplane_energy_joules_total counter\n"));
+    }
+
+    #[test]
+    fn the_ledger_is_counted_by_account_and_project_with_the_projects_bounded() {
+        use integrations::store::{Account, LedgerEntry};
+        let (mut b, _) = board();
+        let text = render(&b, None, DEFAULT_GPU_SERIES);
+        assert!(
+            text.contains(
+                "powerplane_ledger_energy_joules_total{account=\"idle\",project=\"\"} 0\n"
+            ),
+            "{text}"
+        );
+        let entry = |account: Account, kwh: f64| LedgerEntry {
+            start: b.time,
+            end: b.time,
+            account,
+            rack: Some("a01".into()),
+            energy_kwh: kwh,
+            cost: kwh * 0.2,
+            carbon_kg: kwh * 0.3,
+            integrated_kwh: 0.0,
+            shared_kwh: 0.0,
+        };
+        let job = |project: &str| Account::Job {
+            job: "j".into(),
+            project: project.into(),
+            user: "u".into(),
+        };
+        // two ticks' closed intervals: the sums only grow
+        for _ in 0..2 {
+            let entries = [
+                entry(job("climate"), 1.5),
+                entry(Account::Idle, 0.5),
+                entry(Account::Overhead, 0.25),
+            ];
+            b.ledger.add(&entries);
+        }
+        let text = render(&b, None, DEFAULT_GPU_SERIES);
+        let at = |series: &str| {
+            text.lines()
+                .find(|l| l.starts_with(series))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        };
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6 * b.abs().max(1.0);
+        assert!(close(
+            at("powerplane_ledger_energy_joules_total{account=\"job\",project=\"climate\"}"),
+            3.0 * 3.6e6
+        ));
+        assert!(close(
+            at("powerplane_ledger_cost_total{account=\"job\",project=\"climate\",currency=\"EUR\"}"),
+            0.6
+        ));
+        assert!(close(
+            at("powerplane_ledger_carbon_grams_total{account=\"overhead\",project=\"\"}"),
+            150.0
+        ));
+        assert!(text.contains("# TYPE powerplane_ledger_energy_joules_total counter\n"));
+        // a project per job does not grow the scrape without bound
+        let many: Vec<LedgerEntry> = (0..crate::board::LEDGER_PROJECT_SERIES + 50)
+            .map(|i| entry(job(&format!("p{i}")), 1.0))
+            .collect();
+        b.ledger.add(&many);
+        let jobs = b
+            .ledger
+            .by_account
+            .keys()
+            .filter(|(a, _)| *a == "job")
+            .count();
+        assert_eq!(jobs, crate::board::LEDGER_PROJECT_SERIES + 1);
+        let other = b.ledger.by_account[&("job", "_other".to_string())];
+        // `climate` came first and has its own series; the last 51 projects are summed
+        assert!(close(other.energy_kwh, 51.0), "{other:?}");
     }
 
     #[test]

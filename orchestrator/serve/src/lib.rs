@@ -448,6 +448,7 @@ impl Serve {
             self.buffer.dropped.load(Ordering::Relaxed),
         );
         b.predictions = report.predictions.clone();
+        b.ledger.add(&report.ledger);
         b.jobs = self.control.registry().active().to_vec();
         b.schedulers = self.schedulers.status();
         b.scheduler_counters = self.schedulers.counters();

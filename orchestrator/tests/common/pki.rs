@@ -126,12 +126,40 @@ pub struct TlsFront {
     pub url: String,
     /// Handshakes that failed (the client refused our certificate, or we its).
     pub refused: Arc<AtomicUsize>,
+    /// With a [`SessionGate`]: session logins that succeeded, and requests refused
+    /// for want of a valid `X-Auth-Token` or with wrong credentials.
+    pub logins: Arc<AtomicUsize>,
+    pub unauthorized: Arc<AtomicUsize>,
+}
+
+/// What a BMC's Redfish session service asks: a POST to
+/// `/redfish/v1/SessionService/Sessions` with `UserName` and `Password` gives an
+/// `X-Auth-Token` (and the session's `Location`); every other request needs the token
+/// of the last login, which expires after `token_uses` requests.
+#[derive(Clone)]
+pub struct SessionGate {
+    pub username: String,
+    pub password: String,
+    pub token_uses: usize,
 }
 
 impl TlsFront {
     /// # Panics
     /// When the certificate, key or CA cannot be read.
     pub fn start(pki: &Pki, client_ca: Option<&Path>, upstream: &str) -> TlsFront {
+        TlsFront::start_gated(pki, client_ca, upstream, None)
+    }
+
+    /// The front, letting in only the holders of a session token when `gate` is set.
+    ///
+    /// # Panics
+    /// When the certificate, key or CA cannot be read.
+    pub fn start_gated(
+        pki: &Pki,
+        client_ca: Option<&Path>,
+        upstream: &str,
+        gate: Option<SessionGate>,
+    ) -> TlsFront {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.server_cert)
@@ -164,10 +192,16 @@ impl TlsFront {
         let url = format!("https://{}", l.local_addr().expect("addr"));
         let upstream = upstream.trim_start_matches("http://").to_string();
         let refused = Arc::new(AtomicUsize::new(0));
+        let logins = Arc::new(AtomicUsize::new(0));
+        let unauthorized = Arc::new(AtomicUsize::new(0));
+        let uses = Arc::new(AtomicUsize::new(0));
         let count = refused.clone();
+        let (logged, denied) = (logins.clone(), unauthorized.clone());
         std::thread::spawn(move || {
             for tcp in l.incoming().flatten() {
                 let (config, upstream, count) = (config.clone(), upstream.clone(), count.clone());
+                let (gate, logged, denied, uses) =
+                    (gate.clone(), logged.clone(), denied.clone(), uses.clone());
                 std::thread::spawn(move || {
                     let _ = tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)));
                     let Ok(conn) = rustls::ServerConnection::new(config) else {
@@ -178,6 +212,53 @@ impl TlsFront {
                         count.fetch_add(1, Ordering::Relaxed);
                         return;
                     };
+                    if let Some(g) = &gate {
+                        let answer = |status: &str, extra: &str| {
+                            format!("HTTP/1.1 {status}\r\n{extra}Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}")
+                        };
+                        let text = String::from_utf8_lossy(&req).to_string();
+                        let reply = if text.starts_with("POST /redfish/v1/SessionService/Sessions ")
+                        {
+                            let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+                            let v: serde_json::Value =
+                                serde_json::from_str(body).unwrap_or_default();
+                            if v["UserName"] == g.username.as_str()
+                                && v["Password"] == g.password.as_str()
+                            {
+                                let n = logged.fetch_add(1, Ordering::SeqCst) + 1;
+                                uses.store(0, Ordering::SeqCst);
+                                Some(answer(
+                                    "201 Created",
+                                    &format!("X-Auth-Token: token-{n}\r\nLocation: /redfish/v1/SessionService/Sessions/{n}\r\n"),
+                                ))
+                            } else {
+                                denied.fetch_add(1, Ordering::SeqCst);
+                                Some(answer("401 Unauthorized", ""))
+                            }
+                        } else {
+                            let current = format!("token-{}", logged.load(Ordering::SeqCst));
+                            let token = text.lines().find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.trim()
+                                    .eq_ignore_ascii_case("x-auth-token")
+                                    .then(|| v.trim().to_string())
+                            });
+                            let valid = token.as_deref() == Some(current.as_str())
+                                && uses.fetch_add(1, Ordering::SeqCst) < g.token_uses;
+                            if valid {
+                                None
+                            } else {
+                                denied.fetch_add(1, Ordering::SeqCst);
+                                Some(answer("401 Unauthorized", ""))
+                            }
+                        };
+                        if let Some(r) = reply {
+                            let _ = tls.write_all(r.as_bytes());
+                            tls.conn.send_close_notify();
+                            let _ = tls.flush();
+                            return;
+                        }
+                    }
                     let Ok(mut up) = std::net::TcpStream::connect(&upstream) else {
                         return;
                     };
@@ -191,7 +272,12 @@ impl TlsFront {
                 });
             }
         });
-        TlsFront { url, refused }
+        TlsFront {
+            url,
+            refused,
+            logins,
+            unauthorized,
+        }
     }
 }
 

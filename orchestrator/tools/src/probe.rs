@@ -354,9 +354,10 @@ pub fn survey_table(s: &Survey) -> String {
         if s.truncated { ", crawl cut short" } else { "" }
     );
     for r in s.readings.values() {
+        let window = r.window.map(|w| format!(" ({w})")).unwrap_or_default();
         let _ = writeln!(
             t,
-            "  {:<18} {:>14.3} {:<6} {}",
+            "  {:<18} {:>14.3} {:<6} {}{window}",
             r.metric, r.value, r.unit, r.key
         );
     }

@@ -174,7 +174,7 @@ fn bindings(t: &mut String, ep: &EndpointConfig, p: &Polled, used: &mut Used) ->
                     "{head}: AMBIGUOUS: {n} readings match; name one with property or set combine:"
                 );
                 for m in &r.used {
-                    let _ = writeln!(t, "      {:.3} {unit} {}", m.value, m.from);
+                    let _ = writeln!(t, "      {:.3} {unit} {}", m.value, m.described());
                 }
             }
         }
@@ -207,9 +207,10 @@ fn unmapped(t: &mut String, s: &Survey, used: &Used) {
         s.readings.len()
     );
     for r in &unmapped {
+        let window = r.window.map(|w| format!(" ({w})")).unwrap_or_default();
         let _ = writeln!(
             t,
-            "    {:<18} {:>12.3} {:<6} {}",
+            "    {:<18} {:>12.3} {:<6} {}{window}",
             r.metric, r.value, r.unit, r.from
         );
     }
@@ -224,12 +225,12 @@ fn unmapped(t: &mut String, s: &Survey, used: &Used) {
 
 fn sources_of(used: &[Matched]) -> String {
     match used {
-        [one] => one.from.clone(),
+        [one] => one.described(),
         many => format!(
             "{} readings: {}",
             many.len(),
             many.iter()
-                .map(|m| m.from.as_str())
+                .map(Matched::described)
                 .collect::<Vec<_>>()
                 .join(", ")
         ),

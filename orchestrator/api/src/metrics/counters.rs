@@ -63,6 +63,44 @@ pub(super) fn loop_counters(o: &mut Out, b: &Board) {
     );
 }
 
+/// The energy ledger since the process started, by account and project: what a
+/// finance team bills from, as counters (a leader's; a follower charges nothing).
+pub(super) fn ledger(o: &mut Out, b: &Board) {
+    let currency = b.site.currency.as_str();
+    // the families are there, at 0, before the first interval closes
+    let none = [(("idle", String::new()), Default::default())];
+    let rows: Vec<(&(&str, String), &crate::board::LedgerSums)> = if b.ledger.by_account.is_empty()
+    {
+        none.iter().map(|(k, v)| (k, v)).collect()
+    } else {
+        b.ledger.by_account.iter().collect()
+    };
+    for ((account, project), s) in rows {
+        let labels = [("account", *account), ("project", project.as_str())];
+        o.add(
+            "ledger_energy_joules_total",
+            "counter",
+            "Energy the ledger charged, by account (job, idle, overhead) and project",
+            &labels,
+            s.energy_kwh * 3.6e6,
+        );
+        o.add(
+            "ledger_cost_total",
+            "counter",
+            "Energy cost the ledger charged, in the site's currency (label currency)",
+            &[labels[0], labels[1], ("currency", currency)],
+            s.cost,
+        );
+        o.add(
+            "ledger_carbon_grams_total",
+            "counter",
+            "Carbon emissions the ledger charged (grams CO2e)",
+            &labels,
+            s.carbon_kg * 1000.0,
+        );
+    }
+}
+
 /// The price and carbon feeds: the age of what each holds, and its fetches.
 pub(super) fn feeds(o: &mut Out, b: &Board) {
     for f in &b.feeds {

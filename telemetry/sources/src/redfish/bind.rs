@@ -5,11 +5,14 @@
 //! a binding takes those of the resources its pattern names, at its property (or all
 //! of them), in its metric's unit. `leak_detected` takes the `DetectorState` of leak
 //! detectors instead (OK is 0, anything else 1). One physical reading seen twice (an
-//! excerpt and its sensor, through a `**` tree) counts once.
+//! excerpt and its sensor, through a `**` tree) counts once. A statistic over an
+//! interval (`PowerMetrics`' average, minimum, maximum) is taken only by a binding that
+//! names it with `property`: one without takes instantaneous readings only.
 
 use serde_json::Value;
 
 use super::extract::quality;
+use super::survey::readings::Window;
 use telemetry::metric::names::LEAK_DETECTED;
 use telemetry::site::redfish::{Combine, RedfishBinding};
 use telemetry::Quality;
@@ -26,6 +29,18 @@ pub struct Matched {
     /// Read from the sensor itself rather than an excerpt of it.
     pub own: bool,
     pub quality: Quality,
+    /// A statistic over an interval (`PowerMetrics`), kept with the sample's source.
+    pub window: Option<Window>,
+}
+
+impl Matched {
+    /// Where it was read, and the statistic and interval when it is one.
+    pub fn described(&self) -> String {
+        match self.window {
+            Some(w) => format!("{} ({w})", self.from),
+            None => self.from.clone(),
+        }
+    }
 }
 
 /// What a binding made of what it took.
@@ -61,7 +76,7 @@ pub fn matches(b: &RedfishBinding, path: &str, v: &Value) -> Vec<Matched> {
         .filter(|r| r.unit == unit)
         .filter(|r| {
             let ptr = r.from.split_once('#').map_or("", |(_, p)| p);
-            b.property_matches(ptr)
+            (r.window.is_none() || b.property.is_some()) && b.property_matches(ptr)
         })
         .map(|r| Matched {
             key: r.key,
@@ -69,6 +84,7 @@ pub fn matches(b: &RedfishBinding, path: &str, v: &Value) -> Vec<Matched> {
             value: r.value,
             own: r.own,
             quality: q,
+            window: r.window,
         })
         .collect()
 }
@@ -93,6 +109,7 @@ fn leaks(b: &RedfishBinding, path: &str, v: &Value, ptr: &str, q: Quality, out: 
                 value: if state == "OK" { 0.0 } else { 1.0 },
                 own: ptr.is_empty(),
                 quality: q,
+                window: None,
             });
         }
     }
@@ -338,5 +355,76 @@ mod tests {
             &absent
         )
         .is_empty());
+    }
+
+    #[test]
+    fn an_average_is_taken_only_when_named_and_keeps_its_interval() {
+        let power = json!({"PowerControl": [{
+            "PowerConsumedWatts": 344,
+            "PowerMetrics": {"IntervalInMin": 30, "MinConsumedWatts": 271,
+                             "MaxConsumedWatts": 489, "AverageConsumedWatts": 319},
+            "Status": {"State": "Enabled", "Health": "OK"}
+        }]});
+        let path = "/redfish/v1/Chassis/1U/Power";
+        // no property: the instantaneous reading only, as before
+        let any = binding("Chassis/1U/Power", None, "power_w", None);
+        let (o, used) = settle(&any, matches(&any, path, &power));
+        assert_eq!(
+            o,
+            Outcome::Value {
+                value: 344.0,
+                quality: Quality::Good
+            }
+        );
+        assert_eq!(used[0].window, None);
+        let avg = binding(
+            "Chassis/1U/Power",
+            Some("PowerControl/0/PowerMetrics/AverageConsumedWatts"),
+            "power_w",
+            None,
+        );
+        let (o, used) = settle(&avg, matches(&avg, path, &power));
+        assert_eq!(
+            o,
+            Outcome::Value {
+                value: 319.0,
+                quality: Quality::Good
+            }
+        );
+        assert_eq!(
+            used[0].described(),
+            "/redfish/v1/Chassis/1U/Power#/PowerControl/0/PowerMetrics/AverageConsumedWatts (mean over 30 min)"
+        );
+        let max = binding(
+            "Chassis/*/Power",
+            Some("/PowerControl/0/PowerMetrics/MaxConsumedWatts"),
+            "power_w",
+            None,
+        );
+        let (o, _) = settle(&max, matches(&max, path, &power));
+        assert!(matches!(o, Outcome::Value { value, .. } if value == 489.0));
+    }
+
+    #[test]
+    fn an_accelerators_metrics_bind_to_a_gpu() {
+        let m = json!({"TemperatureCelsius": 41, "ConsumedPowerWatt": 82, "ThrottlingCelsius": 65});
+        let path = "/redfish/v1/Systems/1/Processors/GPU_0/ProcessorMetrics";
+        let mut temp = binding(
+            "Systems/1/Processors/*/ProcessorMetrics",
+            Some("TemperatureCelsius"),
+            "gpu_temp_c",
+            None,
+        );
+        temp.entity = EntityId::new(EntityKind::Gpu, "n1:0");
+        let (o, _) = settle(&temp, matches(&temp, path, &m));
+        assert!(matches!(o, Outcome::Value { value, .. } if value == 41.0));
+        let power = binding(
+            "Systems/1/Processors/GPU_0/ProcessorMetrics",
+            None,
+            "power_w",
+            None,
+        );
+        let (o, _) = settle(&power, matches(&power, path, &m));
+        assert!(matches!(o, Outcome::Value { value, .. } if value == 82.0));
     }
 }

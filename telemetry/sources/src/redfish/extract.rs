@@ -63,24 +63,49 @@ fn push(out: &mut Vec<Found>, metric: &'static str, value: Option<f64>, q: Quali
     }
 }
 
-/// Legacy `Power`: the chassis' consumed power.
+/// Legacy `Power`: the chassis' consumed power (`PowerControl[0].PowerConsumedWatts`);
+/// a service that gives only the statistics of `PowerMetrics` gives its average over
+/// `IntervalInMin`, the source saying so.
 pub fn legacy_power(power: &Value, path: &str) -> Vec<Found> {
     let mut out = Vec::new();
-    if let Some(pc) = power
+    let Some(pc) = power
         .get("PowerControl")
         .and_then(Value::as_array)
         .and_then(|a| a.first())
-    {
-        if let Some(q) = quality(pc) {
-            push(
-                &mut out,
-                POWER_W,
-                pc.get("PowerConsumedWatts").and_then(Value::as_f64),
-                q,
-                format!("{path}#PowerControl/0/PowerConsumedWatts"),
-            );
-        }
+    else {
+        return out;
+    };
+    let Some(q) = quality(pc) else {
+        return out;
+    };
+    if let Some(w) = pc.get("PowerConsumedWatts").and_then(Value::as_f64) {
+        push(
+            &mut out,
+            POWER_W,
+            Some(w),
+            q,
+            format!("{path}#PowerControl/0/PowerConsumedWatts"),
+        );
+        return out;
     }
+    let metrics = pc.get("PowerMetrics");
+    let interval = metrics
+        .and_then(|m| m.get("IntervalInMin"))
+        .and_then(Value::as_f64)
+        .filter(|m| m.is_finite() && *m > 0.0);
+    let over = match interval {
+        Some(m) => format!("mean over {m} min"),
+        None => "mean over the service's interval".to_string(),
+    };
+    push(
+        &mut out,
+        POWER_W,
+        metrics
+            .and_then(|m| m.get("AverageConsumedWatts"))
+            .and_then(Value::as_f64),
+        q,
+        format!("{path}#PowerControl/0/PowerMetrics/AverageConsumedWatts ({over})"),
+    );
     out
 }
 
@@ -362,5 +387,22 @@ mod tests {
         );
         assert!(environment(&json!({}), "/e").is_empty());
         assert!(legacy_power(&json!({"PowerControl": []}), "/p").is_empty());
+    }
+
+    #[test]
+    fn legacy_power_falls_back_to_the_average_and_says_over_what() {
+        let both = json!({"PowerControl": [{"PowerConsumedWatts": 344,
+            "PowerMetrics": {"IntervalInMin": 30, "AverageConsumedWatts": 319}}]});
+        let f = legacy_power(&both, "/p");
+        assert_eq!((f.len(), f[0].value), (1, 344.0));
+        let avg = json!({"PowerControl": [{
+            "PowerMetrics": {"IntervalInMin": 5, "AverageConsumedWatts": 319}}]});
+        let f = legacy_power(&avg, "/p");
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].value, 319.0);
+        assert_eq!(
+            f[0].from,
+            "/p#PowerControl/0/PowerMetrics/AverageConsumedWatts (mean over 5 min)"
+        );
     }
 }

@@ -177,7 +177,7 @@ impl Walk {
             let (outcome, used) = bind::settle(b, bound.remove(&i).unwrap_or_default());
             if let Outcome::Value { value, quality } = outcome {
                 let from = match used.as_slice() {
-                    [one] => one.from.clone(),
+                    [one] => one.described(),
                     _ => format!(
                         "/redfish/v1/{} ({} of {})",
                         b.resource,

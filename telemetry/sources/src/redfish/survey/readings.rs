@@ -9,6 +9,13 @@
 //! `...Celsius`, `...LitersPerMinute`, `...kPa`, `...Percent`, `...Hz`, `...RPM`).
 //! A reading is identified by its `DataSourceUri` where it has one, so a sensor seen
 //! through an excerpt and through its own resource counts once.
+//!
+//! Statistics over an interval keep it: the legacy `Power` resource's
+//! `PowerControl[].PowerMetrics` gives the average, minimum and maximum consumed watts
+//! over its `IntervalInMin`, and each of those readings carries a [`Window`] (the
+//! statistic and the interval), so that a mean over 30 minutes is never taken for an
+//! instantaneous reading. `ProcessorMetrics` of processors and accelerators gives
+//! `ConsumedPowerWatt` and `TemperatureCelsius` as flat numbers.
 
 use serde_json::{Map, Value};
 
@@ -30,6 +37,63 @@ pub struct Reading {
     pub redfish_unit: String,
     /// Read from the resource the key names (a `Sensor`), not from an excerpt.
     pub own: bool,
+    /// A statistic over an interval (`PowerMetrics`), not an instantaneous reading.
+    pub window: Option<Window>,
+}
+
+/// Which statistic over an interval a reading is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    Mean,
+    Min,
+    Max,
+}
+
+/// A reading that is a statistic over an interval that ends when it was read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub stat: Stat,
+    /// The interval's length (the resource's `IntervalInMin`), when it states one.
+    pub interval_s: Option<f64>,
+}
+
+impl Window {
+    /// The statistic a property's name says (`AverageConsumedWatts`, `MinConsumedWatts`,
+    /// `MaxConsumedWatts`), for a property of an object that states an interval.
+    fn of(name: &str, interval_min: Option<f64>) -> Option<Window> {
+        let stat = if name.starts_with("Average") {
+            Stat::Mean
+        } else if name.starts_with("Min") {
+            Stat::Min
+        } else if name.starts_with("Max") {
+            Stat::Max
+        } else {
+            return None;
+        };
+        Some(Window {
+            stat,
+            interval_s: interval_min
+                .filter(|m| m.is_finite() && *m > 0.0)
+                .map(|m| m * 60.0),
+        })
+    }
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stat = match self.stat {
+            Stat::Mean => "mean",
+            Stat::Min => "minimum",
+            Stat::Max => "maximum",
+        };
+        match self.interval_s {
+            Some(s) if s >= 60.0 && (s % 60.0).abs() < 1e-9 => {
+                write!(f, "{stat} over {} min", s / 60.0)
+            }
+            Some(s) => write!(f, "{stat} over {s} s"),
+            None => write!(f, "{stat} over the service's interval"),
+        }
+    }
 }
 
 /// A numeric reading whose unit powerplane does not know.
@@ -56,6 +120,13 @@ pub const LEGACY: &[(&str, &str)] = &[
     ("PowerOutputWatts", "W"),
     ("LastPowerOutputWatts", "W"),
     ("LineInputVoltage", "V"),
+    // `PowerControl[].PowerMetrics`: statistics over its `IntervalInMin`
+    ("AverageConsumedWatts", "W"),
+    ("MinConsumedWatts", "W"),
+    ("MaxConsumedWatts", "W"),
+    // `ProcessorMetrics` of a processor or accelerator
+    ("ConsumedPowerWatt", "W"),
+    ("TemperatureCelsius", "Cel"),
 ];
 
 /// Subtrees that hold links, requests or OEM extensions, not readings of this resource.
@@ -77,6 +148,7 @@ pub fn unit_of_name(name: &str) -> Option<&'static str> {
         ("Joules", "J"),
         ("kW", "kW"),
         ("Watts", "W"),
+        ("Watt", "W"),
         ("Amps", "A"),
         ("Volts", "V"),
         ("Voltage", "V"),
@@ -197,10 +269,15 @@ impl Walker<'_> {
         if let Some(r) = obj.get("Reading").and_then(Value::as_f64) {
             self.reading(obj, ptr, names, kind, top, r);
         }
+        let interval_min = obj.get("IntervalInMin").and_then(Value::as_f64);
         for (name, unit) in LEGACY {
             if let Some(x) = obj.get(*name).and_then(Value::as_f64) {
                 let key = format!("{}#{ptr}/{name}", self.path);
-                self.push(key, format!("{ptr}/{name}"), unit, name, x, false);
+                let window = obj
+                    .contains_key("IntervalInMin")
+                    .then(|| Window::of(name, interval_min))
+                    .flatten();
+                self.push(key, format!("{ptr}/{name}"), unit, name, x, false, window);
             }
         }
         for (k, child) in obj {
@@ -248,7 +325,7 @@ impl Walker<'_> {
         let name = names.join("/");
         let hint = if top { kind.to_string() } else { name.clone() };
         match unit {
-            Some(u) => self.push(key, format!("{ptr}/Reading"), u, &hint, r, top),
+            Some(u) => self.push(key, format!("{ptr}/Reading"), u, &hint, r, top, None),
             None => self.out.unknown.push(Unknown {
                 key,
                 property: format!("{ptr}/Reading"),
@@ -257,7 +334,17 @@ impl Walker<'_> {
         }
     }
 
-    fn push(&mut self, key: String, ptr: String, unit: &str, hint: &str, x: f64, own: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        key: String,
+        ptr: String,
+        unit: &str,
+        hint: &str,
+        x: f64,
+        own: bool,
+        window: Option<Window>,
+    ) {
         match canonical(unit, hint) {
             Some((metric, canon, factor)) => self.out.readings.push(Reading {
                 key,
@@ -267,6 +354,7 @@ impl Walker<'_> {
                 unit: canon,
                 redfish_unit: unit.to_string(),
                 own,
+                window,
             }),
             None => self.out.unknown.push(Unknown {
                 key,
@@ -340,5 +428,100 @@ mod tests {
         );
         assert!(f.readings.is_empty());
         assert_eq!(f.unknown.len(), 2);
+    }
+
+    #[test]
+    fn power_metrics_are_statistics_that_keep_their_interval() {
+        // `PowerControl` as the DMTF's public-rackmount1 mockup serves it
+        let p = json!({"PowerControl": [{
+            "PowerConsumedWatts": 344,
+            "PowerMetrics": {"IntervalInMin": 30, "MinConsumedWatts": 271,
+                             "MaxConsumedWatts": 489, "AverageConsumedWatts": 319},
+            "Status": {"State": "Enabled", "Health": "OK"}
+        }]});
+        let f = resource(&p, "/redfish/v1/Chassis/1U/Power");
+        let got: Vec<_> = f
+            .readings
+            .iter()
+            .map(|r| {
+                (
+                    r.from.rsplit('/').next().expect("pointer"),
+                    r.value,
+                    r.window,
+                )
+            })
+            .collect();
+        let w = |stat| {
+            Some(Window {
+                stat,
+                interval_s: Some(1800.0),
+            })
+        };
+        assert_eq!(
+            got,
+            vec![
+                ("PowerConsumedWatts", 344.0, None),
+                ("AverageConsumedWatts", 319.0, w(Stat::Mean)),
+                ("MinConsumedWatts", 271.0, w(Stat::Min)),
+                ("MaxConsumedWatts", 489.0, w(Stat::Max)),
+            ]
+        );
+        assert!(f.readings.iter().all(|r| r.metric == POWER_W));
+        assert_eq!(
+            w(Stat::Mean).expect("window").to_string(),
+            "mean over 30 min"
+        );
+        // an interval the service does not state is said so, not made up
+        let bare = resource(
+            &json!({"PowerMetrics": {"IntervalInMin": null, "AverageConsumedWatts": 10}}),
+            "/p",
+        );
+        assert_eq!(bare.readings[0].window.expect("window").interval_s, None);
+    }
+
+    #[test]
+    fn processor_metrics_give_power_and_temperature() {
+        let m = json!({
+            "@odata.type": "#ProcessorMetrics.v1_7_0.ProcessorMetrics",
+            "BandwidthPercent": 62,
+            "TemperatureCelsius": 41,
+            "ConsumedPowerWatt": 82,
+            "CoreVoltage": {"Reading": 0.9}
+        });
+        let path = "/redfish/v1/Systems/1/Processors/GPU_0/ProcessorMetrics";
+        let f = resource(&m, path);
+        let mut got: Vec<_> = f
+            .readings
+            .iter()
+            .map(|r| (r.key.as_str(), r.metric, r.value, r.window))
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(b.0));
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "/redfish/v1/Systems/1/Processors/GPU_0/ProcessorMetrics#/ConsumedPowerWatt",
+                    POWER_W,
+                    82.0,
+                    None
+                ),
+                (
+                    "/redfish/v1/Systems/1/Processors/GPU_0/ProcessorMetrics#/CoreVoltage",
+                    VOLTAGE_V,
+                    0.9,
+                    None
+                ),
+                (
+                    "/redfish/v1/Systems/1/Processors/GPU_0/ProcessorMetrics#/TemperatureCelsius",
+                    TEMPERATURE_C,
+                    41.0,
+                    None
+                ),
+            ]
+        );
+        // a newer service's excerpt of the same name is read once, as an excerpt
+        let e = resource(&json!({"ConsumedPowerWatt": {"Reading": 80.0}}), "/e");
+        assert_eq!(e.readings.len(), 1);
+        assert_eq!((e.readings[0].metric, e.readings[0].value), (POWER_W, 80.0));
     }
 }
