@@ -1,6 +1,8 @@
 //! `/healthz` and `/readyz`: whether `serve` is alive, and whether it is fit to steer
-//! (the store took the last tick's writes, the policy file is valid, the sources
-//! deliver), read from the board the control loop publishes after every tick.
+//! (the loop ticks, the store took the last tick's writes, the sources deliver), read
+//! from the board the control loop publishes after every tick. A policy file on disk
+//! that does not load is reported in the body, not failed on: the policy in force
+//! keeps running, and a load balancer must not take every replica out over a typo.
 
 use serde_json::json;
 use telemetry::Timestamp;
@@ -20,15 +22,25 @@ pub struct Readiness {
     pub last_source_sample: Option<Timestamp>,
     /// Sources are stale when none delivered for this long.
     pub stale_after_s: f64,
+    /// The loop is stalled when no tick completed for this long.
+    pub stall_after_s: f64,
 }
 
+/// The least time without a tick that counts as a stall, whatever the tick period.
+pub const MIN_STALL_S: f64 = 5.0;
+
 impl Readiness {
-    /// For a `serve` with these telemetry sources (each `true` when configured).
-    pub fn new(sources: &[bool], http: Option<&super::HttpSection>) -> Self {
+    /// For a `serve` that ticks every `tick_s` with these telemetry sources (each
+    /// `true` when configured).
+    pub fn new(sources: &[bool], tick_s: f64, http: Option<&super::HttpSection>) -> Self {
+        let ticks = http.map_or_else(super::server::default_ready_stall_ticks, |h| {
+            h.ready_stall_ticks
+        });
         Readiness {
             sources: sources.iter().filter(|s| **s).count(),
             stale_after_s: http
                 .map_or_else(super::server::default_ready_stale_s, |h| h.ready_stale_s),
+            stall_after_s: (ticks * tick_s).max(MIN_STALL_S),
             ..Default::default()
         }
     }
@@ -64,11 +76,26 @@ pub fn checks(b: &Board, now: Timestamp) -> Vec<(String, bool, serde_json::Value
             json!({ "error": r.store_error, "reachable": reachable, "journal_depth": journal }),
         ),
     };
+    // ticks go on: a loop stuck in a call that does not return fails, whatever the
+    // store last said (before the first tick, the store check already fails)
+    let tick_age = r.store_ok.map(|_| now.secs_since(b.time).max(0.0));
+    let ticking = check(
+        "loop",
+        tick_age.is_none_or(|a| a <= r.stall_after_s || r.stall_after_s <= 0.0),
+        json!({ "last_tick": b.time, "age_s": tick_age, "stall_after_s": r.stall_after_s }),
+    );
+    // the policy in force runs whatever the file on disk holds: an invalid edit is
+    // reported (and on /metrics as powerplane_policy_valid 0), not failed on
     let p = &b.policy_status;
     let policy = check(
         "policy",
-        p.valid,
-        json!({ "sha256": p.sha256, "error": p.last_error }),
+        true,
+        json!({
+            "sha256": p.sha256,
+            "file_valid": p.valid,
+            "error": p.last_error,
+            "rejected_sha256": p.rejected_sha256,
+        }),
     );
     let age = r.last_source_sample.map(|t| now.secs_since(t).max(0.0));
     let fresh = r.sources == 0 || age.is_some_and(|a| a <= r.stale_after_s);
@@ -82,7 +109,7 @@ pub fn checks(b: &Board, now: Timestamp) -> Vec<(String, bool, serde_json::Value
             "stale_after_s": r.stale_after_s,
         }),
     );
-    vec![store, policy, sources]
+    vec![ticking, store, policy, sources]
 }
 
 /// The answer to `GET /healthz` or `GET /readyz`.
@@ -156,10 +183,39 @@ mod tests {
         assert!(failing(&b, 60).is_empty());
         assert_eq!(failing(&b, 100), ["sources"]);
         b.ready.store_ok = Some(false);
-        b.policy_status.valid = false;
-        assert_eq!(failing(&b, 30), ["store", "policy"]);
+        assert_eq!(failing(&b, 30), ["store"]);
         let r = answer("/readyz", &b);
         assert_eq!(r.status, 503);
         assert_eq!(answer("/healthz", &b).status, 200);
+    }
+
+    #[test]
+    fn a_loop_that_stopped_ticking_is_not_ready_and_an_invalid_policy_file_is_only_reported() {
+        let mut b = board();
+        b.ready = Readiness::new(&[false], 0.5, None);
+        assert_eq!(b.ready.stall_after_s, MIN_STALL_S, "at least 5 s");
+        assert_eq!(Readiness::new(&[], 15.0, None).stall_after_s, 45.0);
+        b.ready.store_ok = Some(true);
+        b.time = Timestamp::from_secs(100);
+        let failing = |b: &Board, now| {
+            checks(b, Timestamp::from_secs(now))
+                .into_iter()
+                .filter(|c| !c.1)
+                .map(|c| c.0)
+                .collect::<Vec<_>>()
+        };
+        assert!(failing(&b, 104).is_empty());
+        assert_eq!(failing(&b, 106), ["loop"], "no tick for 6 s");
+        // a broken edit on disk: the replica stays in, the body says why
+        b.time = Timestamp::from_secs(200);
+        b.policy_status.valid = false;
+        b.policy_status.last_error = Some("policy.toml:3:1: unknown key `rulez`".into());
+        assert!(failing(&b, 201).is_empty());
+        let list = checks(&b, Timestamp::from_secs(201));
+        let policy = &list.iter().find(|c| c.0 == "policy").expect("policy").2;
+        assert_eq!(policy["file_valid"], false);
+        assert!(policy["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("rulez")));
     }
 }

@@ -96,6 +96,10 @@ pub struct HttpSection {
     /// `/readyz` fails when no source delivered a sample for this long.
     #[serde(default = "server::default_ready_stale_s")]
     pub ready_stale_s: f64,
+    /// `/readyz` fails when no tick completed for this many tick periods (at least
+    /// 5 s): the loop is stalled (a hung disk, a store call that does not return).
+    #[serde(default = "server::default_ready_stall_ticks")]
+    pub ready_stall_ticks: f64,
     /// Serve HTTPS with this certificate chain (PEM) and key (PEM), reread on SIGHUP.
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,

@@ -45,6 +45,9 @@ pub fn default_session_s() -> f64 {
 pub fn default_ready_stale_s() -> f64 {
     60.0
 }
+pub fn default_ready_stall_ticks() -> f64 {
+    3.0
+}
 
 /// Connections refused at once at most while others are being written their `503`;
 /// beyond, a refused connection is closed without an answer.

@@ -194,7 +194,7 @@ fn first_board(
         cfg.redfish.is_some(),
         cfg.agents.is_some(),
     ];
-    board.ready = api::health::Readiness::new(&sources, cfg.http.as_ref());
+    board.ready = api::health::Readiness::new(&sources, cfg.controller.tick_s, cfg.http.as_ref());
     Ok((Arc::new(RwLock::new(board)), reloader))
 }
 

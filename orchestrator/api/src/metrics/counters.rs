@@ -127,6 +127,14 @@ pub(super) fn feeds(o: &mut Out, b: &Board) {
 
 /// The loop's cadence: tick delays and durations, and evaluations for crossings.
 pub(super) fn cadence(o: &mut Out, b: &Board) {
+    // read at the scrape, not at the last tick: it grows while the loop is stalled
+    o.add(
+        "tick_age_seconds",
+        "gauge",
+        "Seconds since the last tick completed, at the scrape (grows while the loop is stalled; /readyz fails past ready_stall_ticks tick periods)",
+        &[],
+        common::wall_clock().secs_since(b.time).max(0.0),
+    );
     o.add(
         "tick_delay_seconds",
         "gauge",
