@@ -511,19 +511,23 @@ impl Fleet {
         out
     }
 
-    /// Keeps the agent's clock skew from a report stamped `stamp` that arrived `now`,
-    /// and names the node in a warning (once per node per 10 minutes) when it is
-    /// beyond [`CLOCK_SKEW_WARN_S`].
-    fn measure_skew(&mut self, node: &str, stamp: Timestamp, now: Timestamp) {
+    /// Keeps the agent's clock skew from a report stamped `stamp` that arrived `now`;
+    /// beyond [`CLOCK_SKEW_WARN_S`] counts the report (`reports_clock_skewed`) and names
+    /// the node in a warning, once per node per 10 minutes (whether it did: `true`).
+    fn measure_skew(&mut self, node: &str, stamp: Timestamp, now: Timestamp) -> bool {
         let skew_s = stamp.secs_since(now);
         self.clock_skew_s.insert(node.to_string(), skew_s);
-        if skew_s.abs() > CLOCK_SKEW_WARN_S {
-            if let Some(left_out) = self.skew_log.allow(node, std::time::Instant::now()) {
-                warn!(node = %node, skew_s, left_out,
-                    "agent clock is {:.1} s {} the controller's: its commands still apply (leases run from their arrival) but its samples carry its clock; check NTP on the node",
-                    skew_s.abs(), if skew_s < 0.0 { "behind" } else { "ahead of" });
-            }
+        if skew_s.abs() <= CLOCK_SKEW_WARN_S {
+            return false;
         }
+        bump(&mut self.counters, "reports_clock_skewed");
+        let Some(left_out) = self.skew_log.allow(node, std::time::Instant::now()) else {
+            return false;
+        };
+        warn!(node = %node, skew_s, left_out,
+            "agent clock is {:.1} s {} the controller's: its commands still apply (leases run from their arrival) but its samples carry its clock; check NTP on the node",
+            skew_s.abs(), if skew_s < 0.0 { "behind" } else { "ahead of" });
+        true
     }
 
     /// Per GPU: desired, acknowledged and enforced, for the status file and logs.

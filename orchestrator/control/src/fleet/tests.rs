@@ -375,6 +375,15 @@ fn each_agents_clock_skew_is_measured_from_its_reports() {
     let skew = f.status().clock_skew_s.clone();
     assert!((skew[&nodes[0]] + 600.2).abs() < 1e-6, "{skew:?}");
     assert!((skew[&nodes[1]] - 599.8).abs() < 1e-6, "{skew:?}");
+    assert_eq!(f.counters.get("reports_clock_skewed"), Some(&2));
+    // each node is named in a warning of its own, once per 10 minutes: a third
+    // skewed node is not drowned by the first two, the first is not named again
+    assert!(f.measure_skew("n-third", at(0.0), at(30.0)));
+    assert!(!f.measure_skew(&nodes[0], at(0.0), at(30.0)));
+    assert!(
+        !f.measure_skew("n-third", at(0.0), at(2.0)),
+        "within 10 s: no warning"
+    );
     // a node whose clock is set right again shows it at its next report
     let topic = Topics::default().topic(&nodes[0], Channel::Gpus);
     let r = report(&nodes[0], at(110.0));
