@@ -1,8 +1,10 @@
 //! Guards on inbound job events, between the signature check and the job registry:
 //! a replayed event is refused ([`ReplayWindow`]), a sender over its events per
 //! minute is refused ([`PerMinute`]), fields longer than their limit are refused
-//! ([`check_lengths`]), and an event older than the job's last recorded transition
-//! does not change the job ([`is_stale`]). Pure: the caller passes the time.
+//! ([`check_lengths`]), an event dated beyond the tolerance ahead of its arrival (or
+//! before 2000) is refused ([`check_time`]), and an event older than the job's last
+//! recorded transition does not change the job ([`is_stale`]). Pure: the caller
+//! passes the time.
 //!
 //! A signed event is identified by its signature (HMAC-SHA256 over the timestamp and
 //! the body): a replay carries the same one, and nobody without the key can make
@@ -40,6 +42,8 @@ pub enum Refused {
         max: usize,
         got: usize,
     },
+    #[error("time {time}: {why}")]
+    TimeOutOfWindow { time: String, why: String },
 }
 
 impl Refused {
@@ -49,6 +53,7 @@ impl Refused {
             Refused::Replay(_) => "replay",
             Refused::WindowFull(_) | Refused::RateLimited { .. } => "rate_limited",
             Refused::TooLong { .. } => "field_too_long",
+            Refused::TimeOutOfWindow { .. } => "time_out_of_window",
         }
     }
 
@@ -57,7 +62,7 @@ impl Refused {
         match self {
             Refused::Replay(_) => 409,
             Refused::WindowFull(_) | Refused::RateLimited { .. } => 429,
-            Refused::TooLong { .. } => 400,
+            Refused::TooLong { .. } | Refused::TimeOutOfWindow { .. } => 400,
         }
     }
 }
@@ -207,6 +212,37 @@ pub fn check_lengths(e: &JobEvent) -> Result<(), Refused> {
         Some((field, max, got)) => Err(Refused::TooLong { field, max, got }),
         None => Ok(()),
     }
+}
+
+/// The earliest `time` an event may carry (2000-01-01T00:00:00Z): anything before is a
+/// clock that was never set, not a late resend.
+pub const EARLIEST_EVENT_S: i64 = 946_684_800;
+
+/// Refuses an event whose `time` is more than `tolerance_s` ahead of its arrival
+/// (`now`): a job dated in the future would refuse every later event as older than
+/// its last transition, and never finish. A past `time` is taken (a late resend keeps
+/// the time the job changed), unless it is before [`EARLIEST_EVENT_S`]. An event
+/// without a `time` happened at its arrival.
+pub fn check_time(e: &JobEvent, now: Timestamp, tolerance_s: f64) -> Result<(), Refused> {
+    let Some(text) = &e.time else { return Ok(()) };
+    // the parser has checked the syntax; an unreadable time here is no time
+    let Ok(at) = Timestamp::parse_rfc3339(text) else {
+        return Ok(());
+    };
+    let ahead_s = at.secs_since(now);
+    if ahead_s > tolerance_s {
+        return Err(Refused::TimeOutOfWindow {
+            time: text.clone(),
+            why: format!("{ahead_s:.0} s ahead of the controller's clock, more than the {tolerance_s} s tolerated (tolerance_s)"),
+        });
+    }
+    if at < Timestamp::from_secs(EARLIEST_EVENT_S) {
+        return Err(Refused::TimeOutOfWindow {
+            time: text.clone(),
+            why: "before 2000-01-01: the sender's clock is not set".into(),
+        });
+    }
+    Ok(())
 }
 
 /// When the job last changed state, as recorded: its end, its start or its submission.

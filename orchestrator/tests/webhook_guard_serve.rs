@@ -1,8 +1,9 @@
 //! `powerplane serve` with signed webhook events that try to do harm: a replay of a
 //! signed `submitted` event within the timestamp tolerance, events that would bring a
-//! finished job back, an over-long field and a burst over the per-minute limit. Each
-//! is refused with its status and counted by reason on `/metrics`; the finished job
-//! stays finished and no hold is sent for it.
+//! finished job back, an over-long field, a burst over the per-minute limit and a
+//! `time` far ahead of the clock. Each is refused with its status and counted by
+//! reason on `/metrics`; the finished job stays finished and no hold is sent for it,
+//! and a job sent a future `time` still starts and finishes.
 
 mod common;
 
@@ -311,4 +312,64 @@ fn a_job_that_finished_before_a_restart_stays_finished_after_it() {
             .and_then(|r| r.get("stale").copied()),
         Some(1)
     );
+}
+
+#[test]
+fn an_event_dated_beyond_the_tolerance_ahead_is_refused_counted_and_the_job_still_finishes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (port, rport) = (free_port(), free_port());
+    let _got = receiver(rport);
+    let config = write_config(dir.path(), port, rport);
+    let _serve = serve(&config, 120);
+    wait("serve answering", Duration::from_secs(30), &config, &|| {
+        schedulers(port).is_some()
+    });
+    let ts = chrono::Utc::now().timestamp();
+    let event = |kind: &str, time: &str| {
+        format!(
+            r#"{{"event":"{kind}","scheduler":"lsf","job":"f","class":"interactive","time":"{time}"}}"#
+        )
+    };
+    let at = |secs: i64| {
+        chrono::DateTime::from_timestamp(ts + secs, 0)
+            .expect("time")
+            .to_rfc3339()
+    };
+    assert_eq!(post(port, &event("submitted", &at(0)), ts, None).0, 202);
+    // signed, and dated 2999 or 10 minutes ahead: refused, the job as it was
+    for time in ["2999-01-01T00:00:00Z".to_string(), at(600)] {
+        let (code, body) = post(port, &event("started", &time), ts + 1, None);
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("ahead of the controller's clock"), "{body}");
+    }
+    // its later events still apply: it starts and finishes
+    let state = || {
+        let (_, _, body) = http(port, "GET", "/api/v1/jobs", Some(VIEWER), b"");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        let jobs = v["jobs"].as_array().cloned().unwrap_or_default();
+        jobs.iter()
+            .find(|j| j["job"]["id"] == "lsf:f")
+            .map(|j| j["job"]["state"].as_str().unwrap_or("").to_string())
+    };
+    let (code, body) = post(port, &event("started", &at(2)), ts + 2, None);
+    assert_eq!(code, 202, "{body}");
+    wait("lsf:f running", Duration::from_secs(10), &config, &|| {
+        state().as_deref() == Some("running")
+    });
+    let (code, body) = post(port, &event("finished", &at(3)), ts + 3, None);
+    assert_eq!(code, 202, "{body}");
+    // (a finished job leaves the list of pending and running ones)
+    wait("lsf:f finished", Duration::from_secs(10), &config, &|| {
+        state().is_none_or(|s| s == "finished")
+    });
+    let (_, _, m) = http(port, "GET", "/metrics", None, b"");
+    assert_eq!(
+        value(
+            &m,
+            "powerplane_events_rejected_total{reason=\"time_out_of_window\"}"
+        ),
+        Some(2.0),
+        "{m}"
+    );
+    common::promtool_check(&m);
 }

@@ -333,7 +333,7 @@ pub struct Ack {
     pub time: Timestamp,
     pub status: AckStatus,
     /// For rejections: `malformed`, `unsigned`, `bad_signature`, `unsupported_version`,
-    /// `wrong_node`, `expired`, `from_future`, `replayed`, `superseded`, `out_of_range`,
+    /// `wrong_node`, `expired`, `replayed`, `superseded`, `out_of_range`,
     /// `no_such_gpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -716,3 +716,56 @@ fn a_broker_that_wants_a_password_gets_it() {
     };
     assert_eq!(decoded.samples.len(), 1);
 }
+
+#[test]
+fn telemetry_is_back_within_5_s_of_a_broker_that_was_down_for_10_s() {
+    let mut broker = Broker::start();
+    let prefix = unique("backoff");
+    let run = Running::start(
+        MqttConfig::new(&format!("mqtt://127.0.0.1:{}", broker.port)),
+        mapping(&prefix),
+    );
+    run.wait_for("first connection", |e| *e == Event::Connected);
+    broker.stop();
+    run.wait_for("disconnection", |e| matches!(e, Event::Disconnected { .. }));
+    // down long enough that a doubling backoff would wait 8 s or more by now
+    std::thread::sleep(Duration::from_secs(10));
+    broker.restart();
+    let back = Instant::now();
+    // publish until a sample arrives (a message sent before the source has subscribed
+    // again is not kept for it)
+    let topic = format!("{prefix}/h/b02/inlet");
+    let sample = loop {
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "no sample within 5 s of the broker being back"
+        );
+        let t = chrono::Utc::now().timestamp();
+        mosquitto_pub(
+            broker.port,
+            &topic,
+            format!(r#"{{"value": 86, "ts": {t}}}"#).as_bytes(),
+            &[],
+        );
+        let until = Instant::now() + Duration::from_millis(250);
+        let mut got = None;
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            match run.events.recv_timeout(left) {
+                Ok(Event::Message { decoded, .. }) if !decoded.samples.is_empty() => {
+                    got = Some(decoded.samples[0].clone());
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        if let Some(s) = got {
+            break s;
+        }
+    };
+    let took = back.elapsed();
+    assert!(took < Duration::from_secs(5), "a sample after {took:?}");
+    assert!((sample.value - 30.0).abs() < 1e-9);
+    let counters = run.finish();
+    assert!(counters.connects >= 2, "{counters:?}");
+}

@@ -236,6 +236,37 @@ mod tests {
     }
 
     #[test]
+    fn each_agents_clock_skew_is_a_gauge_by_node() {
+        let (b, mut f) = board();
+        let node = b.site.nodes[0].id.clone();
+        let report = telemetry::agent_proto::NodeReport {
+            v: telemetry::agent_proto::VERSION,
+            node: node.clone(),
+            time: b.time.plus_secs(-600.0),
+            seq: 1,
+            backend: "sim".into(),
+            gpus: vec![],
+            errors: vec![],
+        };
+        let topic = Topics::default().topic(&node, telemetry::agent_proto::Channel::Gpus);
+        f.on_message(
+            &topic,
+            &serde_json::to_vec(&report).expect("json"),
+            b.time.plus_secs(0.5),
+        );
+        let text = render(&b, Some(&f.status()), DEFAULT_GPU_SERIES);
+        assert!(
+            text.contains("# TYPE powerplane_agent_clock_skew_seconds gauge\n"),
+            "{text}"
+        );
+        let line = format!(
+            "powerplane_agent_clock_skew_seconds{{node=\"{}\"}} -600.5\n",
+            esc(&node)
+        );
+        assert!(text.contains(&line), "{line} in {text}");
+    }
+
+    #[test]
     fn gpus_beyond_metrics_gpu_series_are_summed_up_by_node_and_energy_is_a_counter() {
         let (mut b, _) = board();
         let now = b.time;

@@ -398,14 +398,20 @@ fn agents(f: &FleetStatus<'_>, body: &mut String) {
         f.in_sync,
         f.gpus.len()
     );
-    body.push_str("<table><tr><th>node</th><th>status</th><th>GPUs under fail-safe</th></tr>");
+    body.push_str("<table><tr><th>node</th><th>status</th><th>GPUs under fail-safe</th><th>clock skew</th></tr>");
     for (node, n) in f.nodes {
+        let skew = f
+            .clock_skew_s
+            .get(node)
+            .map(|s| format!("{s:+.1} s"))
+            .unwrap_or_else(|| "-".into());
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(node),
             escape(&n.status),
-            n.fail_safe_gpus.len()
+            n.fail_safe_gpus.len(),
+            skew
         );
     }
     body.push_str("</table>");

@@ -153,7 +153,7 @@ pub const REBIRTH_SENT: &str = "rebirth:sent";
 pub const REBIRTH_HELD: &str = "rebirth:held";
 
 /// Every reason a job event is refused for (see `powerplane-runtime`'s `schedulers::Inbox`).
-pub const EVENT_REASONS: [&str; 11] = [
+pub const EVENT_REASONS: [&str; 12] = [
     "unsigned",
     "bad_timestamp",
     "stale_timestamp",
@@ -162,6 +162,7 @@ pub const EVENT_REASONS: [&str; 11] = [
     "too_large",
     "bad_event",
     "field_too_long",
+    "time_out_of_window",
     "replay",
     "stale",
     "rate_limited",

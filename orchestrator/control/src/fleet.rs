@@ -121,6 +121,11 @@ impl GpuBook {
     }
 }
 
+/// An agent's clock further than this from the controller's (s) is named in a
+/// warning: its commands still apply (the agent runs each lease from its arrival),
+/// but its samples are dated by its own clock.
+pub const CLOCK_SKEW_WARN_S: f64 = 10.0;
+
 /// Agent health per node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeBook {
@@ -141,6 +146,12 @@ pub struct Fleet {
     known_nodes: std::collections::BTreeSet<String>,
     /// One warning per reason per interval, with the count left out.
     log: LogLimiter,
+    /// Each agent's clock minus the controller's (s), from its last report: the
+    /// report's stamp against its arrival (so it includes the report's transit).
+    clock_skew_s: BTreeMap<String, f64>,
+    /// One clock warning per node per interval (a node of its own key, so that one
+    /// node's warning never drowns another's).
+    skew_log: LogLimiter,
     id_prefix: String,
     next_id: u64,
     /// The fencing epoch commands carry (with `[ha]`: the leader's term).
@@ -210,6 +221,8 @@ impl Fleet {
             nodes: BTreeMap::new(),
             known_nodes: site.nodes.iter().map(|n| n.id.clone()).collect(),
             log: LogLimiter::new(std::time::Duration::from_secs(30)),
+            clock_skew_s: BTreeMap::new(),
+            skew_log: LogLimiter::new(std::time::Duration::from_secs(600)),
             id_prefix: format!("c{}", started.as_millis()),
             next_id: 0,
             epoch: None,
@@ -223,6 +236,11 @@ impl Fleet {
 
     pub fn nodes(&self) -> &BTreeMap<String, NodeBook> {
         &self.nodes
+    }
+
+    /// Each reporting agent's clock minus the controller's (s).
+    pub fn clock_skew_s(&self) -> &BTreeMap<String, f64> {
+        &self.clock_skew_s
     }
 
     /// Commands from now on carry `epoch` (a new leader's term). A new term re-sends
@@ -352,7 +370,7 @@ impl Fleet {
                 self.on_ack(&node, payload);
                 Vec::new()
             }
-            Channel::Gpus => self.on_report(&node, payload),
+            Channel::Gpus => self.on_report(&node, payload, now),
             Channel::Health => {
                 match serde_json::from_slice::<Health>(payload) {
                     Ok(h) => {
@@ -440,6 +458,8 @@ impl Fleet {
             let outcome = ack.gpus.iter().find(|o| o.index == b.index);
             let superseded = ack.reason.as_deref() == Some("superseded");
             // a rejection for a transient reason is retried; one that will not change is not
+            // (`from_future`: older agents refused a command stamped ahead of their
+            // clock; agents accept it now, with its lease from its arrival)
             let retry = matches!(
                 ack.reason.as_deref(),
                 Some("expired" | "from_future" | "replayed")
@@ -455,7 +475,7 @@ impl Fleet {
         }
     }
 
-    fn on_report(&mut self, node: &str, payload: &[u8]) -> Vec<Sample> {
+    fn on_report(&mut self, node: &str, payload: &[u8], now: Timestamp) -> Vec<Sample> {
         let r: NodeReport = match serde_json::from_slice(payload) {
             Ok(r) => r,
             Err(e) => {
@@ -465,6 +485,7 @@ impl Fleet {
             }
         };
         bump(&mut self.counters, "reports");
+        self.measure_skew(node, r.time, now);
         let src = format!("agent:{node}");
         let mut out = Vec::new();
         for g in &r.gpus {
@@ -490,11 +511,31 @@ impl Fleet {
         out
     }
 
+    /// Keeps the agent's clock skew from a report stamped `stamp` that arrived `now`;
+    /// beyond [`CLOCK_SKEW_WARN_S`] counts the report (`reports_clock_skewed`) and names
+    /// the node in a warning, once per node per 10 minutes (whether it did: `true`).
+    fn measure_skew(&mut self, node: &str, stamp: Timestamp, now: Timestamp) -> bool {
+        let skew_s = stamp.secs_since(now);
+        self.clock_skew_s.insert(node.to_string(), skew_s);
+        if skew_s.abs() <= CLOCK_SKEW_WARN_S {
+            return false;
+        }
+        bump(&mut self.counters, "reports_clock_skewed");
+        let Some(left_out) = self.skew_log.allow(node, std::time::Instant::now()) else {
+            return false;
+        };
+        warn!(node = %node, skew_s, left_out,
+            "agent clock is {:.1} s {} the controller's: its commands still apply (leases run from their arrival) but its samples carry its clock; check NTP on the node",
+            skew_s.abs(), if skew_s < 0.0 { "behind" } else { "ahead of" });
+        true
+    }
+
     /// Per GPU: desired, acknowledged and enforced, for the status file and logs.
     pub fn status(&self) -> FleetStatus<'_> {
         FleetStatus {
             gpus: self.books.values().collect(),
             nodes: &self.nodes,
+            clock_skew_s: &self.clock_skew_s,
             in_sync: self.books.values().filter(|b| b.in_sync()).count(),
             counters: &self.counters,
         }
@@ -505,6 +546,8 @@ impl Fleet {
 pub struct FleetStatus<'a> {
     pub in_sync: usize,
     pub nodes: &'a BTreeMap<String, NodeBook>,
+    /// Each reporting agent's clock minus the controller's (s).
+    pub clock_skew_s: &'a BTreeMap<String, f64>,
     pub counters: &'a BTreeMap<&'static str, u64>,
     pub gpus: Vec<&'a GpuBook>,
 }

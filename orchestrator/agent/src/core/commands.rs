@@ -1,5 +1,5 @@
 //! Commands from the controller: the checks a command passes (signature, version,
-//! node, age, skew, fencing epoch, replay, lease, range, GPUs), its application GPU by
+//! node, fencing epoch, replay, age by the controller's clock, lease, range, GPUs), its application GPU by
 //! GPU, and the ack that answers it. Refusals are counted and logged rate-limited.
 
 use telemetry::agent_proto::{
@@ -9,6 +9,7 @@ use telemetry::Timestamp;
 use tracing::{info, warn};
 
 use super::apply::{not_applied, Target};
+use super::state::Stamped;
 use super::{bump, Core};
 
 /// The reason (and counter suffix) of a command from a deposed leader.
@@ -32,7 +33,6 @@ fn reject_counter(reason: &str) -> &'static str {
         "unsupported_version" => "rejected_unsupported_version",
         "wrong_node" => "rejected_wrong_node",
         "expired" => "rejected_expired",
-        "from_future" => "rejected_from_future",
         "replayed" => "rejected_replayed",
         STALE_EPOCH => "rejected_stale_epoch",
         "superseded" => "rejected_superseded",
@@ -156,17 +156,18 @@ impl Core {
 
     /// A signed command, checked step by step and applied; its ack.
     fn apply_command(&mut self, cmd: &Command, now: Timestamp) -> Result<Ack, Refused> {
-        self.check_envelope(cmd, now)?;
+        let age = self.check_envelope(cmd, now)?;
         self.remember(cmd, now);
-        let lease_until = self.lease_until(cmd, now)?;
+        let lease_until = self.lease_until(cmd, now, age)?;
         let target = requested(&cmd.action)?;
         let (gpus, mut outcomes) = self.gpus_named(cmd)?;
         let superseded = self.apply_to(cmd, target, lease_until, gpus, &mut outcomes);
         Ok(self.settle(cmd, now, lease_until, outcomes, superseded))
     }
 
-    /// Version, node, age, clock skew, fencing epoch and replay.
-    fn check_envelope(&self, cmd: &Command, now: Timestamp) -> Result<(), Refused> {
+    /// Version, node, fencing epoch, replay and age; the command's age (s) by the
+    /// controller's clock.
+    fn check_envelope(&mut self, cmd: &Command, now: Timestamp) -> Result<f64, Refused> {
         if cmd.v != VERSION {
             return refused(
                 "unsupported_version",
@@ -179,25 +180,6 @@ impl Core {
                 format!(
                     "the command is for node {:?}, this is {:?}",
                     cmd.node, self.rules.node
-                ),
-            );
-        }
-        let age = now.secs_since(cmd.issued_at);
-        if age > self.rules.max_age_s {
-            return refused(
-                "expired",
-                format!(
-                    "issued {age:.1} s ago, more than the {} s accepted",
-                    self.rules.max_age_s
-                ),
-            );
-        }
-        if -age > self.rules.max_skew_s {
-            return refused(
-                "from_future",
-                format!(
-                    "issued {:.1} s in the future (clock skew over {} s)",
-                    -age, self.rules.max_skew_s
                 ),
             );
         }
@@ -218,23 +200,82 @@ impl Core {
                 format!("command {} was already received", cmd.id),
             );
         }
-        Ok(())
+        let age = self.age_of(cmd, now);
+        if age > self.rules.max_age_s {
+            return refused(
+                "expired",
+                format!(
+                    "issued {age:.1} s ago by the controller's clock (its stamp against the newest command accepted), more than the {} s accepted",
+                    self.rules.max_age_s
+                ),
+            );
+        }
+        self.note_skew(cmd, now);
+        Ok(age)
     }
 
-    /// Remembers the command's id (replays) and a new leader's epoch; forgets the ids
-    /// too old to come back.
+    /// How long ago the controller issued `cmd`, by the controller's clock as its
+    /// signed stamps tell: how far the stamp is behind the newest one accepted, plus
+    /// the time since that one arrived (at most `max_age_s`, so that a step of the
+    /// agent's own clock ages no command by more). The first command, and the first of
+    /// a new leader, is 0 s old: its lease runs from its arrival.
+    ///
+    /// The agent's own clock never refuses a command: a clock minutes slow or fast
+    /// would otherwise keep every command out and the GPUs uncapped.
+    fn age_of(&self, cmd: &Command, now: Timestamp) -> f64 {
+        let Some(newest) = self.p.newest else {
+            return 0.0;
+        };
+        if cmd.epoch.is_some_and(|e| e > self.p.epoch) {
+            return 0.0;
+        }
+        let elapsed = now
+            .secs_since(newest.arrived)
+            .clamp(0.0, self.rules.max_age_s);
+        newest.issued_at.secs_since(cmd.issued_at) + elapsed
+    }
+
+    /// Counts, and logs rate-limited, a command stamped further than `max_skew_s` from
+    /// the agent's clock at its arrival: it is applied (its lease runs from arrival),
+    /// but the agent's clock, or the controller's, is off.
+    fn note_skew(&mut self, cmd: &Command, now: Timestamp) {
+        let ahead_s = cmd.issued_at.secs_since(now);
+        if ahead_s.abs() <= self.rules.max_skew_s {
+            return;
+        }
+        bump(&mut self.counters, "commands_clock_skewed");
+        if let Some(left_out) = self.log_limit.allow("clock_skew", (self.monotonic)()) {
+            warn!(node = %self.rules.node, id = %cmd.id, ahead_s, max_clock_skew_s = self.rules.max_skew_s, left_out,
+                "a command is stamped {ahead_s:.1} s from this agent's clock: applied with its lease from its arrival; check the clocks (NTP) of this node and the controller");
+        }
+    }
+
+    /// Remembers the command's id (replays), its stamp (the controller's clock) and a
+    /// new leader's epoch; forgets the ids too old to come back (their stamps are
+    /// refused as expired).
     fn remember(&mut self, cmd: &Command, now: Timestamp) {
         self.p.seen.insert(cmd.id.clone(), cmd.issued_at);
+        let new_epoch = cmd.epoch.is_some_and(|e| e > self.p.epoch);
         if let Some(epoch) = cmd.epoch.filter(|e| *e > self.p.epoch) {
             info!(node = %self.rules.node, epoch, was = self.p.epoch, "commands from a new leader");
             self.p.epoch = epoch;
         }
-        let horizon = now.plus_secs(-(self.rules.max_age_s + self.rules.max_skew_s));
-        self.p.seen.retain(|_, t| *t >= horizon);
+        if new_epoch || self.p.newest.is_none_or(|n| cmd.issued_at > n.issued_at) {
+            self.p.newest = Some(Stamped {
+                issued_at: cmd.issued_at,
+                arrived: now,
+            });
+        }
+        if let Some(newest) = self.p.newest {
+            let horizon = newest.issued_at.plus_secs(-self.rules.max_age_s);
+            self.p.seen.retain(|_, t| *t >= horizon);
+        }
     }
 
-    /// When the command's lease ends, shortened to the longest accepted.
-    fn lease_until(&self, cmd: &Command, now: Timestamp) -> Result<Timestamp, Refused> {
+    /// When the command's lease ends on the agent's clock: its arrival plus the lease
+    /// (shortened to the longest accepted) less its age by the controller's clock. A
+    /// stamp ahead of the agent's clock gets no longer lease than that.
+    fn lease_until(&self, cmd: &Command, now: Timestamp, age: f64) -> Result<Timestamp, Refused> {
         if !(cmd.lease_s.is_finite() && cmd.lease_s > 0.0) {
             return refused(
                 "out_of_range",
@@ -242,11 +283,11 @@ impl Core {
             );
         }
         let lease_s = cmd.lease_s.min(self.rules.max_lease_s);
-        let lease_until = cmd.issued_at.min(now).plus_secs(lease_s);
+        let lease_until = now.plus_secs(lease_s - age.max(0.0));
         if lease_until <= now {
             return refused(
                 "expired",
-                format!("its {lease_s} s lease ended at {lease_until}, before it arrived"),
+                format!("its {lease_s} s lease ended before it arrived (issued {age:.1} s ago by the controller's clock)"),
             );
         }
         Ok(lease_until)

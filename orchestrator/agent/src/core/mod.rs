@@ -71,9 +71,11 @@ pub struct Rules {
     pub key: Key,
     /// Longest lease accepted; longer ones are shortened to it.
     pub max_lease_s: f64,
-    /// A command issued longer ago than this is refused as expired.
+    /// A command issued longer ago than this, by the controller's clock as its stamps
+    /// tell, is refused as expired.
     pub max_age_s: f64,
-    /// A command issued further in the future than this is refused.
+    /// A command stamped further than this from the agent's clock is applied all the
+    /// same (its lease runs from its arrival), but counted and logged: a clock is off.
     pub max_skew_s: f64,
     pub fail_safe: FailSafe,
     pub dry_run: bool,

@@ -27,6 +27,18 @@ pub struct Persisted {
     /// command from a lower epoch comes from a deposed leader and is refused.
     #[serde(default)]
     pub epoch: u64,
+    /// The controller's clock as its signed stamps tell: the newest stamp accepted
+    /// (under the current epoch) and when it arrived by this agent's clock. Commands
+    /// are aged by it, never by the agent's clock alone (which may be minutes off).
+    #[serde(default)]
+    pub newest: Option<Stamped>,
+}
+
+/// A command's stamp (the controller's clock) and its arrival (the agent's).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stamped {
+    pub issued_at: Timestamp,
+    pub arrived: Timestamp,
 }
 
 /// Reads the state file; a missing one is an empty state, a corrupt one is set aside

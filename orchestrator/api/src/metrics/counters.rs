@@ -277,7 +277,8 @@ pub(super) fn edges(o: &mut Out, b: &Board) {
     );
 }
 
-/// The fleet of agents: GPUs in sync, protocol messages and agents by status.
+/// The fleet of agents: GPUs in sync, protocol messages, each agent's clock skew and
+/// agents by status.
 pub(super) fn fleet(o: &mut Out, f: &FleetStatus<'_>) {
     o.add(
         "gpus_in_sync",
@@ -293,6 +294,15 @@ pub(super) fn fleet(o: &mut Out, f: &FleetStatus<'_>) {
             "Agent protocol messages, by kind",
             &[("kind", k)],
             *v as f64,
+        );
+    }
+    for (node, skew_s) in f.clock_skew_s.iter() {
+        o.add(
+            "agent_clock_skew_seconds",
+            "gauge",
+            "Each agent's clock minus the controller's, from its last report (includes the report's transit)",
+            &[("node", node)],
+            *skew_s,
         );
     }
     let mut by_status: BTreeMap<&str, u32> = BTreeMap::new();

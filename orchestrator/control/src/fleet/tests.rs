@@ -352,3 +352,41 @@ fn a_new_term_sends_every_gpu_its_state_again_under_the_new_epoch() {
     f.set_epoch(Some(7));
     assert!(f.commands(&state, at(2.0)).is_empty());
 }
+
+#[test]
+fn each_agents_clock_skew_is_measured_from_its_reports() {
+    let (mut f, site) = fleet();
+    let report = |node: &str, time: Timestamp| NodeReport {
+        v: VERSION,
+        node: node.into(),
+        time,
+        seq: 1,
+        backend: "sim".into(),
+        gpus: vec![],
+        errors: vec![],
+    };
+    let nodes: Vec<String> = site.nodes.iter().map(|n| n.id.clone()).collect();
+    // one agent 10 minutes slow, one 10 minutes fast
+    for (node, skew) in [(&nodes[0], -600.0), (&nodes[1], 600.0)] {
+        let topic = Topics::default().topic(node, Channel::Gpus);
+        let r = report(node, at(100.0 + skew));
+        f.on_message(&topic, &serde_json::to_vec(&r).expect("json"), at(100.2));
+    }
+    let skew = f.status().clock_skew_s.clone();
+    assert!((skew[&nodes[0]] + 600.2).abs() < 1e-6, "{skew:?}");
+    assert!((skew[&nodes[1]] - 599.8).abs() < 1e-6, "{skew:?}");
+    assert_eq!(f.counters.get("reports_clock_skewed"), Some(&2));
+    // each node is named in a warning of its own, once per 10 minutes: a third
+    // skewed node is not drowned by the first two, the first is not named again
+    assert!(f.measure_skew("n-third", at(0.0), at(30.0)));
+    assert!(!f.measure_skew(&nodes[0], at(0.0), at(30.0)));
+    assert!(
+        !f.measure_skew("n-third", at(0.0), at(2.0)),
+        "within 10 s: no warning"
+    );
+    // a node whose clock is set right again shows it at its next report
+    let topic = Topics::default().topic(&nodes[0], Channel::Gpus);
+    let r = report(&nodes[0], at(110.0));
+    f.on_message(&topic, &serde_json::to_vec(&r).expect("json"), at(110.1));
+    assert!((f.clock_skew_s()[&nodes[0]] + 0.1).abs() < 1e-6);
+}

@@ -71,7 +71,8 @@ pub struct WebhookSection {
     /// Mutual TLS: PEM file of that certificate's private key.
     #[serde(default)]
     pub client_key_file: Option<PathBuf>,
-    /// Inbound timestamps further than this from the clock are refused.
+    /// Inbound timestamps further than this from the clock are refused, and so are
+    /// events whose body `time` is further than this ahead of it.
     #[serde(default = "default_tolerance")]
     pub tolerance_s: f64,
     /// An event is answered 202 once it is stored (on the next tick); if that takes

@@ -127,7 +127,8 @@ impl Inbox {
         (status, why)
     }
 
-    /// The checks between the parser and the registry: the field lengths, a replay of
+    /// The checks between the parser and the registry: the field lengths, a `time`
+    /// beyond `tolerance_s` ahead of the controller's clock (or before 2000), a replay of
     /// a signed event (remembered from here on), an event older than the job's last
     /// transition. `Ok(true)`: take the event; `Ok(false)`: it is already recorded
     /// (a repeat of a job's end), answer without taking it.
@@ -137,8 +138,11 @@ impl Inbox {
         signed: Option<(&str, &str)>,
         now: Timestamp,
     ) -> std::result::Result<bool, (u16, String)> {
-        use integrations::webhook_guard::check_lengths;
+        use integrations::webhook_guard::{check_lengths, check_time};
         if let Err(r) = check_lengths(event) {
+            return Err(self.refuse(r.reason(), r.status(), format!("bad event: {r}")));
+        }
+        if let Err(r) = check_time(event, now, self.tolerance_s) {
             return Err(self.refuse(r.reason(), r.status(), format!("bad event: {r}")));
         }
         let mut g = self.lock();
@@ -597,5 +601,131 @@ impl Webhook {
             g.rejected.values().sum::<u64>() as f64,
         ));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "8f3c1d2e4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+    fn inbox(tolerance_s: f64) -> Arc<Inbox> {
+        Arc::new(Inbox {
+            key: WebhookKey::from_text(KEY).expect("key"),
+            tolerance_s,
+            ack_wait: Duration::from_secs(5),
+            stored: std::sync::Condvar::new(),
+            deferrable_classes: vec![],
+            inner: Mutex::new(InboxInner::new(BTreeMap::new(), vec![], 1000, tolerance_s)),
+        })
+    }
+
+    /// Posts `body` signed at `now`, as the HTTP server hands it over.
+    fn post(
+        inbox: &Inbox,
+        body: &str,
+        now: Timestamp,
+    ) -> std::result::Result<String, (u16, String)> {
+        let ts = (now.as_millis() / 1000).to_string();
+        let key = WebhookKey::from_text(KEY).expect("key");
+        let sig = key.sign(&ts, body.as_bytes());
+        inbox.receive(false, Some(&ts), Some(&sig), body.as_bytes(), now)
+    }
+
+    fn rfc3339(t: Timestamp) -> String {
+        t.to_datetime().to_rfc3339()
+    }
+
+    #[test]
+    fn an_event_dated_beyond_the_tolerance_ahead_is_refused_counted_and_wedges_no_job() {
+        let inbox = inbox(300.0);
+        // the loop: takes the events and stores them, so that each is answered
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let looped = {
+            let (inbox, stop) = (inbox.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut last = BTreeMap::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for j in inbox.take() {
+                        last.insert(j.id.clone(), j);
+                    }
+                    inbox.stored();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                last
+            })
+        };
+        let now = Timestamp::from_secs(1_790_000_000);
+        let ev = |kind: &str, job: &str, time: Timestamp| {
+            format!(
+                r#"{{"event":"{kind}","scheduler":"lsf","job":"{job}","time":"{}"}}"#,
+                rfc3339(time)
+            )
+        };
+        assert_eq!(
+            post(&inbox, &ev("submitted", "j", now), now),
+            Ok("lsf:j".into())
+        );
+        // a signed `started` dated 2999, then 10 minutes ahead: refused with the reason
+        let y2999 = Timestamp::parse_rfc3339("2999-01-01T00:00:00Z").expect("time");
+        for (at, arrives) in [
+            (y2999, now.plus_secs(1.0)),
+            (now.plus_secs(601.0), now.plus_secs(1.0)),
+        ] {
+            let (status, why) = post(&inbox, &ev("started", "j", at), arrives)
+                .expect_err("a time beyond the tolerance ahead is refused");
+            assert_eq!(status, 400, "{why}");
+            assert!(
+                why.contains("ahead of the controller's clock, more than the 300 s tolerated"),
+                "{why}"
+            );
+        }
+        // within the tolerance, and a clock that was never set
+        let (status, why) = post(
+            &inbox,
+            &ev("submitted", "epoch", Timestamp::from_secs(0)),
+            now.plus_secs(2.0),
+        )
+        .expect_err("1970 is no time");
+        assert_eq!(status, 400, "{why}");
+        assert!(why.contains("before 2000-01-01"), "{why}");
+        assert_eq!(inbox.rejected().get("time_out_of_window"), Some(&3));
+        // on /metrics, by reason
+        let counters = control::admit::labeled(None, Some(inbox.rejected()));
+        assert!(counters.iter().any(|c| c.name == "events_rejected_total"
+            && c.value == "time_out_of_window"
+            && c.count == 3));
+
+        // the job's later events still work: it starts (a time 2 min ahead is within
+        // the tolerance) and finishes
+        assert!(post(
+            &inbox,
+            &ev("started", "j", now.plus_secs(120.0)),
+            now.plus_secs(3.0)
+        )
+        .is_ok());
+        assert!(post(
+            &inbox,
+            &ev("finished", "j", now.plus_secs(125.0)),
+            now.plus_secs(8.0)
+        )
+        .is_ok());
+        // a late resend dated a day back is a legitimate past time
+        assert!(post(
+            &inbox,
+            &ev("submitted", "late", now.plus_secs(-86_400.0)),
+            now.plus_secs(9.0)
+        )
+        .is_ok());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let jobs = looped.join().expect("loop");
+        assert_eq!(
+            jobs["lsf:j"].state,
+            telemetry::JobState::Finished,
+            "{jobs:?}"
+        );
+        assert!(jobs.contains_key("lsf:late"));
+        assert!(!jobs.contains_key("lsf:epoch"));
     }
 }

@@ -7,7 +7,7 @@ use rumqttc::{Client, Event as MqttEvent, MqttOptions, Packet, QoS};
 use thiserror::Error;
 use tracing::warn;
 
-use super::{backoff, default_client_id, sleep_while, MqttConfig, HARD_PACKET_LIMIT};
+use super::{backoff, default_client_id, jittered, sleep_while, MqttConfig, HARD_PACKET_LIMIT};
 
 /// Why the client did not queue a request (its request queue is full or closed).
 #[derive(Debug, Error)]
@@ -88,7 +88,7 @@ pub(super) fn pump<T: Send + 'static>(
                 }
                 if err {
                     failures += 1;
-                    sleep_while(backoff(failures), &keep);
+                    sleep_while(jittered(backoff(failures)), &keep);
                 } else {
                     failures = 0;
                 }

@@ -6,7 +6,7 @@
 //!
 //! # Layout
 //! - `mod.rs`: the `[mqtt]` client settings ([`MqttConfig`]), their errors, the URL
-//!   and the backoff shared by both clients
+//!   and the backoff (with jitter) shared by both clients
 //! - `source.rs`: [`MqttSource`], the telemetry source (JSON and Sparkplug B mappings)
 //! - `link.rs`: [`Link`], the two-way connection of the agent protocol
 //! - `as_source.rs`: [`MqttSource`] as a [`crate::source::Source`] (feature `source`)
@@ -154,10 +154,35 @@ fn default_client_id() -> String {
     format!("powerplane-{}-{n}", std::process::id())
 }
 
-/// 0.5 s, 1 s, 2 s ... up to 30 s.
+/// The longest wait between reconnects (before jitter): a broker that comes back
+/// has its clients back within about this long (tested: telemetry within 5 s).
+pub const MAX_BACKOFF: Duration = Duration::from_secs(3);
+
+/// 0.5 s, 1 s, 2 s, then 3 s ([`MAX_BACKOFF`]) between tries, before [`jittered`].
+/// A broker is one process on the local network: trying every 3 s costs it nothing,
+/// and a longer wait would leave the controller blind after it is back.
 pub fn backoff(failures: u32) -> Duration {
-    let ms = 500u64.saturating_mul(1u64 << failures.saturating_sub(1).min(6));
-    Duration::from_millis(ms.min(30_000))
+    let ms = 500u64.saturating_mul(1u64 << failures.saturating_sub(1).min(3));
+    Duration::from_millis(ms).min(MAX_BACKOFF)
+}
+
+/// `d` spread over 0.8..1.2 of itself, so that the clients a broker's restart
+/// dropped together do not all come back in the same instant.
+pub fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.8 + 0.4 * unit_random())
+}
+
+/// A number in [0, 1) that differs between calls and processes (jitter needs no more).
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn sleep_while(d: Duration, keep_going: &dyn Fn() -> bool) {

@@ -45,11 +45,24 @@ fn urls_name_host_and_port() {
 }
 
 #[test]
-fn backoff_grows_and_is_bounded() {
+fn backoff_grows_to_a_few_seconds_and_is_jittered() {
     let d: Vec<u64> = (1..=10).map(|f| backoff(f).as_millis() as u64).collect();
     assert_eq!(
         d,
-        vec![500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000]
+        vec![500, 1000, 2000, 3000, 3000, 3000, 3000, 3000, 3000, 3000]
+    );
+    assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    let waits: Vec<Duration> = (0..200).map(|_| jittered(backoff(10))).collect();
+    assert!(
+        waits
+            .iter()
+            .all(|w| (2400..=3600).contains(&(w.as_millis() as u64))),
+        "{waits:?}"
+    );
+    assert!(
+        waits.iter().any(|w| *w != waits[0]),
+        "the waits are spread, not all {:?}",
+        waits[0]
     );
 }
 
