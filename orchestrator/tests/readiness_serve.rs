@@ -11,68 +11,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+#[path = "common/disk.rs"]
+mod disk;
+
 use std::time::{Duration, Instant};
 
+use disk::Disk;
+
 use common::{http, metric_value, serve, serve_log};
-
-/// An ext4 filesystem in a file, loop-mounted at `dir`; thawed and unmounted on drop,
-/// whatever the test did to it.
-struct Disk {
-    dir: PathBuf,
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("this test needs {cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Disk {
-    fn mount(image: &Path, dir: &Path) -> Disk {
-        run("truncate", &["-s", "64M", &image.display().to_string()]);
-        run("mkfs.ext4", &["-q", &image.display().to_string()]);
-        std::fs::create_dir_all(dir).expect("mount point");
-        run(
-            "mount",
-            &[
-                "-o",
-                "loop",
-                &image.display().to_string(),
-                &dir.display().to_string(),
-            ],
-        );
-        Disk {
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    fn freeze(&self) {
-        run("fsfreeze", &["--freeze", &self.dir.display().to_string()]);
-    }
-
-    fn thaw(&self) {
-        let _ = Command::new("fsfreeze")
-            .args(["--unfreeze", &self.dir.display().to_string()])
-            .output();
-    }
-}
-
-impl Drop for Disk {
-    fn drop(&mut self) {
-        self.thaw();
-        let _ = Command::new("umount")
-            .args(["-l", &self.dir.display().to_string()])
-            .output();
-    }
-}
 
 fn readyz(port: u16) -> Option<(u16, serde_json::Value)> {
     let (code, _, body) = http(port, "GET", "/readyz", None, b"");
@@ -95,7 +41,7 @@ fn wait(what: &str, within: Duration, ok: &dyn Fn() -> bool, log: &dyn Fn() -> S
 fn a_stalled_loop_fails_readyz_and_a_broken_policy_edit_does_not() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    let disk = Disk::mount(&d.join("disk.img"), &d.join("disk"));
+    let disk = Disk::mount(&d.join("disk.img"), &d.join("disk"), "64M");
     let hot = common::write_hot_rack(d, "readiness");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("port")

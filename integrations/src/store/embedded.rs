@@ -3,6 +3,12 @@
 //! Each collection is a table `c:{name}` (string key → bytes); each log a table
 //! `log:{name}` (sequence number → bytes). A batch is one write transaction, durable
 //! when `commit` returns.
+//!
+//! An I/O error (a full disk, a failing device) poisons redb's handle: every later
+//! transaction fails with "Previous I/O error occurred". The backend then closes the
+//! file and opens it again before the next call, so that once the disk can take
+//! writes again the writes that waited are committed; every error names its cause
+//! ("No space left on device").
 
 use std::path::Path;
 
@@ -14,12 +20,27 @@ use redb::{
 const NAME: &str = "embedded";
 
 pub struct EmbeddedBackend {
-    db: Database,
+    /// `None` between an I/O error and the reopening that follows it.
+    db: Option<Database>,
+    path: std::path::PathBuf,
+    /// Times the file was reopened after an I/O error.
+    pub reopened: u64,
 }
 
+/// The error, its cause in the message (a log line shows the message, and the cause
+/// is what the operator acts on).
 fn err(what: impl Into<String>) -> impl FnOnce(redb::Error) -> StoreError {
     let what = what.into();
-    move |e| StoreError::backend(NAME, what, e)
+    move |e| {
+        let message = format!("{what}: {e}");
+        StoreError::backend(NAME, message, e)
+    }
+}
+
+/// Whether redb's handle is unusable after `e` (an I/O error, or the refusal that
+/// follows one): the file must be closed and opened again.
+fn poisoned(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
 }
 
 fn coll_def(name: &str) -> String {
@@ -35,7 +56,15 @@ impl EmbeddedBackend {
     /// while open: a second controller on the same file is refused (the embedded
     /// store serves one controller; several replicas share Redis, see `[ha]`).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| match e {
+        Ok(EmbeddedBackend {
+            db: Some(Self::open_db(path)?),
+            path: path.to_path_buf(),
+            reopened: 0,
+        })
+    }
+
+    fn open_db(path: &Path) -> Result<Database, StoreError> {
+        Database::create(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend {
                 backend: NAME,
                 message: format!(
@@ -45,12 +74,32 @@ impl EmbeddedBackend {
                 source: None,
             },
             e => err(format!("cannot open {}", path.display()))(e.into()),
-        })?;
-        Ok(EmbeddedBackend { db })
+        })
     }
 
-    fn commit_inner(&mut self, batch: &Batch) -> Result<Vec<u64>, redb::Error> {
-        let txn = self.db.begin_write()?;
+    /// The open database; after an I/O error, the file opened again (an error while
+    /// it cannot be).
+    fn db(&mut self) -> Result<&Database, StoreError> {
+        if self.db.is_none() {
+            let db = Self::open_db(&self.path)?;
+            self.reopened += 1;
+            tracing::warn!(file = %self.path.display(), reopened = self.reopened, "embedded store reopened after an I/O error");
+            self.db = Some(db);
+        }
+        Ok(self.db.as_ref().expect("just opened"))
+    }
+
+    /// `e`, after which the handle is dropped when it is poisoned (the file is
+    /// reopened on the next call).
+    fn failed(&mut self, e: redb::Error) -> redb::Error {
+        if poisoned(&e) {
+            self.db = None;
+        }
+        e
+    }
+
+    fn commit_inner(db: &Database, batch: &Batch) -> Result<Vec<u64>, redb::Error> {
+        let txn = db.begin_write()?;
         let mut seqs = Vec::new();
         for op in &batch.ops {
             match op {
@@ -86,12 +135,14 @@ impl EmbeddedBackend {
 
 impl Backend for EmbeddedBackend {
     fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
-        self.commit_inner(batch).map_err(err("commit batch"))
+        let r = Self::commit_inner(self.db()?, batch);
+        r.map_err(|e| self.failed(e)).map_err(err("commit batch"))
     }
 
     fn get(&mut self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let db = self.db()?;
         let inner = || -> Result<Option<Vec<u8>>, redb::Error> {
-            let txn = self.db.begin_read()?;
+            let txn = db.begin_read()?;
             let name = coll_def(collection);
             let t = match txn.open_table(TableDefinition::<&str, &[u8]>::new(&name)) {
                 Ok(t) => t,
@@ -100,12 +151,15 @@ impl Backend for EmbeddedBackend {
             };
             Ok(t.get(key)?.map(|v| v.value().to_vec()))
         };
-        inner().map_err(err(format!("get {collection}/{key}")))
+        let r = inner();
+        r.map_err(|e| self.failed(e))
+            .map_err(err(format!("get {collection}/{key}")))
     }
 
     fn list(&mut self, collection: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let db = self.db()?;
         let inner = || -> Result<Vec<(String, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
+            let txn = db.begin_read()?;
             let name = coll_def(collection);
             let t = match txn.open_table(TableDefinition::<&str, &[u8]>::new(&name)) {
                 Ok(t) => t,
@@ -119,7 +173,9 @@ impl Backend for EmbeddedBackend {
             }
             Ok(out)
         };
-        inner().map_err(err(format!("list {collection}")))
+        let r = inner();
+        r.map_err(|e| self.failed(e))
+            .map_err(err(format!("list {collection}")))
     }
 
     fn read_log(
@@ -128,8 +184,9 @@ impl Backend for EmbeddedBackend {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let db = self.db()?;
         let inner = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
-            let txn = self.db.begin_read()?;
+            let txn = db.begin_read()?;
             let name = log_def(log);
             let t = match txn.open_table(TableDefinition::<u64, &[u8]>::new(&name)) {
                 Ok(t) => t,
@@ -143,12 +200,15 @@ impl Backend for EmbeddedBackend {
             }
             Ok(out)
         };
-        inner().map_err(err(format!("read log {log}")))
+        let r = inner();
+        r.map_err(|e| self.failed(e))
+            .map_err(err(format!("read log {log}")))
     }
 
     fn log_len(&mut self, log: &str) -> Result<u64, StoreError> {
+        let db = self.db()?;
         let inner = || -> Result<u64, redb::Error> {
-            let txn = self.db.begin_read()?;
+            let txn = db.begin_read()?;
             let name = log_def(log);
             match txn.open_table(TableDefinition::<u64, &[u8]>::new(&name)) {
                 Ok(t) => Ok(t.len()?),
@@ -156,7 +216,9 @@ impl Backend for EmbeddedBackend {
                 Err(e) => Err(e.into()),
             }
         };
-        inner().map_err(err(format!("length of log {log}")))
+        let r = inner();
+        r.map_err(|e| self.failed(e))
+            .map_err(err(format!("length of log {log}")))
     }
 
     fn name(&self) -> &'static str {
