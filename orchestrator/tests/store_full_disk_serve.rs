@@ -3,6 +3,7 @@
 //! space left on device") and `/readyz` names the store; once space is back the store
 //! reopens by itself, what waited in memory is committed, `/readyz` is ready again,
 //! and at SIGTERM serve exits 0 with every ledger entry of the outage in the file.
+//! (A shutdown the store refuses says what it could not keep: `tests/tests/control.rs`.)
 //!
 //! Needs root, a loop device, `mkfs.ext4` and util-linux (see `common/disk.rs`), and
 //! the shared Mosquitto for the readings that the ledger charges.
@@ -87,14 +88,21 @@ fn a_full_disk_names_its_cause_and_once_freed_the_store_reopens_and_keeps_every_
     )
     .expect("config");
     let log = || serve_log(&config);
-    let log_file = std::fs::File::create(config.with_extension("log")).expect("log");
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_powerplane"))
-        .args(["serve", "--run-for-s", "180", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .expect("serve");
+    let start = || {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(config.with_extension("log"))
+            .expect("log");
+        Command::new(env!("CARGO_BIN_EXE_powerplane"))
+            .args(["serve", "--run-for-s", "180", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("serve")
+    };
+    let mut serve = start();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = done.clone();
     let topic = hot.topic.clone();
@@ -157,8 +165,6 @@ fn a_full_disk_names_its_cause_and_once_freed_the_store_reopens_and_keeps_every_
         .args(["-TERM", &serve.id().to_string()])
         .status();
     let status = serve.wait().expect("serve");
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    publisher.join().expect("publisher");
     assert!(status.success(), "serve exited {status}:\n{}", log());
 
     // every entry the ledger charged, outage included, is in the file
@@ -176,4 +182,6 @@ fn a_full_disk_names_its_cause_and_once_freed_the_store_reopens_and_keeps_every_
         "the file keeps {kept_j} J of the {charged} J charged:\n{}",
         log()
     );
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    publisher.join().expect("publisher");
 }

@@ -290,6 +290,25 @@ impl Tx {
         self.batch.ops.len()
     }
 
+    /// What the writes are, for a message that says what was not kept: the number of
+    /// writes per collection or log (`ledger: 12, audit: 3, jobs: 2`).
+    pub fn summary(&self) -> String {
+        let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+        for op in &self.batch.ops {
+            match op {
+                Op::Put { collection, .. } | Op::Delete { collection, .. } => {
+                    *by.entry(collection).or_default() += 1;
+                }
+                Op::Append { log, .. } => *by.entry(log).or_default() += 1,
+                Op::Fence { .. } => {}
+            }
+        }
+        by.iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Puts what is new or changed in `next` and deletes what is gone from `prior`,
     /// walking both in key order (both are maps ordered by key) once.
     fn diff<'a, K: ToString + Ord + 'a, V: Serialize + PartialEq + 'a>(

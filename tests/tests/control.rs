@@ -211,6 +211,37 @@ fn a_store_outage_does_not_stop_the_loop_and_loses_no_record() {
     );
 }
 
+#[test]
+fn a_shutdown_the_store_refuses_says_exactly_what_it_could_not_keep() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let down = Arc::new(AtomicBool::new(false));
+    let store = Store::new(Box::new(Flaky {
+        inner: EmbeddedBackend::open(&dir.path().join("state.redb")).expect("open"),
+        down: down.clone(),
+    }));
+    let mut fac = facility(5);
+    let mut ctl = control(store);
+    run(&mut ctl, &mut fac, 5);
+    down.store(true, Ordering::SeqCst);
+    let made = run(&mut ctl, &mut fac, 10);
+    let e = ctl
+        .finish(fac.now())
+        .expect_err("the store refuses the shutdown's commit");
+    let text = e.to_string();
+    assert!(text.contains("writes not kept ("), "{text}");
+    assert!(
+        text.contains("ledger: "),
+        "the closing interval is named: {text}"
+    );
+    if made > 0 {
+        assert!(
+            text.contains(&format!("audit: {made}")),
+            "{made} decisions: {text}"
+        );
+    }
+    assert!(text.contains("injected outage"), "the cause: {text}");
+}
+
 /// Samples that must all be rejected, and one good one.
 struct Garbage;
 

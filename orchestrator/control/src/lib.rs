@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use policies::{evaluate, Decision, Inputs, Plan, Policy, State};
 use store::{LedgerEntry, Store, StoreError, Tx};
 use telemetry::{Job, Sample, Site, Snapshot, Timestamp};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use crate::accounting::Accountant;
 use crate::registry::JobRegistry;
@@ -451,7 +451,25 @@ impl ControlLoop {
             tx.conditions(&c);
         }
         self.unsaved.extend(tx);
-        self.save()?;
+        if let Err(e) = self.save() {
+            // say exactly what is lost: the writes that never reached the store
+            let lost = self.unsaved.summary();
+            error!(
+                backend = self.store.backend_name(),
+                error = %e,
+                ops = self.unsaved.len(),
+                lost = %lost,
+                "shutdown: the store took none of the waiting writes; they are lost (writes per collection or log in `lost`)"
+            );
+            return Err(StoreError::Backend {
+                backend: self.store.backend_name(),
+                message: format!(
+                    "shutdown: {} writes not kept ({lost}): {e}",
+                    self.unsaved.len()
+                ),
+                source: Some(Box::new(e)),
+            });
+        }
         Ok(entries)
     }
 
