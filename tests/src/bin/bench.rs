@@ -24,7 +24,7 @@
 //!   release `serve` replicas on a Redis of its own, N times: the time until the next
 //!   leader's first tick, median and max, and the ticks lost (see `bench/failover.rs`).
 //!
-//! - `bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale]`: one
+//! - `bench engine [--gpus N,N,...] [--runs R] [--rules N] [--plans FILE] [--at MILLIS] [--stale]`: one
 //!   policy evaluation on a synthetic site, ticks 10 s apart with every reading taken anew
 //!   before each (outside the timing), then as many runs of a reference kernel on
 //!   readings taken the same way (every GPU's readings by slot and a sort by cut order):
@@ -453,7 +453,7 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] [--bin PATH] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--rules N] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] [--bin PATH] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
             );
             std::process::exit(2);
         }
@@ -615,6 +615,50 @@ when = "price > price.cheapest_before_deadline"
 action = { hold = true }
 "#;
 
+/// `bench engine --rules N`: N rules beside the four, as a large site's policy has them
+/// (one of each kind in turn): a rack rule for one row (inlet, with a duration), a GPU
+/// rule for one rack (temperature), a node-power rule for one rack's racks (power), and a
+/// site rule on the price; thresholds vary so that some fire and some do not.
+fn extra_rules(n: usize, racks: usize) -> String {
+    use std::fmt::Write;
+    let rows = racks.div_ceil(20);
+    let mut s = String::new();
+    for k in 0..n {
+        let pct = 80 + (k % 15);
+        // a threshold of its own per rule (no two rules the same condition on the
+        // same entities, which the policy check refuses as a contradiction)
+        let x = k as f64 * 0.001;
+        let _ = match k % 4 {
+            0 => write!(
+                s,
+                "\n[[rules]]\nname = \"row-inlet-{k}\"\nscope = \"rack\"\nselect = {{ within = \"row/w{}\" }}\nwhen = \"inlet_temp_c > {:.3} for 1m\"\nrelease = \"inlet_temp_c < {:.3} for 5m\"\naction = {{ cap_pct = {pct} }}\n",
+                k % rows,
+                26.0 + (k % 7) as f64 + x,
+                24.0 + (k % 7) as f64 + x
+            ),
+            1 => write!(
+                s,
+                "\n[[rules]]\nname = \"rack-gpus-{k}\"\nscope = \"gpu\"\nselect = {{ within = \"rack/r{}\" }}\nwhen = \"gpu_temp_c > {:.3}\"\nrelease = \"gpu_temp_c < {:.3}\"\naction = {{ cap_pct = {pct} }}\n",
+                (k * 7) % racks,
+                70.0 + (k % 20) as f64 + x,
+                65.0 + (k % 20) as f64 + x
+            ),
+            2 => write!(
+                s,
+                "\n[[rules]]\nname = \"rack-power-{k}\"\nscope = \"rack\"\nselect = {{ within = \"rack/r{}\" }}\nwhen = \"power_w > {:.3}\"\naction = {{ cap_pct = {pct} }}\n",
+                (k * 13) % racks,
+                9000.0 + 100.0 * (k % 40) as f64 + x
+            ),
+            _ => write!(
+                s,
+                "\n[[rules]]\nname = \"price-{k}\"\nscope = \"site\"\nwhen = \"price > {:.4}\"\naction = {{ cap_pct = {pct} }}\n",
+                0.2 + 0.01 * (k % 30) as f64 + x * 0.01
+            ),
+        };
+    }
+    s
+}
+
 /// `bench engine --plans FILE`: the file the plans of the evaluations at `gpus` GPUs
 /// are written to (`FILE.GPUS`), where asked for.
 fn plans_file(gpus: usize) -> Option<std::io::BufWriter<std::fs::File>> {
@@ -650,7 +694,15 @@ fn bench_engine() {
         .nth(1)
         .and_then(|r| r.parse().ok())
         .unwrap_or(7);
-    println!("engine: one evaluation (budgets, thermal, price, 4 rules), single thread");
+    let extra: usize = std::env::args()
+        .skip_while(|a| a != "--rules")
+        .nth(1)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    println!(
+        "engine: one evaluation (budgets, thermal, price, {} rules), single thread",
+        4 + extra
+    );
     println!(
         "{:>9} {:>6} {:>7} {:>10} {:>10} {:>10} {:>12} {:>10} {:>7}",
         "gpus",
@@ -668,7 +720,16 @@ fn bench_engine() {
         let text = engine_site(gpus);
         let t = Instant::now();
         let site = telemetry::Site::parse("bench.toml", &text).expect("bench site");
-        let policy = policies::Policy::parse("policy.toml", ENGINE_POLICY).expect("bench policy");
+        let policy_text = format!("{ENGINE_POLICY}{}", extra_rules(extra, gpus.div_ceil(50)));
+        let parse_t = Instant::now();
+        let policy = policies::Policy::parse("policy.toml", &policy_text).expect("bench policy");
+        if extra > 0 {
+            println!(
+                "  policy of {} rules parsed and checked in {:.1} ms",
+                4 + extra,
+                parse_t.elapsed().as_secs_f64() * 1000.0
+            );
+        }
         // `--at MILLIS`: a fixed time (Unix milliseconds) for runs to compare
         let now = std::env::args()
             .skip_while(|a| a != "--at")
