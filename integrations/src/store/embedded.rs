@@ -2,14 +2,21 @@
 //!
 //! Each collection is a table `c:{name}` (string key → bytes); each log a table
 //! `log:{name}` (sequence number → bytes). A batch is one write transaction, durable
-//! when `commit` returns.
+//! when `commit` returns. The file is checked before it is opened for writing
+//! ([`check`]): a damaged one is refused, untouched.
+
+mod check;
 
 use std::path::Path;
 
 use crate::store::{Backend, Batch, Op, StoreError};
+use tracing::warn;
+
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableError,
 };
+
+pub use check::{check, Checked};
 
 const NAME: &str = "embedded";
 
@@ -22,6 +29,17 @@ fn err(what: impl Into<String>) -> impl FnOnce(redb::Error) -> StoreError {
     move |e| StoreError::backend(NAME, what, e)
 }
 
+fn already_open(path: &Path) -> StoreError {
+    StoreError::Backend {
+        backend: NAME,
+        message: format!(
+            "{} is already open in another process (another powerplane serve?): the embedded store serves one controller; for several replicas use [store] kind = \"redis\" with [ha]",
+            path.display()
+        ),
+        source: None,
+    }
+}
+
 fn coll_def(name: &str) -> String {
     format!("c:{name}")
 }
@@ -31,19 +49,28 @@ fn log_def(name: &str) -> String {
 }
 
 impl EmbeddedBackend {
-    /// Opens the store file, creating it if it does not exist. The file is locked
-    /// while open: a second controller on the same file is refused (the embedded
-    /// store serves one controller; several replicas share Redis, see `[ha]`).
+    /// Opens the store file, creating it if it does not exist. An existing file is
+    /// checked first ([`check`]): an empty, truncated or corrupted one is refused with
+    /// what is wrong, and nothing is written to it. The file is locked while open: a
+    /// second controller on the same file is refused (the embedded store serves one
+    /// controller; several replicas share Redis, see `[ha]`).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend {
+        match check(path)? {
+            Checked::InUse => return Err(already_open(path)),
+            Checked::Sound { recovers: true, .. } => warn!(
+                path = %path.display(),
+                "the embedded store was not shut down cleanly; rolling it back to its last commit, which checked sound"
+            ),
+            Checked::Missing | Checked::Sound { .. } => {}
+        }
+        let opened =
+            check::guarded(|| Database::create(path)).map_err(|p| StoreError::Backend {
                 backend: NAME,
-                message: format!(
-                    "{} is already open in another process (another powerplane serve?): the embedded store serves one controller; for several replicas use [store] kind = \"redis\" with [ha]",
-                    path.display()
-                ),
+                message: format!("opening {} panicked: {p}", path.display()),
                 source: None,
-            },
+            })?;
+        let db = opened.map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => already_open(path),
             e => err(format!("cannot open {}", path.display()))(e.into()),
         })?;
         Ok(EmbeddedBackend { db })
