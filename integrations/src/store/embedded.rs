@@ -16,7 +16,7 @@ use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableError,
 };
 
-pub use check::{check, Checked};
+pub use check::{check, check_journal, Checked};
 
 const NAME: &str = "embedded";
 

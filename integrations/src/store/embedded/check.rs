@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use redb::{
     Builder, DatabaseError, ReadTransaction, ReadableDatabase, ReadableTable,
-    ReadableTableMetadata, StorageBackend, TableDefinition, TableHandle,
+    ReadableTableMetadata, StorageBackend, TableDefinition, TableError, TableHandle,
 };
 
 use crate::store::StoreError;
@@ -76,15 +76,35 @@ impl std::fmt::Display for Checked {
     }
 }
 
+/// Which file is checked: the advice for a damaged one differs.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// The embedded store.
+    Store,
+    /// A Redis store's journal (`[store] journal`).
+    Journal,
+}
+
 /// The error for a damaged file: what is wrong, and what the operator can do.
-fn damaged(path: &Path, what: impl std::fmt::Display) -> StoreError {
+fn damaged(path: &Path, kind: Kind, what: impl std::fmt::Display) -> StoreError {
+    let (backend, advice) = match kind {
+        Kind::Store => (
+            super::NAME,
+            "Move it aside (keep it for inspection) and restore the store from a backup, or \
+             start without one: serve then creates an empty store (caps, holds and jobs are \
+             re-learned from the schedulers and telemetry; the audit and ledger history stays \
+             in the moved file)",
+        ),
+        Kind::Journal => (
+            "journal",
+            "Move it aside (keep it for inspection) and start again: serve creates a new \
+             journal; the batches in the moved file that Redis had not taken are not replayed",
+        ),
+    };
     StoreError::Backend {
-        backend: super::NAME,
+        backend,
         message: format!(
-            "{} is damaged: {what}. Nothing was written to it. Move it aside (keep it for \
-             inspection) and restore the store from a backup, or start without one: serve \
-             then creates an empty store (caps, holds and jobs are re-learned from the \
-             schedulers and telemetry; the audit and ledger history stays in the moved file)",
+            "{} is damaged: {what}. Nothing was written to it. {advice}",
             path.display()
         ),
         source: None,
@@ -100,6 +120,15 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Checks the store file at `path` without writing to it.
 pub fn check(path: &Path) -> Result<Checked, StoreError> {
+    check_file(path, Kind::Store)
+}
+
+/// Checks a Redis store's journal file at `path` without writing to it.
+pub fn check_journal(path: &Path) -> Result<Checked, StoreError> {
+    check_file(path, Kind::Journal)
+}
+
+fn check_file(path: &Path, kind: Kind) -> Result<Checked, StoreError> {
     let io = |what: &str, e: std::io::Error| StoreError::Backend {
         backend: super::NAME,
         message: format!("cannot {what} {}: {e}", path.display()),
@@ -111,11 +140,12 @@ pub fn check(path: &Path) -> Result<Checked, StoreError> {
         Err(e) => return Err(io("read", e)),
     };
     if !meta.is_file() {
-        return Err(damaged(path, "it is not a regular file"));
+        return Err(damaged(path, kind, "it is not a regular file"));
     }
     if meta.len() == 0 {
         return Err(damaged(
             path,
+            kind,
             "it is empty (0 bytes), where a store holds at least its header",
         ));
     }
@@ -125,6 +155,7 @@ pub fn check(path: &Path) -> Result<Checked, StoreError> {
     if got < MAGIC.len() || head != MAGIC {
         return Err(damaged(
             path,
+            kind,
             format!(
                 "it does not start with redb's header ({} bytes, not a redb file or its start overwritten)",
                 meta.len()
@@ -138,10 +169,11 @@ pub fn check(path: &Path) -> Result<Checked, StoreError> {
             drop(db);
             match rows {
                 Ok(Ok(rows)) => Some(rows),
-                Ok(Err(e)) => return Err(damaged(path, format!("reading it failed: {e}"))),
+                Ok(Err(e)) => return Err(damaged(path, kind, format!("reading it failed: {e}"))),
                 Err(p) => {
                     return Err(damaged(
                         path,
+                        kind,
                         format!("its pages are corrupted (redb failed reading them: {p})"),
                     ))
                 }
@@ -149,10 +181,11 @@ pub fn check(path: &Path) -> Result<Checked, StoreError> {
         }
         Ok(Err(DatabaseError::DatabaseAlreadyOpen)) => return Ok(Checked::InUse),
         Ok(Err(DatabaseError::RepairAborted)) => None,
-        Ok(Err(e)) => return Err(damaged(path, e)),
+        Ok(Err(e)) => return Err(damaged(path, kind, e)),
         Err(p) => {
             return Err(damaged(
                 path,
+                kind,
                 format!("its header is corrupted (redb failed opening it: {p})"),
             ))
         }
@@ -169,10 +202,11 @@ pub fn check(path: &Path) -> Result<Checked, StoreError> {
     });
     let (tables, rows) = match verified {
         Ok(Ok(found)) => found,
-        Ok(Err(e)) => return Err(damaged(path, e)),
+        Ok(Err(e)) => return Err(damaged(path, kind, e)),
         Err(p) => {
             return Err(damaged(
                 path,
+                kind,
                 format!("its pages are corrupted (redb failed checking them: {p})"),
             ))
         }
@@ -181,6 +215,7 @@ pub fn check(path: &Path) -> Result<Checked, StoreError> {
         // a clean file whose check had to fall back to an older commit lost its last one
         Some(read) if read != (tables, rows) => Err(damaged(
             path,
+            kind,
             format!(
                 "its last commit is damaged ({} tables, {} rows read; {tables} tables, {rows} rows in the commit before)",
                 read.0, read.1
@@ -231,41 +266,45 @@ fn scan(txn: &ReadTransaction) -> Result<(usize, u64), redb::Error> {
     for handle in txn.list_tables()? {
         let name = handle.name().to_string();
         tables += 1;
-        if name.starts_with("log:") {
-            let t = txn.open_table(TableDefinition::<u64, &[u8]>::new(&name))?;
-            let mut n = 0u64;
-            for row in t.iter()? {
-                let (k, v) = row?;
-                let _ = (k.value(), v.value().len());
-                n += 1;
-            }
-            if n != t.len()? {
-                return Err(redb::StorageError::Corrupted(format!(
-                    "table {name} holds {n} rows where its length says {}",
-                    t.len()?
-                ))
-                .into());
-            }
-            rows += n;
-        } else {
-            let t = txn.open_table(TableDefinition::<&str, &[u8]>::new(&name))?;
-            let mut n = 0u64;
-            for row in t.iter()? {
-                let (k, v) = row?;
-                let _ = (k.value().len(), v.value().len());
-                n += 1;
-            }
-            if n != t.len()? {
-                return Err(redb::StorageError::Corrupted(format!(
-                    "table {name} holds {n} rows where its length says {}",
-                    t.len()?
-                ))
-                .into());
-            }
-            rows += n;
-        }
+        // the shapes of the store's tables (`c:*`, `log:*`) and of the journal's
+        let n = match rows_of::<&'static str, &'static [u8]>(txn, &name)? {
+            Some(n) => Some(n),
+            None => match rows_of::<u64, &'static [u8]>(txn, &name)? {
+                Some(n) => Some(n),
+                None => rows_of::<&'static str, &'static str>(txn, &name)?,
+            },
+        };
+        rows += n.ok_or_else(|| {
+            redb::StorageError::Corrupted(format!("table {name} is of no known shape"))
+        })?;
     }
     Ok((tables, rows))
+}
+
+/// The rows of table `name` read one by one, if it is of this shape.
+fn rows_of<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &ReadTransaction,
+    name: &str,
+) -> Result<Option<u64>, redb::Error> {
+    let t = match txn.open_table(TableDefinition::<K, V>::new(name)) {
+        Ok(t) => t,
+        Err(TableError::TableTypeMismatch { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut n = 0u64;
+    for row in t.iter()? {
+        let (k, v) = row?;
+        drop((k.value(), v.value()));
+        n += 1;
+    }
+    if n != t.len()? {
+        return Err(redb::StorageError::Corrupted(format!(
+            "table {name} holds {n} rows where its length says {}",
+            t.len()?
+        ))
+        .into());
+    }
+    Ok(Some(n))
 }
 
 const BLOCK: u64 = 4096;
