@@ -72,7 +72,8 @@ enum Command {
         /// Stop after this many seconds (for tests and dry runs); default: until SIGTERM.
         #[arg(long)]
         run_for_s: Option<f64>,
-        /// Validate the config and everything it names, then exit.
+        /// Validate the config and everything it names (an embedded store file is read,
+        /// never written), then exit.
         #[arg(long)]
         check: bool,
     },
@@ -271,13 +272,18 @@ fn dispatch(command: Command) -> Result<ExitCode> {
     }
 }
 
-/// `serve`: the controller until a signal (or `--run-for-s`); `--check`: the config only.
+/// `serve`: the controller until a signal (or `--run-for-s`); `--check`: the config,
+/// and an embedded store's file read-only.
 fn serve(config: &Path, run_for_s: Option<f64>, check: bool) -> Result<ExitCode> {
     if check {
-        orchestrator::config::load(config).map(|_| {
-            println!("{}: ok", config.display());
-            ExitCode::SUCCESS
-        })
+        let loaded = orchestrator::config::load(config)?;
+        // the store's file is only read: a damaged one is reported as serve would refuse it
+        let store = orchestrator::serve::check_store(config, &loaded.config.store)?;
+        println!("{}: ok", config.display());
+        if let Some(store) = store {
+            println!("{store}");
+        }
+        Ok(ExitCode::SUCCESS)
     } else {
         orchestrator::serve::run(config, run_for_s.map(std::time::Duration::from_secs_f64))
             .map(|_| ExitCode::SUCCESS)

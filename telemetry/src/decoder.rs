@@ -3,7 +3,7 @@
 
 use crate::mapping::{Decoded, Mapping, Rebirth, Reject};
 use crate::sparkplug::ValueKind;
-use crate::sparkplug::{parse_topic, Session};
+use crate::sparkplug::{parse_topic, Held, Limits, Session};
 use crate::Timestamp;
 
 #[derive(Debug, Clone)]
@@ -14,10 +14,20 @@ pub struct Decoder {
 
 impl Decoder {
     pub fn new(mapping: Mapping) -> Self {
+        Decoder::with_limits(mapping, Limits::default())
+    }
+
+    /// A decoder whose Sparkplug session holds at most what `limits` allow.
+    pub fn with_limits(mapping: Mapping, limits: Limits) -> Self {
         Decoder {
             mapping,
-            session: Session::new(),
+            session: Session::with_limits(limits),
         }
+    }
+
+    /// What the Sparkplug session holds now.
+    pub fn sparkplug_held(&self) -> Held {
+        self.session.held()
     }
 
     pub fn mapping(&self) -> &Mapping {
@@ -35,7 +45,7 @@ impl Decoder {
         let Some(t) = parse_topic(topic) else {
             return self.mapping.decode(topic, payload, source, received);
         };
-        let handled = self.session.handle(&t, payload);
+        let handled = self.session.handle(&t, payload, received.as_millis());
         let mut out = Decoded::default();
         for (reason, detail) in handled.problems {
             out.rejects.push(Reject { reason, detail });
@@ -47,12 +57,8 @@ impl Decoder {
                 sent: false,
             });
         }
-        if let Some(device) = handled.death {
-            out.dead = self
-                .session
-                .entities_of(&t, device.as_deref())
-                .into_iter()
-                .collect();
+        if handled.death.is_some() {
+            out.dead = handled.dead.into_iter().collect();
             return out;
         }
         for v in handled.values {

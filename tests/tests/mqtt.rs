@@ -769,3 +769,68 @@ fn telemetry_is_back_within_5_s_of_a_broker_that_was_down_for_10_s() {
     let counters = run.finish();
     assert!(counters.connects >= 2, "{counters:?}");
 }
+
+#[test]
+fn a_sparkplug_birth_beyond_the_bounds_is_refused_and_counted_by_the_source() {
+    use prost::Message;
+    use telemetry::sparkplug::{datatype, Metric, Payload};
+    let group = unique("spb-bounds");
+    let src = format!(
+        "version = 1\n[[sparkplug]]\ngroup = \"{group}\"\nnode = \"{{gw}}\"\nmetric = \"Inlet\"\nentity = \"rack/{{gw}}\"\nto = \"inlet_temp_c\"\n"
+    );
+    let mapping = Mapping::parse("mapping.toml", &src).expect("valid mapping");
+    let port = mqtt_port();
+    let mut cfg = MqttConfig::new(&format!("mqtt://127.0.0.1:{port}"));
+    cfg.sparkplug_max_metrics_per_node = 100;
+    cfg.rebirth_interval_s = 0.0;
+    let run = Running::start(cfg, mapping);
+    run.wait_for("connection", |e| *e == Event::Connected);
+    std::thread::sleep(Duration::from_millis(300));
+    let birth = |n: u64| {
+        let mut metrics: Vec<Metric> = (2..n + 1)
+            .map(|a| Metric {
+                name: Some(format!("Made/Up/{a}")),
+                alias: Some(a),
+                datatype: Some(datatype::DOUBLE),
+                double_value: Some(1.0),
+                ..Metric::default()
+            })
+            .collect();
+        metrics.push(Metric {
+            name: Some("Inlet".into()),
+            alias: Some(1),
+            datatype: Some(datatype::DOUBLE),
+            double_value: Some(24.0),
+            ..Metric::default()
+        });
+        Payload {
+            seq: Some(0),
+            metrics,
+            ..Payload::default()
+        }
+        .encode_to_vec()
+    };
+    let topic = |kind: &str| format!("spBv1.0/{group}/{kind}/gw-1");
+    // 150 aliased metrics where 100 are allowed: refused whole
+    mosquitto_pub(port, &topic("NBIRTH"), &birth(150), &[]);
+    // 100: taken
+    mosquitto_pub(port, &topic("NBIRTH"), &birth(100), &[]);
+    let (mut values, mut reasons) = (Vec::new(), Vec::new());
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && values.is_empty() {
+        if let Ok(Event::Message { decoded, .. }) =
+            run.events.recv_timeout(Duration::from_millis(100))
+        {
+            values.extend(decoded.samples.iter().map(|s| s.value));
+            reasons.extend(decoded.rejects.iter().map(|r| r.reason));
+        }
+    }
+    let counters = run.finish();
+    assert_eq!(reasons, vec!["too_many_metrics"]);
+    assert_eq!(values, vec![24.0], "the birth within the bound counts");
+    assert_eq!(
+        counters.rejects.get("too_many_metrics"),
+        Some(&1),
+        "{counters:?}"
+    );
+}

@@ -2,7 +2,8 @@
 //!
 //! Each collection is a table `c:{name}` (string key → bytes); each log a table
 //! `log:{name}` (sequence number → bytes). A batch is one write transaction, durable
-//! when `commit` returns.
+//! when `commit` returns. The file is checked before it is opened for writing
+//! ([`check`]): a damaged one is refused, untouched.
 //!
 //! An I/O error (a full disk, a failing device) poisons redb's handle: every later
 //! transaction fails with "Previous I/O error occurred". The backend then closes the
@@ -10,12 +11,18 @@
 //! writes again the writes that waited are committed; every error names its cause
 //! ("No space left on device").
 
+mod check;
+
 use std::path::Path;
 
 use crate::store::{Backend, Batch, Op, StoreError};
+use tracing::warn;
+
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableError,
 };
+
+pub use check::{check, check_journal, Checked};
 
 const NAME: &str = "embedded";
 
@@ -43,6 +50,17 @@ fn poisoned(e: &redb::Error) -> bool {
     matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo)
 }
 
+fn already_open(path: &Path) -> StoreError {
+    StoreError::Backend {
+        backend: NAME,
+        message: format!(
+            "{} is already open in another process (another powerplane serve?): the embedded store serves one controller; for several replicas use [store] kind = \"redis\" with [ha]",
+            path.display()
+        ),
+        source: None,
+    }
+}
+
 fn coll_def(name: &str) -> String {
     format!("c:{name}")
 }
@@ -52,10 +70,20 @@ fn log_def(name: &str) -> String {
 }
 
 impl EmbeddedBackend {
-    /// Opens the store file, creating it if it does not exist. The file is locked
-    /// while open: a second controller on the same file is refused (the embedded
-    /// store serves one controller; several replicas share Redis, see `[ha]`).
+    /// Opens the store file, creating it if it does not exist. An existing file is
+    /// checked first ([`check`]): an empty, truncated or corrupted one is refused with
+    /// what is wrong, and nothing is written to it. The file is locked while open: a
+    /// second controller on the same file is refused (the embedded store serves one
+    /// controller; several replicas share Redis, see `[ha]`).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        match check(path)? {
+            Checked::InUse => return Err(already_open(path)),
+            Checked::Sound { recovers: true, .. } => warn!(
+                path = %path.display(),
+                "the embedded store was not shut down cleanly; rolling it back to its last commit, which checked sound"
+            ),
+            Checked::Missing | Checked::Sound { .. } => {}
+        }
         Ok(EmbeddedBackend {
             db: Some(Self::open_db(path)?),
             path: path.to_path_buf(),
@@ -63,16 +91,18 @@ impl EmbeddedBackend {
         })
     }
 
+    /// Opens the file for writing, a panic of redb's caught (after an I/O error the
+    /// file is reopened without the whole check: it was this process's a moment ago,
+    /// and a full read at every retry of an outage would cost more than it tells).
     fn open_db(path: &Path) -> Result<Database, StoreError> {
-        Database::create(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Backend {
+        let opened =
+            check::guarded(|| Database::create(path)).map_err(|p| StoreError::Backend {
                 backend: NAME,
-                message: format!(
-                    "{} is already open in another process (another powerplane serve?): the embedded store serves one controller; for several replicas use [store] kind = \"redis\" with [ha]",
-                    path.display()
-                ),
+                message: format!("opening {} panicked: {p}", path.display()),
                 source: None,
-            },
+            })?;
+        opened.map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => already_open(path),
             e => err(format!("cannot open {}", path.display()))(e.into()),
         })
     }
@@ -83,7 +113,7 @@ impl EmbeddedBackend {
         if self.db.is_none() {
             let db = Self::open_db(&self.path)?;
             self.reopened += 1;
-            tracing::warn!(file = %self.path.display(), reopened = self.reopened, "embedded store reopened after an I/O error");
+            warn!(file = %self.path.display(), reopened = self.reopened, "embedded store reopened after an I/O error");
             self.db = Some(db);
         }
         Ok(self.db.as_ref().expect("just opened"))

@@ -129,7 +129,7 @@ impl Tally {
 
 /// Every reject reason of the MQTT decoders (JSON mapping, Sparkplug B, the source's
 /// size limit): exported at 0 until seen, so dashboards and alerts find the series.
-pub const MQTT_REASONS: [&str; 15] = [
+pub const MQTT_REASONS: [&str; 16] = [
     "oversize",
     "bad_json",
     "no_mapping",
@@ -144,6 +144,7 @@ pub const MQTT_REASONS: [&str; 15] = [
     "sequence_gap",
     "unknown_alias",
     "too_many_nodes",
+    "too_many_metrics",
     "stale_death",
 ];
 

@@ -498,6 +498,15 @@ fn load_prices(p: &PricesSection, name: &str, base: &Path) -> Result<Option<(Ser
 
 /// The config's values that its shape cannot say: ranges, relations, readable keys.
 fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) {
+    if let Some(m) = &cfg.mqtt {
+        if let Err(sources::mqtt::MqttConfigError::BadSparkplugLimit(what)) =
+            m.client.sparkplug_limits()
+        {
+            problems
+                .at(&["mqtt"])
+                .check(false, || format!("{name}: [mqtt] {what}"));
+        }
+    }
     if let Some(a) = &cfg.agents {
         problems.at(&["agents"]).check(
             a.retry_s > 0.0 && a.retry_s <= a.renew_s && a.renew_s * 2.0 <= a.lease_s,
@@ -592,6 +601,27 @@ mod tests {
         assert_eq!(
             lines[2],
             format!("{name}:9:1: [prices] refresh_s must be at least 10 and stale_after_s above 0")
+        );
+    }
+
+    #[test]
+    fn sparkplug_bounds_out_of_range_are_a_problem_of_mqtt() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/demo");
+        for f in ["site.toml", "policy.toml"] {
+            std::fs::copy(demo.join(f), d.join(f)).expect("copy");
+        }
+        std::fs::write(d.join("mapping.toml"), "version = 1\n").expect("mapping");
+        let text = "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[mqtt]\nurl = \"mqtt://127.0.0.1\"\nmapping = \"mapping.toml\"\nsparkplug_max_metrics_per_node = 0\n";
+        std::fs::write(d.join("powerplane.toml"), text).expect("config");
+        let err = match load(&d.join("powerplane.toml")) {
+            Ok(_) => panic!("a bound of 0 must not load"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("[mqtt] sparkplug_max_metrics_per_node must be within 1..=1000000, got 0"),
+            "{err}"
         );
     }
 }

@@ -60,6 +60,21 @@ pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
     Ok((loaded.site, store))
 }
 
+/// For `serve --check`: the configured embedded store's file, checked without writing
+/// to it (see `integrations::store::embedded::check`); `None` for Redis, which the
+/// check does not contact.
+pub fn check_store(config_path: &Path, cfg: &StoreConfig) -> Result<Option<String>> {
+    let base = config_path.parent().unwrap_or(Path::new("."));
+    Ok(match cfg {
+        StoreConfig::Embedded { path } => {
+            let path = resolve(base, path);
+            let checked = integrations::store::embedded::check(&path)?;
+            Some(format!("{}: {checked}", path.display()))
+        }
+        StoreConfig::Memoryless | StoreConfig::Redis(_) => None,
+    })
+}
+
 /// Opens the configured store; with `handle` (serve), Redis behind its journal.
 fn open_store(
     cfg: &StoreConfig,

@@ -12,12 +12,18 @@
 //! - `mod.rs`: the payload's protobuf types, topics, and the rebirth command
 //! - `session.rs`: [`Session`], what each edge node told so far, and what a message
 //!   means ([`Handled`])
+//! - `bounds.rs`: [`Limits`], what a session may hold, and [`Held`], what it holds
 
 use prost::Message;
 
+mod bounds;
 mod session;
 
-pub use session::{Handled, Session, Value, MAX_ALIASES, MAX_ENTITIES, MAX_NODES};
+pub use bounds::{
+    Held, Limits, DEFAULT_IDLE_S, DEFAULT_MAX_BYTES, DEFAULT_MAX_METRICS,
+    DEFAULT_MAX_METRICS_PER_NODE,
+};
+pub use session::{Handled, Session, Value, MAX_ENTITIES, MAX_NODES};
 
 /// `Payload` of the specification.
 #[derive(Clone, PartialEq, Message)]
@@ -192,3 +198,6 @@ pub fn parse_topic(topic: &str) -> Option<Topic<'_>> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod bounds_tests;

@@ -33,7 +33,7 @@ fn topic(kind: &str, device: Option<&str>) -> String {
 fn handle(s: &mut Session, kind: &str, device: Option<&str>, p: &[u8]) -> Handled {
     let t = topic(kind, device);
     let parsed = parse_topic(&t).expect("sparkplug topic");
-    s.handle(&parsed, p)
+    s.handle(&parsed, p, 0)
 }
 
 #[test]
@@ -208,11 +208,13 @@ fn deaths_name_what_died() {
     let t = topic("DDATA", Some("cdu-1"));
     let parsed = parse_topic(&t).expect("topic");
     s.remember(&parsed, &EntityId::new(crate::EntityKind::Cooling, "cdu-1"));
-    assert_eq!(
-        handle(&mut s, "DDEATH", Some("cdu-1"), b"").death,
-        Some(Some("cdu-1".to_string()))
+    let death = handle(&mut s, "DDEATH", Some("cdu-1"), b"");
+    assert_eq!(death.death, Some(Some("cdu-1".to_string())));
+    assert_eq!(death.dead.len(), 1);
+    assert!(
+        s.entities_of(&parsed, Some("cdu-1")).is_empty(),
+        "forgotten with the device"
     );
-    assert_eq!(s.entities_of(&parsed, Some("cdu-1")).len(), 1);
     assert_eq!(handle(&mut s, "NDEATH", None, b"").death, Some(None));
     assert_eq!(
         handle(&mut s, "NDATA", None, &payload(1, vec![])).problems[0].0,
@@ -232,7 +234,7 @@ fn made_up_edge_nodes_grow_the_session_only_up_to_its_bound() {
     for i in 0..(MAX_NODES + 50) {
         let node = format!("made-up-{i}");
         let t = format!("spBv1.0/g/NDATA/{node}");
-        let h = s.handle(&parse_topic(&t).expect("topic"), &data);
+        let h = s.handle(&parse_topic(&t).expect("topic"), &data, 0);
         assert_eq!(
             h.problems[0].0, "no_birth",
             "data before a birth keeps nothing"
@@ -242,7 +244,7 @@ fn made_up_edge_nodes_grow_the_session_only_up_to_its_bound() {
     let mut refused = 0;
     for i in 0..(MAX_NODES + 50) {
         let t = format!("spBv1.0/g/NBIRTH/made-up-{i}");
-        let h = s.handle(&parse_topic(&t).expect("topic"), &birth);
+        let h = s.handle(&parse_topic(&t).expect("topic"), &birth, 0);
         if h.problems.first().is_some_and(|p| p.0 == "too_many_nodes") {
             refused += 1;
         }

@@ -56,8 +56,11 @@ fn io(path: &Path, what: &str) -> impl FnOnce(redb::Error) -> StoreError {
 }
 
 impl JournalFile {
-    /// Opens the journal, creating it (and its writer id) if it does not exist.
+    /// Opens the journal, creating it (and its writer id) if it does not exist. An
+    /// existing file is checked first, as the embedded store's is: a damaged one is
+    /// refused, untouched.
     pub fn open(path: &Path, limits: Limits) -> Result<Self, StoreError> {
+        crate::store::embedded::check_journal(path)?;
         let db = Database::create(path).map_err(|e| io(path, "cannot open")(e.into()))?;
         let (writer, depth, bytes, last_seq) =
             Self::load(&db, path).map_err(io(path, "cannot read"))?;

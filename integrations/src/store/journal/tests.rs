@@ -219,3 +219,42 @@ fn the_size_bound_counts_bytes() {
     // each entry: version, tag, two length-prefixed fields (5 + 1 bytes) = 17 bytes
     assert_eq!(taken, 2);
 }
+
+#[test]
+fn a_damaged_journal_is_refused_and_left_as_it_was() {
+    let path = Path::new("damaged");
+    let fake = Fake::default();
+    {
+        let mut j =
+            Journaled::open(Box::new(fake.clone()), &path.0, Limits::default()).expect("open");
+        fake.down.store(true, Ordering::SeqCst);
+        for i in 0..3 {
+            j.commit(&batch(i)).expect("journaled");
+        }
+    }
+    let sound = std::fs::read(&path.0).expect("journal");
+    let damage: [(Vec<u8>, &str); 2] = [
+        (Vec::new(), "it is empty (0 bytes)"),
+        (sound[..sound.len() / 2].to_vec(), "truncated"),
+    ];
+    for (bytes, says) in damage {
+        std::fs::write(&path.0, &bytes).expect("damage");
+        let e = match Journaled::open(Box::new(fake.clone()), &path.0, Limits::default()) {
+            Ok(_) => panic!("a damaged journal must be refused"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains(&format!("{} is damaged", path.0.display())),
+            "{e}"
+        );
+        assert!(e.contains(says), "{e}");
+        assert!(e.contains("Redis had not taken"), "{e}");
+        assert_eq!(std::fs::read(&path.0).expect("journal"), bytes, "untouched");
+    }
+    // put back, it opens and replays its three batches
+    std::fs::write(&path.0, &sound).expect("restore");
+    fake.down.store(false, Ordering::SeqCst);
+    let j = Journaled::open(Box::new(fake.clone()), &path.0, Limits::default()).expect("open");
+    assert_eq!(j.depth(), 0);
+    assert_eq!(fake.applied(), (0..3).map(batch).collect::<Vec<_>>());
+}

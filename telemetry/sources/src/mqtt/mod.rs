@@ -73,6 +73,36 @@ pub struct MqttConfig {
     /// gap or an alias its birth did not name; 0 sends none.
     #[serde(default = "default_rebirth_interval")]
     pub rebirth_interval_s: f64,
+    /// Sparkplug B: aliased metrics one edge node may hold (its own and all its
+    /// devices'); a birth beyond it is refused (`too_many_metrics`).
+    #[serde(default = "default_max_metrics_per_node")]
+    pub sparkplug_max_metrics_per_node: usize,
+    /// Sparkplug B: aliased metrics all edge nodes together may hold.
+    #[serde(default = "default_max_metrics")]
+    pub sparkplug_max_metrics: usize,
+    /// Sparkplug B: the memory all edge nodes' state may take, in MiB.
+    #[serde(default = "default_max_mib")]
+    pub sparkplug_max_mib: usize,
+    /// Sparkplug B: an edge node silent this long is forgotten (as after its death);
+    /// 0 keeps it until its death.
+    #[serde(default = "default_idle_s")]
+    pub sparkplug_idle_s: f64,
+}
+
+fn default_max_metrics_per_node() -> usize {
+    telemetry::sparkplug::DEFAULT_MAX_METRICS_PER_NODE
+}
+
+fn default_max_metrics() -> usize {
+    telemetry::sparkplug::DEFAULT_MAX_METRICS
+}
+
+fn default_max_mib() -> usize {
+    telemetry::sparkplug::DEFAULT_MAX_BYTES >> 20
+}
+
+fn default_idle_s() -> f64 {
+    telemetry::sparkplug::DEFAULT_IDLE_S
 }
 
 fn default_rebirth_interval() -> f64 {
@@ -126,7 +156,49 @@ impl MqttConfig {
             tls: None,
             protocol: default_protocol(),
             rebirth_interval_s: default_rebirth_interval(),
+            sparkplug_max_metrics_per_node: default_max_metrics_per_node(),
+            sparkplug_max_metrics: default_max_metrics(),
+            sparkplug_max_mib: default_max_mib(),
+            sparkplug_idle_s: default_idle_s(),
         }
+    }
+
+    /// The bounds of the Sparkplug B state, checked: a bound of 0, a node bound above
+    /// the total, or an idle time out of 0..=30 days is an error.
+    pub fn sparkplug_limits(&self) -> Result<telemetry::sparkplug::Limits, MqttConfigError> {
+        let bad = |what: String| Err(MqttConfigError::BadSparkplugLimit(what));
+        let (per_node, total, mib, idle) = (
+            self.sparkplug_max_metrics_per_node,
+            self.sparkplug_max_metrics,
+            self.sparkplug_max_mib,
+            self.sparkplug_idle_s,
+        );
+        if !(1..=1_000_000).contains(&per_node) {
+            return bad(format!(
+                "sparkplug_max_metrics_per_node must be within 1..=1000000, got {per_node}"
+            ));
+        }
+        if !(per_node..=10_000_000).contains(&total) {
+            return bad(format!(
+                "sparkplug_max_metrics must be within sparkplug_max_metrics_per_node ({per_node})..=10000000, got {total}"
+            ));
+        }
+        if !(1..=16_384).contains(&mib) {
+            return bad(format!(
+                "sparkplug_max_mib must be within 1..=16384, got {mib}"
+            ));
+        }
+        if !(0.0..=30.0 * 86_400.0).contains(&idle) {
+            return bad(format!(
+                "sparkplug_idle_s must be within 0..=2592000 (30 days), got {idle}"
+            ));
+        }
+        Ok(telemetry::sparkplug::Limits {
+            max_metrics_per_node: per_node,
+            max_metrics: total,
+            max_bytes: mib << 20,
+            idle_ms: (idle * 1000.0) as i64,
+        })
     }
 }
 
@@ -144,6 +216,8 @@ pub enum MqttConfigError {
     BadProtocol(String),
     #[error("mqtt: nothing to subscribe to (no topics and an empty mapping)")]
     NoTopics,
+    #[error("mqtt {0}")]
+    BadSparkplugLimit(String),
 }
 
 /// `powerplane-{pid}-{n}`: unique per source in a process, since a broker drops the

@@ -115,9 +115,10 @@ impl MqttSource {
             Some(g) => base.iter().map(|f| format!("$share/{g}/{f}")).collect(),
             None => base,
         };
+        let limits = cfg.sparkplug_limits()?;
         Ok(MqttSource {
             cfg,
-            decoder: Decoder::new(mapping),
+            decoder: Decoder::with_limits(mapping, limits),
             host,
             port,
             tls,

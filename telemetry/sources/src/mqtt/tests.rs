@@ -174,3 +174,36 @@ mod as_a_source {
         assert!(counters.iter().all(|c| c.name.starts_with("mqtt_")));
     }
 }
+
+#[test]
+fn sparkplug_bounds_have_defaults_and_are_checked() {
+    let cfg: MqttConfig = toml::from_str("url = \"mqtt://b\"").expect("config");
+    assert_eq!(
+        cfg.sparkplug_limits().expect("defaults"),
+        telemetry::sparkplug::Limits::default()
+    );
+    let cfg: MqttConfig = toml::from_str(
+        "url = \"mqtt://b\"\nsparkplug_max_metrics_per_node = 100\nsparkplug_max_metrics = 1000\nsparkplug_max_mib = 2\nsparkplug_idle_s = 0",
+    )
+    .expect("config");
+    let l = cfg.sparkplug_limits().expect("limits");
+    assert_eq!(
+        (
+            l.max_metrics_per_node,
+            l.max_metrics,
+            l.max_bytes,
+            l.idle_ms
+        ),
+        (100, 1000, 2 << 20, 0)
+    );
+    let mut bad = cfg.clone();
+    bad.sparkplug_max_metrics = 10;
+    let e = bad
+        .sparkplug_limits()
+        .expect_err("total below a node's")
+        .to_string();
+    assert!(e.contains("sparkplug_max_metrics must be within"), "{e}");
+    let mut bad = cfg;
+    bad.sparkplug_max_metrics_per_node = 0;
+    assert!(bad.sparkplug_limits().is_err());
+}
