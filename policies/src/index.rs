@@ -33,6 +33,11 @@ pub struct Index<'a> {
     /// `0..gpus.len()`: a GPU target's list of one GPU is a slice of it (no list made
     /// per GPU).
     positions: std::cell::OnceCell<Vec<usize>>,
+    /// Each rack's and each node's range of GPU positions, when their GPUs lie
+    /// together in the site's order (as a site lists them), found once per evaluation
+    /// rather than by every rule that targets racks, nodes or the GPUs of some racks.
+    rack_ranges: std::cell::OnceCell<Option<Vec<std::ops::Range<usize>>>>,
+    node_ranges: std::cell::OnceCell<Option<Vec<std::ops::Range<usize>>>>,
 }
 
 /// The GPUs a selector picks, as indexes into [`Index::gpus`] in order (see
@@ -44,6 +49,21 @@ pub struct GpuTargets<'s, 'a> {
     /// Whether the selector picks every GPU.
     all: bool,
     next: usize,
+    /// With racks whose GPUs lie together: the racks' ranges, and the next rack, so
+    /// that only the GPUs of the racks picked are visited.
+    ranges: Option<&'s [std::ops::Range<usize>]>,
+    rack: usize,
+}
+
+impl GpuTargets<'_, '_> {
+    #[inline]
+    fn picks(&self, i: usize) -> bool {
+        let g = &self.index.gpus[i];
+        self.all
+            || (self.racks_ok[g.rack_index]
+                && (self.sel.names.is_empty()
+                    || self.sel.names.iter().any(|n| n.matches(&g.id.name))))
+    }
 }
 
 impl Iterator for GpuTargets<'_, '_> {
@@ -51,16 +71,30 @@ impl Iterator for GpuTargets<'_, '_> {
 
     #[inline]
     fn next(&mut self) -> Option<usize> {
+        if let (Some(ranges), false) = (self.ranges, self.all) {
+            // the GPUs of the racks picked, rack by rack, in the site's order
+            while self.rack < ranges.len() {
+                let r = &ranges[self.rack];
+                if !self.racks_ok[self.rack] || self.next >= r.end {
+                    self.rack += 1;
+                    if let Some(n) = ranges.get(self.rack) {
+                        self.next = self.next.max(n.start);
+                    }
+                    continue;
+                }
+                let i = self.next.max(r.start);
+                self.next = i + 1;
+                if self.picks(i) {
+                    return Some(i);
+                }
+            }
+            return None;
+        }
         let gpus = &self.index.gpus;
         while self.next < gpus.len() {
             let i = self.next;
             self.next += 1;
-            let g = &gpus[i];
-            if self.all
-                || (self.racks_ok[g.rack_index]
-                    && (self.sel.names.is_empty()
-                        || self.sel.names.iter().any(|n| n.matches(&g.id.name))))
-            {
+            if self.picks(i) {
                 return Some(i);
             }
         }
@@ -221,6 +255,8 @@ impl<'a> Index<'a> {
             given: None,
             allocations: std::cell::OnceCell::new(),
             positions: std::cell::OnceCell::new(),
+            rack_ranges: std::cell::OnceCell::new(),
+            node_ranges: std::cell::OnceCell::new(),
         }
     }
 
@@ -380,14 +416,74 @@ impl<'a> Index<'a> {
     /// without a list made of them).
     pub fn gpu_targets<'s>(&'s self, sel: &'s Selector) -> GpuTargets<'s, 'a> {
         let racks_ok = self.racks_selected(sel);
+        // the racks' ranges, where they follow one another in the site's order (the
+        // GPUs are then visited in the same order as one by one)
+        let ranges = self.rack_ranges().map(Vec::as_slice).filter(|r| {
+            r.iter()
+                .filter(|x| !x.is_empty())
+                .zip(r.iter().filter(|x| !x.is_empty()).skip(1))
+                .all(|(a, b)| a.end <= b.start)
+        });
         GpuTargets {
             index: self,
             sel,
             // a selector that picks every rack and names no GPUs picks every GPU
             all: sel.names.is_empty() && racks_ok.iter().all(|&ok| ok),
             racks_ok,
-            next: 0,
+            next: ranges.and_then(|r| r.first()).map_or(0, |r| r.start),
+            ranges,
+            rack: 0,
         }
+    }
+
+    /// At most how many GPUs the selector picks: the GPUs of the racks it picks (all
+    /// of them where the racks' GPUs do not lie together).
+    pub(crate) fn gpus_picked_at_most(&self, sel: &Selector) -> usize {
+        match self.rack_ranges() {
+            Some(ranges) => self
+                .racks_selected(sel)
+                .iter()
+                .zip(ranges)
+                .filter(|(ok, _)| **ok)
+                .map(|(_, r)| r.len())
+                .sum(),
+            None => self.gpus.len(),
+        }
+    }
+
+    /// Each rack's range of GPU positions, when the racks' GPUs lie together.
+    fn rack_ranges(&self) -> Option<&Vec<std::ops::Range<usize>>> {
+        self.rack_ranges
+            .get_or_init(|| self.ranges_of(self.site.racks.len(), |g| g.rack_index))
+            .as_ref()
+    }
+
+    fn node_ranges(&self) -> Option<&Vec<std::ops::Range<usize>>> {
+        self.node_ranges
+            .get_or_init(|| self.ranges_of(self.site.nodes.len(), |g| g.node_index))
+            .as_ref()
+    }
+
+    /// Each group's range of positions, `None` unless every group's GPUs lie together.
+    fn ranges_of(
+        &self,
+        groups: usize,
+        group: impl Fn(&GpuRef<'_>) -> usize,
+    ) -> Option<Vec<std::ops::Range<usize>>> {
+        let mut ranges = vec![0..0; groups];
+        let together = self.gpus.iter().enumerate().all(|(i, g)| {
+            let r = &mut ranges[group(g)];
+            if r.start == r.end {
+                *r = i..i + 1;
+                true
+            } else if r.end == i {
+                r.end = i + 1;
+                true
+            } else {
+                false
+            }
+        });
+        together.then_some(ranges)
     }
 
     /// `0..gpus.len()`, whose slices are lists of GPU indexes.
@@ -403,26 +499,13 @@ impl<'a> Index<'a> {
         &self,
         groups: usize,
         group: impl Fn(&GpuRef<'_>) -> usize,
+        ranges: Option<&Vec<std::ops::Range<usize>>>,
     ) -> Vec<Cow<'_, [usize]>> {
-        // each group's range of positions while the groups lie together
-        let mut ranges = vec![0..0; groups];
-        let together = self.gpus.iter().enumerate().all(|(i, g)| {
-            let r = &mut ranges[group(g)];
-            if r.start == r.end {
-                *r = i..i + 1;
-                true
-            } else if r.end == i {
-                r.end = i + 1;
-                true
-            } else {
-                false
-            }
-        });
-        if together {
+        if let Some(ranges) = ranges {
             let positions = self.positions();
             return ranges
-                .into_iter()
-                .map(|r| Cow::Borrowed(&positions[r]))
+                .iter()
+                .map(|r| Cow::Borrowed(&positions[r.clone()]))
                 .collect();
         }
         let mut per: Vec<Vec<usize>> = vec![Vec::new(); groups];
@@ -546,7 +629,7 @@ impl<'q> Query<'q, '_, '_> {
         let (index, s) = (self.index, self.index.site);
         let racks_ok = &self.racks_ok;
         if scope == ScopeKind::Rack {
-            let per = index.grouped(s.racks.len(), |g| g.rack_index);
+            let per = index.grouped(s.racks.len(), |g| g.rack_index, index.rack_ranges());
             for (i, (r, g)) in s.racks.iter().zip(per).enumerate() {
                 if racks_ok[i] && self.names(&r.id) {
                     out.push((Cow::Owned(EntityId::rack(&r.id)), g));
@@ -554,7 +637,7 @@ impl<'q> Query<'q, '_, '_> {
             }
             return;
         }
-        let per = index.grouped(s.nodes.len(), |g| g.node_index);
+        let per = index.grouped(s.nodes.len(), |g| g.node_index, index.node_ranges());
         for (node, g) in s.nodes.iter().zip(per) {
             let Some(rack) = index.rack_index(&node.rack) else {
                 continue;

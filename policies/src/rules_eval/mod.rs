@@ -122,7 +122,7 @@ pub fn run(
             for g in index.gpu_targets(&rule.select) {
                 let entity: &EntityId = &index.gpus[g].id;
                 let found = match &entries {
-                    Some(e) => (e[g] != u32::MAX).then_some(e[g] as usize),
+                    Some(e) => e.get(g),
                     None => visit.find(&entity.name),
                 };
                 visit.target(entity, std::slice::from_ref(&g), None, found);
@@ -166,20 +166,53 @@ fn run_jobs(visit: &mut Visit<'_, '_>, rule: &Rule, index: &Index<'_>, jobs: &[J
     }
 }
 
-/// For a rule over GPUs, the position in its prior memory of each GPU's entry
-/// (`u32::MAX` for none), by the GPUs' positions the memory kept: `None` unless each of
-/// them still names its entry's GPU (a memory read from the store, a changed site), and
-/// the entries are found by name. GPUs' names are unique, so a GPU without an entry
-/// here has none at all.
-fn gpu_entries(memory: &RuleMemories, index: &Index<'_>) -> Option<Vec<u32>> {
+/// The position in a GPU rule's prior memory of each GPU's entry, by GPU position: a
+/// list over every GPU where the memory holds many of them, a map where it holds few
+/// (a rule over one rack of a large site does not make a list of every GPU).
+enum GpuEntries {
+    Dense(Vec<u32>),
+    Sparse(telemetry::fasthash::FnvMap<u32, u32>),
+}
+
+impl GpuEntries {
+    fn get(&self, g: usize) -> Option<usize> {
+        match self {
+            GpuEntries::Dense(e) => (e[g] != u32::MAX).then_some(e[g] as usize),
+            GpuEntries::Sparse(m) => m.get(&(g as u32)).map(|&i| i as usize),
+        }
+    }
+}
+
+/// For a rule over GPUs, the position in its prior memory of each GPU's entry, by the
+/// GPUs' positions the memory kept: `None` unless each of them still names its
+/// entry's GPU (a memory read from the store, a changed site), and the entries are
+/// found by name. GPUs' names are unique, so a GPU without an entry here has none at
+/// all.
+fn gpu_entries(memory: &RuleMemories, index: &Index<'_>) -> Option<GpuEntries> {
     let positions = memory.gpu_positions()?;
-    let mut entries = vec![u32::MAX; index.gpus.len()];
+    let gpus = index.gpus.len();
+    let names_ok =
+        |g: u32, name: &str| (g as usize) < gpus && *index.gpus[g as usize].id.name == *name;
+    // a map while the memory holds under an eighth of the site's GPUs
+    if positions.len().saturating_mul(8) < gpus {
+        let mut m = telemetry::fasthash::FnvMap::with_capacity_and_hasher(
+            positions.len(),
+            Default::default(),
+        );
+        for (i, (&g, (name, _))) in positions.iter().zip(memory.entries()).enumerate() {
+            if !names_ok(g, name) || m.insert(g, i as u32).is_some() {
+                return None;
+            }
+        }
+        return Some(GpuEntries::Sparse(m));
+    }
+    let mut entries = vec![u32::MAX; gpus];
     for (i, (&g, (name, _))) in positions.iter().zip(memory.entries()).enumerate() {
         let e = entries.get_mut(g as usize)?;
-        if *e != u32::MAX || *index.gpus[g as usize].id.name != **name {
+        if *e != u32::MAX || !names_ok(g, name) {
             return None;
         }
         *e = i as u32;
     }
-    Some(entries)
+    Some(GpuEntries::Dense(entries))
 }

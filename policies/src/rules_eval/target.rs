@@ -65,7 +65,7 @@ impl<'a, 'i> Visit<'a, 'i> {
                 // evaluation), for every GPU rather than a list grown by doubling (room
                 // never written to is not made resident)
                 ScopeKind::Gpu if memory.is_empty() => {
-                    RuleMemories::with_capacity_gpus(index.gpus.len())
+                    RuleMemories::with_capacity_gpus(index.gpus_picked_at_most(&rule.select))
                 }
                 ScopeKind::Gpu => RuleMemories::with_capacity_gpus(memory.len()),
                 _ => RuleMemories::with_capacity(memory.len()),
@@ -281,14 +281,25 @@ impl Seen<'_, '_, '_> {
     /// The target's racks, in order, marked explained.
     fn racks(&self, explained: &mut [bool]) -> Vec<usize> {
         let index = self.index();
-        let mut racks: Vec<usize> = self
-            .target
-            .gpus
-            .iter()
-            .map(|&g| index.gpus[g].rack_index)
-            .collect();
-        racks.sort_unstable();
-        racks.dedup();
+        // a site lists its GPUs rack by rack: the racks come in order, each once per
+        // run of its GPUs, and only a target whose GPUs are not in that order is sorted
+        let mut racks: Vec<usize> = Vec::new();
+        let mut ordered = true;
+        for &g in self.target.gpus {
+            let r = index.gpus[g].rack_index;
+            match racks.last() {
+                Some(&last) if last == r => {}
+                Some(&last) => {
+                    ordered &= last < r;
+                    racks.push(r);
+                }
+                None => racks.push(r),
+            }
+        }
+        if !ordered {
+            racks.sort_unstable();
+            racks.dedup();
+        }
         for &r in &racks {
             explained[r] = true;
         }

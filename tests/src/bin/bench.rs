@@ -617,8 +617,10 @@ action = { hold = true }
 
 /// `bench engine --rules N`: N rules beside the four, as a large site's policy has them
 /// (one of each kind in turn): a rack rule for one row (inlet, with a duration), a GPU
-/// rule for one rack (temperature), a node-power rule for one rack's racks (power), and a
-/// site rule on the price; thresholds vary so that some fire and some do not.
+/// rule for one rack (temperature), a rack rule for one rack (power), and a rack rule
+/// for one row on the price; thresholds vary so that some fire and some do not. (The
+/// four include a site-wide rule; a site-wide cap costs a want per GPU whenever it
+/// fires, so a policy of hundreds of them is a different load, not this one.)
 fn extra_rules(n: usize, racks: usize) -> String {
     use std::fmt::Write;
     let rows = racks.div_ceil(20);
@@ -651,7 +653,8 @@ fn extra_rules(n: usize, racks: usize) -> String {
             ),
             _ => write!(
                 s,
-                "\n[[rules]]\nname = \"price-{k}\"\nscope = \"site\"\nwhen = \"price > {:.4}\"\naction = {{ cap_pct = {pct} }}\n",
+                "\n[[rules]]\nname = \"row-price-{k}\"\nscope = \"rack\"\nselect = {{ within = \"row/w{}\" }}\nwhen = \"price > {:.4}\"\naction = {{ cap_pct = {pct} }}\n",
+                (k / 4) % rows,
                 0.2 + 0.01 * (k % 30) as f64 + x * 0.01
             ),
         };
