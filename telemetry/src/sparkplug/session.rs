@@ -473,20 +473,34 @@ impl Node {
             }
         } else if !self.born {
             return Err(no_birth(t));
-        } else if let (Some(seq), Some(last)) = (p.seq, self.last_seq) {
-            if seq != (last + 1) % 256 {
+        }
+        match p.seq {
+            // a sequence number runs 0..=255: one beyond is refused and not followed
+            // (adding one to it overflowed at u64::MAX); a birth's says so above
+            Some(seq) if seq > 255 && t.kind != "NBIRTH" => {
                 out.rebirth = true;
                 out.problems.push((
-                    "sequence_gap",
-                    format!(
-                        "{} from {}: seq {seq} after {last}, messages were lost",
-                        t.kind, t.node
-                    ),
+                    "bad_sequence",
+                    format!("{} from {}: seq {seq} is beyond 0..=255", t.kind, t.node),
                 ));
             }
-        }
-        if p.seq.is_some() {
-            self.last_seq = p.seq;
+            Some(seq) if seq > 255 => {}
+            Some(seq) => {
+                if let Some(last) = self.last_seq {
+                    if seq != (last + 1) % 256 {
+                        out.rebirth = true;
+                        out.problems.push((
+                            "sequence_gap",
+                            format!(
+                                "{} from {}: seq {seq} after {last}, messages were lost",
+                                t.kind, t.node
+                            ),
+                        ));
+                    }
+                }
+                self.last_seq = Some(seq);
+            }
+            None => {}
         }
         Ok(())
     }

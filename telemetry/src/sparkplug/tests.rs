@@ -177,6 +177,29 @@ fn a_sequence_gap_is_reported_and_the_values_kept() {
 }
 
 #[test]
+fn a_sequence_number_beyond_255_is_refused_not_followed_and_u64_max_does_not_overflow() {
+    // found by the fuzzer: seq u64::MAX after it was followed panicked (`last + 1`)
+    let mut s = Session::new();
+    handle(&mut s, "NBIRTH", None, &payload(0, vec![]));
+    for seq in [u64::MAX, u64::MAX] {
+        let h = handle(&mut s, "NDATA", None, &payload(seq, vec![]));
+        assert_eq!(h.problems[0].0, "bad_sequence", "{:?}", h.problems);
+        assert!(h.problems[0].1.contains("beyond 0..=255"));
+        assert!(h.rebirth);
+    }
+    // the sequence followed is still the birth's
+    assert!(handle(&mut s, "NDATA", None, &payload(1, vec![]))
+        .problems
+        .is_empty());
+    // a birth beyond 255 is its own problem, once
+    let b = handle(&mut s, "NBIRTH", None, &payload(u64::MAX, vec![]));
+    assert_eq!(b.problems.len(), 1, "{:?}", b.problems);
+    assert!(handle(&mut s, "NDATA", None, &payload(0, vec![]))
+        .problems
+        .is_empty());
+}
+
+#[test]
 fn data_before_birth_unknown_aliases_and_garbage_are_rejected() {
     let mut s = Session::new();
     assert_eq!(
