@@ -18,7 +18,6 @@
 //! that queued it.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hasher};
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -419,14 +418,7 @@ fn seq_key(seq: u64) -> String {
 
 /// A random number in [0, 1) (jitter needs no more).
 fn jitter() -> f64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+    sources::jitter::unit()
 }
 
 impl Outbox {

@@ -22,6 +22,7 @@
 
 #[cfg(feature = "http-feeds")]
 pub mod http;
+pub mod jitter;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nvml")]

@@ -243,20 +243,7 @@ pub fn backoff(failures: u32) -> Duration {
 /// `d` spread over 0.8..1.2 of itself, so that the clients a broker's restart
 /// dropped together do not all come back in the same instant.
 pub fn jittered(d: Duration) -> Duration {
-    d.mul_f64(0.8 + 0.4 * unit_random())
-}
-
-/// A number in [0, 1) that differs between calls and processes (jitter needs no more).
-fn unit_random() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+    d.mul_f64(0.8 + 0.4 * crate::jitter::unit())
 }
 
 fn sleep_while(d: Duration, keep_going: &dyn Fn() -> bool) {
