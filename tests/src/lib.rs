@@ -251,6 +251,18 @@ impl Sushy {
     /// # Panics
     /// When `sushy-static` is missing (scripts/test installs it into `.venv/`).
     pub fn start(mockup: &str, tls: Option<(&std::path::Path, &std::path::Path)>) -> Sushy {
+        // a free port can be taken by another test's server between our probe and the
+        // server's bind: a server that exits, or a port that answers as another
+        // server, is tried again on another port
+        for _ in 0..5 {
+            if let Some(s) = Sushy::try_start(mockup, tls) {
+                return s;
+            }
+        }
+        panic!("sushy-static did not serve {mockup} on any of 5 ports");
+    }
+
+    fn try_start(mockup: &str, tls: Option<(&std::path::Path, &std::path::Path)>) -> Option<Sushy> {
         let bin = std::env::var("POWERPLANE_SUSHY_STATIC")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|_| workspace_root().join(".venv/bin/sushy-static"));
@@ -277,18 +289,46 @@ impl Sushy {
                 )
             });
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let s = Sushy {
+        let mut s = Sushy {
             url: format!("{scheme}://127.0.0.1:{port}"),
             child,
         };
         for _ in 0..200 {
+            if s.child.try_wait().ok().flatten().is_some() {
+                return None; // it could not bind: the port was taken
+            }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return s;
+                // ours, and serving: still running a moment later, and (plain HTTP)
+                // answering with this mockup's service root
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if s.child.try_wait().ok().flatten().is_some() {
+                    return None;
+                }
+                if tls.is_some() || serves_redfish(port) {
+                    return Some(s);
+                }
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         panic!("sushy-static did not listen on port {port}");
     }
+}
+
+/// Whether `GET /redfish/v1` on the port answers 200.
+fn serves_redfish(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    if c
+        .write_all(b"GET /redfish/v1 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
 }
 
 impl Drop for Sushy {
