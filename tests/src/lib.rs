@@ -321,8 +321,7 @@ fn serves_redfish(port: u16) -> bool {
         return false;
     };
     let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-    if c
-        .write_all(b"GET /redfish/v1 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    if c.write_all(b"GET /redfish/v1 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         .is_err()
     {
         return false;
