@@ -88,21 +88,18 @@ fn a_full_disk_names_its_cause_and_once_freed_the_store_reopens_and_keeps_every_
     )
     .expect("config");
     let log = || serve_log(&config);
-    let start = || {
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(config.with_extension("log"))
-            .expect("log");
-        Command::new(env!("CARGO_BIN_EXE_powerplane"))
-            .args(["serve", "--run-for-s", "180", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .expect("serve")
-    };
-    let mut serve = start();
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(config.with_extension("log"))
+        .expect("log");
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_powerplane"))
+        .args(["serve", "--run-for-s", "180", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("serve");
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = done.clone();
     let topic = hot.topic.clone();

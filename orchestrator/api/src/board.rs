@@ -73,8 +73,6 @@ pub struct LedgerSums {
     pub energy_kwh: f64,
     pub cost: f64,
     pub carbon_kg: f64,
-    /// Ledger entries summed in.
-    pub entries: u64,
 }
 
 /// The ledger's sums by account (`job`, `idle`, `overhead`) and project (empty for
@@ -107,7 +105,6 @@ impl LedgerTotals {
             s.energy_kwh += e.energy_kwh;
             s.cost += e.cost;
             s.carbon_kg += e.carbon_kg;
-            s.entries += 1;
         }
     }
 }
