@@ -35,6 +35,7 @@ pub mod entity;
 pub mod fasthash;
 pub mod feeds;
 pub mod gpu;
+pub mod grid;
 pub mod gpu_backend;
 pub mod histogram;
 pub mod job;

@@ -84,6 +84,19 @@ pub mod names {
     pub const PERIOD_PEAK_W: &str = "period_peak_w";
     /// The highest demand-interval average of IT power over the last 24 hours.
     pub const DAY_PEAK_W: &str = "day_peak_w";
+    /// Power at the utility's revenue meter: IT, cooling and losses (a site reading).
+    pub const FACILITY_POWER_W: &str = "facility_power_w";
+    /// 1 while a grid (demand-response) event is in force at the site, else 0.
+    pub const GRID_EVENT_ACTIVE: &str = "grid_event_active";
+    /// The event's shed as a fraction of the baseline (0.25: 25% below it).
+    pub const GRID_SHED_FRACTION: &str = "grid_shed_fraction";
+    /// The event's shed at the meter, in W below the baseline.
+    pub const GRID_SHED_W: &str = "grid_shed_w";
+    /// The event's cap at the meter, in W.
+    pub const GRID_CAP_W: &str = "grid_cap_w";
+    /// The baseline the event's shed is taken from, in W at the meter, where the edge
+    /// that publishes the event computed one.
+    pub const GRID_BASELINE_W: &str = "grid_baseline_w";
     pub const TEMPERATURE_C: &str = "temperature_c";
     pub const PERCENT: &str = "percent";
     pub const FREQUENCY_HZ: &str = "frequency_hz";
@@ -270,6 +283,54 @@ const SPECS: &[MetricSpec] = &[
         max: 1e9,
         freshness_s: 7200.0,
         help: "the highest demand-interval average of IT power over the last 24 hours",
+    },
+    MetricSpec {
+        name: names::FACILITY_POWER_W,
+        unit: "W",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 30.0,
+        help: "power at the utility meter (IT, cooling and losses)",
+    },
+    MetricSpec {
+        name: names::GRID_EVENT_ACTIVE,
+        unit: "",
+        min: 0.0,
+        max: 1.0,
+        freshness_s: 30.0,
+        help: "1 while a demand-response event is in force",
+    },
+    MetricSpec {
+        name: names::GRID_SHED_FRACTION,
+        unit: "",
+        min: 0.0,
+        max: 1.0,
+        freshness_s: 30.0,
+        help: "a demand-response event's shed as a fraction of the baseline",
+    },
+    MetricSpec {
+        name: names::GRID_SHED_W,
+        unit: "W",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 30.0,
+        help: "a demand-response event's shed at the meter below the baseline",
+    },
+    MetricSpec {
+        name: names::GRID_CAP_W,
+        unit: "W",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 30.0,
+        help: "a demand-response event's cap at the meter",
+    },
+    MetricSpec {
+        name: names::GRID_BASELINE_W,
+        unit: "W",
+        min: 0.0,
+        max: 1e9,
+        freshness_s: 30.0,
+        help: "the baseline a demand-response event's shed is taken from",
     },
     MetricSpec {
         name: names::CARBON_G_PER_KWH,
