@@ -22,6 +22,7 @@
 //! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`, and the
 //!   event-driven evaluations' debounce and rate.
 //! - [`feeds`]: how a price or carbon feed file is written (`[prices]`, the backtest).
+//! - [`grid`]: demand-response events measured: the M&V baselines and performance.
 //! - [`examples`]: the demo hall's site and policy (examples/demo), for the tests and the demo.
 #![forbid(unsafe_code)]
 
@@ -32,6 +33,7 @@ pub mod demand;
 pub mod examples;
 pub mod feeds;
 pub mod fleet;
+pub mod grid;
 pub mod overrides;
 pub mod registry;
 
