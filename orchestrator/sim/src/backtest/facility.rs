@@ -121,6 +121,10 @@ pub struct Facility {
     /// power over the tariff's demand interval, else over each tick), which the
     /// controller reads as `period_peak_w` and `day_peak_w`.
     demand: Option<control::demand::DemandTracker>,
+    /// With grid events in the scenario: the simulated meter (IT plus cooling) per
+    /// step, and the events the facility publishes as site readings.
+    pub meter: Option<super::grid::Meter>,
+    pub grid: Option<super::grid::Schedule>,
     scratch: Scratch,
     pub totals: Totals,
 }
@@ -175,6 +179,8 @@ impl Facility {
             now: start,
             start,
             demand: None,
+            meter: None,
+            grid: None,
             scratch: Scratch::default(),
             totals: Totals::default(),
         };
@@ -196,6 +202,19 @@ impl Facility {
         self.node_mode = mode;
         self.node_model = model;
         self
+    }
+
+    /// Keeps the meter and publishes `events` (none: the meter and the readings that say
+    /// no event is in force), before the first step.
+    pub fn with_grid(mut self, events: Vec<super::grid::DrEvent>) -> Self {
+        self.meter = Some(super::grid::Meter::default());
+        self.grid = Some(super::grid::Schedule::new(events));
+        self
+    }
+
+    /// IT plus cooling power now, W: what the utility's meter reads.
+    pub fn meter_w(&self) -> f64 {
+        self.it_power_w() + self.cooling_power_w.iter().sum::<f64>()
     }
 
     /// The price at `t`, or none past the end of the series.
@@ -372,6 +391,17 @@ impl Facility {
 
 impl Telemetry for Facility {
     fn poll(&mut self, now: Timestamp) -> Vec<Sample> {
+        let mut samples = self.readings(now);
+        let meter_w = self.meter_w();
+        if let (Some(grid), Some(meter)) = (self.grid.as_mut(), self.meter.as_ref()) {
+            samples.extend(grid.samples(&self.site, meter, meter_w, now));
+        }
+        samples
+    }
+}
+
+impl Facility {
+    fn readings(&self, now: Timestamp) -> Vec<Sample> {
         Readings {
             site: &self.site,
             gpus: &self.gpus,

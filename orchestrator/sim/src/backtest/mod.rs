@@ -7,6 +7,8 @@
 //! - [`scenario`]: classes and deadlines for jobs that have none, heat wave, contract
 //!   limit, price spikes, the feeds' formats, the seed.
 //! - [`facility`]: the simulator's trace-driven facility, indexed for long traces.
+//! - [`grid`]: demand-response events: the scenario's checked, the simulated meter and
+//!   the site readings the policy's facility publishes; `dr`: what each event did.
 //! - `inputs`: the files read, the trace's jobs aligned and classed; `replay`: the
 //!   three runs stepped together under the control loop; `summary`: the figures.
 //!
@@ -16,7 +18,9 @@
 
 pub mod capacity;
 pub mod cli;
+mod dr;
 pub mod facility;
+pub mod grid;
 mod inputs;
 mod replay;
 mod report;
@@ -29,6 +33,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use telemetry::{Site, Timestamp};
 
+pub use dr::DemandResponse;
 use facility::Facility;
 use inputs::Inputs;
 use replay::{Outcome, Runs};
@@ -65,7 +70,24 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         inputs.site.gpus().len(),
         inputs.alignment
     )?;
-    let mut runs = Runs::new(&inputs);
+    let events = inputs.scenario.grid_events();
+    // with grid events: the policy's run without them first, to measure them against
+    let without = match events.is_empty() {
+        true => None,
+        false => {
+            writeln!(
+                progress,
+                "backtest: {} grid events; first the run without them",
+                events.len()
+            )?;
+            let mut r = Runs::new(&inputs, Some(Vec::new()));
+            let policy = inputs.policy.clone();
+            replay::replay(&mut r, &inputs.site, policy, &inputs.scenario, progress)?;
+            writeln!(progress, "backtest: the run with the grid events")?;
+            Some(r.pol)
+        }
+    };
+    let mut runs = Runs::new(&inputs, (!events.is_empty()).then_some(events));
     let Inputs {
         site,
         policy,
@@ -80,6 +102,10 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     let outcome = replay::replay(&mut runs, &site, policy, &scenario, progress)?;
     let end = runs.pol.now();
     let [b, p, ps] = run_summaries(cfg, &site, &runs, &outcome);
+    let demand_response = without
+        .as_ref()
+        .map(|w| dr::measure(&runs.pol, w, scenario.tick_s))
+        .unwrap_or_default();
     let added_h = added_wait_h(&runs.base, &runs.pol);
     let saving_per_wait_hour = if added_h > 0.0 {
         (b.cost - p.cost) / added_h
@@ -113,6 +139,7 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         baseline: b,
         policy: p,
         power_save: ps,
+        demand_response,
         elapsed_s: started.elapsed().as_secs_f64(),
     };
     write_files(cfg, &summary, &site, &outcome)?;
@@ -191,6 +218,21 @@ fn scenario_lines(scenario: &Scenario) -> Vec<String> {
         lines.push(format!(
             "price spike: ×{} + {} per kWh for {} h from {}",
             s.factor, s.add_per_kwh, s.hours, s.start
+        ));
+    }
+    for e in scenario.grid_events() {
+        let asked = match e.target {
+            telemetry::grid::GridTarget::CapW(w) => {
+                format!("at most {} kW at the meter", w / 1000.0)
+            }
+            telemetry::grid::GridTarget::ShedFraction(f) => {
+                format!("shed {}% of the hour-before baseline", f * 100.0)
+            }
+            _ => String::new(),
+        };
+        lines.push(format!(
+            "grid event {}: {asked} for {} min from {}",
+            e.id, e.duration_min, e.start
         ));
     }
     lines

@@ -144,8 +144,10 @@ impl Runs {
 impl Runs {
     /// The three facilities at `start`: the baseline (every node on, no policy), the
     /// policy's (its nodes managed when the policy manages node power) and the
-    /// power-saving one (Slurm-style suspends).
-    pub fn new(inputs: &Inputs) -> Self {
+    /// power-saving one (Slurm-style suspends). `grid`: the policy's facility keeps its
+    /// meter and publishes these grid events (none: only the meter and that none is in
+    /// force); absent: neither, as without `[[grid_events]]`.
+    pub fn new(inputs: &Inputs, grid: Option<Vec<super::grid::DrEvent>>) -> Self {
         let (np, start) = (&inputs.policy.node_power, inputs.start);
         let node_model = facility::NodePowerModel {
             boot_s: np.boot_s,
@@ -181,6 +183,10 @@ impl Runs {
             },
             node_model,
         );
+        let pol = match grid {
+            Some(events) => pol.with_grid(events),
+            None => pol,
+        };
         Runs { base, pol, psave }
     }
 

@@ -35,6 +35,12 @@
 //! hours = 4
 //! factor = 5.0            # and/or add_per_kwh = 0.5
 //!
+//! [[grid_events]]         # a demand-response event the policy's facility is asked to meet
+//! id = "peak-1"           # optional (default: grid-event-N, N from 1)
+//! start = "2024-09-04T17:00:00+02:00"
+//! duration_min = 180
+//! shed_pct = 25           # or target_kw = 400: a cap at the meter (IT + cooling)
+//!
 //! [prices]                # as `serve`'s [prices]: format = "simple" | "csv" | "json" | "entsoe"
 //! format = "csv"
 //! [prices.csv]
@@ -122,6 +128,24 @@ pub struct PriceSpike {
     pub add_per_kwh: f64,
 }
 
+/// A demand-response event (`[[grid_events]]`): from `start` for `duration_min`, shed
+/// `shed_pct` % of the meter's baseline (its mean over the hour before `start`) or
+/// draw at most `target_kw` at the meter; exactly one of the two. Events may not
+/// overlap (each is measured on its own window).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridEventEntry {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(deserialize_with = "ts")]
+    pub start: Timestamp,
+    pub duration_min: f64,
+    #[serde(default)]
+    pub shed_pct: Option<f64>,
+    #[serde(default)]
+    pub target_kw: Option<f64>,
+}
+
 fn one() -> f64 {
     1.0
 }
@@ -163,6 +187,8 @@ pub struct Scenario {
     #[serde(default)]
     pub cooling_fault: Vec<CoolingFault>,
     #[serde(default)]
+    pub grid_events: Vec<GridEventEntry>,
+    #[serde(default)]
     pub prices: Option<FeedFormat>,
     #[serde(default)]
     pub carbon: Option<FeedFormat>,
@@ -200,6 +226,7 @@ impl Default for Scenario {
             classes: Vec::new(),
             heat_wave: None,
             cooling_fault: Vec::new(),
+            grid_events: Vec::new(),
             contract: None,
             price_spike: Vec::new(),
             prices: None,
@@ -283,7 +310,17 @@ impl Scenario {
                 ));
             }
         }
+        let grid = super::grid::events(&s.grid_events);
+        if !grid.errors.is_empty() {
+            let all: Vec<String> = grid.errors.iter().map(|e| e.to_string()).collect();
+            return bad(all.join("; "));
+        }
         Ok(s)
+    }
+
+    /// The scenario's grid events, checked (`parse` refused a scenario with a bad one).
+    pub fn grid_events(&self) -> Vec<super::grid::DrEvent> {
+        super::grid::events(&self.grid_events).events
     }
 
     /// The share of cooling capacity left at `t`.

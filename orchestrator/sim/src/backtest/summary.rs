@@ -105,6 +105,10 @@ pub struct Summary {
     /// Slurm-style power saving: idle nodes suspended after `suspend_time_s`, resumed
     /// on demand with their boot time, no price awareness.
     pub power_save: RunSummary,
+    /// Per `[[grid_events]]` entry, what the policy's facility did (left out without
+    /// any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub demand_response: Vec<super::DemandResponse>,
     pub suspend_time_s: f64,
     /// (baseline − policy) / baseline, in %.
     pub savings_pct: Savings,
@@ -122,7 +126,7 @@ pub struct Summary {
     pub elapsed_s: f64,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

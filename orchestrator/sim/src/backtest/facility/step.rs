@@ -25,11 +25,21 @@ impl Facility {
             self.totals.budget_violation_s += dt_s;
         }
         let mut scratch = std::mem::take(&mut self.scratch);
+        let work_before = self.totals.work_gpu_s;
         self.run_jobs(t0, dt_s, &mut scratch);
         let job_j = self.draw_energy(dt_s, &mut scratch);
         self.follow_inlets(t0, dt_s, &scratch.rack_j);
         let it_kwh = scratch.rack_j.iter().sum::<f64>() / 3.6e6;
         self.account(t0, dt_s, it_kwh, job_j);
+        if let Some(m) = self.meter.as_mut() {
+            let cooling_w: f64 = self.cooling_power_w.iter().sum();
+            m.push(super::super::grid::MeterStep {
+                t0,
+                dt_s,
+                kw: (it_kwh * 3.6e6 / dt_s.max(1e-9) + cooling_w) / 1000.0,
+                work_gpu_s: self.totals.work_gpu_s - work_before,
+            });
+        }
         self.scratch = scratch;
         self.now = t1;
         self.expire_leases(t1);
