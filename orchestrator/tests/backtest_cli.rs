@@ -415,3 +415,85 @@ fn under_a_heat_wave_and_a_pump_failure_the_predictive_rule_keeps_the_inlets_und
     );
     assert_eq!(num(&predictive, "/policy/budget_violation_s"), 0.0);
 }
+
+/// A 3 h event shedding 25% on the fixture: published to the engine, measured in
+/// `summary.json` against the run without it, and drawn in the report; a scenario
+/// without one has no `demand_response` at all.
+#[test]
+fn a_grid_event_is_measured_at_the_meter_against_the_run_without_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = std::fs::read_to_string(fixture("scenario.toml")).expect("scenario");
+    let event = "\n[[grid_events]]\nid = \"peak\"\nstart = \"2024-06-04T15:00:00+02:00\"\nduration_min = 180\nshed_pct = 25\n";
+    let scenario = write(dir.path(), "scenario-dr.toml", &(base + event));
+    let out = dir.path().join("out");
+    let o = backtest(&out, &fixture("jobs.csv"), scenario.to_str().expect("path"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    let dr = s["demand_response"].as_array().expect("demand_response");
+    assert_eq!(dr.len(), 1);
+    let e = &dr[0];
+    assert_eq!(e["id"], "peak");
+    assert_eq!(e["start"], "2024-06-04T13:00:00Z");
+    assert_eq!(num(e, "/duration_min"), 180.0);
+    let (baseline, target) = (num(e, "/baseline_kw"), num(e, "/target_kw"));
+    assert!(baseline > 0.0, "{e}");
+    assert!((target - 0.75 * baseline).abs() < 1e-9, "{e}");
+    let (metered, delivered) = (num(e, "/metered_kw"), num(e, "/delivered_kw"));
+    assert!((delivered - (baseline - metered)).abs() < 1e-9, "{e}");
+    // the runs are the same until the event: the meter agrees on the hour before it
+    let (gh, gh0) = (num(e, "/gpu_hours"), num(e, "/gpu_hours_without_event"));
+    assert!(gh0 > 0.0, "work was done in the window: {e}");
+    assert!(
+        (num(e, "/gpu_hours_lost_pct") - (gh0 - gh) / gh0 * 100.0).abs() < 1e-9,
+        "{e}"
+    );
+    assert!(num(e, "/rebound_peak_kw") > 0.0, "{e}");
+    assert!(num(e, "/rebound_peak_without_event_kw") > 0.0, "{e}");
+    match e["time_to_target_s"].as_f64() {
+        Some(t) => {
+            assert!((0.0..=180.0 * 60.0).contains(&t), "{e}");
+            assert!(num(e, "/tracking_error_p95_pct") >= 0.0, "{e}");
+        }
+        None => assert!(e["tracking_error_p95_pct"].is_null(), "{e}"),
+    }
+    let lines = s["scenario"].as_array().expect("scenario lines");
+    assert!(lines.iter().any(|l| l
+        .as_str()
+        .is_some_and(|l| l.contains("grid event peak: shed 25%"))));
+    let html = std::fs::read_to_string(out.join("report.html")).expect("report");
+    assert!(html.contains("Grid event peak"), "the event's chart");
+    // the policy's other figures and the baseline run are those of a run without grid
+    // events up to the event; without one, no demand_response key at all
+    let plain = dir.path().join("plain");
+    let o = backtest(&plain, &fixture("jobs.csv"), "scenario.toml");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = summary(&plain);
+    assert!(p.get("demand_response").is_none(), "{p}");
+    assert_eq!(
+        p["baseline"], s["baseline"],
+        "the baseline run ignores grid events"
+    );
+}
+
+#[test]
+fn a_bad_grid_event_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let scenario = write(
+        dir.path(),
+        "bad.toml",
+        "[[grid_events]]\nid = \"x\"\nstart = \"2024-06-04T15:00:00+02:00\"\nduration_min = 60\nshed_pct = 25\ntarget_kw = 10\n",
+    );
+    let o = backtest(
+        &dir.path().join("out"),
+        &fixture("jobs.csv"),
+        scenario.to_str().expect("path"),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "bad.toml: grid event 1 (x): give exactly one of shed_pct or target_kw, got both"
+        ),
+        "{err}"
+    );
+}

@@ -348,34 +348,45 @@ pub fn caiso_10_in_10(
 }
 
 /// ERCOT middle 8-of-10: the 10 most recent similar days, the highest and the lowest
-/// by energy over the event window dropped (a tie: the more recent day is kept), the
-/// other 8 averaged; unadjusted.
+/// by energy over the event window dropped (of equal days, the older), the other 8
+/// averaged; unadjusted.
 pub fn ercot_middle_8_of_10(
     h: &History,
     e: &Event,
     cal: &Calendar<'_>,
 ) -> Result<Baseline, BaselineError> {
     let method = Method::ErcotMiddle8of10;
-    let (_, days) = similar_days(h, e, cal, method, 0)?;
+    let (event_day, days) = similar_days(h, e, cal, method, 0)?;
     let n = intervals(h, e)?;
-    // most recent first, so a stable sort keeps the more recent of equal days inside
-    let mut ranked: Vec<&Day> = days.iter().collect();
-    ranked.sort_by(|a, b| {
-        let (ea, eb) = (a.window.iter().sum::<f64>(), b.window.iter().sum::<f64>());
-        ea.total_cmp(&eb)
-    });
-    let (low, high) = (ranked[0].date, ranked[ranked.len() - 1].date);
-    let middle: Vec<&Day> = ranked[1..ranked.len() - 1].to_vec();
+    // of equal days, the older one is dropped
+    let energy = |d: &Day| d.window.iter().sum::<f64>();
+    let low = days
+        .iter()
+        .min_by(|a, b| energy(a).total_cmp(&energy(b)).then(a.date.cmp(&b.date)))
+        .map(|d| d.date);
+    let high = days
+        .iter()
+        .filter(|d| Some(d.date) != low)
+        .max_by(|a, b| energy(a).total_cmp(&energy(b)).then(b.date.cmp(&a.date)))
+        .map(|d| d.date);
+    let (Some(low), Some(high)) = (low, high) else {
+        return Err(BaselineError::TooFewDays {
+            method,
+            day: event_day,
+            needed: SIMILAR_DAYS,
+            found: days.len(),
+        });
+    };
+    let middle: Vec<&Day> = days
+        .iter()
+        .filter(|d| d.date != low && d.date != high)
+        .collect();
     let kw = average(&middle, n);
     Ok(Baseline {
         method,
         interval_s: h.interval_s,
         intervals: readings(h, e, kw),
-        days: days
-            .iter()
-            .map(|d| d.date)
-            .filter(|d| *d != low && *d != high)
-            .collect(),
+        days: middle.iter().map(|d| d.date).collect(),
         dropped: vec![high, low],
         adjustment: None,
     })

@@ -33,6 +33,7 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
         "<h2>Inlet temperature</h2>{}",
         inlet_chart(site, series, &days).svg()
     );
+    demand_response(&mut body, s);
     let waits = vec![
         ("baseline mean".to_string(), b.wait_mean_s / 60.0),
         ("policy mean".to_string(), p.wait_mean_s / 60.0),
@@ -202,6 +203,78 @@ fn inlet_chart<'a>(site: &Site, series: &Series2, days: &Days) -> Chart<'a> {
                 .fold(f64::INFINITY, f64::min),
         }],
         x_ticks: days.ticks.clone(),
+    }
+}
+
+/// Per grid event: the meter per interval from an hour before to an hour after it (with
+/// and without the events), its baseline and its target; and its figures.
+fn demand_response(body: &mut String, s: &Summary) {
+    if s.demand_response.is_empty() {
+        return;
+    }
+    body.push_str("<h2>Demand response</h2>");
+    let f = |v: Option<f64>, unit: &str| v.map_or("never".to_string(), |v| format!("{v:.1}{unit}"));
+    for e in &s.demand_response {
+        let Some(t0) = Timestamp::parse_rfc3339(&e.start).ok() else {
+            continue;
+        };
+        let min = |t: Timestamp| t.secs_since(t0) / 60.0;
+        let pts = |g: &dyn Fn(&super::dr::ChartPoint) -> Option<f64>| {
+            e.chart
+                .iter()
+                .filter_map(|p| g(p).map(|kw| (min(p.t), kw)))
+                .collect::<Vec<_>>()
+        };
+        let flat = |kw: Option<f64>, from: f64| {
+            kw.map_or(Vec::new(), |kw| vec![(from, kw), (e.duration_min, kw)])
+        };
+        let title = format!(
+            "Grid event {}: the meter (IT + cooling) against its baseline and target",
+            e.id
+        );
+        let x_ticks = (-1..=((e.duration_min / 60.0).ceil() as i64 + 1))
+            .map(|h| (h as f64 * 60.0, format!("{h:+} h")))
+            .collect();
+        let chart = Chart {
+            title: &title,
+            y_label: "kW",
+            right_label: None,
+            lines: vec![
+                line(
+                    "metered without the events",
+                    BASE,
+                    pts(&|p| p.without_event_kw),
+                    true,
+                ),
+                line("metered", POL, pts(&|p| p.metered_kw), true),
+                line(
+                    "baseline (hour before)",
+                    "#2ca02c",
+                    flat(e.baseline_kw, -60.0),
+                    false,
+                ),
+                line("target", PRICE, flat(e.target_kw, 0.0), false),
+            ],
+            rules: vec![],
+            x_ticks,
+        };
+        let _ = write!(
+            body,
+            "{}<p>From {} for {:.0} min: baseline {} kW, target {} kW, delivered {} kW; at the target after {} (tolerance 1%), tracking error p95 {}; GPU-hours lost {}; rebound peak {} kW (without the events {} kW); deadline misses {} (without the events {}).</p>",
+            chart.svg(),
+            escape(&e.start),
+            e.duration_min,
+            f(e.baseline_kw, ""),
+            f(e.target_kw, ""),
+            f(e.delivered_kw, ""),
+            f(e.time_to_target_s, " s"),
+            f(e.tracking_error_p95_pct, "%"),
+            f(e.gpu_hours_lost_pct, "%"),
+            f(e.rebound_peak_kw, ""),
+            f(e.rebound_peak_without_event_kw, ""),
+            e.deadline_misses,
+            e.deadline_misses_without_event
+        );
     }
 }
 

@@ -247,5 +247,9 @@ fn a_weekend_event_is_matched_with_weekend_days_through_the_callers_calendar() {
         .chain(&b.dropped)
         .all(|d| matches!(d.weekday(), Weekday::Sat | Weekday::Sun)));
     assert_eq!(b.days.len() + b.dropped.len(), 10);
+    assert!(
+        b.dropped.iter().all(|d| b.days.iter().all(|k| d < k)),
+        "of equal days the older are dropped: {b:?}"
+    );
     assert!(kw(&b).iter().all(|v| close(*v, 200.0)));
 }
