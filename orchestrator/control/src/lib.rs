@@ -16,6 +16,8 @@
 //! - [`overrides`]: operators' pins and exemptions with an expiry.
 //! - [`admit`]: the gate between the edges and the loop: only the site's entities pass.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
+//! - [`grid`]: demand response: operators' load targets, scheduled targets, what the
+//!   tick publishes of the grid events in force.
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`demand`]: the demand charge's peaks, per billing period, kept in the store.
@@ -32,6 +34,7 @@ pub mod demand;
 pub mod examples;
 pub mod feeds;
 pub mod fleet;
+pub mod grid;
 pub mod overrides;
 pub mod registry;
 

@@ -40,8 +40,6 @@ pub struct GridRule {
     /// (held work comes back paced by the room under it; caps rise at
     /// `[budget] raise_w_per_min`).
     pub rebound_s: f64,
-    /// SIMPLE levels: what each level sheds, as a fraction of the baseline.
-    pub levels: BTreeMap<String, f64>,
     /// The lease of the event's caps, holds and suspensions, s.
     pub lease_s: f64,
 }
@@ -59,10 +57,6 @@ impl Default for GridRule {
             margin: 0.02,
             overhead_ratio: 1.3,
             rebound_s: 1800.0,
-            levels: [("1", 0.1), ("2", 0.25), ("3", 0.5)]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
             lease_s: 300.0,
         }
     }
@@ -71,14 +65,6 @@ impl Default for GridRule {
 impl GridRule {
     pub fn is_default(&self) -> bool {
         *self == GridRule::default()
-    }
-
-    /// The levels table as (level, shed fraction).
-    pub fn level_table(&self) -> Vec<(u8, f64)> {
-        self.levels
-            .iter()
-            .filter_map(|(k, v)| k.parse::<u8>().ok().map(|l| (l, *v)))
-            .collect()
     }
 
     /// The floor of a job class, as a fraction of a GPU's default limit.
@@ -133,15 +119,6 @@ fn check(policy: &mut Policy, s: &mut SectionCheck<'_, '_>) {
             g.rebound_s, g.lease_s
         ),
     );
-    for (level, f) in &g.levels {
-        s.check(
-            level.parse::<u8>().is_ok_and(|l| (1..=3).contains(&l)) && fraction(*f) && *f > 0.0,
-            "levels",
-            format!(
-                "grid: levels maps a SIMPLE level 1, 2 or 3 to a shed fraction within 0..=1 (got {level} = {f})"
-            ),
-        );
-    }
     for class in &g.protect {
         s.check(
             !g.shed_order.contains(class),

@@ -1,0 +1,11 @@
+//! Demand response at the control loop's side: the grid events an operator posts or
+//! schedules, which of the events in force the engine is given, and (in `baseline`)
+//! how what the site delivered is measured.
+//!
+//! # Layout
+//!
+//! - [`targets`]: operators' load targets (`POST /api/v1/grid/targets`, kept in a file)
+//!   and the file of scheduled targets; what the tick publishes of the events in force
+//!   ([`targets::publish`]).
+
+pub mod targets;
