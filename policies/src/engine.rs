@@ -70,10 +70,9 @@ pub fn evaluate(inputs: &Inputs<'_>, now: Timestamp) -> Plan {
 
     jobs::observed_rule_holds(cx.prior, &wants.rules, now, &mut next, &mut decisions);
     jobs::preempt(
-        cx.jobs,
-        cx.prior,
+        &cx,
         &wants.rules,
-        now,
+        &wants.grid_suspends,
         &mut next,
         &mut decisions,
     );

@@ -50,6 +50,7 @@ pub mod triggers;
 
 // the controllers' modules, where they were before they had a folder each
 pub use controllers::budget;
+pub use controllers::grid;
 pub use controllers::node_power;
 pub use controllers::price;
 pub use controllers::price::planner;
@@ -62,7 +63,7 @@ pub use forecast::{Forecast, StepSeries};
 pub use gpu_map::GpuMap;
 pub use index::JobTable;
 pub use plan::{
-    Action, Cap, ClockLock, Decision, Hold, Plan, RackPrediction, RuleMemories, RuleMemory, State,
-    Target, Timers, UncappedDraw,
+    Action, Cap, ClockLock, Decision, GridMemory, Hold, Plan, RackPrediction, RuleMemories,
+    RuleMemory, State, Target, Timers, UncappedDraw,
 };
 pub use policy::Policy;

@@ -416,6 +416,40 @@ pub struct State {
     /// [`crate::budget::remember_uncapped`]).
     #[serde(default, skip_serializing_if = "GpuMap::is_empty")]
     pub uncapped_draws: GpuMap<UncappedDraw>,
+    /// The grid controller's memory of the event in force (or of its rebound limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grid: Option<GridMemory>,
+}
+
+/// What the grid controller keeps of an event from one tick to the next, and what it
+/// saw this tick (for `/metrics`, the status page and the VEN's reports).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GridMemory {
+    /// When the controller first saw the event in force.
+    pub since: Timestamp,
+    /// The meter baseline its shed is taken from, W: the edge's, or the meter when the
+    /// event began.
+    pub baseline_w: f64,
+    /// The meter target in force, W (during the rebound: the baseline).
+    pub target_w: f64,
+    /// The meter's power this tick, W.
+    pub meter_w: f64,
+    /// The lowest meter power reachable without touching protected work, W (an
+    /// estimate: protected draws, flexible GPUs at their floors, preemptible jobs
+    /// suspended where the policy allows).
+    pub floor_w: f64,
+    /// By how much the target is out of reach this tick, W (0: met or reachable).
+    pub shortfall_w: f64,
+    /// Set once the event ended: the rebound limit holds until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebound_until: Option<Timestamp>,
+}
+
+impl GridMemory {
+    /// Whether the event itself (not its rebound limit) is in force.
+    pub fn event_active(&self) -> bool {
+        self.rebound_until.is_none()
+    }
 }
 
 /// A GPU's draw at its default limit, read for one job before a cap held it down.

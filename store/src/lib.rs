@@ -191,6 +191,9 @@ const SUSPENDED: &str = "suspended";
 const RULES: &str = "rules";
 const THERMAL_MODELS: &str = "thermal_models";
 const UNCAPPED_DRAWS: &str = "uncapped_draws";
+/// The grid controller's memory of the event in force: one record, [`GRID_KEY`].
+const GRID: &str = "grid";
+const GRID_KEY: &str = "event";
 
 /// A batch under construction, with typed helpers.
 #[derive(Debug, Clone, Default)]
@@ -251,6 +254,15 @@ impl Tx {
         self.diff(RULES, &prior.rules, &next.rules);
         self.diff(THERMAL_MODELS, &prior.thermal_models, &next.thermal_models);
         self.diff(UNCAPPED_DRAWS, &prior.uncapped_draws, &next.uncapped_draws);
+        match (&prior.grid, &next.grid) {
+            (p, Some(g)) if p.as_ref() != Some(g) => {
+                self.put(GRID, GRID_KEY, g);
+            }
+            (Some(_), None) => {
+                self.delete_record(GRID, GRID_KEY);
+            }
+            _ => {}
+        }
         self
     }
 
@@ -492,6 +504,7 @@ impl Store {
             rules: self.keyed(RULES)?,
             thermal_models: self.keyed(THERMAL_MODELS)?,
             uncapped_draws: self.entities(UNCAPPED_DRAWS)?.into(),
+            grid: self.keyed::<policies::GridMemory>(GRID)?.remove(GRID_KEY),
         })
     }
 

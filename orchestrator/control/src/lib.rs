@@ -16,13 +16,14 @@
 //! - [`overrides`]: operators' pins and exemptions with an expiry.
 //! - [`admit`]: the gate between the edges and the loop: only the site's entities pass.
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
+//! - [`grid`]: demand response: operators' load targets, scheduled targets, what the
+//!   tick publishes of the grid events in force; the M&V baselines and performance.
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`demand`]: the demand charge's peaks, per billing period, kept in the store.
 //! - [`cadence`]: the control loop's tick delay and duration, for `/metrics`, and the
 //!   event-driven evaluations' debounce and rate.
 //! - [`feeds`]: how a price or carbon feed file is written (`[prices]`, the backtest).
-//! - [`grid`]: demand-response events measured: the M&V baselines and performance.
 //! - [`examples`]: the demo hall's site and policy (examples/demo), for the tests and the demo.
 #![forbid(unsafe_code)]
 

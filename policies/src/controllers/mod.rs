@@ -10,6 +10,8 @@
 //! - [`price`]: deferral of deferrable jobs while electricity is expensive, never past
 //!   their latest start; [`price::planner`] places them in the cheapest slots.
 //! - [`rules`]: the SREs' `[[rules]]`, run by [`crate::rules_eval`].
+//! - [`grid`]: a grid event's target at the meter, met by value (holds, caps to each
+//!   class's floor, suspensions of preemptible jobs), then a rebound limit.
 //! - [`node_power`]: which idle nodes to power down and which to bring back; it runs on
 //!   the plan and the nodes' power states at the edge ([`node_power::decide`]), not in
 //!   [`crate::evaluate`].
@@ -21,6 +23,7 @@
 //! and a line there.
 
 pub mod budget;
+pub mod grid;
 pub mod node_power;
 pub mod price;
 pub mod rules;
@@ -35,4 +38,5 @@ pub(crate) const CONTROLLERS: &[&dyn Controller] = &[
     &thermal::controller::Thermal,
     &rules::Rules,
     &price::controller::Price,
+    &grid::controller::Grid,
 ];

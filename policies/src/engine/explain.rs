@@ -52,7 +52,7 @@ struct Explainer<'a, 'c> {
 impl Explainer<'_, '_> {
     /// Why `rule` caps in rack `rack` (for the facility budget: at the site).
     fn get(&self, rule: &str, rack: usize) -> Option<Explained> {
-        let scope = if rule == "budget.facility" {
+        let scope = if rule == "budget.facility" || rule == crate::grid::RULE {
             self.cx.site_scope.as_str()
         } else {
             self.cx.rack_scopes[rack].as_str()

@@ -78,13 +78,13 @@ pub(crate) fn observed_rule_holds(
 /// Requeues and suspensions of preemptible jobs wanted by rules; a suspension ends when
 /// no rule wants it (resume) or, for an agentless controller, when its lease runs out.
 pub(crate) fn preempt(
-    jobs: &[Job],
-    prior: &State,
+    cx: &Context<'_>,
     rules: &[(&Rule, rules_eval::Wants)],
-    now: Timestamp,
+    grid: &[(String, Timestamp)],
     next: &mut State,
     out: &mut Vec<Decision>,
 ) {
+    let (jobs, prior, now) = (cx.jobs, cx.prior, cx.now);
     let why = |rule: &Rule, w: &rules_eval::Wants, job: &str| {
         w.why
             .iter()
@@ -140,7 +140,70 @@ pub(crate) fn preempt(
             );
         }
     }
+    grid_suspensions(cx, grid, next, out);
     resumes(jobs, prior, next, now, out);
+}
+
+/// The grid controller's suspensions (see [`crate::grid`]), explained by the event.
+fn grid_suspensions(
+    cx: &Context<'_>,
+    grid: &[(String, Timestamp)],
+    next: &mut State,
+    out: &mut Vec<Decision>,
+) {
+    let rule = crate::grid::RULE;
+    let (values, reason) = match next.grid.as_ref() {
+        Some(m) => {
+            let mut v = BTreeMap::new();
+            v.insert(
+                "target_kw".to_string(),
+                crate::plan::round3(m.target_w / 1000.0),
+            );
+            v.insert(
+                "meter_kw".to_string(),
+                crate::plan::round3(m.meter_w / 1000.0),
+            );
+            v.insert(
+                "floor_kw".to_string(),
+                crate::plan::round3(m.floor_w / 1000.0),
+            );
+            (
+                v,
+                format!(
+                    "grid event: caps at every flexible job's floor leave the meter over its target {:.1} kW",
+                    m.target_w / 1000.0
+                ),
+            )
+        }
+        None => (BTreeMap::new(), "grid event".to_string()),
+    };
+    for (job, until) in grid {
+        if next.suspended.contains_key(job) {
+            continue;
+        }
+        let since = cx.prior.suspended.get(job).map_or(cx.now, |h| h.since);
+        if !cx.prior.suspended.contains_key(job) {
+            out.push(Decision {
+                time: cx.now,
+                rule: rule.into(),
+                target: Target::Job { job: job.clone() },
+                action: Action::Suspend { until: *until },
+                values: values.clone(),
+                reason: reason.clone(),
+                release: "the event's end".into(),
+                observe_only: false,
+            });
+        }
+        next.suspended.insert(
+            job.clone(),
+            Hold {
+                rule: rule.into(),
+                since,
+                lease_until: *until,
+                reason: reason.clone(),
+            },
+        );
+    }
 }
 
 /// The suspensions no rule wants any more: resumed.

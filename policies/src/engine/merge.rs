@@ -39,6 +39,7 @@ pub(crate) fn caps<'r>(cx: &'r Context<'_>, wants: &'r Wants<'_>) -> Merged<'r> 
         let observed = match source {
             CapWants::Budget { observe, .. } | CapWants::Thermal { observe, .. } => *observe,
             CapWants::Rule(k) => wants.rules[*k].0.observe,
+            CapWants::Grid { .. } => false,
         };
         let target = if observed {
             observed_caps(&mut observe, n)
@@ -85,6 +86,13 @@ fn offer_all<'r>(
             let id = cx.rule_ids[*k].as_str();
             for &(g, watts) in &w.caps {
                 offer(target, g, watts, id, rule.lease_s);
+            }
+        }
+        CapWants::Grid { caps } => {
+            for (i, w) in caps.iter().enumerate() {
+                if let Some(w) = w {
+                    offer(target, i, *w, crate::grid::RULE, policy.grid.lease_s);
+                }
             }
         }
     }

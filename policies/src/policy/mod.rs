@@ -29,6 +29,7 @@ use toml::Spanned;
 
 pub use crate::rules::OnStale;
 pub use sections::budget::{BudgetRule, Limit};
+pub use sections::grid::GridRule;
 pub use sections::node_power::NodePowerRule;
 pub use sections::price::{PriceMode, PriceRule};
 pub use sections::thermal::{ThermalMode, ThermalRule};
@@ -51,6 +52,10 @@ pub struct Policy {
     /// is the default (so `policy explain` does not list it as disabled).
     #[serde(default, skip_serializing_if = "NodePowerRule::is_default")]
     pub node_power: NodePowerRule,
+    /// How grid events are met; left out of the serialized policy while it is the
+    /// default.
+    #[serde(default, skip_serializing_if = "GridRule::is_default")]
+    pub grid: GridRule,
     /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
     #[serde(skip)]
     pub rules: Vec<crate::rules::Rule>,
@@ -67,6 +72,7 @@ impl Default for Policy {
             thermal: ThermalRule::default(),
             price: PriceRule::default(),
             node_power: Default::default(),
+            grid: Default::default(),
             rules: Vec::new(),
             raw_rules: Vec::new(),
         }

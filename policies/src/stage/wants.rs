@@ -49,6 +49,8 @@ pub(crate) enum CapWants {
     },
     /// The caps of the rule at this place among the rules run.
     Rule(usize),
+    /// The grid controller's caps, by GPU index.
+    Grid { caps: Vec<Option<f64>> },
 }
 
 /// What the controllers want and what explains it, filled in registration order.
@@ -70,6 +72,8 @@ pub(crate) struct Wants<'c> {
     /// The state the controllers keep for themselves (fits, levels, rule memories).
     pub next: State,
     pub predictions: BTreeMap<String, RackPrediction>,
+    /// The preemptible jobs the grid controller suspends, with each suspension's lease.
+    pub grid_suspends: Vec<(String, Timestamp)>,
 }
 
 impl Wants<'_> {
@@ -85,6 +89,7 @@ impl Wants<'_> {
             price: None,
             next: State::default(),
             predictions: BTreeMap::new(),
+            grid_suspends: Vec::new(),
         }
     }
 }

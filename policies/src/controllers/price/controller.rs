@@ -16,7 +16,13 @@ impl Controller for Price {
         let rule = &cx.policy.price;
         if !rule.enabled {
             let mut verdicts = BTreeMap::new();
-            for job in cx.prior.holds.keys() {
+            // the grid controller's holds are its own to release
+            for (job, _) in cx
+                .prior
+                .holds
+                .iter()
+                .filter(|(_, h)| h.rule != crate::grid::RULE)
+            {
                 verdicts.insert(
                     job.clone(),
                     Verdict::Release {

@@ -10,6 +10,7 @@
 //! - `thermal.rs`: `[thermal]`, the thermal and predictive controllers.
 //! - `price.rs`: `[price]`, the price controller.
 //! - `node_power.rs`: `[node_power]`, node power (its type, `NodePowerRule`, with it).
+//! - `grid.rs`: `[grid]`, how a grid event's target is met (its type, `GridRule`).
 //!
 //! A new controller's section: a module here, a field of [`super::Policy`] and one
 //! line in [`SECTIONS`].
@@ -21,6 +22,7 @@ use telemetry::diag::Collector;
 use super::Policy;
 
 pub(crate) mod budget;
+pub(crate) mod grid;
 pub(crate) mod node_power;
 pub(crate) mod price;
 pub(crate) mod rules;
@@ -40,6 +42,7 @@ pub(crate) const SECTIONS: &[Section] = &[
     thermal::SECTION,
     price::SECTION,
     node_power::SECTION,
+    grid::SECTION,
 ];
 
 /// What a section's check sees: the file, where its table sits, and the collector.
