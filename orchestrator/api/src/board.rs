@@ -58,6 +58,10 @@ pub struct Board {
     /// The energy ledger's entries since this process started, summed by account and
     /// project (counters for `/metrics`).
     pub ledger: LedgerTotals,
+    /// The grid events known (a VTN's, posted, scheduled), with their status now.
+    pub grid_events: Vec<telemetry::grid::GridEvent>,
+    /// The VEN's counters (empty without one), for `/metrics`.
+    pub grid_counters: Vec<sources::source::Counter>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -161,6 +165,8 @@ impl Board {
             ha: None,
             predictions: BTreeMap::new(),
             ledger: LedgerTotals::default(),
+            grid_events: Vec::new(),
+            grid_counters: Vec::new(),
         }
     }
 

@@ -131,6 +131,8 @@ pub struct Api {
     pub status_page_public: bool,
     pub refresh_s: u32,
     pub overrides: Arc<Mutex<control::overrides::Book>>,
+    /// The operators' grid targets (`/api/v1/grid/targets`).
+    pub grid: Arc<Mutex<control::grid::targets::Book>>,
     /// Inbound job events and the Kubernetes hooks of the schedulers open now.
     pub hooks: Hooks,
     /// The HTTP edge's counters (connections, limits, logins, TLS) for `/metrics`.
@@ -305,6 +307,9 @@ impl Api {
         }
         if route == "overrides" || route.starts_with("overrides/") {
             return self.overrides(method, route, authorization, body);
+        }
+        if route == "grid" || route.starts_with("grid/") {
+            return self.grid(method, route, authorization, body);
         }
         if method != "GET" {
             // every route below reads; writing ones (overrides) need an operator
@@ -567,6 +572,77 @@ impl Api {
             _ => error(
                 405,
                 "GET or POST /api/v1/overrides, DELETE /api/v1/overrides/{id}",
+            ),
+        }
+    }
+
+    /// `GET /api/v1/grid` (the events known and the one in force, viewer),
+    /// `GET /api/v1/grid/targets` (viewer), `POST /api/v1/grid/targets` and
+    /// `DELETE /api/v1/grid/targets/{id}` (admin: a load target commits the site).
+    fn grid(&self, method: &str, route: &str, authorization: Option<&str>, body: &[u8]) -> Reply {
+        let min = if method == "GET" {
+            Role::Viewer
+        } else {
+            if let Some(r) = self.not_on_a_follower() {
+                return r;
+            }
+            Role::Admin
+        };
+        let who = match self.authorize(authorization, min) {
+            Ok(name) => name.to_string(),
+            Err(r) => return r,
+        };
+        let now = common::wall_clock();
+        if (method, route) == ("GET", "grid") {
+            let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+            return json_reply(
+                200,
+                &json!({ "events": board.grid_events, "in_force": board.state.grid }),
+            );
+        }
+        let mut book = self.grid.lock().unwrap_or_else(|p| p.into_inner());
+        match (method, route.strip_prefix("grid/targets")) {
+            ("GET", Some("")) => {
+                let list: Vec<_> = book
+                    .list
+                    .iter()
+                    .cloned()
+                    .map(|e| control::grid::targets::with_status(e, now))
+                    .collect();
+                json_reply(200, &json!({ "targets": list }))
+            }
+            ("POST", Some("")) => {
+                let spec: control::grid::targets::TargetSpec = match serde_json::from_slice(body) {
+                    Ok(s) => s,
+                    Err(e) => return error(400, &format!("bad grid target: {e}")),
+                };
+                let id = book.next_id();
+                match spec.event("api", id, now, false) {
+                    Ok(e) => {
+                        let e = book.post(e);
+                        info!(event = %e.id, by = %who, modification = e.modification, target = ?e.intervals.first().map(|i| i.target), start = ?e.start(), "grid target posted");
+                        if let Err(err) = book.save() {
+                            warn!(error = %err, "cannot save the grid targets; they hold until a restart");
+                        }
+                        json_reply(201, &serde_json::to_value(e).unwrap_or_default())
+                    }
+                    Err(e) => error(400, &format!("bad grid target: {e}")),
+                }
+            }
+            ("DELETE", Some(id)) if id.starts_with('/') => {
+                let id = &id[1..];
+                if !book.cancel(id) {
+                    return error(404, &format!("no grid target {id:?}"));
+                }
+                info!(event = id, by = %who, "grid target cancelled");
+                if let Err(e) = book.save() {
+                    warn!(error = %e, "cannot save the grid targets");
+                }
+                json_reply(200, &json!({ "cancelled": id }))
+            }
+            _ => error(
+                405,
+                "GET /api/v1/grid, GET or POST /api/v1/grid/targets, DELETE /api/v1/grid/targets/{id}",
             ),
         }
     }

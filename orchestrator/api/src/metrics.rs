@@ -35,6 +35,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> 
     counters::ledger(&mut o, b);
     counters::edges(&mut o, b);
     policy(&mut o, &b.policy_status);
+    grid(&mut o, b);
     for m in runtime::redfish::metrics(&b.redfish) {
         let labels: Vec<(&str, &str)> = m.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
         o.add(m.name, m.kind, m.help, &labels, m.value);
@@ -66,6 +67,77 @@ pub(crate) fn histogram_family(
         o.histogram(name, help, &[(label, value)], h);
     }
     o.render()
+}
+
+/// Demand response: the event in force as the engine sees it, the events known by
+/// source and status, and the VEN's counters. `dr_event_active` is always there; the
+/// watts only while an event or its rebound limit is in force.
+fn grid(o: &mut Out, b: &Board) {
+    let m = b.state.grid.as_ref();
+    o.add(
+        "dr_event_active",
+        "gauge",
+        "1 while a grid (demand-response) event is in force, else 0",
+        &[],
+        if m.is_some_and(|m| m.event_active()) {
+            1.0
+        } else {
+            0.0
+        },
+    );
+    o.add(
+        "dr_rebound_active",
+        "gauge",
+        "1 while the rebound limit after a grid event holds the meter under the pre-event baseline",
+        &[],
+        if m.is_some_and(|m| !m.event_active()) {
+            1.0
+        } else {
+            0.0
+        },
+    );
+    if let Some(m) = m {
+        let w = [
+            ("dr_target_watts", "The meter target in force (the rebound limit after the event)", m.target_w),
+            ("dr_baseline_watts", "The baseline the event's shed is taken from, at the meter", m.baseline_w),
+            ("dr_meter_watts", "The meter's power (IT, cooling and losses) as the grid controller reads it", m.meter_w),
+            ("dr_delivered_watts", "Baseline less the meter's power: what the site delivers now", m.baseline_w - m.meter_w),
+            ("dr_floor_watts", "The lowest meter power reachable without protected work (an estimate)", m.floor_w),
+            ("dr_shortfall_watts", "By how much the target is out of reach without protected work (0: met or reachable)", m.shortfall_w),
+        ];
+        for (name, help, v) in w {
+            o.add(name, "gauge", help, &[], v);
+        }
+    }
+    let mut by: std::collections::BTreeMap<(String, &'static str), f64> = Default::default();
+    for e in &b.grid_events {
+        let status = match e.status {
+            telemetry::grid::EventStatus::Pending => "pending",
+            telemetry::grid::EventStatus::Active => "active",
+            telemetry::grid::EventStatus::Completed => "completed",
+            telemetry::grid::EventStatus::Cancelled => "cancelled",
+        };
+        *by.entry((e.source.clone(), status)).or_default() += 1.0;
+    }
+    for ((source, status), n) in &by {
+        o.add(
+            "dr_events",
+            "gauge",
+            "Grid events known, by source (openadr2b, openadr3, api, file) and status",
+            &[("source", source), ("status", status)],
+            *n,
+        );
+    }
+    for c in &b.grid_counters {
+        let labels: Vec<(&str, &str)> = c.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        o.add(
+            c.name,
+            "counter",
+            "The VEN's counter (see docs/demand-response.md)",
+            &labels,
+            c.value as f64,
+        );
+    }
 }
 
 /// The build, and this replica's part in high availability.

@@ -79,6 +79,24 @@ pub fn openapi() -> serde_json::Value {
                     "responses": { "200": { "description": "removed" }, "404": { "description": "no such override" } }
                 }
             },
+            "/api/v1/grid": get("Demand response: every grid event known (a VTN's, posted, scheduled) with its status, and the one in force as the engine sees it (baseline, target, meter, floor, shortfall, rebound)", "viewer"),
+            "/api/v1/grid/targets": {
+                "get": { "summary": "The operators' posted grid targets", "description": "Needs a viewer token.", "security": [{ "bearer": [] }], "responses": { "200": { "description": "OK" } } },
+                "post": {
+                    "summary": "Post a load target at the meter: a shed (percent of the baseline, or kW) or a cap (kW), or a SIMPLE level",
+                    "description": "Needs an admin token. Body: {\"duration_min\": 180, \"shed_pct\": 25} with optional \"start\" (RFC 3339; default now), \"id\" (the same id again is a modification) and \"reason\"; exactly one of shed_pct, shed_kw, cap_kw or level.",
+                    "security": [{ "bearer": [] }],
+                    "requestBody": { "required": true, "content": { "application/json": {} } },
+                    "responses": { "201": { "description": "posted" }, "400": { "description": "invalid, with the reason" }, "403": { "description": "not an admin" }, "503": { "description": "a follower: post to the leader" } }
+                }
+            },
+            "/api/v1/grid/targets/{id}": {
+                "delete": {
+                    "summary": "Cancel a posted grid target", "description": "Needs an admin token.", "security": [{ "bearer": [] }],
+                    "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "cancelled" }, "404": { "description": "no such target" } }
+                }
+            },
             "/api/v1/agents": get("The agents: desired, sent, acknowledged and enforced state per GPU; agent health per node", "viewer"),
             "/api/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OK" } } } }
         }

@@ -17,6 +17,8 @@
 //! - [`mqtt`]: `[mqtt]`: the MQTT source (JSON mappings and Sparkplug B).
 //! - [`redfish`]: `[redfish]`: the poller as a source of `serve`, its counters for `/metrics`.
 //! - [`prices`]: `[prices]`: the price and carbon feeds, read or fetched.
+//! - [`grid`]: `[demand_response]`: the grid events (a VTN's, posted, scheduled) and
+//!   what each tick gives the engine of the one in force.
 //! - [`node_power`]: `[node_power]`: powering nodes down and up (Slurm's power saving,
 //!   Redfish) and the worker that does it off the loop.
 //! - [`schedulers`]: `[schedulers]`: one reconciler per scheduler adapter (Slurm,
@@ -30,6 +32,7 @@
 
 pub mod buffer;
 pub mod feed_fetch;
+pub mod grid;
 pub mod ha;
 pub mod mqtt;
 pub mod node_power;

@@ -52,6 +52,9 @@ pub struct Config {
     /// [`crate`]).
     #[serde(default)]
     pub node_power: Option<runtime::node_power::worker::NodePowerSection>,
+    /// Follow the grid: a VEN's events, operators' targets (see [`runtime::grid`]).
+    #[serde(default)]
+    pub demand_response: Option<runtime::grid::DemandResponseSection>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -277,6 +280,21 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
             problems
                 .at(&["prices", "carbon", "auth"])
                 .take(r.map_err(|e| anyhow::anyhow!("{name}: [prices.carbon] auth: {e}")));
+        }
+    }
+    if let Some(dr) = cfg.demand_response.as_mut() {
+        let name = problems.name.clone();
+        dr.tls = dr.tls.resolved(resolve);
+        if dr.vtn_url.is_some() {
+            let r = sources::tls::client_config(&dr.tls);
+            problems
+                .at(&["demand_response", "tls"])
+                .take(r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] {e}")));
+        }
+        for p in dr.problems() {
+            problems
+                .at(&["demand_response"])
+                .check(false, || format!("{name}: [demand_response] {p}"));
         }
     }
     if let Some(np) = cfg.node_power.as_mut() {
@@ -593,7 +611,7 @@ mod tests {
         let name = d.join("powerplane.toml").display().to_string();
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 3, "{err}");
-        assert_eq!(lines[0], format!("{name}:1:1: unknown field `colour`, expected one of `controller`, `store`, `mqtt`, `redfish`, `prices`, `agents`, `http`, `schedulers`, `ha`, `node_power`"));
+        assert_eq!(lines[0], format!("{name}:1:1: unknown field `colour`, expected one of `controller`, `store`, `mqtt`, `redfish`, `prices`, `agents`, `http`, `schedulers`, `ha`, `node_power`, `demand_response`"));
         assert!(
             lines[1].starts_with(&format!("{name}:5:18: invalid type: string \"many\"")),
             "{err}"

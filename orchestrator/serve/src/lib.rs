@@ -119,6 +119,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
     board.write().unwrap_or_else(|p| p.into_inner()).ha = ha.as_ref().map(|h| h.gate.clone());
     let hooks = start::hooks(&cfg, &schedulers);
     let overrides = start::overrides(&cfg, &base)?;
+    let grid = start::grid(&cfg, &base, &runtime)?;
     start::http(
         &cfg,
         &base,
@@ -127,6 +128,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         &edges.fleet,
         &hooks,
         &overrides,
+        &grid.book,
     )?;
     // prices: the feed (a file, or a URL fetched every refresh_s), else the tariff
     let prices = Prices::start(cfg.prices.as_ref(), prices, &runtime);
@@ -159,6 +161,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         mqtt_rejects: edges.mqtt_rejects,
         redfish: edges.redfish,
         prices,
+        grid,
         overrides,
         reloader,
         board,
@@ -225,6 +228,8 @@ struct Serve {
     mqtt_rejects: Arc<control::admit::Tally>,
     redfish: Option<sources::redfish::StatsHandle>,
     prices: Prices,
+    /// `[demand_response]`: the grid events and the one in force.
+    grid: runtime::grid::Grid,
     overrides: Arc<Mutex<control::overrides::Book>>,
     reloader: runtime::reload::Reloader,
     board: Arc<RwLock<Board>>,
@@ -298,9 +303,11 @@ impl Serve {
             done: None,
         };
         let report = self.control.tick(now, samples, jobs, &mut timed);
+        let done = timed.done;
+        self.grid_saw(now);
         self.since.clear();
         if due.is_none() {
-            self.cadence.event_done(crossed, timed.done, began);
+            self.cadence.event_done(crossed, done, began);
         }
         self.power_nodes(&report, acting, now);
         if acting && !self.schedulers.is_empty() {
@@ -340,7 +347,39 @@ impl Serve {
         }
         let forecast = self.prices.tick(self.control.site(), now, &mut samples);
         self.control.set_forecast(forecast);
+        // the grid event in force, chosen against the engine's baseline during an
+        // event, else the meter after the last tick
+        let baseline = self
+            .control
+            .state()
+            .grid
+            .as_ref()
+            .map(|m| m.baseline_w)
+            .or_else(|| runtime::grid::read_shared(&self.grid.meter_w))
+            .unwrap_or(0.0);
+        self.grid
+            .tick(self.control.site(), baseline, now, &mut samples);
         samples
+    }
+
+    /// After a tick: the meter and the floor the engine saw, for the VEN's reports and
+    /// opt decisions (outside an event, the meter as the grid controller reads it).
+    fn grid_saw(&self, now: telemetry::Timestamp) {
+        let (meter, floor) = match &self.control.state().grid {
+            Some(m) => (Some(m.meter_w), Some(m.floor_w)),
+            None => {
+                let site = self.control.site();
+                let m = policies::grid::meter(
+                    site,
+                    self.control.snapshot(),
+                    &self.control.policy().grid,
+                    f64::NAN,
+                    now,
+                );
+                (m.meter_w.is_finite().then_some(m.meter_w), None)
+            }
+        };
+        self.grid.saw(meter, floor);
     }
 
     /// Drops the expired overrides (saving the book) and hands the loop those in force.
@@ -463,6 +502,8 @@ impl Serve {
             self.buffer.dropped.load(Ordering::Relaxed),
         );
         b.predictions = report.predictions.clone();
+        b.grid_events = self.grid.events(now);
+        b.grid_counters = self.grid.ven_stats().map(|s| s.read()).unwrap_or_default();
         b.ledger.add(&report.ledger);
         b.jobs = self.control.registry().active().to_vec();
         b.schedulers = self.schedulers.status();
@@ -511,6 +552,9 @@ impl Serve {
             let events = self.events.enabled() && acting;
             self.take_readings(events);
             if events && self.events.due().is_some_and(|d| Instant::now() >= d) {
+                self.evaluate(None);
+            } else if acting && self.grid.due(wall_clock()) {
+                // a grid event started, changed or ended: its caps go out now
                 self.evaluate(None);
             }
         }

@@ -167,7 +167,21 @@ pub(super) fn overrides(cfg: &Config, base: &Path) -> Result<Arc<Mutex<control::
     )))
 }
 
+/// `[demand_response]`'s edge: its files opened and, with `protocol`, its VEN started
+/// on the runtime.
+pub(super) fn grid(cfg: &Config, base: &Path, runtime: &Runtime) -> Result<runtime::grid::Grid> {
+    let section = cfg.demand_response.as_ref();
+    let grid = runtime::grid::Grid::open(section, base)
+        .map_err(|e| anyhow::anyhow!("[demand_response]: {e}"))?;
+    if let Some(p) = section.and_then(|s| s.protocol) {
+        let _ = runtime;
+        anyhow::bail!("[demand_response] protocol {p:?}: no VEN of this protocol is built in");
+    }
+    Ok(grid)
+}
+
 /// With `[http]`: serves the API on the board, the fleet, the hooks and the overrides.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn http(
     cfg: &Config,
     base: &Path,
@@ -176,12 +190,14 @@ pub(super) fn http(
     fleet: &Option<Arc<Mutex<control::fleet::Fleet>>>,
     hooks: &api::Hooks,
     overrides: &Arc<Mutex<control::overrides::Book>>,
+    grid: &Arc<Mutex<control::grid::targets::Book>>,
 ) -> Result<()> {
     let Some(h) = &cfg.http else {
         return Ok(());
     };
     let api = api::Api {
         overrides: overrides.clone(),
+        grid: grid.clone(),
         board: board.clone(),
         fleet: fleet.clone(),
         tokens: api::load_tokens(h, base)?,

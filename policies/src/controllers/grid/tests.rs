@@ -471,3 +471,68 @@ fn a_job_near_its_latest_start_is_neither_held_nor_capped() {
     );
     assert!(!plan.state.holds.contains_key("qnear"));
 }
+
+mod invariants {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the jobs, draws and shed: protected work is never capped, held or
+        /// suspended by the event; flexible GPUs are never capped under their floor;
+        /// and where the controller says the target is reachable, the meter after its
+        /// caps and suspensions is under it.
+        #[test]
+        fn protected_work_is_never_touched_and_a_reachable_target_is_met(
+            classes in proptest::collection::vec(0usize..3, 8),
+            preemptible in proptest::collection::vec(any::<bool>(), 8),
+            draw in 150.0f64..700.0,
+            shed in 0.05f64..0.6,
+        ) {
+            let site = site();
+            let g = gpus(&site);
+            let names = ["inference", "training", "batch"];
+            let mut jobs = Vec::new();
+            for (k, c) in classes.iter().enumerate() {
+                let mut j = job(&format!("j{k}"), names[*c], k as i32, &g[k * 8..k * 8 + 8], JobState::Running);
+                j.preemptible = preemptible[k];
+                jobs.push(j);
+            }
+            let mut q = job("q", "inference", 1, &[], JobState::Pending);
+            q.deferrable = true;
+            jobs.push(q);
+            let grid = [(GRID_EVENT_ACTIVE, 1.0), (GRID_SHED_FRACTION, shed)];
+            let (snap, _) = snapshot(&site, &g, draw, &State::default(), &grid, t0());
+            let plan = run(&site, &snap, &jobs, &State::default(), &policy(), t0());
+            let m = plan.state.grid.clone().expect("event in force");
+            let mut suspended_gpus = Vec::new();
+            for (k, c) in classes.iter().enumerate() {
+                let gs = &g[k * 8..k * 8 + 8];
+                let id = format!("j{k}");
+                if *c == 0 {
+                    for x in gs {
+                        prop_assert!(plan.state.caps.get(x).is_none(), "inference GPU {x} capped");
+                    }
+                    prop_assert!(!plan.state.suspended.contains_key(&id));
+                } else {
+                    for x in gs {
+                        if let Some(cap) = plan.state.caps.get(x) {
+                            // the default floor: half of an H100's 700 W default limit
+                            prop_assert!(cap.watts >= 350.0 - 1e-6, "{x} capped at {} under its floor", cap.watts);
+                        }
+                    }
+                }
+                if plan.state.suspended.contains_key(&id) {
+                    prop_assert!(preemptible[k]);
+                    suspended_gpus.extend(gs.iter().cloned());
+                }
+            }
+            prop_assert!(!plan.state.holds.contains_key("q"), "protected queued job held");
+            if m.shortfall_w == 0.0 {
+                let after = meter_after(&site, &g, draw, &plan, &suspended_gpus);
+                prop_assert!(after <= m.target_w + 1.0, "meter {} over target {} ({m:?})", after, m.target_w);
+            }
+        }
+    }
+}

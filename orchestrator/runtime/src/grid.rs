@@ -1,0 +1,440 @@
+//! `serve`'s demand-response edge (`[demand_response]`): the grid events it knows (a
+//! VTN's through the VEN of `protocol`, the operators' posted targets, the file of
+//! scheduled targets), and what each tick gives the engine of them: the site readings
+//! of the strictest interval in force (see [`control::grid::targets::publish`]). The
+//! engine's grid controller meets the target; its memory (the state's `grid`) is what
+//! `/metrics`, the API and the VEN's reports show.
+//!
+//! Nothing here waits on the network: the VEN runs as a task of its own on the runtime
+//! and hands its events over a `watch` channel (the newest list wins; nothing queues),
+//! so a VTN that hangs delays no tick; the file is reread only when its modification
+//! time changes, at most every [`SCHEDULE_CHECK`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Deserialize;
+use telemetry::grid::GridEvent;
+use telemetry::{Sample, Site, Timestamp};
+use tracing::{info, warn};
+
+use control::grid::targets::{self, Book};
+
+/// How often the file of scheduled targets is looked at.
+pub const SCHEDULE_CHECK: Duration = Duration::from_secs(5);
+
+/// `[demand_response]` in `powerplane.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DemandResponseSection {
+    /// `openadr2b` or `openadr3`: the VEN that takes a VTN's events; left out, only the
+    /// operators' targets (posted, or in `targets_file`).
+    #[serde(default)]
+    pub protocol: Option<Protocol>,
+    /// The VTN's base URL (OpenADR 2.0b: the EiEvent service's parent, e.g.
+    /// `https://vtn.example/OpenADR2/Simple/2.0b`).
+    #[serde(default)]
+    pub vtn_url: Option<String>,
+    /// The VEN's name as the utility enrolled it.
+    #[serde(default)]
+    pub ven_name: Option<String>,
+    /// Every call to the VTN ends by this deadline.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// How often the VEN polls; left out, as the VTN asks.
+    #[serde(default)]
+    pub poll_s: Option<f64>,
+    /// How the VTN is trusted and what the VEN shows it (OpenADR 2.0b: mutual TLS with
+    /// `client_cert_file` and `client_key_file`).
+    #[serde(default)]
+    pub tls: sources::tls::Tls,
+    /// Scheduled targets an operator edits (`[[targets]]`, see
+    /// [`control::grid::targets`]); reread when it changes.
+    #[serde(default)]
+    pub targets_file: Option<PathBuf>,
+    /// Where the targets posted through the API are kept across restarts.
+    #[serde(default)]
+    pub posted_file: Option<PathBuf>,
+    /// What each SIMPLE level sheds, in percent of the baseline.
+    #[serde(default = "default_levels")]
+    pub levels: BTreeMap<String, f64>,
+    /// Opt out of a VTN's event whose target is under what the site can reach without
+    /// touching protected work (as the last tick saw it), with that reason.
+    #[serde(default = "default_true")]
+    pub opt_out_when_unreachable: bool,
+}
+
+/// The VEN's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Openadr2b,
+    Openadr3,
+}
+
+fn default_timeout() -> f64 {
+    10.0
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_levels() -> BTreeMap<String, f64> {
+    [("1", 10.0), ("2", 25.0), ("3", 50.0)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+/// Why `[demand_response]` does not hold together.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SectionError {
+    #[error("levels maps a SIMPLE level 1, 2 or 3 to a shed in percent (0 < shed <= 100), got {level} = {shed}")]
+    Level { level: String, shed: f64 },
+    #[error("timeout_s must be within 0.1..=120 and poll_s at least 1 (got {0}, {1:?})")]
+    Timing(f64, Option<f64>),
+    #[error("protocol {0:?} needs vtn_url and ven_name")]
+    Vtn(&'static str),
+    #[error("vtn_url, ven_name and poll_s are for a VEN: give protocol too")]
+    NoProtocol,
+}
+
+impl DemandResponseSection {
+    /// Every problem of the section, each said once.
+    pub fn problems(&self) -> Vec<SectionError> {
+        let mut out = Vec::new();
+        for (level, shed) in &self.levels {
+            let ok = level.parse::<u8>().is_ok_and(|l| (1..=3).contains(&l))
+                && shed.is_finite()
+                && *shed > 0.0
+                && *shed <= 100.0;
+            if !ok {
+                out.push(SectionError::Level {
+                    level: level.clone(),
+                    shed: *shed,
+                });
+            }
+        }
+        if !(0.1..=120.0).contains(&self.timeout_s) || self.poll_s.is_some_and(|p| p < 1.0) {
+            out.push(SectionError::Timing(self.timeout_s, self.poll_s));
+        }
+        match self.protocol {
+            Some(p) if self.vtn_url.is_none() || self.ven_name.is_none() => {
+                out.push(SectionError::Vtn(match p {
+                    Protocol::Openadr2b => "openadr2b",
+                    Protocol::Openadr3 => "openadr3",
+                }))
+            }
+            None if self.vtn_url.is_some() || self.ven_name.is_some() || self.poll_s.is_some() => {
+                out.push(SectionError::NoProtocol)
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// The levels as (level, shed fraction).
+    pub fn level_table(&self) -> Vec<(u8, f64)> {
+        self.levels
+            .iter()
+            .filter_map(|(k, v)| k.parse::<u8>().ok().map(|l| (l, v / 100.0)))
+            .collect()
+    }
+}
+
+/// The events a VEN hands over, and its counters.
+pub struct VenLink {
+    pub events: tokio::sync::watch::Receiver<Vec<GridEvent>>,
+    pub stats: sources::source::Stats,
+}
+
+/// The demand-response edge of `serve`.
+pub struct Grid {
+    /// The operators' posted targets (the API writes them).
+    pub book: Arc<Mutex<Book>>,
+    schedule_path: Option<PathBuf>,
+    schedule: Vec<GridEvent>,
+    schedule_seen: Option<SystemTime>,
+    schedule_checked: Option<Instant>,
+    ven: Option<VenLink>,
+    levels: Vec<(u8, f64)>,
+    /// The meter's power after the last tick, W (as f64 bits), for the VEN's reports.
+    pub meter_w: Arc<AtomicU64>,
+    /// The lowest meter power reachable without protected work, W (as f64 bits), for
+    /// the VEN's opt decisions.
+    pub floor_w: Arc<AtomicU64>,
+    /// Whether anything asks for grid readings to be published (a section, or an
+    /// operator's target ever posted).
+    configured: bool,
+    /// The id of the event last published as in force (for its log lines).
+    in_force: Option<(String, u32)>,
+    /// The intervals in force at the last tick (see [`Grid::due`]).
+    last_key: Vec<(String, u32, i64)>,
+}
+
+/// Which intervals are in force: (event, modification, interval start).
+fn key(events: &[GridEvent], now: Timestamp) -> Vec<(String, u32, i64)> {
+    telemetry::grid::in_force(events, now)
+        .into_iter()
+        .map(|(e, i)| (e.id.clone(), e.modification, i.start.as_millis()))
+        .collect()
+}
+
+impl Grid {
+    /// The edge of `section` (`None`: only the operators' posted targets, kept in
+    /// memory); `base` resolves its files.
+    pub fn open(
+        section: Option<&DemandResponseSection>,
+        base: &Path,
+    ) -> Result<Grid, targets::FileError> {
+        let resolve = |p: &PathBuf| crate::paths::resolve(base, p);
+        let book = Book::open(
+            section
+                .and_then(|s| s.posted_file.as_ref())
+                .map(resolve)
+                .as_deref(),
+        )?;
+        let configured = section.is_some() || !book.list.is_empty();
+        Ok(Grid {
+            book: Arc::new(Mutex::new(book)),
+            schedule_path: section.and_then(|s| s.targets_file.as_ref()).map(resolve),
+            schedule: Vec::new(),
+            schedule_seen: None,
+            schedule_checked: None,
+            ven: None,
+            levels: section.map_or_else(
+                || {
+                    default_levels()
+                        .iter()
+                        .filter_map(|(k, v)| k.parse::<u8>().ok().map(|l| (l, v / 100.0)))
+                        .collect()
+                },
+                DemandResponseSection::level_table,
+            ),
+            meter_w: Arc::new(AtomicU64::new(f64::NAN.to_bits())),
+            floor_w: Arc::new(AtomicU64::new(f64::NAN.to_bits())),
+            configured,
+            in_force: None,
+            last_key: Vec::new(),
+        })
+    }
+
+    /// Takes the events of a running VEN.
+    pub fn link(&mut self, ven: VenLink) {
+        self.ven = Some(ven);
+    }
+
+    /// The VEN's counters, where one runs.
+    pub fn ven_stats(&self) -> Option<&sources::source::Stats> {
+        self.ven.as_ref().map(|v| &v.stats)
+    }
+
+    /// Every event known now, with its status at `now`: the VTN's, the posted ones and
+    /// the scheduled ones.
+    pub fn events(&self, now: Timestamp) -> Vec<GridEvent> {
+        let mut out: Vec<GridEvent> = Vec::new();
+        if let Some(v) = &self.ven {
+            out.extend(v.events.borrow().iter().cloned());
+        }
+        out.extend(
+            self.book
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .list
+                .iter()
+                .cloned()
+                .map(|e| targets::with_status(e, now)),
+        );
+        out.extend(
+            self.schedule
+                .iter()
+                .cloned()
+                .map(|e| targets::with_status(e, now)),
+        );
+        out
+    }
+
+    /// One tick: the schedule reread where it changed, the posted targets over dropped,
+    /// and the site readings of the event in force pushed onto `samples`. `baseline_w`
+    /// is what the strictest interval is chosen against (the engine's baseline during
+    /// an event, else the meter now).
+    pub fn tick(
+        &mut self,
+        site: &Site,
+        baseline_w: f64,
+        now: Timestamp,
+        samples: &mut Vec<Sample>,
+    ) {
+        self.reread_schedule(now);
+        {
+            let mut book = self.book.lock().unwrap_or_else(|p| p.into_inner());
+            if !book.list.is_empty() {
+                self.configured = true;
+            }
+            if book.expire(now) {
+                if let Err(e) = book.save() {
+                    warn!(error = %e, "cannot save the posted grid targets");
+                }
+            }
+        }
+        if !self.configured {
+            return;
+        }
+        let events = self.events(now);
+        self.last_key = key(&events, now);
+        let (published, event) = targets::publish(site, &events, &self.levels, baseline_w, now);
+        let seen = event.map(|e| (e.id.clone(), e.modification));
+        if seen != self.in_force {
+            match event {
+                Some(e) => {
+                    info!(event = %e.id, source = %e.source, modification = e.modification, "grid event in force")
+                }
+                None => info!("no grid event in force"),
+            }
+            self.in_force = seen;
+        }
+        samples.extend(published);
+    }
+
+    /// Whether what is in force changed since the last tick (an event started, ended,
+    /// was modified, cancelled or posted): the loop evaluates at once rather than at
+    /// its next tick, so that a grid event's caps go out within the loop's step.
+    pub fn due(&self, now: Timestamp) -> bool {
+        self.configured && key(&self.events(now), now) != self.last_key
+    }
+
+    /// After a tick: the meter and the floor the engine saw, for the VEN.
+    pub fn saw(&self, meter_w: Option<f64>, floor_w: Option<f64>) {
+        self.meter_w
+            .store(meter_w.unwrap_or(f64::NAN).to_bits(), Relaxed);
+        self.floor_w
+            .store(floor_w.unwrap_or(f64::NAN).to_bits(), Relaxed);
+    }
+
+    fn reread_schedule(&mut self, now: Timestamp) {
+        let Some(path) = &self.schedule_path else {
+            return;
+        };
+        if self
+            .schedule_checked
+            .is_some_and(|t| t.elapsed() < SCHEDULE_CHECK)
+        {
+            return;
+        }
+        self.schedule_checked = Some(Instant::now());
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        if modified.is_some() && modified == self.schedule_seen {
+            return;
+        }
+        self.schedule_seen = modified;
+        match targets::read_schedule(path, now) {
+            Ok(s) => {
+                info!(file = %path.display(), targets = s.len(), "grid targets read");
+                self.schedule = s;
+            }
+            Err(e) => warn!(error = %e, "grid targets file refused; the last good schedule holds"),
+        }
+    }
+}
+
+/// A meter reading shared as f64 bits (`NaN`: none).
+pub fn read_shared(w: &AtomicU64) -> Option<f64> {
+    let v = f64::from_bits(w.load(Relaxed));
+    v.is_finite().then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SITE: &str = "version = 1\n[site]\nname = \"t\"\n[[feeds]]\nid = \"f\"\nrating_kw = 30\n[[cooling]]\nid = \"c\"\ncapacity_kw = 30\nracks = [\"r1\"]\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"w\"\nroom = \"h\"\n[[racks]]\nid = \"r1\"\nrow = \"w\"\npower_budget_kw = 10\nnodes = 1\ngpus_per_node = 2\ngpu_model = \"A40\"\n";
+
+    fn section(toml: &str) -> DemandResponseSection {
+        toml::from_str(toml).expect("section")
+    }
+
+    #[test]
+    fn the_section_says_every_problem() {
+        let s = section("protocol = \"openadr2b\"\ntimeout_s = 0\nlevels = { 4 = 10, 1 = 150 }\n");
+        let p = s.problems();
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(p.contains(&SectionError::Vtn("openadr2b")));
+        assert!(section("ven_name = \"v\"\n").problems() == vec![SectionError::NoProtocol]);
+        assert!(section("").problems().is_empty());
+        assert_eq!(
+            section("").level_table(),
+            vec![(1, 0.1), (2, 0.25), (3, 0.5)]
+        );
+    }
+
+    #[test]
+    fn scheduled_targets_are_published_in_their_window_and_reread_when_changed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("targets.toml");
+        std::fs::write(
+            &file,
+            "[[targets]]\nid = \"peak\"\nstart = \"2026-07-01T14:00:00Z\"\nduration_min = 60\nshed_pct = 20\n",
+        )
+        .expect("write");
+        let s = section("targets_file = \"targets.toml\"\n");
+        let mut g = Grid::open(Some(&s), dir.path()).expect("open");
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let start = Timestamp::parse_rfc3339("2026-07-01T14:00:00Z").expect("time");
+        let mut out = Vec::new();
+        g.tick(&site, 10_000.0, start.plus_secs(-60.0), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].value, 0.0, "before the window: no event");
+        out.clear();
+        g.schedule_checked = None;
+        g.tick(&site, 10_000.0, start.plus_secs(60.0), &mut out);
+        let active = out
+            .iter()
+            .find(|x| x.metric.as_str() == "grid_event_active");
+        assert_eq!(active.map(|x| x.value), Some(1.0));
+        assert!(out
+            .iter()
+            .any(|x| x.metric.as_str() == "grid_shed_fraction" && (x.value - 0.2).abs() < 1e-12));
+        // a bad edit keeps the last good schedule
+        std::fs::write(&file, "[[targets]]\nduration_min = 60\nshed_pct = 20\n").expect("write");
+        let later = SystemTime::now() + Duration::from_secs(5);
+        let f = std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .expect("open");
+        f.set_modified(later).expect("mtime");
+        g.schedule_checked = None;
+        out.clear();
+        g.tick(&site, 10_000.0, start.plus_secs(120.0), &mut out);
+        assert!(out
+            .iter()
+            .any(|x| x.metric.as_str() == "grid_event_active" && x.value == 1.0));
+        assert_eq!(g.events(start).len(), 1);
+    }
+
+    #[test]
+    fn without_a_section_nothing_is_published_until_a_target_is_posted() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut g = Grid::open(None, dir.path()).expect("open");
+        let site = Site::parse("t.toml", SITE).expect("site");
+        let now = Timestamp::from_secs(1_790_000_000);
+        let mut out = Vec::new();
+        g.tick(&site, 10_000.0, now, &mut out);
+        assert!(out.is_empty());
+        let spec: targets::TargetSpec =
+            serde_json::from_str(r#"{"duration_min": 30, "cap_kw": 7}"#).expect("spec");
+        let e = {
+            let mut b = g.book.lock().expect("book");
+            let id = b.next_id();
+            b.post(spec.event("api", id, now, false).expect("valid"))
+        };
+        assert_eq!(e.id, "t1");
+        g.tick(&site, 10_000.0, now.plus_secs(1.0), &mut out);
+        assert!(out
+            .iter()
+            .any(|x| x.metric.as_str() == "grid_cap_w" && x.value == 7000.0));
+    }
+}
