@@ -105,7 +105,7 @@ pub(super) fn measure(with: &Facility, without: &Facility, width_s: f64) -> Vec<
         .zip(&grid.baselines_kw)
         .map(|(e, b)| {
             // an event the run did not read in force: its baseline as it would have been
-            let b = b.or_else(|| m.mean_kw(e.start + -BASELINE_S, e.start));
+            let b = b.or_else(|| m.mean_kw(e.start.plus_secs(-BASELINE_S), e.start));
             event(
                 e,
                 b,
@@ -156,7 +156,7 @@ fn event(
             .filter_map(|(_, kw)| kw)
             .reduce(f64::max)
     };
-    let (from, to) = (e.start + -BASELINE_S, e.end + REBOUND_S);
+    let (from, to) = (e.start.plus_secs(-BASELINE_S), e.end + REBOUND_S);
     let chart = intervals(m, from, to, width_s)
         .into_iter()
         .zip(intervals(m0, from, to, width_s))
@@ -188,5 +188,100 @@ fn event(
         deadline_misses,
         deadline_misses_without_event,
         chart,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backtest::grid::MeterStep;
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse_rfc3339(s).expect("time")
+    }
+
+    /// 300 s steps from 09:00: `kw` each, `work` GPU-seconds each.
+    fn meter(kw: &[f64], work: f64) -> Meter {
+        let t0 = at("2024-06-03T09:00:00Z");
+        Meter {
+            steps: kw
+                .iter()
+                .enumerate()
+                .map(|(k, &kw)| MeterStep {
+                    t0: t0 + k as f64 * 300.0,
+                    dt_s: 300.0,
+                    kw,
+                    work_gpu_s: work,
+                })
+                .collect(),
+        }
+    }
+
+    const DURING: [f64; 12] = [
+        380.0, 350.0, 310.0, 302.0, 300.0, 306.0, 300.0, 300.0, 300.0, 300.0, 300.0, 330.0,
+    ];
+
+    #[test]
+    fn an_event_is_measured_from_the_meter_per_interval_against_the_run_without_it() {
+        // an hour at 400 kW, the event's hour, then a rebound
+        let mut with = vec![400.0; 12];
+        with.extend(DURING);
+        with.extend([420.0, 450.0, 410.0]);
+        let e = DrEvent {
+            id: "e".into(),
+            start: at("2024-06-03T10:00:00Z"),
+            end: at("2024-06-03T11:00:00Z"),
+            duration_min: 60.0,
+            target: GridTarget::ShedFraction(0.25),
+        };
+        let (m, m0) = (meter(&with, 1800.0), meter(&[400.0; 27], 3600.0));
+        let baseline = m.mean_kw(e.start.plus_secs(-BASELINE_S), e.start);
+        let d = event(&e, baseline, &m, &m0, 300.0, 1, 0);
+        assert_eq!(d.baseline_kw, Some(400.0));
+        assert_eq!(d.target_kw, Some(300.0));
+        assert_eq!(d.shed_pct, Some(25.0));
+        let mean = DURING.iter().sum::<f64>() / 12.0;
+        assert!((d.metered_kw.expect("metered") - mean).abs() < 1e-9);
+        assert!((d.delivered_kw.expect("delivered") - (400.0 - mean)).abs() < 1e-9);
+        // 310 kW is over 303 (the target + 1%), 302 kW is not: the fourth interval
+        assert_eq!(d.time_to_target_s, Some(900.0));
+        // from there: 0.67%, 0, 2%, 0 ×5 and 10% over: the p95 of 9 is the highest
+        let p95 = d.tracking_error_p95_pct.expect("tracking");
+        assert!((p95 - 10.0).abs() < 1e-9, "{p95}");
+        // 12 steps of half a GPU-hour against 12 of one
+        assert!(
+            (d.gpu_hours - 6.0).abs() < 1e-9 && (d.gpu_hours_without_event - 12.0).abs() < 1e-9
+        );
+        assert!((d.gpu_hours_lost_pct.expect("lost") - 50.0).abs() < 1e-9);
+        assert_eq!(
+            d.rebound_peak_kw,
+            Some(450.0),
+            "the hour after, as far as metered"
+        );
+        assert_eq!(d.rebound_peak_without_event_kw, Some(400.0));
+        assert_eq!((d.deadline_misses, d.deadline_misses_without_event), (1, 0));
+        assert_eq!(d.chart.len(), 36, "an hour either side, 5 min each");
+        assert_eq!(d.chart[12].metered_kw, Some(380.0));
+        assert_eq!(d.chart[30].metered_kw, None, "past the run");
+    }
+
+    #[test]
+    fn a_cap_never_met_has_no_time_to_target_nor_tracking_error() {
+        let mut with = vec![400.0; 12];
+        with.extend(DURING);
+        let e = DrEvent {
+            id: "cap".into(),
+            start: at("2024-06-03T10:00:00Z"),
+            end: at("2024-06-03T11:00:00Z"),
+            duration_min: 60.0,
+            target: GridTarget::CapW(250_000.0),
+        };
+        let m = meter(&with, 3600.0);
+        let d = event(&e, Some(400.0), &m, &m, 300.0, 0, 0);
+        assert_eq!((d.target_kw, d.shed_pct), (Some(250.0), None));
+        assert_eq!(d.time_to_target_s, None);
+        assert_eq!(d.tracking_error_p95_pct, None);
+        assert_eq!(d.gpu_hours_lost_pct, Some(0.0));
+        assert_eq!(d.rebound_peak_kw, None, "nothing metered after the event");
     }
 }

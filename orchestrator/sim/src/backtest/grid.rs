@@ -240,7 +240,7 @@ impl Schedule {
         let ev = &self.events[i];
         let baseline_kw = *self.baselines_kw[i].get_or_insert_with(|| {
             meter
-                .mean_kw(ev.start + -BASELINE_S, ev.start)
+                .mean_kw(ev.start.plus_secs(-BASELINE_S), ev.start)
                 .unwrap_or(meter_now_w / 1000.0)
         });
         out.push(s(GRID_EVENT_ACTIVE, 1.0));
