@@ -61,6 +61,11 @@ pub struct DemandResponse {
     /// and without the events.
     pub deadline_misses: usize,
     pub deadline_misses_without_event: usize,
+    /// The engine's grid controller's own view at the event's ticks: the lowest meter
+    /// it estimated reachable without protected work (its lowest such estimate), and
+    /// the most the target was out of its reach; null where it kept no memory.
+    pub controller_floor_kw: Option<f64>,
+    pub controller_shortfall_kw: Option<f64>,
     /// From an hour before the start to an hour after the end, for the report.
     #[serde(skip)]
     pub chart: Vec<ChartPoint>,
@@ -106,7 +111,13 @@ pub(super) fn measure(with: &Facility, without: &Facility, width_s: f64) -> Vec<
         .map(|(e, b)| {
             // an event the run did not read in force: its baseline as it would have been
             let b = b.or_else(|| m.mean_kw(e.start.plus_secs(-BASELINE_S), e.start));
-            event(
+            let views: Vec<_> = grid
+                .controller
+                .iter()
+                .filter(|v| v.t >= e.start && v.t < e.end)
+                .copied()
+                .collect();
+            let mut d = event(
                 e,
                 b,
                 m,
@@ -114,7 +125,10 @@ pub(super) fn measure(with: &Facility, without: &Facility, width_s: f64) -> Vec<
                 width_s,
                 misses(with, e.start, e.end + DEADLINE_WINDOW_S),
                 misses(without, e.start, e.end + DEADLINE_WINDOW_S),
-            )
+            );
+            d.controller_floor_kw = views.iter().map(|v| v.floor_kw).reduce(f64::min);
+            d.controller_shortfall_kw = views.iter().map(|v| v.shortfall_kw).reduce(f64::max);
+            d
         })
         .collect()
 }
@@ -187,6 +201,8 @@ fn event(
         rebound_peak_without_event_kw: peak(m0),
         deadline_misses,
         deadline_misses_without_event,
+        controller_floor_kw: None,
+        controller_shortfall_kw: None,
         chart,
     }
 }

@@ -198,12 +198,23 @@ impl Meter {
     }
 }
 
+/// What the engine's grid controller said of an event at a tick (its memory in the
+/// plan's state): the lowest meter it could reach without protected work and by how
+/// much the target was out of reach, kW.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ControllerView {
+    pub t: Timestamp,
+    pub floor_kw: f64,
+    pub shortfall_kw: f64,
+}
+
 /// The events the policy's facility publishes, with the baseline each got when it came
-/// into force (kW).
+/// into force (kW), and what the controller said at each tick an event was in force.
 #[derive(Debug, Clone, Default)]
 pub struct Schedule {
     pub events: Vec<DrEvent>,
     pub baselines_kw: Vec<Option<f64>>,
+    pub controller: Vec<ControllerView>,
 }
 
 impl Schedule {
@@ -212,6 +223,19 @@ impl Schedule {
         Schedule {
             events,
             baselines_kw,
+            controller: Vec::new(),
+        }
+    }
+
+    /// Notes the engine's grid memory after a tick at `now`, while an event (not its
+    /// rebound) is in force.
+    pub fn note(&mut self, memory: Option<&policies::GridMemory>, now: Timestamp) {
+        if let Some(g) = memory.filter(|g| g.event_active()) {
+            self.controller.push(ControllerView {
+                t: now,
+                floor_kw: g.floor_w / 1000.0,
+                shortfall_kw: g.shortfall_w / 1000.0,
+            });
         }
     }
 

@@ -242,6 +242,9 @@ pub(super) fn replay(
     loop {
         let now = runs.pol.now();
         control_tick(&mut runs.pol, &mut control, &mut events, &np, &mut deferred);
+        if let Some(g) = runs.pol.grid.as_mut() {
+            g.note(control.state().grid.as_ref(), now);
+        }
         ticks += 1;
         runs.base.forget_changes();
         runs.psave.forget_changes();

@@ -162,3 +162,29 @@ fn readings_publish_the_meter_and_the_event_in_force_with_its_hour_before_baseli
     assert_eq!(value(&after, GRID_EVENT_ACTIVE), Some(0.0));
     assert_eq!(g.baselines_kw, vec![Some(500.0)]);
 }
+
+#[test]
+fn the_controllers_floor_and_shortfall_are_noted_during_the_event_not_its_rebound() {
+    let mut g = Schedule::new(Vec::new());
+    let memory = |rebound_until| policies::GridMemory {
+        since: at("2024-06-03T10:00:00Z"),
+        baseline_w: 500_000.0,
+        target_w: 375_000.0,
+        meter_w: 420_000.0,
+        floor_w: 400_000.0,
+        shortfall_w: 25_000.0,
+        rebound_until,
+    };
+    g.note(None, at("2024-06-03T09:55:00Z"));
+    g.note(Some(&memory(None)), at("2024-06-03T10:00:00Z"));
+    let after = Some(at("2024-06-03T11:30:00Z"));
+    g.note(Some(&memory(after)), at("2024-06-03T11:05:00Z"));
+    assert_eq!(
+        g.controller,
+        vec![ControllerView {
+            t: at("2024-06-03T10:00:00Z"),
+            floor_kw: 400.0,
+            shortfall_kw: 25.0
+        }]
+    );
+}
