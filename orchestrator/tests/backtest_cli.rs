@@ -440,7 +440,7 @@ fn a_grid_event_is_measured_at_the_meter_against_the_run_without_it() {
     assert!((target - 0.75 * baseline).abs() < 1e-9, "{e}");
     let (metered, delivered) = (num(e, "/metered_kw"), num(e, "/delivered_kw"));
     assert!((delivered - (baseline - metered)).abs() < 1e-9, "{e}");
-    // the runs are the same until the event: the meter agrees on the hour before it
+    // the work in the window, with and without the event
     let (gh, gh0) = (num(e, "/gpu_hours"), num(e, "/gpu_hours_without_event"));
     assert!(gh0 > 0.0, "work was done in the window: {e}");
     assert!(
