@@ -7,5 +7,17 @@
 //! - [`targets`]: operators' load targets (`POST /api/v1/grid/targets`, kept in a file)
 //!   and the file of scheduled targets; what the tick publishes of the events in force
 //!   ([`targets::publish`]).
+//! - this module: the store's record of the events seen ([`EVENTS`]), which the
+//!   reports measure against the ledger.
 
 pub mod targets;
+
+use telemetry::grid::GridEvent;
+
+/// The store's collection of the grid events seen, each under [`record_key`].
+pub const EVENTS: &str = "grid_events";
+
+/// An event's key in [`EVENTS`]: its source and id (`api:peak`, `openadr2b:evt-7`).
+pub fn record_key(e: &GridEvent) -> String {
+    format!("{}:{}", e.source, e.id)
+}
