@@ -130,6 +130,7 @@ fn predicted_headroom(b: &Board, body: &mut String) {
 pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, refresh_s: u32) -> String {
     let mut body = String::new();
     heading(b, &mut body, refresh_s);
+    grid(b, &mut body);
     budgets(b, &mut body);
     prices(b, &mut body);
     racks(b, &mut body);
@@ -182,6 +183,57 @@ fn heading(b: &Board, body: &mut String, refresh_s: u32) {
             ha.epoch
         );
     }
+}
+
+/// A grid event in force (or its rebound limit), at the top: the meter against the
+/// target, the baseline, what is delivered, and the shortfall where it cannot be met;
+/// then the events still to come.
+fn grid(b: &Board, body: &mut String) {
+    let upcoming: Vec<&telemetry::grid::GridEvent> = b
+        .grid_events
+        .iter()
+        .filter(|e| e.status == telemetry::grid::EventStatus::Pending)
+        .collect();
+    let Some(m) = &b.state.grid else {
+        if !upcoming.is_empty() {
+            body.push_str("<h2>Grid events to come</h2><ul>");
+            for e in upcoming {
+                let _ = write!(
+                    body,
+                    "<li>{} ({}) from {}</li>",
+                    escape(&e.id),
+                    escape(&e.source),
+                    e.start().map_or_else(String::new, |s| s.to_string())
+                );
+            }
+            body.push_str("</ul>");
+        }
+        return;
+    };
+    let what = if m.event_active() {
+        "Grid event in force"
+    } else {
+        "Rebound limit after a grid event"
+    };
+    let _ = write!(body, "<h2>{what}</h2>");
+    body.push_str(&gauge("Meter", Some(m.meter_w), m.target_w, 1000.0, "kW"));
+    let _ = write!(
+        body,
+        r#"<p>Target {:.1} kW, baseline {:.1} kW, delivered {:.1} kW since {}.{}</p>"#,
+        m.target_w / 1000.0,
+        m.baseline_w / 1000.0,
+        (m.baseline_w - m.meter_w) / 1000.0,
+        m.since,
+        if m.shortfall_w > 0.0 {
+            format!(
+                r#" <b class="over">{:.1} kW short</b>: protected work and the floors of the rest allow no lower than {:.1} kW."#,
+                m.shortfall_w / 1000.0,
+                m.floor_w / 1000.0
+            )
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// The facility and each feed: power against budget.
@@ -549,6 +601,30 @@ mod tests {
                 .unwrap_or(0.0)
         };
         assert!(peak("b01") > 30.0 && peak("b01") > peak("a01"), "{status}");
+    }
+
+    #[test]
+    fn a_grid_event_in_force_heads_the_page_with_its_shortfall() {
+        let mut b = board_after_a_tick();
+        assert!(!render(&b, None, 5).contains("Grid event"));
+        b.state.grid = Some(policies::GridMemory {
+            since: b.time,
+            baseline_w: 40_000.0,
+            target_w: 30_000.0,
+            meter_w: 33_000.0,
+            floor_w: 32_000.0,
+            shortfall_w: 2_000.0,
+            rebound_until: None,
+        });
+        let html = render(&b, None, 5);
+        assert!(html.contains("<h2>Grid event in force</h2>"), "{html}");
+        assert!(
+            html.contains("Target 30.0 kW, baseline 40.0 kW, delivered 7.0 kW"),
+            "{html}"
+        );
+        assert!(html.contains("2.0 kW short"), "{html}");
+        b.state.grid.as_mut().expect("memory").rebound_until = Some(b.time + 600.0);
+        assert!(render(&b, None, 5).contains("Rebound limit after a grid event"));
     }
 
     #[test]

@@ -115,6 +115,10 @@ pub struct ControlLoop {
     records: bool,
     /// With `[ha]`: the replica and the epoch its decisions are audited under.
     origin: Option<(String, u64)>,
+    /// The grid events as last written to the store, by key (see [`grid::record_key`]),
+    /// and those changed since, written with the next tick.
+    grid_saved: BTreeMap<String, telemetry::grid::GridEvent>,
+    grid_changed: Vec<telemetry::grid::GridEvent>,
 }
 
 impl ControlLoop {
@@ -161,6 +165,8 @@ impl ControlLoop {
             noted: Vec::new(),
             records: true,
             origin: None,
+            grid_saved: BTreeMap::new(),
+            grid_changed: Vec::new(),
         })
     }
 
@@ -234,6 +240,19 @@ impl ControlLoop {
     /// or end.
     pub fn set_overrides(&mut self, overrides: Vec<crate::overrides::Override>) {
         self.overrides = overrides;
+    }
+
+    /// The grid events known now (a VTN's, posted, scheduled): those new or changed
+    /// since they were last written go to the store with the next tick (collection
+    /// [`grid::EVENTS`]), for the reports' measurement and verification.
+    pub fn note_grid_events(&mut self, events: &[telemetry::grid::GridEvent]) {
+        for e in events {
+            let key = grid::record_key(e);
+            if self.grid_saved.get(&key) != Some(e) {
+                self.grid_saved.insert(key, e.clone());
+                self.grid_changed.push(e.clone());
+            }
+        }
     }
 
     pub fn snapshot(&self) -> &Snapshot {
@@ -433,6 +452,9 @@ impl ControlLoop {
         }
         if let Some(p) = self.accountant.demand_mut().and_then(|d| d.take_changed()) {
             tx.put_record(crate::demand::COLLECTION, &p.period, &p);
+        }
+        for e in self.grid_changed.drain(..) {
+            tx.put_record(grid::EVENTS, &grid::record_key(&e), &e);
         }
         ledger
     }

@@ -359,6 +359,8 @@ impl Serve {
             .unwrap_or(0.0);
         self.grid
             .tick(self.control.site(), baseline, now, &mut samples);
+        let events = self.grid.events(now);
+        self.control.note_grid_events(&events);
         samples
     }
 

@@ -450,10 +450,11 @@ fn main() {
             arg("--nodes", 1000),
             arg("--steps", 100),
             arg("--shards", 8),
+            std::env::args().any(|a| a == "--grid"),
         ),
         _ => {
             eprintln!(
-                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--rules N] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] [--bin PATH] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K]"
+                "usage: bench mqtt [--messages N] | bench redfish [--bmcs N] [--delay-ms D] [--interval-s S] | bench agent | bench engine [--gpus N,N,...] [--runs R] [--rules N] [--plans FILE] [--at MILLIS] [--stale] | bench backtest [--jobs N,N,...] | bench http [--rate R] [--seconds S] [--connections N] [--bin PATH] | bench metrics [--gpus N,N,...] [--gpu-series M] | bench failover [--runs N] [--replicas R] | bench latency [--nodes N] [--steps S] [--shards K] [--grid]"
             );
             std::process::exit(2);
         }

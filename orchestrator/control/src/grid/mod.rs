@@ -9,6 +9,18 @@
 //!   ([`targets::publish`]).
 //! - [`baseline`]: measurement and verification baselines (CAISO 10-in-10, ERCOT
 //!   middle 8-of-10, PJM hour-before) and the performance against them.
+//! - this module: the store's record of the events seen ([`EVENTS`]), which the
+//!   reports measure against the ledger.
 
 pub mod baseline;
 pub mod targets;
+
+use telemetry::grid::GridEvent;
+
+/// The store's collection of the grid events seen, each under [`record_key`].
+pub const EVENTS: &str = "grid_events";
+
+/// An event's key in [`EVENTS`]: its source and id (`api:peak`, `openadr2b:evt-7`).
+pub fn record_key(e: &GridEvent) -> String {
+    format!("{}:{}", e.source, e.id)
+}

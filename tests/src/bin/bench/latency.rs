@@ -14,6 +14,13 @@
 //! 25 °C. Steps are about a second apart (700 to 1,200 ms), each on the next rack, so
 //! they fall anywhere in the 15 s tick. Prints p50, p99 and max over the steps.
 //!
+//! With `--grid`, each step is a grid event instead: an admin posts a load target
+//! (`POST /api/v1/grid/targets`, a shed of 15 to 35% of the meter) and the bench
+//! measures the time from the post (the event's start) to the first and to the last
+//! node's accepted `set_power_limit` (the last: the one after which none comes for
+//! 500 ms), then cancels the target and lets the caps lift (the policy gives no
+//! rebound and no raise limit, so each step starts from uncapped GPUs).
+//!
 //! The binary is `target/release/powerplane` unless `POWERPLANE_BIN` names another.
 
 use std::collections::HashMap;
@@ -279,7 +286,30 @@ fn line(what: &str, v: &mut [f64]) -> String {
     )
 }
 
-pub fn run(nodes: usize, steps: usize, shards: usize) {
+/// A request over a plain connection, with a deadline: the status code.
+fn call(port: u16, method: &str, path: &str, token: &str, body: &str) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        c,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+const ADMIN: &str = "bench-latency-admin-token-0123456789";
+
+pub fn run(nodes: usize, steps: usize, shards: usize, grid: bool) {
     let bin = std::env::var_os("POWERPLANE_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target/release/powerplane"));
@@ -298,7 +328,11 @@ pub fn run(nodes: usize, steps: usize, shards: usize) {
     let parsed = telemetry::Site::parse("site.toml", &site_text).expect("the generated site");
     std::fs::write(
         d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n",
+        if grid {
+            "version = 1\n[budget]\nenabled = false\nraise_w_per_min = 1000000\n[thermal]\nenabled = false\n[grid]\nrebound_s = 0\nfloor_fraction = 0.34\n"
+        } else {
+            "version = 1\n[budget]\nenabled = false\n"
+        },
     )
     .expect("policy");
     std::fs::write(
@@ -328,7 +362,7 @@ pub fn run(nodes: usize, steps: usize, shards: usize) {
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 15\nbuffer_samples = {buffer}\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"{url}\"\nmapping = \"mapping.toml\"\n\n[http]\nlisten = \"127.0.0.1:{http_port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"bench\"\nrole = \"viewer\"\ntoken_file = \"viewer.token\"\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 60\nrenew_s = 20\nretry_s = 2\ntopic_prefix = \"{PREFIX}\"\n[agents.mqtt]\nurl = \"{url}\"\n"
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 15\nbuffer_samples = {buffer}\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[mqtt]\nurl = \"{url}\"\nmapping = \"mapping.toml\"\n\n[http]\nlisten = \"127.0.0.1:{http_port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"bench\"\nrole = \"viewer\"\ntoken_file = \"viewer.token\"\n[[http.tokens]]\nname = \"facility\"\nrole = \"admin\"\ntoken = \"{ADMIN}\"\n\n[demand_response]\n\n[agents]\nkey_file = \"site.key\"\nlease_s = 60\nrenew_s = 20\nretry_s = 2\ntopic_prefix = \"{PREFIX}\"\n[agents.mqtt]\nurl = \"{url}\"\n"
         ),
     )
     .expect("config");
@@ -435,6 +469,79 @@ pub fn run(nodes: usize, steps: usize, shards: usize) {
     let t0 = Instant::now();
 
     let verbose = std::env::var_os("BENCH_VERBOSE").is_some();
+    if grid {
+        let mut first_ms = Vec::new();
+        let mut all_ms = Vec::new();
+        let mut capped = Vec::new();
+        let mut missed = 0usize;
+        for k in 0..steps {
+            while receipts.try_recv().is_ok() {}
+            let shed = 15 + (k * 7) % 21;
+            let body = format!("{{\"id\": \"b{k}\", \"duration_min\": 5, \"shed_pct\": {shed}}}");
+            let sent = Instant::now();
+            let code = call(http_port, "POST", "/api/v1/grid/targets", ADMIN, &body);
+            assert_eq!(code, 201, "posting a grid target");
+            let mut got = std::collections::BTreeSet::new();
+            let (mut first, mut last) = (None, None);
+            let deadline = sent + Duration::from_secs(5);
+            loop {
+                let quiet = last.map_or(deadline, |l: Instant| {
+                    (l + Duration::from_millis(500)).min(deadline)
+                });
+                let Ok(r) = receipts.recv_timeout(quiet.saturating_duration_since(Instant::now()))
+                else {
+                    break;
+                };
+                got.insert(r.node);
+                first.get_or_insert(r.at);
+                last = Some(r.at);
+            }
+            let ms = |t: Instant| t.duration_since(sent).as_secs_f64() * 1000.0;
+            match (first, last) {
+                (Some(f), Some(l)) => {
+                    first_ms.push(ms(f));
+                    all_ms.push(ms(l));
+                    capped.push(got.len() as f64);
+                    if verbose {
+                        println!("  step {k:>3}: shed {shed}%, {} nodes, first {:7.1} ms, last {:7.1} ms", got.len(), ms(f), ms(l));
+                    }
+                }
+                _ => missed += 1,
+            }
+            assert_eq!(
+                call(
+                    http_port,
+                    "DELETE",
+                    &format!("/api/v1/grid/targets/b{k}"),
+                    ADMIN,
+                    ""
+                ),
+                200,
+                "cancelling a grid target"
+            );
+            // the caps lift (no rebound, no raise limit): drained before the next step
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        let (cpu1, rss) = cpu_and_rss(pid);
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            let _ = t.join();
+        }
+        drop(serve);
+        println!("{}", line("event start -> first node", &mut first_ms));
+        println!("{}", line("event start -> last node", &mut all_ms));
+        capped.sort_by(f64::total_cmp);
+        println!(
+            "  nodes commanded per event: median {:.0} of {}; events without a command within 5 s: {missed}",
+            percentile(&capped, 50.0),
+            node_names.len()
+        );
+        println!(
+            "  serve: {:.1} s of CPU over the steps, peak RSS {rss:.0} MB",
+            cpu1 - cpu0
+        );
+        return;
+    }
     let mut first_ms = Vec::new();
     let mut all_ms = Vec::new();
     let mut missed = Vec::new();
