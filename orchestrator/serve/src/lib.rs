@@ -421,12 +421,19 @@ impl Serve {
         let expensive = prices.first().is_some_and(|(_, p)| {
             *p > prices.iter().map(|(_, v)| v).sum::<f64>() / prices.len() as f64
         });
+        let grid_event = self
+            .control
+            .state()
+            .grid
+            .as_ref()
+            .is_some_and(|m| m.event_active());
         let actions = np.tick(
             self.control.site(),
             &self.control.policy().node_power,
             self.control.registry().active(),
             &report.planned_starts,
             expensive,
+            grid_event,
             acting,
             now,
         );

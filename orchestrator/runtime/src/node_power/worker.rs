@@ -431,6 +431,7 @@ impl NodePower {
         jobs: &[Job],
         planned: &BTreeMap<String, Timestamp>,
         expensive: bool,
+        grid_event: bool,
         acting: bool,
         now: Timestamp,
     ) -> Vec<NodeAction> {
@@ -456,6 +457,7 @@ impl NodePower {
             rule,
             Inputs {
                 expensive,
+                grid_event,
                 downs_last_min: self.recent_downs.len() as u32,
             },
             now,

@@ -318,6 +318,11 @@ fn control_tick(
             np,
             policies::node_power::Inputs {
                 expensive,
+                grid_event: control
+                    .state()
+                    .grid
+                    .as_ref()
+                    .is_some_and(|m| m.event_active()),
                 downs_last_min: pol.downs_last_min(now),
             },
             now,

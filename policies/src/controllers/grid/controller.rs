@@ -30,7 +30,7 @@ impl Controller for Grid {
             return;
         }
         let tick = Tick::read(cx, rule);
-        let Some(mut memory) = step(prior, &asked, &tick.meter, rule, cx.now) else {
+        let Some(mut memory) = step(prior, &asked, &tick.meter, rule, holds_any(cx), cx.now) else {
             release_own_holds(cx, &BTreeMap::new(), "grid event over", wants);
             return;
         };

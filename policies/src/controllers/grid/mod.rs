@@ -165,13 +165,17 @@ pub fn meter(
 
 /// The memory after this tick, from the prior one and what is asked: an event seen for
 /// the first time takes its baseline (the edge's, else the meter now, before any
-/// shed); an event that ends starts the rebound limit; the rebound ends at its time.
-/// `None`: nothing in force.
+/// shed); an event that ends starts the rebound limit; the rebound ends at its time,
+/// once nothing the controller held or suspended is still waiting (`holding`): a
+/// backlog comes back under the baseline, never all at once when the time is up (each
+/// hold ends by its job's latest start, so the rebound does too). `None`: nothing in
+/// force.
 pub fn step(
     prior: Option<&GridMemory>,
     asked: &Asked,
     meter: &Meter,
     rule: &GridRule,
+    holding: bool,
     now: Timestamp,
 ) -> Option<GridMemory> {
     let fresh = |baseline_w: f64, since: Timestamp| GridMemory {
@@ -198,7 +202,7 @@ pub fn step(
         None if rule.rebound_s > 0.0 => now.plus_secs(rule.rebound_s),
         None => return None,
     };
-    if now >= until {
+    if now >= until && !holding {
         return None;
     }
     let mut m = fresh(p.baseline_w, p.since);

@@ -218,13 +218,13 @@ fn an_event_takes_its_baseline_once_then_a_rebound_follows_and_ends() {
         shed_fraction: Some(0.2),
         ..Asked::default()
     };
-    let first = step(None, &on, &m(1000.0), &rule, t0()).expect("event");
+    let first = step(None, &on, &m(1000.0), &rule, false, t0()).expect("event");
     assert_eq!(
         (first.baseline_w, first.target_w, first.since),
         (1000.0, 800.0, t0())
     );
     // later ticks keep the baseline though the meter fell
-    let later = step(Some(&first), &on, &m(790.0), &rule, t0() + 60.0).expect("event");
+    let later = step(Some(&first), &on, &m(790.0), &rule, false, t0() + 60.0).expect("event");
     assert_eq!(
         (later.baseline_w, later.target_w, later.since),
         (1000.0, 800.0, t0())
@@ -234,30 +234,52 @@ fn an_event_takes_its_baseline_once_then_a_rebound_follows_and_ends() {
         baseline_w: Some(1100.0),
         ..on
     };
-    let g = step(Some(&later), &given, &m(790.0), &rule, t0() + 120.0).expect("event");
+    let g = step(Some(&later), &given, &m(790.0), &rule, false, t0() + 120.0).expect("event");
     assert_eq!((g.baseline_w, g.target_w), (1100.0, 880.0));
     // the event ends: the rebound holds the baseline for rebound_s
     let end = t0() + 3600.0;
-    let r = step(Some(&later), &Asked::default(), &m(800.0), &rule, end).expect("rebound");
+    let r = step(
+        Some(&later),
+        &Asked::default(),
+        &m(800.0),
+        &rule,
+        false,
+        end,
+    )
+    .expect("rebound");
     assert_eq!(r.rebound_until, Some(end + rule.rebound_s));
     assert_eq!(r.target_w, 1000.0);
     assert!(!r.event_active());
-    let still = step(Some(&r), &Asked::default(), &m(900.0), &rule, end + 60.0).expect("rebound");
-    assert_eq!(still.rebound_until, r.rebound_until);
-    assert!(step(
+    let still = step(
         Some(&r),
         &Asked::default(),
         &m(900.0),
         &rule,
-        end + rule.rebound_s
+        false,
+        end + 60.0,
     )
-    .is_none());
+    .expect("rebound");
+    assert_eq!(still.rebound_until, r.rebound_until);
+    let over = end + rule.rebound_s;
+    assert!(step(Some(&r), &Asked::default(), &m(900.0), &rule, false, over).is_none());
+    // held work still waiting keeps the rebound limit past its time
+    let held =
+        step(Some(&r), &Asked::default(), &m(900.0), &rule, true, over).expect("still held work");
+    assert_eq!(held.target_w, 1000.0);
     // no rebound where the policy gives none
     let none = GridRule {
         rebound_s: 0.0,
         ..GridRule::default()
     };
-    assert!(step(Some(&later), &Asked::default(), &m(800.0), &none, end).is_none());
+    assert!(step(
+        Some(&later),
+        &Asked::default(),
+        &m(800.0),
+        &none,
+        false,
+        end
+    )
+    .is_none());
 }
 
 #[test]
@@ -434,12 +456,30 @@ fn after_the_event_the_rebound_limit_releases_held_work_only_as_room_allows() {
         .decisions
         .iter()
         .any(|d| d.action == Action::Release && d.rule == RULE));
-    // once the rebound is over, everything is released and the memory is gone
+    // past the rebound's time, the work still held keeps it: nothing comes back at
+    // once while the meter has no room under the baseline
     let later = now + p.grid.rebound_s + 1.0;
+    // the work released has started
+    for j in jobs.iter_mut().filter(|j| j.id.starts_with('q')) {
+        if !after.state.holds.contains_key(&j.id) {
+            j.state = JobState::Running;
+        }
+    }
     let (snap, _) = snapshot(&site, busy, 650.0, &after.state, &[], later);
-    let done = run(&site, &snap, &jobs, &after.state, &p, later);
+    let kept = run(&site, &snap, &jobs, &after.state, &p, later);
+    assert!(
+        kept.state.grid.is_some(),
+        "the rebound ended with work held"
+    );
+    assert_eq!(kept.state.holds.len(), after.state.holds.len());
+    // the training job ends: the room takes the rest, then the rebound is over
+    jobs[0].state = JobState::Finished;
+    let (snap, _) = snapshot(&site, &[], 650.0, &kept.state, &[], later + 60.0);
+    let freed = run(&site, &snap, &jobs, &kept.state, &p, later + 60.0);
+    assert!(freed.state.holds.is_empty(), "{:?}", freed.state.holds);
+    let (snap, _) = snapshot(&site, &[], 650.0, &freed.state, &[], later + 120.0);
+    let done = run(&site, &snap, &jobs, &freed.state, &p, later + 120.0);
     assert!(done.state.grid.is_none());
-    assert!(done.state.holds.is_empty(), "{:?}", done.state.holds);
 }
 
 #[test]

@@ -97,6 +97,9 @@ impl NodeAction {
 pub struct Inputs {
     /// The price now is above the mean of the next 24 h.
     pub expensive: bool,
+    /// A grid event is in force (see [`crate::grid`]): nodes with no work and none due
+    /// within their boot time go down at once, the reserve kept.
+    pub grid_event: bool,
     /// Power-downs issued in the last minute.
     pub downs_last_min: u32,
 }
@@ -125,7 +128,9 @@ pub fn decide(
     models.sort_unstable();
     models.dedup();
     let mut downs_left = rule.max_downs_per_min.saturating_sub(inputs.downs_last_min);
-    let idle_s = if inputs.expensive {
+    let idle_s = if inputs.grid_event {
+        0.0
+    } else if inputs.expensive {
         rule.idle_s_expensive.unwrap_or(rule.idle_s)
     } else {
         rule.idle_s

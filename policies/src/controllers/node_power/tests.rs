@@ -104,8 +104,8 @@ fn power_downs_are_rate_limited_and_expensive_hours_shorten_the_idle_time() {
         &[],
         &r,
         Inputs {
-            expensive: false,
             downs_last_min: 2,
+            ..Inputs::default()
         },
         t(1000.0),
     );
@@ -119,11 +119,27 @@ fn power_downs_are_rate_limited_and_expensive_hours_shorten_the_idle_time() {
         &r,
         Inputs {
             expensive: true,
-            downs_last_min: 0,
+            ..Inputs::default()
         },
         t(300.0),
     );
     assert_eq!(downs(&dear).len(), 3);
+    // during a grid event, nodes idle for any time at all go down (rate limited)
+    let at = |idle_for: f64| {
+        let nodes: Vec<NodeView> = (0..10).map(|i| node(i, 8, Power::On, Some(0.0))).collect();
+        decide(
+            &nodes,
+            &[],
+            &r,
+            Inputs {
+                grid_event: true,
+                ..Inputs::default()
+            },
+            t(idle_for),
+        )
+    };
+    assert_eq!(downs(&at(1.0)).len(), 3);
+    assert!(decide(&nodes, &[], &r, Inputs::default(), t(1.0)).is_empty());
 }
 
 #[test]
@@ -191,7 +207,7 @@ proptest! {
             .map(|&(at, gpus)| Need { at: now + at, gpus, model: None })
             .collect();
         let r = rule();
-        let a = decide(&nodes, &needs, &r, Inputs { expensive: false, downs_last_min }, now);
+        let a = decide(&nodes, &needs, &r, Inputs { downs_last_min, ..Inputs::default() }, now);
         let down = downs(&a);
         let up = ups(&a);
         for n in &nodes {
