@@ -283,4 +283,31 @@ fn a_posted_shed_caps_the_flexible_class_holds_deferrable_work_and_survives_a_re
     );
     drop(serve);
     drop(agents);
+    // the report names the event; seconds of ledger settle on no 15-minute baseline,
+    // and it says why rather than guess
+    let hour = chrono::Duration::hours(1);
+    let (from, to) = (
+        (chrono::Utc::now() - hour).to_rfc3339(),
+        (chrono::Utc::now() + hour).to_rfc3339(),
+    );
+    let out = powerplane()
+        .args([
+            "report", "--format", "json", "--from", &from, "--to", &to, "--config",
+        ])
+        .arg(&config)
+        .output()
+        .expect("report");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report json");
+    let dr = &r["demand_response"][0];
+    assert_eq!(dr["id"], "peak", "{r}");
+    assert_eq!(dr["asked"], "shed 20%", "{r}");
+    assert!(
+        dr["not_settled"].as_array().is_some_and(|n| n.len() == 3),
+        "{dr}"
+    );
 }

@@ -19,7 +19,10 @@ use crate::csv_field;
 
 mod build;
 mod demand;
+mod grid;
 mod html;
+
+pub use grid::{GridEventReport, Settlement};
 
 pub use build::build;
 
@@ -125,6 +128,9 @@ pub struct EnergyReport {
     pub total_cost: Option<f64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub demand_periods: Vec<DemandPeriod>,
+    /// The grid events of the period, settled (see [`EnergyReport::with_grid_events`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub demand_response: Vec<GridEventReport>,
 }
 
 fn opt(v: Option<f64>) -> String {
@@ -277,6 +283,7 @@ impl EnergyReport {
                 );
             }
         }
+        self.grid_table(&mut s);
         s
     }
 

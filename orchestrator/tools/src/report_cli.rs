@@ -92,6 +92,11 @@ pub fn run(
             &peaks,
             &ledger,
         );
+    let grid: Vec<telemetry::grid::GridEvent> = store
+        .records(control::grid::EVENTS)?
+        .into_values()
+        .collect();
+    let r = r.with_grid_events(&grid, &ledger, site.timezone);
     write(&r, format, &site.name, out)?;
     Ok(ExitCode::SUCCESS)
 }

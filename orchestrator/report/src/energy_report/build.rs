@@ -124,6 +124,7 @@ pub fn build(
         demand_charge: None,
         total_cost: None,
         demand_periods: Vec::new(),
+        demand_response: Vec::new(),
     }
 }
 

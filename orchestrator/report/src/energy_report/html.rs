@@ -18,7 +18,50 @@ impl EnergyReport {
         self.caps_section(&hours, &mut body);
         self.inlets_section(&hours, &mut body);
         self.groups_section(&mut body);
+        self.grid_section(&mut body);
         report::page(&format!("Energy report — {site}"), &body)
+    }
+
+    /// The grid events of the period, each against every baseline it could be settled
+    /// on.
+    fn grid_section(&self, body: &mut String) {
+        if self.demand_response.is_empty() {
+            return;
+        }
+        body.push_str("<h2>Demand response</h2><table><tr><th>event</th><th>asked</th><th>baseline</th><th class=\"n\">baseline kW</th><th class=\"n\">metered kW</th><th class=\"n\">delivered kW</th><th class=\"n\">kWh</th><th class=\"n\">committed kW</th><th class=\"n\">performance</th></tr>");
+        for e in &self.demand_response {
+            let name = format!(
+                "{} ({}, {})<br><span class=\"muted\">{} to {}</span>",
+                escape(&e.id),
+                escape(&e.source),
+                escape(&e.status),
+                e.start,
+                e.end
+            );
+            if e.settlements.is_empty() {
+                let _ = write!(
+                    body,
+                    "<tr><td>{name}</td><td>{}</td><td colspan=\"7\">not settled: {}</td></tr>",
+                    escape(&e.asked),
+                    escape(&e.not_settled.join("; "))
+                );
+            }
+            for p in &e.settlements {
+                let _ = write!(
+                    body,
+                    "<tr><td>{name}</td><td>{}</td><td>{}</td><td class=\"n\">{:.1}</td><td class=\"n\">{:.1}</td><td class=\"n\">{:.1}</td><td class=\"n\">{:.1}</td><td class=\"n\">{:.1}</td><td class=\"n\">{:.2}</td></tr>",
+                    escape(&e.asked),
+                    escape(&p.method),
+                    p.baseline_kw,
+                    p.metered_kw,
+                    p.delivered_kw,
+                    p.delivered_kwh,
+                    p.committed_kw,
+                    p.performance_factor
+                );
+            }
+        }
+        body.push_str("</table>");
     }
 
     /// The title, the totals and the demand charge.
