@@ -177,9 +177,18 @@ mod tests {
             target_w(&GridTarget::ShedFraction(0.25), 1000.0, &levels),
             Some(750.0)
         );
-        assert_eq!(target_w(&GridTarget::ShedW(300.0), 1000.0, &levels), Some(700.0));
-        assert_eq!(target_w(&GridTarget::CapW(800.0), 1000.0, &levels), Some(800.0));
-        assert_eq!(target_w(&GridTarget::Level(2), 1000.0, &levels), Some(750.0));
+        assert_eq!(
+            target_w(&GridTarget::ShedW(300.0), 1000.0, &levels),
+            Some(700.0)
+        );
+        assert_eq!(
+            target_w(&GridTarget::CapW(800.0), 1000.0, &levels),
+            Some(800.0)
+        );
+        assert_eq!(
+            target_w(&GridTarget::Level(2), 1000.0, &levels),
+            Some(750.0)
+        );
         assert_eq!(target_w(&GridTarget::Level(3), 1000.0, &levels), None);
         let a = event("a", 0, 600.0, GridTarget::CapW(800.0));
         let b = event("b", 0, 600.0, GridTarget::ShedW(300.0));
