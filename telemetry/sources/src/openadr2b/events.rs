@@ -92,7 +92,9 @@ impl Events {
                     EventStatus::Cancelled | EventStatus::Completed
                 )
             {
+                // the VTN no longer holds it: there is nothing to answer
                 h.event.status = EventStatus::Cancelled;
+                h.response_required = false;
                 changed = true;
             }
         }
@@ -231,6 +233,7 @@ mod tests {
         s.merge("r2", &[ev("b", 0, EventStatus::Pending, 1)]);
         let l = s.list();
         assert_eq!(l[0].status, EventStatus::Cancelled);
+        assert_eq!(s.unanswered().len(), 1, "only b");
         assert_eq!(l[1].status, EventStatus::Pending);
         assert!(!s.tick(Timestamp::from_secs(50)));
         assert_eq!(

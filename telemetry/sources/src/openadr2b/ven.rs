@@ -113,6 +113,9 @@ enum CallError {
     },
     #[error("{service}: the VTN answered with {name}")]
     Unexpected { service: &'static str, name: String },
+    /// The VTN answered a call with `oadrRequestReregistration`.
+    #[error("{0}: the VTN asks the VEN to register again")]
+    Reregister(&'static str),
     #[error("cancelled")]
     Cancelled,
 }
@@ -125,15 +128,18 @@ impl CallError {
             CallError::Payload(..) => "payload",
             CallError::Refused { .. } => "refused",
             CallError::Unexpected { .. } => "unexpected",
+            CallError::Reregister(_) => "reregister",
             CallError::Cancelled => "cancelled",
         }
     }
 
-    /// The VTN does not know the VEN (any more).
+    /// The VTN does not know the VEN (any more): a poll refused as an invalid id or
+    /// as not registered.
     fn unknown_ven(&self) -> bool {
         matches!(
             self,
             CallError::Refused {
+                service: "OadrPoll",
                 code: 452 | 463,
                 ..
             }
@@ -245,14 +251,10 @@ impl Ven {
             }
             let outcome = match session.as_mut() {
                 None => match self
-                    .register(&cancel, previous_ids.as_ref(), &mut held, &events)
+                    .register(&cancel, &mut previous_ids, &mut held, &events)
                     .await
                 {
                     Ok(s) => {
-                        if previous_ids.is_some() {
-                            self.counters.inc("openadr_reregistrations_total");
-                        }
-                        previous_ids = Some((s.ven_id.clone(), s.registration_id.clone()));
                         session = Some(s);
                         Ok(false)
                     }
@@ -283,6 +285,11 @@ impl Ven {
                     }
                 }
                 Err(CallError::Cancelled) => break,
+                Err(e @ CallError::Reregister(_)) => {
+                    info!(vtn = %self.base, error = %e, "openadr2b VEN registers again");
+                    session = None;
+                    next_poll = (self.clock)();
+                }
                 Err(e) => {
                     self.counters
                         .add("openadr_errors_total", ("reason", e.reason()), 1);
@@ -292,10 +299,8 @@ impl Ven {
                     if e.unknown_ven() {
                         session = None;
                     }
+                    // a registration that failed is tried again after the same wait
                     next_poll = (self.clock)().plus_secs(wait);
-                    if session.is_none() {
-                        // registration is retried after the same wait
-                    }
                 }
             }
         }
@@ -344,12 +349,12 @@ impl Ven {
     async fn register(
         &self,
         cancel: &CancellationToken,
-        previous: Option<&(String, String)>,
+        previous: &mut Option<(String, String)>,
         held: &mut Events,
         events: &watch::Sender<Vec<GridEvent>>,
     ) -> Result<Session, CallError> {
         const S: &str = "EiRegisterParty";
-        let mut ids = previous.cloned();
+        let mut ids = previous.clone();
         let mut poll_s = None;
         if let Inbound::CreatedPartyRegistration(r) = self
             .call(cancel, S, payload::query_registration(&request_id()))
@@ -390,6 +395,11 @@ impl Ven {
                 description: reg.status.description,
             });
         }
+        // the ids hold from here on, whatever becomes of the calls that follow
+        if previous.is_some() {
+            self.counters.inc("openadr_reregistrations_total");
+        }
+        *previous = Some((ven_id.clone(), registration_id.clone()));
         self.counters.inc("openadr_registrations_total");
         let poll_s = self
             .cfg
@@ -412,7 +422,7 @@ impl Ven {
                 self.create_reports(cancel, &mut s, &requests, &request_id())
                     .await?;
             }
-            other => check(self, "EiReport", &other)?,
+            other => check("EiReport", &other)?,
         }
         // the events the VTN already holds for this VEN
         let body = payload::request_event(&request_id(), &s.ven_id);
@@ -442,7 +452,7 @@ impl Ven {
         }
         let body = payload::created_report(request_id, &s.ven_id, &pending);
         let answer = self.call(cancel, "EiReport", body).await?;
-        check(self, "EiReport", &answer)
+        check("EiReport", &answer)
     }
 
     fn sample(&self, s: &mut Session, t: Timestamp) {
@@ -483,7 +493,7 @@ impl Ven {
                 &s.reports[i].samples,
             );
             let answer = self.call(cancel, "EiReport", body).await?;
-            check(self, "EiReport", &answer)?;
+            check("EiReport", &answer)?;
             s.reports[i].samples.clear();
             self.counters.inc("openadr_reports_sent_total");
         }
@@ -541,7 +551,7 @@ impl Ven {
             Inbound::RegisterReport { request_id } => {
                 let body = payload::registered_report(&request_id, &s.ven_id);
                 let answer = self.call(cancel, "EiReport", body).await?;
-                check(self, "EiReport", &answer)?;
+                check("EiReport", &answer)?;
             }
             Inbound::RequestReregistration => {
                 info!(vtn = %self.base, "openadr2b VTN asks the VEN to register again");
@@ -568,7 +578,7 @@ impl Ven {
                 }
                 return Ok(true);
             }
-            other => check(self, "OadrPoll", &other)?,
+            other => check("OadrPoll", &other)?,
         }
         Ok(false)
     }
@@ -625,7 +635,15 @@ impl Ven {
             let list: Vec<EventReply> = replies.iter().map(|r| r.0.clone()).collect();
             let body = payload::created_event(&request, &s.ven_id, &list);
             let answer = self.call(cancel, "EiEvent", body).await?;
-            check(self, "EiEvent", &answer)?;
+            if let Err(e) = check("EiEvent", &answer) {
+                if !matches!(e, CallError::Refused { .. }) {
+                    return Err(e);
+                }
+                // the VTN knows the event no longer: sending it again would not help
+                self.counters
+                    .add("openadr_errors_total", ("reason", e.reason()), 1);
+                warn!(vtn = %self.base, error = %e, "openadr2b VTN refused an event answer");
+            }
             for (reply, opt) in replies {
                 if !reply.opt_in {
                     self.counters.inc("openadr_opt_outs_total");
@@ -639,12 +657,13 @@ impl Ven {
 }
 
 /// An answer that is no error: empty, or a status of 2xx.
-fn check(ven: &Ven, service: &'static str, answer: &Inbound) -> Result<(), CallError> {
+fn check(service: &'static str, answer: &Inbound) -> Result<(), CallError> {
     let status = match answer {
         Inbound::Empty => return Ok(()),
         Inbound::Response(s) => Some(s),
         Inbound::RegisteredReport { status, .. } => Some(status),
         Inbound::Other { status, .. } => status.as_ref(),
+        Inbound::RequestReregistration => return Err(CallError::Reregister(service)),
         other => return Err(unexpected(service, other)),
     };
     match status {
@@ -653,10 +672,7 @@ fn check(ven: &Ven, service: &'static str, answer: &Inbound) -> Result<(), CallE
             code: s.code,
             description: s.description.clone(),
         }),
-        _ => {
-            let _ = ven;
-            Ok(())
-        }
+        _ => Ok(()),
     }
 }
 
