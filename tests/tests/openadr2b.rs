@@ -518,10 +518,8 @@ async fn a_hung_vtn_ends_each_call_by_its_deadline_and_polling_resumes() {
 
     let polls = vtn.count("polled");
     vtn.signal("-CONT");
-    vtn.wait(15.0, "poll after SIGCONT", |l| {
-        l.get("polled").is_some() && true
-    })
-    .await;
+    vtn.wait(15.0, "poll after SIGCONT", |l| l.get("polled").is_some())
+        .await;
     let t0 = Instant::now();
     while vtn.count("polled") < polls + 3 {
         assert!(

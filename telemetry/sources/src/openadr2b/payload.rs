@@ -294,7 +294,7 @@ mod tests {
         roxmltree::Document::parse(s).unwrap_or_else(|e| panic!("{e}: {s}"))
     }
 
-    fn find<'a>(d: &'a roxmltree::Document, ns: &str, name: &str) -> Vec<String> {
+    fn find(d: &roxmltree::Document, ns: &str, name: &str) -> Vec<String> {
         d.descendants()
             .filter(|n| n.tag_name().name() == name && n.tag_name().namespace() == Some(ns))
             .map(|n| n.text().unwrap_or("").to_string())
