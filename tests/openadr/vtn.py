@@ -38,29 +38,40 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--poll-s", type=float, default=1.0)
+    # HTTPS with client certificates (mutual TLS): the VTN's certificate and key, and
+    # the CA file the VENs' certificates are checked against
+    ap.add_argument("--cert")
+    ap.add_argument("--key")
+    ap.add_argument("--ca")
     args = ap.parse_args()
     logging.getLogger("openleadr").setLevel(logging.ERROR)
 
     vens = {}  # ven_id -> registration_id
+    fingerprints = {}  # ven_id -> its certificate's fingerprint (mutual TLS)
     last = {"ven": None}
 
     def ven_lookup(ven_id):
         if ven_id in vens:
-            return {"ven_id": ven_id, "registration_id": vens[ven_id]}
+            return {"ven_id": ven_id, "registration_id": vens[ven_id],
+                    "fingerprint": fingerprints.get(ven_id)}
         return None
 
     server = OpenADRServer(vtn_id="powerplane-test-vtn", http_host=args.host,
                            http_port=args.port, ven_lookup=ven_lookup,
-                           requested_poll_freq=timedelta(seconds=args.poll_s))
+                           requested_poll_freq=timedelta(seconds=args.poll_s),
+                           http_cert=args.cert, http_key=args.key, http_ca_file=args.ca,
+                           # the VEN signs no payloads (oadrXmlSignature false)
+                           verify_message_signatures=False)
 
     async def on_create_party_registration(info):
         ven_id = info.get("ven_id") or f"ven-{uuid.uuid4().hex[:8]}"
         registration_id = f"reg-{uuid.uuid4().hex[:8]}"
         vens[ven_id] = registration_id
+        fingerprints[ven_id] = info.get("fingerprint")
         last["ven"] = ven_id
         say(registered=ven_id, registration_id=registration_id,
             ven_name=info.get("ven_name"), had_registration_id=info.get("registration_id"),
-            had_ven_id=info.get("ven_id"), keys=sorted(info))
+            fingerprint=info.get("fingerprint"))
         return ven_id, registration_id
 
     async def on_report(values):

@@ -59,19 +59,25 @@ struct Vtn {
 impl Vtn {
     /// On a free port (another tried if the port was taken meanwhile), or on `port`.
     fn start(port: Option<u16>) -> Vtn {
+        Vtn::start_with(port, &[])
+    }
+
+    /// With more arguments for vtn.py (`--cert`, `--key`, `--ca`).
+    fn start_with(port: Option<u16>, args: &[&std::ffi::OsStr]) -> Vtn {
         for _ in 0..5 {
-            if let Some(v) = Vtn::try_start(port.unwrap_or_else(free_port)) {
+            if let Some(v) = Vtn::try_start(port.unwrap_or_else(free_port), args) {
                 return v;
             }
         }
         panic!("the OpenLEADR VTN did not start on any of 5 ports");
     }
 
-    fn try_start(port: u16) -> Option<Vtn> {
+    fn try_start(port: u16, args: &[&std::ffi::OsStr]) -> Option<Vtn> {
         let script = workspace_root().join("tests/openadr/vtn.py");
         let mut child = Command::new(python())
             .arg(&script)
             .args(["--port", &port.to_string(), "--poll-s", "1"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -213,6 +219,10 @@ fn start_ven(url: &str, timeout_s: f64, opt: Option<sources::openadr2b::OptFn>) 
     let mut cfg = VenConfig::new(url, "powerplane-site-a");
     cfg.timeout_s = timeout_s;
     cfg.backoff_max_s = 1.0;
+    start_ven_with(cfg, opt)
+}
+
+fn start_ven_with(cfg: VenConfig, opt: Option<sources::openadr2b::OptFn>) -> Running {
     let opt = opt.unwrap_or_else(|| Arc::new(|_: &GridEvent| Opt::In));
     let ven = Ven::new(cfg, opt, Arc::new(|| Some(4321.5))).expect("ven");
     let stats = ven.stats();
@@ -540,4 +550,60 @@ async fn a_hung_vtn_ends_each_call_by_its_deadline_and_polling_resumes() {
         .expect("ven task");
     assert!(t.elapsed() < Duration::from_millis(500));
     vtn.signal("-CONT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_shows_the_client_certificate_from_files() {
+    let (server_dir, client_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let (server_cert, server_key, server_pin) = powerplane_tests::self_signed(server_dir.path());
+    let (client_cert, client_key, _) = powerplane_tests::self_signed(client_dir.path());
+    let args = [
+        "--cert".as_ref(),
+        server_cert.as_os_str(),
+        "--key".as_ref(),
+        server_key.as_os_str(),
+        "--ca".as_ref(),
+        client_cert.as_os_str(),
+    ];
+    let mut vtn = Vtn::start_with(None, &args);
+    let url = vtn.url().replace("http://", "https://");
+
+    // without a client certificate the VTN refuses the handshake
+    let mut cfg = VenConfig::new(&url, "powerplane-site-a");
+    cfg.timeout_s = 2.0;
+    cfg.backoff_max_s = 1.0;
+    cfg.tls.pinned_sha256 = Some(server_pin.clone());
+    let anonymous = start_ven_with(cfg.clone(), None);
+    let t0 = Instant::now();
+    while counter(&anonymous.stats, "openadr_errors_total", Some("tls")) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no TLS error without a client certificate: {:?}",
+            anonymous.stats.read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anonymous.cancel.cancel();
+    anonymous.task.await.expect("ven task");
+    assert_eq!(vtn.count("registered"), 0);
+
+    // with one, it registers (the VTN takes its fingerprint) and gets events
+    cfg.tls.client_cert_file = Some(client_cert.display().to_string());
+    cfg.tls.client_key_file = Some(client_key.display().to_string());
+    let mut ven = start_ven_with(cfg, None);
+    let reg = vtn
+        .wait(20.0, "registration", |l| l.get("registered").is_some())
+        .await;
+    assert!(reg["fingerprint"].is_string(), "{reg}");
+    vtn.send(simple("ev1", 1, -5, 600)).await;
+    events_when(&mut ven.events, 10.0, "ev1", |e| event(e, "ev1").is_some()).await;
+    vtn.wait(10.0, "oadrCreatedEvent", |l| {
+        l.get("created_event").is_some()
+    })
+    .await;
+    ven.cancel.cancel();
+    ven.task.await.expect("ven task");
 }
