@@ -147,6 +147,35 @@ impl CallError {
     }
 }
 
+/// What the task holds between calls.
+struct State {
+    held: Events,
+    session: Option<Session>,
+    /// The venID and registrationID of the last registration (sent when registering
+    /// again).
+    ids: Option<(String, String)>,
+    failures: u32,
+    /// No call before this (backoff).
+    next_call: Timestamp,
+    next_poll: Timestamp,
+}
+
+impl State {
+    /// When the loop next has something to do: a call, a sample, an event's change.
+    fn wake(&self, now: Timestamp) -> Timestamp {
+        let mut wake = self.next_poll.max(self.next_call);
+        if let Some(s) = &self.session {
+            for r in &s.reports {
+                wake = wake.min(r.next_sample).min(r.next_send.max(self.next_call));
+            }
+        }
+        if let Some(c) = self.held.next_change(now) {
+            wake = wake.min(c);
+        }
+        wake
+    }
+}
+
 /// A registration and what the VTN asked of it.
 struct Session {
     ven_id: String,
@@ -221,26 +250,21 @@ impl Ven {
     /// Runs until `cancel` is cancelled, publishing the events through `events` each
     /// time they change.
     pub async fn run(self, cancel: CancellationToken, events: watch::Sender<Vec<GridEvent>>) {
-        let mut held = Events::default();
-        let mut session: Option<Session> = None;
-        let mut previous_ids: Option<(String, String)> = None;
-        let mut failures: u32 = 0;
-        let mut next_poll = (self.clock)();
+        let mut st = State {
+            held: Events::default(),
+            session: None,
+            ids: None,
+            failures: 0,
+            next_call: (self.clock)(),
+            next_poll: (self.clock)(),
+        };
         info!(vtn = %self.base, ven = %self.cfg.ven_name, "openadr2b VEN starting");
         while !cancel.is_cancelled() {
             let t = (self.clock)();
-            if held.tick(t) {
-                events.send_replace(held.list());
+            if st.held.tick(t) {
+                events.send_replace(st.held.list());
             }
-            let mut wake = next_poll;
-            if let Some(s) = &session {
-                for r in &s.reports {
-                    wake = wake.min(r.next_sample).min(r.next_send);
-                }
-            }
-            if let Some(c) = held.next_change(t) {
-                wake = wake.min(c);
-            }
+            let wake = st.wake(t);
             if wake > t {
                 let wait = Duration::from_secs_f64(wake.secs_since(t).clamp(0.0, 86_400.0));
                 tokio::select! {
@@ -249,62 +273,75 @@ impl Ven {
                 }
                 continue;
             }
-            let outcome = match session.as_mut() {
-                None => match self
-                    .register(&cancel, &mut previous_ids, &mut held, &events)
+            let outcome = match st.session.as_mut() {
+                None => self
+                    .register(&cancel, &mut st.ids, &mut st.held, &events)
                     .await
-                {
-                    Ok(s) => {
-                        session = Some(s);
-                        Ok(false)
-                    }
-                    Err(e) => Err(e),
-                },
+                    .map(|s| {
+                        st.session = Some(s);
+                        false
+                    }),
                 Some(s) => {
-                    let t = (self.clock)();
                     self.sample(s, t);
-                    let due = t >= next_poll;
-                    let sent = self.send_reports(&cancel, s, t).await;
-                    match sent {
-                        Err(e) => Err(e),
-                        Ok(()) if due => self.poll_once(&cancel, s, &mut held, &events).await,
-                        Ok(()) => {
-                            continue;
+                    if t < st.next_call {
+                        continue; // backing off: samples are taken, no call is made
+                    }
+                    match self.send_reports(&cancel, s, t).await {
+                        Ok(()) if t >= st.next_poll => {
+                            self.poll_once(&cancel, s, &mut st.held, &events).await
                         }
+                        Ok(()) => continue,
+                        Err(e) => Err(e),
                     }
                 }
             };
-            match outcome {
-                Ok(reregister) => {
-                    failures = 0;
-                    let poll_s = session.as_ref().map_or(DEFAULT_POLL_S, |s| s.poll_s);
-                    next_poll = (self.clock)().plus_secs(poll_s);
-                    if reregister {
-                        session = None;
-                        next_poll = (self.clock)();
-                    }
-                }
-                Err(CallError::Cancelled) => break,
-                Err(e @ CallError::Reregister(_)) => {
-                    info!(vtn = %self.base, error = %e, "openadr2b VEN registers again");
-                    session = None;
-                    next_poll = (self.clock)();
-                }
-                Err(e) => {
-                    self.counters
-                        .add("openadr_errors_total", ("reason", e.reason()), 1);
-                    failures = failures.saturating_add(1);
-                    let wait = backoff(failures, self.cfg.backoff_max_s);
-                    warn!(vtn = %self.base, error = %e, retry_s = wait, "openadr2b call failed");
-                    if e.unknown_ven() {
-                        session = None;
-                    }
-                    // a registration that failed is tried again after the same wait
-                    next_poll = (self.clock)().plus_secs(wait);
-                }
+            if !self.after(&mut st, outcome) {
+                break;
             }
         }
         info!(vtn = %self.base, "openadr2b VEN stopped");
+    }
+
+    /// What a registration or a poll leaves: when to call again, whether to register
+    /// again. `false`: cancelled.
+    fn after(&self, st: &mut State, outcome: Result<bool, CallError>) -> bool {
+        let now = (self.clock)();
+        match outcome {
+            Ok(reregister) => {
+                st.failures = 0;
+                st.next_call = now;
+                let poll_s = st.session.as_ref().map_or(DEFAULT_POLL_S, |s| s.poll_s);
+                st.next_poll = now.plus_secs(poll_s);
+                if reregister {
+                    st.session = None;
+                }
+            }
+            Err(CallError::Cancelled) => return false,
+            Err(e) => {
+                // asked to register again: at once the first time, backed off if the
+                // VTN keeps asking
+                let again = matches!(e, CallError::Reregister(_));
+                if !again {
+                    self.counters
+                        .add("openadr_errors_total", ("reason", e.reason()), 1);
+                }
+                st.failures = st.failures.saturating_add(1);
+                let wait = if again && st.failures == 1 {
+                    0.0
+                } else {
+                    backoff(st.failures, self.cfg.backoff_max_s)
+                };
+                if again || e.unknown_ven() {
+                    info!(vtn = %self.base, error = %e, "openadr2b VEN registers again");
+                    st.session = None;
+                } else {
+                    warn!(vtn = %self.base, error = %e, retry_s = wait, "openadr2b call failed");
+                }
+                st.next_call = now.plus_secs(wait);
+                st.next_poll = st.next_call;
+            }
+        }
+        true
     }
 
     /// One call: POST the payload to the service, read the answer, by the deadline
@@ -596,8 +633,8 @@ impl Ven {
         let (fresh, changed) = held.merge(&d.request_id, &d.events);
         self.counters
             .add("openadr_events_received_total", ("", ""), fresh as u64);
-        held.tick((self.clock)());
-        if changed {
+        let ticked = held.tick((self.clock)());
+        if changed || ticked {
             events.send_replace(held.list());
         }
     }
