@@ -607,3 +607,63 @@ async fn mutual_tls_shows_the_client_certificate_from_files() {
     ven.cancel.cancel();
     ven.task.await.expect("ven task");
 }
+
+#[test]
+fn every_payload_the_ven_sends_passes_the_2_0b_schema() {
+    use sources::openadr2b::payload::{self, EventReply};
+    let t = now();
+    let reply = |opt_in| EventReply {
+        event_id: "ev & 1".into(),
+        modification: 3,
+        opt_in,
+        reason: (!opt_in).then(|| "x-<reason>".into()),
+    };
+    let payloads = [
+        payload::query_registration("q1"),
+        payload::create_party_registration("q2", None, None, "site <a> & 'b'"),
+        payload::create_party_registration("q3", Some("reg1"), Some("ven1"), "a"),
+        payload::poll("ven1"),
+        payload::request_event("q4", "ven1"),
+        payload::created_event("q5", "ven1", &[reply(true), reply(false)]),
+        payload::created_event("q6", "ven1", &[]),
+        payload::register_report("q7", "ven1", t, 1.0, 3600.0),
+        payload::created_report("q8", "ven1", &["rr1".into()]),
+        payload::created_report("q9", "ven1", &[]),
+        payload::update_report("q10", "ven1", "rr1", t, &[(t, 1234.5), (t, 0.0)]),
+        payload::registered_report("q11", "ven1"),
+        payload::canceled_party_registration("q12", "reg1", "ven1"),
+        payload::response("q13", "ven1"),
+    ];
+    let dir = tempfile::tempdir().expect("dir");
+    let mut files = Vec::new();
+    for (i, p) in payloads.iter().enumerate() {
+        let f = dir.path().join(format!("{i}.xml"));
+        std::fs::write(&f, p).expect("write");
+        files.push(f);
+    }
+    // OpenLEADR's own check: the 2.0b XSD (lxml), then its parser
+    let check = "import sys\n\
+                 from openleadr.messaging import validate_xml_schema, parse_message\n\
+                 for f in sys.argv[1:]:\n\
+                 \x20   x = open(f, 'rb').read()\n\
+                 \x20   validate_xml_schema(x)\n\
+                 \x20   print(parse_message(x)[0])\n";
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(check)
+        .args(&files)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(names.len(), payloads.len());
+    assert_eq!(names[5], "oadrCreatedEvent");
+    assert_eq!(names[12], "oadrCanceledPartyRegistration");
+}
