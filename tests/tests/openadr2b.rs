@@ -228,7 +228,7 @@ fn start_ven_with(cfg: VenConfig, opt: Option<sources::openadr2b::OptFn>) -> Run
     let stats = ven.stats();
     let (tx, rx) = watch::channel(Vec::new());
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(ven.run(cancel.clone(), tx));
+    let task = tokio::spawn(ven.task(cancel.clone(), tx));
     Running {
         cancel,
         events: rx,

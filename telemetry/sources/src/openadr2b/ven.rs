@@ -247,6 +247,20 @@ impl Ven {
         Stats::new(move || c.read())
     }
 
+    /// [`Ven::run`] as a boxed task, to be spawned and tracked like a source's.
+    pub fn task(
+        self,
+        cancel: CancellationToken,
+        events: watch::Sender<Vec<GridEvent>>,
+    ) -> crate::source::Task {
+        Box::pin(self.run(cancel, events))
+    }
+
+    /// Which VTN it talks to, for the log line when it starts.
+    pub fn describe(&self) -> String {
+        format!("{} as {:?}", self.base, self.cfg.ven_name)
+    }
+
     /// Runs until `cancel` is cancelled, publishing the events through `events` each
     /// time they change.
     pub async fn run(self, cancel: CancellationToken, events: watch::Sender<Vec<GridEvent>>) {
