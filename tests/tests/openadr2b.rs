@@ -376,7 +376,7 @@ async fn an_event_is_answered_then_modified_and_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn load_dispatch_is_a_shed_in_w_and_the_caller_can_opt_out() {
+async fn load_dispatch_and_load_control_are_read_and_the_caller_can_opt_out() {
     let mut vtn = Vtn::start(None);
     let opt: sources::openadr2b::OptFn = Arc::new(|e: &GridEvent| {
         if e.intervals
@@ -415,6 +415,56 @@ async fn load_dispatch_is_a_shed_in_w_and_the_caller_can_opt_out() {
     assert_eq!(answer["created_event"][0]["opt_type"], "optOut");
     assert_eq!(answer["created_event"][0]["description"], "mustRun");
     assert_eq!(counter(&ven.stats, "openadr_opt_outs_total", None), 1);
+
+    // LOAD_CONTROL capacity: what is left, so the shed is the rest
+    vtn.send(json!({"cmd": "add", "id": "ev-c", "signal": "LOAD_CONTROL",
+                    "type": "x-loadControlCapacity",
+                    "intervals": [{"start_s": -1, "duration_s": 600, "value": 0.7}]}))
+        .await;
+    let got = events_when(&mut ven.events, 10.0, "ev-c", |e| {
+        event(e, "ev-c").is_some()
+    })
+    .await;
+    match event(&got, "ev-c").expect("ev-c").intervals[0].target {
+        GridTarget::ShedFraction(f) => assert!((f - 0.3).abs() < 1e-9, "{f}"),
+        other => panic!("{other:?}"),
+    }
+    // a price signal is skipped and counted; its event is still held and answered
+    vtn.send(
+        json!({"cmd": "add", "id": "ev-p", "signal": "ELECTRICITY_PRICE", "type": "price",
+                    "intervals": [{"start_s": -1, "duration_s": 600, "value": 0.42}]}),
+    )
+    .await;
+    let got = events_when(&mut ven.events, 10.0, "ev-p", |e| {
+        event(e, "ev-p").is_some()
+    })
+    .await;
+    assert!(event(&got, "ev-p").expect("ev-p").intervals.is_empty());
+    let answer = vtn
+        .wait(10.0, "answer to ev-p", |l| {
+            l["created_event"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|r| r["event_id"] == "ev-p"))
+        })
+        .await;
+    assert_eq!(
+        answer["created_event"].as_array().map(Vec::len),
+        Some(1),
+        "{answer}"
+    );
+    assert!(
+        counter(
+            &ven.stats,
+            "openadr_signals_skipped_total",
+            Some("signal_name")
+        ) >= 1
+    );
+    assert_eq!(
+        counter(&ven.stats, "openadr_errors_total", None),
+        0,
+        "{:?}",
+        ven.stats.read()
+    );
     ven.cancel.cancel();
     ven.task.await.expect("ven task");
 }
