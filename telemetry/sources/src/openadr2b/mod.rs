@@ -15,13 +15,16 @@
 //! - [`parse`]: what the VTN sends, read by namespace and local name (pure), events
 //!   mapped to grid targets;
 //! - [`events`]: the VEN's event set (pure): merging, answering, cancelling, expiry;
-//! - [`ven`]: the task (tokio): registration, polling, answers, reports, backoff and
-//!   re-registration; its counters.
+//! - [`ven`]: the task (tokio): registration, polling, answers, backoff and
+//!   re-registration; with `call` (why an exchange failed, the counters) and
+//!   `reports` (the meter sampled and sent as the VTN asked).
 
+mod call;
 pub mod events;
 pub mod iso;
 pub mod parse;
 pub mod payload;
+mod reports;
 pub mod ven;
 
 use serde::Deserialize;

@@ -11,7 +11,7 @@
 //! longer knows the VEN (452, 463) starts registration again.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use telemetry::grid::{EventStatus, GridEvent};
@@ -20,11 +20,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::call::{check, transport, unexpected, CallError, Counters};
 use super::events::{Events, Opt};
-use super::parse::{parse, Distribute, Inbound, ParseError, ReportRequest};
+use super::parse::{parse, Distribute, Inbound};
 use super::payload::{self, EventReply};
+use super::reports::Report;
 use super::{VenConfig, VenError};
-use crate::source::{Counter, Stats};
+use crate::source::Stats;
 
 /// Decides, for each new or modified event, whether the site takes part.
 pub type OptFn = Arc<dyn Fn(&GridEvent) -> Opt + Send + Sync>;
@@ -33,7 +35,7 @@ pub type MeterFn = Arc<dyn Fn() -> Option<f64> + Send + Sync>;
 
 const DEFAULT_POLL_S: f64 = 10.0;
 /// Samples held for one report at most (the oldest dropped and counted beyond).
-const MAX_SAMPLES: usize = 256;
+pub(super) const MAX_SAMPLES: usize = 256;
 
 /// The VEN, built from its configuration; [`Ven::run`] is its task.
 pub struct Ven {
@@ -41,9 +43,9 @@ pub struct Ven {
     base: String,
     client: reqwest::Client,
     opt: OptFn,
-    meter: MeterFn,
-    counters: Arc<Counters>,
-    clock: fn() -> Timestamp,
+    pub(super) meter: MeterFn,
+    pub(super) counters: Arc<Counters>,
+    pub(super) clock: fn() -> Timestamp,
 }
 
 impl std::fmt::Debug for Ven {
@@ -57,94 +59,6 @@ impl std::fmt::Debug for Ven {
 
 fn now() -> Timestamp {
     Timestamp::from(chrono::Utc::now())
-}
-
-#[derive(Default)]
-struct Counters(Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>);
-
-impl Counters {
-    fn add(&self, name: &'static str, label: (&'static str, &'static str), n: u64) {
-        if let Ok(mut m) = self.0.lock() {
-            *m.entry((name, label.0, label.1)).or_default() += n;
-        }
-    }
-
-    fn inc(&self, name: &'static str) {
-        self.add(name, ("", ""), 1);
-    }
-
-    fn read(&self) -> Vec<Counter> {
-        let Ok(m) = self.0.lock() else {
-            return Vec::new();
-        };
-        m.iter()
-            .map(|(&(name, key, value), &n)| Counter {
-                name,
-                labels: if key.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![(key, value.to_string())]
-                },
-                value: n,
-            })
-            .collect()
-    }
-}
-
-/// Why one exchange with the VTN failed: the `reason` label of
-/// `openadr_errors_total`.
-#[derive(Debug, thiserror::Error)]
-enum CallError {
-    #[error("{service}: {reason}: {detail}")]
-    Transport {
-        service: &'static str,
-        reason: &'static str,
-        detail: String,
-    },
-    #[error("{service}: HTTP {status}")]
-    Status { service: &'static str, status: u16 },
-    #[error("{service}: {0}", service = .1)]
-    Payload(#[source] ParseError, &'static str),
-    #[error("{service}: the VTN answered {code} {description}")]
-    Refused {
-        service: &'static str,
-        code: u16,
-        description: String,
-    },
-    #[error("{service}: the VTN answered with {name}")]
-    Unexpected { service: &'static str, name: String },
-    /// The VTN answered a call with `oadrRequestReregistration`.
-    #[error("{0}: the VTN asks the VEN to register again")]
-    Reregister(&'static str),
-    #[error("cancelled")]
-    Cancelled,
-}
-
-impl CallError {
-    fn reason(&self) -> &'static str {
-        match self {
-            CallError::Transport { reason, .. } => reason,
-            CallError::Status { .. } => "http_status",
-            CallError::Payload(..) => "payload",
-            CallError::Refused { .. } => "refused",
-            CallError::Unexpected { .. } => "unexpected",
-            CallError::Reregister(_) => "reregister",
-            CallError::Cancelled => "cancelled",
-        }
-    }
-
-    /// The VTN does not know the VEN (any more): a poll refused as an invalid id or
-    /// as not registered.
-    fn unknown_ven(&self) -> bool {
-        matches!(
-            self,
-            CallError::Refused {
-                service: "OadrPoll",
-                code: 452 | 463,
-                ..
-            }
-        )
-    }
 }
 
 /// What the task holds between calls.
@@ -177,44 +91,16 @@ impl State {
 }
 
 /// A registration and what the VTN asked of it.
-struct Session {
-    ven_id: String,
+pub(super) struct Session {
+    pub(super) ven_id: String,
     registration_id: String,
     poll_s: f64,
-    reports: Vec<Report>,
-}
-
-/// A report the VTN asked for, and its samples not yet sent.
-struct Report {
-    id: String,
-    sample_s: f64,
-    send_s: f64,
-    next_sample: Timestamp,
-    next_send: Timestamp,
-    samples: Vec<(Timestamp, f64)>,
-}
-
-impl Report {
-    fn new(r: &ReportRequest, now: Timestamp) -> Report {
-        let sample_s = r.granularity_s.filter(|s| *s >= 1.0).unwrap_or(60.0);
-        let send_s = r
-            .report_back_s
-            .filter(|s| *s >= sample_s)
-            .unwrap_or(sample_s);
-        Report {
-            id: r.report_request_id.clone(),
-            sample_s,
-            send_s,
-            next_sample: now,
-            next_send: now.plus_secs(send_s),
-            samples: Vec::new(),
-        }
-    }
+    pub(super) reports: Vec<Report>,
 }
 
 static REQUEST_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn request_id() -> String {
+pub(super) fn request_id() -> String {
     let n = REQUEST_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("pp-{}-{n}", now().as_millis())
 }
@@ -360,7 +246,7 @@ impl Ven {
 
     /// One call: POST the payload to the service, read the answer, by the deadline
     /// (and at once on cancellation).
-    async fn call(
+    pub(super) async fn call(
         &self,
         cancel: &CancellationToken,
         service: &'static str,
@@ -480,75 +366,6 @@ impl Ven {
         let answer = self.call(cancel, "EiEvent", body).await?;
         self.handle(cancel, &mut s, answer, held, events).await?;
         Ok(s)
-    }
-
-    async fn create_reports(
-        &self,
-        cancel: &CancellationToken,
-        s: &mut Session,
-        requests: &[ReportRequest],
-        request_id: &str,
-    ) -> Result<(), CallError> {
-        if requests.is_empty() {
-            return Ok(());
-        }
-        let t = (self.clock)();
-        let mut pending = Vec::new();
-        for r in requests {
-            if r.r_ids.is_empty() || r.r_ids.iter().any(|id| id == payload::METER_RID) {
-                s.reports.retain(|x| x.id != r.report_request_id);
-                s.reports.push(Report::new(r, t));
-                pending.push(r.report_request_id.clone());
-            }
-        }
-        let body = payload::created_report(request_id, &s.ven_id, &pending);
-        let answer = self.call(cancel, "EiReport", body).await?;
-        check("EiReport", &answer)
-    }
-
-    fn sample(&self, s: &mut Session, t: Timestamp) {
-        for r in &mut s.reports {
-            if t < r.next_sample {
-                continue;
-            }
-            r.next_sample = t.plus_secs(r.sample_s);
-            if let Some(w) = (self.meter)().filter(|w| w.is_finite()) {
-                if r.samples.len() >= MAX_SAMPLES {
-                    r.samples.remove(0);
-                    self.counters.inc("openadr_samples_dropped_total");
-                }
-                r.samples.push((t, w));
-            }
-        }
-    }
-
-    async fn send_reports(
-        &self,
-        cancel: &CancellationToken,
-        s: &mut Session,
-        t: Timestamp,
-    ) -> Result<(), CallError> {
-        for i in 0..s.reports.len() {
-            if t < s.reports[i].next_send {
-                continue;
-            }
-            s.reports[i].next_send = t.plus_secs(s.reports[i].send_s);
-            if s.reports[i].samples.is_empty() {
-                continue;
-            }
-            let body = payload::update_report(
-                &request_id(),
-                &s.ven_id,
-                &s.reports[i].id,
-                t,
-                &s.reports[i].samples,
-            );
-            let answer = self.call(cancel, "EiReport", body).await?;
-            check("EiReport", &answer)?;
-            s.reports[i].samples.clear();
-            self.counters.inc("openadr_reports_sent_total");
-        }
-        Ok(())
     }
 
     /// One poll; `Ok(true)`: register again.
@@ -704,53 +521,6 @@ impl Ven {
             }
         }
         Ok(())
-    }
-}
-
-/// An answer that is no error: empty, or a status of 2xx.
-fn check(service: &'static str, answer: &Inbound) -> Result<(), CallError> {
-    let status = match answer {
-        Inbound::Empty => return Ok(()),
-        Inbound::Response(s) => Some(s),
-        Inbound::RegisteredReport { status, .. } => Some(status),
-        Inbound::Other { status, .. } => status.as_ref(),
-        Inbound::RequestReregistration => return Err(CallError::Reregister(service)),
-        other => return Err(unexpected(service, other)),
-    };
-    match status {
-        Some(s) if !s.ok() => Err(CallError::Refused {
-            service,
-            code: s.code,
-            description: s.description.clone(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-fn unexpected(service: &'static str, answer: &Inbound) -> CallError {
-    let name = match answer {
-        Inbound::Empty => "an empty body",
-        Inbound::Response(_) => "oadrResponse",
-        Inbound::CreatedPartyRegistration(_) => "oadrCreatedPartyRegistration",
-        Inbound::DistributeEvent(_) => "oadrDistributeEvent",
-        Inbound::CreateReport { .. } => "oadrCreateReport",
-        Inbound::RegisteredReport { .. } => "oadrRegisteredReport",
-        Inbound::RegisterReport { .. } => "oadrRegisterReport",
-        Inbound::RequestReregistration => "oadrRequestReregistration",
-        Inbound::CancelPartyRegistration { .. } => "oadrCancelPartyRegistration",
-        Inbound::Other { name, .. } => name,
-    };
-    CallError::Unexpected {
-        service,
-        name: name.to_string(),
-    }
-}
-
-fn transport(service: &'static str, e: &reqwest::Error) -> CallError {
-    CallError::Transport {
-        service,
-        reason: crate::http::classify(e),
-        detail: crate::http::chain(e),
     }
 }
 
