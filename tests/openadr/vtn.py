@@ -9,6 +9,7 @@ It accepts any VEN's registration and asks every VEN for its TELEMETRY_USAGE rep
    "scale": "k", "market_context": "http://utility.example/dr"}
   {"cmd": "modify", "id": "ev1", "intervals": [...]}
   {"cmd": "cancel", "id": "ev1"}
+  {"cmd": "forget"}          (the VEN's registration is dropped)
 
 (`start_s`: seconds from now; `scale`: the siScaleCode of a LOAD_DISPATCH or
 LOAD_CONTROL signal's powerReal). Events go to the VEN that registered last. What
@@ -149,6 +150,10 @@ def main():
             utils.increment_event_modification_number(event)
             server.event_callbacks[cmd["id"]] = (event, opted)
             server.events_updated[ven_id] = True
+        elif cmd["cmd"] == "forget":
+            # the VTN no longer knows the VEN: its next call is answered with
+            # oadrRequestReregistration
+            del vens[ven_id]
         elif cmd["cmd"] == "cancel":
             server.cancel_event(ven_id, cmd["id"])
             server.event_callbacks[cmd["id"]] = (find(ven_id, cmd["id"]), opted)

@@ -550,6 +550,58 @@ async fn a_vtn_restarted_with_fresh_state_gets_the_ven_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vtn_that_forgets_the_ven_asks_it_to_register_again() {
+    let mut vtn = Vtn::start(None);
+    let mut ven = start_ven(&vtn.url(), 2.0, None);
+    let first = vtn
+        .wait(20.0, "registration", |l| l.get("registered").is_some())
+        .await;
+    vtn.send(simple("ev1", 2, -5, 600)).await;
+    events_when(&mut ven.events, 10.0, "ev1", |e| event(e, "ev1").is_some()).await;
+    vtn.wait(10.0, "oadrCreatedEvent", |l| {
+        l.get("created_event").is_some()
+    })
+    .await;
+    vtn.send(json!({"cmd": "forget"})).await;
+    let again = vtn
+        .wait(10.0, "registration again", |l| {
+            l.get("registered").is_some()
+        })
+        .await;
+    assert_eq!(again["registered"], first["registered"], "the same venID");
+    assert_eq!(again["had_registration_id"], first["registration_id"]);
+    assert_eq!(
+        counter(&ven.stats, "openadr_reregistrations_total", None),
+        1
+    );
+    assert_eq!(
+        counter(&ven.stats, "openadr_errors_total", None),
+        0,
+        "{:?}",
+        ven.stats.read()
+    );
+    // the VTN still holds ev1 and sends it again (oadrRequestEvent): the same
+    // modification, not answered twice
+    let polls = vtn.count("polled");
+    let t0 = Instant::now();
+    while vtn.count("polled") < polls + 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no polls after registering again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(vtn.count("created_event"), 1);
+    let held = ven.events.borrow().clone();
+    assert_eq!(
+        event(&held, "ev1").map(|e| e.status),
+        Some(EventStatus::Active)
+    );
+    ven.cancel.cancel();
+    ven.task.await.expect("ven task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_vtn_ends_each_call_by_its_deadline_and_polling_resumes() {
     let mut vtn = Vtn::start(None);
     let mut ven = start_ven(&vtn.url(), 1.0, None);

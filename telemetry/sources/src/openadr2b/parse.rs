@@ -686,4 +686,21 @@ mod tests {
         let i = &x.events[0].event.intervals;
         assert_eq!((i[0].start, i[1].start), (at(0), at(10)));
     }
+
+    proptest::proptest! {
+        /// Cut, spliced or doubled, a payload is read or rejected, never a panic.
+        #[test]
+        fn no_payload_makes_the_reader_panic(
+            at in 0usize..20_000,
+            len in 0usize..400,
+            junk in "[<>/=\"a-zA-Z0-9:. -]{0,40}",
+        ) {
+            let d = include_str!("testdata/distribute.xml");
+            let at = at.min(d.len());
+            let end = (at + len).min(d.len());
+            proptest::prop_assume!(d.is_char_boundary(at) && d.is_char_boundary(end));
+            let _ = parse(&format!("{}{junk}{}", &d[..at], &d[end..]));
+            let _ = parse(&format!("{}{}", &d[..end], &d[at..]));
+        }
+    }
 }
