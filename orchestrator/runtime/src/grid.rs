@@ -47,6 +47,9 @@ pub struct DemandResponseSection {
     /// How often the VEN polls; left out, as the VTN asks.
     #[serde(default)]
     pub poll_s: Option<f64>,
+    /// The longest wait between the VEN's retries after failures.
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max_s: f64,
     /// How the VTN is trusted and what the VEN shows it (OpenADR 2.0b: mutual TLS with
     /// `client_cert_file` and `client_key_file`).
     #[serde(default)]
@@ -79,6 +82,10 @@ fn default_timeout() -> f64 {
     10.0
 }
 
+fn default_backoff_max() -> f64 {
+    60.0
+}
+
 fn default_true() -> bool {
     true
 }
@@ -101,6 +108,10 @@ pub enum SectionError {
     Vtn(&'static str),
     #[error("vtn_url, ven_name and poll_s are for a VEN: give protocol too")]
     NoProtocol,
+    #[error("{0}")]
+    Ven(String),
+    #[error("protocol \"openadr3\" is not built in yet: use \"openadr2b\", or post targets")]
+    Openadr3,
 }
 
 impl DemandResponseSection {
@@ -132,9 +143,29 @@ impl DemandResponseSection {
             None if self.vtn_url.is_some() || self.ven_name.is_some() || self.poll_s.is_some() => {
                 out.push(SectionError::NoProtocol)
             }
+            Some(Protocol::Openadr3) => out.push(SectionError::Openadr3),
+            Some(Protocol::Openadr2b) => {
+                if let Some(Err(e)) = self.ven_config().map(|c| c.validate()) {
+                    out.push(SectionError::Ven(e.to_string()));
+                }
+            }
             _ => {}
         }
         out
+    }
+
+    /// The OpenADR 2.0b VEN's settings, with `protocol = "openadr2b"` and a VTN.
+    pub fn ven_config(&self) -> Option<sources::openadr2b::VenConfig> {
+        if self.protocol != Some(Protocol::Openadr2b) {
+            return None;
+        }
+        let (url, name) = (self.vtn_url.as_ref()?, self.ven_name.as_ref()?);
+        let mut c = sources::openadr2b::VenConfig::new(url, name);
+        c.timeout_s = self.timeout_s;
+        c.poll_s = self.poll_s;
+        c.backoff_max_s = self.backoff_max_s;
+        c.tls = self.tls.clone();
+        Some(c)
     }
 
     /// The levels as (level, shed fraction).
@@ -226,6 +257,42 @@ impl Grid {
     /// Takes the events of a running VEN.
     pub fn link(&mut self, ven: VenLink) {
         self.ven = Some(ven);
+    }
+
+    /// Starts the VEN of `section` (with `protocol = "openadr2b"`) on `runtime`: it
+    /// reports the meter after each tick, and opts out of an event whose target is under
+    /// what the site can reach without protected work (as the last tick in an event
+    /// saw it) where `opt_out_when_unreachable` says so.
+    pub fn start_ven(
+        &mut self,
+        section: &DemandResponseSection,
+        runtime: &crate::Runtime,
+    ) -> Result<(), sources::openadr2b::VenError> {
+        let Some(cfg) = section.ven_config() else {
+            return Ok(());
+        };
+        let meter_w = self.meter_w.clone();
+        let meter: sources::openadr2b::MeterFn = Arc::new(move || read_shared(&meter_w));
+        let (meter_w, floor_w) = (self.meter_w.clone(), self.floor_w.clone());
+        let levels = self.levels.clone();
+        let opt_out = section.opt_out_when_unreachable;
+        let opt: sources::openadr2b::OptFn = Arc::new(move |e: &GridEvent| {
+            opt_for(
+                e,
+                opt_out,
+                read_shared(&meter_w),
+                read_shared(&floor_w),
+                &levels,
+            )
+        });
+        let ven = sources::openadr2b::Ven::new(cfg, opt, meter)?;
+        info!(what = %ven.describe(), "OpenADR 2.0b VEN starting");
+        let stats = ven.stats();
+        let (tx, rx) = tokio::sync::watch::channel(Vec::new());
+        runtime.spawn(ven.run(runtime.shutdown.clone(), tx));
+        self.link(VenLink { events: rx, stats });
+        self.configured = true;
+        Ok(())
     }
 
     /// The VEN's counters, where one runs.
@@ -341,6 +408,41 @@ impl Grid {
     }
 }
 
+/// In or out of a VTN's event: out (with the reason) when `opt_out` and its lowest
+/// target, against the meter now, is under the floor the controller last estimated;
+/// in otherwise (the floor is known only during an event: outside one, the VEN opts
+/// in and the controller reports any shortfall).
+pub fn opt_for(
+    e: &GridEvent,
+    opt_out: bool,
+    meter_w: Option<f64>,
+    floor_w: Option<f64>,
+    levels: &[(u8, f64)],
+) -> sources::openadr2b::Opt {
+    use sources::openadr2b::Opt;
+    let (Some(meter), Some(floor)) = (meter_w, floor_w) else {
+        return Opt::In;
+    };
+    if !opt_out {
+        return Opt::In;
+    }
+    let lowest = e
+        .intervals
+        .iter()
+        .filter_map(|i| telemetry::grid::target_w(&i.target, meter, levels))
+        .min_by(f64::total_cmp);
+    match lowest {
+        Some(t) if t < floor => Opt::Out {
+            reason: format!(
+                "the site reaches {:.1} kW at best without protected work; the event asks {:.1} kW",
+                floor / 1000.0,
+                t / 1000.0
+            ),
+        },
+        _ => Opt::In,
+    }
+}
+
 /// A meter reading shared as f64 bits (`NaN`: none).
 pub fn read_shared(w: &AtomicU64) -> Option<f64> {
     let v = f64::from_bits(w.load(Relaxed));
@@ -355,6 +457,38 @@ mod tests {
 
     fn section(toml: &str) -> DemandResponseSection {
         toml::from_str(toml).expect("section")
+    }
+
+    #[test]
+    fn an_event_under_the_reachable_floor_is_opted_out_with_the_reason() {
+        use sources::openadr2b::Opt;
+        let e = GridEvent {
+            id: "e".into(),
+            source: "openadr2b".into(),
+            modification: 0,
+            status: telemetry::grid::EventStatus::Pending,
+            intervals: vec![telemetry::grid::GridInterval {
+                start: Timestamp::from_secs(0),
+                duration_s: 3600.0,
+                target: telemetry::grid::GridTarget::ShedFraction(0.5),
+            }],
+            program: String::new(),
+        };
+        let levels = [(1, 0.1)];
+        // 100 kW now, half asked: 50 kW against a floor of 60 kW
+        match opt_for(&e, true, Some(100_000.0), Some(60_000.0), &levels) {
+            Opt::Out { reason } => assert!(reason.contains("60.0 kW at best"), "{reason}"),
+            Opt::In => panic!("opted in under the floor"),
+        }
+        assert_eq!(
+            opt_for(&e, true, Some(100_000.0), Some(40_000.0), &levels),
+            Opt::In
+        );
+        assert_eq!(
+            opt_for(&e, false, Some(100_000.0), Some(60_000.0), &levels),
+            Opt::In
+        );
+        assert_eq!(opt_for(&e, true, Some(100_000.0), None, &levels), Opt::In);
     }
 
     #[test]

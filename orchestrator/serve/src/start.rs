@@ -171,11 +171,11 @@ pub(super) fn overrides(cfg: &Config, base: &Path) -> Result<Arc<Mutex<control::
 /// on the runtime.
 pub(super) fn grid(cfg: &Config, base: &Path, runtime: &Runtime) -> Result<runtime::grid::Grid> {
     let section = cfg.demand_response.as_ref();
-    let grid = runtime::grid::Grid::open(section, base)
+    let mut grid = runtime::grid::Grid::open(section, base)
         .map_err(|e| anyhow::anyhow!("[demand_response]: {e}"))?;
-    if let Some(p) = section.and_then(|s| s.protocol) {
-        let _ = runtime;
-        anyhow::bail!("[demand_response] protocol {p:?}: no VEN of this protocol is built in");
+    if let Some(s) = section {
+        grid.start_ven(s, runtime)
+            .map_err(|e| anyhow::anyhow!("[demand_response]: {e}"))?;
     }
     Ok(grid)
 }

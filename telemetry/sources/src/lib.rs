@@ -8,6 +8,8 @@
 //!   (feature `mqtt`);
 //! - [`redfish`]: the Redfish poller (async, bounded, backed off; feature `redfish`);
 //! - [`nvml`]: the NVML GPU backend the node agent uses (feature `nvml`);
+//! - [`openadr2b`]: the OpenADR 2.0b VEN (registration, polling, event answers,
+//!   reports; feature `openadr`);
 //! - [`http`]: price and carbon feeds fetched over HTTP (feature `http-feeds`);
 //! - [`tls`]: trust settings shared by the clients (feature `tls`, taken by the three
 //!   network features);
@@ -27,6 +29,8 @@ pub mod jitter;
 pub mod mqtt;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+#[cfg(feature = "openadr")]
+pub mod openadr2b;
 #[cfg(feature = "redfish")]
 pub mod redfish;
 pub mod secret;

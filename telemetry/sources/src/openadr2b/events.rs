@@ -1,0 +1,257 @@
+//! The VEN's set of events: what each `oadrDistributeEvent` changes in it, which events
+//! need an answer, and what time does to them. Pure: the time is an argument.
+//!
+//! - an event new to the set, or whose modification number rose, replaces what was
+//!   held and is answered again (when the VTN asks for answers);
+//! - one with a lower modification number than held is stale and ignored;
+//! - an `oadrDistributeEvent` lists every event the VTN holds for the VEN: one held but
+//!   left out of it is cancelled (as 2.0b says);
+//! - a cancelled or completed event stays (with that status) until its end, then is
+//!   dropped; any event is dropped at its end; a pending one turns active at its start.
+//!
+//! An outage changes nothing here: the set is only changed by what the VTN sends and by
+//! time, so an active event stays in force through it until its end.
+
+use std::collections::BTreeMap;
+
+use telemetry::grid::{EventStatus, GridEvent};
+use telemetry::Timestamp;
+
+use super::parse::Distributed;
+
+/// What the VEN said of an event (or says, once asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opt {
+    In,
+    Out { reason: String },
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    event: GridEvent,
+    response_required: bool,
+    /// The `requestID` of the `oadrDistributeEvent` that brought this version.
+    request_id: String,
+    /// The modification number last answered, and how.
+    answered: Option<(u32, Opt)>,
+}
+
+/// An event to answer: the event, the request it came with, and (for a cancellation)
+/// the answer given before.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unanswered {
+    pub event: GridEvent,
+    pub request_id: String,
+    pub previous: Option<Opt>,
+}
+
+/// The events, by id.
+#[derive(Debug, Clone, Default)]
+pub struct Events {
+    held: BTreeMap<String, Held>,
+}
+
+impl Events {
+    /// Takes in a whole `oadrDistributeEvent`; returns how many events were new or
+    /// modified, and whether the set changed.
+    pub fn merge(&mut self, request_id: &str, events: &[Distributed]) -> (usize, bool) {
+        let mut changed = false;
+        let mut fresh = 0;
+        for d in events {
+            let e = &d.event;
+            match self.held.get_mut(&e.id) {
+                Some(h) if e.modification < h.event.modification => {}
+                Some(h) if e.modification == h.event.modification => {
+                    // the same version: the VTN may still move its status
+                    if h.event != *e {
+                        h.event = e.clone();
+                        changed = true;
+                    }
+                }
+                _ => {
+                    fresh += 1;
+                    changed = true;
+                    let answered = self.held.get(&e.id).and_then(|h| h.answered.clone());
+                    self.held.insert(
+                        e.id.clone(),
+                        Held {
+                            event: e.clone(),
+                            response_required: d.response_required,
+                            request_id: request_id.to_string(),
+                            answered,
+                        },
+                    );
+                }
+            }
+        }
+        for (id, h) in &mut self.held {
+            let listed = events.iter().any(|d| &d.event.id == id);
+            if !listed
+                && !matches!(
+                    h.event.status,
+                    EventStatus::Cancelled | EventStatus::Completed
+                )
+            {
+                // the VTN no longer holds it: there is nothing to answer
+                h.event.status = EventStatus::Cancelled;
+                h.response_required = false;
+                changed = true;
+            }
+        }
+        (fresh, changed)
+    }
+
+    /// The events whose current version the VTN wants an answer to and has none yet.
+    pub fn unanswered(&self) -> Vec<Unanswered> {
+        self.held
+            .values()
+            .filter(|h| h.response_required)
+            .filter(|h| {
+                h.answered
+                    .as_ref()
+                    .is_none_or(|(m, _)| *m < h.event.modification)
+            })
+            .map(|h| Unanswered {
+                event: h.event.clone(),
+                request_id: h.request_id.clone(),
+                previous: h.answered.as_ref().map(|(_, o)| o.clone()),
+            })
+            .collect()
+    }
+
+    /// Records the answer the VTN took for `id` at `modification`.
+    pub fn answered(&mut self, id: &str, modification: u32, opt: Opt) {
+        if let Some(h) = self.held.get_mut(id) {
+            h.answered = Some((modification, opt));
+        }
+    }
+
+    /// What time does: pending events that started turn active, events that ended are
+    /// dropped (cancelled ones with no intervals at once). Returns whether anything
+    /// changed.
+    pub fn tick(&mut self, now: Timestamp) -> bool {
+        let before = self.held.len();
+        self.held.retain(|_, h| match h.event.end() {
+            Some(end) => now < end,
+            None => !matches!(
+                h.event.status,
+                EventStatus::Cancelled | EventStatus::Completed
+            ),
+        });
+        let mut changed = self.held.len() != before;
+        for h in self.held.values_mut() {
+            if h.event.status == EventStatus::Pending && h.event.start().is_some_and(|s| s <= now) {
+                h.event.status = EventStatus::Active;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// When [`Events::tick`] next has something to do.
+    pub fn next_change(&self, now: Timestamp) -> Option<Timestamp> {
+        self.held
+            .values()
+            .flat_map(|h| {
+                let start = (h.event.status == EventStatus::Pending)
+                    .then(|| h.event.start())
+                    .flatten();
+                start.into_iter().chain(h.event.end())
+            })
+            .filter(|t| *t > now)
+            .min()
+    }
+
+    /// The events, by id.
+    pub fn list(&self) -> Vec<GridEvent> {
+        self.held.values().map(|h| h.event.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use telemetry::grid::{GridInterval, GridTarget};
+
+    fn ev(id: &str, modification: u32, status: EventStatus, level: u8) -> Distributed {
+        Distributed {
+            event: GridEvent {
+                id: id.into(),
+                source: "openadr2b".into(),
+                modification,
+                status,
+                intervals: vec![GridInterval {
+                    start: Timestamp::from_secs(100),
+                    duration_s: 100.0,
+                    target: GridTarget::Level(level),
+                }],
+                program: String::new(),
+            },
+            response_required: true,
+        }
+    }
+
+    #[test]
+    fn new_and_modified_events_are_answered_once_each() {
+        let mut s = Events::default();
+        assert_eq!(
+            s.merge("r1", &[ev("a", 0, EventStatus::Pending, 1)]),
+            (1, true)
+        );
+        let u = s.unanswered();
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].request_id, "r1");
+        s.answered("a", 0, Opt::In);
+        assert!(s.unanswered().is_empty());
+        // the same again: nothing to answer, nothing changed
+        assert_eq!(
+            s.merge("r2", &[ev("a", 0, EventStatus::Pending, 1)]),
+            (0, false)
+        );
+        assert!(s.unanswered().is_empty());
+        // stale
+        assert_eq!(
+            s.merge("r3", &[ev("a", 1, EventStatus::Pending, 2)]),
+            (1, true)
+        );
+        s.answered("a", 1, Opt::In);
+        assert_eq!(
+            s.merge("r4", &[ev("a", 0, EventStatus::Pending, 3)]),
+            (0, false)
+        );
+        assert_eq!(s.list()[0].intervals[0].target, GridTarget::Level(2));
+        // cancelled: answered again, with the earlier answer at hand
+        s.merge("r5", &[ev("a", 2, EventStatus::Cancelled, 2)]);
+        let u = s.unanswered();
+        assert_eq!(u[0].previous, Some(Opt::In));
+    }
+
+    #[test]
+    fn an_event_left_out_is_cancelled_and_dropped_at_its_end() {
+        let mut s = Events::default();
+        s.merge("r1", &[ev("a", 0, EventStatus::Active, 1)]);
+        s.merge("r2", &[ev("b", 0, EventStatus::Pending, 1)]);
+        let l = s.list();
+        assert_eq!(l[0].status, EventStatus::Cancelled);
+        assert_eq!(s.unanswered().len(), 1, "only b");
+        assert_eq!(l[1].status, EventStatus::Pending);
+        assert!(!s.tick(Timestamp::from_secs(50)));
+        assert_eq!(
+            s.next_change(Timestamp::from_secs(50)),
+            Some(Timestamp::from_secs(100))
+        );
+        assert!(s.tick(Timestamp::from_secs(150)));
+        assert_eq!(s.list()[1].status, EventStatus::Active);
+        assert!(s.tick(Timestamp::from_secs(200)));
+        assert!(s.list().is_empty());
+    }
+
+    #[test]
+    fn events_needing_no_answer_are_not_answered() {
+        let mut s = Events::default();
+        let mut d = ev("a", 0, EventStatus::Pending, 1);
+        d.response_required = false;
+        s.merge("r1", &[d]);
+        assert!(s.unanswered().is_empty());
+    }
+}
