@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(f.len(), 1);
         let both = [a, b];
         let f = in_force(&both, now);
-        let (e, _, t) = strictest(&f, 1000.0, &levels).unwrap();
+        let (e, _, t) = strictest(&f, 1000.0, &levels).expect("one in force");
         assert_eq!((e.id.as_str(), t), ("b", 700.0));
     }
 }
