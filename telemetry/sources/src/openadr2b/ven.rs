@@ -335,6 +335,7 @@ impl Ven {
         // the ids hold from here on, whatever becomes of the calls that follow
         if previous.is_some() {
             self.counters.inc("openadr_reregistrations_total");
+            held.rebase();
         }
         *previous = Some((ven_id.clone(), registration_id.clone()));
         self.counters.inc("openadr_registrations_total");
