@@ -545,6 +545,25 @@ async fn a_vtn_restarted_with_fresh_state_gets_the_ven_again() {
         })
         .await;
     assert_eq!(answer["created_event"][0]["event_id"], "ev2");
+    // the fresh VTN numbers anew: its ev1 (modification 0) replaces the old one
+    vtn.send(simple("ev1", 2, -1, 600)).await;
+    let got = events_when(&mut ven.events, 10.0, "the new ev1", |e| {
+        event(e, "ev1").is_some_and(|e| e.status == EventStatus::Active)
+    })
+    .await;
+    let e = event(&got, "ev1").expect("ev1");
+    assert_eq!(
+        (e.modification, e.intervals[0].target),
+        (0, GridTarget::Level(2))
+    );
+    let answer = vtn
+        .wait(10.0, "answer to the new ev1", |l| {
+            l["created_event"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|r| r["event_id"] == "ev1"))
+        })
+        .await;
+    assert_eq!(answer["created_event"][0]["opt_type"], "optIn");
     ven.cancel.cancel();
     ven.task.await.expect("ven task");
 }

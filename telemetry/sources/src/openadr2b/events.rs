@@ -6,6 +6,9 @@
 //! - one with a lower modification number than held is stale and ignored;
 //! - an `oadrDistributeEvent` lists every event the VTN holds for the VEN: one held but
 //!   left out of it is cancelled (as 2.0b says);
+//! - after the VEN registers again, the VTN (perhaps restarted with fresh state) may
+//!   number an event's versions anew: the next version it sends of a held event
+//!   replaces it whatever its number, and is answered unless it is the very same;
 //! - a cancelled or completed event stays (with that status) until its end, then is
 //!   dropped; any event is dropped at its end; a pending one turns active at its start.
 //!
@@ -34,6 +37,9 @@ struct Held {
     request_id: String,
     /// The modification number last answered, and how.
     answered: Option<(u32, Opt)>,
+    /// Held from before the VEN registered again: the VTN (perhaps restarted with
+    /// fresh state) may number its versions anew.
+    rebased: bool,
 }
 
 /// An event to answer: the event, the request it came with, and (for a cancellation)
@@ -60,8 +66,15 @@ impl Events {
         for d in events {
             let e = &d.event;
             match self.held.get_mut(&e.id) {
-                Some(h) if e.modification < h.event.modification => {}
-                Some(h) if e.modification == h.event.modification => {
+                Some(h) if h.rebased && same_version(&h.event, e) => {
+                    h.rebased = false;
+                    if h.event != *e {
+                        h.event = e.clone();
+                        changed = true;
+                    }
+                }
+                Some(h) if !h.rebased && e.modification < h.event.modification => {}
+                Some(h) if !h.rebased && e.modification == h.event.modification => {
                     // the same version: the VTN may still move its status
                     if h.event != *e {
                         h.event = e.clone();
@@ -71,7 +84,12 @@ impl Events {
                 _ => {
                     fresh += 1;
                     changed = true;
-                    let answered = self.held.get(&e.id).and_then(|h| h.answered.clone());
+                    // a version from before a new registration counts for nothing
+                    let answered = self
+                        .held
+                        .get(&e.id)
+                        .filter(|h| !h.rebased)
+                        .and_then(|h| h.answered.clone());
                     self.held.insert(
                         e.id.clone(),
                         Held {
@@ -79,6 +97,7 @@ impl Events {
                             response_required: d.response_required,
                             request_id: request_id.to_string(),
                             answered,
+                            rebased: false,
                         },
                     );
                 }
@@ -99,6 +118,15 @@ impl Events {
             }
         }
         (fresh, changed)
+    }
+
+    /// After registering again: whatever version of a held event the VTN sends next
+    /// replaces it (answered again unless it is the very same), even with a lower
+    /// modification number.
+    pub fn rebase(&mut self) {
+        for h in self.held.values_mut() {
+            h.rebased = true;
+        }
     }
 
     /// The events whose current version the VTN wants an answer to and has none yet.
@@ -166,6 +194,11 @@ impl Events {
     pub fn list(&self) -> Vec<GridEvent> {
         self.held.values().map(|h| h.event.clone()).collect()
     }
+}
+
+/// The same modification of the same event (its status aside, which time moves).
+fn same_version(a: &GridEvent, b: &GridEvent) -> bool {
+    a.modification == b.modification && a.intervals == b.intervals && a.program == b.program
 }
 
 #[cfg(test)]
@@ -244,6 +277,46 @@ mod tests {
         assert_eq!(s.list()[1].status, EventStatus::Active);
         assert!(s.tick(Timestamp::from_secs(200)));
         assert!(s.list().is_empty());
+    }
+
+    #[test]
+    fn after_registering_again_a_renumbered_event_replaces_the_held_one() {
+        let mut s = Events::default();
+        s.merge(
+            "r1",
+            &[
+                ev("a", 4, EventStatus::Active, 1),
+                ev("b", 2, EventStatus::Active, 1),
+            ],
+        );
+        s.answered("a", 4, Opt::In);
+        s.answered("b", 2, Opt::In);
+        s.rebase();
+        // a: the very same, nothing to answer; b: numbered anew from 0, taken and answered
+        let (fresh, changed) = s.merge(
+            "r2",
+            &[
+                ev("a", 4, EventStatus::Active, 1),
+                ev("b", 0, EventStatus::Active, 3),
+            ],
+        );
+        assert_eq!((fresh, changed), (1, true));
+        let u = s.unanswered();
+        assert_eq!(u.len(), 1);
+        assert_eq!((u[0].event.id.as_str(), u[0].event.modification), ("b", 0));
+        assert_eq!(s.list()[1].intervals[0].target, GridTarget::Level(3));
+        // once taken, the usual rule again: a lower number is stale
+        s.answered("b", 0, Opt::In);
+        assert_eq!(
+            s.merge(
+                "r3",
+                &[
+                    ev("a", 3, EventStatus::Active, 2),
+                    ev("b", 0, EventStatus::Active, 3)
+                ]
+            ),
+            (0, false)
+        );
     }
 
     #[test]

@@ -335,6 +335,7 @@ impl Ven {
         // the ids hold from here on, whatever becomes of the calls that follow
         if previous.is_some() {
             self.counters.inc("openadr_reregistrations_total");
+            held.rebase();
         }
         *previous = Some((ven_id.clone(), registration_id.clone()));
         self.counters.inc("openadr_registrations_total");
@@ -364,7 +365,8 @@ impl Ven {
         // the events the VTN already holds for this VEN
         let body = payload::request_event(&request_id(), &s.ven_id);
         let answer = self.call(cancel, "EiEvent", body).await?;
-        self.handle(cancel, &mut s, answer, held, events).await?;
+        self.handle(cancel, &mut s, ("EiEvent", answer), held, events)
+            .await?;
         Ok(s)
     }
 
@@ -380,18 +382,20 @@ impl Ven {
             .call(cancel, "OadrPoll", payload::poll(&s.ven_id))
             .await?;
         self.counters.inc("openadr_polls_total");
-        let again = self.handle(cancel, s, answer, held, events).await?;
+        let again = self
+            .handle(cancel, s, ("OadrPoll", answer), held, events)
+            .await?;
         // answers that failed before are sent again
         self.answer(cancel, s, held).await?;
         Ok(again)
     }
 
-    /// Acts on what the VTN sent; `Ok(true)`: register again.
+    /// Acts on what the VTN sent (to a call of `service`); `Ok(true)`: register again.
     async fn handle(
         &self,
         cancel: &CancellationToken,
         s: &mut Session,
-        answer: Inbound,
+        (service, answer): (&'static str, Inbound),
         held: &mut Events,
         events: &watch::Sender<Vec<GridEvent>>,
     ) -> Result<bool, CallError> {
@@ -400,7 +404,7 @@ impl Ven {
             Inbound::Response(st) if st.ok() => {}
             Inbound::Response(st) => {
                 return Err(CallError::Refused {
-                    service: "OadrPoll",
+                    service,
                     code: st.code,
                     description: st.description,
                 })
@@ -446,7 +450,7 @@ impl Ven {
                 }
                 return Ok(true);
             }
-            other => check("OadrPoll", &other)?,
+            other => check(service, &other)?,
         }
         Ok(false)
     }
