@@ -246,6 +246,16 @@ mod tests {
                 lease_until: now.plus_secs(60.0),
             },
         );
+        // a grid event in force: the dashboard's demand-response panels read it
+        state.grid = Some(policies::GridMemory {
+            since: now,
+            baseline_w: 40_000.0,
+            target_w: 30_000.0,
+            meter_w: 33_000.0,
+            floor_w: 28_000.0,
+            shortfall_w: 0.0,
+            rebound_until: None,
+        });
         let mut c = control::Counters::default();
         c.samples_rejected.insert("out_of_range", 2);
         let d = policies::Decision {
