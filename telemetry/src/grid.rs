@@ -111,6 +111,10 @@ pub fn in_force(events: &[GridEvent], now: Timestamp) -> Vec<(&GridEvent, &GridI
         .collect()
 }
 
+/// What each SIMPLE level sheds, as a fraction of the baseline, where the site's
+/// `[demand_response] levels` says nothing else.
+pub const DEFAULT_LEVELS: [(u8, f64); 3] = [(1, 0.10), (2, 0.25), (3, 0.50)];
+
 /// The meter target (W) an interval asks for, given the baseline (W) and what each
 /// SIMPLE level sheds (as a fraction of the baseline); `None` for a level the table
 /// does not name.

@@ -18,6 +18,7 @@
 //! - [`fleet`]: the controller's side of the agent protocol: commands, acks, renewals.
 //! - [`grid`]: demand response: operators' load targets, scheduled targets, what the
 //!   tick publishes of the grid events in force; the M&V baselines and performance.
+//! - [`json_list`]: a list kept in a JSON file (the overrides, the posted grid targets).
 //! - [`registry`]: the job registry, kept in the store.
 //! - [`accounting`]: the energy ledger: every kWh to a job, to idle or to overhead.
 //! - [`demand`]: the demand charge's peaks, per billing period, kept in the store.
@@ -35,6 +36,7 @@ pub mod examples;
 pub mod feeds;
 pub mod fleet;
 pub mod grid;
+pub mod json_list;
 pub mod overrides;
 pub mod registry;
 

@@ -73,23 +73,7 @@ pub enum Refused {
 }
 
 /// Why the overrides file cannot be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum BookError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: {source}", path.display())]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{0}")]
-    Encode(#[source] serde_json::Error),
-}
+pub use crate::json_list::ListFileError as BookError;
 
 impl Request {
     /// Parses a request body; a member it does not know is an error (a typo must not
@@ -332,22 +316,7 @@ pub struct Book {
 impl Book {
     /// Loads the file (missing: empty).
     pub fn open(path: Option<&Path>) -> Result<Book, BookError> {
-        let list: Vec<Override> = match path {
-            Some(p) => match std::fs::read(p) {
-                Ok(b) => serde_json::from_slice(&b).map_err(|source| BookError::Parse {
-                    path: p.to_path_buf(),
-                    source,
-                })?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(source) => {
-                    return Err(BookError::Io {
-                        path: p.to_path_buf(),
-                        source,
-                    })
-                }
-            },
-            None => Vec::new(),
-        };
+        let list: Vec<Override> = crate::json_list::read(path)?;
         let next = list
             .iter()
             .filter_map(|o| o.id.strip_prefix("o")?.parse::<u64>().ok())
@@ -373,15 +342,7 @@ impl Book {
     }
 
     pub fn save(&self) -> Result<(), BookError> {
-        let Some(p) = &self.path else { return Ok(()) };
-        let tmp = p.with_extension("tmp");
-        let bytes = serde_json::to_vec_pretty(&self.list).map_err(BookError::Encode)?;
-        std::fs::write(&tmp, bytes)
-            .and_then(|_| std::fs::rename(&tmp, p))
-            .map_err(|source| BookError::Io {
-                path: p.clone(),
-                source,
-            })
+        crate::json_list::write(self.path.as_deref(), &self.list)
     }
 }
 

@@ -91,9 +91,9 @@ fn default_true() -> bool {
 }
 
 fn default_levels() -> BTreeMap<String, f64> {
-    [("1", 10.0), ("2", 25.0), ("3", 50.0)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
+    telemetry::grid::DEFAULT_LEVELS
+        .iter()
+        .map(|(k, f)| (k.to_string(), f * 100.0))
         .collect()
 }
 
@@ -238,12 +238,7 @@ impl Grid {
             schedule_checked: None,
             ven: None,
             levels: section.map_or_else(
-                || {
-                    default_levels()
-                        .iter()
-                        .filter_map(|(k, v)| k.parse::<u8>().ok().map(|l| (l, v / 100.0)))
-                        .collect()
-                },
+                || telemetry::grid::DEFAULT_LEVELS.to_vec(),
                 DemandResponseSection::level_table,
             ),
             meter_w: Arc::new(AtomicU64::new(f64::NAN.to_bits())),
@@ -328,14 +323,15 @@ impl Grid {
     /// One tick: the schedule reread where it changed, the posted targets over dropped,
     /// and the site readings of the event in force pushed onto `samples`. `baseline_w`
     /// is what the strictest interval is chosen against (the engine's baseline during
-    /// an event, else the meter now).
+    /// an event, else the meter now). Returns every event known (see [`Grid::events`]),
+    /// for the store's record.
     pub fn tick(
         &mut self,
         site: &Site,
         baseline_w: f64,
         now: Timestamp,
         samples: &mut Vec<Sample>,
-    ) {
+    ) -> Vec<GridEvent> {
         self.reread_schedule(now);
         {
             let mut book = self.book.lock().unwrap_or_else(|p| p.into_inner());
@@ -349,7 +345,7 @@ impl Grid {
             }
         }
         if !self.configured {
-            return;
+            return Vec::new();
         }
         let events = self.events(now);
         self.last_key = key(&events, now);
@@ -365,6 +361,7 @@ impl Grid {
             self.in_force = seen;
         }
         samples.extend(published);
+        events
     }
 
     /// Whether what is in force changed since the last tick (an event started, ended,

@@ -357,9 +357,9 @@ impl Serve {
             .map(|m| m.baseline_w)
             .or_else(|| runtime::grid::read_shared(&self.grid.meter_w))
             .unwrap_or(0.0);
-        self.grid
+        let events = self
+            .grid
             .tick(self.control.site(), baseline, now, &mut samples);
-        let events = self.grid.events(now);
         self.control.note_grid_events(&events);
         samples
     }

@@ -159,12 +159,8 @@ pub enum FileError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: {source}", path.display())]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    List(#[from] crate::json_list::ListFileError),
     #[error("{}: {source}", path.display())]
     Toml {
         path: PathBuf,
@@ -234,22 +230,7 @@ pub struct Book {
 
 impl Book {
     pub fn open(path: Option<&Path>) -> Result<Book, FileError> {
-        let list: Vec<GridEvent> = match path {
-            Some(p) => match std::fs::read(p) {
-                Ok(b) => serde_json::from_slice(&b).map_err(|source| FileError::Json {
-                    path: p.to_path_buf(),
-                    source,
-                })?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(source) => {
-                    return Err(FileError::Io {
-                        path: p.to_path_buf(),
-                        source,
-                    })
-                }
-            },
-            None => Vec::new(),
-        };
+        let list: Vec<GridEvent> = crate::json_list::read(path)?;
         let next = list
             .iter()
             .filter_map(|e| e.id.strip_prefix("t")?.parse::<u64>().ok())
@@ -300,18 +281,7 @@ impl Book {
     }
 
     pub fn save(&self) -> Result<(), FileError> {
-        let Some(p) = &self.path else { return Ok(()) };
-        let tmp = p.with_extension("tmp");
-        let bytes = serde_json::to_vec_pretty(&self.list).map_err(|source| FileError::Json {
-            path: p.clone(),
-            source,
-        })?;
-        std::fs::write(&tmp, bytes)
-            .and_then(|_| std::fs::rename(&tmp, p))
-            .map_err(|source| FileError::Io {
-                path: p.clone(),
-                source,
-            })
+        Ok(crate::json_list::write(self.path.as_deref(), &self.list)?)
     }
 }
 

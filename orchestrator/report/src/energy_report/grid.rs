@@ -18,10 +18,6 @@ use super::EnergyReport;
 /// The meter's interval in the settlement: 15 minutes, as most programmes settle.
 pub const SETTLEMENT_INTERVAL_S: f64 = 900.0;
 
-/// What SIMPLE levels shed when the report has no config to say (the defaults of
-/// `[demand_response] levels`).
-const LEVELS: [(u8, f64); 3] = [(1, 0.10), (2, 0.25), (3, 0.50)];
-
 /// A baseline's rule.
 type BaselineFn =
     fn(&History, &Event, &Calendar<'_>) -> Result<baseline::Baseline, baseline::BaselineError>;
@@ -114,7 +110,8 @@ fn committed_kw(t: &GridTarget, baseline_kw: f64) -> f64 {
         GridTarget::ShedFraction(f) => baseline_kw * f,
         GridTarget::ShedW(w) => w / 1000.0,
         GridTarget::CapW(w) => baseline_kw - w / 1000.0,
-        GridTarget::Level(l) => LEVELS
+        // the report has no config to say otherwise: the default levels
+        GridTarget::Level(l) => telemetry::grid::DEFAULT_LEVELS
             .iter()
             .find(|(k, _)| *k == l)
             .map_or(0.0, |(_, f)| baseline_kw * f),

@@ -169,7 +169,7 @@ fn rule_of(kind: EntityKind) -> (&'static str, u8) {
 
 /// What a busy GPU of this site may draw, for pacing releases: its default limit plus
 /// its share of its node's base power (the worst case, so releases never overshoot).
-fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
+pub(crate) fn typical_gpu_w(gpus: &[GpuRef<'_>]) -> f64 {
     gpus.iter()
         .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
         .sum::<f64>()

@@ -269,11 +269,7 @@ impl<'c> Tick<'c> {
             .collect();
         // the most urgent first (released first during the rebound)
         holdable.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.id.cmp(&b.0.id)));
-        let typical_gpu_w = gpus
-            .iter()
-            .map(|g| g.model.default_w + g.node.base_w / f64::from(g.node.gpus.max(1)))
-            .sum::<f64>()
-            / gpus.len().max(1) as f64;
+        let typical_gpu_w = crate::controllers::budget::controller::typical_gpu_w(gpus);
         Tick {
             meter,
             other_w,

@@ -360,6 +360,13 @@ fn a_shed_is_met_by_holding_deferrable_work_and_capping_flexible_classes_first()
     // the deferrable job is held, the other one is not
     let h = plan.state.holds.get("queued").expect("deferrable job held");
     assert_eq!(h.rule, RULE);
+    // every cap and hold of the event has a lease (invariant 2): a controller that goes
+    // silent leaves nothing capped or held
+    let lease = policy().grid.lease_s;
+    assert_eq!(h.lease_until, t0() + lease);
+    for c in plan.state.caps.values().filter(|c| &*c.rule == RULE) {
+        assert_eq!(c.lease_until, t0() + lease, "{c:?}");
+    }
     assert!(!plan.state.holds.contains_key("urgent"));
     let d = plan
         .decisions
@@ -510,6 +517,28 @@ fn a_job_near_its_latest_start_is_neither_held_nor_capped() {
         "the other job takes the shed"
     );
     assert!(!plan.state.holds.contains_key("qnear"));
+    // a hold never outlasts the job's latest start (less the price rule's margin): 100 s
+    // of slack, under the hold's 300 s lease (nothing protected by slack here)
+    let mut p = policy();
+    p.budget.protect_slack_s = 0.0;
+    let margin = p.price.margin_s;
+    let mut later = job("qlater", "batch", 1, &[], JobState::Pending);
+    later.deferrable = true;
+    later.deadline = Some(t0() + (3600.0 + margin + 100.0));
+    let plan = run(
+        &site,
+        &snap,
+        std::slice::from_ref(&later),
+        &State::default(),
+        &p,
+        t0(),
+    );
+    let h = plan
+        .state
+        .holds
+        .get("qlater")
+        .expect("held: its latest start is 100 s away");
+    assert_eq!(h.lease_until, t0() + 100.0, "{h:?}");
 }
 
 mod invariants {
