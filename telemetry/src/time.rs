@@ -12,7 +12,7 @@ pub struct Timestamp(pub i64);
 
 impl Timestamp {
     pub fn from_secs(secs: i64) -> Self {
-        Timestamp(secs * 1000)
+        Timestamp(secs.saturating_mul(1000))
     }
     pub fn as_millis(self) -> i64 {
         self.0
@@ -21,11 +21,15 @@ impl Timestamp {
         self.0 as f64 / 1000.0
     }
     /// Seconds elapsed from `earlier` to `self` (negative when `earlier` is later).
+    /// Exact for any two instants (no overflow).
     pub fn secs_since(self, earlier: Timestamp) -> f64 {
-        (self.0 - earlier.0) as f64 / 1000.0
+        (i128::from(self.0) - i128::from(earlier.0)) as f64 / 1000.0
     }
+    /// `self` moved by `secs`, saturating at the ends of the range: a duration read
+    /// from outside (a million years, NaN as 0) never panics.
     pub fn plus_secs(self, secs: f64) -> Timestamp {
-        Timestamp(self.0 + (secs * 1000.0).round() as i64)
+        // float-to-integer casts saturate (NaN gives 0)
+        Timestamp(self.0.saturating_add((secs * 1000.0).round() as i64))
     }
     pub fn to_datetime(self) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(self.0).unwrap_or_default()
@@ -101,5 +105,23 @@ mod tests {
         let t = Timestamp::from_secs(100);
         assert_eq!((t + 1.5).as_millis(), 101_500);
         assert_eq!(Timestamp::from_secs(160) - t, 60.0);
+    }
+
+    #[test]
+    fn arithmetic_far_out_of_range_saturates_instead_of_panicking() {
+        let t = Timestamp::from_secs(1_700_000_000);
+        // a million years, as a fuzzed duration `P1000000Y` reads
+        let far = t.plus_secs(1e6 * 365.25 * 86_400.0 * 1_000.0);
+        assert_eq!(far, Timestamp(i64::MAX));
+        assert_eq!(
+            Timestamp(i64::MIN + 5).plus_secs(-1e30),
+            Timestamp(i64::MIN)
+        );
+        assert!(t.plus_secs(-1e30) < Timestamp(0));
+        assert_eq!(t.plus_secs(f64::NAN), t);
+        assert_eq!(Timestamp::from_secs(i64::MAX), Timestamp(i64::MAX));
+        let span = Timestamp(i64::MAX).secs_since(Timestamp(i64::MIN));
+        assert!(span > 1.8e16, "{span}");
+        assert!(Timestamp(i64::MIN).secs_since(Timestamp(i64::MAX)) < 0.0);
     }
 }

@@ -12,10 +12,15 @@
 //! - a cancelled or completed event stays (with that status) until its end, then is
 //!   dropped; any event is dropped at its end; a pending one turns active at its start.
 //!
+//! The set holds at most [`MAX_EVENTS`]: beyond it, a cancelled or completed event goes
+//! first (the oldest first), then what the VTN no longer lists; what still does not fit
+//! is refused (and counted by the caller). A VTN that lists ever new events cannot grow
+//! it without bound.
+//!
 //! An outage changes nothing here: the set is only changed by what the VTN sends and by
 //! time, so an active event stays in force through it until its end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use telemetry::grid::{EventStatus, GridEvent};
 use telemetry::Timestamp;
@@ -51,20 +56,42 @@ pub struct Unanswered {
     pub previous: Option<Opt>,
 }
 
+/// The most events the VEN holds at once.
+pub const MAX_EVENTS: usize = 1_000;
+
 /// The events, by id.
 #[derive(Debug, Clone, Default)]
 pub struct Events {
     held: BTreeMap<String, Held>,
 }
 
+/// What one `oadrDistributeEvent` did to the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Merged {
+    /// Events new to the set, or modified.
+    pub fresh: usize,
+    /// Whether the set changed.
+    pub changed: bool,
+    /// New events not taken: the set was full.
+    pub refused: usize,
+}
+
 impl Events {
-    /// Takes in a whole `oadrDistributeEvent`; returns how many events were new or
-    /// modified, and whether the set changed.
-    pub fn merge(&mut self, request_id: &str, events: &[Distributed]) -> (usize, bool) {
+    /// Takes in a whole `oadrDistributeEvent`, in time linear in the set and the list.
+    pub fn merge(&mut self, request_id: &str, events: &[Distributed]) -> Merged {
         let mut changed = false;
         let mut fresh = 0;
+        let mut refused = 0;
+        let listed: HashSet<&str> = events.iter().map(|d| d.event.id.as_str()).collect();
         for d in events {
             let e = &d.event;
+            if !self.held.contains_key(&e.id) && self.held.len() >= MAX_EVENTS {
+                if !self.make_room(&listed) {
+                    refused += 1;
+                    continue;
+                }
+                changed = true;
+            }
             match self.held.get_mut(&e.id) {
                 Some(h) if h.rebased && same_version(&h.event, e) => {
                     h.rebased = false;
@@ -104,8 +131,7 @@ impl Events {
             }
         }
         for (id, h) in &mut self.held {
-            let listed = events.iter().any(|d| &d.event.id == id);
-            if !listed
+            if !listed.contains(id.as_str())
                 && !matches!(
                     h.event.status,
                     EventStatus::Cancelled | EventStatus::Completed
@@ -117,7 +143,41 @@ impl Events {
                 changed = true;
             }
         }
-        (fresh, changed)
+        Merged {
+            fresh,
+            changed,
+            refused,
+        }
+    }
+
+    /// Drops one held event to make room for a new one: an ended one (cancelled or
+    /// completed) first, then one the VTN no longer lists. `false`: none may go.
+    fn make_room(&mut self, listed: &HashSet<&str>) -> bool {
+        let over = |h: &Held| {
+            matches!(
+                h.event.status,
+                EventStatus::Cancelled | EventStatus::Completed
+            )
+        };
+        let victim = self
+            .held
+            .iter()
+            .filter(|(id, h)| over(h) && !listed.contains(id.as_str()))
+            .min_by_key(|(_, h)| h.event.start())
+            .or_else(|| {
+                self.held
+                    .iter()
+                    .filter(|(id, _)| !listed.contains(id.as_str()))
+                    .min_by_key(|(_, h)| h.event.start())
+            })
+            .map(|(id, _)| id.clone());
+        match victim {
+            Some(id) => {
+                self.held.remove(&id);
+                true
+            }
+            None => false,
+        }
     }
 
     /// After registering again: whatever version of a held event the VTN sends next
@@ -206,6 +266,10 @@ mod tests {
     use super::*;
     use telemetry::grid::{GridInterval, GridTarget};
 
+    fn fc(m: Merged) -> (usize, bool) {
+        (m.fresh, m.changed)
+    }
+
     fn ev(id: &str, modification: u32, status: EventStatus, level: u8) -> Distributed {
         Distributed {
             event: GridEvent {
@@ -228,7 +292,7 @@ mod tests {
     fn new_and_modified_events_are_answered_once_each() {
         let mut s = Events::default();
         assert_eq!(
-            s.merge("r1", &[ev("a", 0, EventStatus::Pending, 1)]),
+            fc(s.merge("r1", &[ev("a", 0, EventStatus::Pending, 1)])),
             (1, true)
         );
         let u = s.unanswered();
@@ -238,18 +302,18 @@ mod tests {
         assert!(s.unanswered().is_empty());
         // the same again: nothing to answer, nothing changed
         assert_eq!(
-            s.merge("r2", &[ev("a", 0, EventStatus::Pending, 1)]),
+            fc(s.merge("r2", &[ev("a", 0, EventStatus::Pending, 1)])),
             (0, false)
         );
         assert!(s.unanswered().is_empty());
         // stale
         assert_eq!(
-            s.merge("r3", &[ev("a", 1, EventStatus::Pending, 2)]),
+            fc(s.merge("r3", &[ev("a", 1, EventStatus::Pending, 2)])),
             (1, true)
         );
         s.answered("a", 1, Opt::In);
         assert_eq!(
-            s.merge("r4", &[ev("a", 0, EventStatus::Pending, 3)]),
+            fc(s.merge("r4", &[ev("a", 0, EventStatus::Pending, 3)])),
             (0, false)
         );
         assert_eq!(s.list()[0].intervals[0].target, GridTarget::Level(2));
@@ -293,13 +357,13 @@ mod tests {
         s.answered("b", 2, Opt::In);
         s.rebase();
         // a: the very same, nothing to answer; b: numbered anew from 0, taken and answered
-        let (fresh, changed) = s.merge(
+        let (fresh, changed) = fc(s.merge(
             "r2",
             &[
                 ev("a", 4, EventStatus::Active, 1),
                 ev("b", 0, EventStatus::Active, 3),
             ],
-        );
+        ));
         assert_eq!((fresh, changed), (1, true));
         let u = s.unanswered();
         assert_eq!(u.len(), 1);
@@ -308,13 +372,13 @@ mod tests {
         // once taken, the usual rule again: a lower number is stale
         s.answered("b", 0, Opt::In);
         assert_eq!(
-            s.merge(
+            fc(s.merge(
                 "r3",
                 &[
                     ev("a", 3, EventStatus::Active, 2),
                     ev("b", 0, EventStatus::Active, 3)
                 ]
-            ),
+            )),
             (0, false)
         );
     }
@@ -326,5 +390,31 @@ mod tests {
         d.response_required = false;
         s.merge("r1", &[d]);
         assert!(s.unanswered().is_empty());
+    }
+
+    #[test]
+    fn the_set_is_bounded_dropping_what_the_vtn_no_longer_lists_first() {
+        let mut s = Events::default();
+        let first: Vec<Distributed> = (0..MAX_EVENTS)
+            .map(|i| ev(&format!("a{i}"), 0, EventStatus::Active, 1))
+            .collect();
+        let m = s.merge("r1", &first);
+        assert_eq!((m.fresh, m.refused), (MAX_EVENTS, 0));
+        // a list of new events only: the old ones are no longer listed and make room
+        let second: Vec<Distributed> = (0..10)
+            .map(|i| ev(&format!("b{i}"), 0, EventStatus::Active, 1))
+            .collect();
+        let m = s.merge("r2", &second);
+        assert_eq!((m.fresh, m.refused, m.changed), (10, 0, true));
+        assert_eq!(s.list().len(), MAX_EVENTS);
+        assert!(s.list().iter().filter(|e| e.id.starts_with('b')).count() == 10);
+        // a list longer than the bound, all listed: what does not fit is refused
+        let third: Vec<Distributed> = (0..MAX_EVENTS + 5)
+            .map(|i| ev(&format!("c{i}"), 0, EventStatus::Active, 1))
+            .collect();
+        let m = s.merge("r3", &third);
+        assert_eq!((m.fresh, m.refused), (MAX_EVENTS, 5));
+        assert_eq!(s.list().len(), MAX_EVENTS);
+        assert!(s.list().iter().all(|e| e.id.starts_with('c')));
     }
 }

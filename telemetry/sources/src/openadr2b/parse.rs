@@ -11,6 +11,10 @@ use thiserror::Error;
 use super::iso::{parse_datetime, parse_duration};
 use super::payload::{NS_EI, NS_EMIX, NS_OADR, NS_POWER, NS_PYLD, NS_SCALE, NS_STRM, NS_XCAL};
 
+/// The most intervals an event may carry (a week of 5-minute intervals): a signal
+/// with more is skipped (`too_many_intervals`), so what the VEN holds stays bounded.
+pub const MAX_INTERVALS: usize = 2_016;
+
 /// The source name of the events the VEN publishes.
 pub const SOURCE: &str = "openadr2b";
 
@@ -83,7 +87,7 @@ pub struct Distribute {
     pub request_id: String,
     pub events: Vec<Distributed>,
     /// The signals not read, each by why (`signal_name`, `signal_type`, `level`,
-    /// `units`, `interval`).
+    /// `units`, `interval`, `too_many_intervals`).
     pub skipped: Vec<&'static str>,
 }
 
@@ -366,6 +370,9 @@ fn event(ei: Node, skipped: &mut Vec<&'static str>) -> Result<GridEvent, ParseEr
     if let Some(signals) = child(ei, NS_EI, "eiEventSignals") {
         for s in children(signals, NS_EI, "eiEventSignal") {
             match signal(s, start) {
+                Ok(is) if intervals.len() + is.len() > MAX_INTERVALS => {
+                    skipped.push("too_many_intervals")
+                }
                 Ok(mut is) => intervals.append(&mut is),
                 Err(why) => skipped.push(why),
             }
@@ -452,6 +459,9 @@ fn signal(s: Node, event_start: Timestamp) -> Result<Vec<GridInterval>, &'static
     let mut cursor = event_start;
     let mut out = Vec::new();
     for i in children(list, NS_EI, "interval") {
+        if out.len() == MAX_INTERVALS {
+            return Err("too_many_intervals");
+        }
         let start = match path(i, &[(NS_XCAL, "dtstart"), (NS_XCAL, "date-time")]) {
             Some(t) => parse_datetime(&t).ok_or("interval")?,
             None => cursor,
@@ -666,6 +676,36 @@ mod tests {
         };
         assert!(x.events[0].event.intervals.is_empty());
         assert!(x.skipped.contains(&"level"));
+    }
+
+    #[test]
+    fn a_signal_with_more_intervals_than_the_bound_is_skipped() {
+        let d = include_str!("testdata/distribute.xml");
+        // the first interval of the first signal, repeated past the bound
+        let a = d.find("<ei:interval>").expect("an interval");
+        let b = d[a..].find("</ei:interval>").expect("its end") + a + "</ei:interval>".len();
+        let one = &d[a..b];
+        let count = |n: usize| {
+            let many = format!("{}{}{}", &d[..a], one.repeat(n), &d[b..]);
+            let Ok(Inbound::DistributeEvent(x)) = parse(&many) else {
+                panic!("distribute");
+            };
+            x
+        };
+        // the fixture's other intervals (9 in all) come on top
+        let within = count(MAX_INTERVALS - 9);
+        assert!(!within.skipped.contains(&"too_many_intervals"));
+        assert!(within.events[0].event.intervals.len() >= MAX_INTERVALS - 9);
+        let over = count(MAX_INTERVALS + 1);
+        assert!(
+            over.skipped.contains(&"too_many_intervals"),
+            "{:?}",
+            over.skipped
+        );
+        assert!(over
+            .events
+            .iter()
+            .all(|e| e.event.intervals.len() <= MAX_INTERVALS));
     }
 
     #[test]

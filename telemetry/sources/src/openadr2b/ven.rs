@@ -7,6 +7,10 @@
 //! requested report with `oadrUpdateReport`, and publishes the events whenever they
 //! change. A failed call (deadline, refused, HTTP error, a payload it cannot read)
 //! is counted and retried after a backoff with jitter; the events stay as they were.
+//! After a failed call the VEN first asks for the whole list again (`oadrRequestEvent`,
+//! counted in `openadr_resyncs_total`) before it polls: a VTN that answered a poll the
+//! VEN had given up on (a deadline) handed out a message nobody read, and a VTN that
+//! hands each queued message out once (OpenLEADR) would never send it again.
 //! An `oadrRequestReregistration`, an `oadrCancelPartyRegistration` or a VTN that no
 //! longer knows the VEN (452, 463) starts registration again.
 
@@ -21,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::call::{check, transport, unexpected, CallError, Counters};
-use super::events::{Events, Opt};
+use super::events::{Events, Opt, MAX_EVENTS};
 use super::parse::{parse, Distribute, Inbound};
 use super::payload::{self, EventReply};
 use super::reports::Report;
@@ -69,6 +73,8 @@ struct State {
     /// again).
     ids: Option<(String, String)>,
     failures: u32,
+    /// A call failed since the last full list: ask for it before the next poll.
+    resync: bool,
     /// No call before this (backoff).
     next_call: Timestamp,
     next_poll: Timestamp,
@@ -127,7 +133,8 @@ impl Ven {
     /// `openadr_reports_sent_total`, `openadr_registrations_total`,
     /// `openadr_reregistrations_total`, `openadr_errors_total{reason}`,
     /// `openadr_payloads_rejected_total{reason}`,
-    /// `openadr_signals_skipped_total{reason}`, `openadr_samples_dropped_total`.
+    /// `openadr_signals_skipped_total{reason}`, `openadr_samples_dropped_total`,
+    /// `openadr_resyncs_total`, `openadr_events_refused_total`.
     pub fn stats(&self) -> Stats {
         let c = self.counters.clone();
         Stats::new(move || c.read())
@@ -155,6 +162,7 @@ impl Ven {
             session: None,
             ids: None,
             failures: 0,
+            resync: false,
             next_call: (self.clock)(),
             next_poll: (self.clock)(),
         };
@@ -179,6 +187,8 @@ impl Ven {
                     .await
                     .map(|s| {
                         st.session = Some(s);
+                        // registering asked for the whole list
+                        st.resync = false;
                         false
                     }),
                 Some(s) => {
@@ -187,6 +197,13 @@ impl Ven {
                         continue; // backing off: samples are taken, no call is made
                     }
                     match self.send_reports(&cancel, s, t).await {
+                        Ok(()) if st.resync => {
+                            let r = self.resync(&cancel, s, &mut st.held, &events).await;
+                            if r.is_ok() {
+                                st.resync = false;
+                            }
+                            r
+                        }
                         Ok(()) if t >= st.next_poll => {
                             self.poll_once(&cancel, s, &mut st.held, &events).await
                         }
@@ -226,6 +243,7 @@ impl Ven {
                         .add("openadr_errors_total", ("reason", e.reason()), 1);
                 }
                 st.failures = st.failures.saturating_add(1);
+                st.resync = true;
                 let wait = if again && st.failures == 1 {
                     0.0
                 } else {
@@ -267,7 +285,7 @@ impl Ven {
             if status != 200 {
                 return Err(CallError::Status { service, status });
             }
-            let text = resp.text().await.map_err(|e| transport(service, &e))?;
+            let text = read_body(resp, service).await?;
             parse(&text).map_err(|e| {
                 self.counters
                     .add("openadr_payloads_rejected_total", ("reason", e.reason()), 1);
@@ -370,6 +388,26 @@ impl Ven {
         Ok(s)
     }
 
+    /// Asks for every event the VTN holds for the VEN (`oadrRequestEvent`) and takes
+    /// the answer as a whole list; `Ok(true)`: register again.
+    async fn resync(
+        &self,
+        cancel: &CancellationToken,
+        s: &mut Session,
+        held: &mut Events,
+        events: &watch::Sender<Vec<GridEvent>>,
+    ) -> Result<bool, CallError> {
+        let body = payload::request_event(&request_id(), &s.ven_id);
+        let answer = self.call(cancel, "EiEvent", body).await?;
+        self.counters.inc("openadr_resyncs_total");
+        info!(vtn = %self.base, "openadr2b VEN asked for the whole event list after a failed call");
+        let again = self
+            .handle(cancel, s, ("EiEvent", answer), held, events)
+            .await?;
+        self.answer(cancel, s, held).await?;
+        Ok(again)
+    }
+
     /// One poll; `Ok(true)`: register again.
     async fn poll_once(
         &self,
@@ -465,9 +503,15 @@ impl Ven {
             self.counters
                 .add("openadr_signals_skipped_total", ("reason", why), 1);
         }
-        let (fresh, changed) = held.merge(&d.request_id, &d.events);
+        let m = held.merge(&d.request_id, &d.events);
+        let (fresh, changed) = (m.fresh, m.changed);
         self.counters
             .add("openadr_events_received_total", ("", ""), fresh as u64);
+        if m.refused > 0 {
+            self.counters
+                .add("openadr_events_refused_total", ("", ""), m.refused as u64);
+            warn!(vtn = %self.base, refused = m.refused, held = MAX_EVENTS, "openadr2b VEN holds as many events as it may: the VTN's newest were refused");
+        }
         let ticked = held.tick((self.clock)());
         if changed || ticked {
             events.send_replace(held.list());
@@ -526,6 +570,37 @@ impl Ven {
         }
         Ok(())
     }
+}
+
+/// The largest answer the VEN reads from a VTN: beyond it the call fails
+/// (`too_large`) and nothing of it is kept.
+pub const MAX_BODY: usize = 16 << 20;
+
+/// The answer's body as text, read chunk by chunk up to [`MAX_BODY`].
+async fn read_body(
+    mut resp: reqwest::Response,
+    service: &'static str,
+) -> Result<String, CallError> {
+    let too_large = || CallError::Transport {
+        service,
+        reason: "too_large",
+        detail: format!("the answer is larger than {} MiB", MAX_BODY >> 20),
+    };
+    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(service, &e))? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| CallError::Transport {
+        service,
+        reason: "not_utf8",
+        detail: "the answer is not UTF-8".into(),
+    })
 }
 
 /// 1, 2, 4 … s up to `max_s`, each between half and all of it.
