@@ -321,8 +321,12 @@ pub fn run(
         reads_since_health: 0,
         last_health: String::new(),
     };
+    let mut steps = StepWatch::new(clock(), Instant::now());
     while keep_going() {
         notify.watchdog();
+        if let Some(step) = steps.check(clock(), Instant::now()) {
+            agent.core.clock_stepped(step);
+        }
         let wait = agent
             .next
             .saturating_duration_since(Instant::now())
@@ -334,6 +338,34 @@ pub fn run(
     }
     notify.stopping();
     agent.stop(on_exit, &cfg.on_exit, &node)
+}
+
+/// Tells a step of the wall clock (NTP setting it, `date -s`) from time passing, by
+/// the monotonic clock: checked at every turn of the loop (at least ten times a
+/// second), a difference of a second or more between the two is a step. NTP's slewing
+/// (at most 0.5 ms a second) never comes near it. A machine that was suspended counts
+/// its sleep as a step forward (the monotonic clock stops while it sleeps): its leases
+/// keep what was left of them, as for any step.
+struct StepWatch {
+    wall: Timestamp,
+    mono: Instant,
+}
+
+impl StepWatch {
+    const MIN_STEP_S: f64 = 1.0;
+
+    fn new(wall: Timestamp, mono: Instant) -> Self {
+        StepWatch { wall, mono }
+    }
+
+    /// The step since the last check, in seconds (positive: set forward).
+    fn check(&mut self, wall: Timestamp, mono: Instant) -> Option<f64> {
+        let elapsed = mono.saturating_duration_since(self.mono).as_secs_f64();
+        let step = wall.secs_since(self.wall) - elapsed;
+        self.wall = wall;
+        self.mono = mono;
+        (step.abs() >= Self::MIN_STEP_S).then_some(step)
+    }
 }
 
 /// The topics of this node's channels.
@@ -471,6 +503,49 @@ pub fn run_wall(
     keep_going: &dyn Fn() -> bool,
 ) -> Result<()> {
     run(loaded, backend, keep_going, &wall_clock)
+}
+
+#[cfg(test)]
+mod step_tests {
+    use super::StepWatch;
+    use std::time::{Duration, Instant};
+    use telemetry::Timestamp;
+
+    #[test]
+    fn steps_are_told_from_time_passing_and_from_slewing() {
+        let m0 = Instant::now();
+        let w0 = Timestamp::from_secs(1_700_000_000);
+        let mut w = StepWatch::new(w0, m0);
+        // time passing, a slow turn of the loop included: no step
+        assert_eq!(
+            w.check(w0.plus_secs(0.1), m0 + Duration::from_millis(100)),
+            None
+        );
+        assert_eq!(
+            w.check(w0.plus_secs(5.1), m0 + Duration::from_millis(5100)),
+            None
+        );
+        // slewing at NTP's most (500 ppm) over an hour of turns: never a step
+        let mut wall = w0.plus_secs(5.1);
+        let mut mono = m0 + Duration::from_millis(5100);
+        for _ in 0..36_000 {
+            wall = wall.plus_secs(0.1 * 1.0005);
+            mono += Duration::from_millis(100);
+            assert_eq!(w.check(wall, mono), None);
+        }
+        // set back an hour
+        mono += Duration::from_millis(100);
+        let back = w
+            .check(wall.plus_secs(-3600.0 + 0.1), mono)
+            .expect("a step");
+        assert!((back + 3600.0).abs() < 0.01, "{back}");
+        // set forward ten minutes
+        mono += Duration::from_millis(100);
+        let fwd = w
+            .check(wall.plus_secs(-3600.0 + 0.2 + 600.0), mono)
+            .expect("a step");
+        assert!((fwd - 600.0).abs() < 0.01, "{fwd}");
+    }
 }
 
 #[cfg(test)]

@@ -112,6 +112,34 @@ impl Core {
         );
     }
 
+    /// The wall clock stepped by `step_s` seconds (NTP setting it, `date -s`), as the
+    /// monotonic clock tells: every lease, the arrival that commands are aged by and
+    /// the drift retries move with it, so each keeps what was left of it. Without this
+    /// a clock set back an hour would keep a cap an hour past its lease, and one set
+    /// forward would end every lease at once.
+    pub fn clock_stepped(&mut self, step_s: f64) {
+        if !step_s.is_finite() || step_s == 0.0 {
+            return;
+        }
+        bump(&mut self.counters, "clock_steps");
+        warn!(node = %self.rules.node, step_s, "the wall clock stepped: the leases are moved with it");
+        for d in self.p.desired.values_mut() {
+            if let Desired::Limit { lease_until, .. }
+            | Desired::Clocks { lease_until, .. }
+            | Desired::Default { lease_until, .. } = d
+            {
+                *lease_until = lease_until.plus_secs(step_s);
+            }
+        }
+        if let Some(n) = self.p.newest.as_mut() {
+            n.arrived = n.arrived.plus_secs(step_s);
+        }
+        for (_, at) in self.drift.values_mut() {
+            *at = at.plus_secs(step_s);
+        }
+        self.save();
+    }
+
     /// What to leave behind on a clean stop.
     pub fn shutdown(&mut self, on_exit: OnExit, now: Timestamp) {
         let gpus: Vec<u32> = self.p.desired.keys().copied().collect();

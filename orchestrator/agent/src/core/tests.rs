@@ -854,3 +854,49 @@ fn a_step_of_the_agents_clock_ages_no_command_by_more_than_max_age() {
     );
     assert_eq!(ack.lease_until, Some(at(3750.0)));
 }
+
+#[test]
+fn a_step_of_the_wall_clock_keeps_what_was_left_of_each_lease() {
+    // set back an hour 10 s into a 30 s lease: the fail-safe still comes 30 s after
+    // the command, by the clock as it now reads
+    let b = gpus(1);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    c.handle(
+        &cmd("a", 0.0, 30.0, watts(vec![0], 150.0)).seal(&key()),
+        at(0.0),
+    );
+    c.tick(at(10.0));
+    c.clock_stepped(-3600.0);
+    assert_eq!(c.counters.get("clock_steps"), Some(&1));
+    c.tick(at(-3600.0 + 29.0));
+    assert_eq!(limit(&b, 0), 150.0, "still leased 29 s after the command");
+    c.tick(at(-3600.0 + 30.5));
+    assert_eq!(
+        limit(&b, 0),
+        300.0,
+        "the lease ended 30 s after the command, not an hour later"
+    );
+
+    // set forward ten minutes 10 s into a 30 s lease: the lease is not ended early,
+    // and the renewal gets its whole lease from its arrival
+    let b = gpus(1);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    c.handle(
+        &cmd("a", 0.0, 30.0, watts(vec![0], 150.0)).seal(&key()),
+        at(0.0),
+    );
+    c.tick(at(10.0));
+    c.clock_stepped(600.0);
+    c.tick(at(600.0 + 11.0));
+    assert_eq!(limit(&b, 0), 150.0, "not ended by the step");
+    let ack = c.handle(
+        &cmd("b", 15.0, 30.0, watts(vec![0], 140.0)).seal(&key()),
+        at(600.0 + 15.0),
+    );
+    assert_eq!(ack.status, AckStatus::Applied, "{ack:?}");
+    assert_eq!(ack.lease_until, Some(at(600.0 + 45.0)));
+    c.tick(at(600.0 + 44.0));
+    assert_eq!(limit(&b, 0), 140.0);
+    c.tick(at(600.0 + 45.5));
+    assert_eq!(limit(&b, 0), 300.0, "and it ends when it should");
+}
