@@ -321,6 +321,98 @@ impl Tx {
             .join(", ")
     }
 
+    /// About how much memory the writes hold: keys, values and names, in bytes.
+    pub fn bytes(&self) -> usize {
+        const OP: usize = 48;
+        self.batch
+            .ops
+            .iter()
+            .map(|op| {
+                OP + match op {
+                    Op::Put {
+                        collection,
+                        key,
+                        value,
+                    } => collection.len() + key.len() + value.len(),
+                    Op::Delete { collection, key } => collection.len() + key.len(),
+                    Op::Append { log, value } => log.len() + value.len(),
+                    Op::Fence { .. } => 0,
+                }
+            })
+            .sum()
+    }
+
+    /// Keeps the last put or delete of each key (what a commit would leave) and every
+    /// append, in their order: what waits for a store that is down stops growing with
+    /// the number of ticks for everything but the logs.
+    pub fn compact(&mut self) {
+        let mut last: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for (i, op) in self.batch.ops.iter().enumerate() {
+            if let Op::Put {
+                collection, key, ..
+            }
+            | Op::Delete { collection, key } = op
+            {
+                last.insert((collection.as_str(), key.as_str()), i);
+            }
+        }
+        let keep: Vec<bool> = self
+            .batch
+            .ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| match op {
+                Op::Put {
+                    collection, key, ..
+                }
+                | Op::Delete { collection, key } => {
+                    last.get(&(collection.as_str(), key.as_str())) == Some(&i)
+                }
+                Op::Append { .. } | Op::Fence { .. } => true,
+            })
+            .collect();
+        let mut keep = keep.into_iter();
+        self.batch.ops.retain(|_| keep.next().unwrap_or(true));
+    }
+
+    /// Drops the oldest appends until the writes hold at most `max_bytes`: rack
+    /// conditions first, then the audit log and the other logs, the energy ledger
+    /// last. Puts and deletes are kept (after [`Tx::compact`] they are bounded by the
+    /// number of keys). Returns how many records were dropped, per log.
+    pub fn shed(&mut self, max_bytes: usize) -> BTreeMap<String, u64> {
+        let mut dropped: BTreeMap<String, u64> = BTreeMap::new();
+        let mut bytes = self.bytes();
+        if bytes <= max_bytes {
+            return dropped;
+        }
+        let rank = |log: &str| match log {
+            CONDITIONS => 0,
+            LEDGER => 2,
+            _ => 1,
+        };
+        for pass in 0..3 {
+            let mut drop = vec![false; self.batch.ops.len()];
+            for (i, op) in self.batch.ops.iter().enumerate() {
+                if bytes <= max_bytes {
+                    break;
+                }
+                if let Op::Append { log, value } = op {
+                    if rank(log) == pass {
+                        drop[i] = true;
+                        bytes = bytes.saturating_sub(48 + log.len() + value.len());
+                        *dropped.entry(log.clone()).or_default() += 1;
+                    }
+                }
+            }
+            let mut d = drop.into_iter();
+            self.batch.ops.retain(|_| !d.next().unwrap_or(false));
+            if bytes <= max_bytes {
+                break;
+            }
+        }
+        dropped
+    }
+
     /// Puts what is new or changed in `next` and deletes what is gone from `prior`,
     /// walking both in key order (both are maps ordered by key) once.
     fn diff<'a, K: ToString + Ord + 'a, V: Serialize + PartialEq + 'a>(
@@ -567,5 +659,80 @@ impl Store {
                 Ok((id, decode(&format!("{c} {k}"), &v)?))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logs(tx: &Tx) -> Vec<(String, String)> {
+        tx.batch()
+            .ops
+            .iter()
+            .map(|op| match op {
+                Op::Put {
+                    collection, key, ..
+                } => (format!("put {collection}"), key.clone()),
+                Op::Delete { collection, key } => (format!("delete {collection}"), key.clone()),
+                Op::Append { log, value } => (
+                    format!("append {log}"),
+                    String::from_utf8_lossy(value).into_owned(),
+                ),
+                Op::Fence { epoch } => ("fence".into(), epoch.to_string()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn compacting_keeps_the_last_write_of_each_key_and_every_append_in_order() {
+        let mut tx = Tx::new();
+        tx.put_record(JOBS, "a", &1)
+            .append_record(AUDIT, &"x")
+            .put_record(JOBS, "b", &2)
+            .put_record(JOBS, "a", &3)
+            .append_record(LEDGER, &"y")
+            .delete_record(JOBS, "b")
+            .put_record(CAPS, "b", &4);
+        tx.compact();
+        assert_eq!(
+            logs(&tx),
+            vec![
+                ("append audit".into(), "\"x\"".into()),
+                ("put jobs".into(), "a".into()),
+                ("append ledger".into(), "\"y\"".into()),
+                ("delete jobs".into(), "b".into()),
+                ("put caps".into(), "b".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn shedding_drops_the_oldest_conditions_then_audit_and_the_ledger_last() {
+        let mut tx = Tx::new();
+        for i in 0..10 {
+            tx.append_record(CONDITIONS, &format!("c{i:02}"))
+                .append_record(AUDIT, &format!("a{i:02}"))
+                .append_record(LEDGER, &format!("l{i:02}"));
+        }
+        tx.put_record(JOBS, "j", &"kept");
+        let full = tx.bytes();
+        let one = full / 31; // about one record
+                             // room for all but about 12 records: the 10 conditions and the 2 oldest audits go
+        let dropped = tx.shed(full - 12 * one);
+        assert_eq!(dropped.get(CONDITIONS), Some(&10));
+        assert!(dropped.get(AUDIT).is_some_and(|n| (1..=3).contains(n)));
+        assert_eq!(dropped.get(LEDGER), None);
+        assert!(tx.bytes() <= full - 12 * one);
+        let left = logs(&tx);
+        assert!(left.contains(&("append audit".into(), "\"a09\"".into())));
+        assert!(!left.contains(&("append audit".into(), "\"a00\"".into())));
+        assert_eq!(left.iter().filter(|l| l.0 == "append ledger").count(), 10);
+        // a bound below what the puts hold: every append goes, the put stays
+        let dropped = tx.shed(0);
+        assert!(dropped.get(LEDGER) == Some(&10));
+        assert_eq!(logs(&tx), vec![("put jobs".into(), "j".into())]);
+        // within the bound: nothing dropped
+        assert!(tx.shed(usize::MAX).is_empty());
     }
 }

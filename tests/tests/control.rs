@@ -242,6 +242,79 @@ fn a_shutdown_the_store_refuses_says_exactly_what_it_could_not_keep() {
     assert!(text.contains("injected outage"), "the cause: {text}");
 }
 
+#[test]
+fn a_long_outage_keeps_what_waits_in_memory_bounded_and_names_what_it_dropped() {
+    const BOUND: usize = 128 << 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let down = Arc::new(AtomicBool::new(false));
+    let store = Store::new(Box::new(Flaky {
+        inner: EmbeddedBackend::open(&dir.path().join("state.redb")).expect("open"),
+        down: down.clone(),
+    }));
+    let mut fac = facility(5);
+    let mut ctl = control(store);
+    ctl.set_max_waiting_bytes(BOUND);
+    let mut made = run(&mut ctl, &mut fac, 5);
+    let ledger_before = ctl.store().ledger_len().expect("ledger");
+    down.store(true, Ordering::SeqCst);
+    let mut peak = 0;
+    let mut ledger_made = 0;
+    for _ in 0..60 {
+        fac.step(15.0);
+        let now = fac.now();
+        let samples = fac.poll(now);
+        let jobs = fac.jobs();
+        let r = ctl.tick(now, samples, jobs, &mut fac);
+        made += r.decisions.len();
+        ledger_made += r.ledger.len() as u64;
+        let (writes, bytes) = ctl.waiting();
+        peak = peak.max(bytes);
+        assert!(bytes <= BOUND, "{bytes} bytes wait, over the bound");
+        assert_eq!(ctl.counters.store_waiting_writes, writes as u64);
+        assert_eq!(ctl.counters.store_waiting_bytes, bytes as u64);
+    }
+    assert!(peak > BOUND / 2, "the outage reached the bound: {peak}");
+    let dropped = ctl.counters.store_writes_dropped.clone();
+    // the energy ledger goes last: conditions and audit records were dropped too
+    assert!(
+        dropped.get("conditions").is_some_and(|n| *n > 0)
+            && dropped.get("audit").is_some_and(|n| *n > 0),
+        "rack conditions and audit records went first: {dropped:?}"
+    );
+    let ledger_dropped = dropped.get("ledger").copied().unwrap_or(0);
+    assert!(
+        ledger_dropped < ledger_made,
+        "the newest ledger entries are kept: {dropped:?} of {ledger_made}"
+    );
+    down.store(false, Ordering::SeqCst);
+    let r = {
+        fac.step(15.0);
+        let now = fac.now();
+        let samples = fac.poll(now);
+        let jobs = fac.jobs();
+        ctl.tick(now, samples, jobs, &mut fac)
+    };
+    made += r.decisions.len();
+    ledger_made += r.ledger.len() as u64;
+    assert!(r.store_error.is_none(), "{:?}", r.store_error);
+    assert_eq!(ctl.waiting(), (0, 0), "everything left was committed");
+    let audit_dropped = dropped.get("audit").copied().unwrap_or(0);
+    assert_eq!(
+        ctl.store().audit_len().expect("audit") + audit_dropped,
+        made as u64,
+        "each decision is in the audit log or counted as dropped"
+    );
+    assert_eq!(
+        ctl.store().ledger_len().expect("ledger") - ledger_before + ledger_dropped,
+        ledger_made,
+        "each ledger entry of the outage is in the store or counted as dropped"
+    );
+    assert_eq!(ctl.store().state().expect("state"), ctl.state().clone());
+    // the shutdown names what was dropped, though its own commit succeeds
+    ctl.finish(fac.now())
+        .expect("the store takes the shutdown's commit");
+}
+
 /// Samples that must all be rejected, and one good one.
 struct Garbage;
 

@@ -74,7 +74,26 @@ pub struct Counters {
     pub decisions: u64,
     pub actuation_errors: u64,
     pub store_errors: u64,
+    /// Records dropped from what waited for a store that took nothing, per log (the
+    /// bound on what waits in memory, [`ControlLoop::set_max_waiting_bytes`]).
+    pub store_writes_dropped: BTreeMap<String, u64>,
+    /// Writes waiting in memory for the store after the last commit, and about how many
+    /// bytes they hold (gauges).
+    pub store_waiting_writes: u64,
+    pub store_waiting_bytes: u64,
 }
+
+/// `audit: 3, conditions: 12`.
+fn summary(by_log: &BTreeMap<String, u64>) -> String {
+    by_log
+        .iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The default bound on what waits in memory for the store: 64 MiB.
+pub const DEFAULT_MAX_WAITING_BYTES: usize = 64 << 20;
 
 /// What one tick did.
 #[derive(Debug, Clone, Default)]
@@ -101,6 +120,11 @@ pub struct ControlLoop {
     store: Store,
     /// Writes not yet committed (the store was down), oldest first.
     unsaved: Tx,
+    /// The bound on `unsaved`, in bytes: compacted beyond half of it, the oldest log
+    /// records dropped beyond it.
+    max_waiting_bytes: usize,
+    /// One error line a minute about dropped records.
+    drop_log: telemetry::log_limit::LogLimiter,
     pub counters: Counters,
     /// Operators' overrides, applied to what is actuated (not to the engine's state).
     overrides: Vec<crate::overrides::Override>,
@@ -160,6 +184,8 @@ impl ControlLoop {
             accountant,
             store,
             unsaved: Tx::new(),
+            max_waiting_bytes: DEFAULT_MAX_WAITING_BYTES,
+            drop_log: telemetry::log_limit::LogLimiter::new(std::time::Duration::from_secs(60)),
             counters: Counters::default(),
             overrides: Vec::new(),
             actuated: None,
@@ -170,6 +196,17 @@ impl ControlLoop {
             grid_saved: BTreeMap::new(),
             grid_changed: Vec::new(),
         })
+    }
+
+    /// The bound on what waits in memory for a store that takes nothing (`[store]
+    /// max_waiting_mib`). Note that a retried commit holds a copy: count it twice.
+    pub fn set_max_waiting_bytes(&mut self, bytes: usize) {
+        self.max_waiting_bytes = bytes;
+    }
+
+    /// Writes waiting for the store, and about how many bytes they hold.
+    pub fn waiting(&self) -> (usize, usize) {
+        (self.unsaved.len(), self.unsaved.bytes())
     }
 
     /// Whether ticks write the store; off on a follower (with `[ha]`), which
@@ -461,7 +498,9 @@ impl ControlLoop {
         ledger
     }
 
-    /// Closes the open ledger interval and saves everything (at shutdown).
+    /// Closes the open ledger interval and saves everything (at shutdown). When records
+    /// were dropped during an outage (the bound on what waits), it says so even if
+    /// this last commit succeeds.
     pub fn finish(&mut self, now: Timestamp) -> Result<Vec<LedgerEntry>, StoreError> {
         let entries = self.accountant.flush(now);
         let mut tx = Tx::new();
@@ -480,7 +519,14 @@ impl ControlLoop {
         self.unsaved.extend(tx);
         if let Err(e) = self.save() {
             // say exactly what is lost: the writes that never reached the store
-            let lost = self.unsaved.summary();
+            let mut lost = self.unsaved.summary();
+            if !self.counters.store_writes_dropped.is_empty() {
+                let n: u64 = self.counters.store_writes_dropped.values().sum();
+                lost = format!(
+                    "{lost}; and {n} records ({}) dropped earlier",
+                    summary(&self.counters.store_writes_dropped)
+                );
+            }
             error!(
                 backend = self.store.backend_name(),
                 error = %e,
@@ -497,7 +543,46 @@ impl ControlLoop {
                 source: Some(Box::new(e)),
             });
         }
+        if !self.counters.store_writes_dropped.is_empty() {
+            let n: u64 = self.counters.store_writes_dropped.values().sum();
+            error!(
+                backend = self.store.backend_name(),
+                "shutdown: {n} records ({}) were dropped during the store's outage (the bound on what waits in memory); everything else is kept",
+                summary(&self.counters.store_writes_dropped)
+            );
+        }
         Ok(entries)
+    }
+
+    /// Keeps what waits for the store within its bound: beyond half of it, the last
+    /// write of each key and every log record; beyond all of it, the oldest log records
+    /// go (rack conditions first, the energy ledger last), counted per log and named
+    /// in an error line once a minute.
+    fn bound_waiting(&mut self) {
+        if self.unsaved.bytes() <= self.max_waiting_bytes / 2 {
+            return;
+        }
+        self.unsaved.compact();
+        let dropped = self.unsaved.shed(self.max_waiting_bytes);
+        if dropped.is_empty() {
+            return;
+        }
+        for (log, n) in &dropped {
+            *self
+                .counters
+                .store_writes_dropped
+                .entry(log.clone())
+                .or_default() += n;
+        }
+        if let Some(left_out) = self.drop_log.allow("dropped", std::time::Instant::now()) {
+            error!(
+                backend = self.store.backend_name(),
+                max_waiting_bytes = self.max_waiting_bytes,
+                dropped = %summary(&self.counters.store_writes_dropped),
+                left_out,
+                "the store has taken nothing for so long that what waits for it passed its bound: the oldest records were dropped (totals per log since start)"
+            );
+        }
     }
 
     /// Commits the waiting writes and the state as it is now, in one batch.
@@ -508,6 +593,8 @@ impl ControlLoop {
         match self.store.commit(tx) {
             Ok(()) => {
                 self.committed = self.state.clone();
+                self.counters.store_waiting_writes = 0;
+                self.counters.store_waiting_bytes = 0;
                 Ok(())
             }
             // a newer leader holds the store: these writes are not ours to make
@@ -520,6 +607,9 @@ impl ControlLoop {
                 self.counters.store_errors += 1;
                 warn!(backend = self.store.backend_name(), error = %e, waiting_ops = pending.len(), "store commit failed; will retry next tick");
                 self.unsaved = pending;
+                self.bound_waiting();
+                self.counters.store_waiting_writes = self.unsaved.len() as u64;
+                self.counters.store_waiting_bytes = self.unsaved.bytes() as u64;
                 Err(e)
             }
         }

@@ -37,6 +37,10 @@ pub struct RedisStoreConfig {
     /// Bound on the journal: number of batches (one per tick, about).
     #[serde(default = "default_journal_max_batches")]
     pub journal_max_batches: u64,
+    /// The bound on what waits in memory while neither Redis nor the journal takes
+    /// anything, MiB.
+    #[serde(default = "default_max_waiting_mib")]
+    pub max_waiting_mib: u64,
     /// Deadline of each call to Redis.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
@@ -53,6 +57,10 @@ fn default_journal_max_mib() -> u64 {
 }
 fn default_journal_max_batches() -> u64 {
     Limits::default().max_batches
+}
+/// `[store] max_waiting_mib`: 64.
+pub fn default_max_waiting_mib() -> u64 {
+    (control::DEFAULT_MAX_WAITING_BYTES >> 20) as u64
 }
 fn default_timeout() -> f64 {
     2.0

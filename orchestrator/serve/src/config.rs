@@ -141,8 +141,26 @@ pub enum StoreConfig {
     Memoryless,
     Embedded {
         path: PathBuf,
+        /// The bound on what waits in memory while the file takes nothing, MiB.
+        #[serde(default = "runtime::store_open::default_max_waiting_mib")]
+        max_waiting_mib: u64,
     },
     Redis(runtime::store_open::RedisStoreConfig),
+}
+
+impl StoreConfig {
+    /// The bound on the writes that wait in memory for a store that takes nothing
+    /// (`[store] max_waiting_mib`), in bytes.
+    pub fn max_waiting_bytes(&self) -> usize {
+        let mib = match self {
+            StoreConfig::Memoryless => runtime::store_open::default_max_waiting_mib(),
+            StoreConfig::Embedded {
+                max_waiting_mib, ..
+            } => *max_waiting_mib,
+            StoreConfig::Redis(r) => r.max_waiting_mib,
+        };
+        usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
 }
 
 fn read(path: &Path, base: &Path) -> Result<(String, String)> {

@@ -66,7 +66,7 @@ pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
 pub fn check_store(config_path: &Path, cfg: &StoreConfig) -> Result<Option<String>> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     Ok(match cfg {
-        StoreConfig::Embedded { path } => {
+        StoreConfig::Embedded { path, .. } => {
             let path = resolve(base, path);
             let checked = integrations::store::embedded::check(&path)?;
             Some(format!("{}: {checked}", path.display()))
@@ -85,7 +85,7 @@ fn open_store(
         StoreConfig::Memoryless => anyhow::bail!(
             "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
         ),
-        StoreConfig::Embedded { path } => {
+        StoreConfig::Embedded { path, .. } => {
             Store::new(Box::new(EmbeddedBackend::open(&resolve(base, path))?))
         }
         StoreConfig::Redis(redis) => match handle {

@@ -45,6 +45,7 @@ pub(super) fn control(
         store,
         cfg.controller.ledger_interval_s,
     )?;
+    control.set_max_waiting_bytes(cfg.store.max_waiting_bytes());
     info!(
         store = backend,
         caps = control.state().caps.len(),

@@ -240,6 +240,29 @@ pub(super) fn edges(o: &mut Out, b: &Board) {
         &[],
         c.store_errors as f64,
     );
+    for (log, n) in &c.store_writes_dropped {
+        o.add(
+            "store_writes_dropped_total",
+            "counter",
+            "Records dropped from what waited in memory for a store that took nothing (its bound, [store] max_waiting_mib), by log",
+            &[("log", log)],
+            *n as f64,
+        );
+    }
+    o.add(
+        "store_waiting_writes",
+        "gauge",
+        "Writes waiting in memory for the store after the last commit",
+        &[],
+        c.store_waiting_writes as f64,
+    );
+    o.add(
+        "store_waiting_bytes",
+        "gauge",
+        "About how many bytes the writes waiting in memory for the store hold",
+        &[],
+        c.store_waiting_bytes as f64,
+    );
     for (name, kind, help, v) in b.store_health.iter().flat_map(|h| h.samples()) {
         o.add(name, kind, help, &[], v);
     }
