@@ -15,7 +15,7 @@
 //! - [`runner`]: the [`runner::Target`] a decoder is driven through, the run
 //!   (panics, regression cases, memory, time), its [`runner::Report`], the replay
 //! - [`corpus`]: seeds and how a mutant is made of them
-//! - [`json`], [`toml_gen`], [`bytes`]: the mutations
+//! - [`json`], [`toml_gen`], [`xml`], [`bytes`]: the mutations
 //! - [`targets`]: one per decoder ([`targets::DECODERS`])
 #![forbid(unsafe_code)]
 
@@ -25,3 +25,4 @@ pub mod json;
 pub mod runner;
 pub mod targets;
 pub mod toml_gen;
+pub mod xml;

@@ -55,6 +55,11 @@ fn sparkplug_b() {
 }
 
 #[test]
+fn openadr2b() {
+    fuzz("openadr2b");
+}
+
+#[test]
 fn agent_command() {
     fuzz("agent_command");
 }

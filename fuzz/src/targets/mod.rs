@@ -1,8 +1,8 @@
-//! The decoders fuzzed, each with its seeds and generator. There is no OpenADR
-//! decoder in powerplane yet, so none is fuzzed.
+//! The decoders fuzzed, each with its seeds and generator.
 
 mod files;
 mod mqtt;
+mod openadr;
 mod redfish;
 mod signed;
 
@@ -29,6 +29,10 @@ pub const DECODERS: &[Decoder] = &[
     Decoder {
         name: "redfish_json",
         make: redfish::redfish,
+    },
+    Decoder {
+        name: "openadr2b",
+        make: openadr::openadr2b,
     },
     Decoder {
         name: "site_toml",
