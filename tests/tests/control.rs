@@ -172,6 +172,14 @@ impl Backend for Flaky {
     fn name(&self) -> &'static str {
         "flaky"
     }
+    fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
+        self.check()?;
+        self.inner.commit_once(writer, seq, batch)
+    }
+    fn applied(&mut self, writer: &str) -> Result<u64, StoreError> {
+        self.check()?;
+        self.inner.applied(writer)
+    }
 }
 
 #[test]
@@ -313,6 +321,87 @@ fn a_long_outage_keeps_what_waits_in_memory_bounded_and_names_what_it_dropped() 
     // the shutdown names what was dropped, though its own commit succeeds
     ctl.finish(fac.now())
         .expect("the store takes the shutdown's commit");
+}
+
+#[test]
+fn the_embedded_store_behind_a_journal_keeps_an_outage_on_disk_not_in_memory() {
+    use integrations::store::journal::{Journaled, Limits};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("state.redb");
+    let journal = dir.path().join("journal.redb");
+    let down = Arc::new(AtomicBool::new(false));
+    let open = |down: Arc<AtomicBool>| {
+        let flaky = Flaky {
+            inner: EmbeddedBackend::open(&file).expect("open"),
+            down,
+        };
+        Store::new(Box::new(
+            Journaled::open(Box::new(flaky), &journal, Limits::default()).expect("journal"),
+        ))
+    };
+    let mut fac = facility(5);
+    let mut ctl = control(open(down.clone()));
+    let health = ctl.store().health().expect("the journal's health");
+    let mut made = run(&mut ctl, &mut fac, 5);
+    down.store(true, Ordering::SeqCst);
+    made += run(&mut ctl, &mut fac, 30);
+    assert_eq!(ctl.counters.store_errors, 0, "the journal took every batch");
+    assert_eq!(ctl.waiting(), (0, 0), "nothing waits in memory");
+    let depth = health
+        .journal_depth
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        depth >= 20,
+        "the outage's batches are in the journal: {depth}"
+    );
+    assert!(!health.is_reachable(), "the store is shown unreachable");
+    down.store(false, Ordering::SeqCst);
+    made += run(&mut ctl, &mut fac, 3);
+    assert_eq!(
+        health
+            .journal_depth
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the journal was replayed"
+    );
+    assert!(health.is_reachable());
+    assert_eq!(
+        ctl.store().audit_len().expect("audit"),
+        made as u64,
+        "every decision is in the audit log, once"
+    );
+    let state = ctl.state().clone();
+    assert_eq!(ctl.store().state().expect("state"), state);
+    ctl.finish(fac.now()).expect("shutdown");
+    let jobs: Vec<_> = ctl.registry().all().cloned().collect();
+    drop(ctl);
+    // a restart over both files finds it all
+    let mut again = control(open(Arc::new(AtomicBool::new(false))));
+    assert_eq!(again.state(), &state);
+    assert_eq!(again.registry().all().cloned().collect::<Vec<_>>(), jobs);
+    assert_eq!(again.store().audit_len().expect("audit"), made as u64);
+}
+
+#[test]
+fn a_batch_replayed_after_a_crash_is_not_applied_twice_by_the_embedded_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut b = EmbeddedBackend::open(&dir.path().join("state.redb")).expect("open");
+    let mut tx = integrations::store::Tx::new();
+    tx.append_record("audit", &"one");
+    assert_eq!(b.applied("w").expect("applied"), 0);
+    assert!(b.commit_once("w", 1, tx.batch()).expect("commit"));
+    assert!(
+        !b.commit_once("w", 1, tx.batch()).expect("commit"),
+        "a replay is skipped"
+    );
+    assert_eq!(b.log_len("audit").expect("len"), 1);
+    assert_eq!(b.applied("w").expect("applied"), 1);
+    assert!(b.commit_once("w", 2, tx.batch()).expect("commit"));
+    assert!(
+        b.commit_once("other", 1, tx.batch()).expect("commit"),
+        "writers are apart"
+    );
+    assert_eq!(b.log_len("audit").expect("len"), 3);
 }
 
 /// Samples that must all be rejected, and one good one.

@@ -2,7 +2,9 @@
 //!
 //! Each collection is a table `c:{name}` (string key → bytes); each log a table
 //! `log:{name}` (sequence number → bytes). A batch is one write transaction, durable
-//! when `commit` returns. The file is checked before it is opened for writing
+//! when `commit` returns; each table it writes is opened once. Behind a journal
+//! (`[store] journal`), the last batch of the journal's writer is recorded in the same
+//! transaction (`c:_applied`), so a replay after a crash applies nothing twice. The file is checked before it is opened for writing
 //! ([`check`]): a damaged one is refused, untouched.
 //!
 //! An I/O error (a full disk, a failing device) poisons redb's handle: every later
@@ -128,8 +130,34 @@ impl EmbeddedBackend {
         e
     }
 
-    fn commit_inner(db: &Database, batch: &Batch) -> Result<Vec<u64>, redb::Error> {
+    fn commit_inner(
+        db: &Database,
+        batch: &Batch,
+        once: Option<(&str, u64)>,
+    ) -> Result<Option<Vec<u64>>, redb::Error> {
         let txn = db.begin_write()?;
+        if let Some((writer, seq)) = once {
+            let mut t = txn.open_table(TableDefinition::<&str, &[u8]>::new(APPLIED))?;
+            let last = t.get(writer)?.map(|v| applied_seq(v.value())).unwrap_or(0);
+            if last >= seq {
+                // this batch (or a later one of the same writer) is in the file already
+                drop(t);
+                txn.abort()?;
+                return Ok(None);
+            }
+            t.insert(writer, seq.to_le_bytes().as_slice())?;
+        }
+        let seqs = Self::apply(&txn, batch)?;
+        txn.commit()?;
+        Ok(Some(seqs))
+    }
+
+    /// The batch's ops in `txn`, each table opened once (a tick that changes 100,000
+    /// caps opens the caps table once, not 100,000 times).
+    fn apply(txn: &redb::WriteTransaction, batch: &Batch) -> Result<Vec<u64>, redb::Error> {
+        use std::collections::HashMap;
+        let mut colls: HashMap<&str, redb::Table<&str, &[u8]>> = HashMap::new();
+        let mut logs: HashMap<&str, (redb::Table<u64, &[u8]>, u64)> = HashMap::new();
         let mut seqs = Vec::new();
         for op in &batch.ops {
             match op {
@@ -138,35 +166,83 @@ impl EmbeddedBackend {
                     key,
                     value,
                 } => {
-                    let name = coll_def(collection);
-                    let mut t = txn.open_table(TableDefinition::<&str, &[u8]>::new(&name))?;
+                    let t = match colls.entry(collection.as_str()) {
+                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => v.insert(txn.open_table(
+                            TableDefinition::<&str, &[u8]>::new(&coll_def(collection)),
+                        )?),
+                    };
                     t.insert(key.as_str(), value.as_slice())?;
                 }
                 Op::Delete { collection, key } => {
-                    let name = coll_def(collection);
-                    let mut t = txn.open_table(TableDefinition::<&str, &[u8]>::new(&name))?;
+                    let t = match colls.entry(collection.as_str()) {
+                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => v.insert(txn.open_table(
+                            TableDefinition::<&str, &[u8]>::new(&coll_def(collection)),
+                        )?),
+                    };
                     t.remove(key.as_str())?;
                 }
                 // one controller per file (the file is locked): nothing to fence
                 Op::Fence { .. } => {}
                 Op::Append { log, value } => {
-                    let name = log_def(log);
-                    let mut t = txn.open_table(TableDefinition::<u64, &[u8]>::new(&name))?;
-                    let seq = t.len()? + 1;
-                    t.insert(seq, value.as_slice())?;
-                    seqs.push(seq);
+                    let (t, len) = match logs.entry(log.as_str()) {
+                        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            let t =
+                                txn.open_table(TableDefinition::<u64, &[u8]>::new(&log_def(log)))?;
+                            let len = t.len()?;
+                            v.insert((t, len))
+                        }
+                    };
+                    *len += 1;
+                    t.insert(*len, value.as_slice())?;
+                    seqs.push(*len);
                 }
             }
         }
-        txn.commit()?;
         Ok(seqs)
     }
 }
 
+/// The collection that records, per journal writer, the last batch applied with
+/// [`Backend::commit_once`] (8 bytes, little-endian), in the same transaction as the
+/// batch.
+const APPLIED: &str = "c:_applied";
+
+fn applied_seq(v: &[u8]) -> u64 {
+    v.try_into().map(u64::from_le_bytes).unwrap_or(0)
+}
+
 impl Backend for EmbeddedBackend {
     fn commit(&mut self, batch: &Batch) -> Result<Vec<u64>, StoreError> {
-        let r = Self::commit_inner(self.db()?, batch);
-        r.map_err(|e| self.failed(e)).map_err(err("commit batch"))
+        let r = Self::commit_inner(self.db()?, batch, None);
+        r.map(Option::unwrap_or_default)
+            .map_err(|e| self.failed(e))
+            .map_err(err("commit batch"))
+    }
+
+    fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
+        let r = Self::commit_inner(self.db()?, batch, Some((writer, seq)));
+        r.map(|applied| applied.is_some())
+            .map_err(|e| self.failed(e))
+            .map_err(err("commit batch"))
+    }
+
+    fn applied(&mut self, writer: &str) -> Result<u64, StoreError> {
+        let db = self.db()?;
+        let inner = || -> Result<u64, redb::Error> {
+            let txn = db.begin_read()?;
+            let t = match txn.open_table(TableDefinition::<&str, &[u8]>::new(APPLIED)) {
+                Ok(t) => t,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(0),
+                Err(e) => return Err(e.into()),
+            };
+            Ok(t.get(writer)?.map(|v| applied_seq(v.value())).unwrap_or(0))
+        };
+        let r = inner();
+        r.map_err(|e| self.failed(e))
+            .map_err(err(format!("applied batches of {writer}")))
     }
 
     fn get(&mut self, collection: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {

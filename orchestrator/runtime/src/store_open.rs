@@ -1,20 +1,106 @@
-//! Opening the Redis store for `serve`: the reconnecting connection on the runtime's
+//! Opening the store for `serve`: Redis's reconnecting connection on the runtime's
 //! handle, behind the local journal that keeps what Redis cannot take (see
-//! `integrations::store::journal`); for tools (`report`), Redis alone.
+//! `integrations::store::journal`); the embedded file, behind a journal on another
+//! disk where `[store] journal` is set; for tools (`report`), the store alone.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use integrations::store::embedded::EmbeddedBackend;
 use integrations::store::journal::{Journaled, Limits};
 use integrations::store::redis::RedisBackend;
 use integrations::store::Store;
 use serde::Deserialize;
 use tokio::runtime::Handle;
-use tracing::info;
+use tracing::{info, warn};
 
 /// The journal file when `[store] journal` is not set: next to the config file.
 pub const DEFAULT_JOURNAL: &str = "powerplane-journal.redb";
+
+/// `[store] kind = "embedded"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddedStoreConfig {
+    /// The redb file (relative to the config file).
+    pub path: PathBuf,
+    /// The bound on what waits in memory while the file takes nothing, MiB.
+    #[serde(default = "default_max_waiting_mib")]
+    pub max_waiting_mib: u64,
+    /// A journal on another filesystem: batches the file cannot take (a full or failing
+    /// disk) wait there, durably, instead of in memory. None by default.
+    #[serde(default)]
+    pub journal: Option<PathBuf>,
+    #[serde(default = "default_journal_max_mib")]
+    pub journal_max_mib: u64,
+    #[serde(default = "default_journal_max_batches")]
+    pub journal_max_batches: u64,
+}
+
+impl EmbeddedStoreConfig {
+    /// For `serve`: the file, behind its journal where one is set (replayed now if the
+    /// last run left batches in it).
+    pub fn open(&self, base: &Path) -> Result<Store> {
+        let path = crate::paths::resolve(base, &self.path);
+        let file = EmbeddedBackend::open(&path)?;
+        let Some(journal) = &self.journal else {
+            return Ok(Store::new(Box::new(file)));
+        };
+        let journal = crate::paths::resolve(base, journal);
+        if same_filesystem(&path, &journal) {
+            warn!(
+                store = %path.display(),
+                journal = %journal.display(),
+                "[store] journal is on the same filesystem as the store's file: a full disk fills both; put it on another"
+            );
+        }
+        let limits = Limits {
+            max_bytes: self.journal_max_mib.saturating_mul(1 << 20),
+            max_batches: self.journal_max_batches,
+        };
+        let journaled = Journaled::open(Box::new(file), &journal, limits)
+            .with_context(|| format!("cannot open the store journal {}", journal.display()))?;
+        info!(
+            journal = %journal.display(),
+            waiting = journaled.depth(),
+            max_batches = limits.max_batches,
+            max_mib = self.journal_max_mib,
+            "embedded store with a journal"
+        );
+        Ok(Store::new(Box::new(journaled)))
+    }
+
+    /// For tools: the file alone (the journal belongs to `serve`).
+    pub fn open_plain(&self, base: &Path) -> Result<Store> {
+        let path = crate::paths::resolve(base, &self.path);
+        Ok(Store::new(Box::new(EmbeddedBackend::open(&path)?)))
+    }
+
+    /// For `serve --check`: the file and the journal checked without writing to them.
+    pub fn check(&self, base: &Path) -> Result<String> {
+        let path = crate::paths::resolve(base, &self.path);
+        let checked = integrations::store::embedded::check(&path)?;
+        let mut out = format!("{}: {checked}", path.display());
+        if let Some(j) = &self.journal {
+            let j = crate::paths::resolve(base, j);
+            let checked = integrations::store::embedded::check_journal(&j)?;
+            out.push_str(&format!("; journal {}: {checked}", j.display()));
+        }
+        Ok(out)
+    }
+}
+
+/// Whether `a` and `b` (or the folders they will be created in) are on one filesystem.
+fn same_filesystem(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &Path| {
+        std::fs::metadata(p)
+            .or_else(|_| std::fs::metadata(p.parent().unwrap_or(Path::new("."))))
+            .map(|m| m.dev())
+            .ok()
+    };
+    matches!((dev(a), dev(b)), (Some(x), Some(y)) if x == y)
+}
 
 /// `[store] kind = "redis"`.
 #[derive(Debug, Clone, Deserialize)]

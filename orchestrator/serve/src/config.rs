@@ -139,12 +139,7 @@ fn default_buffer() -> usize {
 pub enum StoreConfig {
     #[default]
     Memoryless,
-    Embedded {
-        path: PathBuf,
-        /// The bound on what waits in memory while the file takes nothing, MiB.
-        #[serde(default = "runtime::store_open::default_max_waiting_mib")]
-        max_waiting_mib: u64,
-    },
+    Embedded(runtime::store_open::EmbeddedStoreConfig),
     Redis(runtime::store_open::RedisStoreConfig),
 }
 
@@ -154,9 +149,7 @@ impl StoreConfig {
     pub fn max_waiting_bytes(&self) -> usize {
         let mib = match self {
             StoreConfig::Memoryless => runtime::store_open::default_max_waiting_mib(),
-            StoreConfig::Embedded {
-                max_waiting_mib, ..
-            } => *max_waiting_mib,
+            StoreConfig::Embedded(e) => e.max_waiting_mib,
             StoreConfig::Redis(r) => r.max_waiting_mib,
         };
         usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)

@@ -45,7 +45,6 @@ use crate::config::{load, Config, Loaded, StoreConfig};
 use api::Board;
 use common::wall_clock;
 use control::ControlLoop;
-use integrations::store::embedded::EmbeddedBackend;
 use leader::{Leader, Standby};
 use runtime::node_power::worker as nodes;
 use runtime::paths::resolve;
@@ -66,11 +65,7 @@ pub fn open_for_report(config_path: &Path) -> Result<(Site, Store)> {
 pub fn check_store(config_path: &Path, cfg: &StoreConfig) -> Result<Option<String>> {
     let base = config_path.parent().unwrap_or(Path::new("."));
     Ok(match cfg {
-        StoreConfig::Embedded { path, .. } => {
-            let path = resolve(base, path);
-            let checked = integrations::store::embedded::check(&path)?;
-            Some(format!("{}: {checked}", path.display()))
-        }
+        StoreConfig::Embedded(e) => Some(e.check(base)?),
         StoreConfig::Memoryless | StoreConfig::Redis(_) => None,
     })
 }
@@ -85,9 +80,11 @@ fn open_store(
         StoreConfig::Memoryless => anyhow::bail!(
             "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
         ),
-        StoreConfig::Embedded { path, .. } => {
-            Store::new(Box::new(EmbeddedBackend::open(&resolve(base, path))?))
-        }
+        StoreConfig::Embedded(e) => match handle {
+            // serve: behind its journal where one is set
+            Some(_) => e.open(base)?,
+            None => e.open_plain(base)?,
+        },
         StoreConfig::Redis(redis) => match handle {
             Some(h) => redis.open_journaled(base, h)?,
             None => redis.open_plain(base)?,

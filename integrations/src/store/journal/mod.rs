@@ -209,13 +209,21 @@ impl Backend for Journaled {
         };
         let taken = older.and_then(|()| self.inner.commit_once(self.journal.writer(), seq, batch));
         match taken {
-            Ok(_) => {}
+            Ok(_) => {
+                self.health.set_reachable(true);
+            }
             // a newer leader holds the store: nothing to keep for later
             Err(e @ StoreError::Fenced { .. }) => {
                 self.next_seq += 1;
                 return Err(e);
             }
-            Err(failed) => self.journal(seq, batch, &failed)?,
+            Err(failed) => {
+                // the store takes nothing (a Redis that does not answer, a file on a
+                // full disk): shown, and `/readyz` fails on it, though the journal
+                // keeps the batch
+                self.health.set_reachable(false);
+                self.journal(seq, batch, &failed)?
+            }
         }
         self.next_seq += 1;
         Ok(Vec::new())
