@@ -324,14 +324,17 @@ pub fn run(
     let mut steps = StepWatch::new(clock(), Instant::now());
     while keep_going() {
         notify.watchdog();
-        if let Some(step) = steps.check(clock(), Instant::now()) {
-            agent.core.clock_stepped(step);
-        }
         let wait = agent
             .next
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        agent.on_event(events.recv_timeout(wait))?;
+        let event = events.recv_timeout(wait);
+        // right after the wait, before the core reads the clock: a step during the
+        // wait must not reach the leases first
+        if let Some(step) = steps.check(clock(), Instant::now()) {
+            agent.core.clock_stepped(step);
+        }
+        agent.on_event(event)?;
         if Instant::now() >= agent.next {
             agent.read(interval)?;
         }
