@@ -1,6 +1,7 @@
 //! What the API shows: the [`Board`] the control loop publishes after every tick.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use policies::{Decision, State};
 use telemetry::{Site, Snapshot, Timestamp};
@@ -8,17 +9,22 @@ use telemetry::{Site, Snapshot, Timestamp};
 use super::health;
 use control::Counters;
 
-/// What the API shows, as of the last tick.
+/// What the API shows, as of the last tick. The site, the snapshot and the state are
+/// shared (`Arc`): a copy of the board, taken under its lock for a render, costs
+/// moments whatever the site's size, and the render runs without the lock.
 #[derive(Debug, Clone)]
 pub struct Board {
-    pub site: Site,
+    pub site: Arc<Site>,
     pub policy_file: String,
     /// The policy in force, as written.
     pub policy_text: String,
     pub started: Timestamp,
     pub time: Timestamp,
-    pub snapshot: Snapshot,
-    pub state: State,
+    /// Counts the ticks published (the renders of `/metrics` and the status are kept
+    /// per version).
+    pub version: u64,
+    pub snapshot: Arc<Snapshot>,
+    pub state: Arc<State>,
     pub counters: Counters,
     pub buffer_dropped: u64,
     /// Decisions counted by (rule, action kind).
@@ -139,13 +145,14 @@ impl Board {
 
     pub fn new(site: Site, policy_file: String, started: Timestamp) -> Self {
         Board {
-            site,
+            site: Arc::new(site),
             policy_file,
             policy_text: String::new(),
             started,
             time: started,
-            snapshot: Snapshot::new(),
-            state: State::default(),
+            version: 0,
+            snapshot: Arc::new(Snapshot::new()),
+            state: Arc::new(State::default()),
             counters: Counters::default(),
             buffer_dropped: 0,
             decisions_by_rule: BTreeMap::new(),
@@ -178,19 +185,21 @@ impl Board {
         }
     }
 
-    /// What one tick changed.
+    /// What one tick changed (the snapshot and the state copied by the caller, outside
+    /// the board's lock).
     pub fn update(
         &mut self,
         time: Timestamp,
-        snapshot: &Snapshot,
-        state: &State,
+        snapshot: Arc<Snapshot>,
+        state: Arc<State>,
         counters: &Counters,
         decisions: &[Decision],
         buffer_dropped: u64,
     ) {
         self.time = time;
-        self.snapshot = snapshot.clone();
-        self.state = state.clone();
+        self.version += 1;
+        self.snapshot = snapshot;
+        self.state = state;
         self.counters = counters.clone();
         self.buffer_dropped = buffer_dropped;
         for d in decisions {

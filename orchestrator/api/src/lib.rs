@@ -22,6 +22,7 @@ pub mod metrics;
 mod openapi;
 pub mod page;
 mod query;
+pub mod render_cache;
 pub mod server;
 mod service;
 pub mod session;
@@ -137,6 +138,16 @@ pub struct Api {
     pub hooks: Hooks,
     /// The HTTP edge's counters (connections, limits, logins, TLS) for `/metrics`.
     pub stats: Arc<stats::HttpStats>,
+    /// `/metrics`, `/api/v1/status` and the status page, rendered once per tick.
+    pub renders: Arc<Renders>,
+}
+
+/// The views rendered once per board version (see [`render_cache`]).
+#[derive(Default)]
+pub struct Renders {
+    metrics: render_cache::RenderCache,
+    status: render_cache::RenderCache,
+    page: render_cache::RenderCache,
 }
 
 /// What the schedulers open now take from the HTTP server: inbound job events
@@ -324,29 +335,60 @@ impl Api {
         self.read(route, query)
     }
 
-    /// `GET /metrics` (the caller checked access).
-    fn metrics(&self) -> Reply {
+    /// A copy of the board (its large parts shared) and its version, taken in moments
+    /// under its lock.
+    fn board_copy(&self) -> (u64, Board) {
         let board = self.board.read().unwrap_or_else(|p| p.into_inner());
-        let fleet = self
-            .fleet
-            .as_ref()
-            .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
-        let status = fleet.as_ref().map(|f| f.status());
-        let mut text = metrics::render(&board, status.as_ref(), self.metrics_gpu_series);
+        (board.version, board.clone())
+    }
+
+    /// The board's version now.
+    fn version(&self) -> u64 {
+        self.board.read().unwrap_or_else(|p| p.into_inner()).version
+    }
+
+    /// `GET /metrics` (the caller checked access): the tick's render, with the HTTP
+    /// edge's counters as they are now. The agents' figures are as of the render (at
+    /// most a tick old).
+    fn metrics(&self) -> Reply {
+        let body = self.renders.metrics.get(self.version(), || {
+            let (_, board) = self.board_copy();
+            let fleet = self
+                .fleet
+                .as_ref()
+                .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
+            let status = fleet.as_ref().map(|f| f.status());
+            metrics::render(&board, status.as_ref(), self.metrics_gpu_series).into_bytes()
+        });
+        let mut text = String::new();
         self.stats.render_into(&mut text);
+        let mut out = Vec::with_capacity(body.len() + text.len());
+        out.extend_from_slice(&body);
+        out.extend_from_slice(text.as_bytes());
         Reply {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: text.into_bytes(),
+            body: out,
             challenge: false,
         }
     }
 
     /// `GET /api/v1/{route}` of the read routes (the caller checked access).
     fn read(&self, route: &str, query: &str) -> Reply {
+        if route == "status" {
+            let body = self.renders.status.get(self.version(), || {
+                let (_, board) = self.board_copy();
+                json_reply(200, &status(&board)).body
+            });
+            return Reply {
+                status: 200,
+                content_type: "application/json",
+                body: body.to_vec(),
+                challenge: false,
+            };
+        }
         let board = self.board.read().unwrap_or_else(|p| p.into_inner());
         match route {
-            "status" => json_reply(200, &status(&board)),
             "racks" => json_reply(200, &racks(&board)),
             "gpus" => json_reply(200, &gpus(&board, self.fleet.as_ref())),
             "holds" => json_reply(
@@ -405,16 +447,19 @@ impl Api {
     }
 
     pub fn status_page(&self) -> Reply {
-        let board = self.board.read().unwrap_or_else(|p| p.into_inner());
-        let fleet = self
-            .fleet
-            .as_ref()
-            .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
-        let status = fleet.as_ref().map(|f| f.status());
+        let body = self.renders.page.get(self.version(), || {
+            let (_, board) = self.board_copy();
+            let fleet = self
+                .fleet
+                .as_ref()
+                .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
+            let status = fleet.as_ref().map(|f| f.status());
+            page::render(&board, status.as_ref(), self.refresh_s).into_bytes()
+        });
         Reply {
             status: 200,
             content_type: "text/html; charset=utf-8",
-            body: page::render(&board, status.as_ref(), self.refresh_s).into_bytes(),
+            body: body.to_vec(),
             challenge: false,
         }
     }

@@ -203,6 +203,8 @@ fn policy(o: &mut Out, p: &runtime::reload::PolicyStatus) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::exposition::esc;
     use super::*;
     use control::fleet::{Fleet, FleetConfig};
@@ -268,7 +270,14 @@ mod tests {
             observe_only: false,
             release: String::new(),
         };
-        b.update(now, &snap, &state, &c, &[d], 0);
+        b.update(
+            now,
+            Arc::new(snap.clone()),
+            Arc::new(state.clone()),
+            &c,
+            &[d],
+            0,
+        );
         let mut f = Fleet::new(
             &site,
             Key::from_text(&"11".repeat(32)).expect("key"),
@@ -352,7 +361,7 @@ mod tests {
     fn gpus_beyond_metrics_gpu_series_are_summed_up_by_node_and_energy_is_a_counter() {
         let (mut b, _) = board();
         let now = b.time;
-        let mut snap = b.snapshot.clone();
+        let mut snap = (*b.snapshot).clone();
         let gpus = b.site.gpus();
         let node = gpus[0].node.id.clone();
         let second = gpus[1].id.clone().into_owned();
@@ -367,8 +376,15 @@ mod tests {
                 .expect("sample");
         }
         drop(gpus);
-        let (state, counters) = (b.state.clone(), b.counters.clone());
-        b.update(now, &snap, &state, &counters, &[], 0);
+        let (state, counters) = ((*b.state).clone(), b.counters.clone());
+        b.update(
+            now,
+            Arc::new(snap.clone()),
+            Arc::new(state.clone()),
+            &counters,
+            &[],
+            0,
+        );
         let one_by_one = render(&b, None, DEFAULT_GPU_SERIES);
         assert!(one_by_one.contains("kind=\"gpu\""), "{one_by_one}");
         assert!(one_by_one.contains("# TYPE powerplane_energy_joules_total counter\n"));
@@ -545,7 +561,7 @@ mod tests {
             "racks b01..b03 unread"
         );
         let now = b.time;
-        let mut snap = b.snapshot.clone();
+        let mut snap = (*b.snapshot).clone();
         for (e, m, v) in [
             (EntityId::rack("b01"), POWER_W, 6_000.0),
             (EntityId::rack("b02"), POWER_W, 6_000.0),
@@ -559,9 +575,16 @@ mod tests {
             snap.ingest(Sample::new(e, m, v, now, "t"), now)
                 .expect("sample");
         }
-        let state = b.state.clone();
+        let state = (*b.state).clone();
         let counters = b.counters.clone();
-        b.update(now, &snap, &state, &counters, &[], 0);
+        b.update(
+            now,
+            Arc::new(snap.clone()),
+            Arc::new(state.clone()),
+            &counters,
+            &[],
+            0,
+        );
         // (36 kW IT + 7.2 kW cooling) / 36 kW
         assert!(
             render(&b, None, DEFAULT_GPU_SERIES).contains("powerplane_pue_ratio 1.2\n"),

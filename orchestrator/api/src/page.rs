@@ -547,8 +547,8 @@ mod tests {
         let mut b = Board::new(site, "policy.toml".into(), now);
         b.update(
             now,
-            &snap,
-            &plan.state,
+            std::sync::Arc::new(snap),
+            std::sync::Arc::new(plan.state),
             &Default::default(),
             &plan.decisions,
             0,
@@ -607,7 +607,7 @@ mod tests {
     fn a_grid_event_in_force_heads_the_page_with_its_shortfall() {
         let mut b = board_after_a_tick();
         assert!(!render(&b, None, 5).contains("Grid event"));
-        b.state.grid = Some(policies::GridMemory {
+        std::sync::Arc::make_mut(&mut b.state).grid = Some(policies::GridMemory {
             since: b.time,
             baseline_w: 40_000.0,
             target_w: 30_000.0,
@@ -623,7 +623,11 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("2.0 kW short"), "{html}");
-        b.state.grid.as_mut().expect("memory").rebound_until = Some(b.time + 600.0);
+        std::sync::Arc::make_mut(&mut b.state)
+            .grid
+            .as_mut()
+            .expect("memory")
+            .rebound_until = Some(b.time + 600.0);
         assert!(render(&b, None, 5).contains("Rebound limit after a grid event"));
     }
 

@@ -495,40 +495,54 @@ impl Serve {
 
     /// The tick, copied for the API and `/metrics`.
     fn publish(&self, now: telemetry::Timestamp, report: &control::TickReport) {
-        let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
-        b.price_source = self.prices.source.to_string();
-        b.feeds = self.prices.reports(now);
-        b.prices = self.prices.next_24h(now);
-        b.update(
-            now,
-            self.control.snapshot(),
-            self.control.actuated(),
-            &self.control.counters,
-            &report.decisions,
-            self.buffer.dropped.load(Ordering::Relaxed),
-        );
-        b.predictions = report.predictions.clone();
-        b.grid_events = self.grid.events(now);
-        b.grid_counters = self.grid.ven_stats().map(|s| s.read()).unwrap_or_default();
-        b.ledger.add(&report.ledger);
-        b.jobs = self.control.registry().active().to_vec();
-        b.schedulers = self.schedulers.status();
-        b.scheduler_counters = self.schedulers.counters();
+        // everything is copied first, outside the lock: the API's readers (`/readyz`
+        // above all) never wait for a copy of a large site's snapshot
+        let snapshot = Arc::new(self.control.snapshot().clone());
+        let state = Arc::new(self.control.actuated().clone());
+        let feeds = self.prices.reports(now);
+        let prices = self.prices.next_24h(now);
+        let predictions = report.predictions.clone();
+        let grid_events = self.grid.events(now);
+        let grid_counters = self.grid.ven_stats().map(|s| s.read()).unwrap_or_default();
+        let jobs = self.control.registry().active().to_vec();
+        let schedulers = self.schedulers.status();
+        let mut scheduler_counters = self.schedulers.counters();
         if let Some(np) = &self.node_power {
-            b.scheduler_counters.extend(np.counters());
+            scheduler_counters.extend(np.counters());
         }
-        b.labeled_counters = control::admit::labeled(
+        let labeled_counters = control::admit::labeled(
             self.cfg.mqtt.is_some().then(|| self.mqtt_rejects.counts()),
             self.schedulers.events_rejected(),
         );
-        b.ready
-            .after_tick(report.store_error.as_deref(), self.last_source_sample);
-        b.cadence = self.cadence.clone();
-        b.redfish = self
+        let redfish = self
             .redfish
             .as_ref()
             .map(|r| r.snapshot())
             .unwrap_or_default();
+        let mut b = self.board.write().unwrap_or_else(|p| p.into_inner());
+        b.price_source = self.prices.source.to_string();
+        b.feeds = feeds;
+        b.prices = prices;
+        b.update(
+            now,
+            snapshot,
+            state,
+            &self.control.counters,
+            &report.decisions,
+            self.buffer.dropped.load(Ordering::Relaxed),
+        );
+        b.predictions = predictions;
+        b.grid_events = grid_events;
+        b.grid_counters = grid_counters;
+        b.ledger.add(&report.ledger);
+        b.jobs = jobs;
+        b.schedulers = schedulers;
+        b.scheduler_counters = scheduler_counters;
+        b.labeled_counters = labeled_counters;
+        b.ready
+            .after_tick(report.store_error.as_deref(), self.last_source_sample);
+        b.cadence = self.cadence.clone();
+        b.redfish = redfish;
     }
 
     /// Until `next` (at least once, even after a tick that ran late): the

@@ -208,6 +208,7 @@ pub(super) fn http(
         refresh_s: h.refresh_s.max(1),
         hooks: hooks.clone(),
         stats: Default::default(),
+        renders: Default::default(),
     };
     Ok(api::serve(h, base, api, runtime)?)
 }

@@ -505,8 +505,8 @@ fn bench_metrics() {
         let mut board = orchestrator::http::Board::new(site, "policy.toml".into(), now);
         board.update(
             now,
-            &snap,
-            &policies::State::default(),
+            std::sync::Arc::new(snap),
+            std::sync::Arc::new(policies::State::default()),
             &orchestrator::control::Counters::default(),
             &[],
             0,
