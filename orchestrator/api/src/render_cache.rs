@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 /// How long a render is served before it is made again, even without a new tick.
 pub const MAX_AGE: Duration = Duration::from_secs(1);
 
+/// A render: the board version it is of, when it was made, the bytes.
+type Render = (u64, Instant, Arc<Vec<u8>>);
+
 /// The last render of one view, by board version.
 #[derive(Default)]
 pub struct RenderCache {
-    last: Mutex<Option<(u64, Instant, Arc<Vec<u8>>)>>,
+    last: Mutex<Option<Render>>,
     rendering: Mutex<()>,
 }
 
