@@ -28,7 +28,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> 
     site::racks(&mut o, b);
     site::rows(&mut o, b);
     site::pue(&mut o, b);
-    site::caps_and_holds(&mut o, b);
+    site::caps_and_holds(&mut o, b, gpu_series);
     counters::loop_counters(&mut o, b);
     counters::cadence(&mut o, b);
     counters::feeds(&mut o, b);
@@ -389,8 +389,10 @@ mod tests {
         assert!(one_by_one.contains("kind=\"gpu\""), "{one_by_one}");
         assert!(one_by_one.contains("# TYPE powerplane_energy_joules_total counter\n"));
         assert!(one_by_one.contains("powerplane_gpu_series_per_node 0\n"));
-        let by_node = render(&b, None, 1);
+        // fewer series than GPUs, as many as nodes: by node
+        let by_node = render(&b, None, b.site.nodes.len());
         assert!(!by_node.contains("kind=\"gpu\""), "{by_node}");
+        assert!(by_node.contains("powerplane_gpu_series_per_rack 0\n"));
         assert!(by_node.contains("powerplane_gpu_series_per_node 1\n"));
         let at = |family: &str| {
             by_node
@@ -408,6 +410,46 @@ mod tests {
         assert_eq!(at("powerplane_gpu_temperature_celsius"), 67.0);
         assert_eq!(at("powerplane_energy_joules_total"), 1.0e6);
         assert!(by_node.contains("# TYPE powerplane_energy_joules_total counter\n"));
+        // fewer series than nodes: by rack, caps too (the lowest in each rack)
+        let rack = b
+            .site
+            .nodes
+            .iter()
+            .find(|n| n.id == node)
+            .expect("node")
+            .rack
+            .clone();
+        let mut state = (*b.state).clone();
+        let gpus = b.site.gpus();
+        for (g, w) in [(&gpus[0], 200.0), (&gpus[1], 180.0)] {
+            state.caps.insert(
+                g.id.clone().into_owned(),
+                Cap {
+                    watts: w,
+                    rule: "r".into(),
+                    since: now,
+                    lease_until: now + 90.0,
+                },
+            );
+        }
+        drop(gpus);
+        b.state = Arc::new(state);
+        let by_rack = render(&b, None, 1);
+        assert!(!by_rack.contains("kind=\"node_gpus\""), "{by_rack}");
+        assert!(by_rack.contains("powerplane_gpu_series_per_rack 1\n"));
+        assert!(
+            by_rack.contains(&format!(
+                "powerplane_power_watts{{entity=\"rack/{rack}\",kind=\"rack_gpus\"}} 400\n"
+            )),
+            "{by_rack}"
+        );
+        assert!(
+            by_rack.contains(&format!(
+                "powerplane_gpu_cap_watts{{entity=\"rack/{rack}\",kind=\"rack_gpus\"}} 180\n"
+            )),
+            "{by_rack}"
+        );
+        assert!(!by_rack.contains("powerplane_gpu_cap_watts{entity=\"gpu/"));
     }
 
     #[test]

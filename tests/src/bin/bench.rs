@@ -16,7 +16,7 @@
 //!   submission) of the Philly-derived trace in `../shared/data` with the 2024 DE-LU
 //!   prices on the 2,048-GPU example site, pinned to one core: time against trace length.
 //!
-//! - `bench http [--rate R] [--seconds S] [--connections N] [--bin PATH]`: the release
+//! - `bench http [--rate R] [--seconds S] [--connections N] [--bin PATH] [--gpus G --rules K]`: the release
 //!   `serve`'s (or PATH's) HTTP side driven at R req/s (`/metrics` and `/api/v1/status`) over N keep-alive
 //!   connections; p50/p99/max latency and errors (see `bench/http.rs`).
 //!
@@ -112,17 +112,15 @@ fn payloads(n: usize) -> Vec<String> {
 
 /// Publishes every line with `mosquitto_pub -l` (one message per line, QoS 0).
 fn publish(port: u16, lines: &[String]) -> Duration {
+    publish_to(port, "bench/r01/inlet", lines)
+}
+
+/// Publishes each of `lines` as one message on `topic` (QoS 0, `mosquitto_pub -l`);
+/// returns how long it took.
+pub(crate) fn publish_to(port: u16, topic: &str, lines: &[String]) -> Duration {
     let start = Instant::now();
     let mut child = Command::new("mosquitto_pub")
-        .args([
-            "-p",
-            &port.to_string(),
-            "-t",
-            "bench/r01/inlet",
-            "-l",
-            "-q",
-            "0",
-        ])
+        .args(["-p", &port.to_string(), "-t", topic, "-l", "-q", "0"])
         .stdin(Stdio::piped())
         .spawn()
         .expect("mosquitto_pub");
@@ -540,7 +538,7 @@ fn bench_metrics() {
 
 /// A synthetic site of `gpus` A40 GPUs: 50 per rack (5 nodes of 10), 20 racks per row,
 /// two PDUs per rack, a CRAH per row, four utility feeds.
-fn engine_site(gpus: usize) -> String {
+pub(crate) fn engine_site(gpus: usize) -> String {
     use std::fmt::Write;
     let racks = gpus.div_ceil(50);
     let rows = racks.div_ceil(20);
@@ -577,7 +575,7 @@ fn engine_site(gpus: usize) -> String {
     s
 }
 
-const ENGINE_POLICY: &str = r#"
+pub(crate) const ENGINE_POLICY: &str = r#"
 version = 1
 [budget]
 cut_order = ["batch"]
@@ -622,7 +620,7 @@ action = { hold = true }
 /// for one row on the price; thresholds vary so that some fire and some do not. (The
 /// four include a site-wide rule; a site-wide cap costs a want per GPU whenever it
 /// fires, so a policy of hundreds of them is a different load, not this one.)
-fn extra_rules(n: usize, racks: usize) -> String {
+pub(crate) fn extra_rules(n: usize, racks: usize) -> String {
     use std::fmt::Write;
     let rows = racks.div_ceil(20);
     let mut s = String::new();

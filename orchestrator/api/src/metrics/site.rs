@@ -9,26 +9,54 @@ use telemetry::{EntityKind, Quality};
 use super::exposition::{prom, Out};
 use super::Board;
 
-/// How the GPUs' own series are exported.
-fn gpu_readings_per_node(b: &Board, gpu_series: usize) -> bool {
-    b.site.gpu_count() > gpu_series
+/// How the GPUs' own series are exported: one by one while the site has at most
+/// `gpu_series` GPUs; summed up by node while it has at most `gpu_series` nodes; by
+/// rack beyond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GpuSeries {
+    Each,
+    ByNode,
+    ByRack,
 }
 
-/// Every reading of a known metric with its age and quality; the GPUs' one by one
-/// while the site has at most `gpu_series` GPUs, else summed up by node (see
-/// [`node_gpus`]), so that the scrape of a 100,000-GPU site stays a few MB.
+fn gpu_series_of(b: &Board, gpu_series: usize) -> GpuSeries {
+    if b.site.gpu_count() <= gpu_series {
+        GpuSeries::Each
+    } else if b.site.nodes.len() <= gpu_series {
+        GpuSeries::ByNode
+    } else {
+        GpuSeries::ByRack
+    }
+}
+
+/// Every reading of a known metric with its age and quality; the GPUs' one by one,
+/// by node or by rack (see [`GpuSeries`], [`grouped_gpus`]), so that the scrape of a
+/// 500,000-GPU site stays a few MB.
 pub(super) fn readings(o: &mut Out, b: &Board, gpu_series: usize) {
     let now = b.time;
-    let per_node = gpu_readings_per_node(b, gpu_series);
-    let mut nodes: BTreeMap<(&str, &str), NodeGpus> = BTreeMap::new();
+    let grouping = gpu_series_of(b, gpu_series);
+    let rack_of: BTreeMap<&str, &str> = match grouping {
+        GpuSeries::ByRack => b
+            .site
+            .nodes
+            .iter()
+            .map(|n| (n.id.as_str(), n.rack.as_str()))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    let mut groups: BTreeMap<(&str, &str), NodeGpus> = BTreeMap::new();
     for (e, m, r) in b.snapshot.iter() {
         let Some((name, scale, help)) = prom(m.as_str()) else {
             continue;
         };
-        if per_node && e.kind == EntityKind::Gpu {
+        if grouping != GpuSeries::Each && e.kind == EntityKind::Gpu {
             let node = e.name.rsplit_once(':').map_or(e.name.as_str(), |(n, _)| n);
-            nodes
-                .entry((node, m.as_str()))
+            let key = match grouping {
+                GpuSeries::ByRack => rack_of.get(node).copied().unwrap_or(node),
+                _ => node,
+            };
+            groups
+                .entry((key, m.as_str()))
                 .or_default()
                 .add(r.value * scale);
             continue;
@@ -57,13 +85,20 @@ pub(super) fn readings(o: &mut Out, b: &Board, gpu_series: usize) {
             );
         }
     }
-    node_gpus(o, &nodes);
+    grouped_gpus(o, &groups, grouping == GpuSeries::ByRack);
     o.add(
         "gpu_series_per_node",
         "gauge",
-        "1 when the GPUs' readings are summed up by node ([http] metrics_gpu_series is below the site's GPUs), 0 when each GPU has its own series",
+        "1 when the GPUs' readings are summed up by node or by rack ([http] metrics_gpu_series is below the site's GPUs), 0 when each GPU has its own series",
         &[],
-        if per_node { 1.0 } else { 0.0 },
+        if grouping == GpuSeries::Each { 0.0 } else { 1.0 },
+    );
+    o.add(
+        "gpu_series_per_rack",
+        "gauge",
+        "1 when the GPUs' readings and caps are summed up by rack ([http] metrics_gpu_series is below the site's nodes too)",
+        &[],
+        if grouping == GpuSeries::ByRack { 1.0 } else { 0.0 },
     );
     o.add(
         "telemetry_stale_readings",
@@ -100,11 +135,16 @@ impl NodeGpus {
     }
 }
 
-/// The GPUs' readings by node, under the per-GPU families' names with `kind =
-/// "node_gpus"` and the node as `entity`: power, energy and limits summed; temperature
-/// the hottest GPU's; utilization and clock the mean.
-fn node_gpus(o: &mut Out, nodes: &BTreeMap<(&str, &str), NodeGpus>) {
-    for ((node, metric), g) in nodes {
+/// The GPUs' readings by node (or rack), under the per-GPU families' names with `kind
+/// = "node_gpus"` (`"rack_gpus"`) and the node (rack) as `entity`: power, energy and
+/// limits summed; temperature the hottest GPU's; utilization and clock the mean.
+fn grouped_gpus(o: &mut Out, groups: &BTreeMap<(&str, &str), NodeGpus>, by_rack: bool) {
+    let (prefix, kind) = if by_rack {
+        ("rack", "rack_gpus")
+    } else {
+        ("node", "node_gpus")
+    };
+    for ((key, metric), g) in groups {
         let Some((name, _, help)) = prom(metric) else {
             continue;
         };
@@ -113,12 +153,12 @@ fn node_gpus(o: &mut Out, nodes: &BTreeMap<(&str, &str), NodeGpus>) {
             UTILIZATION_PCT | SM_CLOCK_MHZ => g.sum / g.n.max(1) as f64,
             _ => g.sum,
         };
-        let entity = format!("node/{node}");
+        let entity = format!("{prefix}/{key}");
         o.add(
             name,
             family_kind(metric),
             help,
-            &[("entity", &entity), ("kind", "node_gpus")],
+            &[("entity", &entity), ("kind", kind)],
             v,
         );
     }
@@ -299,18 +339,21 @@ pub(super) fn pue(o: &mut Out, b: &Board) {
 }
 
 /// Caps and holds in force.
-pub(super) fn caps_and_holds(o: &mut Out, b: &Board) {
+pub(super) fn caps_and_holds(o: &mut Out, b: &Board, gpu_series: usize) {
     let mut capped_per_rack: BTreeMap<&str, (u32, f64)> = BTreeMap::new();
+    let each = gpu_series_of(b, gpu_series) == GpuSeries::Each;
     let gpus = b.site.gpus();
     for g in &gpus {
         if let Some(c) = b.state.caps.get(&g.id) {
-            o.add(
-                "gpu_cap_watts",
-                "gauge",
-                "Cap in force on a GPU",
-                &[("entity", &g.id.to_string()), ("rule", &c.rule)],
-                c.watts,
-            );
+            if each {
+                o.add(
+                    "gpu_cap_watts",
+                    "gauge",
+                    "Cap in force on a GPU (beyond [http] metrics_gpu_series GPUs: the lowest cap in force in each rack, kind=\"rack_gpus\")",
+                    &[("entity", &g.id.to_string()), ("rule", &c.rule)],
+                    c.watts,
+                );
+            }
             let e = capped_per_rack.entry(&g.rack.id).or_insert((0, f64::MAX));
             e.0 += 1;
             e.1 = e.1.min(c.watts);
@@ -318,6 +361,15 @@ pub(super) fn caps_and_holds(o: &mut Out, b: &Board) {
     }
     for r in &b.site.racks {
         let n = capped_per_rack.get(r.id.as_str()).map_or(0, |c| c.0);
+        if let (false, Some((_, lowest))) = (each, capped_per_rack.get(r.id.as_str())) {
+            o.add(
+                "gpu_cap_watts",
+                "gauge",
+                "Cap in force on a GPU (beyond [http] metrics_gpu_series GPUs: the lowest cap in force in each rack, kind=\"rack_gpus\")",
+                &[("entity", &format!("rack/{}", r.id)), ("kind", "rack_gpus")],
+                *lowest,
+            );
+        }
         o.add(
             "capped_gpus",
             "gauge",
