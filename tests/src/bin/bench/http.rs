@@ -196,7 +196,7 @@ fn readings(
                     .iter()
                     .map(|r| {
                         // a few racks run hot in turn, so that rules fire and release
-                        let hot = (r + k as usize / 30) % 97 == 0;
+                        let hot = (r + k as usize / 30).is_multiple_of(97);
                         format!(
                             "{{\"rack\":\"r{r}\",\"inlet\":{:.1},\"w\":{}}}",
                             if hot {
