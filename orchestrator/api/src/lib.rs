@@ -349,16 +349,19 @@ impl Api {
 
     /// `GET /metrics` (the caller checked access): the tick's render, with the HTTP
     /// edge's counters as they are now. The agents' figures are as of the render (at
-    /// most a tick old).
+    /// most a second old), read under the fleet's lock apart from the rest.
     fn metrics(&self) -> Reply {
         let body = self.renders.metrics.get(self.version(), || {
             let (_, board) = self.board_copy();
-            let fleet = self
-                .fleet
-                .as_ref()
-                .map(|f| f.lock().unwrap_or_else(|p| p.into_inner()));
-            let status = fleet.as_ref().map(|f| f.status());
-            metrics::render(&board, status.as_ref(), self.metrics_gpu_series).into_bytes()
+            // the agents' lock only while their families are written (the loop's
+            // actuation takes it too)
+            let fleet = self.fleet.as_ref().map(|f| {
+                let f = f.lock().unwrap_or_else(|p| p.into_inner());
+                metrics::render_fleet(&f.status())
+            });
+            let mut text = metrics::render(&board, None, self.metrics_gpu_series);
+            text.push_str(&fleet.unwrap_or_default());
+            text.into_bytes()
         });
         let mut text = String::new();
         self.stats.render_into(&mut text);

@@ -54,6 +54,14 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> 
     o.render()
 }
 
+/// The agents' families alone (for a render that holds the fleet's lock only while
+/// it reads the fleet).
+pub fn render_fleet(f: &FleetStatus<'_>) -> String {
+    let mut o = Out::default();
+    counters::fleet(&mut o, f);
+    o.render()
+}
+
 /// One histogram family on its own, a label set per row, written whole (for the
 /// parts of `/metrics` rendered beside the board: the HTTP edge's).
 pub(crate) fn histogram_family(
