@@ -286,44 +286,12 @@ fn mutate(rng: &mut Rng, t: &mut XNode, other: &XNode, dict: &Dict) {
             siblings.extend(std::iter::repeat_n(copy, n));
             siblings.extend(tail);
         }
-        6 => {
-            // wrapped deep in copies of an element's name
-            let depth = [2, 30, 300][below(rng, 3)];
-            let name = dict.names[below(rng, dict.names.len())].clone();
-            let ns = dict.spaces[below(rng, dict.spaces.len())].clone();
-            let mut node = siblings[i].clone();
-            for _ in 0..depth {
-                node = XNode::Elem {
-                    ns: ns.clone(),
-                    name: name.clone(),
-                    attrs: Vec::new(),
-                    children: vec![node],
-                };
-            }
-            siblings[i] = node;
-        }
+        6 => siblings[i] = wrap(rng, &siblings[i], dict),
         7 => {
             let j = below(rng, siblings.len());
             siblings.swap(i, j);
         }
-        8 => {
-            if let XNode::Elem { attrs, .. } = &mut siblings[i] {
-                match below(rng, 3) {
-                    0 if !attrs.is_empty() => {
-                        let a = below(rng, attrs.len());
-                        attrs[a].2 = EDGES[below(rng, EDGES.len())].to_string();
-                    }
-                    1 if !attrs.is_empty() => {
-                        attrs.remove(below(rng, attrs.len()));
-                    }
-                    _ => attrs.push((
-                        dict.spaces[below(rng, dict.spaces.len())].clone(),
-                        dict.names[below(rng, dict.names.len())].clone(),
-                        EDGES[below(rng, EDGES.len())].to_string(),
-                    )),
-                }
-            }
-        }
+        8 => attribute(rng, &mut siblings[i], dict),
         _ => {
             // an element of another seed grafted here
             let mut o = other.clone();
@@ -335,6 +303,44 @@ fn mutate(rng: &mut Rng, t: &mut XNode, other: &XNode, dict: &Dict) {
                 }
             }
         }
+    }
+}
+
+/// `n` wrapped 2, 30 or 300 deep in elements of one name.
+fn wrap(rng: &mut Rng, n: &XNode, dict: &Dict) -> XNode {
+    let depth = [2, 30, 300][below(rng, 3)];
+    let name = dict.names[below(rng, dict.names.len())].clone();
+    let ns = dict.spaces[below(rng, dict.spaces.len())].clone();
+    let mut node = n.clone();
+    for _ in 0..depth {
+        node = XNode::Elem {
+            ns: ns.clone(),
+            name: name.clone(),
+            attrs: Vec::new(),
+            children: vec![node],
+        };
+    }
+    node
+}
+
+/// An attribute of `n` set to an edge value, removed, or added.
+fn attribute(rng: &mut Rng, n: &mut XNode, dict: &Dict) {
+    let XNode::Elem { attrs, .. } = n else {
+        return;
+    };
+    match below(rng, 3) {
+        0 if !attrs.is_empty() => {
+            let a = below(rng, attrs.len());
+            attrs[a].2 = EDGES[below(rng, EDGES.len())].to_string();
+        }
+        1 if !attrs.is_empty() => {
+            attrs.remove(below(rng, attrs.len()));
+        }
+        _ => attrs.push((
+            dict.spaces[below(rng, dict.spaces.len())].clone(),
+            dict.names[below(rng, dict.names.len())].clone(),
+            EDGES[below(rng, EDGES.len())].to_string(),
+        )),
     }
 }
 

@@ -34,6 +34,7 @@ pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> 
     counters::feeds(&mut o, b);
     counters::ledger(&mut o, b);
     counters::edges(&mut o, b);
+    counters::store(&mut o, b);
     policy(&mut o, &b.policy_status);
     grid(&mut o, b);
     for m in runtime::redfish::metrics(&b.redfish) {

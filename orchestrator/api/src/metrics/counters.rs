@@ -213,26 +213,10 @@ pub(super) fn cadence(o: &mut Out, b: &Board) {
 }
 
 /// The schedulers', the store's and the buffer's counters, decisions by rule, the tariff and the last tick.
-pub(super) fn edges(o: &mut Out, b: &Board) {
-    let now = b.time;
+/// The store's counters: failed commits, what waits in memory for it and what was
+/// dropped from that, and the backend's own (reachability, journal).
+pub(super) fn store(o: &mut Out, b: &Board) {
     let c = &b.counters;
-    for (name, help, v) in &b.scheduler_counters {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        o.add(name, kind, help, &[], *v);
-    }
-    for c in &b.labeled_counters {
-        o.add(
-            c.name,
-            "counter",
-            c.help,
-            &[(c.label, c.value)],
-            c.count as f64,
-        );
-    }
     o.add(
         "store_errors_total",
         "counter",
@@ -265,6 +249,27 @@ pub(super) fn edges(o: &mut Out, b: &Board) {
     );
     for (name, kind, help, v) in b.store_health.iter().flat_map(|h| h.samples()) {
         o.add(name, kind, help, &[], v);
+    }
+}
+
+pub(super) fn edges(o: &mut Out, b: &Board) {
+    let now = b.time;
+    for (name, help, v) in &b.scheduler_counters {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        o.add(name, kind, help, &[], *v);
+    }
+    for c in &b.labeled_counters {
+        o.add(
+            c.name,
+            "counter",
+            c.help,
+            &[(c.label, c.value)],
+            c.count as f64,
+        );
     }
     o.add(
         "buffer_dropped_samples_total",
