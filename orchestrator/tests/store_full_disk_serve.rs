@@ -178,6 +178,18 @@ impl Rig {
         assert!(status.success(), "serve exited {status}:\n{}", self.log());
     }
 
+    /// SIGTERM (the last interval closed and committed, exit 0), then every joule the
+    /// ledger had charged, outage included, found in the file.
+    fn stop_keeping(&mut self, charged: f64) {
+        self.stop();
+        let kept_j = self.kept_j();
+        assert!(
+            kept_j >= charged * (1.0 - 1e-9),
+            "the file keeps {kept_j} J of the {charged} J charged:\n{}",
+            self.log()
+        );
+    }
+
     /// The energy the file's ledger holds, J.
     fn kept_j(&self) -> f64 {
         let backend =
@@ -255,16 +267,7 @@ fn a_full_disk_names_its_cause_and_once_freed_the_store_reopens_and_keeps_every_
     std::thread::sleep(Duration::from_secs(2));
     let charged = charged_j(port);
 
-    // SIGTERM: the last interval closed and committed, exit 0
-    rig.stop();
-
-    // every entry the ledger charged, outage included, is in the file
-    let kept_j = rig.kept_j();
-    assert!(
-        kept_j >= charged * (1.0 - 1e-9),
-        "the file keeps {kept_j} J of the {charged} J charged:\n{}",
-        rig.log()
-    );
+    rig.stop_keeping(charged);
 }
 
 #[test]
@@ -318,11 +321,5 @@ fn with_a_journal_on_another_disk_a_full_disk_waits_in_the_journal_not_in_memory
     );
     std::thread::sleep(Duration::from_secs(2));
     let charged = charged_j(port);
-    rig.stop();
-    let kept_j = rig.kept_j();
-    assert!(
-        kept_j >= charged * (1.0 - 1e-9),
-        "the file keeps {kept_j} J of the {charged} J charged:\n{}",
-        rig.log()
-    );
+    rig.stop_keeping(charged);
 }

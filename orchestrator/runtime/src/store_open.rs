@@ -54,20 +54,12 @@ impl EmbeddedStoreConfig {
                 "[store] journal is on the same filesystem as the store's file: a full disk fills both; put it on another"
             );
         }
-        let limits = Limits {
-            max_bytes: self.journal_max_mib.saturating_mul(1 << 20),
-            max_batches: self.journal_max_batches,
-        };
-        let journaled = Journaled::open(Box::new(file), &journal, limits)
-            .with_context(|| format!("cannot open the store journal {}", journal.display()))?;
-        info!(
-            journal = %journal.display(),
-            waiting = journaled.depth(),
-            max_batches = limits.max_batches,
-            max_mib = self.journal_max_mib,
-            "embedded store with a journal"
-        );
-        Ok(Store::new(Box::new(journaled)))
+        journaled(
+            Box::new(file),
+            &journal,
+            (self.journal_max_mib, self.journal_max_batches),
+            "embedded store with a journal",
+        )
     }
 
     /// For tools: the file alone (the journal belongs to `serve`).
@@ -88,6 +80,30 @@ impl EmbeddedStoreConfig {
         }
         Ok(out)
     }
+}
+
+/// `inner` behind the journal at `path`, bounded by (MiB, batches); what a previous
+/// run left in it replayed now.
+fn journaled(
+    inner: Box<dyn integrations::store::Backend>,
+    path: &Path,
+    (max_mib, max_batches): (u64, u64),
+    what: &str,
+) -> Result<Store> {
+    let limits = Limits {
+        max_bytes: max_mib.saturating_mul(1 << 20),
+        max_batches,
+    };
+    let journaled = Journaled::open(inner, path, limits)
+        .with_context(|| format!("cannot open the store journal {}", path.display()))?;
+    info!(
+        journal = %path.display(),
+        waiting = journaled.depth(),
+        max_batches,
+        max_mib,
+        "{what}"
+    );
+    Ok(Store::new(Box::new(journaled)))
 }
 
 /// Whether `a` and `b` (or the folders they will be created in) are on one filesystem.
@@ -174,20 +190,12 @@ impl RedisStoreConfig {
         let url = self.url(base)?;
         let redis = RedisBackend::connect_on(&url, &self.prefix, handle, self.deadline())?;
         let path = crate::paths::resolve(base, &self.journal);
-        let limits = Limits {
-            max_bytes: self.journal_max_mib.saturating_mul(1 << 20),
-            max_batches: self.journal_max_batches,
-        };
-        let journaled = Journaled::open(Box::new(redis), &path, limits)
-            .with_context(|| format!("cannot open the store journal {}", path.display()))?;
-        info!(
-            journal = %path.display(),
-            waiting = journaled.depth(),
-            max_batches = limits.max_batches,
-            max_mib = self.journal_max_mib,
-            "redis store with a local journal"
-        );
-        Ok(Store::new(Box::new(journaled)))
+        journaled(
+            Box::new(redis),
+            &path,
+            (self.journal_max_mib, self.journal_max_batches),
+            "redis store with a local journal",
+        )
     }
 
     /// For tools: Redis alone (the journal belongs to `serve`).

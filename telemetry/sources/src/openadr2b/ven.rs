@@ -401,11 +401,8 @@ impl Ven {
         let answer = self.call(cancel, "EiEvent", body).await?;
         self.counters.inc("openadr_resyncs_total");
         info!(vtn = %self.base, "openadr2b VEN asked for the whole event list after a failed call");
-        let again = self
-            .handle(cancel, s, ("EiEvent", answer), held, events)
-            .await?;
-        self.answer(cancel, s, held).await?;
-        Ok(again)
+        self.take(cancel, s, ("EiEvent", answer), held, events)
+            .await
     }
 
     /// One poll; `Ok(true)`: register again.
@@ -420,10 +417,21 @@ impl Ven {
             .call(cancel, "OadrPoll", payload::poll(&s.ven_id))
             .await?;
         self.counters.inc("openadr_polls_total");
-        let again = self
-            .handle(cancel, s, ("OadrPoll", answer), held, events)
-            .await?;
-        // answers that failed before are sent again
+        self.take(cancel, s, ("OadrPoll", answer), held, events)
+            .await
+    }
+
+    /// Acts on an answer, then sends the event answers still owed (those that failed
+    /// before too); `Ok(true)`: register again.
+    async fn take(
+        &self,
+        cancel: &CancellationToken,
+        s: &mut Session,
+        answer: (&'static str, Inbound),
+        held: &mut Events,
+        events: &watch::Sender<Vec<GridEvent>>,
+    ) -> Result<bool, CallError> {
+        let again = self.handle(cancel, s, answer, held, events).await?;
         self.answer(cancel, s, held).await?;
         Ok(again)
     }
