@@ -236,6 +236,8 @@ impl ControlLoop {
         self.committed = state.clone();
         self.state = state;
         self.unsaved = Tx::new();
+        self.counters.store_waiting_writes = 0;
+        self.counters.store_waiting_bytes = 0;
         Ok(())
     }
 
