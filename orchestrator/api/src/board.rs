@@ -186,7 +186,9 @@ impl Board {
     }
 
     /// What one tick changed (the snapshot and the state copied by the caller, outside
-    /// the board's lock).
+    /// the board's lock). Returns the snapshot and the state it replaced, for the
+    /// caller to drop once the lock is released (a large site's take a while to free).
+    #[must_use = "drop the replaced snapshot and state outside the board's lock"]
     pub fn update(
         &mut self,
         time: Timestamp,
@@ -195,11 +197,13 @@ impl Board {
         counters: &Counters,
         decisions: &[Decision],
         buffer_dropped: u64,
-    ) {
+    ) -> (Arc<Snapshot>, Arc<State>) {
         self.time = time;
         self.version += 1;
-        self.snapshot = snapshot;
-        self.state = state;
+        let replaced = (
+            std::mem::replace(&mut self.snapshot, snapshot),
+            std::mem::replace(&mut self.state, state),
+        );
         self.counters = counters.clone();
         self.buffer_dropped = buffer_dropped;
         for d in decisions {
@@ -212,5 +216,6 @@ impl Board {
             }
             self.recent.push_back(d.clone());
         }
+        replaced
     }
 }

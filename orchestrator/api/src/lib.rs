@@ -347,9 +347,10 @@ impl Api {
         self.board.read().unwrap_or_else(|p| p.into_inner()).version
     }
 
-    /// `GET /metrics` (the caller checked access): the tick's render, with the HTTP
-    /// edge's counters as they are now. The agents' figures are as of the render (at
-    /// most a second old), read under the fleet's lock apart from the rest.
+    /// `GET /metrics` (the caller checked access): the tick's render, with what is read
+    /// live (the tick's age, the leader, the store's reachability) and the HTTP edge's
+    /// counters as they are now. The agents' figures are as of the render (at
+    /// most 5 s old), read under the fleet's lock apart from the rest.
     fn metrics(&self) -> Reply {
         let body = self.renders.metrics.get(self.version(), || {
             let (_, board) = self.board_copy();
@@ -359,11 +360,14 @@ impl Api {
                 let f = f.lock().unwrap_or_else(|p| p.into_inner());
                 metrics::render_fleet(&f.status())
             });
-            let mut text = metrics::render(&board, None, self.metrics_gpu_series);
+            let mut text = metrics::render_tick(&board, None, self.metrics_gpu_series);
             text.push_str(&fleet.unwrap_or_default());
             text.into_bytes()
         });
-        let mut text = String::new();
+        let mut text = {
+            let board = self.board.read().unwrap_or_else(|p| p.into_inner());
+            metrics::render_live(&board)
+        };
         self.stats.render_into(&mut text);
         let mut out = Vec::with_capacity(body.len() + text.len());
         out.extend_from_slice(&body);

@@ -19,8 +19,25 @@ use control::fleet::FleetStatus;
 pub const DEFAULT_GPU_SERIES: usize = 10_000;
 
 /// The exposition text for the board (and the fleet, when agents are commanded); the
-/// GPUs' readings one by one up to `gpu_series` GPUs, by node beyond.
+/// GPUs' readings one by one up to `gpu_series` GPUs, by node (or rack) beyond: what
+/// the last tick published ([`render_tick`]) and what is read now ([`render_live`]).
 pub fn render(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> String {
+    let mut text = render_tick(b, fleet, gpu_series);
+    text.push_str(&render_live(b));
+    text
+}
+
+/// What is read at the scrape: the last tick's age, the leader, the store backend's
+/// own figures. Cheap: the API writes it fresh for every scrape.
+pub fn render_live(b: &Board) -> String {
+    let mut o = Out::default();
+    leader(&mut o, b);
+    counters::live(&mut o, b);
+    o.render()
+}
+
+/// What the last tick published: the API renders it once per tick.
+pub fn render_tick(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize) -> String {
     let mut o = Out::default();
     identity(&mut o, b);
     site::readings(&mut o, b, gpu_series);
@@ -149,8 +166,8 @@ fn grid(o: &mut Out, b: &Board) {
     }
 }
 
-/// The build, and this replica's part in high availability.
-fn identity(o: &mut Out, b: &Board) {
+/// The build.
+fn identity(o: &mut Out, _b: &Board) {
     o.add(
         "build_info",
         "gauge",
@@ -158,6 +175,10 @@ fn identity(o: &mut Out, b: &Board) {
         &[("version", env!("CARGO_PKG_VERSION"))],
         1.0,
     );
+}
+
+/// This replica's part in high availability, as the election has it now.
+fn leader(o: &mut Out, b: &Board) {
     let ha = b.ha_status();
     o.add(
         "leader",
@@ -279,7 +300,7 @@ mod tests {
             observe_only: false,
             release: String::new(),
         };
-        b.update(
+        let _ = b.update(
             now,
             Arc::new(snap.clone()),
             Arc::new(state.clone()),
@@ -386,7 +407,7 @@ mod tests {
         }
         drop(gpus);
         let (state, counters) = ((*b.state).clone(), b.counters.clone());
-        b.update(
+        let _ = b.update(
             now,
             Arc::new(snap.clone()),
             Arc::new(state.clone()),
@@ -628,7 +649,7 @@ mod tests {
         }
         let state = (*b.state).clone();
         let counters = b.counters.clone();
-        b.update(
+        let _ = b.update(
             now,
             Arc::new(snap.clone()),
             Arc::new(state.clone()),

@@ -545,7 +545,7 @@ mod tests {
             now,
         );
         let mut b = Board::new(site, "policy.toml".into(), now);
-        b.update(
+        let _ = b.update(
             now,
             std::sync::Arc::new(snap),
             std::sync::Arc::new(plan.state),

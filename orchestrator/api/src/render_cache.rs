@@ -12,24 +12,41 @@
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-/// How long a render is served before it is made again, even without a new tick.
-pub const MAX_AGE: Duration = Duration::from_secs(1);
+/// How long a render is served before it is made again, even without a new tick (a
+/// stalled loop's `tick_age_seconds` still moves; `/readyz`, never cached, tells at
+/// once).
+pub const MAX_AGE: Duration = Duration::from_secs(5);
 
 /// A render: the board version it is of, when it was made, the bytes.
 type Render = (u64, Instant, Arc<Vec<u8>>);
 
 /// The last render of one view, by board version.
-#[derive(Default)]
 pub struct RenderCache {
     last: Mutex<Option<Render>>,
     rendering: Mutex<()>,
+    max_age: Duration,
+}
+
+impl Default for RenderCache {
+    fn default() -> Self {
+        RenderCache::with_max_age(MAX_AGE)
+    }
 }
 
 impl RenderCache {
+    /// A cache whose renders are made again after `max_age` even without a new tick.
+    pub fn with_max_age(max_age: Duration) -> Self {
+        RenderCache {
+            last: Mutex::new(None),
+            rendering: Mutex::new(()),
+            max_age,
+        }
+    }
+
     fn cached(&self, version: u64, any: bool) -> Option<Arc<Vec<u8>>> {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         last.as_ref()
-            .filter(|(v, at, _)| any || (*v == version && at.elapsed() < MAX_AGE))
+            .filter(|(v, at, _)| any || (*v == version && at.elapsed() < self.max_age))
             .map(|(_, _, body)| body.clone())
     }
 
@@ -70,7 +87,8 @@ mod tests {
 
     #[test]
     fn each_version_is_rendered_once_and_others_get_the_last_render_meanwhile() {
-        let cache = Arc::new(RenderCache::default());
+        let max_age = Duration::from_millis(300);
+        let cache = Arc::new(RenderCache::with_max_age(max_age));
         let renders = Arc::new(AtomicUsize::new(0));
         let render = |v: u64| {
             let renders = renders.clone();
@@ -106,7 +124,7 @@ mod tests {
         assert_eq!(*cache.get(2, render(2)), b"v2");
         assert_eq!(renders.load(Ordering::SeqCst), 1, "version 2 rendered once");
         // no new tick, but the live figures move: rendered again after MAX_AGE
-        std::thread::sleep(MAX_AGE + Duration::from_millis(50));
+        std::thread::sleep(max_age + Duration::from_millis(50));
         cache.get(2, render(2));
         assert_eq!(renders.load(Ordering::SeqCst), 2);
     }

@@ -523,7 +523,7 @@ impl Serve {
         b.price_source = self.prices.source.to_string();
         b.feeds = feeds;
         b.prices = prices;
-        b.update(
+        let replaced = b.update(
             now,
             snapshot,
             state,
@@ -543,6 +543,9 @@ impl Serve {
             .after_tick(report.store_error.as_deref(), self.last_source_sample);
         b.cadence = self.cadence.clone();
         b.redfish = redfish;
+        drop(b);
+        // freed outside the lock (unless a render still holds them)
+        drop(replaced);
     }
 
     /// Until `next` (at least once, even after a tick that ran late): the

@@ -501,7 +501,7 @@ fn bench_metrics() {
             put(id, INLET_TEMP_C, 25.0);
         }
         let mut board = orchestrator::http::Board::new(site, "policy.toml".into(), now);
-        board.update(
+        let _ = board.update(
             now,
             std::sync::Arc::new(snap),
             std::sync::Arc::new(policies::State::default()),

@@ -125,9 +125,10 @@ pub(super) fn feeds(o: &mut Out, b: &Board) {
     }
 }
 
-/// The loop's cadence: tick delays and durations, and evaluations for crossings.
-pub(super) fn cadence(o: &mut Out, b: &Board) {
-    // read at the scrape, not at the last tick: it grows while the loop is stalled
+/// What is read at the scrape, not at the last tick: the age of the last tick (it
+/// grows while the loop is stalled) and the store backend's own figures
+/// (reachability, journal).
+pub(super) fn live(o: &mut Out, b: &Board) {
     o.add(
         "tick_age_seconds",
         "gauge",
@@ -135,6 +136,13 @@ pub(super) fn cadence(o: &mut Out, b: &Board) {
         &[],
         common::wall_clock().secs_since(b.time).max(0.0),
     );
+    for (name, kind, help, v) in b.store_health.iter().flat_map(|h| h.samples()) {
+        o.add(name, kind, help, &[], v);
+    }
+}
+
+/// The loop's cadence: tick delays and durations, and evaluations for crossings.
+pub(super) fn cadence(o: &mut Out, b: &Board) {
     o.add(
         "tick_delay_seconds",
         "gauge",
@@ -214,7 +222,7 @@ pub(super) fn cadence(o: &mut Out, b: &Board) {
 
 /// The schedulers', the store's and the buffer's counters, decisions by rule, the tariff and the last tick.
 /// The store's counters: failed commits, what waits in memory for it and what was
-/// dropped from that, and the backend's own (reachability, journal).
+/// dropped from that (the backend's own are read live, [`live`]).
 pub(super) fn store(o: &mut Out, b: &Board) {
     let c = &b.counters;
     o.add(
@@ -247,9 +255,6 @@ pub(super) fn store(o: &mut Out, b: &Board) {
         &[],
         c.store_waiting_bytes as f64,
     );
-    for (name, kind, help, v) in b.store_health.iter().flat_map(|h| h.samples()) {
-        o.add(name, kind, help, &[], v);
-    }
 }
 
 pub(super) fn edges(o: &mut Out, b: &Board) {

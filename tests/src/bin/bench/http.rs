@@ -153,12 +153,12 @@ fn write_scaled(d: &Path, port: u16, mqtt: u16, gpus: usize, rules: usize) -> (u
     .expect("policy");
     std::fs::write(
         d.join("mapping.toml"),
-        "[[json]]\ntopic = \"bench/racks\"\neach = \"/racks\"\nentity = \"rack/{/rack}\"\nreadings = [ { metric = \"inlet_temp_c\", value = \"/inlet\" }, { metric = \"power_w\", value = \"/w\" } ]\n[[json]]\ntopic = \"bench/cooling\"\neach = \"/units\"\nentity = \"cooling/{/id}\"\nmetric = \"supply_temp_c\"\nvalue = \"/c\"\n",
+        "version = 1\n[[json]]\ntopic = \"bench/racks\"\neach = \"/racks\"\nentity = \"rack/{/rack}\"\nreadings = [ { metric = \"inlet_temp_c\", value = \"/inlet\" }, { metric = \"power_w\", value = \"/w\" } ]\n[[json]]\ntopic = \"bench/cooling\"\neach = \"/units\"\nentity = \"cooling/{/id}\"\nmetric = \"supply_temp_c\"\nvalue = \"/c\"\n",
     )
     .expect("mapping");
     // hourly prices from a day ago to two days ahead
     let now = chrono::Utc::now().timestamp();
-    let mut csv = String::from("time,price_per_kwh,carbon_g_per_kwh\n");
+    let mut csv = String::from("start,price_per_kwh,carbon_g_per_kwh\n");
     for h in -24..48 {
         let t = chrono::DateTime::from_timestamp((now / 3600 + h) * 3600, 0).expect("time");
         csv.push_str(&format!(
@@ -300,6 +300,9 @@ pub fn bench_http() {
     let ready = Instant::now() + Duration::from_secs(if gpus > 0 { 300 } else { 20 });
     while rt.block_on(one(port, &mut None, "/api/v1/status")).ok() != Some(200) {
         assert!(Instant::now() < ready, "serve never answered");
+        if let Ok(Some(status)) = serve.try_wait() {
+            panic!("serve exited before it answered: {status}");
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(if gpus > 0 { 10 } else { 2 }));
