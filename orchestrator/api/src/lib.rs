@@ -215,7 +215,8 @@ impl Hooks {
 pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
-    pub body: Vec<u8>,
+    /// Shared, not copied: a render kept for the tick goes out to every request as is.
+    pub body: hyper::body::Bytes,
     /// `WWW-Authenticate: Bearer` on 401.
     pub challenge: bool,
 }
@@ -224,7 +225,7 @@ fn json_reply(status: u16, v: &serde_json::Value) -> Reply {
     Reply {
         status,
         content_type: "application/json",
-        body: serde_json::to_vec_pretty(v).unwrap_or_default(),
+        body: serde_json::to_vec_pretty(v).unwrap_or_default().into(),
         challenge: status == 401,
     }
 }
@@ -375,7 +376,7 @@ impl Api {
         Reply {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: out,
+            body: out.into(),
             challenge: false,
         }
     }
@@ -385,12 +386,12 @@ impl Api {
         if route == "status" {
             let body = self.renders.status.get(self.version(), || {
                 let (_, board) = self.board_copy();
-                json_reply(200, &status(&board)).body
+                json_reply(200, &status(&board)).body.to_vec()
             });
             return Reply {
                 status: 200,
                 content_type: "application/json",
-                body: body.to_vec(),
+                body,
                 challenge: false,
             };
         }
@@ -466,7 +467,7 @@ impl Api {
         Reply {
             status: 200,
             content_type: "text/html; charset=utf-8",
-            body: body.to_vec(),
+            body,
             challenge: false,
         }
     }

@@ -9,8 +9,10 @@
 //! ago the last tick ran, the store's reachability, the leader), which must keep moving
 //! while the loop is stalled.
 
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
+
+use hyper::body::Bytes;
 
 /// How long a render is served before it is made again, even without a new tick (a
 /// stalled loop's `tick_age_seconds` still moves; `/readyz`, never cached, tells at
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 pub const MAX_AGE: Duration = Duration::from_secs(5);
 
 /// A render: the board version it is of, when it was made, the bytes.
-type Render = (u64, Instant, Arc<Vec<u8>>);
+type Render = (u64, Instant, Bytes);
 
 /// The last render of one view, by board version.
 pub struct RenderCache {
@@ -43,7 +45,7 @@ impl RenderCache {
         }
     }
 
-    fn cached(&self, version: u64, any: bool) -> Option<Arc<Vec<u8>>> {
+    fn cached(&self, version: u64, any: bool) -> Option<Bytes> {
         let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         last.as_ref()
             .filter(|(v, at, _)| any || (*v == version && at.elapsed() < self.max_age))
@@ -52,7 +54,7 @@ impl RenderCache {
 
     /// The render of `version`, made by `render` unless it is kept; while another
     /// request renders, the last render kept.
-    pub fn get(&self, version: u64, render: impl FnOnce() -> Vec<u8>) -> Arc<Vec<u8>> {
+    pub fn get(&self, version: u64, render: impl FnOnce() -> Vec<u8>) -> Bytes {
         if let Some(body) = self.cached(version, false) {
             return body;
         }
@@ -71,7 +73,7 @@ impl RenderCache {
         if let Some(body) = self.cached(version, false) {
             return body;
         }
-        let body = Arc::new(render());
+        let body = Bytes::from(render());
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_ref().is_none_or(|(v, _, _)| *v <= version) {
             *last = Some((version, Instant::now(), body.clone()));
@@ -84,6 +86,7 @@ impl RenderCache {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     #[test]
     fn each_version_is_rendered_once_and_others_get_the_last_render_meanwhile() {
@@ -97,8 +100,8 @@ mod tests {
                 format!("v{v}").into_bytes()
             }
         };
-        assert_eq!(*cache.get(1, render(1)), b"v1");
-        assert_eq!(*cache.get(1, render(1)), b"v1");
+        assert_eq!(cache.get(1, render(1)), &b"v1"[..]);
+        assert_eq!(cache.get(1, render(1)), &b"v1"[..]);
         assert_eq!(renders.load(Ordering::SeqCst), 1, "kept");
         // while version 2 renders (slowly), a request for it gets version 1 at once
         let (started_tx, started_rx) = std::sync::mpsc::channel();
@@ -115,13 +118,13 @@ mod tests {
         };
         started_rx.recv().expect("the render started");
         assert_eq!(
-            *cache.get(2, render(2)),
-            b"v1",
+            cache.get(2, render(2)),
+            &b"v1"[..],
             "the last render, not a wait"
         );
         go_tx.send(()).expect("go");
-        assert_eq!(*slow.join().expect("render"), b"v2");
-        assert_eq!(*cache.get(2, render(2)), b"v2");
+        assert_eq!(slow.join().expect("render"), &b"v2"[..]);
+        assert_eq!(cache.get(2, render(2)), &b"v2"[..]);
         assert_eq!(renders.load(Ordering::SeqCst), 1, "version 2 rendered once");
         // no new tick, but the live figures move: rendered again after MAX_AGE
         std::thread::sleep(max_age + Duration::from_millis(50));

@@ -235,7 +235,7 @@ fn see_root(cookie: String) -> Response<Body> {
         Reply {
             status: 303,
             content_type: "text/plain; charset=utf-8",
-            body: b"see /\n".to_vec(),
+            body: Bytes::from_static(b"see /\n"),
             challenge: false,
         },
         vec![
@@ -257,7 +257,7 @@ fn closing(mut r: Response<Body>) -> Response<Body> {
 
 /// A [`Reply`] as a response (bodies are in memory: a Content-Length, never chunks).
 fn respond(reply: Reply, extra: Vec<(HeaderName, String)>) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(reply.body)));
+    let mut r = Response::new(Full::new(reply.body));
     *r.status_mut() =
         StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let h = r.headers_mut();

@@ -149,7 +149,7 @@ pub fn login_page(status: u16, note: Option<&str>) -> Reply {
     Reply {
         status,
         content_type: "text/html; charset=utf-8",
-        body: body.into_bytes(),
+        body: body.into_bytes().into(),
         challenge: status == 401,
     }
 }
