@@ -8,8 +8,9 @@
 //! `--gpus G [--rules K]`: instead of the demo, the engine bench's site of G GPUs (50
 //! per rack) with its four rules and K more, `tick_s = 1`, every rack's inlet and power
 //! and every cooling unit's supply published once a second on a private Mosquitto, and
-//! the load split three ways: `/readyz`, `/api/v1/status`, `/metrics`. The loop's tick
-//! time is read from its histogram at the end.
+//! the load split between `/readyz` and `/api/v1/status`, with `/metrics` scraped every
+//! 5 s beside it (as Prometheus would, a little more often). The loop's tick time is
+//! read from its histogram at the end.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -101,6 +102,29 @@ async fn driver(
         tokio::time::sleep_until(due.into()).await;
         let which = (k + index) % paths.len();
         match one(port, &mut conn, paths[which]).await {
+            Ok(200) => tally.latencies.push((which, due.elapsed())),
+            Ok(_) => tally.errors += 1,
+            Err(_) => {
+                tally.errors += 1;
+                conn = None;
+            }
+        }
+    }
+    tally
+}
+
+/// `/metrics` every 5 s from `start` to `until`, as a scraper would (its latencies under
+/// path index `which`).
+async fn scraper(port: u16, which: usize, until: Instant, start: Instant) -> Tally {
+    let mut tally = Tally::default();
+    let mut conn = None;
+    for k in 0.. {
+        let due = start + Duration::from_secs(5 * k);
+        if due >= until {
+            break;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        match one(port, &mut conn, "/metrics").await {
             Ok(200) => tally.latencies.push((which, due.elapsed())),
             Ok(_) => tally.errors += 1,
             Err(_) => {
@@ -310,9 +334,14 @@ pub fn bench_http() {
     let start = Instant::now() + Duration::from_millis(100);
     let until = start + Duration::from_secs(seconds);
     let tallies: Vec<Tally> = rt.block_on(async {
-        let tasks: Vec<_> = (0..connections)
-            .map(|i| tokio::spawn(driver(port, i, connections, rate, until, start, paths)))
+        // scaled: the request load on the first two paths, `/metrics` scraped beside
+        let driven: &'static [&'static str] = if gpus > 0 { &paths[..2] } else { paths };
+        let mut tasks: Vec<_> = (0..connections)
+            .map(|i| tokio::spawn(driver(port, i, connections, rate, until, start, driven)))
             .collect();
+        if gpus > 0 {
+            tasks.push(tokio::spawn(scraper(port, 2, until, start)));
+        }
         let mut out = Vec::new();
         for t in tasks {
             out.push(t.await.unwrap_or_default());
