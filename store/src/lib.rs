@@ -195,6 +195,21 @@ const UNCAPPED_DRAWS: &str = "uncapped_draws";
 const GRID: &str = "grid";
 const GRID_KEY: &str = "event";
 
+/// About how much memory one write holds: its names, key and value, and the op itself.
+fn op_bytes(op: &Op) -> usize {
+    const OP: usize = 48;
+    OP + match op {
+        Op::Put {
+            collection,
+            key,
+            value,
+        } => collection.len() + key.len() + value.len(),
+        Op::Delete { collection, key } => collection.len() + key.len(),
+        Op::Append { log, value } => log.len() + value.len(),
+        Op::Fence { .. } => 0,
+    }
+}
+
 /// A batch under construction, with typed helpers.
 #[derive(Debug, Clone, Default)]
 pub struct Tx {
@@ -323,23 +338,7 @@ impl Tx {
 
     /// About how much memory the writes hold: keys, values and names, in bytes.
     pub fn bytes(&self) -> usize {
-        const OP: usize = 48;
-        self.batch
-            .ops
-            .iter()
-            .map(|op| {
-                OP + match op {
-                    Op::Put {
-                        collection,
-                        key,
-                        value,
-                    } => collection.len() + key.len() + value.len(),
-                    Op::Delete { collection, key } => collection.len() + key.len(),
-                    Op::Append { log, value } => log.len() + value.len(),
-                    Op::Fence { .. } => 0,
-                }
-            })
-            .sum()
+        self.batch.ops.iter().map(op_bytes).sum()
     }
 
     /// Keeps the last put or delete of each key (what a commit would leave) and every
@@ -396,10 +395,10 @@ impl Tx {
                 if bytes <= max_bytes {
                     break;
                 }
-                if let Op::Append { log, value } = op {
+                if let Op::Append { log, .. } = op {
                     if rank(log) == pass {
                         drop[i] = true;
-                        bytes = bytes.saturating_sub(48 + log.len() + value.len());
+                        bytes = bytes.saturating_sub(op_bytes(op));
                         *dropped.entry(log.clone()).or_default() += 1;
                     }
                 }

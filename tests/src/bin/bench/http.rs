@@ -31,6 +31,27 @@ struct Tally {
     errors: u64,
 }
 
+impl Tally {
+    /// One answer to a request due at `due`: its latency, or an error (a broken
+    /// connection is dropped, to be opened again).
+    fn record(
+        &mut self,
+        which: usize,
+        due: Instant,
+        answer: std::io::Result<u16>,
+        conn: &mut Option<BufReader<TcpStream>>,
+    ) {
+        match answer {
+            Ok(200) => self.latencies.push((which, due.elapsed())),
+            Ok(_) => self.errors += 1,
+            Err(_) => {
+                self.errors += 1;
+                *conn = None;
+            }
+        }
+    }
+}
+
 const PATHS: [&str; 2] = ["/metrics", "/api/v1/status"];
 const SCALED_PATHS: [&str; 3] = ["/readyz", "/api/v1/status", "/metrics"];
 
@@ -101,14 +122,8 @@ async fn driver(
         }
         tokio::time::sleep_until(due.into()).await;
         let which = (k + index) % paths.len();
-        match one(port, &mut conn, paths[which]).await {
-            Ok(200) => tally.latencies.push((which, due.elapsed())),
-            Ok(_) => tally.errors += 1,
-            Err(_) => {
-                tally.errors += 1;
-                conn = None;
-            }
-        }
+        let answer = one(port, &mut conn, paths[which]).await;
+        tally.record(which, due, answer, &mut conn);
     }
     tally
 }
@@ -124,14 +139,8 @@ async fn scraper(port: u16, which: usize, until: Instant, start: Instant) -> Tal
             break;
         }
         tokio::time::sleep_until(due.into()).await;
-        match one(port, &mut conn, "/metrics").await {
-            Ok(200) => tally.latencies.push((which, due.elapsed())),
-            Ok(_) => tally.errors += 1,
-            Err(_) => {
-                tally.errors += 1;
-                conn = None;
-            }
-        }
+        let answer = one(port, &mut conn, "/metrics").await;
+        tally.record(which, due, answer, &mut conn);
     }
     tally
 }
