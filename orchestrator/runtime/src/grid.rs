@@ -65,9 +65,34 @@ pub struct DemandResponseSection {
     #[serde(default = "default_levels")]
     pub levels: BTreeMap<String, f64>,
     /// Opt out of a VTN's event whose target is under what the site can reach without
-    /// touching protected work (as the last tick saw it), with that reason.
+    /// touching protected work (as the last tick saw it), with that reason (OpenADR
+    /// 2.0b; OpenADR 3 has no opt message).
     #[serde(default = "default_true")]
     pub opt_out_when_unreachable: bool,
+    /// OpenADR 3: the OAuth 2 client the utility issued, and the file that holds its
+    /// secret (read when the configuration is loaded).
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub client_secret_file: Option<PathBuf>,
+    /// The secret read from `client_secret_file`.
+    #[serde(skip)]
+    pub client_secret: Option<String>,
+    /// OpenADR 3: the token endpoint; left out, the one the VTN names at
+    /// `GET /auth/server`.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// OpenADR 3: only the events of these programs (by name); left out, all.
+    #[serde(default)]
+    pub programs: Vec<String>,
+    /// OpenADR 3: how often the meter is reported during an event that asks for
+    /// reports, seconds.
+    #[serde(default = "default_report_s")]
+    pub report_s: f64,
+}
+
+fn default_report_s() -> f64 {
+    60.0
 }
 
 /// The VEN's protocol.
@@ -110,8 +135,10 @@ pub enum SectionError {
     NoProtocol,
     #[error("{0}")]
     Ven(String),
-    #[error("protocol \"openadr3\" is not built in yet: use \"openadr2b\", or post targets")]
-    Openadr3,
+    #[error("protocol \"openadr3\" needs client_id and client_secret_file")]
+    Openadr3Credentials,
+    #[error("client_id, client_secret_file, token_url and programs are for protocol \"openadr3\"")]
+    Openadr3Only,
 }
 
 impl DemandResponseSection {
@@ -143,7 +170,22 @@ impl DemandResponseSection {
             None if self.vtn_url.is_some() || self.ven_name.is_some() || self.poll_s.is_some() => {
                 out.push(SectionError::NoProtocol)
             }
-            Some(Protocol::Openadr3) => out.push(SectionError::Openadr3),
+            Some(Protocol::Openadr3) => {
+                if self.client_id.is_none() || self.client_secret_file.is_none() {
+                    out.push(SectionError::Openadr3Credentials);
+                }
+                // the secret itself is checked where it is read
+                if let Some(Err(e)) = self.ven3_config().map(|c| c.validate()) {
+                    use sources::openadr3::{ConfigError, ConfigErrors};
+                    let rest: Vec<_> =
+                        e.0.into_iter()
+                            .filter(|p| *p != ConfigError::Credentials)
+                            .collect();
+                    if !rest.is_empty() {
+                        out.push(SectionError::Ven(ConfigErrors(rest).to_string()));
+                    }
+                }
+            }
             Some(Protocol::Openadr2b) => {
                 if let Some(Err(e)) = self.ven_config().map(|c| c.validate()) {
                     out.push(SectionError::Ven(e.to_string()));
@@ -151,7 +193,44 @@ impl DemandResponseSection {
             }
             _ => {}
         }
+        let openadr3_only = self.client_id.is_some()
+            || self.client_secret_file.is_some()
+            || self.token_url.is_some()
+            || !self.programs.is_empty();
+        if openadr3_only && self.protocol != Some(Protocol::Openadr3) {
+            out.push(SectionError::Openadr3Only);
+        }
         out
+    }
+
+    /// Reads `client_secret_file` (relative to `base`).
+    pub fn read_secrets(&mut self, base: &Path) -> Result<(), sources::secret::SecretError> {
+        if let Some(f) = &self.client_secret_file {
+            self.client_secret = Some(sources::secret::read(base, f)?);
+        }
+        Ok(())
+    }
+
+    /// The OpenADR 3 VEN's settings, with `protocol = "openadr3"`, a VTN and a client.
+    pub fn ven3_config(&self) -> Option<sources::openadr3::VenConfig> {
+        if self.protocol != Some(Protocol::Openadr3) {
+            return None;
+        }
+        let (url, name) = (self.vtn_url.as_ref()?, self.ven_name.as_ref()?);
+        let mut c = sources::openadr3::VenConfig::new(
+            url,
+            name,
+            self.client_id.as_deref()?,
+            self.client_secret.as_deref().unwrap_or_default(),
+        );
+        c.token_url = self.token_url.clone();
+        c.programs = self.programs.clone();
+        c.timeout_s = self.timeout_s;
+        c.poll_s = self.poll_s.unwrap_or(c.poll_s);
+        c.report_s = self.report_s;
+        c.backoff_max_s = self.backoff_max_s;
+        c.tls = self.tls.clone();
+        Some(c)
     }
 
     /// The OpenADR 2.0b VEN's settings, with `protocol = "openadr2b"` and a VTN.
@@ -254,37 +333,45 @@ impl Grid {
         self.ven = Some(ven);
     }
 
-    /// Starts the VEN of `section` (with `protocol = "openadr2b"`) on `runtime`: it
-    /// reports the meter after each tick, and opts out of an event whose target is under
-    /// what the site can reach without protected work (as the last tick in an event
-    /// saw it) where `opt_out_when_unreachable` says so.
+    /// Starts the VEN of `section`'s `protocol` on `runtime`: it reports the meter
+    /// after each tick; the OpenADR 2.0b one opts out of an event whose target is under
+    /// what the site can reach without protected work (as the last tick in an event saw
+    /// it) where `opt_out_when_unreachable` says so.
     pub fn start_ven(
         &mut self,
         section: &DemandResponseSection,
         runtime: &crate::Runtime,
-    ) -> Result<(), sources::openadr2b::VenError> {
-        let Some(cfg) = section.ven_config() else {
-            return Ok(());
-        };
+    ) -> Result<(), String> {
         let meter_w = self.meter_w.clone();
         let meter: sources::openadr2b::MeterFn = Arc::new(move || read_shared(&meter_w));
-        let (meter_w, floor_w) = (self.meter_w.clone(), self.floor_w.clone());
-        let levels = self.levels.clone();
-        let opt_out = section.opt_out_when_unreachable;
-        let opt: sources::openadr2b::OptFn = Arc::new(move |e: &GridEvent| {
-            opt_for(
-                e,
-                opt_out,
-                read_shared(&meter_w),
-                read_shared(&floor_w),
-                &levels,
-            )
-        });
-        let ven = sources::openadr2b::Ven::new(cfg, opt, meter)?;
-        info!(what = %ven.describe(), "OpenADR 2.0b VEN starting");
-        let stats = ven.stats();
         let (tx, rx) = tokio::sync::watch::channel(Vec::new());
-        runtime.spawn(ven.run(runtime.shutdown.clone(), tx));
+        let stats = if let Some(cfg) = section.ven3_config() {
+            let ven = sources::openadr3::Ven::new(cfg, meter).map_err(|e| e.to_string())?;
+            info!(what = %ven.describe(), "OpenADR 3 VEN starting");
+            let stats = ven.stats();
+            runtime.spawn(ven.run(runtime.shutdown.clone(), tx));
+            stats
+        } else if let Some(cfg) = section.ven_config() {
+            let (meter_w, floor_w) = (self.meter_w.clone(), self.floor_w.clone());
+            let levels = self.levels.clone();
+            let opt_out = section.opt_out_when_unreachable;
+            let opt: sources::openadr2b::OptFn = Arc::new(move |e: &GridEvent| {
+                opt_for(
+                    e,
+                    opt_out,
+                    read_shared(&meter_w),
+                    read_shared(&floor_w),
+                    &levels,
+                )
+            });
+            let ven = sources::openadr2b::Ven::new(cfg, opt, meter).map_err(|e| e.to_string())?;
+            info!(what = %ven.describe(), "OpenADR 2.0b VEN starting");
+            let stats = ven.stats();
+            runtime.spawn(ven.run(runtime.shutdown.clone(), tx));
+            stats
+        } else {
+            return Ok(());
+        };
         self.link(VenLink { events: rx, stats });
         self.configured = true;
         Ok(())

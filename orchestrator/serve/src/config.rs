@@ -302,6 +302,12 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
                 .at(&["demand_response", "tls"])
                 .take(r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] {e}")));
         }
+        let r = dr.read_secrets(base);
+        problems
+            .at(&["demand_response", "client_secret_file"])
+            .take(
+                r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] client_secret_file: {e}")),
+            );
         for p in dr.problems() {
             problems
                 .at(&["demand_response"])

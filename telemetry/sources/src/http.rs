@@ -102,3 +102,28 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Why an answer's body was not read whole.
+#[derive(Debug, Error)]
+pub enum BodyError {
+    #[error("the answer is larger than {} MiB", .0 >> 20)]
+    TooLarge(usize),
+    #[error("{}", chain(.0))]
+    Transport(#[source] reqwest::Error),
+}
+
+/// An answer's body, read chunk by chunk up to `max` bytes: beyond it nothing of it is
+/// kept (a server that streams without end fills no memory).
+pub async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, BodyError> {
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(BodyError::TooLarge(max));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(BodyError::Transport)? {
+        if body.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge(max));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}

@@ -31,6 +31,8 @@ pub mod mqtt;
 pub mod nvml;
 #[cfg(feature = "openadr")]
 pub mod openadr2b;
+#[cfg(feature = "openadr")]
+pub mod openadr3;
 #[cfg(feature = "redfish")]
 pub mod redfish;
 pub mod secret;

@@ -10,20 +10,20 @@ use crate::source::Counter;
 
 /// The VEN's counters by name and (at most one) label, read in a fixed order.
 #[derive(Default)]
-pub(super) struct Counters(Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>);
+pub(crate) struct Counters(Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>);
 
 impl Counters {
-    pub(super) fn add(&self, name: &'static str, label: (&'static str, &'static str), n: u64) {
+    pub(crate) fn add(&self, name: &'static str, label: (&'static str, &'static str), n: u64) {
         if let Ok(mut m) = self.0.lock() {
             *m.entry((name, label.0, label.1)).or_default() += n;
         }
     }
 
-    pub(super) fn inc(&self, name: &'static str) {
+    pub(crate) fn inc(&self, name: &'static str) {
         self.add(name, ("", ""), 1);
     }
 
-    pub(super) fn read(&self) -> Vec<Counter> {
+    pub(crate) fn read(&self) -> Vec<Counter> {
         let Ok(m) = self.0.lock() else {
             return Vec::new();
         };

@@ -19,7 +19,7 @@
 //!   re-registration; with `call` (why an exchange failed, the counters) and
 //!   `reports` (the meter sampled and sent as the VTN asked).
 
-mod call;
+pub(crate) mod call;
 pub mod events;
 pub mod iso;
 pub mod parse;

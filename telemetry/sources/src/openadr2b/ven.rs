@@ -584,26 +584,18 @@ impl Ven {
 /// (`too_large`) and nothing of it is kept.
 pub const MAX_BODY: usize = 16 << 20;
 
-/// The answer's body as text, read chunk by chunk up to [`MAX_BODY`].
-async fn read_body(
-    mut resp: reqwest::Response,
-    service: &'static str,
-) -> Result<String, CallError> {
-    let too_large = || CallError::Transport {
-        service,
-        reason: "too_large",
-        detail: format!("the answer is larger than {} MiB", MAX_BODY >> 20),
-    };
-    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(service, &e))? {
-        if body.len() + chunk.len() > MAX_BODY {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
+/// The answer's body as text, read up to [`MAX_BODY`].
+async fn read_body(resp: reqwest::Response, service: &'static str) -> Result<String, CallError> {
+    let body = crate::http::read_capped(resp, MAX_BODY)
+        .await
+        .map_err(|e| match e {
+            crate::http::BodyError::Transport(e) => transport(service, &e),
+            e @ crate::http::BodyError::TooLarge(_) => CallError::Transport {
+                service,
+                reason: "too_large",
+                detail: e.to_string(),
+            },
+        })?;
     String::from_utf8(body).map_err(|_| CallError::Transport {
         service,
         reason: "not_utf8",
@@ -612,7 +604,7 @@ async fn read_body(
 }
 
 /// 1, 2, 4 … s up to `max_s`, each between half and all of it.
-fn backoff(failures: u32, max_s: f64) -> f64 {
+pub(crate) fn backoff(failures: u32, max_s: f64) -> f64 {
     let full = 2f64
         .powi(failures.saturating_sub(1).min(16) as i32)
         .min(max_s);
