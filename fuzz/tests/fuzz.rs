@@ -60,6 +60,11 @@ fn openadr2b() {
 }
 
 #[test]
+fn openadr3() {
+    fuzz("openadr3");
+}
+
+#[test]
 fn agent_command() {
     fuzz("agent_command");
 }

@@ -3,6 +3,7 @@
 mod files;
 mod mqtt;
 mod openadr;
+mod openadr3;
 mod redfish;
 mod signed;
 
@@ -33,6 +34,10 @@ pub const DECODERS: &[Decoder] = &[
     Decoder {
         name: "openadr2b",
         make: openadr::openadr2b,
+    },
+    Decoder {
+        name: "openadr3",
+        make: openadr3::openadr3,
     },
     Decoder {
         name: "site_toml",
