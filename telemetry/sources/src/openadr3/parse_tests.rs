@@ -98,16 +98,16 @@ fn what_cannot_be_read_is_refused_by_name_and_the_rest_is_kept() {
         )
     };
     // a bad value, unknown units, a level out of range, no payload: passed over by name
-    let e = one(&format!(
-        r#"{{"id":"e","programID":"p","payloadDescriptors":[{{"payloadType":"DISPATCH_SETPOINT","units":"KVAR"}}],
-            "intervalPeriod":{{"start":"2026-12-07T12:00:00Z","duration":"PT1H"}},"intervals":[
-            {{"id":0,"payloads":[{{"type":"IMPORT_CAPACITY_LIMIT","values":["lots"]}}]}},
-            {{"id":1,"payloads":[{{"type":"DISPATCH_SETPOINT","values":[100]}}]}},
-            {{"id":2,"payloads":[{{"type":"SIMPLE","values":[7]}}]}},
-            {{"id":3,"payloads":[]}},
-            {{"id":4,"payloads":[{{"type":"ALERT_GRID_EMERGENCY","values":["now"]}}]}},
-            {{"id":5,"payloads":[{{"type":"SIMPLE","values":[3]}}]}}]}}"#
-    ))
+    let e = one(
+        r#"{"id":"e","programID":"p","payloadDescriptors":[{"payloadType":"DISPATCH_SETPOINT","units":"KVAR"}],
+            "intervalPeriod":{"start":"2026-12-07T12:00:00Z","duration":"PT1H"},"intervals":[
+            {"id":0,"payloads":[{"type":"IMPORT_CAPACITY_LIMIT","values":["lots"]}]},
+            {"id":1,"payloads":[{"type":"DISPATCH_SETPOINT","values":[100]}]},
+            {"id":2,"payloads":[{"type":"SIMPLE","values":[7]}]},
+            {"id":3,"payloads":[]},
+            {"id":4,"payloads":[{"type":"ALERT_GRID_EMERGENCY","values":["now"]}]},
+            {"id":5,"payloads":[{"type":"SIMPLE","values":[3]}]}]}"#
+    )
     .expect("read");
     assert_eq!(
         e.skipped,
