@@ -117,8 +117,27 @@ impl Vtn {
         Vtn::start_on(free_port(), fresh_db())
     }
 
+    /// On a fresh database and a free port, notifying over MQTT through the broker on
+    /// `broker_port` (127.0.0.1; anonymous).
+    pub fn start_with_mqtt(broker_port: u16) -> Vtn {
+        let url = format!("mqtt://127.0.0.1:{broker_port}");
+        Vtn::start_with(
+            free_port(),
+            fresh_db(),
+            &[
+                ("MQTT_URL", url.as_str()),
+                ("MQTT_USERNAME", "vtn"),
+                ("MQTT_PASSWORD", "vtn"),
+            ],
+        )
+    }
+
     /// On `port` and `db` (a database it ran on before keeps its state).
     pub fn start_on(port: u16, db: String) -> Vtn {
+        Vtn::start_with(port, db, &[])
+    }
+
+    fn start_with(port: u16, db: String, env: &[(&str, &str)]) -> Vtn {
         let http =
             sources::http::blocking_client(Duration::from_secs(10), &sources::tls::Tls::default())
                 .expect("client");
@@ -139,6 +158,7 @@ impl Vtn {
                 format!("http://127.0.0.1:{port}/auth/token"),
             )
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use powerplane_tests::openadr3_vtn::{event_request, fresh_db, Vtn, VEN_CLIENT, VEN_SECRET};
+use powerplane_tests::Broker;
 use sources::openadr3::{Ven, VenConfig};
 use sources::source::{CancellationToken, Stats};
 use telemetry::grid::{EventStatus, GridEvent, GridTarget};
@@ -332,5 +333,85 @@ fn a_refused_secret_is_counted_retried_with_backoff_and_never_fatal() {
     assert_eq!(counter(&ven.stats, "openadr_tokens_total", None), 0);
     assert_eq!(counter(&ven.stats, "openadr_polls_total", None), 0);
     assert!(ven.events.borrow().is_empty());
+    assert!(!ven.task.is_finished());
+}
+
+#[test]
+fn a_vtns_mqtt_notification_brings_an_event_at_once_and_a_lost_broker_leaves_polling() {
+    let mut broker = Broker::start();
+    let vtn = Vtn::start_with_mqtt(broker.port);
+    vtn.add_ven_client();
+    let program = vtn.program("ers-10");
+    let mut cfg = ven_config(&vtn);
+    // polls far apart: what comes at once came by notification
+    cfg.poll_s = 600.0;
+    let ven = start_ven(cfg);
+    counters_when(&ven.stats, 20.0, "the notifier connected", |s| {
+        counter(s, "openadr_notifier_connections_total", None) >= 1
+            && counter(s, "openadr_polls_total", None) >= 1
+    });
+    let polls = counter(&ven.stats, "openadr_polls_total", None);
+    let t0 = Instant::now();
+    let e = vtn.bl_ok(
+        "POST",
+        "/events",
+        Some(event_request(
+            &program,
+            &rfc3339(now()),
+            30,
+            "SIMPLE",
+            &[1.0],
+        )),
+    );
+    let id = id_of(&e);
+    events_when(&ven, 5.0, "the notified event", |e| event(e, &id).is_some());
+    let latency = t0.elapsed();
+    assert!(counter(&ven.stats, "openadr_notifications_total", None) >= 1);
+    assert!(counter(&ven.stats, "openadr_polls_total", None) > polls);
+    eprintln!("event created → held by the VEN: {latency:?}");
+
+    // deleted: notified as well
+    vtn.delete_event(&id);
+    events_when(&ven, 5.0, "the notified delete", |e| {
+        event(e, &id).is_some_and(|e| e.status == EventStatus::Cancelled)
+    });
+
+    // the broker goes away: counted, the VEN keeps going (polling every poll_s)
+    broker.stop();
+    counters_when(&ven.stats, 15.0, "the lost broker counted", |s| {
+        counter(s, "openadr_errors_total", Some("notifier")) >= 1
+    });
+    // back: the notifier reconnects and notifications work again
+    let connections = counter(&ven.stats, "openadr_notifier_connections_total", None);
+    broker.restart();
+    // subscribed again: two topics, two acknowledgements
+    counters_when(&ven.stats, 45.0, "the notifier subscribed again", |s| {
+        counter(s, "openadr_notifier_connections_total", None) >= connections + 2
+    });
+    // (openleadr-vtn's own MQTT client does not come back by itself: the utility's
+    // notification is published on the VTN's topic for it)
+    let e = vtn.bl_ok(
+        "POST",
+        "/events",
+        Some(event_request(
+            &program,
+            &rfc3339(now()),
+            30,
+            "SIMPLE",
+            &[2.0],
+        )),
+    );
+    let id = id_of(&e);
+    let topics = vtn.bl_ok("GET", "/notifiers/mqtt/topics/events", None);
+    let topic = topics["topics"]["CREATE"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no create topic: {topics}"));
+    powerplane_tests::mosquitto_pub(broker.port, topic, b"{}", &[]);
+    events_when(
+        &ven,
+        5.0,
+        "an event notified after the broker came back",
+        |e| event(e, &id).is_some(),
+    );
     assert!(!ven.task.is_finished());
 }

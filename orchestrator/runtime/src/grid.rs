@@ -89,6 +89,10 @@ pub struct DemandResponseSection {
     /// reports, seconds.
     #[serde(default = "default_report_s")]
     pub report_s: f64,
+    /// OpenADR 3: subscribe to the VTN's MQTT notifier where it offers one (a message
+    /// makes the VEN poll at once; polling every `poll_s` goes on beside).
+    #[serde(default = "default_true")]
+    pub notifications: bool,
 }
 
 fn default_report_s() -> f64 {
@@ -228,6 +232,7 @@ impl DemandResponseSection {
         c.timeout_s = self.timeout_s;
         c.poll_s = self.poll_s.unwrap_or(c.poll_s);
         c.report_s = self.report_s;
+        c.notifications = self.notifications;
         c.backoff_max_s = self.backoff_max_s;
         c.tls = self.tls.clone();
         Some(c)

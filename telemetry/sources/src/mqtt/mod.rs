@@ -256,7 +256,7 @@ fn sleep_while(d: Duration, keep_going: &dyn Fn() -> bool) {
 }
 
 /// (host, port, TLS or not).
-fn parse_url(url: &str) -> Result<(String, u16, bool), MqttConfigError> {
+pub(crate) fn parse_url(url: &str) -> Result<(String, u16, bool), MqttConfigError> {
     let bad = || MqttConfigError::BadUrl(url.to_string());
     let (rest, secure) = if let Some(r) = url
         .strip_prefix("mqtt://")

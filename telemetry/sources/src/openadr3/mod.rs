@@ -13,6 +13,9 @@
 //!
 //! - [`parse`]: what the VTN sends (pure): events and their intervals mapped to grid
 //!   targets, programs, the token, VEN objects;
+//! - [`held`]: the events held (pure): each poll's list, versions, statuses, samples
+//!   and the reports due;
+//! - [`notify`]: the VTN's MQTT notifier, where it offers one (a message: poll now);
 //! - [`ven`]: the task (tokio): token, VEN object, polling, reports, backoff.
 //!
 //! # What the VEN understands
@@ -27,6 +30,7 @@
 //! lists was cancelled.
 
 pub mod held;
+pub mod notify;
 pub mod parse;
 pub mod ven;
 
@@ -60,6 +64,9 @@ pub struct VenConfig {
     pub report_s: f64,
     /// The longest wait between retries after failures, seconds.
     pub backoff_max_s: f64,
+    /// Subscribe to the VTN's MQTT notifier where it offers one, and poll at once when
+    /// it says something changed (polling every `poll_s` goes on beside).
+    pub notifications: bool,
     pub tls: Tls,
 }
 
@@ -77,6 +84,7 @@ impl VenConfig {
             poll_s: 10.0,
             report_s: 60.0,
             backoff_max_s: 60.0,
+            notifications: true,
             tls: Tls::default(),
         }
     }

@@ -20,11 +20,12 @@ use std::time::Duration;
 use serde_json::json;
 use telemetry::grid::GridEvent;
 use telemetry::Timestamp;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::held::{DueReport, Events};
+use super::notify;
 use super::parse::{self, ParseError, ReportKind};
 use super::{VenConfig, VenError};
 use crate::openadr2b::call::Counters;
@@ -113,6 +114,10 @@ struct State {
     ven_id: Option<String>,
     /// A VEN object was found or created before (the next is a re-registration).
     registered_before: bool,
+    /// The notifier was looked for since the VEN object was found.
+    notifier_tried: bool,
+    /// The running notifier's stop.
+    notifier: Option<CancellationToken>,
     programs: BTreeMap<String, String>,
     held: Events,
     failures: u32,
@@ -144,7 +149,8 @@ impl Ven {
 
     /// Its counters (names without the `powerplane_` prefix): `openadr_polls_total`,
     /// `openadr_tokens_total`, `openadr_registrations_total`,
-    /// `openadr_reregistrations_total`,
+    /// `openadr_reregistrations_total`, `openadr_notifications_total`,
+    /// `openadr_notifier_connections_total`,
     /// `openadr_events_received_total`, `openadr_events_refused_total`,
     /// `openadr_reports_sent_total`, `openadr_errors_total{reason}`,
     /// `openadr_payloads_rejected_total{reason}`, `openadr_signals_skipped_total{reason}`.
@@ -167,6 +173,8 @@ impl Ven {
             token_url: self.cfg.token_url.clone(),
             ven_id: None,
             registered_before: false,
+            notifier_tried: false,
+            notifier: None,
             programs: BTreeMap::new(),
             held: Events::default(),
             failures: 0,
@@ -174,6 +182,7 @@ impl Ven {
             next_poll: t0,
         };
         let sample_s = SAMPLE_S.min(self.cfg.report_s);
+        let wake = Arc::new(Notify::new());
         info!(vtn = %self.base, ven = %self.cfg.ven_name, "openadr3 VEN starting");
         while !cancel.is_cancelled() {
             let t = (self.clock)();
@@ -183,7 +192,7 @@ impl Ven {
             let next_sample = st.held.sample(t, (self.meter)(), sample_s);
             let report_s = self.cfg.report_s;
             if t >= st.next_call && (t >= st.next_poll || st.held.report_due(t, report_s)) {
-                let outcome = self.round(&cancel, &mut st, &events, t).await;
+                let outcome = self.round(&cancel, &mut st, &events, &wake, t).await;
                 if !self.after(&mut st, outcome) {
                     break;
                 }
@@ -191,14 +200,16 @@ impl Ven {
             }
             // the next call (not before the backoff ends), sample or change of status
             let next_report = st.held.next_report(report_s).unwrap_or(st.next_poll);
-            let mut wake = st.next_call.max(st.next_poll.min(next_report));
+            let mut at = st.next_call.max(st.next_poll.min(next_report));
             for w in [next_sample, st.held.next_change(t)].into_iter().flatten() {
-                wake = wake.min(w);
+                at = at.min(w);
             }
-            let wait = Duration::from_secs_f64(wake.secs_since(t).clamp(0.001, 86_400.0));
+            let wait = Duration::from_secs_f64(at.secs_since(t).clamp(0.001, 86_400.0));
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
+                // a notification: poll at once (after any backoff)
+                _ = wake.notified() => st.next_poll = (self.clock)(),
             }
         }
         info!(vtn = %self.base, "openadr3 VEN stopped");
@@ -211,6 +222,7 @@ impl Ven {
         cancel: &CancellationToken,
         st: &mut State,
         events: &watch::Sender<Vec<GridEvent>>,
+        wake: &Arc<Notify>,
         t: Timestamp,
     ) -> Result<(), CallError> {
         if st.token.as_ref().is_none_or(|(_, exp)| *exp <= t) {
@@ -218,6 +230,10 @@ impl Ven {
         }
         if st.ven_id.is_none() {
             self.find_ven(cancel, st).await?;
+        }
+        if self.cfg.notifications && !st.notifier_tried {
+            st.notifier_tried = true;
+            self.subscribe(cancel, st, wake).await;
         }
         if t >= st.next_poll {
             self.poll(cancel, st, events).await?;
@@ -252,6 +268,11 @@ impl Ven {
                     // a VTN that was away or no longer knows the client may have lost
                     // the VEN object too: it is looked up (or created) again
                     st.registered_before |= st.ven_id.take().is_some();
+                    // and the notifier is looked for again once it is
+                    st.notifier_tried = false;
+                    if let Some(n) = st.notifier.take() {
+                        n.cancel();
+                    }
                 }
                 let wait = if unauthorized && st.failures == 1 {
                     0.0
@@ -420,6 +441,63 @@ impl Ven {
         }
         st.ven_id = Some(id);
         Ok(())
+    }
+
+    /// Starts the MQTT notifier where the VTN offers one (`GET /notifiers`); without
+    /// one, or when it cannot be set up, the VEN polls every `poll_s` (logged).
+    async fn subscribe(&self, cancel: &CancellationToken, st: &mut State, wake: &Arc<Notify>) {
+        let Some(ven_id) = st.ven_id.clone() else {
+            return;
+        };
+        let get = |path: String| {
+            let url = format!("{}/{path}", self.base);
+            let token = self.bearer(st).map(str::to_string);
+            async move {
+                self.call(cancel, "notifiers", &url, token.as_deref(), Req::Get)
+                    .await
+            }
+        };
+        let broker = match get("notifiers".into()).await {
+            Ok(b) => notify::broker(&b),
+            Err(e) => {
+                info!(vtn = %self.base, error = %e, "openadr3 VTN names no notifiers: the VEN polls every poll_s");
+                return;
+            }
+        };
+        let Some(broker) = broker else {
+            info!(vtn = %self.base, "openadr3 VTN offers no MQTT notifier: the VEN polls every poll_s");
+            return;
+        };
+        let mut topics = Vec::new();
+        for path in [
+            format!("notifiers/mqtt/topics/vens/{ven_id}/events"),
+            "notifiers/mqtt/topics/events".to_string(),
+        ] {
+            if let Ok(b) = get(path).await {
+                topics.extend(notify::topics(&b));
+            }
+        }
+        topics.sort();
+        topics.dedup();
+        let token = st.token.as_ref().map(|t| t.0.clone()).unwrap_or_default();
+        if topics.is_empty() {
+            warn!(vtn = %self.base, "openadr3 VTN names no event topics: the VEN polls every poll_s");
+            return;
+        }
+        let stop = cancel.child_token();
+        let sub = notify::Subscription {
+            broker,
+            topics,
+            client_id: self.cfg.client_id.clone(),
+            token,
+            tls: self.cfg.tls.clone(),
+        };
+        match notify::spawn(sub, wake.clone(), self.counters.clone(), stop.clone()) {
+            Ok(()) => st.notifier = Some(stop),
+            Err(e) => {
+                warn!(vtn = %self.base, error = %e, "openadr3 notifier cannot start: the VEN polls every poll_s")
+            }
+        }
     }
 
     /// Every page of a list, up to [`super::held`]'s bound and a page more.
