@@ -595,6 +595,52 @@ mod tests {
     }
 
     #[test]
+    fn an_openadr3_section_needs_its_client_and_reads_its_secret_file() {
+        let base =
+            "protocol = \"openadr3\"\nvtn_url = \"https://vtn/openadr3\"\nven_name = \"site-a\"\n";
+        assert_eq!(
+            section(base).problems(),
+            vec![SectionError::Openadr3Credentials]
+        );
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("secret"), "s3cret\n").expect("secret");
+        let mut s = section(&format!(
+            "{base}client_id = \"site-a\"\nclient_secret_file = \"secret\"\nprograms = [\"ers-10\"]\npoll_s = 5\nreport_s = 30\nnotifications = false\n"
+        ));
+        s.read_secrets(dir.path()).expect("read");
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        let c = s.ven3_config().expect("openadr3");
+        assert_eq!(
+            (c.client_id.as_str(), c.client_secret.as_str()),
+            ("site-a", "s3cret")
+        );
+        assert_eq!((c.poll_s, c.report_s, c.notifications), (5.0, 30.0, false));
+        assert_eq!(c.programs, vec!["ers-10".to_string()]);
+        assert!(s.ven_config().is_none(), "no 2.0b VEN");
+        // a missing secret file is named
+        let mut m = section(&format!(
+            "{base}client_id = \"a\"\nclient_secret_file = \"nope\"\n"
+        ));
+        let e = m.read_secrets(dir.path()).expect_err("missing");
+        assert!(e.to_string().contains("nope"), "{e}");
+        // OpenADR 3's keys with another protocol, and a bad report period
+        let p = section(
+            "protocol = \"openadr2b\"\nvtn_url = \"https://vtn\"\nven_name = \"v\"\nclient_id = \"c\"\n",
+        )
+        .problems();
+        assert_eq!(p, vec![SectionError::Openadr3Only]);
+        let mut r = section(&format!(
+            "{base}client_id = \"site-a\"\nclient_secret_file = \"secret\"\nreport_s = 0\n"
+        ));
+        r.read_secrets(dir.path()).expect("read");
+        let p = r.problems();
+        assert!(
+            matches!(p.as_slice(), [SectionError::Ven(m)] if m.contains("report_s")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn scheduled_targets_are_published_in_their_window_and_reread_when_changed() {
         let dir = tempfile::tempdir().expect("dir");
         let file = dir.path().join("targets.toml");
