@@ -12,7 +12,7 @@ use common::rng::Rng;
 use serde_json::Value;
 use sources::openadr3::held::Events;
 use sources::openadr3::parse;
-use sources::openadr3::ven::report_body;
+use sources::openadr3::report::report_body;
 use telemetry::Timestamp;
 
 use crate::bytes::below;

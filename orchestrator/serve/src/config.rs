@@ -294,25 +294,7 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
         }
     }
     if let Some(dr) = cfg.demand_response.as_mut() {
-        let name = problems.name.clone();
-        dr.tls = dr.tls.resolved(resolve);
-        if dr.vtn_url.is_some() {
-            let r = sources::tls::client_config(&dr.tls);
-            problems
-                .at(&["demand_response", "tls"])
-                .take(r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] {e}")));
-        }
-        let r = dr.read_secrets(base);
-        problems
-            .at(&["demand_response", "client_secret_file"])
-            .take(
-                r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] client_secret_file: {e}")),
-            );
-        for p in dr.problems() {
-            problems
-                .at(&["demand_response"])
-                .check(false, || format!("{name}: [demand_response] {p}"));
-        }
+        demand_response_secrets(dr, base, &resolve, problems);
     }
     if let Some(np) = cfg.node_power.as_mut() {
         np.tls = np.tls.resolved(resolve);
@@ -334,6 +316,33 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
         problems
             .at(&["store"])
             .take(r.url(base).map_err(|e| anyhow::anyhow!("{name}: {e}")));
+    }
+}
+
+/// `[demand_response]`: its TLS files resolved and tried, its client secret read, its
+/// problems told.
+fn demand_response_secrets(
+    dr: &mut runtime::grid::DemandResponseSection,
+    base: &Path,
+    resolve: &dyn Fn(&str) -> String,
+    problems: &mut Problems,
+) {
+    let name = problems.name.clone();
+    dr.tls = dr.tls.resolved(resolve);
+    if dr.vtn_url.is_some() {
+        let r = sources::tls::client_config(&dr.tls);
+        problems
+            .at(&["demand_response", "tls"])
+            .take(r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] {e}")));
+    }
+    let r = dr.read_secrets(base);
+    problems
+        .at(&["demand_response", "client_secret_file"])
+        .take(r.map_err(|e| anyhow::anyhow!("{name}: [demand_response] client_secret_file: {e}")));
+    for p in dr.problems() {
+        problems
+            .at(&["demand_response"])
+            .check(false, || format!("{name}: [demand_response] {p}"));
     }
 }
 

@@ -124,7 +124,19 @@ impl Events {
             };
             next.insert(held.event.id.clone(), held);
         }
-        // what the VTN no longer lists was cancelled (shown so for a while)
+        self.keep_cancelled(&mut next, &mut m, now);
+        self.held = next;
+        m
+    }
+
+    /// What the VTN no longer lists was cancelled: shown so for
+    /// [`CANCELLED_KEPT_S`], within the bound, then forgotten.
+    fn keep_cancelled(
+        &mut self,
+        next: &mut BTreeMap<String, Held>,
+        m: &mut Merged,
+        now: Timestamp,
+    ) {
         for (id, mut h) in std::mem::take(&mut self.held) {
             if next.len() >= MAX_EVENTS {
                 break;
@@ -141,8 +153,6 @@ impl Events {
                 m.changed = true;
             }
         }
-        self.held = next;
-        m
     }
 
     /// When an event first seen at `id` was: for OpenADR 3's "start now".

@@ -29,9 +29,11 @@
 //! the site can, and the reports show what it delivered. An event the VTN no longer
 //! lists was cancelled.
 
+mod call;
 pub mod held;
 pub mod notify;
 pub mod parse;
+pub mod report;
 pub mod ven;
 
 use thiserror::Error;

@@ -24,12 +24,13 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::call::{form_escape, problem, CallError, Req};
 use super::held::{DueReport, Events};
 use super::notify;
-use super::parse::{self, ParseError, ReportKind};
+use super::parse::{self, ParseError};
+use super::report::report_body;
 use super::{VenConfig, VenError};
 use crate::openadr2b::call::Counters;
-use crate::openadr2b::iso;
 use crate::openadr2b::ven::backoff;
 use crate::openadr2b::MeterFn;
 use crate::source::Stats;
@@ -66,47 +67,6 @@ fn now() -> Timestamp {
     Timestamp::from(chrono::Utc::now())
 }
 
-/// Why one call failed: the `reason` label of `openadr_errors_total`.
-#[derive(Debug, thiserror::Error)]
-enum CallError {
-    #[error("{what}: {reason}: {detail}")]
-    Transport {
-        what: &'static str,
-        reason: &'static str,
-        detail: String,
-    },
-    #[error("{what}: HTTP {status}: {detail}")]
-    Status {
-        what: &'static str,
-        status: u16,
-        detail: String,
-    },
-    #[error("{what}: {0}", what = .1)]
-    Payload(#[source] ParseError, &'static str),
-    #[error("cancelled")]
-    Cancelled,
-}
-
-impl CallError {
-    fn reason(&self) -> &'static str {
-        match self {
-            CallError::Transport { reason, .. } => reason,
-            CallError::Status {
-                status: 401 | 403, ..
-            } => "unauthorized",
-            // a token endpoint refuses a client with 400 (RFC 6749 §5.2) as well
-            CallError::Status {
-                what: "token",
-                status: 400,
-                ..
-            } => "unauthorized",
-            CallError::Status { .. } => "http_status",
-            CallError::Payload(..) => "payload",
-            CallError::Cancelled => "cancelled",
-        }
-    }
-}
-
 /// What the task holds between rounds.
 struct State {
     token: Option<(String, Timestamp)>,
@@ -123,13 +83,6 @@ struct State {
     failures: u32,
     next_call: Timestamp,
     next_poll: Timestamp,
-}
-
-/// A call's method and body.
-enum Req<'a> {
-    Get,
-    Json(&'a serde_json::Value),
-    Form(String),
 }
 
 impl Ven {
@@ -616,121 +569,5 @@ impl Ven {
             }
             Err(e) => Err(e),
         }
-    }
-}
-
-/// A report of the meter for one event (OpenADR 3.1 `REPORT`, with the 3.0 `programID`
-/// beside): one interval covering the samples, one payload per kind asked.
-pub fn report_body(ven_name: &str, r: &DueReport) -> serde_json::Value {
-    let kw = r.mean_w / 1000.0;
-    let descriptors: Vec<_> = r
-        .kinds
-        .iter()
-        .map(|k| match k {
-            ReportKind::Power(t) => json!({"objectType": "REPORT_PAYLOAD_DESCRIPTOR", "payloadType": t, "readingType": "MEAN", "units": "KW"}),
-            ReportKind::Usage => json!({"objectType": "REPORT_PAYLOAD_DESCRIPTOR", "payloadType": "USAGE", "readingType": "SUMMED", "units": "KWH"}),
-        })
-        .collect();
-    let payloads: Vec<_> = r
-        .kinds
-        .iter()
-        .map(|k| {
-            let v = match k {
-                ReportKind::Power(_) => kw,
-                ReportKind::Usage => kw * r.seconds / 3600.0,
-            };
-            json!({"type": k.payload_type(), "values": [(v * 1000.0).round() / 1000.0]})
-        })
-        .collect();
-    json!({
-        "objectType": "REPORT",
-        "programID": r.program_id,
-        "eventID": r.event_id,
-        "clientName": ven_name,
-        "reportName": format!("powerplane {} {}", r.event_id, iso::format_datetime(r.start)),
-        "payloadDescriptors": descriptors,
-        "resources": [{
-            "resourceName": "AGGREGATED_REPORT",
-            "intervalPeriod": {
-                "start": iso::format_datetime(r.start),
-                "duration": iso::format_duration(r.seconds),
-            },
-            "intervals": [{"id": 0, "payloads": payloads}],
-        }],
-    })
-}
-
-/// The detail of an error answer: RFC 7807's `title` and `detail`, else the start of
-/// the body.
-fn problem(body: &[u8]) -> String {
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
-        let part = |k| v.get(k).and_then(serde_json::Value::as_str).unwrap_or("");
-        let s = format!("{} {}", part("title"), part("detail"));
-        if !s.trim().is_empty() {
-            return s.trim().to_string();
-        }
-    }
-    String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned()
-}
-
-/// `application/x-www-form-urlencoded` (and a query's value): unreserved characters as
-/// they are, every other byte as `%XX`.
-pub fn form_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn form_values_are_escaped() {
-        assert_eq!(form_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
-        assert_eq!(form_escape("site-a_1.x~"), "site-a_1.x~");
-    }
-
-    #[test]
-    fn a_report_carries_each_kind_asked_over_the_samples_period() {
-        let r = DueReport {
-            event_id: "e1".into(),
-            program_id: "p1".into(),
-            kinds: vec![ReportKind::Power("DEMAND"), ReportKind::Usage],
-            mean_w: 750_000.0,
-            start: Timestamp::parse_rfc3339("2026-12-07T12:00:00Z").expect("t"),
-            seconds: 60.0,
-        };
-        let b = report_body("site-a", &r);
-        assert_eq!(b["eventID"], "e1");
-        assert_eq!(b["clientName"], "site-a");
-        let res = &b["resources"][0];
-        assert_eq!(res["intervalPeriod"]["start"], "2026-12-07T12:00:00.000Z");
-        assert_eq!(res["intervalPeriod"]["duration"], "PT60S");
-        let p = &res["intervals"][0]["payloads"];
-        assert_eq!(
-            (p[0]["type"].as_str(), p[0]["values"][0].as_f64()),
-            (Some("DEMAND"), Some(750.0))
-        );
-        assert_eq!(
-            (p[1]["type"].as_str(), p[1]["values"][0].as_f64()),
-            (Some("USAGE"), Some(12.5))
-        );
-        assert_eq!(b["payloadDescriptors"][1]["units"], "KWH");
-    }
-
-    #[test]
-    fn an_error_answer_is_told_by_its_problem() {
-        assert_eq!(
-            problem(br#"{"type":"about:blank","title":"Forbidden","status":403,"detail":"Missing scope"}"#),
-            "Forbidden Missing scope"
-        );
-        assert_eq!(problem(b"plain"), "plain");
     }
 }
