@@ -13,42 +13,10 @@ mod common;
 mod openadr3_vtn;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{http, metric_value};
+use common::{grid_metrics as metrics, grid_status as grid, metric_value, wait_until as wait_for};
 use openadr3_vtn::{event_request, free_port, Vtn, VEN_CLIENT, VEN_SECRET};
-use serde_json::Value;
-
-const VIEWER: &str = "viewer-token-0123456789abcdef";
-
-fn root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace")
-        .to_path_buf()
-}
-
-fn wait_for<T>(what: &str, within: Duration, f: &mut dyn FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn grid(port: u16) -> Option<Value> {
-    let (code, _, body) = http(port, "GET", "/api/v1/grid", Some(VIEWER), b"");
-    (code == 200)
-        .then(|| serde_json::from_str(&body).ok())
-        .flatten()
-}
-
-fn metrics(port: u16) -> String {
-    http(port, "GET", "/metrics", Some(VIEWER), b"").2
-}
 
 fn check(config: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_powerplane"))
@@ -65,22 +33,15 @@ fn a_vtns_event_is_met_reported_and_deleted_and_a_hung_vtn_delays_no_tick() {
     let program = vtn.program("ers-10");
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    std::fs::copy(root().join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\nenabled = false\n",
-    )
-    .expect("policy");
     let port = free_port();
-    let config = d.join("powerplane.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 1\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"grafana\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n\n[demand_response]\nprotocol = \"openadr3\"\nvtn_url = \"{}\"\nven_name = \"powerplane-demo-hall\"\nclient_id = \"{VEN_CLIENT}\"\nclient_secret_file = \"ven.secret\"\nprograms = [\"ers-10\"]\ntimeout_s = 2\npoll_s = 1\nreport_s = 2\n",
+    let config = common::write_grid_config(
+        d,
+        port,
+        &format!(
+            "protocol = \"openadr3\"\nvtn_url = \"{}\"\nven_name = \"powerplane-demo-hall\"\nclient_id = \"{VEN_CLIENT}\"\nclient_secret_file = \"ven.secret\"\nprograms = [\"ers-10\"]\ntimeout_s = 2\npoll_s = 1\nreport_s = 2\n",
             vtn.url()
         ),
-    )
-    .expect("config");
+    );
 
     // the secret file is read when the configuration is checked: missing, it is named
     let out = check(&config);

@@ -13,10 +13,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{http, metric_value};
+use common::{grid_metrics as metrics, grid_status as grid, metric_value, wait_until as wait_for};
 use serde_json::Value;
-
-const VIEWER: &str = "viewer-token-0123456789abcdef";
 
 fn root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -133,49 +131,19 @@ impl Vtn {
     }
 }
 
-fn wait_for<T>(what: &str, within: Duration, f: &mut dyn FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn grid(port: u16) -> Option<Value> {
-    let (code, _, body) = http(port, "GET", "/api/v1/grid", Some(VIEWER), b"");
-    (code == 200)
-        .then(|| serde_json::from_str(&body).ok())
-        .flatten()
-}
-
-fn metrics(port: u16) -> String {
-    http(port, "GET", "/metrics", Some(VIEWER), b"").2
-}
-
 #[test]
 fn a_vtns_event_is_met_reported_and_cancelled_and_a_hung_vtn_delays_no_tick() {
     let mut vtn = Vtn::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = dir.path();
-    std::fs::copy(root().join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
-    std::fs::write(
-        d.join("policy.toml"),
-        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\nenabled = false\n",
-    )
-    .expect("policy");
     let port = free_port();
-    std::fs::write(
-        d.join("powerplane.toml"),
-        format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 1\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"grafana\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n\n[demand_response]\nprotocol = \"openadr2b\"\nvtn_url = \"http://127.0.0.1:{}/OpenADR2/Simple/2.0b\"\nven_name = \"powerplane-demo-hall\"\ntimeout_s = 2\n",
+    let config = common::write_grid_config(
+        dir.path(),
+        port,
+        &format!(
+            "protocol = \"openadr2b\"\nvtn_url = \"http://127.0.0.1:{}/OpenADR2/Simple/2.0b\"\nven_name = \"powerplane-demo-hall\"\ntimeout_s = 2\n",
             vtn.port
         ),
-    )
-    .expect("config");
-    let config = d.join("powerplane.toml");
+    );
     let check = Command::new(env!("CARGO_BIN_EXE_powerplane"))
         .args(["serve", "--check", "--config"])
         .arg(&config)

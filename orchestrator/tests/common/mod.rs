@@ -275,3 +275,68 @@ pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
+
+/// Calls `f` every 100 ms until it gives a value, failing the test after `within`.
+pub fn wait_until<T>(
+    what: &str,
+    within: std::time::Duration,
+    f: &mut dyn FnMut() -> Option<T>,
+) -> T {
+    let end = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "{what}: not within {within:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The viewer token of [`write_grid_config`]'s `[http]`.
+pub const GRID_VIEWER: &str = "viewer-token-0123456789abcdef";
+
+/// A serve of the demo hall with only the grid controller on (no budget, thermal or
+/// price policy), a 1 s tick, an embedded store, the API on `port` with
+/// [`GRID_VIEWER`], and `demand_response` (a `[demand_response]` section's body) in
+/// `d`; returns the config's path.
+pub fn write_grid_config(
+    d: &std::path::Path,
+    port: u16,
+    demand_response: &str,
+) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_path_buf();
+    std::fs::copy(root.join("examples/demo/site.toml"), d.join("site.toml")).expect("site");
+    std::fs::write(
+        d.join("policy.toml"),
+        "version = 1\n[budget]\nenabled = false\n[thermal]\nenabled = false\n[price]\nenabled = false\n",
+    )
+    .expect("policy");
+    let config = d.join("powerplane.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 1\n\n[store]\nkind = \"embedded\"\npath = \"state.redb\"\n\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"grafana\"\nrole = \"viewer\"\ntoken = \"{GRID_VIEWER}\"\n\n[demand_response]\n{demand_response}"
+        ),
+    )
+    .expect("config");
+    config
+}
+
+/// `GET /api/v1/grid` as the viewer, when it answers 200.
+pub fn grid_status(port: u16) -> Option<serde_json::Value> {
+    let (code, _, body) = http(port, "GET", "/api/v1/grid", Some(GRID_VIEWER), b"");
+    (code == 200)
+        .then(|| serde_json::from_str(&body).ok())
+        .flatten()
+}
+
+/// `/metrics` as the viewer.
+pub fn grid_metrics(port: u16) -> String {
+    http(port, "GET", "/metrics", Some(GRID_VIEWER), b"").2
+}

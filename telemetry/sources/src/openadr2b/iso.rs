@@ -6,6 +6,16 @@ use telemetry::Timestamp;
 /// Seconds in an ISO 8601 duration: `[+-]P[nW][nD][T[nH][nM][n[.f]S]]`; years and
 /// months (of no fixed length) are refused, as is anything else.
 pub fn parse_duration(s: &str) -> Option<f64> {
+    duration(s, false)
+}
+
+/// [`parse_duration`] with years and months too (`P0Y0M0DT0H10M0S`, as OpenADR 3
+/// VTNs write), a year taken as 365 days and a month as 30.
+pub fn parse_duration_calendar(s: &str) -> Option<f64> {
+    duration(s, true)
+}
+
+fn duration(s: &str, calendar: bool) -> Option<f64> {
     let s = s.trim();
     let (sign, rest) = match s.as_bytes().first()? {
         b'-' => (-1.0, &s[1..]),
@@ -28,6 +38,8 @@ pub fn parse_duration(s: &str) -> Option<f64> {
                 let n: f64 = num.parse().ok()?;
                 num.clear();
                 let unit = match (in_time, c) {
+                    (false, 'Y') if calendar => 365.0 * 86_400.0,
+                    (false, 'M') if calendar => 30.0 * 86_400.0,
                     (false, 'W') => 7.0 * 86_400.0,
                     (false, 'D') => 86_400.0,
                     (true, 'H') => 3_600.0,

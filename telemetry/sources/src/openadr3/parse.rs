@@ -271,35 +271,12 @@ fn period(p: &Value, now: Timestamp) -> Result<Period, &'static str> {
 /// duration is rare; the interval ends by then either way). Negative durations are
 /// refused.
 pub fn duration_s(d: &str) -> Option<f64> {
-    let d = d.trim();
-    if d == "P9999Y" {
+    if d.trim() == "P9999Y" {
         return Some(ENDLESS_S);
     }
-    let rest = d.strip_prefix('+').unwrap_or(d).strip_prefix('P')?;
-    let (mut total, mut in_time, mut any) = (0.0, false, false);
-    let mut num = String::new();
-    for c in rest.chars() {
-        match c {
-            'T' if !in_time && num.is_empty() => in_time = true,
-            '0'..='9' | '.' | ',' => num.push(if c == ',' { '.' } else { c }),
-            _ => {
-                let n: f64 = num.parse().ok()?;
-                num.clear();
-                total += n * match (in_time, c) {
-                    (false, 'Y') => 365.0 * 86_400.0,
-                    (false, 'M') => 30.0 * 86_400.0,
-                    (false, 'W') => 7.0 * 86_400.0,
-                    (false, 'D') => 86_400.0,
-                    (true, 'H') => 3_600.0,
-                    (true, 'M') => 60.0,
-                    (true, 'S') => 1.0,
-                    _ => return None,
-                };
-                any = true;
-            }
-        }
-    }
-    (num.is_empty() && any && total.is_finite()).then_some(total.min(ENDLESS_S))
+    iso::parse_duration_calendar(d)
+        .filter(|s| *s >= 0.0 && s.is_finite())
+        .map(|s| s.min(ENDLESS_S))
 }
 
 /// What one interval asks: the first payload the VEN understands, or why none was.
