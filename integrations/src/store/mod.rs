@@ -5,6 +5,7 @@
 
 pub mod embedded;
 pub mod journal;
+pub mod postgres;
 pub mod redis;
 
 pub use ::store::*;
