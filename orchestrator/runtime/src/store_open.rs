@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use integrations::store::embedded::EmbeddedBackend;
 use integrations::store::journal::{Journaled, Limits};
+use integrations::store::postgres::PostgresBackend;
 use integrations::store::redis::RedisBackend;
 use integrations::store::Store;
 use serde::Deserialize;
@@ -203,6 +204,74 @@ impl RedisStoreConfig {
         Ok(Store::new(Box::new(RedisBackend::connect(
             &self.url(base)?,
             &self.prefix,
+        )?)))
+    }
+}
+
+/// `[store] kind = "postgres"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresStoreConfig {
+    /// `postgres://user[:password]@host[:port]/database[?options]` (or a key-value
+    /// string); or give `url_file`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// A file holding the URL (with its password), readable by the controller only.
+    #[serde(default)]
+    pub url_file: Option<PathBuf>,
+    /// The schema the store's tables live in (created where missing).
+    #[serde(default = "default_prefix")]
+    pub schema: String,
+    /// Batches PostgreSQL cannot take wait here (relative to the config file).
+    #[serde(default = "default_postgres_journal")]
+    pub journal: PathBuf,
+    #[serde(default = "default_journal_max_mib")]
+    pub journal_max_mib: u64,
+    #[serde(default = "default_journal_max_batches")]
+    pub journal_max_batches: u64,
+    #[serde(default = "default_max_waiting_mib")]
+    pub max_waiting_mib: u64,
+    /// Deadline of each call to PostgreSQL.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+}
+
+fn default_postgres_journal() -> PathBuf {
+    PathBuf::from("powerplane-postgres-journal.redb")
+}
+
+impl PostgresStoreConfig {
+    /// The URL, from `url` or from `url_file` (relative to the config's folder).
+    pub fn url(&self, base: &Path) -> Result<String> {
+        match (&self.url, &self.url_file) {
+            (Some(u), None) => Ok(u.clone()),
+            (None, Some(f)) => sources::secret::read(base, f)
+                .map(|u| u.trim().to_string())
+                .map_err(|e| anyhow::anyhow!("[store] url_file: {e}")),
+            _ => anyhow::bail!("[store] kind = \"postgres\" needs exactly one of url or url_file"),
+        }
+    }
+
+    /// For `serve`: PostgreSQL with its connection's task on `handle`, behind the
+    /// journal (replayed now if the last run left batches in it).
+    pub fn open_journaled(&self, base: &Path, handle: Handle) -> Result<Store> {
+        let url = self.url(base)?;
+        let deadline = Duration::from_secs_f64(self.timeout_s.clamp(0.05, 60.0));
+        let pg = PostgresBackend::connect_on(&url, &self.schema, handle, deadline)?;
+        let path = crate::paths::resolve(base, &self.journal);
+        journaled(
+            Box::new(pg),
+            &path,
+            (self.journal_max_mib, self.journal_max_batches),
+            "postgres store with a local journal",
+        )
+    }
+
+    /// For tools: PostgreSQL alone (the journal belongs to `serve`).
+    pub fn open_plain(&self, base: &Path) -> Result<Store> {
+        Ok(Store::new(Box::new(PostgresBackend::connect(
+            &self.url(base)?,
+            &self.schema,
         )?)))
     }
 }

@@ -141,6 +141,7 @@ pub enum StoreConfig {
     Memoryless,
     Embedded(runtime::store_open::EmbeddedStoreConfig),
     Redis(runtime::store_open::RedisStoreConfig),
+    Postgres(runtime::store_open::PostgresStoreConfig),
 }
 
 impl StoreConfig {
@@ -151,6 +152,7 @@ impl StoreConfig {
             StoreConfig::Memoryless => runtime::store_open::default_max_waiting_mib(),
             StoreConfig::Embedded(e) => e.max_waiting_mib,
             StoreConfig::Redis(r) => r.max_waiting_mib,
+            StoreConfig::Postgres(p) => p.max_waiting_mib,
         };
         usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
@@ -311,11 +313,16 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
             .at(&["agents", "mqtt"])
             .take(r.map_err(|e| anyhow::anyhow!("{name}: [agents.mqtt] {e}")));
     }
-    if let StoreConfig::Redis(r) = &cfg.store {
+    let url = match &cfg.store {
+        StoreConfig::Redis(r) => Some(r.url(base)),
+        StoreConfig::Postgres(p) => Some(p.url(base)),
+        _ => None,
+    };
+    if let Some(url) = url {
         let name = problems.name.clone();
         problems
             .at(&["store"])
-            .take(r.url(base).map_err(|e| anyhow::anyhow!("{name}: {e}")));
+            .take(url.map_err(|e| anyhow::anyhow!("{name}: {e}")));
     }
 }
 

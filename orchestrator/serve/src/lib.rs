@@ -66,7 +66,7 @@ pub fn check_store(config_path: &Path, cfg: &StoreConfig) -> Result<Option<Strin
     let base = config_path.parent().unwrap_or(Path::new("."));
     Ok(match cfg {
         StoreConfig::Embedded(e) => Some(e.check(base)?),
-        StoreConfig::Memoryless | StoreConfig::Redis(_) => None,
+        StoreConfig::Memoryless | StoreConfig::Redis(_) | StoreConfig::Postgres(_) => None,
     })
 }
 
@@ -78,7 +78,7 @@ fn open_store(
 ) -> Result<Store> {
     Ok(match cfg {
         StoreConfig::Memoryless => anyhow::bail!(
-            "[store] is required: kind = \"embedded\" (with path) or \"redis\" (with url)"
+            "[store] is required: kind = \"embedded\" (with path), \"redis\" or \"postgres\" (with url)"
         ),
         StoreConfig::Embedded(e) => match handle {
             // serve: behind its journal where one is set
@@ -88,6 +88,10 @@ fn open_store(
         StoreConfig::Redis(redis) => match handle {
             Some(h) => redis.open_journaled(base, h)?,
             None => redis.open_plain(base)?,
+        },
+        StoreConfig::Postgres(pg) => match handle {
+            Some(h) => pg.open_journaled(base, h)?,
+            None => pg.open_plain(base)?,
         },
     })
 }
