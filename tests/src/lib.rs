@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod mock_bmc;
 pub mod openadr3_vtn;
 pub mod pg;
+pub mod pg_server;
 pub mod redis_server;
 pub mod slurm;
 pub mod slurm24;

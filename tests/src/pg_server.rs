@@ -1,0 +1,163 @@
+//! A PostgreSQL server of the test's own (initdb into a temporary folder, its own
+//! port), for fault tests that stop it: never the machine's shared one. Run as the
+//! `postgres` user when the tests run as root (PostgreSQL refuses root). Shared by the
+//! tests crate and serve's tests (orchestrator/tests/postgres_outage_serve.rs, which
+//! includes this file by path).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The newest PostgreSQL's binaries Debian installed.
+fn bin_dir() -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.retain(|p| p.join("initdb").is_file());
+    found.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    found.pop().unwrap_or_else(|| {
+        panic!("this test needs PostgreSQL's server (Debian postgresql: /usr/lib/postgresql/*/bin/initdb)")
+    })
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// A command of PostgreSQL's, as the postgres user when we are root.
+fn pg(tool: &str) -> Command {
+    let path = bin_dir().join(tool);
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(path);
+        c
+    } else {
+        Command::new(path)
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+pub struct PgServer {
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    pub port: u16,
+    running: bool,
+}
+
+impl PgServer {
+    /// A new cluster (trust authentication on 127.0.0.1), started.
+    pub fn start() -> PgServer {
+        let dir = tempfile::Builder::new()
+            .prefix("powerplane-pg")
+            .tempdir()
+            .expect("tempdir");
+        if is_root() {
+            let ok = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown the cluster's folder to postgres");
+        }
+        let data = dir.path().join("data");
+        let out = pg("initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .expect("initdb runs");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut s = PgServer {
+            data,
+            port: free_port(),
+            _dir: dir,
+            running: false,
+        };
+        s.restart();
+        s
+    }
+
+    fn socket_dir(&self) -> &Path {
+        self.data.parent().expect("folder")
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts it again (on the same port and data), waiting until it takes connections.
+    pub fn restart(&mut self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.socket_dir().display()
+        );
+        let out = pg("pg_ctl")
+            .args(["-w", "-t", "60", "-l"])
+            .arg(self.socket_dir().join("server.log"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-o", &opts, "start"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("pg_ctl runs");
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.running = true;
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "postgres did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops it at once, as a crash would (`pg_ctl stop -m immediate`: no checkpoint;
+    /// the next start recovers from the WAL).
+    pub fn crash(&mut self) {
+        let _ = pg("pg_ctl")
+            .args(["-w", "-m", "immediate", "-D"])
+            .arg(&self.data)
+            .arg("stop")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        self.running = false;
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if self.running {
+            self.crash();
+        }
+    }
+}
