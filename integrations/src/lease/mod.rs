@@ -10,6 +10,7 @@
 //! it *sent* the request (the server's lease ends no earlier than that) and stops
 //! acting `margin` before the end, even while it cannot reach the store.
 
+pub mod postgres;
 pub mod redis;
 
 use thiserror::Error;

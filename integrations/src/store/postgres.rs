@@ -10,12 +10,15 @@
 //!   1 per log without gaps; `log_heads (log, len)` holds each log's length;
 //! - `applied (writer, seq)`: the last batch each writer applied (a batch replayed from
 //!   the journal after a crash is not applied twice);
-//! - `fence (id, epoch)`: the highest fencing epoch a batch carried.
+//! - `fence (id, epoch)`: the highest fencing epoch a batch carried;
+//! - `ha (id, holder, epoch, expires_at)`: the leader lease, where `[ha]` keeps it here
+//!   ([`crate::lease::postgres`]).
 //!
 //! A batch is one transaction. A batch that carries a fencing epoch is refused, and
-//! nothing of it written, when a batch of a higher epoch was committed before (a newer
-//! leader holds the store): the check and the write of the epoch are inside the same
-//! transaction, under the fence row's lock.
+//! nothing of it written, when a batch of a higher epoch was committed before, or when
+//! the leader lease here is in another term (a newer leader holds the store): the
+//! checks and the write of the epoch are inside the same transaction, under the rows'
+//! locks.
 //!
 //! The connection is tokio-postgres's on a tokio runtime (serve's, or one of its own);
 //! the sync [`Backend`] calls drive it with `block_on` and a deadline per call. A call
@@ -85,7 +88,7 @@ fn failed(message: String, source: Option<tokio_postgres::Error>) -> StoreError 
 }
 
 /// A schema name as an SQL identifier: letters, digits and `_` only.
-fn checked_schema(schema: &str) -> Result<String, StoreError> {
+pub(crate) fn checked_schema(schema: &str) -> Result<String, StoreError> {
     let ok = !schema.is_empty()
         && schema.len() <= 63
         && schema
@@ -283,14 +286,16 @@ impl From<tokio_postgres::Error> for Failure {
 }
 
 /// The schema and its tables.
-fn schema_sql(s: &str) -> String {
+pub(crate) fn schema_sql(s: &str) -> String {
     format!(
         "CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.collections (collection text NOT NULL, key text NOT NULL, value bytea NOT NULL, PRIMARY KEY (collection, key));
          CREATE TABLE IF NOT EXISTS {s}.logs (log text NOT NULL, seq bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY (log, seq));
          CREATE TABLE IF NOT EXISTS {s}.log_heads (log text PRIMARY KEY, len bigint NOT NULL);
          CREATE TABLE IF NOT EXISTS {s}.applied (writer text PRIMARY KEY, seq bigint NOT NULL);
-         CREATE TABLE IF NOT EXISTS {s}.fence (id int PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL);"
+         CREATE TABLE IF NOT EXISTS {s}.fence (id int PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL);
+         CREATE TABLE IF NOT EXISTS {s}.ha (id int PRIMARY KEY CHECK (id = 1), holder text NOT NULL, epoch bigint NOT NULL, expires_at timestamptz NOT NULL);
+         INSERT INTO {s}.ha VALUES (1, '', 0, '-infinity') ON CONFLICT (id) DO NOTHING;"
     )
 }
 
@@ -328,7 +333,16 @@ async fn apply(tx: &Transaction<'_>, s: &str, batch: &Batch) -> Result<Vec<u64>,
                     )
                     .await?;
                 let held: i64 = row.get(0);
-                if held > e {
+                // the leader lease's term, where the lease lives here: a batch of any
+                // other term is a deposed (or not yet elected) leader's
+                let term: i64 = tx
+                    .query_one(
+                        &format!("SELECT epoch FROM {s}.ha WHERE id = 1 FOR SHARE"),
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                if held > e || (term > 0 && term != e) {
                     return Err(Failure::Fenced(*epoch));
                 }
                 tx.execute(
