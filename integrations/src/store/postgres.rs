@@ -251,10 +251,20 @@ impl PostgresBackend {
         }
     }
 
+    /// A commit's outcome, counted.
+    fn counted<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        StoreHealth::count(if r.is_ok() {
+            &self.health.commits_ok
+        } else {
+            &self.health.commits_failed
+        });
+        r
+    }
+
     fn up(&mut self) {
         self.retry_at = None;
         self.backoff = MIN_BACKOFF;
-        if self.health.set_reachable(true) {
+        if !self.health.set_reachable(true) {
             info!(url = %redacted(&self.url), "postgres store reachable again");
         }
     }
@@ -262,10 +272,9 @@ impl PostgresBackend {
     fn down(&mut self, why: &str) {
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        if !self.health.set_reachable(false) {
-            return;
+        if self.health.set_reachable(false) {
+            warn!(url = %redacted(&self.url), error = why, "postgres store unreachable");
         }
-        warn!(url = %redacted(&self.url), error = why, "postgres store unreachable");
     }
 
     fn t(&self, table: &str) -> String {
@@ -285,17 +294,23 @@ impl From<tokio_postgres::Error> for Failure {
     }
 }
 
-/// The schema and its tables.
+/// The schema and its tables, created where missing under an advisory lock (replicas
+/// that start together would otherwise race on `CREATE SCHEMA IF NOT EXISTS`), without
+/// the server's notices about what exists already.
 pub(crate) fn schema_sql(s: &str) -> String {
     format!(
-        "CREATE SCHEMA IF NOT EXISTS {s};
+        "SET client_min_messages = warning;
+         BEGIN;
+         SELECT pg_advisory_xact_lock(hashtext('powerplane schema {s}'));
+         CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.collections (collection text NOT NULL, key text NOT NULL, value bytea NOT NULL, PRIMARY KEY (collection, key));
          CREATE TABLE IF NOT EXISTS {s}.logs (log text NOT NULL, seq bigint NOT NULL, value bytea NOT NULL, PRIMARY KEY (log, seq));
          CREATE TABLE IF NOT EXISTS {s}.log_heads (log text PRIMARY KEY, len bigint NOT NULL);
          CREATE TABLE IF NOT EXISTS {s}.applied (writer text PRIMARY KEY, seq bigint NOT NULL);
          CREATE TABLE IF NOT EXISTS {s}.fence (id int PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL);
          CREATE TABLE IF NOT EXISTS {s}.ha (id int PRIMARY KEY CHECK (id = 1), holder text NOT NULL, epoch bigint NOT NULL, expires_at timestamptz NOT NULL);
-         INSERT INTO {s}.ha VALUES (1, '', 0, '-infinity') ON CONFLICT (id) DO NOTHING;"
+         INSERT INTO {s}.ha VALUES (1, '', 0, '-infinity') ON CONFLICT (id) DO NOTHING;
+         COMMIT;"
     )
 }
 
@@ -415,45 +430,52 @@ impl Backend for PostgresBackend {
             return Ok(Vec::new());
         }
         let s = self.schema.clone();
-        on_conn!(self, "commit", |c| async {
-            let tx = c.transaction().await?;
-            let seqs = apply(&tx, &s, batch).await?;
-            tx.commit().await?;
-            Ok::<_, Failure>(seqs)
-        })
+        let r = (|| {
+            on_conn!(self, "commit", |c| async {
+                let tx = c.transaction().await?;
+                let seqs = apply(&tx, &s, batch).await?;
+                tx.commit().await?;
+                Ok::<_, Failure>(seqs)
+            })
+        })();
+        self.counted(r)
     }
 
     fn commit_once(&mut self, writer: &str, seq: u64, batch: &Batch) -> Result<bool, StoreError> {
         let s = self.schema.clone();
         let n = i64::try_from(seq).unwrap_or(i64::MAX);
-        on_conn!(self, "commit", |c| async {
-            let tx = c.transaction().await?;
-            tx.execute(
+        let r =
+            (|| {
+                on_conn!(self, "commit", |c| async {
+                    let tx = c.transaction().await?;
+                    tx.execute(
                 &format!("INSERT INTO {s}.applied VALUES ($1, 0) ON CONFLICT (writer) DO NOTHING"),
                 &[&writer],
             )
             .await?;
-            let row = tx
-                .query_one(
-                    &format!("SELECT seq FROM {s}.applied WHERE writer = $1 FOR UPDATE"),
-                    &[&writer],
-                )
-                .await?;
-            let applied: i64 = row.get(0);
-            if n > 0 && n <= applied {
-                return Ok::<_, Failure>(false); // nothing written: rolled back
-            }
-            apply(&tx, &s, batch).await?;
-            if n > 0 {
-                tx.execute(
-                    &format!("UPDATE {s}.applied SET seq = $2 WHERE writer = $1"),
-                    &[&writer, &n],
-                )
-                .await?;
-            }
-            tx.commit().await?;
-            Ok(true)
-        })
+                    let row = tx
+                        .query_one(
+                            &format!("SELECT seq FROM {s}.applied WHERE writer = $1 FOR UPDATE"),
+                            &[&writer],
+                        )
+                        .await?;
+                    let applied: i64 = row.get(0);
+                    if n > 0 && n <= applied {
+                        return Ok::<_, Failure>(false); // nothing written: rolled back
+                    }
+                    apply(&tx, &s, batch).await?;
+                    if n > 0 {
+                        tx.execute(
+                            &format!("UPDATE {s}.applied SET seq = $2 WHERE writer = $1"),
+                            &[&writer, &n],
+                        )
+                        .await?;
+                    }
+                    tx.commit().await?;
+                    Ok(true)
+                })
+            })();
+        self.counted(r)
     }
 
     fn applied(&mut self, writer: &str) -> Result<u64, StoreError> {

@@ -68,7 +68,7 @@ pub fn host_name() -> String {
 /// What `[ha]` must satisfy, in words (`config check` collects them with the rest).
 pub fn problems(
     ha: &HaSection,
-    redis_store: bool,
+    shared_store: bool,
     agents_lease_s: Option<f64>,
     tick_s: f64,
 ) -> Vec<String> {
@@ -76,8 +76,8 @@ pub fn problems(
     if !ha.enabled {
         return out;
     }
-    if !redis_store {
-        out.push("[ha] needs [store] kind = \"redis\": the replicas share state and the leader lease there (the embedded store serves one controller)".into());
+    if !shared_store {
+        out.push("[ha] needs [store] kind = \"redis\" or \"postgres\": the replicas share state and the leader lease there (the embedded store serves one controller)".into());
     }
     if !(ha.lease_s.is_finite() && (1.0..=600.0).contains(&ha.lease_s)) {
         out.push(format!(
@@ -272,9 +272,24 @@ pub struct Ha {
 /// Starts the election on a thread of its own, against the lease in Redis at `url`
 /// under `prefix`.
 pub fn spawn(ha: &HaSection, url: &str, prefix: &str, deadline: Duration) -> Result<Ha> {
+    spawn_on(ha, Box::new(RedisLease::new(url, prefix, deadline)?))
+}
+
+/// Starts the election on a thread of its own, against the lease in PostgreSQL at
+/// `url` in `schema` (the store's).
+pub fn spawn_postgres(ha: &HaSection, url: &str, schema: &str, deadline: Duration) -> Result<Ha> {
+    spawn_on(
+        ha,
+        Box::new(integrations::lease::postgres::PostgresLease::new(
+            url, schema, deadline,
+        )?),
+    )
+}
+
+/// Starts the election on a thread of its own, against `store`.
+fn spawn_on(ha: &HaSection, mut store: Box<dyn LeaseStore + Send>) -> Result<Ha> {
     let timing = ha.timing();
     let instance = ha.instance();
-    let mut store = RedisLease::new(url, prefix, deadline)?;
     let gate = Arc::new(Gate::new(Election::new(&instance, timing)));
     let stop = Arc::new(AtomicBool::new(false));
     let (g, s) = (gate.clone(), stop.clone());
@@ -285,7 +300,7 @@ pub fn spawn(ha: &HaSection, url: &str, prefix: &str, deadline: Duration) -> Res
             let every = Duration::from_millis(timing.renew_ms);
             while !s.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                match g.round(&mut store) {
+                match g.round(store.as_mut()) {
                     Change::Elected { epoch } => {
                         info!(instance = %g.lock().election.instance, epoch, "elected leader")
                     }
@@ -299,7 +314,7 @@ pub fn spawn(ha: &HaSection, url: &str, prefix: &str, deadline: Duration) -> Res
                     std::thread::sleep(Duration::from_millis(20).min(every));
                 }
             }
-            g.resign(&mut store);
+            g.resign(store.as_mut());
         })?;
     Ok(Ha {
         gate,

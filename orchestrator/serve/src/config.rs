@@ -591,9 +591,9 @@ fn check_values(cfg: &Config, name: &str, base: &Path, problems: &mut Problems) 
             .take(runtime::schedulers::check(s, name, base));
     }
     if let Some(ha) = &cfg.ha {
-        let redis = matches!(cfg.store, StoreConfig::Redis(_));
+        let shared = matches!(cfg.store, StoreConfig::Redis(_) | StoreConfig::Postgres(_));
         let agents = cfg.agents.as_ref().map(|a| a.lease_s);
-        for p in runtime::ha::problems(ha, redis, agents, cfg.controller.tick_s) {
+        for p in runtime::ha::problems(ha, shared, agents, cfg.controller.tick_s) {
             problems.at(&["ha"]).check(false, || format!("{name}: {p}"));
         }
     }

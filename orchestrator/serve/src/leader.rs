@@ -14,23 +14,24 @@ use super::Serve;
 use crate::config::{Config, StoreConfig};
 use runtime::schedulers::Schedulers;
 
-/// The leader election, with `[ha]` enabled (the store must be Redis).
+/// The leader election, with `[ha]` enabled (the lease lives in the store: Redis or
+/// PostgreSQL).
 pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::Ha>> {
     let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
         return Ok(None);
     };
-    let StoreConfig::Redis(r) = &cfg.store else {
-        anyhow::bail!(
-            "[ha] needs [store] kind = \"redis\": the embedded store serves one controller"
-        );
-    };
-    let deadline = Duration::from_secs_f64(r.timeout_s.max(0.1));
-    Ok(Some(runtime::ha::spawn(
-        h,
-        &r.url(base)?,
-        &r.prefix,
-        deadline,
-    )?))
+    let deadline = |s: f64| Duration::from_secs_f64(s.max(0.1));
+    Ok(Some(match &cfg.store {
+        StoreConfig::Redis(r) => {
+            runtime::ha::spawn(h, &r.url(base)?, &r.prefix, deadline(r.timeout_s))?
+        }
+        StoreConfig::Postgres(p) => {
+            runtime::ha::spawn_postgres(h, &p.url(base)?, &p.schema, deadline(p.timeout_s))?
+        }
+        _ => anyhow::bail!(
+            "[ha] needs [store] kind = \"redis\" or \"postgres\": the embedded store serves one controller"
+        ),
+    }))
 }
 
 /// With `[ha]`: what this replica holds as leader, and what it needs to take over.
