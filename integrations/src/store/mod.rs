@@ -7,5 +7,6 @@ pub mod embedded;
 pub mod journal;
 pub mod postgres;
 pub mod redis;
+mod rt;
 
 pub use ::store::*;

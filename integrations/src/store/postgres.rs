@@ -27,7 +27,6 @@
 //! and the next call connects again, after a backoff (250 ms doubling to 5 s) during
 //! which calls fail at once: a tick never waits more than one deadline for the store.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +35,7 @@ use tokio_postgres::{Client, NoTls, Transaction};
 use tracing::{info, warn};
 
 use super::health::StoreHealth;
+use super::rt::Rt;
 use super::{Backend, Batch, Op, StoreError};
 
 const NAME: &str = "postgres";
@@ -43,28 +43,6 @@ const NAME: &str = "postgres";
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
 const MIN_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// Where the backend's futures run: the runtime `serve` owns, or one of its own.
-enum Rt {
-    Shared(Handle),
-    Owned(tokio::runtime::Runtime),
-}
-
-impl Rt {
-    fn block_on<F: Future>(&self, fut: F) -> F::Output {
-        match self {
-            Rt::Shared(h) => h.block_on(fut),
-            Rt::Owned(rt) => rt.block_on(fut),
-        }
-    }
-
-    fn handle(&self) -> Handle {
-        match self {
-            Rt::Shared(h) => h.clone(),
-            Rt::Owned(rt) => rt.handle().clone(),
-        }
-    }
-}
 
 /// A store in one schema of a PostgreSQL database.
 pub struct PostgresBackend {
@@ -112,13 +90,9 @@ impl PostgresBackend {
     /// small runtime of its own (for tools and tests), in `schema` (created with its
     /// tables where missing).
     pub fn connect(url: &str, schema: &str) -> Result<Self, StoreError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("powerplane-postgres")
-            .enable_all()
-            .build()
+        let rt = Rt::owned("powerplane-postgres")
             .map_err(|e| StoreError::backend(NAME, "cannot start its runtime", e))?;
-        Self::open(url, schema, Rt::Owned(rt), DEFAULT_DEADLINE)
+        Self::open(url, schema, rt, DEFAULT_DEADLINE)
     }
 
     /// Connects with the connection's task on `handle` (the runtime `serve` owns) and

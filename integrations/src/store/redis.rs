@@ -23,6 +23,7 @@ use tokio::runtime::Handle;
 use tracing::{info, warn};
 
 use super::health::StoreHealth;
+use super::rt::Rt;
 use super::{Backend, Batch, Op, StoreError};
 
 const NAME: &str = "redis";
@@ -69,28 +70,6 @@ if seq > 0 then redis.call('HSET', KEYS[1], ARGV[1], seq) end
 return out
 "#;
 
-/// Where the backend's futures run: the runtime `serve` owns, or one of its own.
-enum Rt {
-    Shared(Handle),
-    Owned(tokio::runtime::Runtime),
-}
-
-impl Rt {
-    fn block_on<F: Future>(&self, fut: F) -> F::Output {
-        match self {
-            Rt::Shared(h) => h.block_on(fut),
-            Rt::Owned(rt) => rt.block_on(fut),
-        }
-    }
-
-    fn handle(&self) -> Handle {
-        match self {
-            Rt::Shared(h) => h.clone(),
-            Rt::Owned(rt) => rt.handle().clone(),
-        }
-    }
-}
-
 /// A store in one Redis database, under a key prefix.
 pub struct RedisBackend {
     conn: ConnectionManager,
@@ -121,13 +100,9 @@ impl RedisBackend {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379/0`) on a small runtime of its
     /// own (for tools and tests); every key starts with `prefix`.
     pub fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("powerplane-redis")
-            .enable_all()
-            .build()
+        let rt = Rt::owned("powerplane-redis")
             .map_err(|e| StoreError::backend(NAME, "cannot start its runtime", e))?;
-        Self::open(url, prefix, Rt::Owned(rt), DEFAULT_DEADLINE)
+        Self::open(url, prefix, rt, DEFAULT_DEADLINE)
     }
 
     /// Connects to `url` with the connection's tasks on `handle` (the runtime `serve`

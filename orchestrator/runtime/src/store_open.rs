@@ -172,13 +172,7 @@ fn default_timeout() -> f64 {
 impl RedisStoreConfig {
     /// The URL, from `url` or from `url_file` (relative to the config's folder).
     pub fn url(&self, base: &Path) -> Result<String> {
-        match (&self.url, &self.url_file) {
-            (Some(u), None) => Ok(u.clone()),
-            (None, Some(f)) => sources::secret::read(base, f)
-                .map(|u| u.trim().to_string())
-                .map_err(|e| anyhow::anyhow!("[store] url_file: {e}")),
-            _ => anyhow::bail!("[store] kind = \"redis\" needs exactly one of url or url_file"),
-        }
+        store_url("redis", self.url.as_deref(), self.url_file.as_deref(), base)
     }
 
     fn deadline(&self) -> Duration {
@@ -243,13 +237,12 @@ fn default_postgres_journal() -> PathBuf {
 impl PostgresStoreConfig {
     /// The URL, from `url` or from `url_file` (relative to the config's folder).
     pub fn url(&self, base: &Path) -> Result<String> {
-        match (&self.url, &self.url_file) {
-            (Some(u), None) => Ok(u.clone()),
-            (None, Some(f)) => sources::secret::read(base, f)
-                .map(|u| u.trim().to_string())
-                .map_err(|e| anyhow::anyhow!("[store] url_file: {e}")),
-            _ => anyhow::bail!("[store] kind = \"postgres\" needs exactly one of url or url_file"),
-        }
+        store_url(
+            "postgres",
+            self.url.as_deref(),
+            self.url_file.as_deref(),
+            base,
+        )
     }
 
     /// For `serve`: PostgreSQL with its connection's task on `handle`, behind the
@@ -273,5 +266,16 @@ impl PostgresStoreConfig {
             &self.url(base)?,
             &self.schema,
         )?)))
+    }
+}
+
+/// A server store's URL: `url`, or the secret in `url_file` (relative to `base`).
+fn store_url(kind: &str, url: Option<&str>, file: Option<&Path>, base: &Path) -> Result<String> {
+    match (url, file) {
+        (Some(u), None) => Ok(u.to_string()),
+        (None, Some(f)) => sources::secret::read(base, f)
+            .map(|u| u.trim().to_string())
+            .map_err(|e| anyhow::anyhow!("[store] url_file: {e}")),
+        _ => anyhow::bail!("[store] kind = \"{kind}\" needs exactly one of url or url_file"),
     }
 }
