@@ -283,6 +283,51 @@ pub struct DueReport {
     pub seconds: f64,
 }
 
+/// The most reports waiting to be sent while the VTN does not take them; beyond, the
+/// oldest is dropped and counted.
+pub const MAX_UNSENT: usize = 256;
+
+/// The reports made and not yet taken by the VTN, oldest first: a report whose POST
+/// failed is sent again (first) at the next round, not lost with its samples.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    q: std::collections::VecDeque<DueReport>,
+    /// Dropped since the last [`Outbox::take_dropped`].
+    dropped: u64,
+}
+
+impl Outbox {
+    /// Queues `reports` after those waiting, within [`MAX_UNSENT`].
+    pub fn push(&mut self, reports: Vec<DueReport>) {
+        for r in reports {
+            if self.q.len() >= MAX_UNSENT {
+                self.q.pop_front();
+                self.dropped += 1;
+            }
+            self.q.push_back(r);
+        }
+    }
+
+    /// The oldest report waiting.
+    pub fn front(&self) -> Option<&DueReport> {
+        self.q.front()
+    }
+
+    /// The oldest report was taken.
+    pub fn sent(&mut self) {
+        self.q.pop_front();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+
+    /// How many were dropped since the last call.
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+}
+
 fn same(a: &WireEvent, b: &WireEvent) -> bool {
     a.modified == b.modified && a.intervals == b.intervals && a.program_id == b.program_id
 }

@@ -133,3 +133,31 @@ fn the_meter_is_sampled_in_an_event_and_reported_every_period_and_at_its_end() {
     e.sample(t(0), None, 10.0);
     assert!(e.due_reports(t(60), 60.0).is_empty());
 }
+
+#[test]
+fn reports_wait_in_order_until_taken_within_their_bound() {
+    let r = |i: i64| DueReport {
+        event_id: format!("e{i}"),
+        program_id: "p1".into(),
+        kinds: vec![ReportKind::Power("DEMAND")],
+        mean_w: 1000.0,
+        start: t(i),
+        seconds: 1.0,
+    };
+    let mut o = Outbox::default();
+    o.push(vec![r(0), r(1)]);
+    // a failed POST leaves the report at the front; the next round sends it first
+    assert_eq!(o.front().map(|x| x.event_id.as_str()), Some("e0"));
+    o.sent();
+    o.push(vec![r(2)]);
+    assert_eq!(o.front().map(|x| x.event_id.as_str()), Some("e1"));
+    // bounded: the oldest go first, counted
+    o.push((3..3 + MAX_UNSENT as i64).map(r).collect());
+    assert_eq!(o.take_dropped(), 2);
+    assert_eq!(o.take_dropped(), 0);
+    assert_eq!(o.front().map(|x| x.event_id.as_str()), Some("e3"));
+    for _ in 0..MAX_UNSENT {
+        o.sent();
+    }
+    assert!(o.is_empty());
+}

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::call::{form_escape, problem, CallError, Req};
-use super::held::{DueReport, Events};
+use super::held::{DueReport, Events, Outbox};
 use super::notify;
 use super::parse::{self, ParseError};
 use super::report::report_body;
@@ -80,6 +80,8 @@ struct State {
     notifier: Option<CancellationToken>,
     programs: BTreeMap<String, String>,
     held: Events,
+    /// Reports made and not yet taken by the VTN.
+    outbox: Outbox,
     failures: u32,
     next_call: Timestamp,
     next_poll: Timestamp,
@@ -103,6 +105,7 @@ impl Ven {
     /// Its counters (names without the `powerplane_` prefix): `openadr_polls_total`,
     /// `openadr_tokens_total`, `openadr_registrations_total`,
     /// `openadr_reregistrations_total`, `openadr_notifications_total`,
+    /// `openadr_reports_dropped_total`,
     /// `openadr_notifier_connections_total`,
     /// `openadr_events_received_total`, `openadr_events_refused_total`,
     /// `openadr_reports_sent_total`, `openadr_errors_total{reason}`,
@@ -130,6 +133,7 @@ impl Ven {
             notifier: None,
             programs: BTreeMap::new(),
             held: Events::default(),
+            outbox: Outbox::default(),
             failures: 0,
             next_call: t0,
             next_poll: t0,
@@ -144,7 +148,8 @@ impl Ven {
             }
             let next_sample = st.held.sample(t, (self.meter)(), sample_s);
             let report_s = self.cfg.report_s;
-            if t >= st.next_call && (t >= st.next_poll || st.held.report_due(t, report_s)) {
+            let reports = !st.outbox.is_empty() || st.held.report_due(t, report_s);
+            if t >= st.next_call && (t >= st.next_poll || reports) {
                 let outcome = self.round(&cancel, &mut st, &events, &wake, t).await;
                 if !self.after(&mut st, outcome) {
                     break;
@@ -152,7 +157,11 @@ impl Ven {
                 continue;
             }
             // the next call (not before the backoff ends), sample or change of status
-            let next_report = st.held.next_report(report_s).unwrap_or(st.next_poll);
+            let next_report = if st.outbox.is_empty() {
+                st.held.next_report(report_s).unwrap_or(st.next_poll)
+            } else {
+                t // reports wait: as soon as the backoff allows
+            };
             let mut at = st.next_call.max(st.next_poll.min(next_report));
             for w in [next_sample, st.held.next_change(t)].into_iter().flatten() {
                 at = at.min(w);
@@ -193,8 +202,17 @@ impl Ven {
             st.next_poll = (self.clock)().plus_secs(self.cfg.poll_s);
         }
         let due = st.held.due_reports((self.clock)(), self.cfg.report_s);
-        for r in &due {
-            self.send_report(cancel, st, r).await?;
+        st.outbox.push(due);
+        let dropped = st.outbox.take_dropped();
+        if dropped > 0 {
+            self.counters
+                .add("openadr_reports_dropped_total", ("", ""), dropped);
+            warn!(vtn = %self.base, dropped, "openadr3 reports the VTN did not take were dropped (the oldest first)");
+        }
+        // oldest first; one that fails stays at the front for the next round
+        while let Some(r) = st.outbox.front().cloned() {
+            self.send_report(cancel, st, &r).await?;
+            st.outbox.sent();
         }
         Ok(())
     }
