@@ -346,10 +346,13 @@ fn a_vtns_mqtt_notification_brings_an_event_at_once_and_a_lost_broker_leaves_pol
     // polls far apart: what comes at once came by notification
     cfg.poll_s = 600.0;
     let ven = start_ven(cfg);
-    counters_when(&ven.stats, 20.0, "the notifier connected", |s| {
-        counter(s, "openadr_notifier_connections_total", None) >= 1
-            && counter(s, "openadr_polls_total", None) >= 1
+    // both topics (its own and every VEN's) acknowledged, and the poll each
+    // acknowledgement wakes done: a later poll was woken by a notification
+    counters_when(&ven.stats, 20.0, "the notifier subscribed", |s| {
+        counter(s, "openadr_notifier_connections_total", None) >= 2
+            && counter(s, "openadr_polls_total", None) >= 2
     });
+    std::thread::sleep(Duration::from_millis(500));
     let polls = counter(&ven.stats, "openadr_polls_total", None);
     let t0 = Instant::now();
     let e = vtn.bl_ok(
@@ -366,7 +369,9 @@ fn a_vtns_mqtt_notification_brings_an_event_at_once_and_a_lost_broker_leaves_pol
     let id = id_of(&e);
     events_when(&ven, 5.0, "the notified event", |e| event(e, &id).is_some());
     let latency = t0.elapsed();
-    assert!(counter(&ven.stats, "openadr_notifications_total", None) >= 1);
+    counters_when(&ven.stats, 5.0, "the notification counted", |s| {
+        counter(s, "openadr_notifications_total", None) >= 1
+    });
     assert!(counter(&ven.stats, "openadr_polls_total", None) > polls);
     eprintln!("event created → held by the VEN: {latency:?}");
 
