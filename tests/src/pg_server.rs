@@ -61,23 +61,136 @@ pub struct PgServer {
     data: PathBuf,
     pub port: u16,
     running: bool,
+    /// Server options beyond the test's defaults (`-c name=value ...`).
+    options: String,
+}
+
+/// A folder for a cluster, owned by the postgres user when we are root.
+fn cluster_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("powerplane-pg")
+        .tempdir()
+        .expect("tempdir");
+    if is_root() {
+        let ok = Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "chown the cluster's folder to postgres");
+    }
+    dir
 }
 
 impl PgServer {
     /// A new cluster (trust authentication on 127.0.0.1), started.
     pub fn start() -> PgServer {
-        let dir = tempfile::Builder::new()
-            .prefix("powerplane-pg")
-            .tempdir()
-            .expect("tempdir");
-        if is_root() {
-            let ok = Command::new("chown")
-                .args(["postgres:postgres"])
-                .arg(dir.path())
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "chown the cluster's folder to postgres");
+        Self::start_with("")
+    }
+
+    /// A primary whose every commit waits until a standby has it
+    /// (`synchronous_standby_names = '*'`): start [`PgServer::standby_of`] it next.
+    pub fn start_primary() -> PgServer {
+        Self::start_with("-c synchronous_standby_names='*' -c synchronous_commit=on")
+    }
+
+    /// A streaming standby of `primary` (`pg_basebackup -R`), started on a port of its
+    /// own; waits until the primary counts it as its synchronous standby.
+    pub fn standby_of(primary: &PgServer) -> PgServer {
+        let dir = cluster_dir();
+        let data = dir.path().join("data");
+        let out = pg("pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ])
+            .args(["-p", &primary.port.to_string(), "-D"])
+            .arg(&data)
+            .output()
+            .expect("pg_basebackup runs");
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut s = PgServer {
+            data,
+            port: free_port(),
+            _dir: dir,
+            running: false,
+            options: String::new(),
+        };
+        s.restart();
+        let t0 = Instant::now();
+        while primary.sql("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+            != "1"
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the standby never became synchronous"
+            );
+            std::thread::sleep(Duration::from_millis(100));
         }
+        s
+    }
+
+    /// One statement through `psql`; its output, trimmed (empty when it fails).
+    pub fn sql(&self, statement: &str) -> String {
+        pg("psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-At",
+                "-c",
+                statement,
+            ])
+            .args(["-p", &self.port.to_string()])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    }
+
+    /// `kill -9` of the postmaster (its backends exit when they see it gone).
+    pub fn kill9(&mut self) {
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().map(|l| l.trim().to_string()))
+            .expect("postmaster.pid");
+        let ok = Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -9 {pid}");
+        self.running = false;
+    }
+
+    /// A standby made primary (`pg_ctl promote`, waiting until it takes writes).
+    pub fn promote(&self) {
+        let out = pg("pg_ctl")
+            .args(["-w", "-t", "60", "-D"])
+            .arg(&self.data)
+            .arg("promote")
+            .output()
+            .expect("pg_ctl promote runs");
+        assert!(
+            out.status.success(),
+            "pg_ctl promote: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn start_with(options: &str) -> PgServer {
+        let dir = cluster_dir();
         let data = dir.path().join("data");
         let out = pg("initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
@@ -94,6 +207,7 @@ impl PgServer {
             port: free_port(),
             _dir: dir,
             running: false,
+            options: options.to_string(),
         };
         s.restart();
         s
@@ -111,9 +225,10 @@ impl PgServer {
     /// Starts it again (on the same port and data), waiting until it takes connections.
     pub fn restart(&mut self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {}",
             self.port,
-            self.socket_dir().display()
+            self.socket_dir().display(),
+            self.options
         );
         let out = pg("pg_ctl")
             .args(["-w", "-t", "60", "-l"])

@@ -9,6 +9,12 @@
 //! leader renews with a check-and-extend script; it counts its lease from the moment
 //! it *sent* the request (the server's lease ends no earlier than that) and stops
 //! acting `margin` before the end, even while it cannot reach the store.
+//!
+//! A take-over whose reply missed its deadline may still have run (a store that
+//! stalled runs the queued request when it wakes): the key then names this replica in
+//! a term nobody acts in. The next round reads the key back and, finding this
+//! replica's own newer term, renews it and leads, so no replica waits out a whole
+//! phantom lease.
 
 pub mod postgres;
 pub mod redis;
@@ -40,6 +46,9 @@ pub trait LeaseStore {
     fn release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError>;
     /// The current holder, if any.
     fn holder(&mut self) -> Result<Option<Holder>, LeaseError>;
+    /// The fencing counter: the epoch of the latest term ever started here (0: the
+    /// store never held a lease).
+    fn epoch(&mut self) -> Result<u64, LeaseError>;
 }
 
 /// How long a term lasts and how its holder renews it.
@@ -100,6 +109,11 @@ pub struct Election {
     role: Role,
     /// Terms this replica started, and lost.
     pub transitions: u64,
+    /// A take-over was sent and its reply never came: it may have run.
+    take_unanswered: bool,
+    /// The largest epoch this replica led under (a term of its own found in the
+    /// store is taken up only above it).
+    led: u64,
 }
 
 impl Election {
@@ -109,6 +123,8 @@ impl Election {
             timing,
             role: Role::Follower { leader: None },
             transitions: 0,
+            take_unanswered: false,
+            led: 0,
         }
     }
 
@@ -148,24 +164,44 @@ impl Election {
             }
             Role::Follower { .. } => match store.acquire(&self.instance, t.lease_ms) {
                 Ok(Some(epoch)) => {
-                    self.role = Role::Leader {
-                        epoch,
-                        until_ms: until,
-                    };
-                    self.transitions += 1;
-                    Change::Elected { epoch }
+                    self.take_unanswered = false;
+                    self.elect(epoch, until)
                 }
                 Ok(None) => {
                     let leader = store.holder().ok().flatten();
+                    if std::mem::take(&mut self.take_unanswered) {
+                        if let Some(epoch) = self.own_phantom(store, leader.as_ref()) {
+                            return self.elect(epoch, until);
+                        }
+                    }
                     self.role = Role::Follower { leader };
                     Change::None
                 }
                 Err(_) => {
+                    self.take_unanswered = true;
                     self.role = Role::Follower { leader: None };
                     Change::None
                 }
             },
         }
+    }
+
+    /// A term of this replica's, newer than any it led under, that the store holds
+    /// though no reply said so (its take-over ran after the deadline): renewed, so
+    /// that its lease counts from this round, and its epoch returned.
+    fn own_phantom(&self, store: &mut dyn LeaseStore, holder: Option<&Holder>) -> Option<u64> {
+        let h = holder.filter(|h| h.instance == self.instance && h.epoch > self.led)?;
+        match store.renew(&self.instance, h.epoch, self.timing.lease_ms) {
+            Ok(true) => Some(h.epoch),
+            _ => None,
+        }
+    }
+
+    fn elect(&mut self, epoch: u64, until_ms: u64) -> Change {
+        self.role = Role::Leader { epoch, until_ms };
+        self.led = self.led.max(epoch);
+        self.transitions += 1;
+        Change::Elected { epoch }
     }
 
     /// Ends this replica's term at once (a leader that found it cannot act, or shuts
@@ -198,6 +234,9 @@ pub struct FakeLeaseStore {
     pub epoch: u64,
     /// While set, every call fails (the server is down).
     pub down: bool,
+    /// While set, every call runs but its reply is lost (the caller's deadline passes
+    /// before the server answers).
+    pub replies_lost: bool,
 }
 
 impl FakeLeaseStore {
@@ -224,8 +263,9 @@ impl FakeLeaseStore {
     }
 }
 
-impl LeaseStore for FakeLeaseStore {
-    fn acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError> {
+/// The calls as the server runs them.
+impl FakeLeaseStore {
+    fn run_acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError> {
         self.live()?;
         if self.holder.is_some() {
             return Ok(None);
@@ -239,7 +279,7 @@ impl LeaseStore for FakeLeaseStore {
         Ok(Some(self.epoch))
     }
 
-    fn renew(&mut self, instance: &str, epoch: u64, lease_ms: u64) -> Result<bool, LeaseError> {
+    fn run_renew(&mut self, instance: &str, epoch: u64, lease_ms: u64) -> Result<bool, LeaseError> {
         self.live()?;
         match &mut self.holder {
             Some((h, exp)) if h.instance == instance && h.epoch == epoch => {
@@ -250,7 +290,7 @@ impl LeaseStore for FakeLeaseStore {
         }
     }
 
-    fn release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError> {
+    fn run_release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError> {
         self.live()?;
         if self
             .holder
@@ -262,9 +302,51 @@ impl LeaseStore for FakeLeaseStore {
         Ok(())
     }
 
-    fn holder(&mut self) -> Result<Option<Holder>, LeaseError> {
+    fn run_holder(&mut self) -> Result<Option<Holder>, LeaseError> {
         self.live()?;
         Ok(self.holder.as_ref().map(|(h, _)| h.clone()))
+    }
+
+    fn run_epoch(&mut self) -> Result<u64, LeaseError> {
+        self.live()?;
+        Ok(self.epoch)
+    }
+}
+
+impl LeaseStore for FakeLeaseStore {
+    fn acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError> {
+        let r = self.run_acquire(instance, lease_ms);
+        self.answered(r)
+    }
+
+    fn renew(&mut self, instance: &str, epoch: u64, lease_ms: u64) -> Result<bool, LeaseError> {
+        let r = self.run_renew(instance, epoch, lease_ms);
+        self.answered(r)
+    }
+
+    fn release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError> {
+        let r = self.run_release(instance, epoch);
+        self.answered(r)
+    }
+
+    fn holder(&mut self) -> Result<Option<Holder>, LeaseError> {
+        let r = self.run_holder();
+        self.answered(r)
+    }
+
+    fn epoch(&mut self) -> Result<u64, LeaseError> {
+        let r = self.run_epoch();
+        self.answered(r)
+    }
+}
+
+/// The fake with replies that may be lost: the call runs, the caller sees an error.
+impl FakeLeaseStore {
+    fn answered<T>(&self, r: Result<T, LeaseError>) -> Result<T, LeaseError> {
+        match r {
+            Ok(_) if self.replies_lost => Err(LeaseError("no answer by the deadline".into())),
+            r => r,
+        }
     }
 }
 

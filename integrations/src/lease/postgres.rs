@@ -160,4 +160,14 @@ impl LeaseStore for PostgresLease {
             epoch: r.get::<_, i64>(1) as u64,
         }))
     }
+
+    fn epoch(&mut self) -> Result<u64, LeaseError> {
+        let s = self.schema.clone();
+        let rows = self.run(
+            "epoch",
+            &format!("SELECT epoch FROM {s}.ha WHERE id = 1"),
+            &[],
+        )?;
+        Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
+    }
 }

@@ -158,4 +158,11 @@ impl LeaseStore for RedisLease {
         })?;
         Ok(v.as_deref().and_then(parse_holder))
     }
+
+    fn epoch(&mut self) -> Result<u64, LeaseError> {
+        let v: Option<u64> = self.call("read the epoch", |c, _, epoch| {
+            redis::cmd("GET").arg(epoch).query(c)
+        })?;
+        Ok(v.unwrap_or(0))
+    }
 }

@@ -13,6 +13,8 @@ enum Move {
     Wait { ms: u64 },
     /// The store goes down or comes back.
     Flip,
+    /// The store's replies start or stop missing their deadline (the calls still run).
+    LoseReplies,
     /// Replica `who` shuts down cleanly.
     Resign { who: usize },
 }
@@ -22,6 +24,7 @@ fn moves() -> impl Strategy<Value = Vec<Move>> {
         6 => (0..3usize, 0..400u64).prop_map(|(who, latency_ms)| Move::Step { who, latency_ms }),
         3 => (0..4000u64).prop_map(|ms| Move::Wait { ms }),
         1 => Just(Move::Flip),
+        1 => Just(Move::LoseReplies),
         1 => (0..3usize).prop_map(|who| Move::Resign { who }),
     ];
     proptest::collection::vec(one, 1..300)
@@ -57,6 +60,7 @@ proptest! {
                     store.now_ms = now;
                 }
                 Move::Flip => store.down = !store.down,
+                Move::LoseReplies => store.replies_lost = !store.replies_lost,
                 Move::Resign { who } => {
                     replicas[who].resign(Some(&mut store));
                 }
@@ -65,7 +69,7 @@ proptest! {
             prop_assert!(acting.len() <= 1, "at {now} ms, acting under epochs {acting:?}");
             // one acting replica holds the store's unexpired lease of its own term
             if let Some(e) = acting.first() {
-                if !store.down {
+                if !store.down && !store.replies_lost {
                     prop_assert_eq!(store.current().map(|h| h.epoch), Some(*e));
                 }
             }
@@ -139,4 +143,46 @@ fn a_clean_shutdown_gives_the_lease_back() {
     ));
     assert_eq!(b.step(&mut store, 1), Change::Elected { epoch: 2 });
     assert_eq!((a.transitions, b.transitions), (2, 1));
+}
+
+#[test]
+fn a_take_over_whose_reply_was_lost_is_taken_up_at_the_next_round_not_waited_out() {
+    let mut store = FakeLeaseStore::default();
+    let (mut a, mut b) = (Election::new("a", timing()), Election::new("b", timing()));
+    // a stalled store runs a's take-over after a's deadline: the key names a, a
+    // does not know it
+    store.replies_lost = true;
+    assert_eq!(a.step(&mut store, 0), Change::None);
+    assert_eq!(a.acting(0), None);
+    assert_eq!(store.current().map(|h| h.epoch), Some(1));
+    store.replies_lost = false;
+    // b finds the term taken; a, one renewal later, reads its own term back and leads
+    store.now_ms = 1000;
+    assert_eq!(b.step(&mut store, 1000), Change::None);
+    assert_eq!(a.step(&mut store, 1000), Change::Elected { epoch: 1 });
+    assert_eq!(a.acting(1000), Some(1));
+    // its lease counts from that round (renewed then), not from the lost take-over
+    assert_eq!(a.acting(4999), Some(1));
+    assert_eq!(store.holder.as_ref().map(|(_, exp)| *exp), Some(6000));
+}
+
+#[test]
+fn a_term_of_its_own_it_already_led_is_not_taken_up_again() {
+    let mut store = FakeLeaseStore::default();
+    let mut a = Election::new("a", timing());
+    assert_eq!(a.step(&mut store, 0), Change::Elected { epoch: 1 });
+    // renewals lost until a's own clock ends the term (the store's lease, renewed by
+    // the lost calls, still names a)
+    store.replies_lost = true;
+    assert_eq!(a.step(&mut store, 1000), Change::None);
+    assert!(matches!(
+        a.step(&mut store, 4500),
+        Change::Deposed { epoch: 1, .. }
+    ));
+    assert_eq!(a.step(&mut store, 5000), Change::None);
+    store.replies_lost = false;
+    // epoch 1 is not a phantom: a waits, and the next term has a larger epoch
+    assert_eq!(a.step(&mut store, 5500), Change::None);
+    store.now_ms = 20_000;
+    assert_eq!(a.step(&mut store, 20_000), Change::Elected { epoch: 2 });
 }

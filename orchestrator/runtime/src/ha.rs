@@ -172,6 +172,8 @@ pub struct Gate {
 struct GateInner {
     election: Election,
     readable: bool,
+    /// The newest term known (a leader seen, or this replica's own): what the status
+    /// shows when no leader is known now, so `leader_epoch` never moves backwards.
     last_seen: Option<Holder>,
 }
 
@@ -221,7 +223,11 @@ impl Gate {
         let g = self.lock();
         let (leader, epoch) = match (acting, g.election.role(), &g.last_seen) {
             (Some(e), _, _) => (Some(g.election.instance.clone()), e),
-            (None, Role::Follower { leader: Some(h) }, _) => (Some(h.instance.clone()), h.epoch),
+            (None, Role::Follower { leader: Some(h) }, last)
+                if last.as_ref().is_none_or(|l| h.epoch >= l.epoch) =>
+            {
+                (Some(h.instance.clone()), h.epoch)
+            }
             (None, _, Some(h)) => (Some(h.instance.clone()), h.epoch),
             (None, _, None) => (None, 0),
         };
@@ -248,8 +254,16 @@ impl Gate {
         let change = election.step(store, sent);
         let readable = store.holder().is_ok();
         let mut g = self.lock();
-        if let Role::Follower { leader: Some(h) } = election.role() {
-            g.last_seen = Some(h.clone());
+        let seen = match election.role() {
+            Role::Follower { leader: Some(h) } => Some(h.clone()),
+            Role::Leader { epoch, .. } => Some(Holder {
+                instance: election.instance.clone(),
+                epoch: *epoch,
+            }),
+            Role::Follower { leader: None } => None,
+        };
+        if let Some(h) = seen.filter(|h| g.last_seen.as_ref().is_none_or(|l| h.epoch >= l.epoch)) {
+            g.last_seen = Some(h);
         }
         g.election = election;
         g.readable = readable;
@@ -331,5 +345,40 @@ impl Ha {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use integrations::lease::FakeLeaseStore;
+
+    #[test]
+    fn a_deposed_replica_never_shows_an_epoch_below_the_one_it_led_under() {
+        let timing = Timing {
+            lease_ms: 300,
+            renew_ms: 100,
+            margin_ms: 60,
+        };
+        let mut store = FakeLeaseStore::default();
+        // b leads epoch 1; a follows and sees it
+        assert!(store.acquire("b", 300).expect("fake").is_some());
+        let gate = Gate::new(Election::new("a", timing));
+        gate.round(&mut store);
+        assert_eq!(gate.status().epoch, 1);
+        // b's lease ends; a takes epoch 2
+        store.now_ms = 1_000;
+        assert_eq!(gate.round(&mut store), Change::Elected { epoch: 2 });
+        assert_eq!((gate.status().role, gate.status().epoch), ("leader", 2));
+        // the store stops answering: a's term runs out and nobody is known to lead
+        store.down = true;
+        std::thread::sleep(Duration::from_millis(350));
+        assert!(matches!(
+            gate.round(&mut store),
+            Change::Deposed { epoch: 2, .. }
+        ));
+        let s = gate.status();
+        assert_eq!(s.role, "follower");
+        assert_eq!(s.epoch, 2, "{s:?}");
     }
 }

@@ -17,10 +17,11 @@ use runtime::schedulers::Schedulers;
 /// The leader election, with `[ha]` enabled (the lease lives in the store: Redis or
 /// PostgreSQL).
 pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::Ha>> {
+    let deadline = |s: f64| Duration::from_secs_f64(s.max(0.1));
     let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
+        refuse_beside_replicas(cfg, base, deadline)?;
         return Ok(None);
     };
-    let deadline = |s: f64| Duration::from_secs_f64(s.max(0.1));
     Ok(Some(match &cfg.store {
         StoreConfig::Redis(r) => {
             runtime::ha::spawn(h, &r.url(base)?, &r.prefix, deadline(r.timeout_s))?
@@ -32,6 +33,58 @@ pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::
             "[ha] needs [store] kind = \"redis\" or \"postgres\": the embedded store serves one controller"
         ),
     }))
+}
+
+/// Without `[ha]`, on a store that replicas with `[ha]` have used (a fencing epoch is
+/// kept there): refuses to start, since this controller's effects would carry no
+/// epoch and go unfenced beside the leader's. A store that cannot be read now is let
+/// go with a warning (the agents refuse epoch-less commands once they have seen an
+/// epoch).
+fn refuse_beside_replicas(
+    cfg: &Config,
+    base: &Path,
+    deadline: impl Fn(f64) -> Duration,
+) -> Result<()> {
+    use integrations::lease::LeaseStore;
+    let (mut lease, place): (Box<dyn LeaseStore>, String) = match &cfg.store {
+        StoreConfig::Redis(r) => (
+            Box::new(integrations::lease::redis::RedisLease::new(
+                &r.url(base)?,
+                &r.prefix,
+                deadline(r.timeout_s),
+            )?),
+            format!("Redis prefix {:?}", r.prefix),
+        ),
+        StoreConfig::Postgres(p) => (
+            Box::new(integrations::lease::postgres::PostgresLease::new(
+                &p.url(base)?,
+                &p.schema,
+                deadline(p.timeout_s),
+            )?),
+            format!("PostgreSQL schema {:?}", p.schema),
+        ),
+        _ => return Ok(()),
+    };
+    let epoch = match lease.epoch() {
+        Ok(e) => e,
+        Err(e) => {
+            warn!(error = %e, "cannot read the store's leader lease: starting without [ha] unchecked");
+            return Ok(());
+        }
+    };
+    if epoch == 0 {
+        return Ok(());
+    }
+    let holder = match lease.holder() {
+        Ok(Some(h)) => format!(", held now by {:?}", h.instance),
+        _ => String::new(),
+    };
+    anyhow::bail!(
+        "the store ({place}) holds a leader lease (epoch {epoch}{holder}): replicas with [ha] use it, \
+         and a controller without [ha] beside them would command unfenced. Enable [ha] in this \
+         configuration (one replica alone leads, under an epoch), or give the store a prefix or \
+         schema of its own"
+    )
 }
 
 /// With `[ha]`: what this replica holds as leader, and what it needs to take over.

@@ -315,7 +315,7 @@ impl Serve {
             let actuated = self.control.actuated().clone();
             self.schedulers
                 .apply(&actuated, &report.decisions, now, self.control.store());
-            if report.store_error.is_none() {
+            if report.store_error.is_none() && self.next_leader_has_it() {
                 self.schedulers.stored();
             }
         }
@@ -330,6 +330,22 @@ impl Serve {
             warn!(error = %e, "store unavailable; writes kept for the next tick");
         }
         self.evaluated(due);
+    }
+
+    /// Whether this tick's batch is where the next leader will find it, so that its
+    /// job events may be answered 202: always for one controller (its journal is
+    /// replayed by itself); with `[ha]`, only once the store's server took it. A batch
+    /// waiting in this replica's journal is dropped as fenced if another replica takes
+    /// over meanwhile, so its events wait (503 after `ack_wait`: the sender resends,
+    /// to whichever replica leads).
+    fn next_leader_has_it(&mut self) -> bool {
+        if self.leader.ha.is_none() {
+            return true;
+        }
+        self.control
+            .store()
+            .health()
+            .is_none_or(|h| h.journal_depth.load(std::sync::atomic::Ordering::Relaxed) == 0)
     }
 
     /// What the edges delivered since the last look (most readings were taken in

@@ -340,3 +340,41 @@ pub fn grid_status(port: u16) -> Option<serde_json::Value> {
 pub fn grid_metrics(port: u16) -> String {
     http(port, "GET", "/metrics", Some(GRID_VIEWER), b"").2
 }
+
+/// Posts job `job`'s submission to whichever replica takes it, as a scheduler's hook
+/// that resends on anything but an answer does: `Some(id)` once one answered 202,
+/// `None` when none did within `within`.
+pub fn send_until_accepted(
+    ports: &[u16],
+    operator: &str,
+    job: &str,
+    within: std::time::Duration,
+) -> Option<String> {
+    let far = (chrono::Utc::now() + chrono::Duration::hours(6)).to_rfc3339();
+    let body = format!(
+        r#"{{"event":"submitted","scheduler":"lsf","job":"{job}","class":"batch","project":"p","user":"u","gpus":2,"deadline":"{far}","est_duration_s":600}}"#
+    );
+    let t = std::time::Instant::now();
+    for i in 0.. {
+        if t.elapsed() > within {
+            return None;
+        }
+        let port = ports[i % ports.len()];
+        // a replica that stalls or drops the connection: resend elsewhere
+        let answer = std::panic::catch_unwind(|| {
+            http(
+                port,
+                "POST",
+                "/api/v1/events",
+                Some(operator),
+                body.as_bytes(),
+            )
+        });
+        if let Ok((202, _, b)) = answer {
+            let v: serde_json::Value = serde_json::from_str(&b).expect("json answer");
+            return v["accepted"].as_str().map(str::to_string);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    None
+}

@@ -14,6 +14,9 @@ use super::{bump, Core};
 
 /// The reason (and counter suffix) of a command from a deposed leader.
 pub const STALE_EPOCH: &str = "stale_epoch";
+/// The reason (and counter suffix) of a command without an epoch once a leader's
+/// epoch has been seen.
+pub const NO_EPOCH: &str = "no_epoch";
 
 /// Why a command is refused as a whole: the ack's reason and detail.
 struct Refused {
@@ -35,6 +38,7 @@ fn reject_counter(reason: &str) -> &'static str {
         "expired" => "rejected_expired",
         "replayed" => "rejected_replayed",
         STALE_EPOCH => "rejected_stale_epoch",
+        NO_EPOCH => "rejected_no_epoch",
         "superseded" => "rejected_superseded",
         "out_of_range" => "rejected_out_of_range",
         "no_such_gpu" => "rejected_no_such_gpu",
@@ -183,8 +187,8 @@ impl Core {
                 ),
             );
         }
-        if let Some(epoch) = cmd.epoch {
-            if epoch < self.p.epoch {
+        match cmd.epoch {
+            Some(epoch) if epoch < self.p.epoch => {
                 return refused(
                     STALE_EPOCH,
                     format!(
@@ -193,6 +197,18 @@ impl Core {
                     ),
                 );
             }
+            // fencing has no exceptions: a controller without [ha] (or an old one)
+            // beside the leader must not command
+            None if self.p.epoch > 0 => {
+                return refused(
+                    NO_EPOCH,
+                    format!(
+                        "command {} carries no fencing epoch, and a leader of epoch {} commands this node: a controller without [ha] beside the replicas? (a site that leaves [ha] removes this agent's state_file once, see docs/deployment.md)",
+                        cmd.id, self.p.epoch
+                    ),
+                );
+            }
+            _ => {}
         }
         if self.p.seen.contains_key(&cmd.id) {
             return refused(

@@ -765,14 +765,37 @@ fn a_command_from_a_deposed_leader_is_refused_unanswered_and_the_epoch_survives_
     let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, Some(file));
     assert_eq!(c.answer(&fenced("old2", 3.0, 150.0, 6), at(3.1)), None);
     assert_eq!(limit(&b, 0), 180.0);
-    // a controller without [ha] sends no epoch: not fenced
+    // a controller without [ha] sends no epoch: refused once a leader's epoch is
+    // known, answered with the reason, counted
     let ack = c
         .answer(
             &cmd("plain", 4.0, 60.0, watts(vec![0], 170.0)).seal(&key()),
             at(4.1),
         )
         .expect("answered");
+    assert_eq!(ack.status, AckStatus::Rejected, "{ack:?}");
+    assert_eq!(ack.reason.as_deref(), Some("no_epoch"));
+    assert!(
+        ack.detail.as_deref().is_some_and(|d| d.contains("epoch 7")),
+        "{ack:?}"
+    );
+    assert_eq!(limit(&b, 0), 180.0, "an epoch-less command changes nothing");
+    assert_eq!(c.counters.get("rejected_no_epoch"), Some(&1));
+}
+
+#[test]
+fn an_agent_that_never_saw_an_epoch_takes_epoch_less_commands() {
+    // a site without [ha]: its one controller sends no epoch
+    let b = gpus(2);
+    let mut c = core_with(b.clone(), FailSafe::RestoreDefault, false, None);
+    let ack = c
+        .answer(
+            &cmd("plain", 0.0, 60.0, watts(vec![0], 170.0)).seal(&key()),
+            at(0.1),
+        )
+        .expect("answered");
     assert_eq!(ack.status, AckStatus::Applied);
+    assert_eq!(limit(&b, 0), 170.0);
 }
 
 #[test]
