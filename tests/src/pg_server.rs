@@ -140,20 +140,60 @@ impl PgServer {
         s
     }
 
-    /// One statement through `psql`; its output, trimmed (empty when it fails).
+    /// A cluster that takes TCP connections over TLS only, with a password
+    /// (`hostssl ... scram-sha-256`; the Unix socket stays trusted): its certificate
+    /// and key copied from `cert` and `key`, the postgres user's password `password`.
+    pub fn start_tls(cert: &Path, key: &Path, password: &str) -> PgServer {
+        let mut s = Self::start();
+        s.stop();
+        let owned = |from: &Path, name: &str| {
+            let to = s.data.join(name);
+            std::fs::copy(from, &to).expect("copy the certificate");
+            std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+            if is_root() {
+                let ok = Command::new("chown")
+                    .arg("postgres:postgres")
+                    .arg(&to)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "chown {name}");
+            }
+        };
+        owned(cert, "server.crt");
+        owned(key, "server.key");
+        std::fs::write(
+            s.data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\n",
+        )
+        .expect("pg_hba.conf");
+        s.options = "-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key".into();
+        s.restart();
+        let done = s.sql(&format!("ALTER USER postgres PASSWORD '{password}'"));
+        assert_eq!(done, "ALTER ROLE", "set the password");
+        s
+    }
+
+    /// A clean stop (`pg_ctl stop -m fast`).
+    pub fn stop(&mut self) {
+        let _ = pg("pg_ctl")
+            .args(["-w", "-m", "fast", "-D"])
+            .arg(&self.data)
+            .arg("stop")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        self.running = false;
+    }
+
+    /// One statement through `psql` on the Unix socket; its output, trimmed (empty when
+    /// it fails).
     pub fn sql(&self, statement: &str) -> String {
         pg("psql")
             .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-At",
-                "-c",
-                statement,
+                "-U", "postgres", "-d", "postgres", "-At", "-c", statement, "-h",
             ])
+            .arg(self.socket_dir())
             .args(["-p", &self.port.to_string()])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())

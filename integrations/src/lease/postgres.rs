@@ -16,13 +16,15 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+
+use crate::store::postgres::Target;
 
 use super::{Holder, LeaseError, LeaseStore};
 
 /// The lease in one schema of a PostgreSQL database.
 pub struct PostgresLease {
-    url: String,
+    target: Target,
     schema: String,
     deadline: Duration,
     rt: tokio::runtime::Runtime,
@@ -37,14 +39,18 @@ impl PostgresLease {
     /// A lease client for `url` in `schema` (the store's), `deadline` per call; it
     /// connects on its first call.
     pub fn new(url: &str, schema: &str, deadline: Duration) -> Result<Self, LeaseError> {
-        url.parse::<tokio_postgres::Config>()
-            .map_err(|e| err("bad url", e))?;
+        Self::to(&Target::plain(url), schema, deadline)
+    }
+
+    /// As [`PostgresLease::new`], to `target` (its password, its TLS).
+    pub fn to(target: &Target, schema: &str, deadline: Duration) -> Result<Self, LeaseError> {
+        target.check().map_err(|e| err("bad url", e))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| err("cannot start its runtime", e))?;
         Ok(PostgresLease {
-            url: url.to_string(),
+            target: target.clone(),
             schema: crate::store::postgres::checked_schema(schema).map_err(|e| err("schema", e))?,
             deadline,
             rt,
@@ -61,15 +67,14 @@ impl PostgresLease {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, LeaseError> {
-        let (url, schema, deadline) = (self.url.clone(), self.schema.clone(), self.deadline);
+        let (target, schema, deadline) = (self.target.clone(), self.schema.clone(), self.deadline);
         let client = &mut self.client;
         let out = self.rt.block_on(async {
             tokio::time::timeout(deadline, async {
                 if client.is_none() {
-                    let (c, conn) = tokio_postgres::connect(&url, NoTls).await?;
-                    tokio::spawn(async move {
-                        let _ = conn.await;
-                    });
+                    let c = target
+                        .connect(&tokio::runtime::Handle::current(), "leader lease")
+                        .await?;
                     c.batch_execute(&crate::store::postgres::schema_sql(&schema))
                         .await?;
                     *client = Some(c);

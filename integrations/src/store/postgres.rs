@@ -26,11 +26,17 @@
 //! the transaction it was in is rolled back by the server when the connection goes)
 //! and the next call connects again, after a backoff (250 ms doubling to 5 s) during
 //! which calls fail at once: a tick never waits more than one deadline for the store.
+//!
+//! Where it connects is a [`Target`]: the URL (one host, or several with
+//! `target_session_attrs=read-write` to follow a promoted standby), a password kept
+//! out of the URL, and TLS (rustls, the client configuration of every outbound client;
+//! with it the server must speak TLS and show a certificate for the host's name).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls, Transaction};
 use tracing::{info, warn};
 
@@ -44,11 +50,93 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(2);
 const MIN_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// Where the store (and the leader lease) connect.
+#[derive(Clone)]
+pub struct Target {
+    /// `postgres://user@host[:port][,host2[:port2]]/database[?options]`, or key-value.
+    pub url: String,
+    /// The password, when it is not in the URL (read from a file or the environment).
+    pub password: Option<String>,
+    /// TLS: required, with this client configuration (`None`: as the URL says, in the
+    /// clear by default).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("url", &redacted(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "(set)"))
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl Target {
+    /// `url` as it is: its own password, if any; TLS as its `sslmode` says.
+    pub fn plain(url: &str) -> Self {
+        Target {
+            url: url.to_string(),
+            password: None,
+            tls: None,
+        }
+    }
+
+    /// The URL as the log shows it (no password).
+    pub fn shown(&self) -> String {
+        redacted(&self.url)
+    }
+
+    fn config(&self) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
+        let mut c: tokio_postgres::Config = self.url.parse()?;
+        if let Some(p) = &self.password {
+            c.password(p);
+        }
+        if self.tls.is_some() {
+            c.ssl_mode(SslMode::Require);
+        }
+        Ok(c)
+    }
+
+    /// Checks the URL without connecting.
+    pub fn check(&self) -> Result<(), tokio_postgres::Error> {
+        self.config().map(|_| ())
+    }
+
+    /// Connects (over TLS where configured), the connection's task on `handle`
+    /// (logged as `what` when it ends with an error).
+    pub async fn connect(
+        &self,
+        handle: &Handle,
+        what: &'static str,
+    ) -> Result<Client, tokio_postgres::Error> {
+        let config = self.config()?;
+        let on_end = move |r: Result<(), tokio_postgres::Error>| {
+            if let Err(e) = r {
+                warn!(error = %e, "{what}: the connection ended");
+            }
+        };
+        match &self.tls {
+            None => {
+                let (client, conn) = config.connect(NoTls).await?;
+                handle.spawn(async move { on_end(conn.await) });
+                Ok(client)
+            }
+            Some(tls) => {
+                let make = tokio_postgres_rustls::MakeRustlsConnect::new((**tls).clone());
+                let (client, conn) = config.connect(make).await?;
+                handle.spawn(async move { on_end(conn.await) });
+                Ok(client)
+            }
+        }
+    }
+}
+
 /// A store in one schema of a PostgreSQL database.
 pub struct PostgresBackend {
     client: Option<Client>,
     rt: Rt,
-    url: String,
+    target: Target,
     schema: String,
     deadline: Duration,
     /// While set and in the future, calls fail at once (the server failed lately).
@@ -90,30 +178,36 @@ impl PostgresBackend {
     /// small runtime of its own (for tools and tests), in `schema` (created with its
     /// tables where missing).
     pub fn connect(url: &str, schema: &str) -> Result<Self, StoreError> {
+        Self::connect_to(&Target::plain(url), schema)
+    }
+
+    /// As [`PostgresBackend::connect`], to `target` (its password, its TLS).
+    pub fn connect_to(target: &Target, schema: &str) -> Result<Self, StoreError> {
         let rt = Rt::owned("powerplane-postgres")
             .map_err(|e| StoreError::backend(NAME, "cannot start its runtime", e))?;
-        Self::open(url, schema, rt, DEFAULT_DEADLINE)
+        Self::open(target, schema, rt, DEFAULT_DEADLINE)
     }
 
     /// Connects with the connection's task on `handle` (the runtime `serve` owns) and
     /// `deadline` per call. The calls themselves must come from a thread outside that
     /// runtime's workers (the control loop's).
     pub fn connect_on(
-        url: &str,
+        target: &Target,
         schema: &str,
         handle: Handle,
         deadline: Duration,
     ) -> Result<Self, StoreError> {
-        Self::open(url, schema, Rt::Shared(handle), deadline)
+        Self::open(target, schema, Rt::Shared(handle), deadline)
     }
 
-    fn open(url: &str, schema: &str, rt: Rt, deadline: Duration) -> Result<Self, StoreError> {
-        url.parse::<tokio_postgres::Config>()
-            .map_err(|e| failed(format!("bad url {}", redacted(url)), Some(e)))?;
+    fn open(target: &Target, schema: &str, rt: Rt, deadline: Duration) -> Result<Self, StoreError> {
+        target
+            .check()
+            .map_err(|e| failed(format!("bad url {}", target.shown()), Some(e)))?;
         let mut b = PostgresBackend {
             client: None,
             rt,
-            url: url.to_string(),
+            target: target.clone(),
             schema: checked_schema(schema)?,
             deadline,
             retry_at: None,
@@ -131,19 +225,14 @@ impl PostgresBackend {
 
     /// Connects, and creates the schema and its tables where missing.
     fn connect_now(&mut self) -> Result<(), StoreError> {
-        let (url, schema, deadline) = (self.url.clone(), self.schema.clone(), self.deadline);
+        let (target, schema, deadline) = (self.target.clone(), self.schema.clone(), self.deadline);
         let handle = self.rt.handle();
         let connecting = async move {
-            let (client, conn) = tokio_postgres::connect(&url, NoTls).await?;
-            handle.spawn(async move {
-                if let Err(e) = conn.await {
-                    warn!(error = %e, "postgres store: the connection ended");
-                }
-            });
+            let client = target.connect(&handle, "postgres store").await?;
             client.batch_execute(&schema_sql(&schema)).await?;
             Ok::<_, tokio_postgres::Error>(client)
         };
-        let shown = redacted(&self.url);
+        let shown = self.target.shown();
         match self
             .rt
             .block_on(async { tokio::time::timeout(deadline, connecting).await })
@@ -171,7 +260,7 @@ impl PostgresBackend {
                 return Err(failed(
                     format!(
                         "{what}: {} is down (retrying in {} ms)",
-                        redacted(&self.url),
+                        self.target.shown(),
                         at.saturating_duration_since(Instant::now()).as_millis()
                     ),
                     None,
@@ -184,7 +273,7 @@ impl PostgresBackend {
                 self.down(&e.to_string());
                 return Err(e);
             }
-            info!(url = %redacted(&self.url), "postgres store connected");
+            info!(url = %self.target.shown(), "postgres store connected");
         }
         Ok(())
     }
@@ -239,7 +328,7 @@ impl PostgresBackend {
         self.retry_at = None;
         self.backoff = MIN_BACKOFF;
         if !self.health.set_reachable(true) {
-            info!(url = %redacted(&self.url), "postgres store reachable again");
+            info!(url = %self.target.shown(), "postgres store reachable again");
         }
     }
 
@@ -247,7 +336,7 @@ impl PostgresBackend {
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         if self.health.set_reachable(false) {
-            warn!(url = %redacted(&self.url), error = why, "postgres store unreachable");
+            warn!(url = %self.target.shown(), error = why, "postgres store unreachable");
         }
     }
 

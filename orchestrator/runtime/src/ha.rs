@@ -290,12 +290,17 @@ pub fn spawn(ha: &HaSection, url: &str, prefix: &str, deadline: Duration) -> Res
 }
 
 /// Starts the election on a thread of its own, against the lease in PostgreSQL at
-/// `url` in `schema` (the store's).
-pub fn spawn_postgres(ha: &HaSection, url: &str, schema: &str, deadline: Duration) -> Result<Ha> {
+/// `target` in `schema` (the store's).
+pub fn spawn_postgres(
+    ha: &HaSection,
+    target: &integrations::store::postgres::Target,
+    schema: &str,
+    deadline: Duration,
+) -> Result<Ha> {
     spawn_on(
         ha,
-        Box::new(integrations::lease::postgres::PostgresLease::new(
-            url, schema, deadline,
+        Box::new(integrations::lease::postgres::PostgresLease::to(
+            target, schema, deadline,
         )?),
     )
 }

@@ -4,12 +4,13 @@
 //! disk where `[store] journal` is set; for tools (`report`), the store alone.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use integrations::store::embedded::EmbeddedBackend;
 use integrations::store::journal::{Journaled, Limits};
-use integrations::store::postgres::PostgresBackend;
+use integrations::store::postgres::{PostgresBackend, Target};
 use integrations::store::redis::RedisBackend;
 use integrations::store::Store;
 use serde::Deserialize;
@@ -213,6 +214,19 @@ pub struct PostgresStoreConfig {
     /// A file holding the URL (with its password), readable by the controller only.
     #[serde(default)]
     pub url_file: Option<PathBuf>,
+    /// A file holding only the password (for a URL without one), readable by the
+    /// controller only.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// Or the name of an environment variable holding the password (a systemd
+    /// drop-in's `Environment=` or `LoadCredential=`).
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// TLS to the server (the keys of every outbound client: `ca_file`,
+    /// `pinned_sha256`, `insecure`, `client_cert_file`, `client_key_file`): with it,
+    /// the server must speak TLS and show a certificate these trust for its host name.
+    #[serde(default)]
+    pub tls: Option<sources::tls::Tls>,
     /// The schema the store's tables live in (created where missing).
     #[serde(default = "default_prefix")]
     pub schema: String,
@@ -245,12 +259,56 @@ impl PostgresStoreConfig {
         )
     }
 
+    /// Where to connect: the URL, the password from `password_file` or `password_env`,
+    /// TLS from `tls` (its files relative to the config's folder).
+    pub fn target(&self, base: &Path) -> Result<Target> {
+        let url = self.url(base)?;
+        let password = match (&self.password_file, &self.password_env) {
+            (None, None) => None,
+            (Some(f), None) => Some(
+                sources::secret::read(base, f)
+                    .map(|p| p.trim_end_matches(['\n', '\r']).to_string())
+                    .map_err(|e| anyhow::anyhow!("[store] password_file: {e}"))?,
+            ),
+            (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
+                anyhow::anyhow!("[store] password_env: the environment has no {var:?}")
+            })?),
+            (Some(_), Some(_)) => {
+                anyhow::bail!("[store] give one of password_file and password_env")
+            }
+        };
+        if password.as_deref() == Some("") {
+            anyhow::bail!("[store] the password (password_file or password_env) is empty");
+        }
+        let tls = match &self.tls {
+            Some(t) => {
+                let resolved = t.resolved(|p| {
+                    crate::paths::resolve(base, Path::new(p))
+                        .display()
+                        .to_string()
+                });
+                let config = sources::tls::client_config(&resolved)
+                    .map_err(|e| anyhow::anyhow!("[store] {e}"))?;
+                Some(Arc::new(config))
+            }
+            None => None,
+        };
+        let target = Target { url, password, tls };
+        target
+            .check()
+            .map_err(|e| anyhow::anyhow!("[store] url {}: {e}", target.shown()))?;
+        Ok(target)
+    }
+
+    pub fn deadline(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_s.clamp(0.05, 60.0))
+    }
+
     /// For `serve`: PostgreSQL with its connection's task on `handle`, behind the
     /// journal (replayed now if the last run left batches in it).
     pub fn open_journaled(&self, base: &Path, handle: Handle) -> Result<Store> {
-        let url = self.url(base)?;
-        let deadline = Duration::from_secs_f64(self.timeout_s.clamp(0.05, 60.0));
-        let pg = PostgresBackend::connect_on(&url, &self.schema, handle, deadline)?;
+        let target = self.target(base)?;
+        let pg = PostgresBackend::connect_on(&target, &self.schema, handle, self.deadline())?;
         let path = crate::paths::resolve(base, &self.journal);
         journaled(
             Box::new(pg),
@@ -262,8 +320,8 @@ impl PostgresStoreConfig {
 
     /// For tools: PostgreSQL alone (the journal belongs to `serve`).
     pub fn open_plain(&self, base: &Path) -> Result<Store> {
-        Ok(Store::new(Box::new(PostgresBackend::connect(
-            &self.url(base)?,
+        Ok(Store::new(Box::new(PostgresBackend::connect_to(
+            &self.target(base)?,
             &self.schema,
         )?)))
     }

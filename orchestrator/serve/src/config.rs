@@ -315,7 +315,7 @@ fn read_secrets(cfg: &mut Config, base: &Path, problems: &mut Problems) {
     }
     let url = match &cfg.store {
         StoreConfig::Redis(r) => Some(r.url(base)),
-        StoreConfig::Postgres(p) => Some(p.url(base)),
+        StoreConfig::Postgres(p) => Some(p.target(base).map(|_| String::new())),
         _ => None,
     };
     if let Some(url) = url {

@@ -27,7 +27,7 @@ pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::
             runtime::ha::spawn(h, &r.url(base)?, &r.prefix, deadline(r.timeout_s))?
         }
         StoreConfig::Postgres(p) => {
-            runtime::ha::spawn_postgres(h, &p.url(base)?, &p.schema, deadline(p.timeout_s))?
+            runtime::ha::spawn_postgres(h, &p.target(base)?, &p.schema, deadline(p.timeout_s))?
         }
         _ => anyhow::bail!(
             "[ha] needs [store] kind = \"redis\" or \"postgres\": the embedded store serves one controller"
@@ -56,8 +56,8 @@ fn refuse_beside_replicas(
             format!("Redis prefix {:?}", r.prefix),
         ),
         StoreConfig::Postgres(p) => (
-            Box::new(integrations::lease::postgres::PostgresLease::new(
-                &p.url(base)?,
+            Box::new(integrations::lease::postgres::PostgresLease::to(
+                &p.target(base)?,
                 &p.schema,
                 deadline(p.timeout_s),
             )?),
