@@ -850,3 +850,97 @@ fn a_controller_without_ha_on_the_replicas_store_refuses_to_start_and_says_why()
     // the leader went on leading
     assert_eq!(role(rig.ports[0]), Some((true, epoch)));
 }
+
+/// The lowest cap in force on rack a01, as a replica shows it.
+fn a01_cap(port: u16) -> Option<f64> {
+    let (_, _, body) = http(port, "GET", "/api/v1/racks", Some(VIEWER), b"");
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["racks"].as_array()?.iter().find(|r| r["id"] == "a01")?["lowest_cap_w"].as_f64()
+}
+
+/// The ids of the overrides a replica lists (`None`: it did not answer).
+fn overrides_on(port: u16) -> Option<Vec<String>> {
+    let (code, _, body) = http(port, "GET", "/api/v1/overrides", Some(VIEWER), b"");
+    if code != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some(
+        v["overrides"]
+            .as_array()?
+            .iter()
+            .filter_map(|o| o["id"].as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+#[test]
+fn an_override_answered_201_holds_on_the_next_leader_and_one_the_store_cannot_take_is_refused() {
+    let rig = Rig::new(2, 0, 3600);
+    let mut serves: Vec<Option<Proc>> = (0..2).map(|i| Some(rig.serve(i))).collect();
+    let (old, e1, _) = leader_after(&rig, 0, Duration::from_secs(60));
+    wait_until(
+        "every replica answers",
+        Duration::from_secs(60),
+        &rig,
+        || rig.ports.iter().all(|p| role(*p).is_some()),
+    );
+    let pin = |w: f64| {
+        format!(
+            r#"{{"kind": "pin_rack_cap", "rack": "a01", "watts_per_gpu": {w}, "for_s": 3600, "reason": "PDU maintenance"}}"#
+        )
+    };
+    // below what the policy alone gives the rack: its effect shows
+    std::thread::sleep(Duration::from_secs(2));
+    let before = a01_cap(rig.ports[old]);
+    let pinned = before.map_or(150.0, |w| (w - 25.0).round());
+    eprintln!("rack a01 capped at {before:?} W by the policy; pinned at {pinned} W");
+    let (code, _, body) = http(
+        rig.ports[old],
+        "POST",
+        "/api/v1/overrides",
+        Some(OPERATOR),
+        pin(pinned).as_bytes(),
+    );
+    assert_eq!(code, 201, "{body}");
+    let set: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let id = set["id"].as_str().expect("id").to_string();
+    // the follower mirrors it from the store
+    let follower = 1 - old;
+    wait_until(
+        "the follower lists it",
+        Duration::from_secs(20),
+        &rig,
+        || overrides_on(rig.ports[follower]).is_some_and(|l| l.contains(&id)),
+    );
+    // the leader dies: the next one applies the same override
+    drop(serves[old].take());
+    let (next, e2, _) = leader_after(&rig, e1, Duration::from_secs(30));
+    assert_eq!(next, follower);
+    assert_eq!(overrides_on(rig.ports[next]), Some(vec![id.clone()]));
+    wait_until(
+        "the next leader applies it",
+        Duration::from_secs(20),
+        &rig,
+        || a01_cap(rig.ports[next]) == Some(pinned),
+    );
+    eprintln!("epoch {e1} → {e2}: the override in force on the next leader");
+
+    // the store stalls: a new override cannot be stored, so it is refused, not set
+    rig.redis.pause();
+    let t = Instant::now();
+    let (code, _, body) = http(
+        rig.ports[next],
+        "POST",
+        "/api/v1/overrides",
+        Some(OPERATOR),
+        pin(pinned - 10.0).as_bytes(),
+    );
+    let waited = t.elapsed();
+    rig.redis.resume();
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("nothing was set"), "{body}");
+    assert!(waited < Duration::from_secs(9), "answered after {waited:?}");
+    assert_eq!(overrides_on(rig.ports[next]), Some(vec![id.clone()]));
+    drop(serves);
+}

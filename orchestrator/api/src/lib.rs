@@ -237,6 +237,10 @@ fn error(status: u16, msg: &str) -> Reply {
 /// The largest request body taken.
 pub const MAX_BODY: usize = 64 * 1024;
 
+/// With `[ha]`: how long an override's change waits to be stored before it is
+/// withdrawn and answered 503.
+pub const OVERRIDE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Api {
     /// The token's name when its role may do what needs `min`; else the 401 or 403.
     fn authorize(&self, authorization: Option<&str>, min: Role) -> Result<&str, Reply> {
@@ -559,6 +563,23 @@ impl Api {
         }
     }
 
+    /// With `[ha]`: waits (at most [`OVERRIDE_WAIT`]) until the store's server holds
+    /// the book's change `mine`; true at once without `[ha]`.
+    fn override_stored(&self, mine: u64) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            let book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+            if !book.durable || book.stored >= mine {
+                return true;
+            }
+            drop(book);
+            if t0.elapsed() >= OVERRIDE_WAIT {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     fn overrides(
         &self,
         method: &str,
@@ -604,6 +625,23 @@ impl Api {
                         if let Err(e) = book.save() {
                             warn!(error = %e, "cannot save the overrides; they hold until a restart");
                         }
+                        book.changes += 1;
+                        let mine = book.changes;
+                        drop(book);
+                        if !self.override_stored(mine) {
+                            // not where the next leader reads it: withdrawn, the sender resends
+                            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+                            book.list.retain(|x| x.id != o.id);
+                            book.changes += 1;
+                            if let Err(e) = book.save() {
+                                warn!(error = %e, "cannot save the overrides");
+                            }
+                            warn!(id = %o.id, "override withdrawn: the store did not take it in time");
+                            return error(
+                                503,
+                                "the override could not be stored (the store may be down): nothing was set; resend it",
+                            );
+                        }
                         json_reply(201, &serde_json::to_value(o).unwrap_or_default())
                     }
                     Err(e) => error(400, &e.to_string()),
@@ -611,14 +649,31 @@ impl Api {
             }
             ("DELETE", id) if id.starts_with('/') => {
                 let id = &id[1..];
-                let n = book.list.len();
-                book.list.retain(|o| o.id != id);
-                if book.list.len() == n {
+                let Some(at) = book.list.iter().position(|o| o.id == id) else {
                     return error(404, &format!("no override {id:?}"));
-                }
+                };
+                let gone = book.list.remove(at);
                 info!(id, by = %who, "override removed");
                 if let Err(e) = book.save() {
                     warn!(error = %e, "cannot save the overrides");
+                }
+                book.changes += 1;
+                let mine = book.changes;
+                drop(book);
+                if !self.override_stored(mine) {
+                    // the next leader would still apply it: put back, the sender resends
+                    let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+                    if !book.list.iter().any(|o| o.id == gone.id) {
+                        book.list.push(gone);
+                    }
+                    book.changes += 1;
+                    if let Err(e) = book.save() {
+                        warn!(error = %e, "cannot save the overrides");
+                    }
+                    return error(
+                        503,
+                        "the removal could not be stored (the store may be down): nothing was removed; resend it",
+                    );
                 }
                 json_reply(200, &json!({ "removed": id }))
             }

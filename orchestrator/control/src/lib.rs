@@ -145,6 +145,9 @@ pub struct ControlLoop {
     /// and those changed since, written with the next tick.
     grid_saved: BTreeMap<String, telemetry::grid::GridEvent>,
     grid_changed: Vec<telemetry::grid::GridEvent>,
+    /// With `[ha]`: the operators' overrides as last read from or written to the store
+    /// (`None`: the store holds none), so the next leader applies the same ones.
+    overrides_stored: Option<Vec<crate::overrides::Override>>,
 }
 
 impl ControlLoop {
@@ -195,6 +198,7 @@ impl ControlLoop {
             origin: None,
             grid_saved: BTreeMap::new(),
             grid_changed: Vec::new(),
+            overrides_stored: None,
         })
     }
 
@@ -232,6 +236,7 @@ impl ControlLoop {
                 d.reload(records);
             }
         }
+        self.overrides_stored = crate::overrides::stored(&mut self.store)?;
         self.registry = JobRegistry::from_jobs(jobs);
         self.committed = state.clone();
         self.state = state;
@@ -281,6 +286,12 @@ impl ControlLoop {
     /// or end.
     pub fn set_overrides(&mut self, overrides: Vec<crate::overrides::Override>) {
         self.overrides = overrides;
+    }
+
+    /// The overrides the store holds, as the last [`ControlLoop::resume_from_store`]
+    /// read them (`None`: none were ever stored, i.e. no leader with `[ha]` set any).
+    pub fn stored_overrides(&self) -> Option<&[crate::overrides::Override]> {
+        self.overrides_stored.as_deref()
     }
 
     /// The grid events known now (a VTN's, posted, scheduled): those new or changed
@@ -496,6 +507,11 @@ impl ControlLoop {
         }
         for e in self.grid_changed.drain(..) {
             tx.put_record(grid::EVENTS, &grid::record_key(&e), &e);
+        }
+        // with [ha], the overrides go where the next leader reads them
+        if self.origin.is_some() && self.overrides_stored.as_ref() != Some(&self.overrides) {
+            crate::overrides::store(tx, &self.overrides);
+            self.overrides_stored = Some(self.overrides.clone());
         }
         ledger
     }

@@ -305,12 +305,35 @@ fn exempted(job: &str, now: Timestamp) -> Decision {
     }
 }
 
+/// The store's collection of the overrides (with `[ha]`): one record, [`STORED_KEY`],
+/// the whole list, so that a later commit always wins over an earlier one.
+pub const COLLECTION: &str = "overrides";
+pub const STORED_KEY: &str = "list";
+
+/// Writes the list in force with `tx`.
+pub fn store(tx: &mut store::Tx, list: &[Override]) {
+    tx.put_record(COLLECTION, STORED_KEY, &list);
+}
+
+/// The list the store holds (`None`: none was ever written).
+pub fn stored(store: &mut store::Store) -> Result<Option<Vec<Override>>, store::StoreError> {
+    Ok(store
+        .records::<Vec<Override>>(COLLECTION)?
+        .remove(STORED_KEY))
+}
+
 /// Overrides kept in a JSON file, so that a restart keeps them.
 #[derive(Debug)]
 pub struct Book {
     path: Option<PathBuf>,
     pub list: Vec<Override>,
     next: u64,
+    /// Changes made through the API so far, and how many of them the store holds
+    /// (with `[ha]`, a change is answered once it is stored).
+    pub changes: u64,
+    pub stored: u64,
+    /// With `[ha]`: a change is answered only once the store's server holds it.
+    pub durable: bool,
 }
 
 impl Book {
@@ -326,12 +349,31 @@ impl Book {
             path: path.map(Path::to_path_buf),
             list,
             next,
+            changes: 0,
+            stored: 0,
+            durable: false,
         })
     }
 
     pub fn next_id(&mut self) -> String {
         self.next += 1;
         format!("o{}", self.next)
+    }
+
+    /// Takes the list the store holds (a new leader, a follower mirroring it), saving
+    /// it to the file; ids go on above every id seen. True when it changed.
+    pub fn replace(&mut self, list: &[Override]) -> bool {
+        if self.list == list {
+            return false;
+        }
+        self.list = list.to_vec();
+        let top = list
+            .iter()
+            .filter_map(|o| o.id.strip_prefix("o")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        self.next = self.next.max(top);
+        true
     }
 
     /// Drops the expired ones; true when something changed.

@@ -132,8 +132,9 @@ impl Serve {
             }
         }
         if self.leader.epoch.is_none() {
-            if let Err(e) = self.control.resume_from_store() {
-                tracing::debug!(error = %e, "follower: cannot read the leader's state");
+            match self.control.resume_from_store() {
+                Ok(()) => self.overrides_from_store(),
+                Err(e) => tracing::debug!(error = %e, "follower: cannot read the leader's state"),
             }
         }
         self.leader.epoch.is_some()
@@ -173,6 +174,9 @@ impl Serve {
             }
         };
         self.schedulers = schedulers;
+        // the overrides the last leader stored (none stored yet: this replica's own
+        // book seeds the store with the first tick)
+        self.overrides_from_store();
         self.leader
             .hooks
             .set(self.schedulers.inbox(), self.schedulers.kube_hooks());

@@ -284,7 +284,7 @@ impl Serve {
         let crossed = due.is_none().then(|| self.events.armed()).flatten();
         let now = wall_clock();
         let mut samples = self.drain_edges(now);
-        self.apply_overrides(now);
+        let overrides_seen = self.apply_overrides(now);
         self.reload_policy(now);
         // schedulers: their jobs in, the holds in force out (see runtime::schedulers);
         // neither waits on a scheduler
@@ -318,6 +318,11 @@ impl Serve {
             if report.store_error.is_none() && self.next_leader_has_it() {
                 self.schedulers.stored();
             }
+        }
+        // the overrides' changes this tick carried are where the next leader reads them
+        if acting && report.store_error.is_none() && self.next_leader_has_it() {
+            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+            book.stored = book.stored.max(overrides_seen);
         }
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
@@ -401,8 +406,9 @@ impl Serve {
         self.grid.saw(meter, floor);
     }
 
-    /// Drops the expired overrides (saving the book) and hands the loop those in force.
-    fn apply_overrides(&mut self, now: telemetry::Timestamp) {
+    /// Drops the expired overrides (saving the book) and hands the loop those in force;
+    /// the number of the book's changes they include.
+    fn apply_overrides(&mut self, now: telemetry::Timestamp) -> u64 {
         let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
         if book.expire(now) {
             if let Err(e) = book.save() {
@@ -410,6 +416,21 @@ impl Serve {
             }
         }
         self.control.set_overrides(book.list.clone());
+        book.changes
+    }
+
+    /// With `[ha]`: takes the overrides the store holds into the book (a follower
+    /// mirroring its leader, a new leader taking over), when the store holds any.
+    fn overrides_from_store(&mut self) {
+        let Some(list) = self.control.stored_overrides() else {
+            return;
+        };
+        let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        if book.replace(list) {
+            if let Err(e) = book.save() {
+                warn!(error = %e, "cannot save the overrides");
+            }
+        }
     }
 
     /// Reloads the policy file when it changed, and shows its text and status.

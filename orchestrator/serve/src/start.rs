@@ -155,17 +155,19 @@ pub(super) fn hooks(cfg: &Config, schedulers: &Schedulers) -> api::Hooks {
 }
 
 /// The operators' overrides, from `[http] overrides_file` when given.
+/// With `[ha]`, a change is answered once the store's server holds it (the next
+/// leader reads them there).
 pub(super) fn overrides(cfg: &Config, base: &Path) -> Result<Arc<Mutex<control::overrides::Book>>> {
-    Ok(Arc::new(Mutex::new(
-        control::overrides::Book::open(
-            cfg.http
-                .as_ref()
-                .and_then(|h| h.overrides_file.as_ref())
-                .map(|p| resolve(base, p))
-                .as_deref(),
-        )
-        .map_err(|e| anyhow::anyhow!("overrides: {e}"))?,
-    )))
+    let mut book = control::overrides::Book::open(
+        cfg.http
+            .as_ref()
+            .and_then(|h| h.overrides_file.as_ref())
+            .map(|p| resolve(base, p))
+            .as_deref(),
+    )
+    .map_err(|e| anyhow::anyhow!("overrides: {e}"))?;
+    book.durable = cfg.ha.as_ref().is_some_and(|h| h.enabled);
+    Ok(Arc::new(Mutex::new(book)))
 }
 
 /// `[demand_response]`'s edge: its files opened and, with `protocol`, its VEN started
