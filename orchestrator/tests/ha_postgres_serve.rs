@@ -11,100 +11,13 @@ mod common;
 mod pg_server;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::http;
+use common::{free_port, pg_replica, replica_leading as leader, replica_logs as logs, role};
 use pg_server::PgServer;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// (leads, epoch) as a replica's `/metrics` says.
-fn role(port: u16) -> Option<(bool, u64)> {
-    let (code, _, body) = http(port, "GET", "/metrics", None, b"");
-    if code != 200 {
-        return None;
-    }
-    let value = |name: &str| {
-        body.lines()
-            .find(|l| l.starts_with(name) && !l.starts_with('#'))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-    };
-    Some((
-        value("powerplane_leader{replica=\"")? == 1.0,
-        value("powerplane_leader_epoch ")? as u64,
-    ))
-}
-
-fn start(d: &Path, i: usize, url: &str, port: u16) -> Child {
-    let r = d.join(format!("r{i}"));
-    std::fs::create_dir_all(&r).expect("dir");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace");
-    let site = root.join("examples/demo/site.toml");
-    let policy = root.join("examples/demo/policy.toml");
-    std::fs::write(
-        r.join("powerplane.toml"),
-        format!(
-            "[controller]\nsite = \"{}\"\npolicy = \"{}\"\ntick_s = 0.5\n[store]\nkind = \"postgres\"\nurl = \"{url}\"\njournal = \"journal.redb\"\ntimeout_s = 0.5\n[ha]\nenabled = true\nlease_s = 3\nrenew_s = 0.5\ninstance = \"r{i}\"\n[http]\nlisten = \"127.0.0.1:{port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"viewer-token-0123456789abcdef\"\n",
-            site.display(),
-            policy.display()
-        ),
-    )
-    .expect("config");
-    Command::new(env!("CARGO_BIN_EXE_powerplane"))
-        .args(["serve", "--run-for-s", "120", "--config"])
-        .arg(r.join("powerplane.toml"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(r.join("serve.log")).expect("log"))
-        .spawn()
-        .expect("serve")
-}
-
-/// The replicas' logs without their decisions (the election's and the store's lines).
-fn logs(d: &Path, n: usize) -> String {
-    (0..n)
-        .map(|i| {
-            std::fs::read_to_string(d.join(format!("r{i}/serve.log")))
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| !l.contains(" rule="))
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .collect::<Vec<_>>()
-        .join("\n----\n")
-}
-
-/// The replica that leads (index, epoch), once one does within `within`.
-fn leader(d: &Path, ports: &[u16], above: u64, within: Duration) -> (usize, u64) {
-    let t0 = Instant::now();
-    loop {
-        for (i, p) in ports.iter().enumerate() {
-            if let Some((true, epoch)) = role(*p) {
-                if epoch > above {
-                    return (i, epoch);
-                }
-            }
-        }
-        assert!(
-            t0.elapsed() < within,
-            "no leader above epoch {above} within {within:?}; the replicas' logs:\n{}",
-            logs(d, ports.len())
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn one_leader_at_a_time_through_a_kill_and_a_database_crash() {
@@ -163,4 +76,15 @@ fn one_leader_at_a_time_through_a_kill_and_a_database_crash() {
         let _ = c.kill();
         let _ = c.wait();
     }
+}
+
+fn start(d: &Path, i: usize, url: &str, port: u16) -> Child {
+    pg_replica(
+        d,
+        i,
+        url,
+        port,
+        0.5,
+        "[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"viewer-token-0123456789abcdef\"\n",
+    )
 }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{http, VIEWER};
+use common::{free_port, http, role, VIEWER};
 use redis_server::RedisServer;
 
 const OPERATOR: &str = "operator-token-0123456789abcdef";
@@ -42,13 +42,6 @@ fn mqtt_port() -> u16 {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(1883)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// A child process killed (SIGKILL) when dropped.
@@ -264,24 +257,6 @@ max_backoff_s = 2
             })
             .collect()
     }
-}
-
-/// `(leader, epoch)` from one replica's `/metrics`; `None` when it does not answer.
-fn role(port: u16) -> Option<(bool, u64)> {
-    let (code, _, body) = http(port, "GET", "/metrics", None, b"");
-    if code != 200 {
-        return None;
-    }
-    let value = |name: &str| {
-        body.lines()
-            .find(|l| l.starts_with(name) && !l.starts_with('#'))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-    };
-    Some((
-        value("powerplane_leader{replica=\"")? == 1.0,
-        value("powerplane_leader_epoch ")? as u64,
-    ))
 }
 
 /// Samples every replica's role every 100 ms; keeps the largest number of leaders seen

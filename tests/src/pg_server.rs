@@ -48,6 +48,18 @@ fn pg(tool: &str) -> Command {
     }
 }
 
+/// Runs `cmd`, which must succeed (else the test fails with its stderr, as `what`).
+fn succeed(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("free port")
@@ -99,25 +111,21 @@ impl PgServer {
     pub fn standby_of(primary: &PgServer) -> PgServer {
         let dir = cluster_dir();
         let data = dir.path().join("data");
-        let out = pg("pg_basebackup")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-R",
-                "-X",
-                "stream",
-                "--no-sync",
-            ])
-            .args(["-p", &primary.port.to_string(), "-D"])
-            .arg(&data)
-            .output()
-            .expect("pg_basebackup runs");
-        assert!(
-            out.status.success(),
-            "pg_basebackup: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeed(
+            pg("pg_basebackup")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-R",
+                    "-X",
+                    "stream",
+                    "--no-sync",
+                ])
+                .args(["-p", &primary.port.to_string(), "-D"])
+                .arg(&data),
+            "pg_basebackup",
         );
         let mut s = PgServer {
             data,
@@ -176,8 +184,12 @@ impl PgServer {
 
     /// A clean stop (`pg_ctl stop -m fast`).
     pub fn stop(&mut self) {
+        self.pg_ctl_stop("fast");
+    }
+
+    fn pg_ctl_stop(&mut self, mode: &str) {
         let _ = pg("pg_ctl")
-            .args(["-w", "-m", "fast", "-D"])
+            .args(["-w", "-m", mode, "-D"])
             .arg(&self.data)
             .arg("stop")
             .stdout(Stdio::null())
@@ -216,31 +228,23 @@ impl PgServer {
 
     /// A standby made primary (`pg_ctl promote`, waiting until it takes writes).
     pub fn promote(&self) {
-        let out = pg("pg_ctl")
-            .args(["-w", "-t", "60", "-D"])
-            .arg(&self.data)
-            .arg("promote")
-            .output()
-            .expect("pg_ctl promote runs");
-        assert!(
-            out.status.success(),
-            "pg_ctl promote: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeed(
+            pg("pg_ctl")
+                .args(["-w", "-t", "60", "-D"])
+                .arg(&self.data)
+                .arg("promote"),
+            "pg_ctl promote",
         );
     }
 
     fn start_with(options: &str) -> PgServer {
         let dir = cluster_dir();
         let data = dir.path().join("data");
-        let out = pg("initdb")
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
-            .arg(&data)
-            .output()
-            .expect("initdb runs");
-        assert!(
-            out.status.success(),
-            "initdb: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeed(
+            pg("initdb")
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+                .arg(&data),
+            "initdb",
         );
         let mut s = PgServer {
             data,
@@ -270,19 +274,15 @@ impl PgServer {
             self.socket_dir().display(),
             self.options
         );
-        let out = pg("pg_ctl")
-            .args(["-w", "-t", "60", "-l"])
-            .arg(self.socket_dir().join("server.log"))
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-o", &opts, "start"])
-            .stdout(Stdio::null())
-            .output()
-            .expect("pg_ctl runs");
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        succeed(
+            pg("pg_ctl")
+                .args(["-w", "-t", "60", "-l"])
+                .arg(self.socket_dir().join("server.log"))
+                .arg("-D")
+                .arg(&self.data)
+                .args(["-o", &opts, "start"])
+                .stdout(Stdio::null()),
+            "pg_ctl start",
         );
         self.running = true;
         let t0 = Instant::now();
@@ -298,14 +298,7 @@ impl PgServer {
     /// Stops it at once, as a crash would (`pg_ctl stop -m immediate`: no checkpoint;
     /// the next start recovers from the WAL).
     pub fn crash(&mut self) {
-        let _ = pg("pg_ctl")
-            .args(["-w", "-m", "immediate", "-D"])
-            .arg(&self.data)
-            .arg("stop")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        self.running = false;
+        self.pg_ctl_stop("immediate");
     }
 }
 

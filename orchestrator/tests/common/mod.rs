@@ -378,3 +378,108 @@ pub fn send_until_accepted(
     }
     None
 }
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// With `[ha]`: (leads, epoch) as a replica's `/metrics` says.
+pub fn role(port: u16) -> Option<(bool, u64)> {
+    let (code, _, body) = http(port, "GET", "/metrics", None, b"");
+    if code != 200 {
+        return None;
+    }
+    let value = |name: &str| {
+        body.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    Some((
+        value("powerplane_leader{replica=\"")? == 1.0,
+        value("powerplane_leader_epoch ")? as u64,
+    ))
+}
+
+/// The logs of replicas `d/r0` .. `d/r{n-1}` (`serve.log`) without their decisions.
+pub fn replica_logs(d: &std::path::Path, n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            std::fs::read_to_string(d.join(format!("r{i}/serve.log")))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| !l.contains(" rule="))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect::<Vec<_>>()
+        .join("\n----\n")
+}
+
+/// The replica that leads (index, epoch), once one does above `above` within `within`.
+pub fn replica_leading(
+    d: &std::path::Path,
+    ports: &[u16],
+    above: u64,
+    within: Duration,
+) -> (usize, u64) {
+    let t0 = std::time::Instant::now();
+    loop {
+        for (i, p) in ports.iter().enumerate() {
+            if let Some((true, epoch)) = role(*p) {
+                if epoch > above {
+                    return (i, epoch);
+                }
+            }
+        }
+        assert!(
+            t0.elapsed() < within,
+            "no leader above epoch {above} within {within:?}; the replicas' logs:\n{}",
+            replica_logs(d, ports.len())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Replica `i` of `serve` with `[ha]` on the PostgreSQL at `url` (the demo's site and
+/// policy, `[http]` on `port`, its config and `serve.log` in `d/r{i}`), `extra` TOML
+/// appended (its tokens, its schedulers).
+pub fn pg_replica(
+    d: &std::path::Path,
+    i: usize,
+    url: &str,
+    port: u16,
+    timeout_s: f64,
+    extra: &str,
+) -> std::process::Child {
+    let r = d.join(format!("r{i}"));
+    std::fs::create_dir_all(&r).expect("dir");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace");
+    let site = root.join("examples/demo/site.toml");
+    let policy = root.join("examples/demo/policy.toml");
+    std::fs::write(
+        r.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"{}\"\npolicy = \"{}\"\ntick_s = 0.5\n\
+             [store]\nkind = \"postgres\"\nurl = \"{url}\"\njournal = \"journal.redb\"\ntimeout_s = {timeout_s}\n\
+             [ha]\nenabled = true\nlease_s = 3\nrenew_s = 0.5\ninstance = \"r{i}\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\nmetrics_public = true\n{extra}",
+            site.display(),
+            policy.display(),
+        ),
+    )
+    .expect("config");
+    Command::new(env!("CARGO_BIN_EXE_powerplane"))
+        .args(["serve", "--run-for-s", "300", "--config"])
+        .arg(r.join("powerplane.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(r.join("serve.log")).expect("log"))
+        .spawn()
+        .expect("serve")
+}
