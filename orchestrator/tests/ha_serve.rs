@@ -28,6 +28,7 @@ use common::{free_port, http, role, VIEWER};
 use redis_server::RedisServer;
 
 const OPERATOR: &str = "operator-token-0123456789abcdef";
+const ADMIN: &str = "admin-token-0123456789abcdef0";
 const WEBHOOK_KEY: &str = "8f3c1d2e4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 /// `[ha] lease_s`.
 const LEASE_S: f64 = 5.0;
@@ -170,6 +171,10 @@ token = "{VIEWER}"
 name = "o"
 role = "operator"
 token = "{OPERATOR}"
+[[http.tokens]]
+name = "a"
+role = "admin"
+token = "{ADMIN}"
 [agents]
 key_file = "{key}"
 lease_s = 20
@@ -850,7 +855,8 @@ fn overrides_on(port: u16) -> Option<Vec<String>> {
 }
 
 #[test]
-fn an_override_answered_201_holds_on_the_next_leader_and_one_the_store_cannot_take_is_refused() {
+fn an_override_and_a_grid_target_answered_201_hold_on_the_next_leader_and_what_the_store_cannot_take_is_refused(
+) {
     let rig = Rig::new(2, 0, 3600);
     let mut serves: Vec<Option<Proc>> = (0..2).map(|i| Some(rig.serve(i))).collect();
     let (old, e1, _) = leader_after(&rig, 0, Duration::from_secs(60));
@@ -880,7 +886,20 @@ fn an_override_answered_201_holds_on_the_next_leader_and_one_the_store_cannot_ta
     assert_eq!(code, 201, "{body}");
     let set: serde_json::Value = serde_json::from_str(&body).expect("json");
     let id = set["id"].as_str().expect("id").to_string();
-    // the follower mirrors it from the store
+    // an operator's grid target, tomorrow
+    let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339();
+    let target = format!(
+        r#"{{"id": "evening", "start": "{tomorrow}", "duration_min": 60, "shed_pct": 20}}"#
+    );
+    let (code, _, body) = http(
+        rig.ports[old],
+        "POST",
+        "/api/v1/grid/targets",
+        Some(ADMIN),
+        target.as_bytes(),
+    );
+    assert_eq!(code, 201, "{body}");
+    // the follower mirrors the override from the store
     let follower = 1 - old;
     wait_until(
         "the follower lists it",
@@ -893,6 +912,35 @@ fn an_override_answered_201_holds_on_the_next_leader_and_one_the_store_cannot_ta
     let (next, e2, _) = leader_after(&rig, e1, Duration::from_secs(30));
     assert_eq!(next, follower);
     assert_eq!(overrides_on(rig.ports[next]), Some(vec![id.clone()]));
+    let (_, _, body) = http(
+        rig.ports[next],
+        "GET",
+        "/api/v1/grid/targets",
+        Some(VIEWER),
+        b"",
+    );
+    let targets: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let listed: Vec<(String, String)> = targets["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| {
+            (
+                t["id"].as_str().unwrap_or("").to_string(),
+                t["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![("evening".to_string(), "pending".to_string())],
+        "{body}\n{}",
+        rig.serve_logs()
+            .lines()
+            .filter(|l| l.contains("grid") || l.contains("leader") || l.contains("override"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     wait_until(
         "the next leader applies it",
         Duration::from_secs(20),
@@ -901,21 +949,36 @@ fn an_override_answered_201_holds_on_the_next_leader_and_one_the_store_cannot_ta
     );
     eprintln!("epoch {e1} → {e2}: the override in force on the next leader");
 
-    // the store stalls: a new override cannot be stored, so it is refused, not set
+    // the store stalls: a new override and a new target cannot be stored, so each is
+    // refused and not set (sent at once: the stall soon costs the leader its lease)
+    let late = target.replace("evening", "late");
+    let port = rig.ports[next];
     rig.redis.pause();
     let t = Instant::now();
+    let grid_post = std::thread::spawn(move || {
+        http(
+            port,
+            "POST",
+            "/api/v1/grid/targets",
+            Some(ADMIN),
+            late.as_bytes(),
+        )
+    });
     let (code, _, body) = http(
-        rig.ports[next],
+        port,
         "POST",
         "/api/v1/overrides",
         Some(OPERATOR),
         pin(pinned - 10.0).as_bytes(),
     );
+    let (grid_code, _, grid_body) = grid_post.join().expect("grid post");
     let waited = t.elapsed();
     rig.redis.resume();
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("nothing was set"), "{body}");
+    assert_eq!(grid_code, 503, "{grid_body}");
+    assert!(grid_body.contains("withdrawn"), "{grid_body}");
     assert!(waited < Duration::from_secs(9), "answered after {waited:?}");
-    assert_eq!(overrides_on(rig.ports[next]), Some(vec![id.clone()]));
+    assert_eq!(overrides_on(port), Some(vec![id.clone()]));
     drop(serves);
 }

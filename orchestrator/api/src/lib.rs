@@ -237,10 +237,6 @@ fn error(status: u16, msg: &str) -> Reply {
 /// The largest request body taken.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// With `[ha]`: how long an override's change waits to be stored before it is
-/// withdrawn and answered 503.
-pub const OVERRIDE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
 impl Api {
     /// The token's name when its role may do what needs `min`; else the 401 or 403.
     fn authorize(&self, authorization: Option<&str>, min: Role) -> Result<&str, Reply> {
@@ -563,23 +559,6 @@ impl Api {
         }
     }
 
-    /// With `[ha]`: waits (at most [`OVERRIDE_WAIT`]) until the store's server holds
-    /// the book's change `mine`; true at once without `[ha]`.
-    fn override_stored(&self, mine: u64) -> bool {
-        let t0 = std::time::Instant::now();
-        loop {
-            let book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-            if !book.durable || book.stored >= mine {
-                return true;
-            }
-            drop(book);
-            if t0.elapsed() >= OVERRIDE_WAIT {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
     fn overrides(
         &self,
         method: &str,
@@ -625,14 +604,13 @@ impl Api {
                         if let Err(e) = book.save() {
                             warn!(error = %e, "cannot save the overrides; they hold until a restart");
                         }
-                        book.changes += 1;
-                        let mine = book.changes;
+                        let mine = book.acks.changed();
                         drop(book);
-                        if !self.override_stored(mine) {
+                        if !control::acks::wait_stored(&*self.overrides, |b| b.acks, mine) {
                             // not where the next leader reads it: withdrawn, the sender resends
                             let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
                             book.list.retain(|x| x.id != o.id);
-                            book.changes += 1;
+                            book.acks.changed();
                             if let Err(e) = book.save() {
                                 warn!(error = %e, "cannot save the overrides");
                             }
@@ -657,16 +635,15 @@ impl Api {
                 if let Err(e) = book.save() {
                     warn!(error = %e, "cannot save the overrides");
                 }
-                book.changes += 1;
-                let mine = book.changes;
+                let mine = book.acks.changed();
                 drop(book);
-                if !self.override_stored(mine) {
+                if !control::acks::wait_stored(&*self.overrides, |b| b.acks, mine) {
                     // the next leader would still apply it: put back, the sender resends
                     let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
                     if !book.list.iter().any(|o| o.id == gone.id) {
                         book.list.push(gone);
                     }
-                    book.changes += 1;
+                    book.acks.changed();
                     if let Err(e) = book.save() {
                         warn!(error = %e, "cannot save the overrides");
                     }
@@ -725,12 +702,29 @@ impl Api {
                     Err(e) => return error(400, &format!("bad grid target: {e}")),
                 };
                 let id = book.next_id();
-                match spec.event("api", id, now, false) {
+                match spec.event(control::grid::targets::POSTED, id, now, false) {
                     Ok(e) => {
                         let e = book.post(e);
                         info!(event = %e.id, by = %who, modification = e.modification, target = ?e.intervals.first().map(|i| i.target), start = ?e.start(), "grid target posted");
                         if let Err(err) = book.save() {
                             warn!(error = %err, "cannot save the grid targets; they hold until a restart");
+                        }
+                        let mine = book.acks.changed();
+                        drop(book);
+                        if !control::acks::wait_stored(&*self.grid, |b| b.acks, mine) {
+                            // cancelled, not removed: if the batch that carried it lands
+                            // later, the cancellation follows it
+                            let mut book = self.grid.lock().unwrap_or_else(|p| p.into_inner());
+                            book.cancel(&e.id);
+                            book.acks.changed();
+                            if let Err(err) = book.save() {
+                                warn!(error = %err, "cannot save the grid targets");
+                            }
+                            warn!(event = %e.id, "grid target withdrawn (cancelled): the store did not take it in time");
+                            return error(
+                                503,
+                                "the target could not be stored (the store may be down): it was withdrawn; resend it",
+                            );
                         }
                         json_reply(201, &serde_json::to_value(e).unwrap_or_default())
                     }
@@ -745,6 +739,15 @@ impl Api {
                 info!(event = id, by = %who, "grid target cancelled");
                 if let Err(e) = book.save() {
                     warn!(error = %e, "cannot save the grid targets");
+                }
+                let mine = book.acks.changed();
+                drop(book);
+                if !control::acks::wait_stored(&*self.grid, |b| b.acks, mine) {
+                    // cancelled here; a resend cancels it wherever it is still in force
+                    return error(
+                        503,
+                        "cancelled here, but not yet stored (the store may be down): resend it",
+                    );
                 }
                 json_reply(200, &json!({ "cancelled": id }))
             }

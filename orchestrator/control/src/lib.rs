@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accounting;
+pub mod acks;
 pub mod admit;
 pub mod cadence;
 pub mod demand;
@@ -148,6 +149,10 @@ pub struct ControlLoop {
     /// With `[ha]`: the operators' overrides as last read from or written to the store
     /// (`None`: the store holds none), so the next leader applies the same ones.
     overrides_stored: Option<Vec<crate::overrides::Override>>,
+    /// The operators' posted grid targets in force, and (with `[ha]`) as last read
+    /// from or written to the store.
+    posted: Vec<telemetry::grid::GridEvent>,
+    posted_stored: Option<Vec<telemetry::grid::GridEvent>>,
 }
 
 impl ControlLoop {
@@ -199,6 +204,8 @@ impl ControlLoop {
             grid_saved: BTreeMap::new(),
             grid_changed: Vec::new(),
             overrides_stored: None,
+            posted: Vec::new(),
+            posted_stored: None,
         })
     }
 
@@ -236,7 +243,9 @@ impl ControlLoop {
                 d.reload(records);
             }
         }
-        self.overrides_stored = crate::overrides::stored(&mut self.store)?;
+        self.overrides_stored =
+            crate::acks::read_list(&mut self.store, crate::overrides::COLLECTION)?;
+        self.posted_stored = crate::acks::read_list(&mut self.store, grid::targets::COLLECTION)?;
         self.registry = JobRegistry::from_jobs(jobs);
         self.committed = state.clone();
         self.state = state;
@@ -292,6 +301,18 @@ impl ControlLoop {
     /// read them (`None`: none were ever stored, i.e. no leader with `[ha]` set any).
     pub fn stored_overrides(&self) -> Option<&[crate::overrides::Override]> {
         self.overrides_stored.as_deref()
+    }
+
+    /// The operators' posted grid targets in force (with `[ha]`, stored for the next
+    /// leader).
+    pub fn set_posted_targets(&mut self, posted: Vec<telemetry::grid::GridEvent>) {
+        self.posted = posted;
+    }
+
+    /// The posted grid targets the store holds, as the last
+    /// [`ControlLoop::resume_from_store`] read them (`None`: none were ever stored).
+    pub fn stored_posted_targets(&self) -> Option<&[telemetry::grid::GridEvent]> {
+        self.posted_stored.as_deref()
     }
 
     /// The grid events known now (a VTN's, posted, scheduled): those new or changed
@@ -510,8 +531,12 @@ impl ControlLoop {
         }
         // with [ha], the overrides go where the next leader reads them
         if self.origin.is_some() && self.overrides_stored.as_ref() != Some(&self.overrides) {
-            crate::overrides::store(tx, &self.overrides);
+            crate::acks::write_list(tx, crate::overrides::COLLECTION, &self.overrides);
             self.overrides_stored = Some(self.overrides.clone());
+        }
+        if self.origin.is_some() && self.posted_stored.as_ref() != Some(&self.posted) {
+            crate::acks::write_list(tx, grid::targets::COLLECTION, &self.posted);
+            self.posted_stored = Some(self.posted.clone());
         }
         ledger
     }

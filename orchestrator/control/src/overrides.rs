@@ -305,22 +305,9 @@ fn exempted(job: &str, now: Timestamp) -> Decision {
     }
 }
 
-/// The store's collection of the overrides (with `[ha]`): one record, [`STORED_KEY`],
-/// the whole list, so that a later commit always wins over an earlier one.
+/// The store's collection of the overrides (with `[ha]`): one record, the whole list
+/// (see [`crate::acks::write_list`]).
 pub const COLLECTION: &str = "overrides";
-pub const STORED_KEY: &str = "list";
-
-/// Writes the list in force with `tx`.
-pub fn store(tx: &mut store::Tx, list: &[Override]) {
-    tx.put_record(COLLECTION, STORED_KEY, &list);
-}
-
-/// The list the store holds (`None`: none was ever written).
-pub fn stored(store: &mut store::Store) -> Result<Option<Vec<Override>>, store::StoreError> {
-    Ok(store
-        .records::<Vec<Override>>(COLLECTION)?
-        .remove(STORED_KEY))
-}
 
 /// Overrides kept in a JSON file, so that a restart keeps them.
 #[derive(Debug)]
@@ -328,12 +315,9 @@ pub struct Book {
     path: Option<PathBuf>,
     pub list: Vec<Override>,
     next: u64,
-    /// Changes made through the API so far, and how many of them the store holds
-    /// (with `[ha]`, a change is answered once it is stored).
-    pub changes: u64,
-    pub stored: u64,
-    /// With `[ha]`: a change is answered only once the store's server holds it.
-    pub durable: bool,
+    /// The changes made through the API, and how many the store holds (with `[ha]`,
+    /// a change is answered once it is stored).
+    pub acks: crate::acks::Acks,
 }
 
 impl Book {
@@ -349,9 +333,7 @@ impl Book {
             path: path.map(Path::to_path_buf),
             list,
             next,
-            changes: 0,
-            stored: 0,
-            durable: false,
+            acks: Default::default(),
         })
     }
 

@@ -133,7 +133,10 @@ impl Serve {
         }
         if self.leader.epoch.is_none() {
             match self.control.resume_from_store() {
-                Ok(()) => self.overrides_from_store(),
+                Ok(()) => {
+                    self.overrides_from_store();
+                    self.grid_targets_from_store();
+                }
                 Err(e) => tracing::debug!(error = %e, "follower: cannot read the leader's state"),
             }
         }
@@ -177,6 +180,7 @@ impl Serve {
         // the overrides the last leader stored (none stored yet: this replica's own
         // book seeds the store with the first tick)
         self.overrides_from_store();
+        self.grid_targets_from_store();
         self.leader
             .hooks
             .set(self.schedulers.inbox(), self.schedulers.kube_hooks());

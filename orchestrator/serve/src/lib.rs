@@ -283,6 +283,12 @@ impl Serve {
         let began = Instant::now();
         let crossed = due.is_none().then(|| self.events.armed()).flatten();
         let now = wall_clock();
+        // the operators' posted targets this tick takes (stored with it)
+        let grid_seen = {
+            let book = lock(&self.grid.book);
+            self.control.set_posted_targets(book.list.clone());
+            book.acks.changes
+        };
         let mut samples = self.drain_edges(now);
         let overrides_seen = self.apply_overrides(now);
         self.reload_policy(now);
@@ -319,10 +325,10 @@ impl Serve {
                 self.schedulers.stored();
             }
         }
-        // the overrides' changes this tick carried are where the next leader reads them
+        // the operators' changes this tick carried are where the next leader reads them
         if acting && report.store_error.is_none() && self.next_leader_has_it() {
-            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-            book.stored = book.stored.max(overrides_seen);
+            lock(&self.overrides).acks.stored_up_to(overrides_seen);
+            lock(&self.grid.book).acks.stored_up_to(grid_seen);
         }
         for d in &report.decisions {
             info!(rule = %d.rule, target = %d.target, action = %d.action, "{}", d.reason);
@@ -416,7 +422,21 @@ impl Serve {
             }
         }
         self.control.set_overrides(book.list.clone());
-        book.changes
+        book.acks.changes
+    }
+
+    /// With `[ha]`: takes the posted grid targets the store holds into the grid's book
+    /// (a follower mirroring its leader, a new leader taking over), when it holds any.
+    fn grid_targets_from_store(&mut self) {
+        let Some(list) = self.control.stored_posted_targets() else {
+            return;
+        };
+        let mut book = lock(&self.grid.book);
+        if book.replace(list) {
+            if let Err(e) = book.save() {
+                warn!(error = %e, "cannot save the posted grid targets");
+            }
+        }
     }
 
     /// With `[ha]`: takes the overrides the store holds into the book (a follower
@@ -687,4 +707,9 @@ fn start_policy_watch(
     board.policy_text = text;
     board.policy_status = reloader.status().clone();
     Ok(reloader)
+}
+
+/// A mutex's guard, through a poisoning (the data is plain).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -166,7 +166,7 @@ pub(super) fn overrides(cfg: &Config, base: &Path) -> Result<Arc<Mutex<control::
             .as_deref(),
     )
     .map_err(|e| anyhow::anyhow!("overrides: {e}"))?;
-    book.durable = cfg.ha.as_ref().is_some_and(|h| h.enabled);
+    book.acks.durable = cfg.ha.as_ref().is_some_and(|h| h.enabled);
     Ok(Arc::new(Mutex::new(book)))
 }
 
@@ -176,6 +176,12 @@ pub(super) fn grid(cfg: &Config, base: &Path, runtime: &Runtime) -> Result<runti
     let section = cfg.demand_response.as_ref();
     let mut grid = runtime::grid::Grid::open(section, base)
         .map_err(|e| anyhow::anyhow!("[demand_response]: {e}"))?;
+    // with [ha], a posted target is answered once the store holds it
+    grid.book
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .acks
+        .durable = cfg.ha.as_ref().is_some_and(|h| h.enabled);
     if let Some(s) = section {
         grid.start_ven(s, runtime)
             .map_err(|e| anyhow::anyhow!("[demand_response]: {e}"))?;

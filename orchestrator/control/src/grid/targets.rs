@@ -219,13 +219,23 @@ pub fn read_schedule(path: &Path, now: Timestamp) -> Result<Vec<GridEvent>, File
     Ok(out)
 }
 
+/// The `source` of the targets operators post through the API.
+pub const POSTED: &str = "api";
+
+/// The store's collection of the posted targets (with `[ha]`): one record, the whole
+/// list (see [`crate::acks::write_list`]); every grid event is also recorded in
+/// [`super::EVENTS`], for the reports.
+pub const COLLECTION: &str = "grid_posted";
+
 /// The operators' targets, kept in a JSON file (missing: none) so that a restart keeps
-/// the ones still to come.
+/// the ones still to come; with `[ha]`, in the store as well (see [`crate::acks`]).
 #[derive(Debug, Default)]
 pub struct Book {
     path: Option<PathBuf>,
     pub list: Vec<GridEvent>,
     next: u64,
+    /// The changes posted through the API, and how many the store holds.
+    pub acks: crate::acks::Acks,
 }
 
 impl Book {
@@ -240,12 +250,29 @@ impl Book {
             path: path.map(Path::to_path_buf),
             list,
             next,
+            acks: Default::default(),
         })
     }
 
     pub fn next_id(&mut self) -> String {
         self.next += 1;
         format!("t{}", self.next)
+    }
+
+    /// Takes the posted targets the store holds (a new leader, a follower mirroring
+    /// it); ids go on above every id seen. True when it changed.
+    pub fn replace(&mut self, list: &[GridEvent]) -> bool {
+        if self.list == list {
+            return false;
+        }
+        self.list = list.to_vec();
+        let top = list
+            .iter()
+            .filter_map(|e| e.id.strip_prefix("t")?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        self.next = self.next.max(top);
+        true
     }
 
     /// Adds a target; one with the id of another replaces it as its next modification.
