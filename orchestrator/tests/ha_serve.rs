@@ -758,7 +758,7 @@ fn a_redis_stall_longer_than_the_lease_loses_no_event_answered_202() {
     let (accepted, unanswered) = sender.join().expect("sender");
     assert!(unanswered.is_empty(), "never accepted: {unanswered:?}");
     assert!(
-        accepted.len() >= 10,
+        accepted.len() >= 5,
         "only {} jobs accepted",
         accepted.len()
     );
