@@ -757,11 +757,7 @@ fn a_redis_stall_longer_than_the_lease_loses_no_event_answered_202() {
     stop.store(true, Ordering::Relaxed);
     let (accepted, unanswered) = sender.join().expect("sender");
     assert!(unanswered.is_empty(), "never accepted: {unanswered:?}");
-    assert!(
-        accepted.len() >= 5,
-        "only {} jobs accepted",
-        accepted.len()
-    );
+    assert!(accepted.len() >= 5, "only {} jobs accepted", accepted.len());
     // what the leader committed is in Redis: every job answered 202 among it
     wait_until(
         "the leader stored every accepted job",
