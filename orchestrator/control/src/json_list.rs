@@ -56,3 +56,11 @@ pub fn write<T: Serialize>(path: Option<&Path>, list: &[T]) -> Result<(), ListFi
             source,
         })
 }
+
+/// The highest number among ids `{prefix}{n}` (`o7`, `t12`; 0: none): a book numbers
+/// its next entry above it.
+pub fn highest_id<'a>(ids: impl Iterator<Item = &'a str>, prefix: &str) -> u64 {
+    ids.filter_map(|id| id.strip_prefix(prefix)?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+}

@@ -324,11 +324,7 @@ impl Book {
     /// Loads the file (missing: empty).
     pub fn open(path: Option<&Path>) -> Result<Book, BookError> {
         let list: Vec<Override> = crate::json_list::read(path)?;
-        let next = list
-            .iter()
-            .filter_map(|o| o.id.strip_prefix("o")?.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0);
+        let next = crate::json_list::highest_id(list.iter().map(|o| o.id.as_str()), "o");
         Ok(Book {
             path: path.map(Path::to_path_buf),
             list,
@@ -349,11 +345,7 @@ impl Book {
             return false;
         }
         self.list = list.to_vec();
-        let top = list
-            .iter()
-            .filter_map(|o| o.id.strip_prefix("o")?.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0);
+        let top = crate::json_list::highest_id(list.iter().map(|o| o.id.as_str()), "o");
         self.next = self.next.max(top);
         true
     }

@@ -15,7 +15,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use integrations::lease::redis::RedisLease;
 use integrations::lease::{Change, Election, Holder, LeaseStore, Role, Timing};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
@@ -283,30 +282,9 @@ pub struct Ha {
     stop: Arc<AtomicBool>,
 }
 
-/// Starts the election on a thread of its own, against the lease in Redis at `url`
-/// under `prefix`.
-pub fn spawn(ha: &HaSection, url: &str, prefix: &str, deadline: Duration) -> Result<Ha> {
-    spawn_on(ha, Box::new(RedisLease::new(url, prefix, deadline)?))
-}
-
-/// Starts the election on a thread of its own, against the lease in PostgreSQL at
-/// `target` in `schema` (the store's).
-pub fn spawn_postgres(
-    ha: &HaSection,
-    target: &integrations::store::postgres::Target,
-    schema: &str,
-    deadline: Duration,
-) -> Result<Ha> {
-    spawn_on(
-        ha,
-        Box::new(integrations::lease::postgres::PostgresLease::to(
-            target, schema, deadline,
-        )?),
-    )
-}
-
-/// Starts the election on a thread of its own, against `store`.
-fn spawn_on(ha: &HaSection, mut store: Box<dyn LeaseStore + Send>) -> Result<Ha> {
+/// Starts the election on a thread of its own, against `store` (the lease in Redis or
+/// PostgreSQL, beside the store's records).
+pub fn spawn(ha: &HaSection, mut store: Box<dyn LeaseStore + Send>) -> Result<Ha> {
     let timing = ha.timing();
     let instance = ha.instance();
     let gate = Arc::new(Gate::new(Election::new(&instance, timing)));

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
+use integrations::lease::LeaseStore;
 use tracing::{info, warn};
 
 use super::Serve;
@@ -17,36 +18,26 @@ use runtime::schedulers::Schedulers;
 /// The leader election, with `[ha]` enabled (the lease lives in the store: Redis or
 /// PostgreSQL).
 pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::Ha>> {
-    let deadline = |s: f64| Duration::from_secs_f64(s.max(0.1));
+    let lease = lease_store(cfg, base)?;
     let Some(h) = cfg.ha.as_ref().filter(|h| h.enabled) else {
-        refuse_beside_replicas(cfg, base, deadline)?;
+        if let Some((lease, place)) = lease {
+            refuse_beside_replicas(lease, &place)?;
+        }
         return Ok(None);
     };
-    Ok(Some(match &cfg.store {
-        StoreConfig::Redis(r) => {
-            runtime::ha::spawn(h, &r.url(base)?, &r.prefix, deadline(r.timeout_s))?
-        }
-        StoreConfig::Postgres(p) => {
-            runtime::ha::spawn_postgres(h, &p.target(base)?, &p.schema, deadline(p.timeout_s))?
-        }
-        _ => anyhow::bail!(
+    let Some((lease, _)) = lease else {
+        anyhow::bail!(
             "[ha] needs [store] kind = \"redis\" or \"postgres\": the embedded store serves one controller"
-        ),
-    }))
+        )
+    };
+    Ok(Some(runtime::ha::spawn(h, lease)?))
 }
 
-/// Without `[ha]`, on a store that replicas with `[ha]` have used (a fencing epoch is
-/// kept there): refuses to start, since this controller's effects would carry no
-/// epoch and go unfenced beside the leader's. A store that cannot be read now is let
-/// go with a warning (the agents refuse epoch-less commands once they have seen an
-/// epoch).
-fn refuse_beside_replicas(
-    cfg: &Config,
-    base: &Path,
-    deadline: impl Fn(f64) -> Duration,
-) -> Result<()> {
-    use integrations::lease::LeaseStore;
-    let (mut lease, place): (Box<dyn LeaseStore>, String) = match &cfg.store {
+/// The leader lease beside the store's records, with a deadline per call, and where
+/// it is (for messages); `None` for the embedded store.
+fn lease_store(cfg: &Config, base: &Path) -> Result<Option<(Box<dyn LeaseStore + Send>, String)>> {
+    let deadline = |s: f64| Duration::from_secs_f64(s.max(0.1));
+    Ok(Some(match &cfg.store {
         StoreConfig::Redis(r) => (
             Box::new(integrations::lease::redis::RedisLease::new(
                 &r.url(base)?,
@@ -63,8 +54,16 @@ fn refuse_beside_replicas(
             )?),
             format!("PostgreSQL schema {:?}", p.schema),
         ),
-        _ => return Ok(()),
-    };
+        _ => return Ok(None),
+    }))
+}
+
+/// Without `[ha]`, on a store that replicas with `[ha]` have used (a fencing epoch is
+/// kept there): refuses to start, since this controller's effects would carry no
+/// epoch and go unfenced beside the leader's. A store that cannot be read now is let
+/// go with a warning (the agents refuse epoch-less commands once they have seen an
+/// epoch).
+fn refuse_beside_replicas(mut lease: Box<dyn LeaseStore + Send>, place: &str) -> Result<()> {
     let epoch = match lease.epoch() {
         Ok(e) => e,
         Err(e) => {

@@ -415,7 +415,7 @@ impl Serve {
     /// Drops the expired overrides (saving the book) and hands the loop those in force;
     /// the number of the book's changes they include.
     fn apply_overrides(&mut self, now: telemetry::Timestamp) -> u64 {
-        let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut book = lock(&self.overrides);
         if book.expire(now) {
             if let Err(e) = book.save() {
                 warn!(error = %e, "cannot save the overrides");
@@ -445,7 +445,7 @@ impl Serve {
         let Some(list) = self.control.stored_overrides() else {
             return;
         };
-        let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut book = lock(&self.overrides);
         if book.replace(list) {
             if let Err(e) = book.save() {
                 warn!(error = %e, "cannot save the overrides");

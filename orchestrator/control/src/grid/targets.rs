@@ -241,11 +241,7 @@ pub struct Book {
 impl Book {
     pub fn open(path: Option<&Path>) -> Result<Book, FileError> {
         let list: Vec<GridEvent> = crate::json_list::read(path)?;
-        let next = list
-            .iter()
-            .filter_map(|e| e.id.strip_prefix("t")?.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0);
+        let next = crate::json_list::highest_id(list.iter().map(|e| e.id.as_str()), "t");
         Ok(Book {
             path: path.map(Path::to_path_buf),
             list,
@@ -266,11 +262,7 @@ impl Book {
             return false;
         }
         self.list = list.to_vec();
-        let top = list
-            .iter()
-            .filter_map(|e| e.id.strip_prefix("t")?.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0);
+        let top = crate::json_list::highest_id(list.iter().map(|e| e.id.as_str()), "t");
         self.next = self.next.max(top);
         true
     }
