@@ -429,7 +429,7 @@ impl Core {
         } else {
             bump(&mut self.counters, "commands_applied");
         }
-        info!(node = %self.rules.node, id = %cmd.id, epoch = ?cmd.epoch, action = ?cmd.action, status = ?status, lease_until = %lease_until, "command");
+        info!(node = %self.rules.node, id = %cmd.id, epoch = ?cmd.epoch, action = ?cmd.action, status = ?status, issued_at = %cmd.issued_at, lease_until = %lease_until, "command");
         self.save();
         Ack {
             v: VERSION,
