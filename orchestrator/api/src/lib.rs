@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod board;
+mod books;
 pub mod health;
 pub mod metrics;
 mod openapi;
@@ -44,7 +45,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tracing::{info, warn};
+use tracing::warn;
 
 use control::fleet::Fleet;
 
@@ -556,205 +557,6 @@ impl Api {
         match inbox.receive(bearer, timestamp, signature, body, common::wall_clock()) {
             Ok(id) => json_reply(202, &json!({ "accepted": id })),
             Err((status, why)) => error(status, &why),
-        }
-    }
-
-    fn overrides(
-        &self,
-        method: &str,
-        route: &str,
-        authorization: Option<&str>,
-        body: &[u8],
-    ) -> Reply {
-        let min = if method == "GET" {
-            Role::Viewer
-        } else {
-            if let Some(r) = self.not_on_a_follower() {
-                return r;
-            }
-            Role::Operator
-        };
-        let who = match self.authorize(authorization, min) {
-            Ok(name) => name.to_string(),
-            Err(r) => return r,
-        };
-        let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-        let now = common::wall_clock();
-        match (method, route.strip_prefix("overrides").unwrap_or("")) {
-            ("GET", "") => json_reply(
-                200,
-                &json!({ "overrides": book.list.iter().filter(|o| o.until > now).collect::<Vec<_>>() }),
-            ),
-            ("POST", "") => {
-                let req = match control::overrides::Request::parse(body) {
-                    Ok(r) => r,
-                    Err(e) => return error(400, &format!("bad override: {e}")),
-                };
-                let site = self
-                    .board
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .site
-                    .clone();
-                let id = book.next_id();
-                match req.accept(&site, now, &who, id) {
-                    Ok(o) => {
-                        info!(id = %o.id, by = %who, what = ?o.what, until = %o.until, reason = %o.reason, "override set");
-                        book.list.push(o.clone());
-                        if let Err(e) = book.save() {
-                            warn!(error = %e, "cannot save the overrides; they hold until a restart");
-                        }
-                        let mine = book.acks.changed();
-                        drop(book);
-                        if !control::acks::wait_stored(&*self.overrides, |b| b.acks, mine) {
-                            // not where the next leader reads it: withdrawn, the sender resends
-                            let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-                            book.list.retain(|x| x.id != o.id);
-                            book.acks.changed();
-                            if let Err(e) = book.save() {
-                                warn!(error = %e, "cannot save the overrides");
-                            }
-                            warn!(id = %o.id, "override withdrawn: the store did not take it in time");
-                            return error(
-                                503,
-                                "the override could not be stored (the store may be down): nothing was set; resend it",
-                            );
-                        }
-                        json_reply(201, &serde_json::to_value(o).unwrap_or_default())
-                    }
-                    Err(e) => error(400, &e.to_string()),
-                }
-            }
-            ("DELETE", id) if id.starts_with('/') => {
-                let id = &id[1..];
-                let Some(at) = book.list.iter().position(|o| o.id == id) else {
-                    return error(404, &format!("no override {id:?}"));
-                };
-                let gone = book.list.remove(at);
-                info!(id, by = %who, "override removed");
-                if let Err(e) = book.save() {
-                    warn!(error = %e, "cannot save the overrides");
-                }
-                let mine = book.acks.changed();
-                drop(book);
-                if !control::acks::wait_stored(&*self.overrides, |b| b.acks, mine) {
-                    // the next leader would still apply it: put back, the sender resends
-                    let mut book = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
-                    if !book.list.iter().any(|o| o.id == gone.id) {
-                        book.list.push(gone);
-                    }
-                    book.acks.changed();
-                    if let Err(e) = book.save() {
-                        warn!(error = %e, "cannot save the overrides");
-                    }
-                    return error(
-                        503,
-                        "the removal could not be stored (the store may be down): nothing was removed; resend it",
-                    );
-                }
-                json_reply(200, &json!({ "removed": id }))
-            }
-            _ => error(
-                405,
-                "GET or POST /api/v1/overrides, DELETE /api/v1/overrides/{id}",
-            ),
-        }
-    }
-
-    /// `GET /api/v1/grid` (the events known and the one in force, viewer),
-    /// `GET /api/v1/grid/targets` (viewer), `POST /api/v1/grid/targets` and
-    /// `DELETE /api/v1/grid/targets/{id}` (admin: a load target commits the site).
-    fn grid(&self, method: &str, route: &str, authorization: Option<&str>, body: &[u8]) -> Reply {
-        let min = if method == "GET" {
-            Role::Viewer
-        } else {
-            if let Some(r) = self.not_on_a_follower() {
-                return r;
-            }
-            Role::Admin
-        };
-        let who = match self.authorize(authorization, min) {
-            Ok(name) => name.to_string(),
-            Err(r) => return r,
-        };
-        let now = common::wall_clock();
-        if (method, route) == ("GET", "grid") {
-            let board = self.board.read().unwrap_or_else(|p| p.into_inner());
-            return json_reply(
-                200,
-                &json!({ "events": board.grid_events, "in_force": board.state.grid }),
-            );
-        }
-        let mut book = self.grid.lock().unwrap_or_else(|p| p.into_inner());
-        match (method, route.strip_prefix("grid/targets")) {
-            ("GET", Some("")) => {
-                let list: Vec<_> = book
-                    .list
-                    .iter()
-                    .cloned()
-                    .map(|e| control::grid::targets::with_status(e, now))
-                    .collect();
-                json_reply(200, &json!({ "targets": list }))
-            }
-            ("POST", Some("")) => {
-                let spec: control::grid::targets::TargetSpec = match serde_json::from_slice(body) {
-                    Ok(s) => s,
-                    Err(e) => return error(400, &format!("bad grid target: {e}")),
-                };
-                let id = book.next_id();
-                match spec.event(control::grid::targets::POSTED, id, now, false) {
-                    Ok(e) => {
-                        let e = book.post(e);
-                        info!(event = %e.id, by = %who, modification = e.modification, target = ?e.intervals.first().map(|i| i.target), start = ?e.start(), "grid target posted");
-                        if let Err(err) = book.save() {
-                            warn!(error = %err, "cannot save the grid targets; they hold until a restart");
-                        }
-                        let mine = book.acks.changed();
-                        drop(book);
-                        if !control::acks::wait_stored(&*self.grid, |b| b.acks, mine) {
-                            // cancelled, not removed: if the batch that carried it lands
-                            // later, the cancellation follows it
-                            let mut book = self.grid.lock().unwrap_or_else(|p| p.into_inner());
-                            book.cancel(&e.id);
-                            book.acks.changed();
-                            if let Err(err) = book.save() {
-                                warn!(error = %err, "cannot save the grid targets");
-                            }
-                            warn!(event = %e.id, "grid target withdrawn (cancelled): the store did not take it in time");
-                            return error(
-                                503,
-                                "the target could not be stored (the store may be down): it was withdrawn; resend it",
-                            );
-                        }
-                        json_reply(201, &serde_json::to_value(e).unwrap_or_default())
-                    }
-                    Err(e) => error(400, &format!("bad grid target: {e}")),
-                }
-            }
-            ("DELETE", Some(id)) if id.starts_with('/') => {
-                let id = &id[1..];
-                if !book.cancel(id) {
-                    return error(404, &format!("no grid target {id:?}"));
-                }
-                info!(event = id, by = %who, "grid target cancelled");
-                if let Err(e) = book.save() {
-                    warn!(error = %e, "cannot save the grid targets");
-                }
-                let mine = book.acks.changed();
-                drop(book);
-                if !control::acks::wait_stored(&*self.grid, |b| b.acks, mine) {
-                    // cancelled here; a resend cancels it wherever it is still in force
-                    return error(
-                        503,
-                        "cancelled here, but not yet stored (the store may be down): resend it",
-                    );
-                }
-                json_reply(200, &json!({ "cancelled": id }))
-            }
-            _ => error(
-                405,
-                "GET /api/v1/grid, GET or POST /api/v1/grid/targets, DELETE /api/v1/grid/targets/{id}",
-            ),
         }
     }
 }

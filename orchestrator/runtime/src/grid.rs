@@ -261,6 +261,15 @@ impl DemandResponseSection {
     }
 }
 
+/// Why the VEN of `[demand_response]` cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum VenStartError {
+    #[error(transparent)]
+    Openadr3(#[from] sources::openadr3::VenError),
+    #[error(transparent)]
+    Openadr2b(#[from] sources::openadr2b::VenError),
+}
+
 /// The events a VEN hands over, and its counters.
 pub struct VenLink {
     pub events: tokio::sync::watch::Receiver<Vec<GridEvent>>,
@@ -346,12 +355,12 @@ impl Grid {
         &mut self,
         section: &DemandResponseSection,
         runtime: &crate::Runtime,
-    ) -> Result<(), String> {
+    ) -> Result<(), VenStartError> {
         let meter_w = self.meter_w.clone();
         let meter: sources::openadr2b::MeterFn = Arc::new(move || read_shared(&meter_w));
         let (tx, rx) = tokio::sync::watch::channel(Vec::new());
         let stats = if let Some(cfg) = section.ven3_config() {
-            let ven = sources::openadr3::Ven::new(cfg, meter).map_err(|e| e.to_string())?;
+            let ven = sources::openadr3::Ven::new(cfg, meter)?;
             info!(what = %ven.describe(), "OpenADR 3 VEN starting");
             let stats = ven.stats();
             runtime.spawn(ven.run(runtime.shutdown.clone(), tx));
@@ -369,7 +378,7 @@ impl Grid {
                     &levels,
                 )
             });
-            let ven = sources::openadr2b::Ven::new(cfg, opt, meter).map_err(|e| e.to_string())?;
+            let ven = sources::openadr2b::Ven::new(cfg, opt, meter)?;
             info!(what = %ven.describe(), "OpenADR 2.0b VEN starting");
             let stats = ven.stats();
             runtime.spawn(ven.run(runtime.shutdown.clone(), tx));

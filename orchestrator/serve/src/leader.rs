@@ -98,6 +98,27 @@ pub(super) struct Leader {
     pub(super) shutdown: tokio_util::sync::CancellationToken,
 }
 
+impl Leader {
+    /// Before the first tick: no epoch acted under yet.
+    pub(super) fn new(
+        ha: Option<runtime::ha::Ha>,
+        fleet: Option<Arc<Mutex<control::fleet::Fleet>>>,
+        hooks: api::Hooks,
+        base: std::path::PathBuf,
+        runtime: &runtime::Runtime,
+    ) -> Leader {
+        Leader {
+            ha,
+            epoch: None,
+            fleet,
+            hooks,
+            base,
+            handle: runtime.handle(),
+            shutdown: runtime.shutdown.clone(),
+        }
+    }
+}
+
 /// What a follower hands its actuator: nothing is commanded.
 pub(super) struct Standby;
 

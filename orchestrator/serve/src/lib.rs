@@ -141,15 +141,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         Some(np) => Some(nodes::NodePower::start(np, &site, wall_clock())?),
         None => None,
     };
-    let leader = Leader {
-        ha,
-        epoch: None,
-        fleet: edges.fleet.clone(),
-        hooks,
-        base: base.clone(),
-        handle: runtime.handle(),
-        shutdown: runtime.shutdown.clone(),
-    };
+    let leader = Leader::new(ha, edges.fleet.clone(), hooks, base.clone(), &runtime);
     let mut serve = Serve {
         node_power,
         cfg,

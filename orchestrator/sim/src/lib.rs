@@ -32,7 +32,7 @@ pub(crate) mod readings;
 pub(crate) mod thermal;
 pub mod workload;
 
-pub use fault::Fault;
+pub use fault::{Fault, FaultError};
 pub use thermal::{cooling_kw_per_kw, thermal_targets, thermal_targets_by_unit};
 
 use std::collections::BTreeMap;

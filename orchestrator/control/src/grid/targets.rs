@@ -74,6 +74,37 @@ impl TargetSpec {
         now: Timestamp,
         start_required: bool,
     ) -> Result<GridEvent, TargetError> {
+        let target = self.target()?;
+        let d = self.duration_min;
+        if !(d.is_finite() && d > 0.0 && d <= MAX_DURATION_MIN) {
+            return Err(TargetError::Duration(d));
+        }
+        let start = match &self.start {
+            Some(s) => Timestamp::parse_rfc3339(s).map_err(|_| TargetError::Start(s.clone()))?,
+            None if start_required => return Err(TargetError::NoStart),
+            None => now,
+        };
+        let id = self.id_or(id)?;
+        Ok(GridEvent {
+            id,
+            source: source.into(),
+            modification: 0,
+            status: if start <= now {
+                EventStatus::Active
+            } else {
+                EventStatus::Pending
+            },
+            intervals: vec![GridInterval {
+                start,
+                duration_s: d * 60.0,
+                target,
+            }],
+            program: self.reason.clone(),
+        })
+    }
+
+    /// The one target the spec gives (a shed in % or kW, a cap in kW, or a level).
+    fn target(&self) -> Result<GridTarget, TargetError> {
         let given = [
             self.shed_pct.is_some(),
             self.shed_kw.is_some(),
@@ -93,7 +124,7 @@ impl TargetSpec {
                 Err(TargetError::Kw { key, value: v })
             }
         };
-        let target = if let Some(p) = self.shed_pct {
+        Ok(if let Some(p) = self.shed_pct {
             if !(p.is_finite() && p > 0.0 && p <= 100.0) {
                 return Err(TargetError::ShedPct(p));
             }
@@ -108,45 +139,22 @@ impl TargetSpec {
                 return Err(TargetError::Level(l));
             }
             GridTarget::Level(l)
-        };
-        let d = self.duration_min;
-        if !(d.is_finite() && d > 0.0 && d <= MAX_DURATION_MIN) {
-            return Err(TargetError::Duration(d));
-        }
-        let start = match &self.start {
-            Some(s) => Timestamp::parse_rfc3339(s).map_err(|_| TargetError::Start(s.clone()))?,
-            None if start_required => return Err(TargetError::NoStart),
-            None => now,
-        };
-        let id = match &self.id {
-            Some(i) => {
-                let ok = !i.is_empty()
-                    && i.len() <= 64
-                    && i.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-                if !ok {
-                    return Err(TargetError::Id(i.clone()));
-                }
-                i.clone()
-            }
-            None => id,
-        };
-        Ok(GridEvent {
-            id,
-            source: source.into(),
-            modification: 0,
-            status: if start <= now {
-                EventStatus::Active
-            } else {
-                EventStatus::Pending
-            },
-            intervals: vec![GridInterval {
-                start,
-                duration_s: d * 60.0,
-                target,
-            }],
-            program: self.reason.clone(),
         })
+    }
+
+    /// The spec's id, checked, or `id` where it names none.
+    fn id_or(&self, id: String) -> Result<String, TargetError> {
+        let Some(i) = &self.id else {
+            return Ok(id);
+        };
+        let ok = !i.is_empty()
+            && i.len() <= 64
+            && i.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !ok {
+            return Err(TargetError::Id(i.clone()));
+        }
+        Ok(i.clone())
     }
 }
 

@@ -118,6 +118,53 @@ fn committed_kw(t: &GridTarget, baseline_kw: f64) -> f64 {
     }
 }
 
+/// One event settled by each baseline method: the settlements, and why a method could
+/// not settle it.
+fn settle_event(
+    history: &History,
+    ev: &Event,
+    cal: &Calendar,
+    target: &GridTarget,
+) -> (Vec<Settlement>, Vec<String>) {
+    let mut settlements = Vec::new();
+    let mut not_settled = Vec::new();
+    let methods: [(Method, BaselineFn); 3] = [
+        (Method::Caiso10in10, baseline::caiso_10_in_10),
+        (Method::ErcotMiddle8of10, baseline::ercot_middle_8_of_10),
+        (Method::PjmHourBefore, baseline::pjm_hour_before),
+    ];
+    for (method, f) in methods {
+        let b = match f(history, ev, cal) {
+            Ok(b) => b,
+            Err(err) => {
+                not_settled.push(format!("{method}: {err}"));
+                continue;
+            }
+        };
+        let mean_baseline =
+            b.intervals.iter().map(|r| r.kw).sum::<f64>() / b.intervals.len().max(1) as f64;
+        let committed = committed_kw(target, mean_baseline);
+        match baseline::performance(&b, history, committed) {
+            Ok(p) => {
+                let n = p.intervals.len().max(1) as f64;
+                settlements.push(Settlement {
+                    method: method.to_string(),
+                    baseline_kw: mean_baseline,
+                    metered_kw: p.intervals.iter().map(|i| i.metered_kw).sum::<f64>() / n,
+                    delivered_kw: p.delivered_kw,
+                    delivered_kwh: p.delivered_kwh,
+                    committed_kw: p.committed_kw,
+                    performance_factor: p.performance_factor,
+                    days: b.days.iter().map(|d| d.to_string()).collect(),
+                    adjustment: b.adjustment,
+                });
+            }
+            Err(err) => not_settled.push(format!("{method}: {err}")),
+        }
+    }
+    (settlements, not_settled)
+}
+
 /// Each event that was in force within `from..to`, settled on the ledger's meter.
 pub fn settle(
     events: &[GridEvent],
@@ -152,42 +199,7 @@ pub fn settle(
         let stop = Timestamp((end.0 + step_ms - 1).div_euclid(step_ms) * step_ms);
         let ev = Event { start, end: stop };
         let cal = Calendar::weekdays(tz, BTreeSet::new(), event_days.clone());
-        let mut settlements = Vec::new();
-        let mut not_settled = Vec::new();
-        let methods: [(Method, BaselineFn); 3] = [
-            (Method::Caiso10in10, baseline::caiso_10_in_10),
-            (Method::ErcotMiddle8of10, baseline::ercot_middle_8_of_10),
-            (Method::PjmHourBefore, baseline::pjm_hour_before),
-        ];
-        for (method, f) in methods {
-            let b = match f(&history, &ev, &cal) {
-                Ok(b) => b,
-                Err(err) => {
-                    not_settled.push(format!("{method}: {err}"));
-                    continue;
-                }
-            };
-            let mean_baseline =
-                b.intervals.iter().map(|r| r.kw).sum::<f64>() / b.intervals.len().max(1) as f64;
-            let committed = committed_kw(&first.target, mean_baseline);
-            match baseline::performance(&b, &history, committed) {
-                Ok(p) => {
-                    let n = p.intervals.len().max(1) as f64;
-                    settlements.push(Settlement {
-                        method: method.to_string(),
-                        baseline_kw: mean_baseline,
-                        metered_kw: p.intervals.iter().map(|i| i.metered_kw).sum::<f64>() / n,
-                        delivered_kw: p.delivered_kw,
-                        delivered_kwh: p.delivered_kwh,
-                        committed_kw: p.committed_kw,
-                        performance_factor: p.performance_factor,
-                        days: b.days.iter().map(|d| d.to_string()).collect(),
-                        adjustment: b.adjustment,
-                    });
-                }
-                Err(err) => not_settled.push(format!("{method}: {err}")),
-            }
-        }
+        let (settlements, not_settled) = settle_event(&history, &ev, &cal, &first.target);
         out.push(GridEventReport {
             id: e.id.clone(),
             source: e.source.clone(),

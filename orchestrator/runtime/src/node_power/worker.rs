@@ -669,6 +669,25 @@ fn is_auth(e: &anyhow::Error) -> bool {
     })
 }
 
+/// A new leader's take-over: every node found off (or powering off) is powered up.
+fn take_over(
+    client: &dyn Switch,
+    systems: &BTreeMap<String, String>,
+    fail: &dyn Fn(String, &str, &anyhow::Error),
+) {
+    for (node, system) in systems {
+        match client.state(system) {
+            Ok(PowerState::Off | PowerState::PoweringOff) => {
+                if let Err(e) = client.set(system, true) {
+                    fail(node.clone(), "On (take-over)", &e);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => fail(node.clone(), "power state (take-over)", &e),
+        }
+    }
+}
+
 /// The thread: commands as they come, the nodes' power states every `poll`. Failures
 /// are counted (credentials refused apart) and logged, rate-limited per node and call.
 fn worker(
@@ -691,6 +710,13 @@ fn worker(
             counts.auth_failures.fetch_add(1, Relaxed);
         }
     };
+    let fail = |node: String, what: &str, e: &anyhow::Error| {
+        auth(e);
+        report(Report::Failed {
+            node,
+            error: format!("{what}: {e:#}"),
+        });
+    };
     let mut next_poll = std::time::Instant::now();
     loop {
         let wait = next_poll.saturating_duration_since(std::time::Instant::now());
@@ -700,37 +726,10 @@ fn worker(
                     continue;
                 };
                 if let Err(e) = client.set(system, on) {
-                    let what = if on { "power up" } else { "power down" };
-                    auth(&e);
-                    report(Report::Failed {
-                        node,
-                        error: format!("{what}: {e:#}"),
-                    });
+                    fail(node, if on { "power up" } else { "power down" }, &e);
                 }
             }
-            Ok(Command::TakeOver) => {
-                for (node, system) in &systems {
-                    match client.state(system) {
-                        Ok(PowerState::Off | PowerState::PoweringOff) => {
-                            if let Err(e) = client.set(system, true) {
-                                auth(&e);
-                                report(Report::Failed {
-                                    node: node.clone(),
-                                    error: format!("On (take-over): {e:#}"),
-                                });
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            auth(&e);
-                            report(Report::Failed {
-                                node: node.clone(),
-                                error: format!("power state (take-over): {e:#}"),
-                            })
-                        }
-                    }
-                }
-            }
+            Ok(Command::TakeOver) => take_over(&*client, &systems, &fail),
             Err(RecvTimeoutError::Timeout) => {
                 for (node, system) in &systems {
                     match client.state(system) {

@@ -94,6 +94,15 @@ pub struct Subscription {
     pub tls: Tls,
 }
 
+/// Why the notifier cannot start (the VEN then polls only).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotifierError {
+    #[error("the VTN's broker: {0}")]
+    Url(#[from] crate::mqtt::MqttConfigError),
+    #[error("TLS to the VTN's broker: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+}
+
 /// Starts the notifier on the runtime: every message on `topics` (and every
 /// connection) wakes `wake`. Stops when `cancel` is cancelled.
 pub(crate) fn spawn(
@@ -101,8 +110,8 @@ pub(crate) fn spawn(
     wake: Arc<Notify>,
     counters: Arc<Counters>,
     cancel: CancellationToken,
-) -> Result<(), String> {
-    let (host, port, secure) = crate::mqtt::parse_url(&s.broker.uri).map_err(|e| e.to_string())?;
+) -> Result<(), NotifierError> {
+    let (host, port, secure) = crate::mqtt::parse_url(&s.broker.uri)?;
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let id = format!(
         "powerplane-ven-{}-{}",
@@ -113,7 +122,7 @@ pub(crate) fn spawn(
     o.set_keep_alive(Duration::from_secs(30));
     o.set_clean_session(true);
     if secure {
-        let config = crate::tls::client_config(&s.tls).map_err(|e| e.to_string())?;
+        let config = crate::tls::client_config(&s.tls)?;
         o.set_transport(Transport::tls_with_config(
             rumqttc::TlsConfiguration::Rustls(Arc::new(config)),
         ));
