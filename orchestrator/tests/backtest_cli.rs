@@ -351,6 +351,11 @@ fn capacity_grows_the_site_by_racks_until_the_contract_no_longer_holds() {
     for (i, s) in steps.iter().enumerate() {
         assert_eq!(num(s, "/racks"), 2.0 + i as f64);
         assert_eq!(num(s, "/gpus"), 128.0 + 64.0 * i as f64);
+        // the load grows with the site: as many jobs per GPU at every size
+        assert!(
+            (num(s, "/load") - num(s, "/gpus") / 128.0).abs() < 1e-9,
+            "{s}"
+        );
         let passed = s["passed"].as_bool().expect("passed");
         let ok = num(s, "/budget_violation_s") == 0.0
             && num(s, "/thermal_violation_s") == 0.0
@@ -374,6 +379,30 @@ fn capacity_grows_the_site_by_racks_until_the_contract_no_longer_holds() {
     assert_eq!(c["at_least"].as_bool(), Some(all));
     assert!(out.join("racks-2/summary.json").exists());
     assert!(out.join("racks-2-unconstrained/summary.json").exists());
+    let summary = |d: &str| -> Value {
+        serde_json::from_str(
+            &std::fs::read_to_string(out.join(d).join("summary.json")).expect("summary"),
+        )
+        .expect("JSON")
+    };
+    let (two, three) = (summary("racks-2"), summary("racks-3"));
+    assert!(
+        two.get("load").is_none(),
+        "the site as given: the trace as it is"
+    );
+    assert_eq!(num(&three, "/load"), 1.5);
+    let jobs = |v: &Value| num(v, "/jobs");
+    assert!(
+        jobs(&three) > 1.3 * jobs(&two) && jobs(&three) < 1.7 * jobs(&two),
+        "half as many jobs again on half as many GPUs again: {} and {}",
+        jobs(&two),
+        jobs(&three)
+    );
+    assert_eq!(
+        summary("racks-3-unconstrained")["jobs"],
+        three["jobs"],
+        "the unconstrained run replays the same load"
+    );
     assert!(String::from_utf8_lossy(&o.stdout).contains("over nameplate"));
 }
 
@@ -496,4 +525,59 @@ fn a_bad_grid_event_is_refused_naming_it() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn load_replays_a_share_of_the_trace_or_more_of_it_and_refuses_a_factor_out_of_range() {
+    let run = |load: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = Command::new(env!("CARGO_BIN_EXE_powerplane"))
+            .arg("backtest")
+            .arg("--site")
+            .arg(fixture("site.toml"))
+            .arg("--policy")
+            .arg(fixture("policy.toml"))
+            .arg("--jobs")
+            .arg(fixture("jobs.csv"))
+            .arg("--prices")
+            .arg(fixture("prices.csv"))
+            .arg("--scenario")
+            .arg(fixture("scenario.toml"))
+            .arg("--out")
+            .arg(dir.path())
+            .arg(format!("--load={load}"))
+            .output()
+            .expect("powerplane runs");
+        (o, dir)
+    };
+    let (o, dir) = run("0.5");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("(its load x0.5)"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let half = summary(dir.path());
+    assert_eq!(num(&half, "/load"), 0.5);
+    let jobs = num(&half, "/jobs");
+    assert!((120.0..=180.0).contains(&jobs), "half of 300 jobs: {jobs}");
+    let (o, dir) = run("2");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let double = summary(dir.path());
+    assert_eq!(num(&double, "/jobs"), 600.0, "every job twice");
+    // twice the work is done, by both runs alike
+    let (b, p) = (
+        num(&double, "/baseline/gpu_hours"),
+        num(&double, "/policy/gpu_hours"),
+    );
+    assert!((b - p).abs() < 1e-6 * b, "{b} vs {p}");
+    for bad in ["0", "-1", "nan", "x"] {
+        let (o, _dir) = run(bad);
+        assert!(!o.status.success(), "--load {bad} accepted");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("--load") && err.contains("a factor above 0"),
+            "{err}"
+        );
+    }
 }

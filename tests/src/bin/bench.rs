@@ -412,6 +412,7 @@ fn bench_backtest() {
             from: None,
             to: None,
             out,
+            load: 1.0,
         };
         let began = Instant::now();
         let s = run(&cfg, &mut std::io::sink()).expect("backtest");

@@ -2,7 +2,9 @@
 //!
 //! The site is grown by whole racks of its own kind (copies of its last rack, each
 //! with its own PDU on the same feed, on the cooling unit with the fewest racks) and
-//! the same trace replayed under the same contract, until the policy's run has any
+//! the trace replayed under the same contract with its load grown with the site (as
+//! many jobs per GPU as on the site given; see `trace::scaled`), until the policy's
+//! run has any
 //! time over the contract or over an inlet limit, or delivers more than 1% fewer
 //! GPU-hours than the unconstrained run (the same policy on the same site with no
 //! contract: the scenario's `[contract]` left out and every feed rated 100 times
@@ -28,6 +30,9 @@ pub struct Step {
     /// Share of the unconstrained run's GPU-hours the policy's run had not delivered
     /// by the day the unconstrained run's last job ended.
     pub gpu_hours_lost: f64,
+    /// The factor the trace's load was scaled by at this size: `--load` times its GPUs
+    /// over the site's.
+    pub load: f64,
     pub passed: bool,
 }
 
@@ -187,13 +192,14 @@ pub fn run(
 ) -> Result<CapacityReport> {
     let site = Site::parse(&cfg.site.name, &cfg.site.text).map_err(|e| anyhow::anyhow!("{e}"))?;
     let base_racks = site.racks.len();
+    let base_gpus = site.gpus().len();
     let peak = gpu_peak_w(&site);
     let mut steps = Vec::new();
     let mut contract_kw = 0.0;
     let mut best: Option<(usize, usize)> = None;
     for i in 0..=max_steps {
         let racks = base_racks + i * step.max(1);
-        let (st, budget_kw) = try_size(cfg, i * step.max(1), racks, progress)?;
+        let (st, budget_kw) = try_size(cfg, i * step.max(1), racks, base_gpus, progress)?;
         contract_kw = budget_kw;
         let (passed, gpus) = (st.passed, st.gpus);
         steps.push(st);
@@ -232,14 +238,21 @@ fn try_size(
     cfg: &BacktestConfig,
     extra: usize,
     racks: usize,
+    base_gpus: usize,
     progress: &mut dyn std::io::Write,
 ) -> Result<(Step, f64)> {
     let text = grow(&cfg.site.text, &cfg.site.name, extra)?;
+    let gpus = Site::parse(&cfg.site.name, &text)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .gpus()
+        .len();
     let mut c = cfg.clone();
     c.site = Input {
         name: cfg.site.name.clone(),
         text,
     };
+    // the load grows with the site: as many jobs per GPU as the trace has on the site
+    c.load = cfg.load * gpus as f64 / base_gpus.max(1) as f64;
     c.out = cfg.out.join(format!("racks-{racks}"));
     let s = super::run(&c, progress)?;
     let mut u = c.clone();
@@ -254,9 +267,10 @@ fn try_size(
         s.policy.budget_violation_s == 0.0 && s.policy.thermal_violation_s == 0.0 && l <= MAX_LOST;
     writeln!(
         progress,
-        "capacity: {} racks, {} GPUs: {:.0} s over the contract, {:.0} s over an inlet limit, {:.2}% GPU-hours lost: {}",
+        "capacity: {} racks, {} GPUs, load x{:.2}: {:.0} s over the contract, {:.0} s over an inlet limit, {:.2}% GPU-hours lost: {}",
         racks,
         s.gpus,
+        c.load,
         s.policy.budget_violation_s,
         s.policy.thermal_violation_s,
         l * 100.0,
@@ -268,6 +282,7 @@ fn try_size(
         budget_violation_s: s.policy.budget_violation_s,
         thermal_violation_s: s.policy.thermal_violation_s,
         gpu_hours_lost: l,
+        load: c.load,
         passed,
     };
     Ok((st, s.budget_kw))

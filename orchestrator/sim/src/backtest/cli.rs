@@ -56,6 +56,18 @@ pub struct Args {
     /// With --capacity: at most this many steps.
     #[arg(long, default_value_t = 32)]
     pub capacity_max_steps: usize,
+    /// Scale the trace's load: 0.05 replays a deterministic 5% of its jobs, 2 every job
+    /// twice (copies submitted with it). With --capacity, each size's load is this
+    /// times its GPUs over the site's.
+    #[arg(long, default_value_t = 1.0, value_parser = load_factor)]
+    pub load: f64,
+}
+
+fn load_factor(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 1000.0 => Ok(f),
+        _ => Err(format!("{s:?}: a factor above 0 and at most 1000")),
+    }
 }
 
 fn when(s: &str, site: &Site, flag: &str) -> Result<Timestamp> {
@@ -99,6 +111,7 @@ impl Args {
             from,
             to,
             out: self.out.clone(),
+            load: self.load,
         };
         let mut err = std::io::stderr();
         if self.capacity {

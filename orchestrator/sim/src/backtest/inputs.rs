@@ -275,6 +275,7 @@ impl Inputs {
             None => Scenario::default(),
         };
         let (format, trace) = trace::parse(&cfg.jobs.name, &cfg.jobs.text)?;
+        let trace = trace::scaled(trace, cfg.load);
         let (prices, carbon, carbon_note) = read_feeds(cfg, &scenario, site.timezone)?;
         let budget_kw = apply_contract(&mut policy, &site, &scenario);
         let tz = site.timezone;

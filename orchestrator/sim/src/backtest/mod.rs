@@ -55,6 +55,9 @@ pub struct BacktestConfig {
     pub from: Option<Timestamp>,
     pub to: Option<Timestamp>,
     pub out: PathBuf,
+    /// The trace's load scaled by this factor (`--load`; 1: the trace as it is). See
+    /// [`trace::scaled`].
+    pub load: f64,
 }
 
 /// Runs the backtest and writes its files; progress lines go to `progress`.
@@ -63,9 +66,13 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     let inputs = Inputs::read(cfg)?;
     let n_jobs = inputs.jobs.len();
     let deferrable = inputs.jobs.iter().filter(|j| j.job.deferrable).count();
+    let scaled = match cfg.load {
+        1.0 => String::new(),
+        f => format!(" (its load x{f})"),
+    };
     writeln!(
         progress,
-        "backtest: {n_jobs} jobs ({deferrable} deferrable) of {} on {} GPUs; {}",
+        "backtest: {n_jobs} jobs ({deferrable} deferrable) of {}{scaled} on {} GPUs; {}",
         cfg.jobs.name,
         inputs.site.gpus().len(),
         inputs.alignment
@@ -117,6 +124,7 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         gpus: runs.base.gpu_count(),
         trace: cfg.jobs.name.clone(),
         trace_format: format.name().to_string(),
+        load: cfg.load,
         jobs: n_jobs,
         deferrable_jobs: deferrable,
         jobs_without_feasible_deadline: infeasible,

@@ -79,6 +79,9 @@ pub struct Summary {
     pub gpus: usize,
     pub trace: String,
     pub trace_format: String,
+    /// The factor the trace's load was scaled by (`--load`; left out at 1).
+    #[serde(skip_serializing_if = "is_one")]
+    pub load: f64,
     pub jobs: usize,
     pub deferrable_jobs: usize,
     /// Jobs a deadline rule could not be met for (longer than its deadline): replayed
@@ -304,6 +307,10 @@ impl Summary {
             );
         }
     }
+}
+
+fn is_one(f: &f64) -> bool {
+    *f == 1.0
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -137,3 +137,75 @@ fn waiting_work_resumes_the_nodes_it_needs_without_a_controller() {
     assert!(waited >= 300.0, "it waited for the boot: {waited} s");
     assert!(f.totals.power_ups >= 16, "{}", f.totals.power_ups);
 }
+
+fn generic_trace(n: usize) -> Vec<trace::TraceJob> {
+    let mut text = String::from("id,submit,duration_s,gpus\n");
+    for i in 0..n {
+        text.push_str(&format!("j{i},{},{},{}\n", i * 60, 600 + i, 1 + i % 8));
+    }
+    trace::parse("t.csv", &text).expect("trace").1
+}
+
+#[test]
+fn a_load_factor_subsamples_below_one_and_copies_above_one_keeping_each_jobs_shape() {
+    let jobs = generic_trace(2000);
+    assert_eq!(
+        trace::scaled(jobs.clone(), 1.0),
+        jobs,
+        "1: the trace as it is"
+    );
+    let ids = |v: &[trace::TraceJob]| {
+        v.iter()
+            .map(|j| j.id.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    // below 1: a deterministic subsample, nested (5% within 20%), about the share asked
+    let small = trace::scaled(jobs.clone(), 0.05);
+    let part = trace::scaled(jobs.clone(), 0.2);
+    assert_eq!(
+        small,
+        trace::scaled(jobs.clone(), 0.05),
+        "the same on every run"
+    );
+    assert!(
+        (60..=140).contains(&small.len()),
+        "5% of 2,000: {}",
+        small.len()
+    );
+    assert!(
+        (320..=480).contains(&part.len()),
+        "20% of 2,000: {}",
+        part.len()
+    );
+    assert!(ids(&small).is_subset(&ids(&part)));
+    assert!(
+        small.iter().all(|j| jobs.contains(j)),
+        "kept jobs unchanged"
+    );
+    // above 1: every job twice, half of them three times, copies like their job
+    let more = trace::scaled(jobs.clone(), 2.5);
+    assert!(
+        (4800..=5200).contains(&more.len()),
+        "2.5 x 2,000: {}",
+        more.len()
+    );
+    assert_eq!(ids(&more).len(), more.len(), "unique ids");
+    for j in &jobs {
+        let copies: Vec<_> = more
+            .iter()
+            .filter(|c| c.id == j.id || c.id.starts_with(&format!("{}+", j.id)))
+            .collect();
+        assert!(
+            (2..=3).contains(&copies.len()),
+            "{}: {}",
+            j.id,
+            copies.len()
+        );
+        for c in copies {
+            assert_eq!(
+                (c.submit, c.duration_s, c.gpus, &c.class),
+                (j.submit, j.duration_s, j.gpus, &j.class)
+            );
+        }
+    }
+}

@@ -100,6 +100,49 @@ fn parse_when(s: &str) -> Option<When> {
         .map(When::Offset)
 }
 
+/// Where a job id falls in `[0, 1)`, the same on every run and machine: FNV-1a over
+/// its bytes, then a 64-bit finalizer (FNV alone leaves ids that differ in their last
+/// digit close together in the high bits).
+fn draw(id: &str) -> f64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The trace's load scaled by `factor` (`--load`, and `--capacity` with the site):
+/// every job `floor(factor)` times, and once more where its id's draw falls under
+/// the fraction left. The copies keep the job's submission, length, size and class
+/// (ids `<id>+1`, `<id>+2`, ...), so the load's shape over the day and the week is the
+/// trace's own. Below 1 it is a subsample, and a smaller factor's jobs are among a
+/// larger one's. `factor` 1 returns the trace as it is.
+pub fn scaled(jobs: Vec<TraceJob>, factor: f64) -> Vec<TraceJob> {
+    if factor == 1.0 {
+        return jobs;
+    }
+    let whole = factor.floor().max(0.0) as usize;
+    let part = factor - factor.floor();
+    let mut out = Vec::with_capacity((jobs.len() as f64 * factor.max(0.0)).ceil() as usize);
+    for j in jobs {
+        let copies = whole + usize::from(draw(&j.id) < part);
+        for k in 0..copies {
+            let mut c = j.clone();
+            if k > 0 {
+                c.id = format!("{}+{k}", j.id);
+            }
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Reads a trace, recognising its format by its header.
 pub fn parse(file: &str, text: &str) -> anyhow::Result<(Format, Vec<TraceJob>)> {
     let rows = telemetry::csvtext::rows(text, b',').map_err(|e| err(file, e.line, e))?;
