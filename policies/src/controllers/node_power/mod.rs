@@ -135,8 +135,12 @@ pub fn decide(
     } else {
         rule.idle_s
     };
-    for model in models {
-        let mut m = ModelNeed::of(model, nodes, needs, &failed, rule, (reserve, total), now);
+    let mut per_model: Vec<ModelNeed> = models
+        .into_iter()
+        .map(|model| ModelNeed::of(model, nodes, needs, &failed, rule, (reserve, total), now))
+        .collect();
+    share_any_model(&mut per_model, needs, rule, now);
+    for mut m in per_model {
         if m.supply < m.want {
             m.power_up(nodes, rule, now, &mut out);
             continue;
@@ -196,6 +200,50 @@ struct ModelNeed {
     share: f64,
     want: u32,
     supply: u32,
+    /// GPUs on nodes that are off (and not failed): what it can bring back.
+    off: u32,
+}
+
+/// Work due that may run on any GPU model, counted once across the models (counted on
+/// every model, it would keep each model's nodes on for the same jobs): on the models
+/// with GPUs on and free beyond their own work and reserve first, the most free first,
+/// so that no node is brought back for work another idle node can take; what is left
+/// on the model with the most GPUs off to bring back. A need counts only on the models
+/// it is due within the boot time of.
+fn share_any_model(
+    per_model: &mut [ModelNeed],
+    needs: &[Need],
+    rule: &NodePowerRule,
+    now: Timestamp,
+) {
+    let mut any: Vec<&Need> = needs.iter().filter(|d| d.model.is_none()).collect();
+    any.sort_by_key(|d| d.at);
+    for d in any {
+        let ahead = d.at.secs_since(now);
+        let due_on = |m: &ModelNeed| ahead <= m.boot + rule.shutdown_s;
+        let mut left = d.gpus;
+        while left > 0 {
+            let Some(m) = per_model
+                .iter_mut()
+                .filter(|m| due_on(m) && m.supply > m.want)
+                .max_by_key(|m| m.supply - m.want)
+            else {
+                break;
+            };
+            let take = left.min(m.supply - m.want);
+            m.add_due(take);
+            left -= take;
+        }
+        if left > 0 {
+            if let Some(m) = per_model
+                .iter_mut()
+                .filter(|m| due_on(m))
+                .max_by_key(|m| m.off)
+            {
+                m.add_due(left);
+            }
+        }
+    }
 }
 
 impl ModelNeed {
@@ -215,9 +263,10 @@ impl ModelNeed {
             .filter(|&i| nodes[i].model == model)
             .collect();
         let model_gpus: u32 = of_model.iter().map(|&i| nodes[i].gpus).sum();
+        // work that may run on any model is counted once, by `share_any_model`
         let due: u32 = needs
             .iter()
-            .filter(|d| d.model.as_deref().is_none_or(|m| m == model))
+            .filter(|d| d.model.as_deref() == Some(model))
             .filter(|d| d.at.secs_since(now) <= boot + rule.shutdown_s)
             .map(|d| d.gpus)
             .sum();
@@ -230,6 +279,11 @@ impl ModelNeed {
             .filter(|&&i| matches!(nodes[i].power, Power::On | Power::Booting { .. }))
             .map(|&i| nodes[i].free)
             .sum();
+        let off: u32 = of_model
+            .iter()
+            .filter(|&&i| !failed[i] && matches!(nodes[i].power, Power::Off { .. }))
+            .map(|&i| nodes[i].gpus)
+            .sum();
         ModelNeed {
             boot,
             of_model,
@@ -237,7 +291,14 @@ impl ModelNeed {
             share,
             want,
             supply,
+            off,
         }
+    }
+
+    /// `gpus` more of work due on this model.
+    fn add_due(&mut self, gpus: u32) {
+        self.due = self.due.saturating_add(gpus);
+        self.want = self.want.saturating_add(gpus);
     }
 
     /// Power up: nodes off longest first; the reserve waits for `min_off_s`, work that

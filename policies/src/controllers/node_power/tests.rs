@@ -237,3 +237,86 @@ proptest! {
         prop_assert!(down.len() as u32 <= r.max_downs_per_min.saturating_sub(downs_last_min));
     }
 }
+
+fn of_model(i: usize, model: &str, power: Power) -> NodeView {
+    NodeView {
+        model: model.into(),
+        ..node(i, 8, power, Some(0.0))
+    }
+}
+
+#[test]
+fn work_that_may_run_on_any_model_keeps_its_gpus_on_once_not_on_every_model() {
+    // three models of four idle nodes each, no reserve; 16 GPUs of any-model work due
+    let mut nodes = Vec::new();
+    for (k, model) in ["A40", "V100", "P100"].iter().enumerate() {
+        for j in 0..4 {
+            nodes.push(of_model(4 * k + j, model, Power::On));
+        }
+    }
+    let r = NodePowerRule {
+        reserve_gpus: 0,
+        ..rule()
+    };
+    let need = [Need {
+        at: t(1000.0),
+        gpus: 16,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &r, Inputs::default(), t(1000.0));
+    // 16 GPUs stay on (two nodes), not 16 on each of the three models
+    assert_eq!(downs(&a).len(), 10, "{a:?}");
+    assert!(ups(&a).is_empty());
+    // work bound to a model still counts on that model alone
+    let need = [
+        Need {
+            at: t(1000.0),
+            gpus: 8,
+            model: Some("V100".into()),
+        },
+        Need {
+            at: t(1000.0),
+            gpus: 8,
+            model: None,
+        },
+    ];
+    let a = decide(&nodes, &need, &r, Inputs::default(), t(1000.0));
+    assert_eq!(downs(&a).len(), 10, "{a:?}");
+    let down = downs(&a);
+    let v100_on = nodes
+        .iter()
+        .filter(|n| n.model == "V100" && !down.contains(&n.id.as_str()))
+        .count();
+    assert!(v100_on >= 1, "the V100 work keeps a V100 node: {a:?}");
+}
+
+#[test]
+fn work_for_any_model_takes_an_idle_node_of_another_model_before_one_is_brought_back() {
+    // A40: one node off; V100: two idle nodes on. 8 GPUs of any-model work due now.
+    let nodes = vec![
+        of_model(0, "A40", Power::Off { since: t(0.0) }),
+        of_model(1, "V100", Power::On),
+        of_model(2, "V100", Power::On),
+    ];
+    let r = NodePowerRule {
+        reserve_gpus: 0,
+        ..rule()
+    };
+    let need = [Need {
+        at: t(1000.0),
+        gpus: 8,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &r, Inputs::default(), t(1000.0));
+    assert!(ups(&a).is_empty(), "no power-up while a V100 is idle: {a:?}");
+    assert_eq!(downs(&a), vec!["n1"], "{a:?}");
+    // 24 GPUs: both V100s stay and the A40 comes back for the rest
+    let need = [Need {
+        at: t(1000.0),
+        gpus: 24,
+        model: None,
+    }];
+    let a = decide(&nodes, &need, &r, Inputs::default(), t(1000.0));
+    assert_eq!(ups(&a), vec!["n0"], "{a:?}");
+    assert!(downs(&a).is_empty(), "{a:?}");
+}
