@@ -242,6 +242,55 @@ fn three_runs_power_saving_turns_idle_nodes_off_and_the_policy_beats_it() {
     assert!((num(&s, "/savings_vs_power_save_pct/cost") - expect).abs() < 1e-9);
     assert!(num(&s, "/deferred_wait_mean_s") > 0.0);
     assert!(num(&s, "/saving_per_wait_hour") > 0.0);
+    // where the saving against power saving comes from: five parts that add up to it
+    let d = &s["against_power_save"];
+    let saving = num(d, "/saving");
+    let cost_gap = num(&s, "/power_save/cost") - num(&s, "/policy/cost");
+    assert!(
+        (saving - cost_gap).abs() < 1e-6 * cost_gap.abs().max(1.0),
+        "{d}"
+    );
+    let parts: f64 = [
+        "node_power",
+        "caps",
+        "cooling",
+        "price_shifting",
+        "demand_charge",
+    ]
+    .iter()
+    .map(|k| num(d, &format!("/{k}")))
+    .sum();
+    assert!((parts - saving).abs() < 1e-6 * saving.abs().max(1.0), "{d}");
+    // the kWh behind the volumes add up to the runs' energy gap
+    let kwh: f64 = ["node_power_kwh", "caps_kwh", "cooling_kwh"]
+        .iter()
+        .map(|k| num(d, &format!("/{k}")))
+        .sum();
+    let energy_gap = num(&s, "/power_save/energy_kwh") - num(&s, "/policy/energy_kwh");
+    assert!(
+        (kwh - energy_gap).abs() < 1e-6 * energy_gap.abs().max(1.0),
+        "{d}"
+    );
+    assert_eq!(
+        num(d, "/cooling_kwh"),
+        num(&s, "/power_save/cooling_kwh") - num(&s, "/policy/cooling_kwh")
+    );
+    assert_eq!(
+        num(d, "/power_downs"),
+        num(&s, "/policy/power_downs") - num(&s, "/power_save/power_downs")
+    );
+    assert_eq!(
+        num(d, "/capped_gpu_hours"),
+        num(&s, "/policy/capped_gpu_hours")
+    );
+    assert_eq!(num(d, "/jobs_deferred"), num(&s, "/policy/jobs_deferred"));
+    // the policy holds jobs for cheaper hours: they wait longer than under power saving
+    assert!(num(d, "/added_wait_h") > 0.0, "{d}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("saving against power saving"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     // no carbon file: carbon is not measured, not 0
     assert!(s["policy"]["carbon_kg"].is_null(), "{}", s["policy"]);
     assert!(s["savings_pct"]["carbon"].is_null());

@@ -18,6 +18,7 @@
 
 pub mod capacity;
 pub mod cli;
+mod decompose;
 mod dr;
 pub mod facility;
 pub mod grid;
@@ -113,6 +114,12 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         .as_ref()
         .map(|w| dr::measure(&runs.pol, w, scenario.tick_s))
         .unwrap_or_default();
+    let against_power_save = decompose::against_power_save(
+        &runs.psave,
+        &runs.pol,
+        (ps.demand_charge, p.demand_charge),
+        (p.jobs_deferred, p.deferred_wait_mean_s),
+    );
     let added_h = added_wait_h(&runs.base, &runs.pol);
     let saving_per_wait_hour = if added_h > 0.0 {
         (b.cost - p.cost) / added_h
@@ -141,6 +148,7 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
         carbon_gap_s: runs.pol.totals.carbon_gap_s,
         savings_pct: summary::savings(&b, &p),
         savings_vs_power_save_pct: summary::savings(&ps, &p),
+        against_power_save,
         deferred_wait_mean_s: p.deferred_wait_mean_s,
         saving_per_wait_hour,
         suspend_time_s: scenario.suspend_time_s,

@@ -21,6 +21,7 @@ pub(super) fn html(s: &Summary, site: &Site, series: &Series2) -> String {
     header(&mut body, s);
     let cur = escape(&site.currency);
     comparison(&mut body, s, &cur);
+    decomposition(&mut body, s, &cur);
     let per_kwh = format!("{}/kWh", site.currency);
     let _ = write!(
         body,
@@ -331,6 +332,37 @@ fn comparison(body: &mut String, s: &Summary, cur: &str) {
                 s.saving_per_wait_hour
             )
         }
+    );
+}
+
+/// Where the saving against power saving comes from, and what it cost.
+fn decomposition(body: &mut String, s: &Summary, cur: &str) {
+    let d = &s.against_power_save;
+    let _ = write!(
+        body,
+        "<h2>The saving against power saving</h2><table><tr><th>from</th><th>{cur}</th><th>kWh</th></tr>\
+         <tr><th>node power (the idle floor: {:+.1} node-hours off, {:+} power-downs)</th><td>{:+.2}</td><td>{:+.0}</td></tr>\
+         <tr><th>caps (the jobs' energy)</th><td>{:+.2}</td><td>{:+.0}</td></tr>\
+         <tr><th>cooling</th><td>{:+.2}</td><td>{:+.0}</td></tr>\
+         <tr><th>price shifting (when the energy was drawn)</th><td>{:+.2}</td><td></td></tr>\
+         <tr><th>demand charge</th><td>{:+.2}</td><td></td></tr>\
+         <tr><th>saving</th><td>{:+.2}</td><td></td></tr></table>\
+         <p>Each energy part's kWh (power saving's less the policy's) at power saving's mean price for it; price shifting is what is left of the energy cost's difference. What it cost: {:.1} h more waiting than under power saving (summed over the jobs that waited longer), {:.1} GPU-hours capped, {} jobs held ({:.1} h mean wait).</p>",
+        d.node_off_h,
+        d.power_downs,
+        d.node_power,
+        d.node_power_kwh,
+        d.caps,
+        d.caps_kwh,
+        d.cooling,
+        d.cooling_kwh,
+        d.price_shifting,
+        d.demand_charge,
+        d.saving,
+        d.added_wait_h,
+        d.capped_gpu_hours,
+        d.jobs_deferred,
+        d.deferred_wait_mean_h,
     );
 }
 

@@ -117,6 +117,8 @@ pub struct Summary {
     pub savings_pct: Savings,
     /// (power_save − policy) / power_save, in %.
     pub savings_vs_power_save_pct: Savings,
+    /// Where the saving against power saving comes from, and what it cost.
+    pub against_power_save: super::decompose::Decomposition,
     /// Mean wait of the jobs the policy deferred.
     pub deferred_wait_mean_s: f64,
     /// The cost saved against no management per hour of wait the policy added (the
@@ -289,6 +291,8 @@ impl Summary {
             self.savings_vs_power_save_pct.cost,
             self.savings_vs_power_save_pct.energy
         );
+        let money = |v: f64| format!("{v:+.2}");
+        let _ = writeln!(s, "{}", self.against_power_save.lines(money));
         if self.policy.jobs_deferred == 0 {
             let _ = writeln!(s, "  no job was deferred");
         } else {

@@ -308,7 +308,10 @@ fn work_for_any_model_takes_an_idle_node_of_another_model_before_one_is_brought_
         model: None,
     }];
     let a = decide(&nodes, &need, &r, Inputs::default(), t(1000.0));
-    assert!(ups(&a).is_empty(), "no power-up while a V100 is idle: {a:?}");
+    assert!(
+        ups(&a).is_empty(),
+        "no power-up while a V100 is idle: {a:?}"
+    );
     assert_eq!(downs(&a), vec!["n1"], "{a:?}");
     // 24 GPUs: both V100s stay and the A40 comes back for the rest
     let need = [Need {

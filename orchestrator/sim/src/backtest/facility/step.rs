@@ -227,11 +227,14 @@ impl Facility {
         self.totals.cooling_kwh += cooling_kwh;
         let job_kwh = job_j / 3.6e6 * (1.0 + cooling_kwh / it_kwh.max(1e-12));
         self.totals.job_kwh += job_kwh;
+        self.totals.job_it_kwh += job_j / 3.6e6;
         match self.price_at(t0) {
             Some(p) => {
                 self.totals.cost += p * (it_kwh + cooling_kwh);
                 self.totals.energy_cost += p * (it_kwh + cooling_kwh);
                 self.totals.job_cost += p * job_kwh;
+                self.totals.job_it_cost += p * job_j / 3.6e6;
+                self.totals.cooling_cost += p * cooling_kwh;
             }
             None => self.totals.price_gap_s += dt_s,
         }

@@ -36,6 +36,11 @@ pub struct Totals {
     /// that follows load, and the cooling of both (the idle floor left out).
     pub job_kwh: f64,
     pub job_cost: f64,
+    /// The jobs' IT energy alone (busy GPUs and the node power that follows load), and
+    /// its cost; the cooling's cost (see `decompose`).
+    pub job_it_kwh: f64,
+    pub job_it_cost: f64,
+    pub cooling_cost: f64,
     /// GPU-hours of work delivered per day of the run (from its start).
     pub gpu_hours_per_day: Vec<f64>,
 }
