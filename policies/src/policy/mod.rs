@@ -30,7 +30,7 @@ use toml::Spanned;
 pub use crate::rules::OnStale;
 pub use sections::budget::{BudgetRule, Limit};
 pub use sections::grid::GridRule;
-pub use sections::node_power::NodePowerRule;
+pub use sections::node_power::{NodePowerRule, ReserveMode};
 pub use sections::price::{PriceMode, PriceRule};
 pub use sections::thermal::{ThermalMode, ThermalRule};
 

@@ -294,18 +294,16 @@ pub struct NodePower {
     thread_counts: Arc<ThreadCounts>,
 }
 
-/// What the pending and held jobs need: their GPUs, now (a held job at its planned
-/// start).
+/// What the pending and held jobs need: their GPUs, and when (see
+/// `policies::node_power::due_at`).
 fn needs(jobs: &[Job], planned: &BTreeMap<String, Timestamp>, now: Timestamp) -> Vec<Need> {
     jobs.iter()
-        .filter(|j| matches!(j.state, JobState::Pending | JobState::Held))
-        .map(|j| Need {
-            at: match j.state {
-                JobState::Held => planned.get(&j.id).copied().unwrap_or(now),
-                _ => now,
-            },
-            gpus: j.gpus,
-            model: None,
+        .filter_map(|j| {
+            Some(Need {
+                at: policies::node_power::due_at(j, planned.get(&j.id).copied(), now)?,
+                gpus: j.gpus,
+                model: None,
+            })
         })
         .collect()
 }
@@ -459,6 +457,13 @@ impl NodePower {
                 expensive,
                 grid_event,
                 downs_last_min: self.recent_downs.len() as u32,
+                arrivals_gpus_per_s: Some(policies::node_power::arrival_rate(
+                    jobs,
+                    now,
+                    rule.reserve_window_s,
+                )),
+                // decided every tick, seconds apart: one minute's power-downs at most
+                interval_s: 0.0,
             },
             now,
         );

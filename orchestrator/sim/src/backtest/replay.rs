@@ -7,7 +7,7 @@ use anyhow::Result;
 use integrations::store::{Backend, Batch, Op, Store, StoreError};
 use policies::node_power::NodePowerRule;
 use policies::{Action, Policy, Target};
-use telemetry::{JobState, Site, Timestamp};
+use telemetry::{Site, Timestamp};
 
 use super::facility::{self, Facility, Point};
 use super::inputs::Inputs;
@@ -58,24 +58,20 @@ pub(crate) struct Series2 {
 }
 
 /// Where the node power decision's inputs come from in the policy's replay: the nodes,
-/// and the GPUs the work needs and when (waiting jobs now, held jobs at their planned
-/// start, other holds at their lease's end).
+/// and the GPUs the work needs and when (see `policies::node_power::due_at`).
 fn node_needs(
     f: &Facility,
     planned: &std::collections::BTreeMap<String, Timestamp>,
     now: Timestamp,
 ) -> Vec<policies::node_power::Need> {
     f.waiting_jobs()
-        .map(|j| {
-            let at = match j.job.state {
-                JobState::Held => planned.get(&j.job.id).copied().unwrap_or(now),
-                _ => now,
-            };
-            policies::node_power::Need {
+        .filter_map(|j| {
+            let at = policies::node_power::due_at(&j.job, planned.get(&j.job.id).copied(), now)?;
+            Some(policies::node_power::Need {
                 at,
                 gpus: j.job.gpus,
                 model: j.gpu_model.clone(),
-            }
+            })
         })
         .collect()
 }
@@ -241,7 +237,14 @@ pub(super) fn replay(
     );
     loop {
         let now = runs.pol.now();
-        control_tick(&mut runs.pol, &mut control, &mut events, &np, &mut deferred);
+        let np_tick = (&np, scenario.tick_s);
+        control_tick(
+            &mut runs.pol,
+            &mut control,
+            &mut events,
+            np_tick,
+            &mut deferred,
+        );
         if let Some(g) = runs.pol.grid.as_mut() {
             g.note(control.state().grid.as_ref(), now);
         }
@@ -293,7 +296,7 @@ fn control_tick(
     pol: &mut Facility,
     control: &mut ControlLoop,
     events: &mut ReplayEvents,
-    np: &NodePowerRule,
+    (np, tick_s): (&NodePowerRule, f64),
     deferred: &mut BTreeSet<String>,
 ) {
     let now = pol.now();
@@ -324,6 +327,10 @@ fn control_tick(
                     .as_ref()
                     .is_some_and(|m| m.event_active()),
                 downs_last_min: pol.downs_last_min(now),
+                arrivals_gpus_per_s: Some(pol.arrivals_gpus_per_s(now, np.reserve_window_s)),
+                // `serve` decides every few seconds: as many power-downs as it would
+                // make over the tick
+                interval_s: tick_s,
             },
             now,
         );

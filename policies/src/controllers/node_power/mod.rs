@@ -5,13 +5,16 @@
 //! waiting now, held jobs at their planned start), the price now against its median,
 //! and the time, and says which nodes to power down and which to power up. It keeps:
 //!
-//! - a warm reserve: `reserve_gpus`, or `reserve_share` of the site's GPUs if more,
-//!   idle and on (or booting) beyond what the work due within a boot time needs;
+//! - a warm reserve: `reserve_gpus`, or `reserve_share` of the site's GPUs if more (with
+//!   `reserve = "forecast"`, the default, no more than the GPUs the recent arrivals
+//!   bring within a boot time, in whole nodes), idle and on (or booting) beyond what
+//!   the work due within a boot time needs, counted once across the GPU models;
 //! - a minimum idle time before a power-down (`idle_s`; `idle_s_expensive` while the
 //!   price is above its median: deeper off-time in expensive hours);
 //! - a minimum off time before a node is brought back for the reserve (never for work
 //!   that waits: work first);
-//! - at most `max_downs_per_min` power-downs per minute;
+//! - at most `max_downs_per_min` power-downs per minute (per minute of the interval
+//!   to the next decision, where decisions are minutes apart);
 //! - failed resumes: a node not back within `resume_timeout_s` is marked failed and
 //!   reported, and another node is powered up in its place.
 //!
@@ -20,7 +23,7 @@
 
 use telemetry::Timestamp;
 
-pub use crate::policy::NodePowerRule;
+pub use crate::policy::{NodePowerRule, ReserveMode};
 
 /// A node's power state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,23 @@ pub struct Need {
     pub model: Option<String>,
 }
 
+/// When a job's GPUs are due, for [`decide`]: a waiting job's now; a held one's at its
+/// planned start, else at its latest start (its deadline less its run time), else never:
+/// a hold with no end in sight (a rule's, a threshold's, the budget's) keeps no node on
+/// idle for it; once released, the job brings back what it needs, as under Slurm's
+/// power saving.
+pub fn due_at(
+    job: &telemetry::Job,
+    planned: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    match job.state {
+        telemetry::JobState::Pending => Some(now),
+        telemetry::JobState::Held => planned.or_else(|| job.latest_start()).map(|t| t.max(now)),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum NodeAction {
     Down {
@@ -102,6 +122,50 @@ pub struct Inputs {
     pub grid_event: bool,
     /// Power-downs issued in the last minute.
     pub downs_last_min: u32,
+    /// Seconds until the next decision, where that is over a minute (a backtest's
+    /// tick): `max_downs_per_min` for each minute of it, as a controller deciding
+    /// every few seconds would spread them; 0 (or under 60): one minute's worth.
+    pub interval_s: f64,
+    /// GPUs submitted per second lately ([`arrival_rate`]): with `reserve =
+    /// "forecast"`, the warm reserve is what this brings within a boot time (`None`:
+    /// not measured, the whole reserve).
+    pub arrivals_gpus_per_s: Option<f64>,
+}
+
+/// GPUs submitted per second over the `window_s` before `now`: the forecast the warm
+/// reserve is sized from.
+pub fn arrival_rate<'a>(
+    jobs: impl IntoIterator<Item = &'a telemetry::Job>,
+    now: Timestamp,
+    window_s: f64,
+) -> f64 {
+    let from = now.plus_secs(-window_s);
+    let gpus: u64 = jobs
+        .into_iter()
+        .filter(|j| j.submit_time > from && j.submit_time <= now)
+        .map(|j| u64::from(j.gpus))
+        .sum();
+    gpus as f64 / window_s.max(1.0)
+}
+
+/// The warm reserve, GPUs: `reserve_gpus` or `reserve_share` of `total` (the larger);
+/// with `reserve = "forecast"` and a measured rate, no more than the GPUs expected to
+/// be submitted within a boot and a shutdown time, in whole nodes of `node_gpus`
+/// (rounded down: a node is kept warm only for a node's worth of expected work, so a
+/// trickle keeps none on, as suspend-after-idle would not).
+fn reserve_of(rule: &NodePowerRule, inputs: &Inputs, total: u32, node_gpus: f64) -> u32 {
+    let most = rule
+        .reserve_gpus
+        .max((rule.reserve_share * f64::from(total)).ceil() as u32);
+    match (rule.reserve, inputs.arrivals_gpus_per_s) {
+        (ReserveMode::Forecast, Some(rate)) => {
+            let node = node_gpus.max(1.0);
+            let coming = rate.max(0.0) * (rule.boot_s + rule.shutdown_s);
+            let gpus = (coming / node).floor() * node;
+            most.min(gpus.min(f64::from(u32::MAX)) as u32)
+        }
+        _ => most,
+    }
 }
 
 /// Which nodes to power down and up now.
@@ -117,17 +181,18 @@ pub fn decide(
     }
     let mut out = Vec::new();
     let total: u32 = nodes.iter().map(|n| n.gpus).sum();
-    let reserve = rule
-        .reserve_gpus
-        .max((rule.reserve_share * f64::from(total)).ceil() as u32);
+    let node_gpus = f64::from(total) / nodes.len().max(1) as f64;
+    let reserve = reserve_of(rule, &inputs, total, node_gpus);
     // failed resumes first: they no longer count as supply
     let failed = failed_resumes(nodes, rule, now, &mut out);
-    // per GPU model: the GPUs due within the model's boot time (+ the reserve, shared
-    // by all models in proportion to their size) against what is on or coming
+    // per GPU model: the GPUs due within the model's boot time, then the work and the
+    // reserve any model may take, against what is on or coming
     let mut models: Vec<&str> = nodes.iter().map(|n| n.model.as_str()).collect();
     models.sort_unstable();
     models.dedup();
-    let mut downs_left = rule.max_downs_per_min.saturating_sub(inputs.downs_last_min);
+    let minutes = (inputs.interval_s / 60.0).clamp(1.0, 1e6);
+    let allowed = (f64::from(rule.max_downs_per_min) * minutes).min(f64::from(u32::MAX)) as u32;
+    let mut downs_left = allowed.saturating_sub(inputs.downs_last_min);
     let idle_s = if inputs.grid_event {
         0.0
     } else if inputs.expensive {
@@ -137,9 +202,11 @@ pub fn decide(
     };
     let mut per_model: Vec<ModelNeed> = models
         .into_iter()
-        .map(|model| ModelNeed::of(model, nodes, needs, &failed, rule, (reserve, total), now))
+        .map(|model| ModelNeed::of(model, nodes, needs, &failed, rule, now))
         .collect();
     share_any_model(&mut per_model, needs, rule, now);
+    // the reserve is for work of any model, kept warm where GPUs are idle already
+    place(&mut per_model, reserve, |_| true, ModelNeed::add_reserve);
     for mut m in per_model {
         if m.supply < m.want {
             m.power_up(nodes, rule, now, &mut out);
@@ -205,11 +272,8 @@ struct ModelNeed {
 }
 
 /// Work due that may run on any GPU model, counted once across the models (counted on
-/// every model, it would keep each model's nodes on for the same jobs): on the models
-/// with GPUs on and free beyond their own work and reserve first, the most free first,
-/// so that no node is brought back for work another idle node can take; what is left
-/// on the model with the most GPUs off to bring back. A need counts only on the models
-/// it is due within the boot time of.
+/// every model, it would keep each model's nodes on for the same jobs). A need counts
+/// only on the models it is due within the boot time of.
 fn share_any_model(
     per_model: &mut [ModelNeed],
     needs: &[Need],
@@ -220,49 +284,64 @@ fn share_any_model(
     any.sort_by_key(|d| d.at);
     for d in any {
         let ahead = d.at.secs_since(now);
-        let due_on = |m: &ModelNeed| ahead <= m.boot + rule.shutdown_s;
-        let mut left = d.gpus;
-        while left > 0 {
-            let Some(m) = per_model
-                .iter_mut()
-                .filter(|m| due_on(m) && m.supply > m.want)
-                .max_by_key(|m| m.supply - m.want)
-            else {
-                break;
-            };
-            let take = left.min(m.supply - m.want);
-            m.add_due(take);
-            left -= take;
-        }
-        if left > 0 {
-            if let Some(m) = per_model
-                .iter_mut()
-                .filter(|m| due_on(m))
-                .max_by_key(|m| m.off)
-            {
-                m.add_due(left);
-            }
+        place(
+            per_model,
+            d.gpus,
+            |m| ahead <= m.boot + rule.shutdown_s,
+            ModelNeed::add_due,
+        );
+    }
+}
+
+/// Places `gpus` any model may take (`add`) on the models `fits`: on those with GPUs
+/// on and free beyond what they already want first, the most free first, so that no
+/// node is brought back for what an idle node of another model can take; what is left
+/// on the model with the most GPUs off to bring back.
+fn place(
+    per_model: &mut [ModelNeed],
+    gpus: u32,
+    fits: impl Fn(&ModelNeed) -> bool,
+    add: fn(&mut ModelNeed, u32),
+) {
+    let mut left = gpus;
+    while left > 0 {
+        let Some(m) = per_model
+            .iter_mut()
+            .filter(|m| fits(m) && m.supply > m.want)
+            .max_by_key(|m| m.supply - m.want)
+        else {
+            break;
+        };
+        let take = left.min(m.supply - m.want);
+        add(m, take);
+        left -= take;
+    }
+    if left > 0 {
+        if let Some(m) = per_model
+            .iter_mut()
+            .filter(|m| fits(m))
+            .max_by_key(|m| m.off)
+        {
+            add(m, left);
         }
     }
 }
 
 impl ModelNeed {
-    /// `reserve`: the reserve of the whole site, shared by the models in proportion to
-    /// their size, of `total` GPUs.
+    /// The model's own work due; the work any model may take and the reserve are
+    /// placed afterwards (`share_any_model`, `place`).
     fn of(
         model: &str,
         nodes: &[NodeView],
         needs: &[Need],
         failed: &[bool],
         rule: &NodePowerRule,
-        (reserve, total): (u32, u32),
         now: Timestamp,
     ) -> ModelNeed {
         let boot = rule.boot_s_of(model);
         let of_model: Vec<usize> = (0..nodes.len())
             .filter(|&i| nodes[i].model == model)
             .collect();
-        let model_gpus: u32 = of_model.iter().map(|&i| nodes[i].gpus).sum();
         // work that may run on any model is counted once, by `share_any_model`
         let due: u32 = needs
             .iter()
@@ -270,8 +349,7 @@ impl ModelNeed {
             .filter(|d| d.at.secs_since(now) <= boot + rule.shutdown_s)
             .map(|d| d.gpus)
             .sum();
-        let share = (f64::from(reserve) * f64::from(model_gpus) / f64::from(total.max(1))).ceil();
-        let want = due.saturating_add(share as u32);
+        let (share, want) = (0.0, due);
         // supply: free GPUs on nodes that are on or booting (failed ones left out)
         let supply: u32 = of_model
             .iter()
@@ -298,6 +376,12 @@ impl ModelNeed {
     /// `gpus` more of work due on this model.
     fn add_due(&mut self, gpus: u32) {
         self.due = self.due.saturating_add(gpus);
+        self.want = self.want.saturating_add(gpus);
+    }
+
+    /// `gpus` more of the reserve kept warm on this model.
+    fn add_reserve(&mut self, gpus: u32) {
+        self.share += f64::from(gpus);
         self.want = self.want.saturating_add(gpus);
     }
 

@@ -323,3 +323,120 @@ fn work_for_any_model_takes_an_idle_node_of_another_model_before_one_is_brought_
     assert_eq!(ups(&a), vec!["n0"], "{a:?}");
     assert!(downs(&a).is_empty(), "{a:?}");
 }
+
+fn a_job(state: telemetry::JobState, submit: f64, gpus: u32) -> telemetry::Job {
+    telemetry::Job {
+        id: format!("j{submit}"),
+        scheduler: "test".into(),
+        name: "j".into(),
+        user: "u".into(),
+        project: "p".into(),
+        class: "batch".into(),
+        priority: 0,
+        gpus,
+        allocated: Vec::new(),
+        state,
+        submit_time: t(submit),
+        start_time: None,
+        end_time: None,
+        deadline: None,
+        est_duration_s: 3600.0,
+        deferrable: true,
+        preemptible: false,
+    }
+}
+
+#[test]
+fn the_forecast_reserve_is_what_arrives_within_a_boot_time_at_most_the_configured_one() {
+    let nodes: Vec<NodeView> = (0..4).map(|i| node(i, 8, Power::On, Some(0.0))).collect();
+    let r = NodePowerRule {
+        reserve_gpus: 16,
+        ..rule()
+    };
+    let with = |rate: Option<f64>, r: &NodePowerRule| {
+        let inputs = Inputs {
+            arrivals_gpus_per_s: rate,
+            ..Inputs::default()
+        };
+        downs(&decide(&nodes, &[], r, inputs, t(1000.0))).len()
+    };
+    // nothing submitted lately: no node kept warm
+    assert_eq!(with(Some(0.0), &r), 4);
+    // a trickle (2 GPUs an hour), or less than a node's worth, keeps none
+    assert_eq!(with(Some(2.0 / 3600.0), &r), 4);
+    assert_eq!(with(Some(7.0 / 360.0), &r), 4);
+    // 8 GPUs within a boot and a shutdown time (360 s): one node
+    assert_eq!(with(Some(8.0 / 360.0), &r), 3);
+    // a flood: at most the configured 16 GPUs
+    assert_eq!(with(Some(1.0), &r), 2);
+    // not measured: the configured reserve
+    assert_eq!(with(None, &r), 2);
+    // `reserve = "fixed"`: always the configured reserve
+    let fixed = NodePowerRule {
+        reserve: ReserveMode::Fixed,
+        ..r.clone()
+    };
+    assert_eq!(with(Some(0.0), &fixed), 2);
+}
+
+#[test]
+fn the_arrival_rate_counts_the_gpus_submitted_within_the_window() {
+    use telemetry::JobState::*;
+    let jobs = [
+        a_job(Pending, 100.0, 8),
+        a_job(Running, 3000.0, 4),
+        a_job(Finished, 3500.0, 4),
+        // before the window and after now: not counted
+        a_job(Running, -10.0, 64),
+        a_job(Pending, 3700.0, 64),
+    ];
+    let rate = arrival_rate(&jobs, t(3600.0), 3600.0);
+    assert!((rate - 16.0 / 3600.0).abs() < 1e-12, "{rate}");
+}
+
+#[test]
+fn a_held_job_is_due_at_its_planned_start_else_its_latest_start_else_never() {
+    use telemetry::JobState::*;
+    let now = t(1000.0);
+    assert_eq!(due_at(&a_job(Pending, 0.0, 8), None, now), Some(now));
+    assert_eq!(
+        due_at(&a_job(Held, 0.0, 8), Some(t(5000.0)), now),
+        Some(t(5000.0))
+    );
+    // a deadline: due at its latest start (the deadline less its run time)
+    let mut j = a_job(Held, 0.0, 8);
+    j.deadline = Some(t(10_000.0));
+    assert_eq!(due_at(&j, None, now), Some(t(10_000.0 - 3600.0)));
+    // past it already: due now
+    j.deadline = Some(t(2000.0));
+    assert_eq!(due_at(&j, None, now), Some(now));
+    // a hold with no end in sight keeps no node on
+    assert_eq!(due_at(&a_job(Held, 0.0, 8), None, now), None);
+    assert_eq!(due_at(&a_job(Running, 0.0, 8), None, now), None);
+}
+
+#[test]
+fn decisions_minutes_apart_may_power_down_a_minutes_worth_for_each_minute() {
+    let nodes: Vec<NodeView> = (0..40).map(|i| node(i, 8, Power::On, Some(0.0))).collect();
+    let r = NodePowerRule {
+        reserve_gpus: 0,
+        max_downs_per_min: 4,
+        ..rule()
+    };
+    let with = |interval_s: f64, downs_last_min: u32| {
+        let inputs = Inputs {
+            interval_s,
+            downs_last_min,
+            ..Inputs::default()
+        };
+        downs(&decide(&nodes, &[], &r, inputs, t(1000.0))).len()
+    };
+    assert_eq!(with(0.0, 0), 4, "seconds apart: a minute's worth");
+    assert_eq!(with(30.0, 0), 4);
+    assert_eq!(
+        with(300.0, 0),
+        20,
+        "five minutes apart: five minutes' worth"
+    );
+    assert_eq!(with(300.0, 3), 17);
+}

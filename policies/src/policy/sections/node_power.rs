@@ -5,15 +5,33 @@ use serde::{Deserialize, Serialize};
 use super::{Section, SectionCheck};
 use crate::policy::Policy;
 
+/// How the warm reserve of `[node_power]` is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReserveMode {
+    /// From the recent arrivals: no work coming, no reserve.
+    #[default]
+    Forecast,
+    /// Always `reserve_gpus` (or `reserve_share`).
+    Fixed,
+}
+
 /// The `[node_power]` table of a policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodePowerRule {
     pub enabled: bool,
-    /// Idle GPUs kept on beyond what the work due within a boot time needs.
+    /// Idle GPUs kept on beyond what the work due within a boot time needs; with
+    /// `reserve = "forecast"` the most kept.
     pub reserve_gpus: u32,
     /// The same as a share of the site's GPUs (the larger of the two holds).
     pub reserve_share: f64,
+    /// How the warm reserve is sized: `forecast` (the GPUs expected to be submitted
+    /// within a boot and a shutdown time at the rate of the last `reserve_window_s`,
+    /// at most `reserve_gpus`/`reserve_share`) or `fixed` (always that many).
+    pub reserve: ReserveMode,
+    /// The window the arrival rate is measured over, s.
+    pub reserve_window_s: f64,
     /// A node is powered down after this long with no work, s.
     pub idle_s: f64,
     /// The same while the price is above the mean of the forecast's next 24 h.
@@ -43,6 +61,8 @@ impl Default for NodePowerRule {
             enabled: false,
             reserve_gpus: 8,
             reserve_share: 0.05,
+            reserve: ReserveMode::Forecast,
+            reserve_window_s: 3600.0,
             idle_s: 900.0,
             idle_s_expensive: None,
             min_off_s: 600.0,
@@ -85,6 +105,14 @@ fn check(policy: &mut Policy, s: &mut SectionCheck<'_, '_>) {
         format!(
             "node_power: reserve_share must be within 0..1 and idle_s, min_off_s not negative (got {}, {}, {})",
             n.reserve_share, n.idle_s, n.min_off_s
+        ),
+    );
+    s.check(
+        n.reserve_window_s.is_finite() && n.reserve_window_s >= 60.0,
+        "reserve_window_s",
+        format!(
+            "node_power: reserve_window_s must be at least 60 (got {})",
+            n.reserve_window_s
         ),
     );
     s.check(

@@ -113,6 +113,21 @@ impl Facility {
         self.waiting.iter().map(|&i| &self.jobs[i])
     }
 
+    /// GPUs submitted per second over the `window_s` before `now` (the jobs are in
+    /// submission order; only those of the window are looked at).
+    pub fn arrivals_gpus_per_s(&self, now: Timestamp, window_s: f64) -> f64 {
+        let from = now.plus_secs(-window_s);
+        policies::node_power::arrival_rate(
+            self.jobs[..self.next_arrival]
+                .iter()
+                .rev()
+                .take_while(|j| j.job.submit_time > from)
+                .map(|j| &j.job),
+            now,
+            window_s,
+        )
+    }
+
     /// Power-downs in the minute before `now`.
     pub fn downs_last_min(&self, now: Timestamp) -> u32 {
         self.recent_downs
