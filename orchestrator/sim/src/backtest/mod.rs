@@ -65,36 +65,9 @@ pub struct BacktestConfig {
 pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Summary> {
     let started = std::time::Instant::now();
     let inputs = Inputs::read(cfg)?;
-    let n_jobs = inputs.jobs.len();
-    let deferrable = inputs.jobs.iter().filter(|j| j.job.deferrable).count();
-    let scaled = match cfg.load {
-        1.0 => String::new(),
-        f => format!(" (its load x{f})"),
-    };
-    writeln!(
-        progress,
-        "backtest: {n_jobs} jobs ({deferrable} deferrable) of {}{scaled} on {} GPUs; {}",
-        cfg.jobs.name,
-        inputs.site.gpus().len(),
-        inputs.alignment
-    )?;
+    let (n_jobs, deferrable) = announce(cfg, &inputs, progress)?;
     let events = inputs.scenario.grid_events();
-    // with grid events: the policy's run without them first, to measure them against
-    let without = match events.is_empty() {
-        true => None,
-        false => {
-            writeln!(
-                progress,
-                "backtest: {} grid events; first the run without them",
-                events.len()
-            )?;
-            let mut r = Runs::new(&inputs, Some(Vec::new()));
-            let policy = inputs.policy.clone();
-            replay::replay(&mut r, &inputs.site, policy, &inputs.scenario, progress)?;
-            writeln!(progress, "backtest: the run with the grid events")?;
-            Some(r.pol)
-        }
-    };
+    let without = without_grid_events(&inputs, events.len(), progress)?;
     let mut runs = Runs::new(&inputs, (!events.is_empty()).then_some(events));
     let Inputs {
         site,
@@ -160,6 +133,50 @@ pub fn run(cfg: &BacktestConfig, progress: &mut dyn std::io::Write) -> Result<Su
     };
     write_files(cfg, &summary, &site, &outcome)?;
     Ok(summary)
+}
+
+/// The first progress line: the jobs (and how many may be deferred), the trace, the
+/// site's GPUs and the alignment; the jobs and the deferrable ones.
+fn announce(
+    cfg: &BacktestConfig,
+    inputs: &Inputs,
+    progress: &mut dyn std::io::Write,
+) -> Result<(usize, usize)> {
+    let n_jobs = inputs.jobs.len();
+    let deferrable = inputs.jobs.iter().filter(|j| j.job.deferrable).count();
+    let scaled = match cfg.load {
+        1.0 => String::new(),
+        f => format!(" (its load x{f})"),
+    };
+    writeln!(
+        progress,
+        "backtest: {n_jobs} jobs ({deferrable} deferrable) of {}{scaled} on {} GPUs; {}",
+        cfg.jobs.name,
+        inputs.site.gpus().len(),
+        inputs.alignment
+    )?;
+    Ok((n_jobs, deferrable))
+}
+
+/// With `events` grid events: the policy's run without them first, to measure them
+/// against.
+fn without_grid_events(
+    inputs: &Inputs,
+    events: usize,
+    progress: &mut dyn std::io::Write,
+) -> Result<Option<Facility>> {
+    if events == 0 {
+        return Ok(None);
+    }
+    writeln!(
+        progress,
+        "backtest: {events} grid events; first the run without them"
+    )?;
+    let mut r = Runs::new(inputs, Some(Vec::new()));
+    let policy = inputs.policy.clone();
+    replay::replay(&mut r, &inputs.site, policy, &inputs.scenario, progress)?;
+    writeln!(progress, "backtest: the run with the grid events")?;
+    Ok(Some(r.pol))
 }
 
 /// The baseline's, the policy's and the power-saving run's figures.
