@@ -630,3 +630,44 @@ fn load_replays_a_share_of_the_trace_or_more_of_it_and_refuses_a_factor_out_of_r
         );
     }
 }
+
+#[test]
+fn a_missed_deadline_is_listed_with_the_jobs_times() {
+    // two jobs that each need the whole 128-GPU site, submitted together: the second
+    // can only start when the first ends, two hours after its own deadline allows
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jobs = write(
+        dir.path(),
+        "jobs.csv",
+        "id,submit,duration_s,gpus,class,deadline\n\
+         first,2024-06-03 10:00:00,7200,128,training,\n\
+         second,2024-06-03 10:00:00,3600,128,training,2024-06-03 11:30:00\n",
+    );
+    let out = dir.path().join("out");
+    let o = backtest(&out, &jobs, "scenario.toml");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = summary(&out);
+    for run in ["baseline", "power_save", "policy"] {
+        assert_eq!(num(&s, &format!("/{run}/deadline_misses")), 1.0, "{run}");
+        let missed = s[run]["missed"].as_array().expect("missed listed");
+        assert_eq!(missed.len(), 1, "{run}: {missed:?}");
+        let m = &missed[0];
+        assert_eq!(m["id"], "second", "{run}: {m}");
+        assert_eq!(m["gpus"], 128);
+        assert!(
+            m["deadline"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("2024-06-03T09:30")),
+            "{m}"
+        );
+        // it started once the first job was done, after its deadline allowed
+        let start = m["start"].as_str().expect("started");
+        let end = m["end"].as_str().expect("ended");
+        assert!(start > "2024-06-03T09:30" && end > start, "{m}");
+    }
+    // a run without a miss lists none
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let o = backtest(dir2.path(), &fixture("jobs.csv"), "scenario.toml");
+    assert!(o.status.success());
+    assert!(summary(dir2.path())["policy"].get("missed").is_none());
+}

@@ -36,6 +36,10 @@ pub struct RunSummary {
     /// Seconds any rack inlet was above its limit.
     pub thermal_violation_s: f64,
     pub deadline_misses: usize,
+    /// The first jobs that missed their deadline (at most [`MISSED_LISTED`]), with
+    /// their times, so that a miss can be followed (left out when none did).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missed: Vec<MissedJob>,
     pub jobs_finished: usize,
     pub wait_mean_s: f64,
     pub wait_p95_s: f64,
@@ -61,6 +65,23 @@ pub struct RunSummary {
     /// GPU-hours delivered per day from the start (compare runs over the days of a
     /// heat wave).
     pub gpu_hours_per_day: Vec<f64>,
+}
+
+/// How many missed jobs a run's summary lists.
+pub const MISSED_LISTED: usize = 100;
+
+/// A job that missed its deadline.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MissedJob {
+    pub id: String,
+    pub gpus: u32,
+    pub submit: String,
+    pub deadline: String,
+    /// When it started (none: it never did).
+    pub start: Option<String>,
+    pub end: Option<String>,
+    /// The policy held it at least once.
+    pub held: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -150,6 +171,7 @@ pub(super) fn summarize_run(
     let mut waits = Vec::new();
     let mut slow = Vec::new();
     let mut misses = 0;
+    let mut missed = Vec::new();
     let mut deferred_waits = Vec::new();
     for j in &f.jobs {
         let job = &j.job;
@@ -159,13 +181,26 @@ pub(super) fn summarize_run(
                 deferred_waits.push(s.secs_since(job.submit_time).max(0.0));
             }
         }
-        if let Some(e) = job.end_time {
-            slow.push(e.secs_since(job.submit_time) / j.work_s.max(1.0));
-            if job.deadline.is_some_and(|d| e > d) {
-                misses += 1;
+        let missed_it = match (job.end_time, job.deadline) {
+            (Some(e), d) => {
+                slow.push(e.secs_since(job.submit_time) / j.work_s.max(1.0));
+                d.is_some_and(|d| e > d)
             }
-        } else if job.deadline.is_some() {
+            (None, d) => d.is_some(),
+        };
+        if missed_it {
             misses += 1;
+            if missed.len() < MISSED_LISTED {
+                missed.push(MissedJob {
+                    id: job.id.clone(),
+                    gpus: job.gpus,
+                    submit: job.submit_time.to_string(),
+                    deadline: job.deadline.map(|d| d.to_string()).unwrap_or_default(),
+                    start: job.start_time.map(|t| t.to_string()),
+                    end: job.end_time.map(|t| t.to_string()),
+                    held: deferred.contains(&job.id),
+                });
+            }
         }
     }
     waits.sort_by(f64::total_cmp);
@@ -195,6 +230,7 @@ pub(super) fn summarize_run(
         budget_violation_s: t.budget_violation_s,
         thermal_violation_s: t.thermal_violation_s,
         deadline_misses: misses,
+        missed,
         jobs_finished: slow.len(),
         wait_mean_s: mean(&waits),
         wait_p95_s: percentile(&waits, 95.0),
