@@ -23,8 +23,21 @@ fn backtest(out: &Path, jobs: &Path, scenario: &str) -> Output {
 }
 
 fn backtest_with(out: &Path, jobs: &Path, scenario: &str, policy: &Path, prices: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_powerplane"))
-        .arg("backtest")
+    backtest_command(out, jobs, scenario, policy, prices)
+        .output()
+        .expect("powerplane runs")
+}
+
+/// `powerplane backtest` on the fixture site with these inputs, for more arguments.
+fn backtest_command(
+    out: &Path,
+    jobs: &Path,
+    scenario: &str,
+    policy: &Path,
+    prices: &Path,
+) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_powerplane"));
+    c.arg("backtest")
         .arg("--site")
         .arg(fixture("site.toml"))
         .arg("--policy")
@@ -36,9 +49,8 @@ fn backtest_with(out: &Path, jobs: &Path, scenario: &str, policy: &Path, prices:
         .arg("--scenario")
         .arg(fixture(scenario))
         .arg("--out")
-        .arg(out)
-        .output()
-        .expect("powerplane runs")
+        .arg(out);
+    c
 }
 
 fn summary(out: &Path) -> Value {
@@ -363,29 +375,22 @@ fn capacity_grows_the_site_by_racks_until_the_contract_no_longer_holds() {
         &format!("{policy}\n[node_power]\nenabled = true\nreserve_gpus = 8\nidle_s = 600\n"),
     );
     let out = dir.path().join("out");
-    let o = Command::new(env!("CARGO_BIN_EXE_powerplane"))
-        .arg("backtest")
-        .arg("--site")
-        .arg(fixture("site.toml"))
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--jobs")
-        .arg(fixture("jobs.csv"))
-        .arg("--prices")
-        .arg(fixture("prices.csv"))
-        .arg("--scenario")
-        .arg(fixture("scenario.toml"))
-        .arg("--out")
-        .arg(&out)
-        .args([
-            "--capacity",
-            "--capacity-step",
-            "1",
-            "--capacity-max-steps",
-            "2",
-        ])
-        .output()
-        .expect("powerplane runs");
+    let o = backtest_command(
+        &out,
+        &fixture("jobs.csv"),
+        "scenario.toml",
+        &policy,
+        &fixture("prices.csv"),
+    )
+    .args([
+        "--capacity",
+        "--capacity-step",
+        "1",
+        "--capacity-max-steps",
+        "2",
+    ])
+    .output()
+    .expect("powerplane runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = std::fs::read_to_string(out.join("capacity.json")).expect("capacity.json");
     let c: Value = serde_json::from_str(&text).expect("JSON");
@@ -580,23 +585,16 @@ fn a_bad_grid_event_is_refused_naming_it() {
 fn load_replays_a_share_of_the_trace_or_more_of_it_and_refuses_a_factor_out_of_range() {
     let run = |load: &str| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let o = Command::new(env!("CARGO_BIN_EXE_powerplane"))
-            .arg("backtest")
-            .arg("--site")
-            .arg(fixture("site.toml"))
-            .arg("--policy")
-            .arg(fixture("policy.toml"))
-            .arg("--jobs")
-            .arg(fixture("jobs.csv"))
-            .arg("--prices")
-            .arg(fixture("prices.csv"))
-            .arg("--scenario")
-            .arg(fixture("scenario.toml"))
-            .arg("--out")
-            .arg(dir.path())
-            .arg(format!("--load={load}"))
-            .output()
-            .expect("powerplane runs");
+        let o = backtest_command(
+            dir.path(),
+            &fixture("jobs.csv"),
+            "scenario.toml",
+            &fixture("policy.toml"),
+            &fixture("prices.csv"),
+        )
+        .arg(format!("--load={load}"))
+        .output()
+        .expect("powerplane runs");
         (o, dir)
     };
     let (o, dir) = run("0.5");
