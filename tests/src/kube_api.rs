@@ -147,6 +147,11 @@ impl Res {
     fn allows_unconditional_update(self) -> bool {
         self != Res::Leases
     }
+
+    /// A PUT of a lease that does not exist creates it; of anything else, 404.
+    fn allows_create_on_update(self) -> bool {
+        self == Res::Leases
+    }
 }
 
 /// A failure answered as a `Status` object.
@@ -1668,18 +1673,23 @@ async fn handle(
         (&Method::POST, Some(ns), None) => parse_body(&body)
             .and_then(|obj| shared.lock().create(res, &ns, obj))
             .map(|v| (201, v)),
-        (&Method::PUT, Some(ns), Some(name)) => parse_body(&body)
-            .and_then(|obj| {
-                shared.lock().update(
-                    res,
-                    &ns,
-                    &name,
-                    obj,
-                    &manager,
-                    !res.allows_unconditional_update(),
-                )
-            })
-            .map(|v| (200, v)),
+        (&Method::PUT, Some(ns), Some(name)) => parse_body(&body).and_then(|obj| {
+            let mut st = shared.lock();
+            if res.allows_create_on_update()
+                && !st.objects.contains_key(&(res, ns.clone(), name.clone()))
+            {
+                return put_create(&mut st, res, &ns, &name, obj).map(|v| (201, v));
+            }
+            st.update(
+                res,
+                &ns,
+                &name,
+                obj,
+                &manager,
+                !res.allows_unconditional_update(),
+            )
+            .map(|v| (200, v))
+        }),
         (&Method::PATCH, Some(ns), Some(name)) => {
             patch(&shared, res, &ns, &name, &content_type, &body, &manager).map(|v| (200, v))
         }
@@ -1711,6 +1721,35 @@ async fn handle(
         Ok((code, v)) => respond(code, &v),
         Err(f) => fail(&f),
     })
+}
+
+/// A PUT of an object that does not exist, where the resource allows it (leases):
+/// a create, unless the body names a version, which cannot match.
+fn put_create(
+    st: &mut Store,
+    res: Res,
+    ns: &str,
+    name: &str,
+    obj: Value,
+) -> Result<Value, Failure> {
+    if meta_str(&obj, "name") != Some(name) {
+        return Err(Failure::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            meta_str(&obj, "name").unwrap_or("")
+        )));
+    }
+    if meta_str(&obj, "resourceVersion").is_some_and(|v| !v.is_empty()) {
+        return Err(Failure::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                res.qualified()
+            ),
+        )
+        .about(res, name));
+    }
+    st.create(res, ns, obj)
 }
 
 fn parse_body(body: &[u8]) -> Result<Value, Failure> {

@@ -558,6 +558,12 @@ async fn lease_writes_are_optimistic_as_on_the_server() {
 
     let (code, reason) = api_error(leases.get("leader").await.expect_err("none yet"));
     assert_eq!((code, reason.as_str()), (404, "NotFound"));
+    // as on the server, a PUT of a lease that does not exist creates it
+    leases
+        .replace("standby", &pp, &lease("standby", "me"))
+        .await
+        .expect("created by a PUT");
+    assert!(api.lease("default", "standby").is_some());
     let mine = leases
         .create(&pp, &lease("leader", "me"))
         .await
