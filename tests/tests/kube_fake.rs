@@ -429,6 +429,24 @@ async fn a_stalled_watch_is_left_after_its_timeout_and_the_idle_margin() {
     assert!(api.watch_requests() > started, "a new watch");
     assert!(t.elapsed() >= Duration::from_secs(4), "{:?}", t.elapsed());
     assert_eq!(api.list_requests(), 1, "resumed at its version, no list");
+
+    // a watch started while stalled gets its headers, then nothing
+    api.stall_watches(true);
+    let pods: Api<Pod> = Api::default_namespaced(kubeconfig_client(&api).await);
+    let stream = tokio::time::timeout(
+        Duration::from_secs(3),
+        pods.watch(&WatchParams::default().timeout(1), "0"),
+    )
+    .await
+    .expect("the headers came")
+    .expect("a watch");
+    let mut stream = std::pin::pin!(stream);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), stream.next())
+            .await
+            .is_err(),
+        "no event, and not closed at its 1 s timeout"
+    );
 }
 
 #[tokio::test]
