@@ -10,9 +10,12 @@
 //! - [`fixtures`]: sample decisions, jobs and states.
 //! - [`slurm`]: the real single-node Slurm (`scripts/slurm up`) and its commands.
 //! - [`mock_bmc`]: many simulated BMCs (a DMTF mockup, a delay per GET, switchable faults).
+//! - [`kube_api`]: a fake Kubernetes API server over HTTPS (pods, events, leases; lists,
+//!   watches, patches, optimistic concurrency; switchable faults).
 #![forbid(unsafe_code)]
 
 pub mod fixtures;
+pub mod kube_api;
 pub mod mock_bmc;
 pub mod openadr3_vtn;
 pub mod pg;
