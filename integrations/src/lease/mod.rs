@@ -21,6 +21,16 @@ pub mod redis;
 
 use thiserror::Error;
 
+/// The host name (`/proc/sys/kernel/hostname`, `$HOSTNAME`, else `localhost`).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "localhost".into())
+}
+
 /// Why the lease store could not answer.
 #[derive(Debug, Error)]
 #[error("leader lease: {0}")]
@@ -49,6 +59,55 @@ pub trait LeaseStore {
     /// The fencing counter: the epoch of the latest term ever started here (0: the
     /// store never held a lease).
     fn epoch(&mut self) -> Result<u64, LeaseError>;
+}
+
+/// A store whose commits are fenced by an epoch, when the lease lives elsewhere (a
+/// Kubernetes Lease): raising its counter to a new term's epoch makes it refuse the
+/// batches of every older term. Never lowers it.
+pub trait Fence {
+    fn raise(&mut self, epoch: u64) -> Result<(), LeaseError>;
+}
+
+/// A lease kept in one place ([`LeaseStore`]) fencing a store kept in another
+/// ([`Fence`]): a term counts as taken, and as renewed, only once the store's
+/// counter holds its epoch, so the store refuses a deposed leader's batches before
+/// the new leader acts. A store that cannot be raised makes the round fail, as an
+/// unreachable lease would (the leader acts on until its term's margin, no longer).
+pub struct FencedLease<L, F> {
+    pub lease: L,
+    pub fence: F,
+}
+
+impl<L: LeaseStore, F: Fence> LeaseStore for FencedLease<L, F> {
+    fn acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError> {
+        match self.lease.acquire(instance, lease_ms)? {
+            Some(epoch) => {
+                self.fence.raise(epoch)?;
+                Ok(Some(epoch))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn renew(&mut self, instance: &str, epoch: u64, lease_ms: u64) -> Result<bool, LeaseError> {
+        if !self.lease.renew(instance, epoch, lease_ms)? {
+            return Ok(false);
+        }
+        self.fence.raise(epoch)?;
+        Ok(true)
+    }
+
+    fn release(&mut self, instance: &str, epoch: u64) -> Result<(), LeaseError> {
+        self.lease.release(instance, epoch)
+    }
+
+    fn holder(&mut self) -> Result<Option<Holder>, LeaseError> {
+        self.lease.holder()
+    }
+
+    fn epoch(&mut self) -> Result<u64, LeaseError> {
+        self.lease.epoch()
+    }
 }
 
 /// How long a term lasts and how its holder renews it.

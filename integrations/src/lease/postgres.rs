@@ -20,7 +20,7 @@ use tokio_postgres::Client;
 
 use crate::store::postgres::Target;
 
-use super::{Holder, LeaseError, LeaseStore};
+use super::{Fence, Holder, LeaseError, LeaseStore};
 
 /// The lease in one schema of a PostgreSQL database.
 pub struct PostgresLease {
@@ -174,5 +174,18 @@ impl LeaseStore for PostgresLease {
             &[],
         )?;
         Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
+    }
+}
+
+impl Fence for PostgresLease {
+    fn raise(&mut self, epoch: u64) -> Result<(), LeaseError> {
+        let s = self.schema.clone();
+        let e = i64::try_from(epoch).unwrap_or(i64::MAX);
+        self.run(
+            "raise the fencing epoch",
+            &format!("UPDATE {s}.ha SET epoch = $1 WHERE id = 1 AND epoch < $1 RETURNING 1"),
+            &[&e],
+        )?;
+        Ok(())
     }
 }

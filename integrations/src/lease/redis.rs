@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use redis::{Connection, Script};
 
-use super::{Holder, LeaseError, LeaseStore};
+use super::{Fence, Holder, LeaseError, LeaseStore};
 
 const ACQUIRE: &str = r#"
 if redis.call('SET', KEYS[1], 'taking', 'NX', 'PX', ARGV[2]) then
@@ -39,6 +39,15 @@ return 0
 "#;
 
 /// The key of the fencing epoch under `prefix` (the store's commits check it).
+/// Raises the fencing epoch to ARGV[1] if it is below (never lowers it).
+const RAISE: &str = r#"
+local e = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > e then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+"#;
+
 pub fn epoch_key(prefix: &str) -> String {
     format!("{prefix}:ha:epoch")
 }
@@ -164,5 +173,14 @@ impl LeaseStore for RedisLease {
             redis::cmd("GET").arg(epoch).query(c)
         })?;
         Ok(v.unwrap_or(0))
+    }
+}
+
+impl Fence for RedisLease {
+    fn raise(&mut self, epoch: u64) -> Result<(), LeaseError> {
+        let _: i64 = self.call("raise the fencing epoch", |c, _, key| {
+            Script::new(RAISE).key(key).arg(epoch).invoke(c)
+        })?;
+        Ok(())
     }
 }

@@ -1,6 +1,5 @@
 //! Why a call to a scheduler failed, by cause: [`SchedulerError`] (what the
-//! [`super::Scheduler`] trait returns) and [`ResponseError`] (an HTTP/1.1 answer the
-//! adapters' blocking clients could not read). Each carries the adapter's own error
+//! [`super::Scheduler`] trait returns). Each carries the adapter's own error
 //! as its `source`; its text is that error's, as the logs and the status show it.
 
 use thiserror::Error;
@@ -83,19 +82,4 @@ impl From<SlurmApiError> for SchedulerError {
             | SlurmApiError::Command { .. } => SchedulerError::Setup { source: e.into() },
         }
     }
-}
-
-/// An HTTP/1.1 answer that could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ResponseError {
-    #[error("the answer has no header end")]
-    NoHeaderEnd,
-    #[error("bad status line in {0:?}")]
-    StatusLine(Option<String>),
-    #[error("truncated chunk")]
-    TruncatedChunk,
-    #[error("bad chunk size: {0}")]
-    ChunkSize(#[source] std::num::ParseIntError),
-    #[error("answer cut short: {got} of {expected} bytes")]
-    CutShort { got: usize, expected: usize },
 }

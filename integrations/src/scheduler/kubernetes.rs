@@ -7,9 +7,9 @@ use telemetry::{Job, Timestamp};
 use super::{
     Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
 };
-use crate::kubernetes::{KubeHttp, KubeSync};
+use crate::kubernetes::{KubeApi, KubeSync};
 
-impl Scheduler for KubeSync<KubeHttp> {
+impl<A: KubeApi + Send> Scheduler for KubeSync<A> {
     fn id(&self) -> SchedulerId {
         SchedulerId::Kubernetes
     }
@@ -51,7 +51,8 @@ impl Scheduler for KubeSync<KubeHttp> {
 
     fn status(&self) -> serde_json::Value {
         json!({
-            "api": self.api.base,
+            "api": self.api.url(),
+            "watch": self.api.watch(),
             "gate": self.mapping.gate,
             "gated": self.gated(),
             "counters": self.counters,
@@ -60,6 +61,7 @@ impl Scheduler for KubeSync<KubeHttp> {
 
     fn counters(&self) -> Vec<Counter> {
         let c = &self.counters;
+        let w = self.api.watch();
         vec![
             (
                 "kubernetes_polls_total",
@@ -85,6 +87,36 @@ impl Scheduler for KubeSync<KubeHttp> {
                 "kubernetes_pods_gated",
                 "Pods powerplane's gate holds now",
                 self.gated().len() as f64,
+            ),
+            (
+                "kubernetes_watch_lists_total",
+                "Lists of the watched pods (the first, and each relist after an expired watch)",
+                w.lists as f64,
+            ),
+            (
+                "kubernetes_watch_events_total",
+                "Pod watch events taken (added, modified, deleted)",
+                w.events as f64,
+            ),
+            (
+                "kubernetes_watch_errors_total",
+                "Pod watch or list failures (each retried after a backoff)",
+                w.errors as f64,
+            ),
+            (
+                "kubernetes_watched_pods",
+                "Pods the watch holds in memory",
+                w.pods as f64,
+            ),
+            (
+                "kubernetes_events_recorded_total",
+                "Events powerplane recorded on pods",
+                w.recorded as f64,
+            ),
+            (
+                "kubernetes_event_errors_total",
+                "Events on pods that could not be recorded",
+                w.record_errors as f64,
             ),
         ]
     }

@@ -15,7 +15,6 @@
 //! Adding an adapter: a module here (or a folder) with a type that implements
 //! [`Scheduler`], and one registration line in `orchestrator::schedulers`.
 
-pub mod deadline;
 pub mod error;
 pub mod ids;
 pub mod kubernetes;
@@ -28,7 +27,7 @@ use policies::Hold;
 use serde::Serialize;
 use telemetry::{Job, Timestamp};
 
-pub use error::{Cause, ResponseError, SchedulerError};
+pub use error::{Cause, SchedulerError};
 pub use ids::{JobId, SchedulerId};
 
 use crate::store::{Store, StoreError, Tx};

@@ -17,68 +17,87 @@ use serde_json::{json, Value};
 use telemetry::{Job, JobState, Timestamp};
 use thiserror::Error;
 
-use crate::scheduler::{ResponseError, SchedulerError};
+use crate::scheduler::SchedulerError;
+
+mod client;
+mod lease;
+mod pods;
+
+pub use client::{Access, Kube, Way, SERVICE_ACCOUNT_DIR};
+pub use lease::KubeLease;
+pub use pods::{KubePods, WatchStats, DEFAULT_WATCH_TIMEOUT_S, FIELD_MANAGER};
 
 /// What can go wrong between powerplane and the Kubernetes API server.
 #[derive(Debug, Error)]
 pub enum KubeError {
-    #[error("{0}: only http:// (kubectl proxy)")]
-    NotHttp(String),
-    #[error("{host}: {source}")]
-    Resolve {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{host}: no address")]
-    NoAddress { host: String },
-    #[error("connect {host}: {source}")]
-    Connect {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The exchange failed or passed its deadline.
-    #[error("{host}: {source}")]
-    Io {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Answer(#[from] ResponseError),
+    /// Where the API server is or who powerplane is cannot be worked out.
+    #[error("Kubernetes: {0}")]
+    Config(String),
+    /// The pods have not been listed yet (the watch's first list has not come back).
+    #[error("Kubernetes: the pods are not listed yet{}", .0.as_deref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NotListed(Option<String>),
+    /// The call passed its deadline.
+    #[error("Kubernetes: {what}: no answer within {} ms", .after.as_millis())]
+    Timeout { what: String, after: Duration },
     /// The API server refused (`what`: the call, as the message names it).
-    #[error("{what}: HTTP {status}: {body}")]
+    #[error("Kubernetes: {what}: HTTP {status} {reason}: {message}")]
     Status {
         what: String,
         status: u16,
-        body: String,
+        reason: String,
+        message: String,
     },
-    #[error("list pods: {0}")]
+    /// The exchange failed (connect, TLS, the answer).
+    #[error("Kubernetes: {what}: {source}")]
+    Transport {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("Kubernetes: {0}")]
     Json(#[source] serde_json::Error),
+}
+
+impl KubeError {
+    /// A kube error of the call `what`: the API server's refusal with its status, or
+    /// the transport's failure.
+    pub fn from_kube(what: &str, e: kube::Error) -> KubeError {
+        match e {
+            kube::Error::Api(s) => KubeError::Status {
+                what: what.to_string(),
+                status: s.code,
+                reason: s.reason.clone(),
+                message: s.message.chars().take(300).collect(),
+            },
+            source => KubeError::Transport {
+                what: what.to_string(),
+                source,
+            },
+        }
+    }
+
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            KubeError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
 }
 
 impl From<KubeError> for SchedulerError {
     fn from(e: KubeError) -> Self {
         match &e {
-            KubeError::NotHttp(_) => SchedulerError::Setup { source: e.into() },
-            KubeError::Io { source, .. } | KubeError::Connect { source, .. }
-                if source.kind() == std::io::ErrorKind::TimedOut
-                    || source.kind() == std::io::ErrorKind::WouldBlock =>
-            {
-                SchedulerError::Timeout { source: e.into() }
+            KubeError::Config(_) => SchedulerError::Setup { source: e.into() },
+            KubeError::Timeout { .. } => SchedulerError::Timeout { source: e.into() },
+            KubeError::NotListed(_) | KubeError::Transport { .. } => {
+                SchedulerError::Unreachable { source: e.into() }
             }
-            KubeError::Resolve { .. }
-            | KubeError::NoAddress { .. }
-            | KubeError::Connect { .. }
-            | KubeError::Io { .. } => SchedulerError::Unreachable { source: e.into() },
             KubeError::Status { status, .. } => SchedulerError::Refused {
                 status: Some(*status),
                 source: e.into(),
             },
-            KubeError::Answer(_) | KubeError::Json(_) => {
-                SchedulerError::BadAnswer { source: e.into() }
-            }
+            KubeError::Json(_) => SchedulerError::BadAnswer { source: e.into() },
         }
     }
 }
@@ -131,6 +150,8 @@ impl Default for PodMapping {
     }
 }
 
+/// The class of a pod without the class label.
+pub const DEFAULT_CLASS: &str = "default";
 pub const DEFERRABLE_ANNOTATION: &str = "powerplane.io/deferrable";
 pub const DEADLINE_ANNOTATION: &str = "powerplane.io/deadline";
 pub const DURATION_ANNOTATION: &str = "powerplane.io/est-duration-s";
@@ -216,7 +237,7 @@ impl PodMapping {
                 .unwrap_or("")
                 .to_string(),
             project: ns.to_string(),
-            class: self.class(pod).unwrap_or_else(|| "default".into()),
+            class: self.class(pod).unwrap_or_else(|| DEFAULT_CLASS.into()),
             priority: get(pod, &["spec", "priority"])
                 .and_then(Value::as_i64)
                 .unwrap_or(0)
@@ -258,14 +279,35 @@ impl PodMapping {
         if let (true, true, Some(pod)) = (is_pod, creating, req.get("object")) {
             if self.deferrable(pod) && self.gate_index(pod).is_none() {
                 let gate = json!({ "name": self.gate });
-                let patch = match get(pod, &["spec", "schedulingGates"]).and_then(Value::as_array) {
+                let mut ops = vec![match get(pod, &["spec", "schedulingGates"])
+                    .and_then(Value::as_array)
+                {
                     Some(_) => {
-                        json!([{ "op": "add", "path": "/spec/schedulingGates/-", "value": gate }])
+                        json!({ "op": "add", "path": "/spec/schedulingGates/-", "value": gate })
                     }
                     None => {
-                        json!([{ "op": "add", "path": "/spec/schedulingGates", "value": [gate] }])
+                        json!({ "op": "add", "path": "/spec/schedulingGates", "value": [gate] })
                     }
-                };
+                }];
+                // the watch follows pods by the class label: a pod gated for its
+                // annotation alone gets the label too, so it is never lost from view
+                if self.class(pod).is_none() {
+                    ops.push(
+                        match get(pod, &["metadata", "labels"]).and_then(Value::as_object) {
+                            Some(_) => json!({
+                                "op": "add",
+                                "path": format!("/metadata/labels/{}", pointer_escape(&self.class_label)),
+                                "value": DEFAULT_CLASS,
+                            }),
+                            None => json!({
+                                "op": "add",
+                                "path": "/metadata/labels",
+                                "value": { self.class_label.clone(): DEFAULT_CLASS },
+                            }),
+                        },
+                    );
+                }
+                let patch = Value::Array(ops);
                 response["patchType"] = json!("JSONPatch");
                 response["patch"] = json!(base64(patch.to_string().as_bytes()));
             }
@@ -276,6 +318,11 @@ impl PodMapping {
             "response": response,
         }))
     }
+}
+
+/// A key as one JSON-pointer segment (RFC 6901: `~` → `~0`, `/` → `~1`).
+fn pointer_escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
 }
 
 /// Standard base64 with padding (RFC 4648), as AdmissionReview patches are sent.
@@ -395,8 +442,9 @@ pub fn prioritize(args: &Value, nodes: &BTreeMap<String, NodeCondition>) -> Valu
 
 /// The Kubernetes API, as powerplane uses it.
 pub trait KubeApi {
-    /// Pods in phase Pending and pods with the class label, every namespace.
-    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, KubeError>;
+    /// The pods powerplane watches (those with the class label), as the API server
+    /// last said; an error until they are first listed.
+    fn pods(&mut self) -> Result<Vec<Value>, KubeError>;
     /// Removes `spec.schedulingGates[index]` if it is still `gate`.
     fn remove_gate(
         &mut self,
@@ -405,147 +453,10 @@ pub trait KubeApi {
         index: usize,
         gate: &str,
     ) -> Result<(), KubeError>;
-}
-
-/// The API server over plain HTTP (`kubectl proxy`, or an authenticating local proxy),
-/// with an optional bearer token.
-pub struct KubeHttp {
-    /// `http://host:port`
-    pub base: String,
-    pub token: Option<String>,
-    pub timeout: Duration,
-}
-
-impl KubeHttp {
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        ctype: &str,
-        body: &str,
-    ) -> Result<(u16, String), KubeError> {
-        use std::net::ToSocketAddrs;
-        let host = self
-            .base
-            .strip_prefix("http://")
-            .ok_or_else(|| KubeError::NotHttp(self.base.clone()))?
-            .trim_end_matches('/');
-        let addr = host
-            .to_socket_addrs()
-            .map_err(|source| KubeError::Resolve {
-                host: host.to_string(),
-                source,
-            })?
-            .next()
-            .ok_or_else(|| KubeError::NoAddress {
-                host: host.to_string(),
-            })?;
-        // the whole call, connect included, ends by `timeout`
-        let deadline = std::time::Instant::now() + self.timeout;
-        let mut s =
-            std::net::TcpStream::connect_timeout(&addr, self.timeout).map_err(|source| {
-                KubeError::Connect {
-                    host: host.to_string(),
-                    source,
-                }
-            })?;
-        let io = |source: std::io::Error| KubeError::Io {
-            host: host.to_string(),
-            source,
-        };
-        let auth = self
-            .token
-            .as_ref()
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept: application/json\r\n{auth}Content-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let raw = crate::scheduler::deadline::exchange(
-            &mut s,
-            req.as_bytes(),
-            deadline,
-            crate::scheduler::deadline::to_end,
-        )
-        .map_err(io)?;
-        let (status, body) = crate::scheduler::deadline::parse_response(&raw)?;
-        Ok((status, String::from_utf8_lossy(&body).to_string()))
-    }
-}
-
-impl KubeApi for KubeHttp {
-    fn pods(&mut self, class_label: &str) -> Result<Vec<Value>, KubeError> {
-        let label: String = class_label
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let mut out: Vec<Value> = Vec::new();
-        for path in [
-            "/api/v1/pods?fieldSelector=status.phase%3DPending".to_string(),
-            format!("/api/v1/pods?labelSelector={label}"),
-        ] {
-            let (status, body) = self.request("GET", &path, "application/json", "")?;
-            if status != 200 {
-                return Err(KubeError::Status {
-                    what: "list pods".into(),
-                    status,
-                    body: body.chars().take(300).collect(),
-                });
-            }
-            let v: Value = serde_json::from_str(&body).map_err(KubeError::Json)?;
-            for pod in v
-                .get("items")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let key = |p: &Value| {
-                    (
-                        str_at(p, &["metadata", "namespace"]).map(str::to_string),
-                        str_at(p, &["metadata", "name"]).map(str::to_string),
-                    )
-                };
-                if !out.iter().any(|o| key(o) == key(pod)) {
-                    out.push(pod.clone());
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    fn remove_gate(
-        &mut self,
-        ns: &str,
-        name: &str,
-        index: usize,
-        gate: &str,
-    ) -> Result<(), KubeError> {
-        // the test makes the removal fail rather than remove another gate if the list moved
-        let patch = json!([
-            { "op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": gate },
-            { "op": "remove", "path": format!("/spec/schedulingGates/{index}") },
-        ]);
-        let (status, body) = self.request(
-            "PATCH",
-            &format!("/api/v1/namespaces/{ns}/pods/{name}"),
-            "application/json-patch+json",
-            &patch.to_string(),
-        )?;
-        match status {
-            200..=299 => Ok(()),
-            _ => Err(KubeError::Status {
-                what: format!("remove the gate of {ns}/{name}"),
-                status,
-                body: body.chars().take(300).collect(),
-            }),
-        }
-    }
+    /// The API server, for the status.
+    fn url(&self) -> String;
+    /// How the watch is doing.
+    fn watch(&self) -> WatchStats;
 }
 
 /// Counters of the gate keeper.
@@ -584,7 +495,7 @@ impl<A: KubeApi> KubeSync<A> {
     /// pod that disappears is reported finished once.
     pub fn poll(&mut self, now: Timestamp) -> Result<Vec<Job>, KubeError> {
         self.counters.polls += 1;
-        let pods = self.api.pods(&self.mapping.class_label).inspect_err(|e| {
+        let pods = self.api.pods().inspect_err(|e| {
             self.counters.poll_errors += 1;
             self.counters.last_error = Some(e.to_string());
         })?;
