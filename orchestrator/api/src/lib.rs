@@ -102,11 +102,21 @@ pub struct HttpSection {
     /// 5 s): the loop is stalled (a hung disk, a store call that does not return).
     #[serde(default = "server::default_ready_stall_ticks")]
     pub ready_stall_ticks: f64,
-    /// Serve HTTPS with this certificate chain (PEM) and key (PEM), reread on SIGHUP.
+    /// Serve HTTPS with this certificate chain (PEM) and key (PEM), reread on SIGHUP
+    /// and when the files change.
     #[serde(default)]
     pub tls_cert_file: Option<PathBuf>,
     #[serde(default)]
     pub tls_key_file: Option<PathBuf>,
+    /// How often to look at the certificate and key for a change (a renewed
+    /// certificate, a Kubernetes Secret volume updated by cert-manager); 0: only on
+    /// SIGHUP.
+    #[serde(default = "default_tls_reload_s")]
+    pub tls_reload_s: f64,
+}
+
+fn default_tls_reload_s() -> f64 {
+    10.0
 }
 
 fn default_gpu_series() -> usize {
@@ -152,9 +162,12 @@ pub struct Renders {
 }
 
 /// What the schedulers open now take from the HTTP server: inbound job events
-/// (`POST /api/v1/events`, with `[schedulers.webhook]`) and the Kubernetes admission
-/// webhook and scheduler extender (`[schedulers.kubernetes]`). With `[ha]` they change
-/// when this replica takes over or steps down.
+/// (`POST /api/v1/events`, with `[schedulers.webhook]`), which with `[ha]` open when
+/// this replica takes over and close when it steps down; and the Kubernetes admission
+/// webhook and scheduler extender (`[schedulers.kubernetes]`), which every replica
+/// answers, follower or leader (the API server and kube-scheduler reach any replica
+/// behind the Service: the gate needs no state, the extender reads this replica's
+/// view of the caps and racks).
 #[derive(Clone, Default)]
 pub struct Hooks(Arc<RwLock<HookSet>>, Configured);
 
@@ -194,12 +207,10 @@ impl Hooks {
         self.1 .1 && self.kubernetes().is_none()
     }
 
-    pub fn set(
-        &self,
-        events: Option<Arc<runtime::schedulers::Inbox>>,
-        kubernetes: Option<Arc<runtime::schedulers::KubeHooks>>,
-    ) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = (events, kubernetes);
+    /// Opens (taking over) or closes (stepping down) the inbound job events; the
+    /// Kubernetes hooks stay as configured.
+    pub fn set_events(&self, events: Option<Arc<runtime::schedulers::Inbox>>) {
+        self.0.write().unwrap_or_else(|p| p.into_inner()).0 = events;
     }
 
     pub fn events(&self) -> Option<Arc<runtime::schedulers::Inbox>> {
@@ -476,9 +487,6 @@ impl Api {
     /// `POST /api/v1/k8s/{admission,filter,prioritize}`: called by the API server and
     /// kube-scheduler, which send no bearer token.
     fn k8s(&self, method: &str, verb: &str, body: &[u8]) -> Reply {
-        if let Some(r) = self.not_on_a_follower() {
-            return r;
-        }
         let Some(hooks) = &self.hooks.kubernetes() else {
             if self.hooks.kubernetes_pending() {
                 return error(503, "this replica is taking over as leader: resend");

@@ -35,6 +35,32 @@ pub struct HaSection {
     /// host name).
     #[serde(default)]
     pub instance: Option<String>,
+    /// Where the lease lives: `store` (the default: beside the store's records, in
+    /// Redis or PostgreSQL) or `kubernetes` (a `coordination.k8s.io/v1` Lease).
+    #[serde(default)]
+    pub backend: HaBackend,
+    /// `kubernetes`: the Lease's namespace (default: the service account's).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// `kubernetes`: the Lease's name.
+    #[serde(default = "default_lease_name")]
+    pub lease_name: String,
+}
+
+/// Where the leader lease lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HaBackend {
+    /// Beside the store's records (Redis or PostgreSQL).
+    #[default]
+    #[serde(alias = "redis", alias = "postgres")]
+    Store,
+    /// A Kubernetes Lease; the store's fencing counter is raised to each term's epoch.
+    Kubernetes,
+}
+
+fn default_lease_name() -> String {
+    "powerplane-leader".into()
 }
 
 fn default_lease() -> f64 {
@@ -54,15 +80,7 @@ impl HaSection {
     }
 }
 
-/// The host name (`/proc/sys/kernel/hostname`, `$HOSTNAME`, else `localhost`).
-pub fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| "localhost".into())
-}
+pub use integrations::lease::host_name;
 
 /// What `[ha]` must satisfy, in words (`config check` collects them with the rest).
 pub fn problems(
@@ -89,6 +107,31 @@ pub fn problems(
             "[ha] renew_s must be above 0 and at most lease_s / 3 (got renew_s = {}, lease_s = {}): a term must survive two missed renewals",
             ha.renew_s, ha.lease_s
         ));
+    }
+    if ha.backend == HaBackend::Kubernetes {
+        let name = &ha.lease_name;
+        let dns = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        if !dns(name) {
+            out.push(format!(
+                "[ha] lease_name {name:?}: a Kubernetes object name (lower-case letters, digits, '-' and '.')"
+            ));
+        }
+        if let Some(ns) = ha
+            .namespace
+            .as_deref()
+            .filter(|n| !dns(n) || n.contains('.'))
+        {
+            out.push(format!(
+                "[ha] namespace {ns:?}: a Kubernetes namespace (lower-case letters, digits and '-')"
+            ));
+        }
     }
     if let Some(inst) = &ha.instance {
         if inst.is_empty()

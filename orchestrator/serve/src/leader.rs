@@ -30,7 +30,55 @@ pub(super) fn start_ha(cfg: &Config, base: &Path) -> Result<Option<runtime::ha::
             "[ha] needs [store] kind = \"redis\" or \"postgres\": the embedded store serves one controller"
         )
     };
+    let lease = match h.backend {
+        runtime::ha::HaBackend::Store => lease,
+        runtime::ha::HaBackend::Kubernetes => kubernetes_lease(cfg, h, base)?,
+    };
     Ok(Some(runtime::ha::spawn(h, lease)?))
+}
+
+/// `[ha] backend = "kubernetes"`: the Lease, reached as `[schedulers.kubernetes]` says
+/// (in the cluster without it), fencing the store: each term's epoch is raised in the
+/// store's counter before the term counts, so the store refuses an older leader's
+/// batches as it does with its own lease.
+fn kubernetes_lease(
+    cfg: &Config,
+    h: &runtime::ha::HaSection,
+    base: &Path,
+) -> Result<Box<dyn LeaseStore + Send>> {
+    use integrations::kubernetes::{Access, Kube, KubeLease};
+    use integrations::lease::FencedLease;
+    let (access, timeout) = match cfg.schedulers.as_ref().and_then(|s| s.kubernetes.as_ref()) {
+        Some(k) => (k.access(base), k.timeout_s),
+        None => (Access::default(), 10.0),
+    };
+    // each call ends well inside a renewal interval
+    let deadline = Duration::from_secs_f64(timeout.min(h.renew_s / 2.0).max(0.1));
+    let kube = Kube::new(&access, deadline)?;
+    info!(api = %kube.url, lease = %h.lease_name, "leader election on a Kubernetes Lease");
+    let lease = KubeLease::new(kube, h.namespace.as_deref(), &h.lease_name);
+    let deadline = |s: f64| Duration::from_secs_f64(s.max(0.1));
+    Ok(match &cfg.store {
+        StoreConfig::Redis(r) => Box::new(FencedLease {
+            lease,
+            fence: integrations::lease::redis::RedisLease::new(
+                &r.url(base)?,
+                &r.prefix,
+                deadline(r.timeout_s),
+            )?,
+        }),
+        StoreConfig::Postgres(p) => Box::new(FencedLease {
+            lease,
+            fence: integrations::lease::postgres::PostgresLease::to(
+                &p.target(base)?,
+                &p.schema,
+                deadline(p.timeout_s),
+            )?,
+        }),
+        _ => anyhow::bail!(
+            "[ha] needs [store] kind = \"redis\" or \"postgres\": the embedded store serves one controller"
+        ),
+    })
 }
 
 /// The leader lease beside the store's records, with a deadline per call, and where
@@ -201,9 +249,7 @@ impl Serve {
         // book seeds the store with the first tick)
         self.overrides_from_store();
         self.grid_targets_from_store();
-        self.leader
-            .hooks
-            .set(self.schedulers.inbox(), self.schedulers.kube_hooks());
+        self.leader.hooks.set_events(self.schedulers.inbox());
         if let Some(f) = &self.leader.fleet {
             f.lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -235,7 +281,7 @@ impl Serve {
         let was = self.leader.epoch.take();
         let mut old = std::mem::replace(&mut self.schedulers, Schedulers::idle());
         old.stop(self.control.store(), Duration::from_secs(2));
-        self.leader.hooks.set(None, None);
+        self.leader.hooks.set_events(None);
         self.control.store().set_fence(Some(0));
         self.control.set_records(false);
         self.control.set_origin(None);

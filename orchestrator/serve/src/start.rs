@@ -148,7 +148,11 @@ impl Edges {
 /// leads).
 pub(super) fn hooks(cfg: &Config, schedulers: &Schedulers) -> api::Hooks {
     let configured = cfg.schedulers.as_ref();
-    api::Hooks::new(schedulers.inbox(), schedulers.kube_hooks()).configured(
+    // the Kubernetes hooks answer on every replica, leader or follower
+    let kube = configured
+        .and_then(|s| s.kubernetes.as_ref())
+        .map(runtime::schedulers::kube_hooks);
+    api::Hooks::new(schedulers.inbox(), kube).configured(
         configured.is_some_and(|s| s.webhook.is_some()),
         configured.is_some_and(|s| s.kubernetes.is_some()),
     )

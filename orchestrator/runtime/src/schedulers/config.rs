@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use integrations::kubernetes::PodMapping;
+use integrations::kubernetes::{Access, PodMapping};
 use integrations::slurm::JobMapping;
 use integrations::slurm_api::{ApiPin, SlurmApiConfig, TokenFile};
 use integrations::webhook::WebhookKey;
@@ -24,14 +24,36 @@ pub struct SchedulersSection {
 }
 
 /// `[schedulers.kubernetes]`: scheduling gates and the scheduler extender.
+///
+/// Where the API server is: in the cluster by default (the service account); or
+/// `kubeconfig` (with `context`); or `api` with `ca_file` and `token_file`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesSection {
-    /// The API server, over plain HTTP (`kubectl proxy`): `http://127.0.0.1:8001`.
-    pub api: String,
-    /// A bearer token for the API server (a service account's).
+    /// The API server's URL (`https://…`; `http://` only to a loopback `kubectl proxy`).
+    #[serde(default)]
+    pub api: Option<String>,
+    /// PEM of the cluster's CA (with `api`).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// A bearer token for the API server, re-read as it rotates (with `api`).
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// A kubeconfig file (its current context, or `context`).
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(default)]
+    pub context: Option<String>,
+    /// In the cluster: where the service account is mounted.
+    #[serde(default)]
+    pub service_account_dir: Option<PathBuf>,
+    /// Watch pods in this namespace only (default: every namespace).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// How long the API server keeps one watch open before it is started again; a
+    /// watch silent for this long (and a few seconds) is dropped and made anew.
+    #[serde(default = "default_watch_timeout")]
+    pub watch_timeout_s: u32,
     #[serde(default = "default_poll")]
     pub poll_s: f64,
     #[serde(default = "default_timeout")]
@@ -42,6 +64,25 @@ pub struct KubernetesSection {
     /// Kubernetes node name → the site file's node id, where they differ.
     #[serde(default)]
     pub node_names: BTreeMap<String, String>,
+}
+
+fn default_watch_timeout() -> u32 {
+    integrations::kubernetes::DEFAULT_WATCH_TIMEOUT_S
+}
+
+impl KubernetesSection {
+    /// Where the API server is and who powerplane is, files resolved against `base`.
+    pub fn access(&self, base: &std::path::Path) -> Access {
+        Access {
+            api: self.api.clone(),
+            ca_file: self.ca_file.clone(),
+            token_file: self.token_file.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            service_account_dir: self.service_account_dir.clone(),
+        }
+        .resolved(|p| crate::paths::resolve(base, p))
+    }
 }
 
 /// `[schedulers.webhook]`: any scheduler, through signed webhooks.
@@ -254,17 +295,21 @@ fn default_scontrol() -> Command {
 pub fn check(s: &SchedulersSection, file: &str, base: &std::path::Path) -> Result<()> {
     if let Some(k) = &s.kubernetes {
         anyhow::ensure!(
-            k.api.starts_with("http://"),
-            "{file}: [schedulers.kubernetes] api {:?}: only http:// (kubectl proxy)",
-            k.api
+            k.poll_s >= 0.0 && k.timeout_s > 0.0 && k.watch_timeout_s >= 1 && !k.pods.gate.is_empty(),
+            "{file}: [schedulers.kubernetes] needs poll_s >= 0, timeout_s > 0, watch_timeout_s >= 1 and a gate name"
         );
-        anyhow::ensure!(
-            k.poll_s >= 0.0 && k.timeout_s > 0.0 && !k.pods.gate.is_empty(),
-            "{file}: [schedulers.kubernetes] needs poll_s >= 0, timeout_s > 0 and a gate name"
-        );
-        if let Some(t) = &k.token_file {
-            std::fs::read_to_string(crate::paths::resolve(base, t))
-                .map_err(|e| anyhow::anyhow!("{file}: [schedulers.kubernetes] token_file: {e}"))?;
+        // the way named, its files readable (in the cluster: only once there)
+        let access = k.access(base);
+        match access
+            .way()
+            .map_err(|e| anyhow::anyhow!("{file}: [schedulers.kubernetes] {e}"))?
+        {
+            integrations::kubernetes::Way::InCluster(_) => {}
+            _ => {
+                access
+                    .config(std::time::Duration::from_secs_f64(k.timeout_s))
+                    .map_err(|e| anyhow::anyhow!("{file}: [schedulers.kubernetes] {e}"))?;
+            }
         }
     }
     if let Some(w) = &s.webhook {

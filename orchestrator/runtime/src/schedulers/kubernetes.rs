@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Result;
-use integrations::kubernetes::{KubeHttp, KubeSync, NodeCondition, PodMapping};
+use integrations::kubernetes::{Kube, KubePods, KubeSync, NodeCondition, PodMapping};
 use integrations::scheduler::Scheduler;
 use policies::State;
 use tracing::info;
@@ -71,20 +71,14 @@ pub fn open(
     let Some(k) = &section.kubernetes else {
         return Ok(None);
     };
-    let token = match &k.token_file {
-        Some(t) => Some(
-            std::fs::read_to_string(crate::paths::resolve(base, t))?
-                .trim()
-                .to_string(),
-        ),
-        None => None,
-    };
-    let api = KubeHttp {
-        base: k.api.clone(),
-        token,
-        timeout: Duration::from_secs_f64(k.timeout_s),
-    };
-    info!(api = %k.api, gate = %k.pods.gate, "steering Kubernetes pods through scheduling gates");
+    let kube = Kube::new(&k.access(base), Duration::from_secs_f64(k.timeout_s))?;
+    info!(api = %kube.url, gate = %k.pods.gate, label = %k.pods.class_label, "steering Kubernetes pods through scheduling gates (watching pods with the class label)");
+    let api = KubePods::start(
+        kube,
+        &k.pods.class_label,
+        k.namespace.as_deref(),
+        k.watch_timeout_s,
+    );
     let adapter: Box<dyn Scheduler> = Box::new(KubeSync::new(api, k.pods.clone()));
     Ok(Some(Opened {
         adapter,

@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use config::{check, KubernetesSection, SchedulersSection, SlurmSection, WebhookSection};
-pub use kubernetes::KubeHooks;
+pub use kubernetes::{hooks as kube_hooks, KubeHooks};
 pub use webhook::Inbox;
 
 use control::registry::{Lifecycle, Lifecycles, Seen, Transition, LIFECYCLES, TRANSITIONS};
@@ -75,7 +75,6 @@ pub struct Schedulers {
     reconcilers: Vec<Reconciler>,
     writes: StoreWrites,
     webhook: Option<Webhook>,
-    kube_hooks: Option<Arc<KubeHooks>>,
     /// The jobs of the last tick, and the poll of each reconciler they came from.
     jobs: Vec<Job>,
     polls: BTreeMap<SchedulerId, u64>,
@@ -113,7 +112,6 @@ impl Schedulers {
         for open in ADAPTERS {
             adapters.extend(open(s, base, store)?);
         }
-        let kube_hooks = s.kubernetes.as_ref().map(kubernetes::hooks);
         let mut hook = None;
         if let Some(c) = &s.webhook {
             let (w, delivery) = Webhook::open(c, base, store)?;
@@ -141,7 +139,6 @@ impl Schedulers {
             reconcilers,
             writes,
             webhook: hook,
-            kube_hooks,
             jobs: Vec::new(),
             polls: BTreeMap::new(),
             lifecycles,
@@ -161,7 +158,6 @@ impl Schedulers {
             reconcilers: Vec::new(),
             writes,
             webhook: None,
-            kube_hooks: None,
             jobs: Vec::new(),
             polls: BTreeMap::new(),
             lifecycles: Lifecycles {
@@ -178,11 +174,6 @@ impl Schedulers {
 
     pub fn is_empty(&self) -> bool {
         self.reconcilers.is_empty() && self.webhook.is_none()
-    }
-
-    /// What the Kubernetes admission and extender endpoints need.
-    pub fn kube_hooks(&self) -> Option<Arc<KubeHooks>> {
-        self.kube_hooks.clone()
     }
 
     /// The tick that took the jobs has been stored: answer the events' senders.
