@@ -301,10 +301,11 @@ fn tls_serves_the_api_and_a_certificate_reread_on_sighup_takes_effect() {
     std::fs::copy(&cert_a, d.join("cert.pem")).expect("cert");
     std::fs::copy(&key_a, d.join("key.pem")).expect("key");
     let port = free_port();
+    // SIGHUP alone (the files are not watched here)
     let cfg = config(
         d,
         port,
-        "tls_cert_file = \"cert.pem\"\ntls_key_file = \"key.pem\"\n",
+        "tls_cert_file = \"cert.pem\"\ntls_key_file = \"key.pem\"\ntls_reload_s = 0\n",
         "",
     );
     let serve = start(&cfg, port, None, true);
@@ -364,4 +365,69 @@ fn tls_serves_the_api_and_a_certificate_reread_on_sighup_takes_effect() {
         "{metrics}"
     );
     assert!(serve.log().contains("not reread"), "{}", serve.log());
+}
+
+/// Points `dir/..data` at a new folder holding `cert.pem` and `key.pem`, as the kubelet
+/// updates a Secret volume (the files are links through `..data`, swapped at once).
+fn secret_volume(dir: &Path, version: &str, cert: &Path, key: &Path) {
+    let data = dir.join(format!("..{version}"));
+    std::fs::create_dir_all(&data).expect("data");
+    std::fs::copy(cert, data.join("tls.crt")).expect("cert");
+    std::fs::copy(key, data.join("tls.key")).expect("key");
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).expect("link");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap");
+    for f in ["tls.crt", "tls.key"] {
+        if std::fs::symlink_metadata(dir.join(f)).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{f}"), dir.join(f)).expect("file link");
+        }
+    }
+}
+
+#[test]
+fn a_certificate_renewed_in_a_secret_volume_is_served_without_a_signal() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let (cert_a, key_a, pin_a) = self_signed(&d.join("a"));
+    let (cert_b, key_b, pin_b) = self_signed(&d.join("b"));
+    let vol = d.join("tls");
+    std::fs::create_dir_all(&vol).expect("volume");
+    secret_volume(&vol, "2026_12_07_1", &cert_a, &key_a);
+    let port = free_port();
+    let cfg = config(
+        d,
+        port,
+        "tls_cert_file = \"tls/tls.crt\"\ntls_key_file = \"tls/tls.key\"\ntls_reload_s = 0.5\n",
+        "",
+    );
+    let serve = start(&cfg, port, None, true);
+    let end = Instant::now() + Duration::from_secs(20);
+    while !matches!(https(port, &pin_a, "/healthz", None), Ok((200, _, _))) {
+        assert!(Instant::now() < end, "no TLS answer:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // cert-manager renews: the kubelet swaps the volume's data; no signal is sent
+    secret_volume(&vol, "2026_12_07_2", &cert_b, &key_b);
+    let end = Instant::now() + Duration::from_secs(10);
+    while !matches!(https(port, &pin_b, "/healthz", None), Ok((200, _, _))) {
+        assert!(
+            Instant::now() < end,
+            "the renewed certificate never served:\n{}",
+            serve.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        https(port, &pin_a, "/healthz", None).is_err(),
+        "the old certificate is gone"
+    );
+    // nothing changes after: one reread, not one per look
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_, _, metrics) = https(port, &pin_b, "/metrics", None).expect("metrics");
+    assert!(
+        metrics.contains("powerplane_http_tls_reloads_total{outcome=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(serve.log().contains("the files changed"), "{}", serve.log());
 }

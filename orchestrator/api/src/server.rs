@@ -95,6 +95,9 @@ fn limits(sec: &HttpSection) -> Result<(Duration, Duration, Duration, Duration),
             sec.max_header_bytes
         )));
     }
+    if sec.tls_reload_s != 0.0 {
+        positive("tls_reload_s", sec.tls_reload_s)?;
+    }
     let drain = if sec.drain_s == 0.0 {
         Duration::ZERO
     } else {
@@ -165,6 +168,7 @@ pub fn serve(
             t.clone(),
             ctx.stats.clone(),
             ctx.shutdown.clone(),
+            (sec.tls_reload_s > 0.0).then(|| Duration::from_secs_f64(sec.tls_reload_s)),
         ));
     }
     let slots = Slots::new(sec.max_connections);

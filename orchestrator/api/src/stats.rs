@@ -160,7 +160,7 @@ impl HttpStats {
             out,
             "http_tls_reloads_total",
             "counter",
-            "Rereads of the TLS certificate and key (SIGHUP), by outcome; on error the previous pair stays",
+            "Rereads of the TLS certificate and key (SIGHUP, or the files changed), by outcome; on error the previous pair stays",
             &[
                 ("{outcome=\"ok\"}", v(&self.tls_reloads_ok)),
                 ("{outcome=\"error\"}", v(&self.tls_reloads_error)),

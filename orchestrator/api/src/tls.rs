@@ -1,6 +1,9 @@
 //! Optional TLS of the HTTP edge: a certificate chain and key (PEM) from
 //! `[http] tls_cert_file` / `tls_key_file`, served with rustls, and reread on SIGHUP
-//! (new connections get the new pair; a pair that does not load leaves the old one).
+//! and when the files change (looked at every `tls_reload_s`: a renewed certificate,
+//! a Secret volume that cert-manager updated). New connections get the new pair; a
+//! pair that does not load (a certificate written before its key) leaves the old one
+//! and is tried again when the files change again.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -104,9 +107,25 @@ fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Rereads the pair on every SIGHUP until shutdown (the policy reloads on the same
-/// signal, see [`runtime::reload`]).
-pub async fn reload_on_sighup(tls: Arc<Tls>, stats: Arc<HttpStats>, shutdown: CancellationToken) {
+/// What the two files hold now, as one fingerprint (`None`: one cannot be read).
+async fn fingerprint(tls: &Tls) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let cert = tokio::fs::read(&tls.cert).await.ok()?;
+    let key = tokio::fs::read(&tls.key).await.ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (cert, key).hash(&mut h);
+    Some(h.finish())
+}
+
+/// Rereads the pair on every SIGHUP (the policy reloads on the same signal, see
+/// [`runtime::reload`]) and, with `every`, whenever what the files hold changes,
+/// until shutdown.
+pub async fn reload_on_sighup(
+    tls: Arc<Tls>,
+    stats: Arc<HttpStats>,
+    shutdown: CancellationToken,
+    every: Option<std::time::Duration>,
+) {
     let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {
@@ -114,23 +133,44 @@ pub async fn reload_on_sighup(tls: Arc<Tls>, stats: Arc<HttpStats>, shutdown: Ca
             return;
         }
     };
+    let mut seen = fingerprint(&tls).await;
+    let mut look = every.map(|e| {
+        let mut t = tokio::time::interval(e.max(std::time::Duration::from_millis(100)));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     loop {
-        tokio::select! {
+        let why = tokio::select! {
             _ = shutdown.cancelled() => return,
             got = hup.recv() => {
                 if got.is_none() {
                     return;
                 }
+                seen = fingerprint(&tls).await;
+                "SIGHUP"
             }
-        }
+            _ = async {
+                match look.as_mut() {
+                    Some(t) => t.tick().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let now = fingerprint(&tls).await;
+                if now.is_none() || now == seen {
+                    continue;
+                }
+                seen = now;
+                "the files changed"
+            }
+        };
         match tls.reload() {
             Ok(()) => {
                 bump(&stats.tls_reloads_ok);
-                info!(cert = %tls.cert.display(), "SIGHUP: TLS certificate reread");
+                info!(cert = %tls.cert.display(), why, "TLS certificate reread");
             }
             Err(e) => {
                 bump(&stats.tls_reloads_error);
-                warn!(error = %e, "SIGHUP: TLS certificate not reread; the previous one stays");
+                warn!(error = %e, why, "TLS certificate not reread; the previous one stays");
             }
         }
     }
