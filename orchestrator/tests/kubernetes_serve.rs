@@ -1,4 +1,5 @@
-//! `powerplane serve` with `[schedulers.kubernetes]` against a fake API server: the
+//! `powerplane serve` with `[schedulers.kubernetes]` against the fake API server over
+//! HTTPS (kube-rs, from a kubeconfig; the pods watched): the
 //! admission webhook and the scheduler extender answer on the HTTP API; a gated pod
 //! whose deadline is near is let go at once, a deferrable one is kept gated while
 //! electricity is expensive and its gate removed when the price falls.
@@ -24,46 +25,33 @@ fn pod(name: &str, deadline: &str) -> Value {
     })
 }
 
-/// A fake API server; returns its URL, the pods, and when each gate was removed.
-type Pods = Arc<Mutex<Vec<Value>>>;
+/// The fake Kubernetes API server of the test-support library, over HTTPS.
+#[allow(dead_code)]
+#[path = "../../tests/src/kube_api.rs"]
+mod kube_api;
+
+/// Watches the fake's pods from the test's side: when each lost powerplane's gate.
 type Removed = Arc<Mutex<Vec<(String, chrono::DateTime<chrono::Utc>)>>>;
-fn fake_api(pods: Vec<Value>) -> (String, Pods, Removed) {
-    let server = tiny_http::Server::http("127.0.0.1:0").expect("fake api");
-    let base = format!(
-        "http://127.0.0.1:{}",
-        server.server_addr().to_ip().expect("ip").port()
+fn gate_watch(api: Arc<kube_api::FakeKubeApi>, names: &[&str]) -> Removed {
+    let removed: Removed = Arc::default();
+    let (r, names) = (
+        removed.clone(),
+        names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
     );
-    let (pods, removed): (Pods, Removed) = (Arc::new(Mutex::new(pods)), Arc::default());
-    let (st, rm) = (pods.clone(), removed.clone());
-    std::thread::spawn(move || {
-        for mut req in server.incoming_requests() {
-            let url = req.url().to_string();
-            let mut body = String::new();
-            let _ = std::io::Read::read_to_string(req.as_reader(), &mut body);
-            let answer = if req.method().as_str() == "GET" && url.starts_with("/api/v1/pods?") {
-                let items = st.lock().expect("lock").clone();
-                json!({ "kind": "PodList", "apiVersion": "v1", "items": items }).to_string()
-            } else if req.method().as_str() == "PATCH" {
-                let patch: Value = serde_json::from_str(&body).expect("patch");
-                let name = url.rsplit('/').next().unwrap_or("").to_string();
-                let mut pods = st.lock().expect("lock");
-                if let Some(p) = pods
-                    .iter_mut()
-                    .find(|p| p["metadata"]["name"] == name.as_str())
-                {
-                    assert_eq!(patch[0]["value"], "powerplane.io/hold");
-                    p["spec"]["schedulingGates"] = json!([]);
-                    rm.lock().expect("lock").push((name, chrono::Utc::now()));
-                }
-                "{}".to_string()
-            } else {
-                let _ = req.respond(tiny_http::Response::from_string("{}").with_status_code(404));
-                continue;
-            };
-            let _ = req.respond(tiny_http::Response::from_string(answer));
+    std::thread::spawn(move || loop {
+        for n in &names {
+            let gated = api
+                .pod("ml", n)
+                .and_then(|p| p["spec"]["schedulingGates"].as_array().cloned())
+                .is_some_and(|g| g.iter().any(|g| g["name"] == "powerplane.io/hold"));
+            let mut r = r.lock().expect("lock");
+            if !gated && !r.iter().any(|(m, _)| m == n) {
+                r.push((n.clone(), chrono::Utc::now()));
+            }
         }
+        std::thread::sleep(Duration::from_millis(50));
     });
-    (base, pods, removed)
+    removed
 }
 
 #[test]
@@ -78,7 +66,11 @@ fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
     let cheap_at = common::write_price_step(d, 15);
     let far = (now + chrono::Duration::hours(6)).to_rfc3339();
     let near = (now + chrono::Duration::minutes(5)).to_rfc3339();
-    let (api, _pods, removed) = fake_api(vec![pod("train", &far), pod("urgent", &near)]);
+    let api = Arc::new(kube_api::FakeKubeApi::start(&d.join("kube")));
+    api.put_pod(pod("train", &far));
+    api.put_pod(pod("urgent", &near));
+    let removed = gate_watch(api.clone(), &["train", "urgent"]);
+    let kubeconfig = api.kubeconfig().display().to_string();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("port")
         .local_addr()
@@ -87,7 +79,7 @@ fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
     std::fs::write(
         d.join("powerplane.toml"),
         format!(
-            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[prices]\nfile = \"prices.csv\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n[schedulers.kubernetes]\napi = \"{api}\"\npoll_s = 0\n[schedulers.kubernetes.node_names]\ngpu-node-1 = \"a01-n01\"\n"
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n[store]\nkind = \"embedded\"\npath = \"s.redb\"\n[prices]\nfile = \"prices.csv\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n[schedulers.kubernetes]\nkubeconfig = \"{kubeconfig}\"\npoll_s = 0\n[schedulers.kubernetes.node_names]\ngpu-node-1 = \"a01-n01\"\n"
         ),
     )
     .expect("config");
@@ -168,6 +160,14 @@ fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
         "train released before the price fell: {removed:?}"
     );
     assert_eq!(removed.len(), 2, "each gate removed once: {removed:?}");
+    let patches = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/namespaces/ml/pods/"))
+        .count();
+    assert_eq!(patches, 2, "one patch per pod: {:?}", api.requests());
+    let events = api.events();
+    assert_eq!(events.len(), 2, "each release told on its pod: {events:?}");
     // the API shows the tick after the removal: give it a few ticks
     let end = Instant::now() + Duration::from_secs(10);
     loop {

@@ -2420,3 +2420,56 @@ fn the_scheduler_configuration_points_the_extender_at_the_service() {
     }
     fail_with("the scheduler configuration", &problems);
 }
+
+/// The controller's files laid out as its pod sees them under `/etc/powerplane` (the
+/// ConfigMaps, the admin's Secrets with stand-in values, a certificate for the TLS
+/// Secret), loaded the way `powerplane serve --check` loads them.
+#[test]
+fn the_controller_configuration_loads_as_serve_check_loads_it() {
+    let m = load();
+    let dir = tempfile::tempdir().expect("tmp");
+    let etc = dir.path();
+    for f in ["powerplane.toml", "site.toml", "mapping.toml"] {
+        std::fs::write(etc.join(f), m.config_file("powerplane-config", f)).expect("file");
+    }
+    std::fs::write(
+        etc.join("policy.toml"),
+        m.config_file("powerplane-policy", "policy.toml"),
+    )
+    .expect("policy");
+    let secrets = etc.join("secrets");
+    std::fs::create_dir_all(&secrets).expect("secrets");
+    std::fs::write(secrets.join("site.key"), "7a".repeat(32)).expect("key");
+    std::fs::write(
+        secrets.join("admin-token"),
+        "0123456789abcdef0123456789abcdef\n",
+    )
+    .expect("token");
+    std::fs::write(secrets.join("redis.url"), "redis://127.0.0.1:6379\n").expect("url");
+    for f in ["site.key", "admin-token", "redis.url"] {
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(secrets.join(f), private).expect("chmod");
+    }
+    let tls = etc.join("tls");
+    std::fs::create_dir_all(&tls).expect("tls");
+    let (cert, key, _) = powerplane_tests::self_signed(&tls);
+    std::fs::rename(cert, tls.join("tls.crt")).expect("cert");
+    std::fs::rename(key, tls.join("tls.key")).expect("key");
+    let loaded = orchestrator::config::load(&etc.join("powerplane.toml"))
+        .unwrap_or_else(|e| panic!("config.yaml powerplane.toml does not load:\n{e:#}"));
+    let ha = loaded.config.ha.as_ref().expect("[ha]");
+    assert_eq!(ha.backend, orchestrator::ha::HaBackend::Kubernetes);
+    let k = loaded
+        .config
+        .schedulers
+        .as_ref()
+        .and_then(|s| s.kubernetes.as_ref())
+        .expect("[schedulers.kubernetes]");
+    assert!(
+        matches!(
+            k.access(etc).way(),
+            Ok(integrations::kubernetes::Way::InCluster(_))
+        ),
+        "the controller takes the in-cluster configuration"
+    );
+}

@@ -1,14 +1,17 @@
 //! Kubernetes: golden tests of the admission webhook and the scheduler extender against
 //! AdmissionReview and ExtenderArgs JSON (tests/fixtures/kubernetes), and the gate
-//! keeper against a fake API server speaking HTTP.
+//! keeper through kube-rs against the fake API server over HTTPS (its watch, relists,
+//! stalls, token rotation and CA).
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use integrations::kubernetes::{filter, prioritize, KubeHttp, KubeSync, NodeCondition, PodMapping};
+use integrations::kubernetes::{
+    filter, prioritize, Access, Kube, KubeApi, KubePods, KubeSync, NodeCondition, PodMapping,
+};
 use policies::Hold;
+use powerplane_tests::kube_api::FakeKubeApi;
 use serde_json::{json, Value};
 use telemetry::{JobState, Timestamp};
 
@@ -143,120 +146,65 @@ fn the_extender_steers_pods_away_from_hot_and_capped_nodes() {
         .is_some_and(|e| !e.is_empty()));
 }
 
-/// The fake API server's pods, and the patches it took (URL, patch).
-type Pods = Arc<Mutex<Vec<Value>>>;
-type Patches = Arc<Mutex<Vec<(String, Value)>>>;
-
-/// A fake API server: lists pending pods, applies JSON patches to their gates.
-fn fake_api(pods: Vec<Value>) -> (String, Pods, Patches) {
-    let server = tiny_http::Server::http("127.0.0.1:0").expect("fake api");
-    let base = format!(
-        "http://127.0.0.1:{}",
-        server.server_addr().to_ip().expect("ip").port()
-    );
-    let state = Arc::new(Mutex::new(pods));
-    let patches = Arc::new(Mutex::new(Vec::new()));
-    let (st, pa) = (state.clone(), patches.clone());
-    std::thread::spawn(move || {
-        for mut req in server.incoming_requests() {
-            let url = req.url().to_string();
-            let mut body = String::new();
-            let _ = std::io::Read::read_to_string(req.as_reader(), &mut body);
-            let resp = match req.method().as_str() {
-                "GET" if url == "/api/v1/pods?fieldSelector=status.phase%3DPending" => {
-                    let items: Vec<Value> = st
-                        .lock()
-                        .expect("lock")
-                        .iter()
-                        .filter(|p| p["status"]["phase"] == "Pending")
-                        .cloned()
-                        .collect();
-                    json!({ "apiVersion": "v1", "kind": "PodList", "items": items }).to_string()
-                }
-                "GET" if url == "/api/v1/pods?labelSelector=powerplane.io%2Fclass" => {
-                    let items: Vec<Value> = st
-                        .lock()
-                        .expect("lock")
-                        .iter()
-                        .filter(|p| p["metadata"]["labels"]["powerplane.io/class"].is_string())
-                        .cloned()
-                        .collect();
-                    json!({ "apiVersion": "v1", "kind": "PodList", "items": items }).to_string()
-                }
-                "PATCH" => {
-                    let ctype = req
-                        .headers()
-                        .iter()
-                        .find(|h| h.field.equiv("Content-Type"))
-                        .map(|h| h.value.as_str().to_string());
-                    assert_eq!(ctype.as_deref(), Some("application/json-patch+json"));
-                    let patch: Value = serde_json::from_str(&body).expect("patch");
-                    pa.lock().expect("lock").push((url.clone(), patch.clone()));
-                    // apply: test the gate's name, then remove it
-                    let name = url.rsplit('/').next().unwrap_or("").to_string();
-                    let mut pods = st.lock().expect("lock");
-                    let pod = pods
-                        .iter_mut()
-                        .find(|p| p["metadata"]["name"] == name.as_str())
-                        .expect("pod");
-                    let i: usize = patch[1]["path"]
-                        .as_str()
-                        .and_then(|p| p.rsplit('/').next())
-                        .and_then(|i| i.parse().ok())
-                        .expect("index");
-                    let gates = pod["spec"]["schedulingGates"]
-                        .as_array_mut()
-                        .expect("gates");
-                    assert_eq!(
-                        gates[i]["name"], patch[0]["value"],
-                        "the test op guards the removal"
-                    );
-                    gates.remove(i);
-                    pod.to_string()
-                }
-                _ => {
-                    let _ =
-                        req.respond(tiny_http::Response::from_string("{}").with_status_code(404));
-                    continue;
-                }
-            };
-            let _ = req.respond(tiny_http::Response::from_string(resp));
-        }
-    });
-    (base, state, patches)
-}
-
 fn pod(name: &str, class: &str, gates: &[&str]) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "namespace": "vision", "labels": { "powerplane.io/class": class },
-                      "creationTimestamp": "2030-01-01T00:00:00Z" },
+        "metadata": { "name": name, "namespace": "vision", "labels": { "powerplane.io/class": class } },
         "spec": { "containers": [{ "name": "c", "image": "x" }],
                   "schedulingGates": gates.iter().map(|g| json!({ "name": g })).collect::<Vec<_>>() },
         "status": { "phase": "Pending" }
     })
 }
 
+/// The client as `[schedulers.kubernetes] kubeconfig = …` makes it.
+fn kube_of(api: &FakeKubeApi) -> Kube {
+    let access = Access {
+        kubeconfig: Some(api.kubeconfig().to_path_buf()),
+        ..Default::default()
+    };
+    Kube::new(&access, Duration::from_secs(5)).expect("client")
+}
+
+/// Polls until `ok` holds of the jobs (the watch delivers a change in a moment).
+fn poll_until<A: KubeApi>(
+    sync: &mut KubeSync<A>,
+    now: Timestamp,
+    what: &str,
+    ok: impl Fn(&[telemetry::Job]) -> bool,
+) -> Vec<telemetry::Job> {
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(jobs) = sync.poll(now) {
+            if ok(&jobs) {
+                return jobs;
+            }
+        }
+        assert!(Instant::now() < end, "{what}: never seen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn gates_are_removed_through_the_api_when_the_plan_lets_a_pod_run() {
-    let (base, pods, patches) = fake_api(vec![
-        pod(
-            "held",
-            "training",
-            &["example.com/quota", "powerplane.io/hold"],
-        ),
-        pod("kept", "training", &["powerplane.io/hold"]),
-        pod("others", "training", &["example.com/quota"]),
-    ]);
-    let api = KubeHttp {
-        base,
-        token: None,
-        timeout: Duration::from_secs(5),
-    };
-    let mut sync = KubeSync::new(api, PodMapping::default());
+    let dir = tempfile::tempdir().expect("tmp");
+    let api = FakeKubeApi::start(dir.path());
+    api.put_pod(pod(
+        "held",
+        "training",
+        &["example.com/quota", "powerplane.io/hold"],
+    ));
+    api.put_pod(pod("kept", "training", &["powerplane.io/hold"]));
+    api.put_pod(pod("others", "training", &["example.com/quota"]));
+    // a pod without the class label is not watched
+    let mut stray = pod("stray", "x", &["powerplane.io/hold"]);
+    stray["metadata"]["labels"] = json!({});
+    api.put_pod(stray);
+    let pods = KubePods::start(kube_of(&api), "powerplane.io/class", None, 290);
+    let mut sync = KubeSync::new(pods, PodMapping::default());
     let now = Timestamp::from_secs(1_900_000_000);
-    let jobs = sync.poll(now).expect("poll");
-    let states: Vec<(&str, JobState)> = jobs.iter().map(|j| (j.id.as_str(), j.state)).collect();
+    let jobs = poll_until(&mut sync, now, "the first list", |j| j.len() == 3);
+    let mut states: Vec<(&str, JobState)> = jobs.iter().map(|j| (j.id.as_str(), j.state)).collect();
+    states.sort();
     assert_eq!(
         states,
         vec![
@@ -281,22 +229,38 @@ fn gates_are_removed_through_the_api_when_the_plan_lets_a_pod_run() {
         sync.apply(&desired, now),
         vec!["k8s:vision/held".to_string()]
     );
-    let p = patches.lock().expect("lock").clone();
-    assert_eq!(p.len(), 1);
-    assert_eq!(p[0].0, "/api/v1/namespaces/vision/pods/held");
-    assert_eq!(
-        p[0].1,
-        json!([
-            { "op": "test", "path": "/spec/schedulingGates/1/name", "value": "powerplane.io/hold" },
-            { "op": "remove", "path": "/spec/schedulingGates/1" }
-        ])
+    // one JSON patch under powerplane's field manager, testing the gate's name first
+    let patches: Vec<_> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .collect();
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    assert_eq!(patches[0].path, "/api/v1/namespaces/vision/pods/held");
+    assert!(
+        patches[0].query.contains("fieldManager=powerplane"),
+        "{:?}",
+        patches[0]
     );
-    let gates = pods.lock().expect("lock")[0]["spec"]["schedulingGates"].clone();
+    let held = api.pod("vision", "held").expect("pod");
     assert_eq!(
-        gates,
+        held["spec"]["schedulingGates"],
         json!([{ "name": "example.com/quota" }]),
         "the other gate stays"
     );
+    assert_eq!(
+        held["metadata"]["managedFields"][0]["manager"], "powerplane",
+        "{held}"
+    );
+    // the pod is told, as an Event
+    let events = api.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["regarding"]["name"], "held");
+    assert_eq!(events[0]["reason"], "Released");
+    assert_eq!(events[0]["reportingController"], "powerplane.io/controller");
+    // at once, before the watch shows it: no second removal
+    assert!(sync.apply(&desired, now).is_empty());
+    assert_eq!(sync.counters.errors, 0);
     // the lease of `kept` passes without renewal: its gate goes too
     sync.poll(now).expect("poll");
     assert_eq!(
@@ -304,25 +268,194 @@ fn gates_are_removed_through_the_api_when_the_plan_lets_a_pod_run() {
         vec!["k8s:vision/kept".to_string()]
     );
     assert_eq!(sync.counters.gates_removed, 2);
-    let jobs = sync.poll(now).expect("poll");
-    assert!(
-        jobs.iter().all(|j| j.state == JobState::Pending),
-        "{jobs:?}"
-    );
+    poll_until(&mut sync, now, "no gate left", |jobs| {
+        jobs.len() == 3 && jobs.iter().all(|j| j.state == JobState::Pending)
+    });
     assert!(sync.gated().is_empty());
     // a pod that goes away is reported finished, once
-    pods.lock()
-        .expect("lock")
-        .retain(|p| p["metadata"]["name"] != "held");
-    let jobs = sync.poll(now).expect("poll");
-    let gone = jobs
-        .iter()
-        .find(|j| j.id == "k8s:vision/held")
-        .expect("reported");
-    assert_eq!(gone.state, JobState::Finished);
+    api.delete_pod("vision", "held");
+    let jobs = poll_until(&mut sync, now, "the deleted pod", |jobs| {
+        jobs.iter().any(|j| j.id == "k8s:vision/held")
+            && jobs.len() == 3
+            && jobs
+                .iter()
+                .find(|j| j.id == "k8s:vision/held")
+                .is_some_and(|j| j.state == JobState::Finished)
+    });
+    assert_eq!(jobs.len(), 3);
     assert!(sync
         .poll(now)
         .expect("poll")
         .iter()
         .all(|j| j.id != "k8s:vision/held"));
+    let w = sync.api.watch();
+    assert_eq!((w.lists, w.recorded, w.record_errors), (1, 2, 0), "{w:?}");
+}
+
+#[test]
+fn a_stalled_watch_never_delays_a_poll_and_an_expired_one_is_listed_again() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let api = FakeKubeApi::start(dir.path());
+    api.put_pod(pod("a", "batch", &["powerplane.io/hold"]));
+    // the server ends each watch after 2 s; kube drops a silent one 5 s after that
+    let pods = KubePods::start(kube_of(&api), "powerplane.io/class", None, 2);
+    let mut sync = KubeSync::new(pods, PodMapping::default());
+    let now = Timestamp::from_secs(1_900_000_000);
+    poll_until(&mut sync, now, "the first list", |j| j.len() == 1);
+    assert_eq!(api.list_requests(), 1);
+
+    // the watch stalls: polls answer at once from memory, the whole time
+    api.stall_watches(true);
+    std::thread::sleep(Duration::from_millis(2500));
+    api.put_pod(pod("b", "batch", &["powerplane.io/hold"]));
+    let mut slowest = Duration::ZERO;
+    let stalled_for = Instant::now();
+    while stalled_for.elapsed() < Duration::from_secs(3) {
+        let t = Instant::now();
+        let jobs = sync
+            .poll(now)
+            .expect("a poll answers while the watch stalls");
+        slowest = slowest.max(t.elapsed());
+        assert_eq!(jobs.len(), 1, "nothing new comes through a stalled watch");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        slowest < Duration::from_millis(50),
+        "a poll took {slowest:?} while the watch stalled"
+    );
+    // the stall ends; the silent watch is dropped after its idle timeout and resumed
+    api.stall_watches(false);
+    poll_until(&mut sync, now, "the pod made during the stall", |j| {
+        j.len() == 2
+    });
+    assert_eq!(
+        api.list_requests(),
+        1,
+        "resumed at its version, not listed again"
+    );
+
+    // the API server's history is compacted: the watch's version has expired (410)
+    api.expire_watches();
+    api.delete_pod("vision", "a");
+    api.put_pod(pod("c", "batch", &["powerplane.io/hold"]));
+    let jobs = poll_until(&mut sync, now, "the relist", |j| {
+        j.iter().any(|j| j.id == "k8s:vision/c")
+    });
+    assert!(api.list_requests() >= 2, "listed again after 410");
+    let live: Vec<&str> = jobs
+        .iter()
+        .filter(|j| !j.state.is_done())
+        .map(|j| j.id.as_str())
+        .collect();
+    assert_eq!(live.len(), 2, "{jobs:?}");
+    assert!(
+        jobs.iter()
+            .any(|j| j.id == "k8s:vision/a" && j.state == JobState::Finished),
+        "the pod deleted while the watch was expired is reported finished: {jobs:?}"
+    );
+    let w = sync.api.watch();
+    assert!(w.lists >= 2 && w.listed, "{w:?}");
+}
+
+#[test]
+fn the_client_takes_the_in_cluster_configuration_and_a_rotated_token() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let api = FakeKubeApi::start(dir.path());
+    api.put_pod(pod("a", "batch", &["powerplane.io/hold"]));
+    // as in a pod: the service host and port in the environment, the account mounted
+    // (this is the only test of this binary that reads these variables)
+    std::env::set_var("KUBERNETES_SERVICE_HOST", "127.0.0.1");
+    std::env::set_var("KUBERNETES_SERVICE_PORT", api.port().to_string());
+    let access = Access {
+        service_account_dir: Some(api.service_account_dir().to_path_buf()),
+        ..Default::default()
+    };
+    let kube = Kube::new(&access, Duration::from_secs(5)).expect("in-cluster client");
+    assert_eq!(kube.namespace, api.namespace());
+    let pods = KubePods::start(kube, "powerplane.io/class", None, 290);
+    let mut sync = KubeSync::new(pods, PodMapping::default());
+    let now = Timestamp::from_secs(1_900_000_000);
+    poll_until(&mut sync, now, "the first list", |j| j.len() == 1);
+
+    // the kubelet rotates the token and the old one stops being accepted: the client
+    // reads the file again (kube keeps a token a minute at most) and goes on
+    let rotated = Instant::now();
+    api.set_tokens(&["rotated-token-2"]);
+    api.expire_watches();
+    api.put_pod(pod("b", "batch", &["powerplane.io/hold"]));
+    let end = Instant::now() + Duration::from_secs(90);
+    loop {
+        if sync.poll(now).is_ok_and(|j| j.len() == 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the rotated token was never read: {:?}",
+            sync.api.watch()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let w = sync.api.watch();
+    assert!(w.errors >= 1, "the old token was refused meanwhile: {w:?}");
+    assert!(
+        api.requests().iter().any(|r| !r.authorized),
+        "a request with the old token was refused"
+    );
+    eprintln!(
+        "rotated token in use after {:.1} s",
+        rotated.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn the_api_server_is_spoken_to_over_https_with_its_ca_only() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let api = FakeKubeApi::start(dir.path());
+    api.put_pod(pod("a", "batch", &["powerplane.io/hold"]));
+    // another CA: the handshake fails, nothing is listed
+    let other = tempfile::tempdir().expect("tmp");
+    let (foreign, _, _) = powerplane_tests::self_signed(other.path());
+    let token = dir.path().join("token");
+    std::fs::write(&token, api.tokens()[0].as_str()).expect("token");
+    let wrong = Access {
+        api: Some(api.url()),
+        ca_file: Some(foreign),
+        token_file: Some(token.clone()),
+        ..Default::default()
+    };
+    let pods = KubePods::start(
+        Kube::new(&wrong, Duration::from_secs(2)).expect("client"),
+        "powerplane.io/class",
+        None,
+        290,
+    );
+    let mut sync = KubeSync::new(pods, PodMapping::default());
+    std::thread::sleep(Duration::from_secs(2));
+    let e = sync
+        .poll(Timestamp::from_secs(0))
+        .expect_err("an API server the CA does not vouch for is not believed");
+    assert!(e.to_string().contains("not listed yet"), "{e}");
+    assert!(sync.api.watch().errors >= 1);
+    // its own CA: listed
+    let right = Access {
+        ca_file: Some(api.ca_file().to_path_buf()),
+        ..wrong
+    };
+    let pods = KubePods::start(
+        Kube::new(&right, Duration::from_secs(2)).expect("client"),
+        "powerplane.io/class",
+        None,
+        290,
+    );
+    let mut sync = KubeSync::new(pods, PodMapping::default());
+    poll_until(&mut sync, Timestamp::from_secs(0), "the list", |j| {
+        j.len() == 1
+    });
+    // plain http only to a loopback address
+    let far = Access {
+        api: Some("http://192.0.2.10:8080".into()),
+        ..Default::default()
+    };
+    let e = Kube::new(&far, Duration::from_secs(1)).expect_err("plain http off the host");
+    assert!(e.to_string().contains("loopback"), "{e}");
 }
