@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{http, serve, VIEWER};
+use common::{free_port, http, role, serve, VIEWER};
 use serde_json::{json, Value};
 
 fn pod(name: &str, deadline: &str) -> Value {
@@ -24,6 +24,11 @@ fn pod(name: &str, deadline: &str) -> Value {
         "status": { "phase": "Pending" }
     })
 }
+
+/// A private `redis-server` for the replicas' store (never the shared one).
+#[allow(dead_code)]
+#[path = "../../tests/src/redis_server.rs"]
+mod redis_server;
 
 /// The fake Kubernetes API server of the test-support library, over HTTPS.
 #[allow(dead_code)]
@@ -182,4 +187,154 @@ fn serve_gates_pods_answers_the_scheduler_and_removes_gates_when_cheap() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// `kill -9` of a replica.
+fn kill9(s: &common::Serve) {
+    let ok = std::process::Command::new("kill")
+        .args(["-9", &s.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+}
+
+#[test]
+fn two_replicas_elect_their_leader_on_a_kubernetes_lease_and_both_answer_the_api_server() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    common::write_site_and_deferral_policy(d);
+    let now = chrono::Utc::now();
+    common::write_price_step(d, 3600);
+    let redis = redis_server::RedisServer::start();
+    let api = Arc::new(kube_api::FakeKubeApi::start(&d.join("kube")));
+    let prefix = format!("pptest-kha-{}", std::process::id());
+    let ports = [free_port(), free_port()];
+    let configs: Vec<std::path::PathBuf> = (0..2)
+        .map(|i| {
+            let r = d.join(format!("r{i}"));
+            std::fs::create_dir_all(&r).expect("replica dir");
+            let cfg = r.join("powerplane.toml");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[controller]\nsite = \"{site}\"\npolicy = \"{policy}\"\ntick_s = 0.5\npolicy_reload_s = 0\n\
+                     [store]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}\"\njournal = \"journal.redb\"\ntimeout_s = 2\n\
+                     [ha]\nenabled = true\nbackend = \"kubernetes\"\nnamespace = \"powerplane\"\nlease_name = \"powerplane-leader\"\nlease_s = 3\nrenew_s = 0.5\ninstance = \"r{i}\"\n\
+                     [prices]\nfile = \"{prices}\"\n\
+                     [http]\nlisten = \"127.0.0.1:{port}\"\nmetrics_public = true\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n\
+                     [schedulers.kubernetes]\nkubeconfig = \"{kubeconfig}\"\npoll_s = 0\ntimeout_s = 2\n",
+                    site = d.join("site.toml").display(),
+                    policy = d.join("policy.toml").display(),
+                    prices = d.join("prices.csv").display(),
+                    url = redis.url(),
+                    port = ports[i],
+                    kubeconfig = api.kubeconfig().display(),
+                ),
+            )
+            .expect("config");
+            cfg
+        })
+        .collect();
+    let mut replicas: Vec<Option<common::Serve>> =
+        configs.iter().map(|c| Some(serve(c, 120))).collect();
+    let logs = || {
+        configs
+            .iter()
+            .map(|c| common::serve_log(c))
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
+    let leader = |above: u64, within: Duration| -> (usize, u64) {
+        let end = Instant::now() + within;
+        loop {
+            for (i, p) in ports.iter().enumerate() {
+                if let Some((true, e)) = role(*p) {
+                    if e > above {
+                        return (i, e);
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < end,
+                "no leader above epoch {above}:\n{}",
+                logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (first, e1) = leader(0, Duration::from_secs(30));
+    let other = 1 - first;
+    // the Lease names the leader and carries its epoch; the store's fence holds it too
+    let lease = api
+        .lease("powerplane", "powerplane-leader")
+        .expect("the Lease");
+    assert_eq!(lease["spec"]["holderIdentity"], format!("r{first}"));
+    assert_eq!(
+        lease["metadata"]["annotations"]["powerplane.io/epoch"],
+        e1.to_string()
+    );
+    let fence = |redis: &redis_server::RedisServer| -> u64 {
+        let mut c = redis::Client::open(redis.url())
+            .expect("client")
+            .get_connection()
+            .expect("connection");
+        redis::cmd("GET")
+            .arg(format!("{prefix}:ha:epoch"))
+            .query::<Option<u64>>(&mut c)
+            .expect("get")
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        fence(&redis),
+        e1,
+        "the store's fence holds the Lease's epoch"
+    );
+    // one leader at a time; the follower still answers the admission webhook
+    assert_eq!(role(ports[other]).map(|r| r.0), Some(false));
+    let review = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace")
+            .join("tests/fixtures/kubernetes/admission-review-pod-create.json"),
+    )
+    .expect("fixture");
+    for p in ports {
+        let (code, _, body) = http(p, "POST", "/api/v1/k8s/admission", None, review.as_bytes());
+        assert_eq!(code, 200, "replica on {p}: {body}");
+        let answer: Value = serde_json::from_str(&body).expect("json");
+        assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
+    }
+
+    // the leader dies: the other takes the Lease once its term has run out
+    let killed = Instant::now();
+    kill9(replicas[first].as_ref().expect("leader"));
+    replicas[first] = None;
+    let (second, e2) = leader(e1, Duration::from_secs(20));
+    let took = killed.elapsed();
+    assert_eq!(second, other);
+    assert_eq!(e2, e1 + 1);
+    assert!(
+        took >= Duration::from_secs(2),
+        "taken over {took:?} after the kill: before the 3 s term could have run out"
+    );
+    assert_eq!(fence(&redis), e2, "the fence rose with the new term");
+    let lease = api
+        .lease("powerplane", "powerplane-leader")
+        .expect("the Lease");
+    assert_eq!(lease["spec"]["holderIdentity"], format!("r{second}"));
+    assert_eq!(lease["spec"]["leaseTransitions"], e2);
+    // the new leader drives the gates: a pod whose deadline is near is let go
+    let near = (now + chrono::Duration::minutes(5)).to_rfc3339();
+    let removed = gate_watch(api.clone(), &["urgent"]);
+    api.put_pod(pod("urgent", &near));
+    let end = Instant::now() + Duration::from_secs(20);
+    while removed.lock().expect("lock").is_empty() {
+        assert!(
+            Instant::now() < end,
+            "the new leader never released the urgent pod:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("took over in {:.1} s (lease_s = 3)", took.as_secs_f64());
 }
