@@ -203,6 +203,7 @@ impl JobMapping {
             est_duration_s,
             deferrable,
             preemptible,
+            gpu_power_limit: None,
         }
     }
 }

@@ -256,6 +256,7 @@ impl JobEvent {
             est_duration_s: 3600.0,
             deferrable: false,
             preemptible: false,
+            gpu_power_limit: None,
         }
     }
 

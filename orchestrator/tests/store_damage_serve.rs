@@ -53,6 +53,7 @@ fn job(n: usize) -> Job {
         est_duration_s: 7200.0,
         deferrable: true,
         preemptible: false,
+        gpu_power_limit: None,
     }
 }
 

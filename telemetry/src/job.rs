@@ -58,6 +58,71 @@ pub struct Job {
     pub deferrable: bool,
     /// May be requeued or suspended in an emergency.
     pub preemptible: bool,
+    /// The power each of its GPUs may draw at most, as the job asks (a Kubernetes
+    /// pod's `powerplane.io/gpu-power-limit`); the engine's caps and the policy's
+    /// class limit combine with it, the most protective winning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_power_limit: Option<PowerLimit>,
+}
+
+/// A GPU power limit: watts, or a share of the GPU's default power limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PowerLimit {
+    Watts(f64),
+    /// Percent of the GPU's default limit, in (0, 100].
+    Percent(f64),
+}
+
+impl PowerLimit {
+    /// `"300W"`, `"300 W"`, `"300"` (watts) or `"80%"`.
+    pub fn parse(s: &str) -> Result<PowerLimit, String> {
+        let t = s.trim();
+        let bad =
+            || format!("{s:?}: a GPU power limit is watts (\"300W\") or a percentage (\"80%\")");
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(v.is_finite() && v > 0.0 && v <= 100.0) {
+                return Err(format!("{s:?}: a percentage within (0, 100]"));
+            }
+            return Ok(PowerLimit::Percent(v));
+        }
+        let w = t.strip_suffix(['W', 'w']).unwrap_or(t).trim();
+        let v: f64 = w.parse().map_err(|_| bad())?;
+        if !(v.is_finite() && v > 0.0 && v <= 10_000.0) {
+            return Err(format!("{s:?}: watts within (0, 10000]"));
+        }
+        Ok(PowerLimit::Watts(v))
+    }
+
+    /// The limit in watts on a GPU whose default limit is `default_w`.
+    pub fn watts(self, default_w: f64) -> f64 {
+        match self {
+            PowerLimit::Watts(w) => w,
+            PowerLimit::Percent(p) => default_w * p / 100.0,
+        }
+    }
+}
+
+impl std::fmt::Display for PowerLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PowerLimit::Watts(w) => write!(f, "{w}W"),
+            PowerLimit::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+impl Serialize for PowerLimit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PowerLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        PowerLimit::parse(&s).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Job {

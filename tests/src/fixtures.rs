@@ -66,6 +66,7 @@ pub fn job(id: &str, state: JobState) -> Job {
         est_duration_s: 7200.0,
         deferrable: true,
         preemptible: false,
+        gpu_power_limit: None,
     }
 }
 

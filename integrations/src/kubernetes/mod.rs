@@ -154,6 +154,9 @@ impl Default for PodMapping {
 pub const DEFAULT_CLASS: &str = "default";
 pub const DEFERRABLE_ANNOTATION: &str = "powerplane.io/deferrable";
 pub const DEADLINE_ANNOTATION: &str = "powerplane.io/deadline";
+/// The power each of the pod's GPUs may draw at most: `"300W"` or `"80%"` (of the
+/// GPU's default limit).
+pub const GPU_POWER_LIMIT_ANNOTATION: &str = "powerplane.io/gpu-power-limit";
 pub const DURATION_ANNOTATION: &str = "powerplane.io/est-duration-s";
 
 fn get<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
@@ -255,6 +258,8 @@ impl PodMapping {
                 .unwrap_or(self.default_duration_s),
             deferrable: self.deferrable(pod),
             preemptible: false,
+            gpu_power_limit: ann(GPU_POWER_LIMIT_ANNOTATION)
+                .and_then(|l| telemetry::PowerLimit::parse(l).ok()),
         }
     }
 
@@ -318,6 +323,17 @@ impl PodMapping {
             "response": response,
         }))
     }
+}
+
+/// The pod's GPU power limit annotation, when it is there and is not a limit: what
+/// to tell the pod.
+fn bad_limit(pod: &Value) -> Option<String> {
+    let v = get(pod, &["metadata", "annotations"])?
+        .get(GPU_POWER_LIMIT_ANNOTATION)?
+        .as_str()?;
+    telemetry::PowerLimit::parse(v)
+        .err()
+        .map(|e| format!("{GPU_POWER_LIMIT_ANNOTATION}: {e}; no limit of the pod's own is applied"))
 }
 
 /// A key as one JSON-pointer segment (RFC 6901: `~` → `~0`, `/` → `~1`).
@@ -453,6 +469,9 @@ pub trait KubeApi {
         index: usize,
         gate: &str,
     ) -> Result<(), KubeError>;
+    /// Tells the pod, as an Event (best effort: a failure is counted by the API's
+    /// own stats, never retried).
+    fn event(&mut self, namespace: &str, name: &str, warning: bool, reason: &str, note: String);
     /// The API server, for the status.
     fn url(&self) -> String;
     /// How the watch is doing.
@@ -462,6 +481,9 @@ pub trait KubeApi {
 /// Counters of the gate keeper.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct KubeCounters {
+    /// Pods told (as Events) of their GPU power limit, and pods whose limit is not one.
+    pub limits_told: u64,
+    pub bad_limits: u64,
     pub polls: u64,
     pub poll_errors: u64,
     pub gates_removed: u64,
@@ -477,6 +499,8 @@ pub struct KubeSync<A: KubeApi> {
     gated: BTreeMap<String, (String, String, usize)>,
     /// Jobs reported and not finished: one whose pod disappears is finished.
     live: BTreeMap<String, Job>,
+    /// What each pod was last told of its GPU power limit (reason, note).
+    told: BTreeMap<String, (&'static str, String)>,
     pub counters: KubeCounters,
 }
 
@@ -487,6 +511,7 @@ impl<A: KubeApi> KubeSync<A> {
             mapping,
             gated: BTreeMap::new(),
             live: BTreeMap::new(),
+            told: BTreeMap::new(),
             counters: KubeCounters::default(),
         }
     }
@@ -507,6 +532,9 @@ impl<A: KubeApi> KubeSync<A> {
                 continue;
             }
             let job = self.mapping.job(pod, now);
+            if let Some(bad) = bad_limit(pod) {
+                self.tell(&job.id, true, "PowerLimitRefused", bad);
+            }
             if let Some(i) = gate {
                 let ns = str_at(pod, &["metadata", "namespace"]).unwrap_or("default");
                 let name = str_at(pod, &["metadata", "name"]).unwrap_or("");
@@ -527,7 +555,42 @@ impl<A: KubeApi> KubeSync<A> {
             .filter(|j| !j.state.is_done())
             .map(|j| (j.id.clone(), j.clone()))
             .collect();
+        let live = &self.live;
+        self.told.retain(|id, _| live.contains_key(id));
         Ok(jobs)
+    }
+
+    /// Tells each pod with a GPU power limit what is in force, when that changes.
+    pub fn tell_limits(&mut self, limits: &BTreeMap<String, crate::scheduler::JobLimit>) {
+        for (id, l) in limits {
+            if !self.live.contains_key(id) {
+                continue;
+            }
+            let (warning, reason, note) = l.tell();
+            self.tell(id, warning, reason, note);
+        }
+    }
+
+    /// An Event on the pod of job `id`, unless it was told just that last.
+    fn tell(&mut self, id: &str, warning: bool, reason: &'static str, note: String) {
+        if self
+            .told
+            .get(id)
+            .is_some_and(|(r, n)| *r == reason && *n == note)
+        {
+            return;
+        }
+        let Some((ns, name)) = id.strip_prefix("k8s:").and_then(|p| p.split_once('/')) else {
+            return;
+        };
+        if reason == "PowerLimitRefused" {
+            self.counters.bad_limits += 1;
+        } else {
+            self.counters.limits_told += 1;
+        }
+        tracing::info!(pod = %id, reason, "{note}");
+        self.api.event(ns, name, warning, reason, note.clone());
+        self.told.insert(id.to_string(), (reason, note));
     }
 
     /// Jobs gated now, by id.

@@ -257,6 +257,13 @@ impl KubeApi for KubePods {
         Ok(())
     }
 
+    fn event(&mut self, ns: &str, name: &str, warning: bool, reason: &str, note: String) {
+        match self.cached(ns, name) {
+            Some(pod) => self.record(&pod, reason, "PowerLimit", note, warning),
+            None => self.shared().stats.record_errors += 1,
+        }
+    }
+
     fn url(&self) -> String {
         self.kube.url.clone()
     }

@@ -27,6 +27,7 @@ impl<A: KubeApi + Send> Scheduler for KubeSync<A> {
     }
 
     fn apply(&mut self, desired: &Desired, now: Timestamp, _store: &mut dyn Commit) -> Pass {
+        self.tell_limits(&desired.limits);
         let errors = self.counters.errors;
         let applied = KubeSync::apply(self, &desired.holds, now)
             .into_iter()
@@ -82,6 +83,16 @@ impl<A: KubeApi + Send> Scheduler for KubeSync<A> {
                 "kubernetes_errors_total",
                 "Gate removals that failed (retried)",
                 c.errors as f64,
+            ),
+            (
+                "kubernetes_limits_told_total",
+                "Events telling pods what their GPU power limit is held at",
+                c.limits_told as f64,
+            ),
+            (
+                "kubernetes_bad_limits_total",
+                "Pods whose powerplane.io/gpu-power-limit is not a power limit (told as a Warning Event)",
+                c.bad_limits as f64,
             ),
             (
                 "kubernetes_pods_gated",

@@ -67,6 +67,104 @@ pub struct Desired {
     /// polls): an adapter applies only a state computed on its latest poll, so a job
     /// it just found is never let go by a plan that has not seen it yet.
     pub polls: BTreeMap<SchedulerId, u64>,
+    /// The GPU power limits of running jobs and what is in force on their GPUs, by job
+    /// id (for the adapters that tell their jobs, as Kubernetes Events).
+    pub limits: BTreeMap<String, JobLimit>,
+}
+
+/// A running job's GPU power limit and what its GPUs run at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobLimit {
+    /// What was asked, in words (`300W`, `80% of the default limit`, `the class
+    /// training's 250W`).
+    pub asked: String,
+    /// The limit in watts on each of its GPUs (before the GPU's own range).
+    pub asked_w: f64,
+    /// Each GPU it holds: the cap in force (watts, the rule whose cap it is) and the
+    /// GPU's minimum limit; `None`: not capped.
+    pub gpus: Vec<(telemetry::EntityId, Option<(f64, String)>, f64)>,
+}
+
+impl JobLimit {
+    /// What to tell the job: (warning, reason, note); the same words while nothing
+    /// changes.
+    pub fn tell(&self) -> (bool, &'static str, String) {
+        let names = |pick: &dyn Fn(&Option<(f64, String)>) -> bool| -> Vec<String> {
+            self.gpus
+                .iter()
+                .filter(|(_, c, _)| pick(c))
+                .map(|(g, _, _)| g.to_string())
+                .collect()
+        };
+        let n = self.gpus.len();
+        if n == 0 {
+            return (
+                false,
+                "PowerLimitPending",
+                format!(
+                    "GPU power limit {}: waiting to learn which GPUs the pod holds (the node's agent reports them from the kubelet)",
+                    self.asked
+                ),
+            );
+        }
+        let min = self
+            .gpus
+            .iter()
+            .map(|(_, _, m)| *m)
+            .fold(f64::INFINITY, f64::min);
+        if self.asked_w < min {
+            return (
+                true,
+                "PowerLimitRaised",
+                format!(
+                    "GPU power limit {} ({:.0} W) is below the GPU's minimum {:.0} W: {:.0} W applied on {} GPU(s)",
+                    self.asked, self.asked_w, min, min, n
+                ),
+            );
+        }
+        let uncapped = names(&|c| c.is_none());
+        if !uncapped.is_empty() {
+            return (
+                true,
+                "PowerLimitNotApplied",
+                format!(
+                    "GPU power limit {} not in force on {} (the plan does not cap them; the limits rule may be disabled)",
+                    self.asked,
+                    uncapped.join(", ")
+                ),
+            );
+        }
+        let lower: Vec<String> = self
+            .gpus
+            .iter()
+            .filter_map(|(g, c, _)| {
+                c.as_ref()
+                    .filter(|(w, _)| *w < self.asked_w - 0.5)
+                    .map(|(w, rule)| format!("{g} at {w:.0} W by {rule}"))
+            })
+            .collect();
+        if lower.is_empty() {
+            (
+                false,
+                "PowerLimitApplied",
+                format!(
+                    "GPU power limit {} ({:.0} W) in force on {} GPU(s)",
+                    self.asked, self.asked_w, n
+                ),
+            )
+        } else {
+            (
+                false,
+                "PowerLimitApplied",
+                format!(
+                    "GPU power limit {} ({:.0} W) in force; a lower cap holds {}",
+                    self.asked,
+                    self.asked_w,
+                    lower.join(", ")
+                ),
+            )
+        }
+    }
 }
 
 /// One thing an adapter did to a job, for the log, the status and the audit.

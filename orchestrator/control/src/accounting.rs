@@ -479,6 +479,7 @@ mod tests {
             est_duration_s: 3600.0,
             deferrable: false,
             preemptible: false,
+            gpu_power_limit: None,
         }
     }
 

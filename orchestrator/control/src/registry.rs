@@ -270,6 +270,7 @@ mod tests {
             est_duration_s: 60.0,
             deferrable: true,
             preemptible: false,
+            gpu_power_limit: None,
         }
     }
 

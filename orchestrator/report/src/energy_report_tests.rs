@@ -285,6 +285,7 @@ fn a_job_held_all_period_counts_under_its_project_though_it_used_no_energy() {
         est_duration_s: 3600.0,
         deferrable: true,
         preemptible: false,
+        gpu_power_limit: None,
     };
     let r = build(
         &racks(),

@@ -311,8 +311,19 @@ impl Serve {
         self.power_nodes(&report, acting, now);
         if acting && !self.schedulers.is_empty() {
             let actuated = self.control.actuated().clone();
-            self.schedulers
-                .apply(&actuated, &report.decisions, now, self.control.store());
+            let limits = runtime::schedulers::job_limits(
+                self.control.registry().active(),
+                self.control.site(),
+                self.control.policy(),
+                &actuated,
+            );
+            self.schedulers.apply(
+                &actuated,
+                &report.decisions,
+                limits,
+                now,
+                self.control.store(),
+            );
             if report.store_error.is_none() && self.next_leader_has_it() {
                 self.schedulers.stored();
             }

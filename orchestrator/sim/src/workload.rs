@@ -170,6 +170,7 @@ impl Generator {
                 est_duration_s: est_s,
                 deferrable: class.deferrable,
                 preemptible: class.preemptible,
+                gpu_power_limit: None,
             },
             work_s,
             curve,

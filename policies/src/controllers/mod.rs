@@ -12,6 +12,7 @@
 //! - [`rules`]: the SREs' `[[rules]]`, run by [`crate::rules_eval`].
 //! - [`grid`]: a grid event's target at the meter, met by value (holds, caps to each
 //!   class's floor, suspensions of preemptible jobs), then a rebound limit.
+//! - [`limits`]: GPU power limits of running jobs, their own or their class's.
 //! - [`node_power`]: which idle nodes to power down and which to bring back; it runs on
 //!   the plan and the nodes' power states at the edge ([`node_power::decide`]), not in
 //!   [`crate::evaluate`].
@@ -24,6 +25,7 @@
 
 pub mod budget;
 pub mod grid;
+pub mod limits;
 pub mod node_power;
 pub mod price;
 pub mod rules;
@@ -39,4 +41,5 @@ pub(crate) const CONTROLLERS: &[&dyn Controller] = &[
     &rules::Rules,
     &price::controller::Price,
     &grid::controller::Grid,
+    &limits::controller::Limits,
 ];

@@ -39,7 +39,7 @@ pub(crate) fn caps<'r>(cx: &'r Context<'_>, wants: &'r Wants<'_>) -> Merged<'r> 
         let observed = match source {
             CapWants::Budget { observe, .. } | CapWants::Thermal { observe, .. } => *observe,
             CapWants::Rule(k) => wants.rules[*k].0.observe,
-            CapWants::Grid { .. } => false,
+            CapWants::Grid { .. } | CapWants::Limits { .. } => false,
         };
         let target = if observed {
             observed_caps(&mut observe, n)
@@ -92,6 +92,19 @@ fn offer_all<'r>(
             for (i, w) in caps.iter().enumerate() {
                 if let Some(w) = w {
                     offer(target, i, *w, crate::grid::RULE, policy.grid.lease_s);
+                }
+            }
+        }
+        CapWants::Limits { caps } => {
+            for (i, w) in caps.iter().enumerate() {
+                if let Some(w) = w {
+                    offer(
+                        target,
+                        i,
+                        *w,
+                        crate::controllers::limits::RULE,
+                        policy.limits.lease_s,
+                    );
                 }
             }
         }

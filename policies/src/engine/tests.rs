@@ -108,6 +108,7 @@ pub(super) fn job(id: &str, priority: i32, gpus: &[EntityId]) -> Job {
         est_duration_s: 3600.0,
         deferrable: false,
         preemptible: false,
+        gpu_power_limit: None,
     }
 }
 

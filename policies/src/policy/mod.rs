@@ -30,6 +30,7 @@ use toml::Spanned;
 pub use crate::rules::OnStale;
 pub use sections::budget::{BudgetRule, Limit};
 pub use sections::grid::GridRule;
+pub use sections::limits::LimitsRule;
 pub use sections::node_power::{NodePowerRule, ReserveMode};
 pub use sections::price::{PriceMode, PriceRule};
 pub use sections::thermal::{ThermalMode, ThermalRule};
@@ -56,6 +57,10 @@ pub struct Policy {
     /// default.
     #[serde(default, skip_serializing_if = "GridRule::is_default")]
     pub grid: GridRule,
+    /// GPU power limits by job class and as jobs ask; left out of the serialized
+    /// policy while it is the default.
+    #[serde(default, skip_serializing_if = "LimitsRule::is_default")]
+    pub limits: LimitsRule,
     /// The `[[rules]]` tables, validated (filled by [`Policy::parse`]).
     #[serde(skip)]
     pub rules: Vec<crate::rules::Rule>,
@@ -73,6 +78,7 @@ impl Default for Policy {
             price: PriceRule::default(),
             node_power: Default::default(),
             grid: Default::default(),
+            limits: Default::default(),
             rules: Vec::new(),
             raw_rules: Vec::new(),
         }

@@ -51,6 +51,8 @@ pub(crate) enum CapWants {
     Rule(usize),
     /// The grid controller's caps, by GPU index.
     Grid { caps: Vec<Option<f64>> },
+    /// The jobs' GPU power limits, by GPU index.
+    Limits { caps: Vec<Option<f64>> },
 }
 
 /// What the controllers want and what explains it, filled in registration order.

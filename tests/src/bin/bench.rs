@@ -813,6 +813,7 @@ fn bench_engine() {
                     est_duration_s: 4.0 * 3600.0,
                     deferrable: i % 3 == 0,
                     preemptible: false,
+                    gpu_power_limit: None,
                 }
             })
             .collect();

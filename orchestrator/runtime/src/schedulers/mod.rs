@@ -21,6 +21,7 @@
 
 pub mod config;
 mod kubernetes;
+mod limits;
 pub mod reconciler;
 mod slurm;
 pub mod store_link;
@@ -43,6 +44,7 @@ use tracing::{info, warn};
 
 pub use config::{check, KubernetesSection, SchedulersSection, SlurmSection, WebhookSection};
 pub use kubernetes::{hooks as kube_hooks, KubeHooks};
+pub use limits::job_limits;
 pub use webhook::Inbox;
 
 use control::registry::{Lifecycle, Lifecycles, Seen, Transition, LIFECYCLES, TRANSITIONS};
@@ -221,6 +223,7 @@ impl Schedulers {
         &mut self,
         actuated: &State,
         decisions: &[policies::Decision],
+        limits: BTreeMap<String, integrations::scheduler::JobLimit>,
         now: Timestamp,
         store: &mut Store,
     ) {
@@ -233,6 +236,7 @@ impl Schedulers {
             suspended: actuated.suspended.clone(),
             requeues,
             polls: self.polls.clone(),
+            limits,
         });
         for r in &self.reconcilers {
             r.want(desired.clone());

@@ -140,6 +140,7 @@ fn desired(holds: &[&str], poll: u64, requeues: Vec<Requeue>) -> Arc<Desired> {
         suspended: BTreeMap::new(),
         requeues,
         polls: [(SchedulerId::Slurm, poll)].into(),
+        limits: Default::default(),
     })
 }
 

@@ -167,6 +167,7 @@ fn build_jobs(
             est_duration_s: t.duration_s,
             deferrable,
             preemptible: false,
+            gpu_power_limit: None,
         };
         out.push(SimJob::new(job, t.duration_s, curve, t.gpu_model.clone()));
     }

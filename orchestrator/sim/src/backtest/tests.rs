@@ -123,6 +123,7 @@ fn waiting_work_resumes_the_nodes_it_needs_without_a_controller() {
         est_duration_s: 600.0,
         deferrable: false,
         preemptible: false,
+        gpu_power_limit: None,
     };
     let mut f = managed(vec![SimJob::new(job, 600.0, 0, None)]);
     let t0 = f.now();

@@ -135,6 +135,7 @@ fn job(id: &str, class: &str, priority: i32, gpus: &[EntityId], state: JobState)
         est_duration_s: 3600.0,
         deferrable: false,
         preemptible: false,
+        gpu_power_limit: None,
     }
 }
 

@@ -343,6 +343,7 @@ fn a_job(state: telemetry::JobState, submit: f64, gpus: u32) -> telemetry::Job {
         est_duration_s: 3600.0,
         deferrable: true,
         preemptible: false,
+        gpu_power_limit: None,
     }
 }
 

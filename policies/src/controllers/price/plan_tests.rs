@@ -121,6 +121,7 @@ fn waiting(id: &str, gpus: u32, hours: f64, submit: Timestamp, slack_h: f64) -> 
         est_duration_s: hours * 3600.0,
         deferrable: true,
         preemptible: false,
+        gpu_power_limit: None,
     }
 }
 

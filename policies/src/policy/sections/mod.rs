@@ -11,6 +11,7 @@
 //! - `price.rs`: `[price]`, the price controller.
 //! - `node_power.rs`: `[node_power]`, node power (its type, `NodePowerRule`, with it).
 //! - `grid.rs`: `[grid]`, how a grid event's target is met (its type, `GridRule`).
+//! - `limits.rs`: `[limits]`, GPU power limits by job class and as jobs ask (`LimitsRule`).
 //!
 //! A new controller's section: a module here, a field of [`super::Policy`] and one
 //! line in [`SECTIONS`].
@@ -23,6 +24,7 @@ use super::Policy;
 
 pub(crate) mod budget;
 pub(crate) mod grid;
+pub(crate) mod limits;
 pub(crate) mod node_power;
 pub(crate) mod price;
 pub(crate) mod rules;
@@ -43,6 +45,7 @@ pub(crate) const SECTIONS: &[Section] = &[
     price::SECTION,
     node_power::SECTION,
     grid::SECTION,
+    limits::SECTION,
 ];
 
 /// What a section's check sees: the file, where its table sits, and the collector.

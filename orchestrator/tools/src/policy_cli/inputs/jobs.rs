@@ -109,6 +109,7 @@ impl RawJob {
             est_duration_s: est,
             deferrable: self.deferrable.unwrap_or(true),
             preemptible: self.preemptible.unwrap_or(false),
+            gpu_power_limit: None,
         })
     }
 }
