@@ -65,6 +65,7 @@ impl Core {
                         reading,
                         processes,
                         desired,
+                        pods: Vec::new(),
                     });
                 }
                 Err(e) => {
