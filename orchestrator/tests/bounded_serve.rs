@@ -157,6 +157,7 @@ fn report(node: &str, power_w: f64) -> Vec<u8> {
             reading,
             processes: vec![],
             desired: None,
+            pods: vec![],
         }],
         errors: vec![],
     };

@@ -413,6 +413,12 @@ pub struct GpuReport {
     pub processes: Vec<Process>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired: Option<Desired>,
+    /// The Kubernetes pods holding this GPU (`namespace/name`, sorted), as the
+    /// kubelet's pod-resources API says, idle or not; empty (and left out) without
+    /// `[kubernetes]` in the agent's config, or when no pod holds the GPU. Older
+    /// controllers ignore the member; reports without it read as empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
 }
 
 /// A GPU that could not be read.

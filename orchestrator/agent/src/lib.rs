@@ -15,6 +15,7 @@
 //!   protocol, the logs, the clock;
 //! - [`core`]: the state machine, free of MQTT and clock;
 //! - [`procs`]: which job a GPU process belongs to;
+//! - [`pods`]: which Kubernetes pods hold which GPUs (the kubelet's pod-resources API);
 //! - [`run`]: the config file and the MQTT loop;
 //! - [`cli`]: the command line both binaries share.
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@
 pub mod backends;
 pub mod cli;
 pub mod core;
+pub mod pods;
 pub mod procs;
 pub mod run;
 

@@ -58,6 +58,9 @@ pub struct AgentConfig {
     #[serde(default)]
     pub backend: BackendConfig,
     pub mqtt: MqttConfig,
+    /// Which pods hold which GPUs, from the kubelet (absent: not asked).
+    #[serde(default)]
+    pub kubernetes: Option<crate::pods::KubernetesConfig>,
 }
 
 fn one() -> f64 {
@@ -172,6 +175,10 @@ pub fn load(path: &Path, dry_run: bool) -> Result<Loaded> {
     let key = read_key(&resolve(base, &cfg.key_file))?;
     let node = cfg.node.clone().unwrap_or_else(hostname);
     check_numbers(&name, &node, &cfg)?;
+    if let Some(k) = cfg.kubernetes.as_mut() {
+        k.check().map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        k.pod_resources_socket = resolve(base, &k.pod_resources_socket);
+    }
     if cfg.state_file.is_none() {
         warn!("{name}: no state_file: a restart forgets the desired state, its leases and the command ids seen (replays)");
     }
@@ -303,7 +310,12 @@ pub fn run(
         cmd: topics.topic(&node, Channel::Cmd),
         ack: topics.topic(&node, Channel::Ack),
     };
-    let core = Core::start(rules, backend, state_file, clock());
+    let mut core = Core::start(rules, backend, state_file, clock());
+    if let Some(k) = &cfg.kubernetes {
+        let pods = crate::pods::PodResources::start(k)
+            .context("cannot start asking the kubelet for the pods' GPUs")?;
+        core = core.with_pods(pods);
+    }
     let (link, events) = open_link(&cfg, &node, &core, &t, clock)?;
     info!(node = %node, cmd = %t.cmd, interval_s = cfg.interval_s, dry_run = cfg.dry_run, fail_safe = core.rules().fail_safe.name(), "agent starting");
     let interval = Duration::from_secs_f64(cfg.interval_s);
@@ -571,5 +583,53 @@ mod tests {
         assert_eq!(l.rules.fail_safe, FailSafe::RestoreDefault);
         assert_eq!(l.on_exit, OnExit::RestoreDefault);
         assert_eq!(l.config.mqtt.url, "mqtt://controller.example:1883");
+        assert!(l.config.kubernetes.is_none(), "no [kubernetes]: not asked");
+    }
+
+    fn load_with(extra: &str) -> Result<Loaded> {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join("site.key"), "0f".repeat(32)).expect("key");
+        let text = format!(
+            "node = \"n1\"\nkey_file = \"site.key\"\n[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n{extra}"
+        );
+        std::fs::write(dir.path().join("agent.toml"), text).expect("cfg");
+        load(&dir.path().join("agent.toml"), false)
+    }
+
+    #[test]
+    fn the_kubernetes_table_has_defaults_and_is_checked() {
+        let l = load_with("[kubernetes]\n").expect("an empty table takes the defaults");
+        let k = l.config.kubernetes.expect("asked");
+        assert_eq!(
+            k.pod_resources_socket,
+            PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        assert_eq!(k.resource_names, vec!["nvidia.com/gpu".to_string()]);
+        assert_eq!((k.refresh_s, k.timeout_s), (10.0, 2.0));
+
+        let l = load_with(
+            "[kubernetes]\npod_resources_socket = \"/run/k.sock\"\nresource_names = [\"nvidia.com/gpu\", \"nvidia.com/mig-1g.10gb\"]\nrefresh_s = 5\ntimeout_s = 1.5\n",
+        )
+        .expect("valid");
+        let k = l.config.kubernetes.expect("asked");
+        assert_eq!(k.pod_resources_socket, PathBuf::from("/run/k.sock"));
+        assert_eq!(k.resource_names.len(), 2);
+        assert_eq!((k.refresh_s, k.timeout_s), (5.0, 1.5));
+
+        for (extra, says) in [
+            ("[kubernetes]\nsocket = \"/x\"\n", "unknown field `socket`"),
+            ("[kubernetes]\nrefresh_s = 0\n", "refresh_s must be within"),
+            (
+                "[kubernetes]\ntimeout_s = 20\n",
+                "timeout_s must be above 0 and at most refresh_s",
+            ),
+            (
+                "[kubernetes]\nresource_names = []\n",
+                "resource_names must name",
+            ),
+        ] {
+            let e = format!("{:#}", load_with(extra).err().expect(extra));
+            assert!(e.contains(says), "{extra}: {e}");
+        }
     }
 }

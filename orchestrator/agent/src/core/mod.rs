@@ -127,6 +127,10 @@ pub struct Core {
     monotonic: Monotonic,
     pub counters: BTreeMap<&'static str, u64>,
     seq: u64,
+    /// Which pods hold which GPUs (`[kubernetes]`), and the last answer whose
+    /// unmatched device ids were counted.
+    pods: Option<crate::pods::PodResources>,
+    pods_counted: u64,
 }
 
 fn bump(c: &mut BTreeMap<&'static str, u64>, k: &'static str) {
@@ -156,6 +160,8 @@ impl Core {
             monotonic: Box::new(Instant::now),
             counters: BTreeMap::new(),
             seq: 0,
+            pods: None,
+            pods_counted: 0,
         };
         core.read();
         let restored: Vec<(u32, Desired)> = core
@@ -180,6 +186,12 @@ impl Core {
     /// by default).
     pub fn with_monotonic(mut self, monotonic: Monotonic) -> Core {
         self.monotonic = monotonic;
+        self
+    }
+
+    /// The core that reports which pods hold each GPU, from this mapping.
+    pub fn with_pods(mut self, pods: crate::pods::PodResources) -> Core {
+        self.pods = Some(pods);
         self
     }
 

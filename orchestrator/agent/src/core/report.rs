@@ -1,11 +1,14 @@
 //! Telemetry out: one read cycle ([`Core::tick`]) gives the node report the loop
 //! publishes on the GPUs topic, and [`Core::health`] the health it publishes retained.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use telemetry::agent_proto::{
     Desired, GpuFailure, GpuReport, Health, NodeReport, Process, VERSION,
 };
 use telemetry::gpu_backend::{GpuError, GpuReading};
 use telemetry::Timestamp;
+use tracing::warn;
 
 use super::{bump, Core};
 
@@ -49,6 +52,7 @@ impl Core {
             gpus: Vec::new(),
             errors: Vec::new(),
         };
+        let mut pods = self.pods_of(&all);
         for (n, r) in all.into_iter().enumerate() {
             match r {
                 Ok(reading) => {
@@ -61,10 +65,15 @@ impl Core {
                         })
                         .collect();
                     let desired = self.p.desired.get(&reading.index).cloned();
+                    let pods = pods
+                        .remove(reading.uuid.as_str())
+                        .map(|p| p.into_iter().collect())
+                        .unwrap_or_default();
                     report.gpus.push(GpuReport {
                         reading,
                         processes,
                         desired,
+                        pods,
                     });
                 }
                 Err(e) => {
@@ -78,6 +87,41 @@ impl Core {
             }
         }
         report
+    }
+
+    /// The pods holding each GPU read (by UUID), from the kubelet's last answer while
+    /// it is fresh enough. The device ids of an answer that no GPU has are counted
+    /// (`pod_resources_unmatched_devices`) and logged, once per answer.
+    fn pods_of(
+        &mut self,
+        all: &[Result<GpuReading, GpuError>],
+    ) -> BTreeMap<String, BTreeSet<String>> {
+        let Some(snap) = self
+            .pods
+            .as_ref()
+            .and_then(|p| p.current((self.monotonic)()))
+        else {
+            return BTreeMap::new();
+        };
+        let uuids: BTreeSet<&str> = all.iter().flatten().map(|r| r.uuid.as_str()).collect();
+        let (gpus, unmatched) = snap.mapping.assign(&uuids);
+        if snap.generation != self.pods_counted {
+            self.pods_counted = snap.generation;
+            if !unmatched.is_empty() {
+                *self
+                    .counters
+                    .entry("pod_resources_unmatched_devices")
+                    .or_default() += unmatched.len() as u64;
+                let mig = unmatched.iter().filter(|d| d.starts_with("MIG-")).count();
+                if let Some(left_out) = self
+                    .log_limit
+                    .allow("pod_resources_unmatched", (self.monotonic)())
+                {
+                    warn!(devices = ?unmatched, mig, left_out, "the kubelet names devices that no GPU of this node has (a MIG device named by its own UUID, or a GPU that failed to read): their pods are not attributed");
+                }
+            }
+        }
+        gpus.into_iter().map(|(u, p)| (u.to_string(), p)).collect()
     }
 
     /// The agent's health now.
@@ -108,6 +152,12 @@ impl Core {
                 .counters
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
+                .chain(self.pods.iter().flat_map(|p| {
+                    [
+                        ("pod_resources_errors".to_string(), p.errors()),
+                        ("pod_resources_answers".to_string(), p.answers()),
+                    ]
+                }))
                 .collect(),
         }
     }

@@ -282,6 +282,7 @@ fn acks_with_a_bad_signature_are_refused_and_reports_become_samples() {
             reading,
             processes: vec![],
             desired: None,
+            pods: vec![],
         }],
         errors: vec![],
     };
