@@ -338,3 +338,169 @@ fn two_replicas_elect_their_leader_on_a_kubernetes_lease_and_both_answer_the_api
     }
     eprintln!("took over in {:.1} s (lease_s = 3)", took.as_secs_f64());
 }
+
+/// The agent's fake kubelet (pod-resources over gRPC on a unix socket), from the
+/// agent's own sources; its protocol code (`grpc`, `proto`) is the agent's.
+#[allow(dead_code)]
+#[path = "../agent/src/pods/fake.rs"]
+mod fake_kubelet;
+use agent::pods::{grpc, proto, LIST};
+
+/// A running pod on the node the agent serves, with a GPU power limit annotation.
+fn running_pod(name: &str, class: &str, limit: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "ml", "labels": { "powerplane.io/class": class },
+                      "annotations": { "powerplane.io/gpu-power-limit": limit } },
+        "spec": { "nodeName": "gpu-node-1",
+                  "containers": [{ "name": "c", "image": "x", "resources": { "limits": { "nvidia.com/gpu": "2" } } }] },
+        "status": { "phase": "Running" }
+    })
+}
+
+#[test]
+fn a_pods_gpu_power_limit_caps_the_gpus_the_kubelet_says_it_holds_and_the_pod_is_told() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    common::write_site_and_deferral_policy(d);
+    common::write_price_step(d, 3600);
+    std::fs::write(d.join("site.key"), "5c".repeat(32)).expect("key");
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(d.join("site.key"), private).expect("chmod");
+    let api = Arc::new(kube_api::FakeKubeApi::start(&d.join("kube")));
+    api.put_pod(running_pod("capped", "inference", "200W"));
+    api.put_pod(running_pod("bad", "inference", "fast"));
+    // the node's kubelet: `capped` holds the agent's first two GPUs (A40s: 300 W by
+    // default, 100 W at least)
+    let kubelet = fake_kubelet::FakeKubelet::start(fake_kubelet::answer(vec![fake_kubelet::pod(
+        "ml",
+        "capped",
+        &[(
+            "c",
+            &[("nvidia.com/gpu", &["GPU-sim-0000", "GPU-sim-0001"])],
+        )],
+    )]));
+    let prefix = format!("pptest-klimit-{}", std::process::id());
+    let mqtt = common::mqtt_port();
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            "node = \"a01-n01\"\nkey_file = \"site.key\"\ninterval_s = 0.5\ntopic_prefix = \"{prefix}/v1\"\n\
+             [backend]\nkind = \"sim\"\ngpus = 8\n[mqtt]\nurl = \"mqtt://127.0.0.1:{mqtt}\"\n\
+             [kubernetes]\npod_resources_socket = \"{socket}\"\nrefresh_s = 1\ntimeout_s = 0.5\n",
+            socket = kubelet.socket.display(),
+        ),
+    )
+    .expect("agent config");
+    let agent_log = std::fs::File::create(d.join("agent.log")).expect("log");
+    let _agent = common::Serve(
+        std::process::Command::new(env!("CARGO_BIN_EXE_powerplane"))
+            .args(["agent", "--config"])
+            .arg(d.join("agent.toml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(agent_log)
+            .spawn()
+            .expect("agent"),
+    );
+    let port = free_port();
+    std::fs::write(
+        d.join("powerplane.toml"),
+        format!(
+            "[controller]\nsite = \"site.toml\"\npolicy = \"policy.toml\"\ntick_s = 0.5\n\
+             [store]\nkind = \"embedded\"\npath = \"s.redb\"\n[prices]\nfile = \"prices.csv\"\n\
+             [http]\nlisten = \"127.0.0.1:{port}\"\n[[http.tokens]]\nname = \"v\"\nrole = \"viewer\"\ntoken = \"{VIEWER}\"\n\
+             [agents]\nkey_file = \"site.key\"\nlease_s = 30\nrenew_s = 5\nretry_s = 1\ntopic_prefix = \"{prefix}/v1\"\n\
+             [agents.mqtt]\nurl = \"mqtt://127.0.0.1:{mqtt}\"\nclient_id = \"{prefix}-serve\"\n\
+             [schedulers.kubernetes]\nkubeconfig = \"{kubeconfig}\"\npoll_s = 0\n\
+             [schedulers.kubernetes.node_names]\ngpu-node-1 = \"a01-n01\"\n",
+            kubeconfig = api.kubeconfig().display(),
+        ),
+    )
+    .expect("config");
+    let cfg = d.join("powerplane.toml");
+    let _serve = serve(&cfg, 120);
+    let logs = || {
+        format!(
+            "{}\n---- agent ----\n{}",
+            common::serve_log(&cfg),
+            std::fs::read_to_string(d.join("agent.log")).unwrap_or_default()
+        )
+    };
+    let gpu = |i: u32| -> Option<Value> {
+        let (code, _, body) = http(port, "GET", "/api/v1/gpus", Some(VIEWER), b"");
+        (code == 200).then_some(())?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["gpus"]
+            .as_array()?
+            .iter()
+            .find(|g| g["id"] == format!("gpu/a01-n01:{i}"))
+            .cloned()
+    };
+    // the cap is planned, commanded, applied by the agent and reported enforced
+    let end = Instant::now() + Duration::from_secs(40);
+    loop {
+        let both = [0, 1].map(|i| {
+            gpu(i).is_some_and(|g| {
+                g["cap"]["watts"] == 200.0
+                    && g["cap"]["rule"] == "limits.job"
+                    && g["agent"]["enforced_w"] == 200.0
+                    && g["agent"]["pods"] == json!(["k8s:ml/capped"])
+            })
+        });
+        if both == [true, true] {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the pod's limit was never enforced: {:?} {:?}\n{}",
+            gpu(0),
+            gpu(1),
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // a GPU no pod holds is not capped
+    assert!(gpu(2).is_some_and(|g| g["cap"].is_null()), "{:?}", gpu(2));
+    // the pods are told: the limit in force, and the annotation that is not one
+    let end = Instant::now() + Duration::from_secs(10);
+    let told = |name: &str, reason: &str| {
+        api.events()
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == name && e["reason"] == reason)
+    };
+    while told("capped", "PowerLimitApplied").is_none()
+        || told("bad", "PowerLimitRefused").is_none()
+    {
+        assert!(
+            Instant::now() < end,
+            "events: {:?}\n{}",
+            api.events(),
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let applied = told("capped", "PowerLimitApplied").expect("event");
+    assert_eq!(applied["type"], "Normal");
+    assert!(
+        applied["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("200W") && n.contains("2 GPU")),
+        "{applied}"
+    );
+    let refused = told("bad", "PowerLimitRefused").expect("event");
+    assert_eq!(refused["type"], "Warning");
+    assert!(
+        refused["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("\"fast\"")),
+        "{refused}"
+    );
+    // told once, not every tick
+    std::thread::sleep(Duration::from_secs(2));
+    let n = api
+        .events()
+        .iter()
+        .filter(|e| e["regarding"]["name"] == "capped")
+        .count();
+    assert_eq!(n, 1, "{:?}", api.events());
+}

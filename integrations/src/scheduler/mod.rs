@@ -80,22 +80,25 @@ pub struct JobLimit {
     pub asked: String,
     /// The limit in watts on each of its GPUs (before the GPU's own range).
     pub asked_w: f64,
-    /// Each GPU it holds: the cap in force (watts, the rule whose cap it is) and the
-    /// GPU's minimum limit; `None`: not capped.
-    pub gpus: Vec<(telemetry::EntityId, Option<(f64, String)>, f64)>,
+    /// Each GPU it holds and what it runs at.
+    pub gpus: Vec<LimitGpu>,
+}
+
+/// One GPU of a job with a power limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitGpu {
+    pub gpu: telemetry::EntityId,
+    /// The cap in force (watts, the rule whose cap it is); `None`: not capped.
+    pub cap: Option<(f64, String)>,
+    /// The GPU's own range: its minimum and its default limit.
+    pub min_w: f64,
+    pub default_w: f64,
 }
 
 impl JobLimit {
     /// What to tell the job: (warning, reason, note); the same words while nothing
     /// changes.
     pub fn tell(&self) -> (bool, &'static str, String) {
-        let names = |pick: &dyn Fn(&Option<(f64, String)>) -> bool| -> Vec<String> {
-            self.gpus
-                .iter()
-                .filter(|(_, c, _)| pick(c))
-                .map(|(g, _, _)| g.to_string())
-                .collect()
-        };
         let n = self.gpus.len();
         if n == 0 {
             return (
@@ -110,7 +113,7 @@ impl JobLimit {
         let min = self
             .gpus
             .iter()
-            .map(|(_, _, m)| *m)
+            .map(|g| g.min_w)
             .fold(f64::INFINITY, f64::min);
         if self.asked_w < min {
             return (
@@ -122,7 +125,13 @@ impl JobLimit {
                 ),
             );
         }
-        let uncapped = names(&|c| c.is_none());
+        // a GPU not capped at or under its default limit already runs within the limit
+        let uncapped: Vec<String> = self
+            .gpus
+            .iter()
+            .filter(|g| g.cap.is_none() && self.asked_w < g.default_w - 0.5)
+            .map(|g| g.gpu.to_string())
+            .collect();
         if !uncapped.is_empty() {
             return (
                 true,
@@ -137,10 +146,11 @@ impl JobLimit {
         let lower: Vec<String> = self
             .gpus
             .iter()
-            .filter_map(|(g, c, _)| {
-                c.as_ref()
+            .filter_map(|g| {
+                g.cap
+                    .as_ref()
                     .filter(|(w, _)| *w < self.asked_w - 0.5)
-                    .map(|(w, rule)| format!("{g} at {w:.0} W by {rule}"))
+                    .map(|(w, rule)| format!("{} at {w:.0} W by {rule}", g.gpu))
             })
             .collect();
         if lower.is_empty() {

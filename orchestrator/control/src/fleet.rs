@@ -104,6 +104,9 @@ pub struct GpuBook {
     pub agent_lease_until: Option<Timestamp>,
     /// The limit the GPU reported enforcing, and when.
     pub enforced_w: Option<f64>,
+    /// The jobs holding it, as its agent last reported (Kubernetes pods, `k8s:ns/name`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
     pub reported_at: Option<Timestamp>,
     pub error: Option<String>,
 }
@@ -207,6 +210,7 @@ impl Fleet {
                         applied_w: None,
                         agent_lease_until: None,
                         enforced_w: None,
+                        pods: Vec::new(),
                         reported_at: None,
                         error: None,
                     },
@@ -488,12 +492,20 @@ impl Fleet {
         self.measure_skew(node, r.time, now);
         let src = format!("agent:{node}");
         let mut out = Vec::new();
-        for g in &r.gpus {
-            let g = &g.reading;
+        for report in &r.gpus {
+            let g = &report.reading;
             let id = EntityId::gpu(node, g.index);
             if let Some(b) = self.books.get_mut(&id) {
                 b.enforced_w = Some(g.power_limit_w);
                 b.reported_at = Some(r.time);
+                if b.pods.len() != report.pods.len()
+                    || b.pods
+                        .iter()
+                        .zip(&report.pods)
+                        .any(|(a, p)| a.get(4..) != Some(p.as_str()))
+                {
+                    b.pods = report.pods.iter().map(|p| format!("k8s:{p}")).collect();
+                }
             }
             for (m, v) in [
                 (POWER_W, Some(g.power_w)),
@@ -528,6 +540,18 @@ impl Fleet {
             "agent clock is {:.1} s {} the controller's: its commands still apply (leases run from their arrival) but its samples carry its clock; check NTP on the node",
             skew_s.abs(), if skew_s < 0.0 { "behind" } else { "ahead of" });
         true
+    }
+
+    /// The GPUs each job holds, as the agents last reported (Kubernetes pods, by job
+    /// id `k8s:namespace/name`).
+    pub fn holders(&self) -> BTreeMap<String, Vec<EntityId>> {
+        let mut out: BTreeMap<String, Vec<EntityId>> = BTreeMap::new();
+        for b in self.books.values() {
+            for p in &b.pods {
+                out.entry(p.clone()).or_default().push(b.gpu.clone());
+            }
+        }
+        out
     }
 
     /// Per GPU: desired, acknowledged and enforced, for the status file and logs.

@@ -332,6 +332,14 @@ impl ControlLoop {
         &self.snapshot
     }
 
+    /// The GPUs the agents report each job holding (see [`JobRegistry::set_holders`]).
+    pub fn set_holders(
+        &mut self,
+        holders: std::collections::BTreeMap<String, Vec<telemetry::EntityId>>,
+    ) {
+        self.registry.set_holders(holders);
+    }
+
     pub fn registry(&self) -> &JobRegistry {
         &self.registry
     }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use policies::JobTable;
 use telemetry::fasthash::FnvMap;
-use telemetry::{Job, Site};
+use telemetry::{EntityId, Job, Site};
 
 /// How many finished jobs the registry remembers (to tell a finished job a scheduler
 /// reports again from a change); older ones are forgotten (the store keeps them).
@@ -23,6 +23,9 @@ pub struct JobRegistry {
     /// ids to positions), once for every evaluation until the jobs or the site change
     /// (see [`JobRegistry::active_on`]).
     table: Option<JobTable>,
+    /// The GPUs the agents report each job holding (Kubernetes pods, from the
+    /// kubelet), for jobs whose scheduler names none ([`JobRegistry::set_holders`]).
+    holders: BTreeMap<String, Vec<EntityId>>,
 }
 
 impl JobRegistry {
@@ -37,7 +40,8 @@ impl JobRegistry {
     /// Jobs not in `incoming` are left as they are.
     pub fn sync(&mut self, incoming: impl IntoIterator<Item = Job>) -> Vec<Job> {
         let mut changed = Vec::new();
-        for job in incoming {
+        for mut job in incoming {
+            self.allocate(&mut job);
             let at = self.active.binary_search_by(|j| j.id.as_str().cmp(&job.id));
             match at {
                 Ok(i) if self.active[i] == job => continue,
@@ -61,6 +65,37 @@ impl JobRegistry {
             }
         }
         changed
+    }
+
+    /// A running job its scheduler gives no GPUs: those the agents report it holds.
+    fn allocate(&self, job: &mut Job) {
+        if job.allocated.is_empty() && job.state == telemetry::JobState::Running {
+            if let Some(g) = self.holders.get(&job.id) {
+                job.allocated = g.clone();
+            }
+        }
+    }
+
+    /// The GPUs the agents report each job holding, by job id: set as the allocation
+    /// of the running jobs whose scheduler names none (a Kubernetes pod's GPUs come
+    /// from its node's kubelet), now and on every later sync; a scheduler's own
+    /// allocation stands.
+    pub fn set_holders(&mut self, holders: BTreeMap<String, Vec<EntityId>>) {
+        if holders == self.holders {
+            return;
+        }
+        let old = std::mem::replace(&mut self.holders, holders);
+        for j in &mut self.active {
+            let from_agents = old.get(&j.id).is_some_and(|g| *g == j.allocated);
+            if j.state != telemetry::JobState::Running || !(j.allocated.is_empty() || from_agents) {
+                continue;
+            }
+            let want = self.holders.get(&j.id).cloned().unwrap_or_default();
+            if j.allocated != want {
+                j.allocated = want;
+                self.table = None;
+            }
+        }
     }
 
     fn finish(&mut self, job: Job) {

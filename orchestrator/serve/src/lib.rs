@@ -301,6 +301,11 @@ impl Serve {
             inner: actuator,
             done: None,
         };
+        // the GPUs each pod holds, as the agents report them from the kubelets
+        if let Some(f) = &self.leader.fleet {
+            let holders = lock(f).holders();
+            self.control.set_holders(holders);
+        }
         let report = self.control.tick(now, samples, jobs, &mut timed);
         let done = timed.done;
         self.grid_saw(now);

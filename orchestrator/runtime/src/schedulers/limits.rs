@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use integrations::scheduler::JobLimit;
+use integrations::scheduler::{JobLimit, LimitGpu};
 use policies::{Policy, State};
 use telemetry::{Job, JobState, Site};
 
@@ -42,7 +42,12 @@ pub fn job_limits(
             asked_w = asked_w.or(w);
             default_w = default_w.or(Some(model.default_w));
             let cap = actuated.caps.get(g).map(|c| (c.watts, c.rule.to_string()));
-            gpus.push((g.clone(), cap, model.min_w));
+            gpus.push(LimitGpu {
+                gpu: g.clone(),
+                cap,
+                min_w: model.min_w,
+                default_w: model.default_w,
+            });
         }
         let asked = match (own, by_class) {
             (Some(l), Some(c)) => {
