@@ -278,3 +278,31 @@ fn a_store_that_cannot_be_fenced_makes_no_leader() {
     let mut check = RedisLease::new(&server.url(), prefix, Duration::from_secs(2)).expect("read");
     assert_eq!(check.epoch().expect("epoch"), elected);
 }
+
+#[test]
+fn moving_from_the_stores_own_lease_the_first_term_starts_above_the_stores_epoch() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let api = FakeKubeApi::start(dir.path());
+    let server = RedisServer::start();
+    let prefix = "ha-kube-move";
+    // replicas led on the store's own lease up to term 57
+    let mut own = RedisLease::new(&server.url(), prefix, Duration::from_secs(2)).expect("lease");
+    let mut last = 0;
+    for _ in 0..57 {
+        last = own.acquire("old", 60_000).expect("acquire").expect("taken");
+        own.release("old", last).expect("release");
+    }
+    assert_eq!(last, 57);
+    // all stopped; they come back on the Lease
+    let mut l = FencedLease {
+        lease: lease(&api),
+        fence: RedisLease::new(&server.url(), prefix, Duration::from_secs(2)).expect("fence"),
+    };
+    let first = l.acquire("r0", 60_000).expect("acquire").expect("taken");
+    assert_eq!(first, 58, "above every term the store has fenced");
+    let mut store = fenced_store(&server, prefix);
+    store.set_fence(Some(first));
+    let mut tx = Tx::new();
+    tx.put_job(&job("k8s:ml/after", JobState::Pending));
+    store.commit(tx).expect("the first Lease term commits");
+}

@@ -250,4 +250,8 @@ impl LeaseStore for KubeLease {
     fn epoch(&mut self) -> Result<u64, LeaseError> {
         Ok(self.read()?.as_ref().map_or(0, epoch_of))
     }
+
+    fn at_least(&mut self, epoch: u64) {
+        self.seen = self.seen.max(epoch);
+    }
 }

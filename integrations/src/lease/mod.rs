@@ -59,13 +59,18 @@ pub trait LeaseStore {
     /// The fencing counter: the epoch of the latest term ever started here (0: the
     /// store never held a lease).
     fn epoch(&mut self) -> Result<u64, LeaseError>;
+    /// Terms taken from now on start above `epoch` (a store whose counter is kept
+    /// elsewhere, [`FencedLease`]); the stores that keep their own counter ignore it.
+    fn at_least(&mut self, _epoch: u64) {}
 }
 
 /// A store whose commits are fenced by an epoch, when the lease lives elsewhere (a
 /// Kubernetes Lease): raising its counter to a new term's epoch makes it refuse the
-/// batches of every older term. Never lowers it.
+/// batches of every older term. Never lowers it; a new term starts above it.
 pub trait Fence {
     fn raise(&mut self, epoch: u64) -> Result<(), LeaseError>;
+    /// The counter now.
+    fn current(&mut self) -> Result<u64, LeaseError>;
 }
 
 /// A lease kept in one place ([`LeaseStore`]) fencing a store kept in another
@@ -80,6 +85,10 @@ pub struct FencedLease<L, F> {
 
 impl<L: LeaseStore, F: Fence> LeaseStore for FencedLease<L, F> {
     fn acquire(&mut self, instance: &str, lease_ms: u64) -> Result<Option<u64>, LeaseError> {
+        // a new term starts above every term the store has fenced (a move from the
+        // store's own lease, a Lease deleted and made anew)
+        let floor = self.fence.current()?;
+        self.lease.at_least(floor);
         match self.lease.acquire(instance, lease_ms)? {
             Some(epoch) => {
                 self.fence.raise(epoch)?;

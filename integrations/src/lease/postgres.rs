@@ -188,4 +188,8 @@ impl Fence for PostgresLease {
         )?;
         Ok(())
     }
+
+    fn current(&mut self) -> Result<u64, LeaseError> {
+        LeaseStore::epoch(self)
+    }
 }

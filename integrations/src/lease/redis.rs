@@ -183,4 +183,8 @@ impl Fence for RedisLease {
         })?;
         Ok(())
     }
+
+    fn current(&mut self) -> Result<u64, LeaseError> {
+        LeaseStore::epoch(self)
+    }
 }
