@@ -63,6 +63,26 @@ fn the_admission_webhook_gates_deferrable_pods_and_only_those() {
         answer["response"]["patch"],
         json!([{ "op": "add", "path": "/spec/schedulingGates/-", "value": { "name": "powerplane.io/hold" } }])
     );
+    // a pod deferrable for its annotation alone, without the class label: gated, and
+    // labelled so that the watch (on the class label) follows it
+    let mut bare = fixture("admission-review-pod-create.json");
+    bare["request"]["object"]["metadata"]["labels"] = json!({ "app": "x" });
+    bare["request"]["object"]["metadata"]["annotations"] =
+        json!({ "powerplane.io/deferrable": "true" });
+    let answer = decoded(m.admit(&bare).expect("answer"));
+    assert_eq!(
+        answer["response"]["patch"][1],
+        json!({ "op": "add", "path": "/metadata/labels/powerplane.io~1class", "value": "default" })
+    );
+    bare["request"]["object"]["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("labels");
+    let answer = decoded(m.admit(&bare).expect("answer"));
+    assert_eq!(
+        answer["response"]["patch"][1],
+        json!({ "op": "add", "path": "/metadata/labels", "value": { "powerplane.io/class": "default" } })
+    );
     // an update is never patched (gates can only be set at creation)
     let mut review = fixture("admission-review-pod-create.json");
     review["request"]["operation"] = json!("UPDATE");
