@@ -1744,6 +1744,18 @@ fn the_files_powerplane_reads_are_where_its_configuration_says() {
             "agent.toml state_file {s:?} is in no writable volume of the agent"
         )),
     }
+    // the kubelet's pod-resources socket: its folder is mounted from the node
+    if let Some(sock) = str_at(&acfg, &["kubernetes", "pod_resources_socket"]) {
+        let folder = std::path::Path::new(sock)
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        if !afiles.dirs.contains_key(folder.as_str()) {
+            problems.push(format!(
+                "agent.toml pod_resources_socket {sock}: its folder {folder} is not mounted in the agent"
+            ));
+        }
+    }
     if let Some(p) = str_at(&acfg, &["proc_root"]) {
         if !afiles.dirs.contains_key(p) {
             problems.push(format!(
