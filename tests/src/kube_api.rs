@@ -8,6 +8,8 @@
 //! - **TLS like a cluster**: a CA of its own (made with the `openssl` command) signs the
 //!   server certificate for `127.0.0.1` and `localhost`. It writes a kubeconfig and a
 //!   service-account directory (`token`, `ca.crt`, `namespace`) for the clients.
+//! - **Client certificates** the cluster's CA signed are accepted as a user, as a
+//!   token is (`kubeconfig_certificate`); a certificate of another CA fails the handshake.
 //! - **Bearer tokens**: anything else is `401` with a `Status`; the accepted tokens can
 //!   be rotated at run time ([`FakeKubeApi::set_tokens`]).
 //! - **One global resourceVersion**, as etcd's revision: every write bumps it, every
@@ -1072,9 +1074,47 @@ fn make_certificates(dir: &Path) {
         ],
         dir,
     );
+    // a client certificate the CA signs (a user the API server knows by it)
+    let mut csr = vec!["req", "-new", "-nodes"];
+    csr.extend(ec);
+    csr.extend([
+        "-subj",
+        "/O=powerplane/CN=powerplane-controller",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+    ]);
+    openssl(&csr, dir);
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("write client.ext");
+    openssl(
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "3",
+            "-days",
+            "2",
+            "-extfile",
+            "client.ext",
+            "-out",
+            "client.crt",
+        ],
+        dir,
+    );
 }
 
-fn tls_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
+fn tls_config(cert: &Path, key: &Path, ca: &Path) -> Arc<rustls::ServerConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -1083,10 +1123,23 @@ fn tls_config(cert: &Path, key: &Path) -> Arc<rustls::ServerConfig> {
         .expect("certificates");
     let key = PrivateKeyDer::from_pem_file(key).expect("server key");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // client certificates of the cluster's CA are a way in, as a token is; a client
+    // without one may still bring a token
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).expect("ca") {
+        roots.add(c.expect("ca certificate")).expect("ca root");
+    }
+    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .expect("client verifier");
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("protocols")
-        .with_no_client_auth()
+        .with_client_cert_verifier(clients)
         .with_single_cert(certs, key)
         .expect("server config");
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -1109,7 +1162,11 @@ impl FakeKubeApi {
         let pki = dir.join("pki");
         std::fs::create_dir_all(&pki).expect("pki dir");
         make_certificates(&pki);
-        let tls = tls_config(&pki.join("server.crt"), &pki.join("server.key"));
+        let tls = tls_config(
+            &pki.join("server.crt"),
+            &pki.join("server.key"),
+            &pki.join("ca.crt"),
+        );
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let ca_file = pki.join("ca.crt");
@@ -1131,6 +1188,17 @@ impl FakeKubeApi {
             ),
         )
         .expect("kubeconfig");
+        std::fs::write(
+            dir.join("kubeconfig-certificate"),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {ca}\nusers:\n- name: controller\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: by-certificate\n  context:\n    cluster: fake\n    user: controller\n    namespace: {ns}\ncurrent-context: by-certificate\n",
+                ca = ca_file.display(),
+                crt = pki.join("client.crt").display(),
+                key = pki.join("client.key").display(),
+                ns = opts.namespace,
+            ),
+        )
+        .expect("kubeconfig with a client certificate");
 
         let (wake, _) = tokio::sync::watch::channel(0u64);
         let shared = Arc::new(Shared {
@@ -1203,6 +1271,12 @@ impl FakeKubeApi {
     /// the namespace, and it as the current context.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A kubeconfig whose user is a client certificate the cluster's CA signed (no
+    /// token), beside [`FakeKubeApi::kubeconfig`].
+    pub fn kubeconfig_certificate(&self) -> PathBuf {
+        self.kubeconfig.with_file_name("kubeconfig-certificate")
     }
 
     /// As mounted at `/var/run/secrets/kubernetes.io/serviceaccount`: `token`,
@@ -1483,9 +1557,16 @@ async fn connection(
     shared: Arc<Shared>,
 ) {
     let Ok(tls) = acceptor.accept(tcp).await else {
-        return; // the client refused our certificate, or went away
+        return; // the client refused our certificate (or we its), or went away
     };
-    let service = hyper::service::service_fn(move |req| handle(shared.clone(), req));
+    // rustls verified it against the cluster's CA during the handshake
+    let by_certificate = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .is_some_and(|c| !c.is_empty());
+    let service =
+        hyper::service::service_fn(move |req| handle(shared.clone(), req, by_certificate));
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
         .await;
@@ -1572,6 +1653,7 @@ fn route(path: &str) -> Option<(Res, Option<String>, Option<String>)> {
 async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
+    by_certificate: bool,
 ) -> Result<Response<ResBody>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -1593,7 +1675,7 @@ async fn handle(
 
     let (hang, failure) = {
         let mut st = shared.lock();
-        let authorized = bearer.as_ref().is_some_and(|t| st.tokens.contains(t));
+        let authorized = by_certificate || bearer.as_ref().is_some_and(|t| st.tokens.contains(t));
         st.requests.push(RequestRecord {
             method: method.to_string(),
             path: path.clone(),

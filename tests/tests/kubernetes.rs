@@ -479,3 +479,33 @@ fn the_api_server_is_spoken_to_over_https_with_its_ca_only() {
     let e = Kube::new(&far, Duration::from_secs(1)).expect_err("plain http off the host");
     assert!(e.to_string().contains("loopback"), "{e}");
 }
+
+#[test]
+fn a_kubeconfig_with_a_client_certificate_and_a_named_context_is_taken() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let api = FakeKubeApi::start(dir.path());
+    api.put_pod(pod("a", "batch", &["powerplane.io/hold"]));
+    // the kubeconfig's user is a client certificate of the cluster's CA, no token
+    let by_cert = Access {
+        kubeconfig: Some(api.kubeconfig_certificate()),
+        context: Some("by-certificate".into()),
+        ..Default::default()
+    };
+    let kube = Kube::new(&by_cert, Duration::from_secs(5)).expect("client");
+    let pods = KubePods::start(kube, "powerplane.io/class", None, 290);
+    let mut sync = KubeSync::new(pods, PodMapping::default());
+    poll_until(&mut sync, Timestamp::from_secs(0), "the list", |j| {
+        j.len() == 1
+    });
+    assert!(
+        api.requests().iter().all(|r| r.authorized),
+        "every request was let in by the certificate"
+    );
+    // a context the file does not have is a clear error at once
+    let missing = Access {
+        context: Some("nope".into()),
+        ..by_cert
+    };
+    let e = Kube::new(&missing, Duration::from_secs(5)).expect_err("no such context");
+    assert!(e.to_string().contains("kubeconfig"), "{e}");
+}
