@@ -192,7 +192,7 @@ fn poll_until<A: KubeApi>(
     what: &str,
     ok: impl Fn(&[telemetry::Job]) -> bool,
 ) -> Vec<telemetry::Job> {
-    let end = Instant::now() + Duration::from_secs(15);
+    let end = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(jobs) = sync.poll(now) {
             if ok(&jobs) {
@@ -508,4 +508,48 @@ fn a_kubeconfig_with_a_client_certificate_and_a_named_context_is_taken() {
     };
     let e = Kube::new(&missing, Duration::from_secs(5)).expect_err("no such context");
     assert!(e.to_string().contains("kubeconfig"), "{e}");
+}
+
+#[test]
+fn a_list_that_never_answers_is_dropped_and_made_anew() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut api = FakeKubeApi::start(dir.path());
+    api.put_pod(pod("a", "batch", &["powerplane.io/hold"]));
+    // the API server takes the first list and never answers it (a connection gone
+    // dead without closing); it answers again later, on new connections
+    api.hang(true);
+    let access = Access {
+        kubeconfig: Some(api.kubeconfig().to_path_buf()),
+        ..Default::default()
+    };
+    // as `[schedulers.kubernetes] watch_timeout_s = 1` makes it: silent for 11 s, dropped
+    let kube =
+        Kube::watching(&access, Duration::from_secs(2), Duration::from_secs(11)).expect("client");
+    let pods = KubePods::start(kube, "powerplane.io/class", None, 1);
+    let mut sync = KubeSync::new(pods, PodMapping::default());
+    let started = Instant::now();
+    while api.list_requests() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "no list sent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    api.hang(false);
+    assert!(
+        sync.poll(Timestamp::from_secs(0)).is_err(),
+        "not listed yet"
+    );
+    let jobs = poll_until(
+        &mut sync,
+        Timestamp::from_secs(0),
+        "the list made anew",
+        |j| j.len() == 1,
+    );
+    assert_eq!(jobs.len(), 1);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(10) && took < Duration::from_secs(40),
+        "listed after {took:?}"
+    );
+    assert!(api.list_requests() >= 2, "listed again");
+    assert!(sync.api.watch().errors >= 1, "{:?}", sync.api.watch());
+    api.stop();
 }

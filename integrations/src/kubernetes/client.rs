@@ -254,9 +254,30 @@ impl std::fmt::Debug for Kube {
 
 impl Kube {
     /// Connects lazily: the client is built here, the first request makes the
-    /// connection.
+    /// connection. Each call ends by `timeout` ([`Kube::call`]).
     pub fn new(access: &Access, timeout: Duration) -> Result<Kube, KubeError> {
-        let cfg = access.config(timeout)?;
+        Self::build(access, timeout, None)
+    }
+
+    /// A client for watches: besides each call's deadline, an answer (a list, a
+    /// watch) silent for `idle` is dropped, so a list on a connection that went dead
+    /// without closing is made anew instead of waiting for ever. `idle` must exceed
+    /// the longest a watch may stay silent (its server-side timeout).
+    pub fn watching(access: &Access, timeout: Duration, idle: Duration) -> Result<Kube, KubeError> {
+        Self::build(access, timeout, Some(idle))
+    }
+
+    fn build(
+        access: &Access,
+        timeout: Duration,
+        idle: Option<Duration>,
+    ) -> Result<Kube, KubeError> {
+        let mut cfg = access.config(timeout)?;
+        if let Some(idle) = idle {
+            cfg.read_timeout = Some(idle);
+            // counted from each request sent, not from when its pooled connection idled
+            cfg.reset_reader_on_write = true;
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("kube")

@@ -71,7 +71,12 @@ pub fn open(
     let Some(k) = &section.kubernetes else {
         return Ok(None);
     };
-    let kube = Kube::new(&k.access(base), Duration::from_secs_f64(k.timeout_s))?;
+    // a list or watch silent for its server-side timeout and 10 s more is dropped
+    let kube = Kube::watching(
+        &k.access(base),
+        Duration::from_secs_f64(k.timeout_s),
+        Duration::from_secs(u64::from(k.watch_timeout_s) + 10),
+    )?;
     info!(api = %kube.url, gate = %k.pods.gate, label = %k.pods.class_label, "steering Kubernetes pods through scheduling gates (watching pods with the class label)");
     let api = KubePods::start(
         kube,
