@@ -1,12 +1,34 @@
 //! The layout DESIGN.md fixes, checked on the dependency graph itself: the vocabulary
 //! and the engine carry no IO library, and the node agent carries no store, HTTP
 //! server, scheduler client or policy engine, nor the HTTP client and Redfish poller
-//! of the sources it does not run; the controller's crates depend only on those above
+//! of the sources it does not run (its one HTTP/2 client speaks gRPC to the kubelet's
+//! unix socket); the controller's crates depend only on those above
 //! them (control, report, sim, runtime, api, serve, tools), and the control loop's
 //! crate (with the store's contract it keeps its state through) on no IO library.
 
 use std::collections::BTreeSet;
 use std::process::Command;
+
+fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_path_buf()
+}
+
+/// The `.rs` files under `dir`, all the way down.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("source folder").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}
 
 /// The crates `package` depends on (normal dependencies, all the way down).
 fn tree(package: &str) -> BTreeSet<String> {
@@ -104,9 +126,30 @@ fn the_node_agent_carries_no_store_http_server_scheduler_client_or_engine() {
 fn the_node_agent_carries_no_http_client_nor_redfish_poller() {
     let deps = tree("powerplane-agent");
     assert!(deps.contains("rumqttc"), "the agent speaks MQTT");
-    let banned = ["reqwest", "hyper", "hyper-util", "tower-http", "h2"];
+    // hyper and h2 come in for one thing only: the kubelet's pod-resources gRPC over
+    // its unix socket (agent/src/pods/grpc.rs); nothing that speaks HTTP over a network
+    let banned = ["reqwest", "tower-http", "hyper-rustls", "hyper-tls"];
     let found: Vec<_> = banned.iter().filter(|c| deps.contains(**c)).collect();
     assert!(found.is_empty(), "the agent depends on {found:?}");
+    let grpc = std::fs::read_to_string(workspace().join("orchestrator/agent/src/pods/grpc.rs"))
+        .expect("the agent's gRPC client");
+    assert!(
+        grpc.contains("UnixStream") && !grpc.contains("TcpStream"),
+        "the agent's HTTP/2 client dials the kubelet's unix socket only"
+    );
+    let hyper_users: Vec<String> = walk(&workspace().join("orchestrator/agent/src"))
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .is_ok_and(|t| t.contains("hyper::") || t.contains("hyper_util::"))
+        })
+        .map(|p| p.display().to_string())
+        .filter(|p| !p.ends_with("pods/grpc.rs") && !p.ends_with("pods/fake.rs"))
+        .collect();
+    assert!(
+        hyper_users.is_empty(),
+        "only the pod-resources client speaks HTTP in the agent: {hyper_users:?}"
+    );
     let on = features("powerplane-agent", "telemetry-sources");
     assert!(on.contains("mqtt") && on.contains("nvml"), "{on:?}");
     let code: Vec<_> = ["redfish", "http-feeds"]
