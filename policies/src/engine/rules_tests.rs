@@ -1022,3 +1022,94 @@ fn a_hold_rule_in_observe_mode_reports_without_holding() {
     assert!(sim.state.observed_holds.is_empty());
     assert!(matches!(d[0].action, Action::Release) && d[0].observe_only);
 }
+
+/// Caps running training only while no work waits behind it.
+const CAP_UNLESS_QUEUED: &str = r#"
+[[rules]]
+name = "efficient"
+scope = "job"
+select = { class = "training" }
+when = "queue.short_gpus == 0"
+release = "queue.short_gpus > 0"
+action = { cap_w = 200 }
+lease = "15m"
+"#;
+
+#[test]
+fn queue_signals_count_the_waiting_work_beyond_the_free_gpus() {
+    let site = site();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+    let total = gpus.len();
+    assert!(total >= 4, "the test site has {total} GPUs");
+    let now = t0() + 60.0;
+    // one job runs on all but two GPUs; one more, not yet placed, holds a third
+    let running = job("run", 0, &gpus[..total - 2]);
+    let unplaced = Job {
+        allocated: vec![],
+        gpus: 1,
+        ..job("unplaced", 0, &[])
+    };
+    let waiting = |id: &str, n: u32, deadline_in: f64| Job {
+        gpus: n,
+        deadline: Some(now + deadline_in),
+        ..batch(id, None)
+    };
+    let held = Job {
+        state: JobState::Held,
+        gpus: 64,
+        ..batch("held", None)
+    };
+    let q = |jobs: &[Job]| crate::rules_eval::queue_of(jobs, total, now);
+    // one free GPU left: a 1-GPU wait is not short, a 3-GPU one is 2 short
+    let fits = [
+        running.clone(),
+        unplaced.clone(),
+        held.clone(),
+        waiting("a", 1, 7200.0),
+    ];
+    assert_eq!(q(&fits), (1.0, 1.0, 0.0, 7200.0 - 3600.0));
+    let short = [
+        running.clone(),
+        unplaced,
+        held,
+        waiting("a", 1, 7200.0),
+        waiting("b", 2, 5400.0),
+    ];
+    assert_eq!(q(&short), (2.0, 3.0, 2.0, 5400.0 - 3600.0));
+    // nothing waits: no slack to speak of
+    assert_eq!(q(&[running]), (0.0, 0.0, 0.0, 1e12));
+}
+
+#[test]
+fn a_cap_that_waits_for_an_empty_queue_lifts_while_work_is_short_of_gpus() {
+    let site = site();
+    let gpus: Vec<EntityId> = site.gpus().into_iter().map(|g| g.id.into_owned()).collect();
+    let total = gpus.len();
+    let mut sim = Sim::new(policy(CAP_UNLESS_QUEUED));
+    let running = job("train", 0, &gpus[..total - 1]);
+    let snap = |at: f64| inlets(&site, Some(25.0), 25.0, t0() + at);
+    let first = |sim: &Sim| sim.state.caps.get(&gpus[0]).map(|c| c.watts);
+    // one GPU free and a 1-GPU job waiting: it fits, the cap holds
+    let fits = [
+        running.clone(),
+        Job {
+            gpus: 1,
+            ..batch("w1", None)
+        },
+    ];
+    sim.tick(&snap(0.0), &fits, 0.0);
+    assert_eq!(first(&sim), Some(200.0), "nothing waits behind the cap");
+    // a 4-GPU job waits for GPUs the running work holds: the cap lifts
+    let short = [
+        running.clone(),
+        Job {
+            gpus: 4,
+            ..batch("w4", None)
+        },
+    ];
+    sim.tick(&snap(300.0), &short, 300.0);
+    assert_eq!(first(&sim), None, "work waits behind the capped job");
+    // the queue drains: capped again
+    sim.tick(&snap(600.0), std::slice::from_ref(&running), 600.0);
+    assert_eq!(first(&sim), Some(200.0));
+}

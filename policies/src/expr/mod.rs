@@ -122,6 +122,47 @@ pub enum JobField {
     EstDurationS,
 }
 
+impl JobField {
+    /// The field's name after `job.`.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobField::Priority => "priority",
+            JobField::Gpus => "gpus",
+            JobField::WaitS => "wait_s",
+            JobField::SlackS => "slack_s",
+            JobField::EstDurationS => "est_duration_s",
+        }
+    }
+}
+
+/// The site's queue: the jobs that wait in their scheduler's queue for GPUs (pending,
+/// not held by powerplane), the same for every target of a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueField {
+    /// Waiting jobs.
+    Jobs,
+    /// GPUs the waiting jobs ask for.
+    Gpus,
+    /// GPUs the waiting jobs ask for beyond those no running or suspended job holds:
+    /// work that cannot start until running work ends (0 when the hall has room).
+    ShortGpus,
+    /// The least slack (latest start − now) of a waiting job with a deadline, in
+    /// seconds; 10^12 when none has one.
+    MinSlackS,
+}
+
+impl QueueField {
+    /// The field's name after `queue.`.
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueField::Jobs => "jobs",
+            QueueField::Gpus => "gpus",
+            QueueField::ShortGpus => "short_gpus",
+            QueueField::MinSlackS => "min_slack_s",
+        }
+    }
+}
+
 /// Something the engine measures or knows.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Signal {
@@ -134,6 +175,7 @@ pub enum Signal {
     Forecast(Series, Stat),
     Time(TimeField),
     Job(JobField),
+    Queue(QueueField),
 }
 
 impl Signal {

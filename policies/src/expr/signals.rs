@@ -1,8 +1,8 @@
 //! A signal's dotted name and arguments resolved: `sum(power_w)`, `headroom(power_w)`,
-//! `price.p75(24h)`, `hour`, `job.slack_s`, or a metric.
+//! `price.p75(24h)`, `hour`, `job.slack_s`, `queue.short_gpus`, or a metric.
 
 use super::lex::Tok;
-use super::{Agg, JobField, Series, Signal, Span, Stat, TimeField};
+use super::{Agg, JobField, QueueField, Series, Signal, Span, Stat, TimeField};
 
 /// Why a name with its arguments is not a signal.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -27,6 +27,10 @@ pub enum SignalError {
     UnknownStat { path: String, series: String },
     #[error("unknown job field `{0}`: job.priority, job.gpus, job.wait_s, job.slack_s or job.est_duration_s")]
     UnknownJobField(String),
+    #[error(
+        "unknown queue field `{0}`: queue.jobs, queue.gpus, queue.short_gpus or queue.min_slack_s"
+    )]
+    UnknownQueueField(String),
     #[error("unknown signal `{0}`")]
     Unknown(String),
 }
@@ -86,6 +90,7 @@ pub(super) fn resolve(path: &[String], args: &[(Tok, Span)]) -> Result<Signal, S
             }))
         }
         ["job", f] => no_args(Signal::Job(job_field(f)?)),
+        ["queue", f] => no_args(Signal::Queue(queue_field(f)?)),
         [metric] => no_args(Signal::Metric(metric.to_string())),
         _ => Err(SignalError::Unknown(p.join("."))),
     }
@@ -138,5 +143,16 @@ fn job_field(f: &str) -> Result<JobField, SignalError> {
         "slack_s" => JobField::SlackS,
         "est_duration_s" => JobField::EstDurationS,
         other => return Err(SignalError::UnknownJobField(other.to_string())),
+    })
+}
+
+/// A field of the queue by its name after `queue.`.
+fn queue_field(f: &str) -> Result<QueueField, SignalError> {
+    Ok(match f {
+        "jobs" => QueueField::Jobs,
+        "gpus" => QueueField::Gpus,
+        "short_gpus" => QueueField::ShortGpus,
+        "min_slack_s" => QueueField::MinSlackS,
+        other => return Err(SignalError::UnknownQueueField(other.to_string())),
     })
 }

@@ -8,11 +8,13 @@ use std::cell::Cell;
 use chrono::{Datelike, Timelike};
 use telemetry::fasthash::FnvMap;
 use telemetry::metric::names::PRICE_PER_KWH;
-use telemetry::{EntityId, EntityKind, Job, Snapshot, Timestamp};
+use telemetry::{EntityId, EntityKind, Job, JobState, Snapshot, Timestamp};
 
 use super::texts::Texts;
 use super::{Tri, Val};
-use crate::expr::{Agg, BinOp, Compare, Cond, Expr, JobField, Series, Signal, Stat, TimeField};
+use crate::expr::{
+    Agg, BinOp, Compare, Cond, Expr, JobField, QueueField, Series, Signal, Stat, TimeField,
+};
 use crate::index::Index;
 use crate::plan::Timers;
 use crate::Forecast;
@@ -36,6 +38,70 @@ pub(super) struct Ctx<'a, 'i> {
     /// The last GPU reading (GPU, metric, value): `when` and `release` mostly read the
     /// same metric of a GPU one after the other.
     pub(super) last_gpu: Cell<Option<(usize, telemetry::snapshot::MetricId, Val)>>,
+    /// Every job the engine knows, for the `queue.*` signals.
+    pub(super) jobs: &'a [Job],
+    /// The queue's figures, found once a tick when a rule first reads one.
+    pub(super) queue: Cell<Option<Queue>>,
+}
+
+/// The site's queue at `now` (see [`QueueField`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Queue {
+    jobs: f64,
+    gpus: f64,
+    short_gpus: f64,
+    min_slack_s: f64,
+}
+
+impl Queue {
+    /// The jobs waiting in their scheduler's queue (pending), the GPUs they ask for
+    /// and those beyond the site's GPUs that no running or suspended job holds.
+    pub(super) fn of(jobs: &[Job], site_gpus: usize, now: Timestamp) -> Queue {
+        let mut q = Queue {
+            jobs: 0.0,
+            gpus: 0.0,
+            short_gpus: 0.0,
+            min_slack_s: 1e12,
+        };
+        let mut held = 0.0;
+        for j in jobs {
+            match j.state {
+                JobState::Pending => {
+                    q.jobs += 1.0;
+                    q.gpus += f64::from(j.gpus);
+                    if let Some(ls) = j.latest_start() {
+                        q.min_slack_s = q.min_slack_s.min(ls.secs_since(now));
+                    }
+                }
+                JobState::Running | JobState::Suspended => {
+                    held += if j.allocated.is_empty() {
+                        f64::from(j.gpus)
+                    } else {
+                        j.allocated.len() as f64
+                    };
+                }
+                _ => {}
+            }
+        }
+        let free = (site_gpus as f64 - held).max(0.0);
+        q.short_gpus = (q.gpus - free).max(0.0);
+        q
+    }
+
+    /// (jobs, gpus, short_gpus, min_slack_s), for tests.
+    #[cfg(test)]
+    pub(crate) fn fields(&self) -> (f64, f64, f64, f64) {
+        (self.jobs, self.gpus, self.short_gpus, self.min_slack_s)
+    }
+
+    fn get(&self, f: QueueField) -> f64 {
+        match f {
+            QueueField::Jobs => self.jobs,
+            QueueField::Gpus => self.gpus,
+            QueueField::ShortGpus => self.short_gpus,
+            QueueField::MinSlackS => self.min_slack_s,
+        }
+    }
 }
 
 impl<'a, 'i> Ctx<'a, 'i> {
@@ -44,6 +110,7 @@ impl<'a, 'i> Ctx<'a, 'i> {
         index: &'a Index<'i>,
         snapshot: &'a Snapshot,
         forecast: &'a Forecast,
+        jobs: &'a [Job],
         now: Timestamp,
         max_defer_s: f64,
     ) -> Self {
@@ -68,6 +135,8 @@ impl<'a, 'i> Ctx<'a, 'i> {
             site: index.site.site_entity(),
             now_values: Default::default(),
             last_gpu: Cell::new(None),
+            jobs,
+            queue: Cell::new(None),
         }
     }
 }
@@ -176,6 +245,14 @@ impl Ctx<'_, '_> {
                     JobField::SlackS => j.latest_start().map_or(1e12, |ls| ls.secs_since(self.now)),
                     JobField::EstDurationS => j.est_duration_s,
                 })
+            }
+            Signal::Queue(f) => {
+                let q = self.queue.get().unwrap_or_else(|| {
+                    let q = Queue::of(self.jobs, self.index.gpus.len(), self.now);
+                    self.queue.set(Some(q));
+                    q
+                });
+                Val::Ok(q.get(*f))
             }
         }
     }

@@ -96,6 +96,13 @@ enum Tri {
     Unknown,
 }
 
+/// The queue's figures (jobs, gpus, short_gpus, min_slack_s) for a site of
+/// `site_gpus` GPUs, as the `queue.*` signals read them.
+#[cfg(test)]
+pub(crate) fn queue_of(jobs: &[Job], site_gpus: usize, now: Timestamp) -> (f64, f64, f64, f64) {
+    conditions::Queue::of(jobs, site_gpus, now).fields()
+}
+
 /// Runs one rule over its targets. `memory` is the rule's prior memory (keyed by
 /// target) and is replaced by the next one.
 #[allow(clippy::too_many_arguments)]
@@ -111,7 +118,7 @@ pub fn run(
     now: Timestamp,
 ) -> (Wants, RuleMemories) {
     let texts = Texts::new(rule);
-    let ctx = Ctx::new(&texts, index, snapshot, forecast, now, max_defer_s);
+    let ctx = Ctx::new(&texts, index, snapshot, forecast, jobs, now, max_defer_s);
     let mut visit = Visit::new(rule, ctx, &texts, memory, (hold_margin_s, max_defer_s), now);
     match rule.scope {
         ScopeKind::Job => run_jobs(&mut visit, rule, index, jobs),

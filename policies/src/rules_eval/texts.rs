@@ -101,7 +101,8 @@ fn signal_name(s: &Signal) -> String {
             }
         }
         Signal::Time(t) => format!("{t:?}").to_lowercase(),
-        Signal::Job(f) => format!("job.{}", format!("{f:?}").to_lowercase()),
+        Signal::Job(f) => format!("job.{}", f.name()),
+        Signal::Queue(f) => format!("queue.{}", f.name()),
     }
 }
 
