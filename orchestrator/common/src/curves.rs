@@ -1,4 +1,6 @@
-//! How GPU power and speed respond to a power limit, from Zeus's A40 measurements.
+//! How GPU power and speed respond to a power limit, from Zeus's measurements (NSDI 2023)
+//! on the A40, V100, P100 and Quadro RTX 6000: [`a40`] for the demo's all-A40 halls,
+//! [`CurveSet`] for halls of several models, each GPU on its own model's curves.
 
 /// One workload's response: at a limit (fraction of the GPU's maximum), the power it
 /// draws (fraction of the maximum) and its speed relative to running uncapped.
@@ -6,6 +8,9 @@
 pub struct Curve {
     pub name: String,
     points: Vec<(f64, f64, f64)>,
+    /// Seconds per epoch at the highest limit: how fast this model runs the workload,
+    /// to compare with another model's measurement of it.
+    full_time_s: f64,
 }
 
 impl Curve {
@@ -35,6 +40,141 @@ pub fn a40() -> Vec<Curve> {
     parse(A40_CSV, A40_MAX_W)
 }
 
+const V100_CSV: &str = include_str!("../../data/zeus/zeus_nsdi23_summary_power_v100.csv");
+const P100_CSV: &str = include_str!("../../data/zeus/zeus_nsdi23_summary_power_p100.csv");
+const RTX6000_CSV: &str = include_str!("../../data/zeus/zeus_nsdi23_summary_power_rtx6000.csv");
+
+/// The measured workloads of every GPU model Zeus measured, by the model's name in the
+/// site's catalogue: a job draws one workload (a position in [`CurveSet::workloads`],
+/// the A40's list), and each GPU it runs on answers with its own model's measurement of
+/// that workload (or, for a workload its model was not measured on, the one at the same
+/// relative place in its model's list), in watts of that model's sweep, at its model's
+/// pace: the A40's time per epoch for the workload over its own (the median over the
+/// workloads both were measured on, where its model was not measured on this one).
+#[derive(Debug, Clone)]
+pub struct CurveSet {
+    sets: Vec<Set>,
+}
+
+#[derive(Debug, Clone)]
+struct Set {
+    model: String,
+    curves: Vec<Curve>,
+    /// The highest limit of the model's sweep (W): the curves' 1.0.
+    sweep_max_w: f64,
+    /// For each of the default set's workloads, its position in `curves`, and the pace
+    /// there relative to the default model's.
+    map: Vec<(usize, f64)>,
+}
+
+/// One model's measurement of a workload, as a GPU reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured<'c> {
+    pub curve: &'c Curve,
+    /// The watts the curve's fractions are of: the sweep's highest limit for a
+    /// measured model, else `None` (the GPU's own maximum).
+    pub sweep_max_w: Option<f64>,
+    /// Speed relative to the default model running the workload at full power.
+    pub pace: f64,
+}
+
+impl CurveSet {
+    /// Every model Zeus measured; the A40 is the default.
+    pub fn measured() -> CurveSet {
+        CurveSet::new(vec![
+            ("A40".to_string(), a40(), A40_MAX_W),
+            ("V100".to_string(), parse(V100_CSV, 250.0), 250.0),
+            ("P100".to_string(), parse(P100_CSV, 250.0), 250.0),
+            ("RTX6000".to_string(), parse(RTX6000_CSV, 260.0), 260.0),
+        ])
+    }
+
+    /// The given models' curves with their sweeps' highest limits; the first is the
+    /// default and names the workloads.
+    pub fn new(sets: Vec<(String, Vec<Curve>, f64)>) -> CurveSet {
+        let sets: Vec<_> = sets.into_iter().filter(|(_, c, _)| !c.is_empty()).collect();
+        let base: Vec<Curve> = sets.first().map(|s| s.1.clone()).unwrap_or_default();
+        let sets = sets
+            .into_iter()
+            .map(|(model, curves, sweep_max_w)| {
+                let same: Vec<Option<usize>> = base
+                    .iter()
+                    .map(|b| curves.iter().position(|c| c.name == b.name))
+                    .collect();
+                let mut paces: Vec<f64> = same
+                    .iter()
+                    .zip(&base)
+                    .filter_map(|(o, b)| o.map(|o| b.full_time_s / curves[o].full_time_s))
+                    .filter(|p| p.is_finite() && *p > 0.0)
+                    .collect();
+                paces.sort_by(f64::total_cmp);
+                let median = paces.get(paces.len() / 2).copied().unwrap_or(1.0);
+                let map = same
+                    .iter()
+                    .zip(&base)
+                    .enumerate()
+                    .map(|(i, (o, b))| match o {
+                        Some(o) => {
+                            let pace = b.full_time_s / curves[*o].full_time_s;
+                            (
+                                *o,
+                                if pace.is_finite() && pace > 0.0 {
+                                    pace
+                                } else {
+                                    median
+                                },
+                            )
+                        }
+                        None => {
+                            let at = (i * curves.len() / base.len().max(1)).min(curves.len() - 1);
+                            (at, median)
+                        }
+                    })
+                    .collect();
+                Set {
+                    model,
+                    curves,
+                    sweep_max_w,
+                    map,
+                }
+            })
+            .collect();
+        CurveSet { sets }
+    }
+
+    /// The workloads a job draws from (the default model's).
+    pub fn workloads(&self) -> &[Curve] {
+        self.sets.first().map_or(&[], |s| &s.curves)
+    }
+
+    /// The set a GPU model answers from: `Some` for a measured model, `None` for one
+    /// that uses the default's curves scaled to its own maximum at the default's pace.
+    pub fn set_of(&self, model: &str) -> Option<usize> {
+        self.sets.iter().position(|s| s.model == model)
+    }
+
+    /// Workload `w` (a position in [`CurveSet::workloads`]) on set `set` (`None`: the
+    /// default's curve, scaled to the GPU's own maximum).
+    pub fn curve(&self, set: Option<usize>, w: usize) -> Measured<'_> {
+        match set {
+            Some(s) => {
+                let set = &self.sets[s];
+                let (at, pace) = set.map[w];
+                Measured {
+                    curve: &set.curves[at],
+                    sweep_max_w: Some(set.sweep_max_w),
+                    pace,
+                }
+            }
+            None => Measured {
+                curve: &self.sets[0].curves[w],
+                sweep_max_w: None,
+                pace: 1.0,
+            },
+        }
+    }
+}
+
 /// Parses Zeus's `summary_power` CSV; keeps workloads measured at every limit.
 pub fn parse(csv: &str, max_w: f64) -> Vec<Curve> {
     use std::collections::BTreeMap;
@@ -54,7 +194,14 @@ pub fn parse(csv: &str, max_w: f64) -> Vec<Curve> {
         let key = format!("{}/{}/bs{}", f[0], f[1], f[2]);
         groups.entry(key).or_default().push((limit, tpe, power));
     }
-    let limits: usize = groups.values().map(Vec::len).max().unwrap_or(0);
+    // the limits the sweep went through; a workload measured at each once is kept (one
+    // measured twice, with two optimizers, is not one curve)
+    let limits = groups
+        .values()
+        .flatten()
+        .map(|r| r.0.to_bits())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
     let mut out = Vec::new();
     for (name, mut rows) in groups {
         if rows.len() != limits || limits < 2 {
@@ -66,7 +213,11 @@ pub fn parse(csv: &str, max_w: f64) -> Vec<Curve> {
             .iter()
             .map(|&(l, tpe, p)| (l / max_w, (p / max_w).min(1.0), (t_max / tpe).min(1.0)))
             .collect();
-        out.push(Curve { name, points });
+        out.push(Curve {
+            name,
+            points,
+            full_time_s: t_max,
+        });
     }
     out
 }
@@ -74,6 +225,63 @@ pub fn parse(csv: &str, max_w: f64) -> Vec<Curve> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_model_answers_from_its_own_measurements_of_the_same_workload() {
+        let set = CurveSet::measured();
+        let w = set.workloads();
+        assert_eq!(w, a40().as_slice());
+        let r = w
+            .iter()
+            .position(|c| c.name == "imagenet/resnet50/bs128")
+            .expect("resnet50 on the A40");
+        let a40 = set.curve(set.set_of("A40"), r);
+        assert_eq!(
+            (a40.curve, a40.sweep_max_w, a40.pace),
+            (&w[r], Some(300.0), 1.0)
+        );
+        for model in ["V100", "P100", "RTX6000"] {
+            let s = set.set_of(model);
+            assert!(s.is_some_and(|s| s > 0), "{model} was measured");
+            let m = set.curve(s, r);
+            assert_eq!(m.curve.name, w[r].name, "{model}: the same workload");
+            assert_ne!(m.curve, &w[r], "{model}: its own measurement");
+            // every workload has a curve on every model, each slower under a cap, and
+            // a pace of its own
+            for i in 0..w.len() {
+                let m = set.curve(s, i);
+                assert!(
+                    m.curve.at(0.6).1 <= m.curve.at(1.0).1 + 1e-9,
+                    "{model} {}",
+                    m.curve.name
+                );
+                assert!(
+                    m.pace > 0.05 && m.pace < 5.0,
+                    "{model} {}: {}",
+                    m.curve.name,
+                    m.pace
+                );
+            }
+        }
+        // resnet50 at batch 128: the A40 runs an epoch in 3739.5 s at 300 W, the P100 in
+        // its own time at 250 W; the V100 draws 222.4 W at 250 W
+        let v100 = set.curve(set.set_of("V100"), r);
+        let (p, s) = v100.curve.at(1.0);
+        assert!(
+            (p * 250.0 - 222.439).abs() < 0.01 && (s - 1.0).abs() < 1e-9,
+            "{p} {s}"
+        );
+        assert!(
+            (v100.pace - 3739.5 / 3603.5966666666664).abs() < 1e-9,
+            "{}",
+            v100.pace
+        );
+        let p100 = set.curve(set.set_of("P100"), r);
+        assert!(p100.pace < 0.8, "the P100 is slower: {}", p100.pace);
+        // a model Zeus did not measure answers with the A40's, at the A40's pace
+        let h = set.curve(set.set_of("H100"), r);
+        assert_eq!((h.curve, h.sweep_max_w, h.pace), (&w[r], None, 1.0));
+    }
 
     #[test]
     fn the_measured_curves_slow_down_and_draw_less_under_a_cap() {

@@ -8,7 +8,7 @@ use policies::State;
 use telemetry::fasthash::FnvMap;
 use telemetry::{EntityId, GpuModel, Site, Timestamp};
 
-use super::curves::Curve;
+use super::curves::{Curve, Measured};
 
 /// One simulated GPU.
 pub(crate) struct Gpu {
@@ -33,12 +33,28 @@ impl Gpu {
     /// Power (W, at least idle) and relative speed of this GPU running job `ji` (of
     /// curve `curve`) at its limit.
     pub fn busy(&mut self, ji: usize, curve: &Curve) -> (f64, f64) {
+        self.busy_on(
+            ji,
+            Measured {
+                curve,
+                sweep_max_w: None,
+                pace: 1.0,
+            },
+        )
+    }
+
+    /// The same on a model's own measurement of the job's workload: its curve's
+    /// fractions in watts of the sweep's highest limit (a limit above it binds at it),
+    /// its speed at the model's pace.
+    pub fn busy_on(&mut self, ji: usize, m: Measured<'_>) -> (f64, f64) {
         let bits = self.limit_w.to_bits();
         match self.busy {
             Some((j, b, w, speed)) if j == ji && b == bits => (w, speed),
             _ => {
-                let (p, speed) = curve.at(self.limit_w / self.model.max_w);
-                let w = (p * self.model.max_w).max(self.model.idle_w);
+                let max_w = m.sweep_max_w.unwrap_or(self.model.max_w);
+                let (p, speed) = m.curve.at(self.limit_w / max_w);
+                let w = (p * max_w).max(self.model.idle_w);
+                let speed = speed * m.pace;
                 self.busy = Some((ji, bits, w, speed));
                 (w, speed)
             }

@@ -2,7 +2,8 @@
 //! traces.
 //!
 //! It runs on the parts the demo's generator-driven `sim::Facility` runs on: the GPUs
-//! of `sim::gpu` (Zeus's measured A40 power/speed curves per power limit, caps and the
+//! of `sim::gpu` (Zeus's measured power/speed curves per power limit, each GPU on its
+//! model's own (`curves::CurveSet`), caps and the
 //! leases that revert them, node base power that follows how busy the node is), the
 //! rack inlet model of `sim::thermal` with each cooling unit's thermal lag, the holds
 //! of `sim::hold` and the readings of `sim::readings`. What it adds: jobs from a trace
@@ -25,7 +26,7 @@ use telemetry::fasthash::FnvMap;
 use telemetry::prices::Series;
 use telemetry::{Job, JobState, Sample, Site, Timestamp};
 
-use crate::curves::Curve;
+use crate::curves::{CurveSet, Measured};
 use crate::gpu::{self, Gpus};
 use crate::hold;
 use crate::readings::{GpuReadings, Readings};
@@ -84,7 +85,10 @@ fn series_end(s: &Series) -> Option<Timestamp> {
 
 pub struct Facility {
     site: Site,
-    curves: Vec<Curve>,
+    curves: CurveSet,
+    /// Each GPU's set in `curves` (its model's measurements; `None`: a model Zeus did
+    /// not measure).
+    curve_set: Vec<Option<u8>>,
     gpus: Gpus,
     job_index: FnvMap<String, usize>,
     /// Per job: the lease of the hold the last plan gave it (scratch for `apply`).
@@ -134,7 +138,7 @@ impl Facility {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         site: Site,
-        curves: Vec<Curve>,
+        curves: CurveSet,
         prices: Series,
         carbon: Series,
         mut jobs: Vec<SimJob>,
@@ -158,6 +162,10 @@ impl Facility {
             rack_power_w: vec![0.0; racks],
             cooling_power_w: vec![0.0; site.cooling.len()],
             site,
+            curve_set: gpus
+                .iter()
+                .map(|g| curves.set_of(&g.model.name).map(|s| s as u8))
+                .collect(),
             curves,
             gpus,
             nodes,
@@ -300,10 +308,13 @@ impl Facility {
         let mut node_busy = std::mem::take(&mut self.scratch.node_busy);
         node_busy.clear();
         node_busy.resize(self.nodes.len(), 0);
-        for g in self.gpus.iter_mut() {
+        for (gi, g) in self.gpus.iter_mut().enumerate() {
             let off = matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed);
             g.power_w = match g.job {
-                Some(j) => g.busy(j, &self.curves[self.jobs[j].curve]).0,
+                Some(j) => {
+                    let m = curve_of(&self.curves, &self.curve_set, gi, self.jobs[j].curve);
+                    g.busy_on(j, m).0
+                }
                 None if off => 0.0,
                 None => g.idle_w(),
             };
@@ -443,4 +454,10 @@ impl Actuator for Facility {
         self.update_power();
         Vec::new()
     }
+}
+
+/// Workload `w` as GPU `g`'s model measured it.
+#[inline]
+fn curve_of<'c>(curves: &'c CurveSet, sets: &[Option<u8>], g: usize, w: usize) -> Measured<'c> {
+    curves.curve(sets[g].map(usize::from), w)
 }

@@ -12,7 +12,7 @@ use super::facility::SimJob;
 use super::scenario::{ClassRule, Scenario};
 use super::trace::{self, Format, TraceJob, When};
 use super::{BacktestConfig, Input};
-use crate::curves::{self, Curve};
+use crate::curves::{self, CurveSet};
 use crate::rng::Rng;
 
 /// Reads a price or carbon file as the scenario says it is written.
@@ -255,7 +255,7 @@ pub(super) struct Inputs {
     pub carbon: Series,
     /// The facility's limit (the contract, or the feeds' usable capacity).
     pub budget_kw: f64,
-    pub curves: Vec<Curve>,
+    pub curves: CurveSet,
     pub jobs: Vec<SimJob>,
     /// Jobs whose class rule's deadline could not be met even at once.
     pub infeasible: usize,
@@ -289,13 +289,13 @@ impl Inputs {
         if let Some(n) = carbon_note {
             alignment = format!("{alignment}; {n}");
         }
-        let curves = curves::a40();
-        anyhow::ensure!(!curves.is_empty(), "no measured GPU curves");
+        let curves = CurveSet::measured();
+        anyhow::ensure!(!curves.workloads().is_empty(), "no measured GPU curves");
         let (jobs, infeasible) = build_jobs(
             &trace,
             &scenario,
             &align,
-            &curves,
+            curves.workloads(),
             cfg.from,
             cfg.to,
             &cfg.jobs.name,

@@ -41,7 +41,7 @@ fn managed(jobs: Vec<SimJob>) -> Facility {
     let start = Timestamp::from_secs(1_717_372_800);
     Facility::new(
         site,
-        curves::a40(),
+        curves::CurveSet::measured(),
         Series::default(),
         Series::default(),
         jobs,
@@ -209,4 +209,83 @@ fn a_load_factor_subsamples_below_one_and_copies_above_one_keeping_each_jobs_sha
             );
         }
     }
+}
+
+/// The IT power of the fixture hall with every GPU of `model`, before and while one
+/// 8-GPU job of workload `w` runs uncapped.
+fn idle_and_busy_w(model: &str, w: usize) -> (f64, f64) {
+    let text = include_str!("../../../tests/fixtures/backtest/site.toml")
+        .replace("gpu_model = \"A40\"", &format!("gpu_model = \"{model}\""));
+    let site = Site::parse("site.toml", &text).expect("site");
+    let start = Timestamp::from_secs(1_717_372_800);
+    let job = Job {
+        id: "j".into(),
+        scheduler: "trace".into(),
+        name: "j".into(),
+        user: "u".into(),
+        project: "p".into(),
+        class: "training".into(),
+        priority: 0,
+        gpus: 8,
+        allocated: Vec::new(),
+        state: JobState::Pending,
+        submit_time: start + 600.0,
+        start_time: None,
+        end_time: None,
+        deadline: None,
+        est_duration_s: 86400.0,
+        deferrable: false,
+        preemptible: false,
+        gpu_power_limit: None,
+    };
+    let mut f = Facility::new(
+        site,
+        curves::CurveSet::measured(),
+        Series::default(),
+        Series::default(),
+        vec![SimJob::new(job, 86400.0, w, None)],
+        1e9,
+        Box::new(|_| vec![1.0]),
+        start,
+    );
+    f.step(300.0);
+    let idle = f.it_power_w();
+    f.step(600.0);
+    f.step(300.0);
+    assert_eq!(f.point().busy_gpus, 8, "the job runs");
+    (idle, f.it_power_w())
+}
+
+/// A hall of several GPU models: each GPU runs a job's workload on its own model's
+/// measured curve (Zeus's V100 sweep: 222 W at its 250 W top), not the A40's.
+#[test]
+fn each_gpu_draws_its_own_models_measurement_of_the_jobs_workload() {
+    let set = curves::CurveSet::measured();
+    let w = set
+        .workloads()
+        .iter()
+        .position(|c| c.name == "imagenet/resnet50/bs128")
+        .expect("resnet50");
+    // what 8 GPUs add over idle at their default limit, in watts of the model's sweep
+    let busy_w = |model: &str| {
+        let g = telemetry::GpuModel::builtin(model).expect("known model");
+        let m = set.curve(set.set_of(model), w);
+        let max = m.sweep_max_w.unwrap_or(g.max_w);
+        8.0 * ((m.curve.at(g.default_w / max).0 * max).max(g.idle_w) - g.idle_w)
+    };
+    let (a40_idle, a40_busy) = idle_and_busy_w("A40", w);
+    let (v100_idle, v100_busy) = idle_and_busy_w("V100", w);
+    // the node's base power rises the same for both; the GPUs add their own draw
+    let base = (a40_busy - a40_idle) - busy_w("A40");
+    assert!(base > 0.0, "the node's base power rises with work: {base}");
+    let v100_added = v100_busy - v100_idle - base;
+    assert!(
+        (v100_added - busy_w("V100")).abs() < 1e-6,
+        "V100s draw {v100_added} W over idle, their curve says {}",
+        busy_w("V100")
+    );
+    assert!(
+        (busy_w("V100") - busy_w("A40")).abs() > 50.0,
+        "the models differ"
+    );
 }

@@ -106,10 +106,10 @@ impl Facility {
         let running = std::mem::take(&mut self.running);
         for &ji in &running {
             let job = &self.jobs[ji];
-            let curve = &self.curves[job.curve];
             let mut speed: f64 = 1.0;
             for &g in &job.gpus {
-                speed = speed.min(self.gpus[g].busy(ji, curve).1);
+                let curve = super::curve_of(&self.curves, &self.curve_set, g, job.curve);
+                speed = speed.min(self.gpus[g].busy_on(ji, curve).1);
             }
             let speed = speed.max(1e-3);
             let left = job.work_s - job.done_s;
