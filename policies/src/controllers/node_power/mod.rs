@@ -187,9 +187,15 @@ pub fn decide(
     let failed = failed_resumes(nodes, rule, now, &mut out);
     // per GPU model: the GPUs due within the model's boot time, then the work and the
     // reserve any model may take, against what is on or coming
-    let mut models: Vec<&str> = nodes.iter().map(|n| n.model.as_str()).collect();
-    models.sort_unstable();
-    models.dedup();
+    // the models in the order the site lists them: the order the scheduler prefers
+    // their nodes in (Slurm's node weights), and the order work of any model and the
+    // reserve are placed in
+    let mut models: Vec<&str> = Vec::new();
+    for n in nodes {
+        if !models.contains(&n.model.as_str()) {
+            models.push(&n.model);
+        }
+    }
     let minutes = (inputs.interval_s / 60.0).clamp(1.0, 1e6);
     let allowed = (f64::from(rule.max_downs_per_min) * minutes).min(f64::from(u32::MAX)) as u32;
     let mut downs_left = allowed.saturating_sub(inputs.downs_last_min);
@@ -293,10 +299,11 @@ fn share_any_model(
     }
 }
 
-/// Places `gpus` any model may take (`add`) on the models `fits`: on those with GPUs
-/// on and free beyond what they already want first, the most free first, so that no
-/// node is brought back for what an idle node of another model can take; what is left
-/// on the model with the most GPUs off to bring back.
+/// Places `gpus` any model may take (`add`) on the models `fits`, in the site's order of
+/// models (`per_model`'s, the order the scheduler prefers them in): on GPUs on and free
+/// beyond what they already want first, so that no node is brought back for what an
+/// idle node of another model can take; what is left on the models with GPUs off to
+/// bring back, in that order, each as far as its GPUs off go.
 fn place(
     per_model: &mut [ModelNeed],
     gpus: u32,
@@ -305,11 +312,7 @@ fn place(
 ) {
     let mut left = gpus;
     while left > 0 {
-        let Some(m) = per_model
-            .iter_mut()
-            .filter(|m| fits(m) && m.supply > m.want)
-            .max_by_key(|m| m.supply - m.want)
-        else {
+        let Some(m) = per_model.iter_mut().find(|m| fits(m) && m.supply > m.want) else {
             break;
         };
         let take = left.min(m.supply - m.want);
@@ -317,11 +320,17 @@ fn place(
         left -= take;
     }
     if left > 0 {
-        if let Some(m) = per_model
-            .iter_mut()
-            .filter(|m| fits(m))
-            .max_by_key(|m| m.off)
-        {
+        // what is left brings nodes back, the first model's first, as far as each has
+        // GPUs off; beyond them all, on the first model that fits
+        for m in per_model.iter_mut().filter(|m| fits(m) && m.off > 0) {
+            let take = left.min(m.off);
+            add(m, take);
+            left -= take;
+            if left == 0 {
+                return;
+            }
+        }
+        if let Some(m) = per_model.iter_mut().find(|m| fits(m)) {
             add(m, left);
         }
     }

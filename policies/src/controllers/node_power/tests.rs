@@ -324,6 +324,65 @@ fn work_for_any_model_takes_an_idle_node_of_another_model_before_one_is_brought_
     assert!(downs(&a).is_empty(), "{a:?}");
 }
 
+#[test]
+fn work_for_any_model_and_the_reserve_go_to_the_models_the_site_lists_first() {
+    // the site lists its A40 nodes first (the scheduler prefers them): with both
+    // models' nodes off, work for any model brings an A40 back, not a P100
+    let nodes = vec![
+        of_model(0, "A40", Power::Off { since: t(0.0) }),
+        of_model(1, "A40", Power::Off { since: t(0.0) }),
+        of_model(2, "P100", Power::Off { since: t(0.0) }),
+        of_model(3, "P100", Power::Off { since: t(0.0) }),
+        of_model(4, "P100", Power::Off { since: t(0.0) }),
+    ];
+    let r = NodePowerRule {
+        reserve_gpus: 0,
+        ..rule()
+    };
+    let need = |gpus| {
+        [Need {
+            at: t(1000.0),
+            gpus,
+            model: None,
+        }]
+    };
+    let a = decide(&nodes, &need(8), &r, Inputs::default(), t(1000.0));
+    assert_eq!(ups(&a), vec!["n0"], "{a:?}");
+    // more than the A40s hold: both A40s, then a P100
+    let a = decide(&nodes, &need(20), &r, Inputs::default(), t(1000.0));
+    assert_eq!(ups(&a), vec!["n0", "n1", "n2"], "{a:?}");
+    // idle nodes of both models on: the work keeps an A40 on, the idle P100s go down
+    let on: Vec<NodeView> = nodes
+        .iter()
+        .map(|n| NodeView {
+            power: Power::On,
+            idle_since: Some(t(0.0)),
+            ..n.clone()
+        })
+        .collect();
+    let a = decide(&on, &need(8), &r, Inputs::default(), t(1000.0));
+    let d = downs(&a);
+    let a40s_down = d.iter().filter(|n| ["n0", "n1"].contains(n)).count();
+    assert_eq!(a40s_down, 1, "one A40 stays on for the work: {a:?}");
+    assert!(
+        d.contains(&"n2") && d.contains(&"n3") && d.contains(&"n4"),
+        "{a:?}"
+    );
+    // the warm reserve likewise stays on the first model
+    let r = NodePowerRule {
+        reserve_gpus: 8,
+        ..rule()
+    };
+    let a = decide(&on, &[], &r, Inputs::default(), t(1000.0));
+    let d = downs(&a);
+    let a40s_down = d.iter().filter(|n| ["n0", "n1"].contains(n)).count();
+    assert_eq!(a40s_down, 1, "one A40 stays on for the reserve: {a:?}");
+    assert!(
+        d.contains(&"n2") && d.contains(&"n3") && d.contains(&"n4"),
+        "{a:?}"
+    );
+}
+
 fn a_job(state: telemetry::JobState, submit: f64, gpus: u32) -> telemetry::Job {
     telemetry::Job {
         id: format!("j{submit}"),

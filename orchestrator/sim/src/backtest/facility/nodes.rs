@@ -10,6 +10,10 @@ use crate::gpu::Gpus;
 pub(super) struct Node {
     pub(super) id: String,
     pub(super) model: String,
+    /// Its GPU model's place among the site's models, in the order the site lists them:
+    /// the scheduler takes the nodes of earlier models first, as Slurm's node weights
+    /// make it (all 0 in a hall of one model).
+    pub(super) rank: u8,
     pub(super) gpus: Vec<usize>,
     pub(super) free: u32,
     pub(super) base_w: f64,
@@ -68,12 +72,20 @@ impl NodePowerModel {
 
 /// The site's nodes, on and idle since `start`, with the GPUs of each.
 pub(super) fn of(site: &Site, gpus: &Gpus, start: Timestamp) -> Vec<Node> {
+    let mut models: Vec<&str> = Vec::new();
+    for n in &site.nodes {
+        if !models.contains(&n.gpu_model.as_str()) {
+            models.push(&n.gpu_model);
+        }
+    }
+    let rank = |m: &str| models.iter().position(|x| *x == m).unwrap_or(0).min(255) as u8;
     let mut nodes: Vec<Node> = site
         .nodes
         .iter()
         .map(|n| Node {
             id: n.id.clone(),
             model: n.gpu_model.clone(),
+            rank: rank(&n.gpu_model),
             gpus: Vec::new(),
             free: 0,
             base_w: n.base_w,
@@ -229,6 +241,9 @@ impl Facility {
                 _ => 0,
             })
             .collect();
+        // the nodes in the order the scheduler takes them: earlier models first
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        order.sort_by_key(|&i| (self.nodes[i].rank, i));
         for k in 0..self.waiting.len() {
             let j = &self.jobs[self.waiting[k]];
             if j.job.state != JobState::Pending {
@@ -237,7 +252,8 @@ impl Facility {
             let model = j.gpu_model.clone();
             let mut want = j.job.gpus;
             let fits = |n: &Node| model.as_ref().is_none_or(|m| &n.model == m);
-            for (ni, n) in self.nodes.iter().enumerate() {
+            for &ni in &order {
+                let n = &self.nodes[ni];
                 if want == 0 {
                     break;
                 }
@@ -247,7 +263,8 @@ impl Facility {
                     want -= take;
                 }
             }
-            for (n, l) in self.nodes.iter_mut().zip(left.iter_mut()) {
+            for &ni in &order {
+                let (n, l) = (&mut self.nodes[ni], &mut left[ni]);
                 if want == 0 {
                     break;
                 }

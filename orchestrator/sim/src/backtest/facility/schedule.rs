@@ -32,8 +32,9 @@ impl Facility {
         self.waiting = left;
     }
 
-    /// Places a job: the node with the fewest free GPUs that fits it, else the nodes
-    /// with the most free GPUs first.
+    /// Places a job: on the nodes of the site's earliest GPU model that has room (as
+    /// Slurm's node weights order them), the node with the fewest free GPUs that fits
+    /// it, else the nodes with the most free GPUs first.
     fn place(&mut self, ji: usize, now: Timestamp) -> bool {
         let want = self.jobs[ji].job.gpus;
         let model = self.jobs[ji].gpu_model.clone();
@@ -49,7 +50,7 @@ impl Facility {
             .iter()
             .enumerate()
             .filter(|(_, n)| ok(n) && n.free >= want)
-            .min_by_key(|(i, n)| (n.free, *i))
+            .min_by_key(|(i, n)| (n.rank, n.free, *i))
             .map(|(i, _)| i);
         let order: Vec<usize> = match best {
             Some(i) => vec![i],
@@ -57,7 +58,7 @@ impl Facility {
                 let mut v: Vec<usize> = (0..self.nodes.len())
                     .filter(|&i| ok(&self.nodes[i]))
                     .collect();
-                v.sort_by_key(|&i| (std::cmp::Reverse(self.nodes[i].free), i));
+                v.sort_by_key(|&i| (self.nodes[i].rank, std::cmp::Reverse(self.nodes[i].free), i));
                 v
             }
         };
