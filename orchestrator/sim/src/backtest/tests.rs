@@ -100,31 +100,36 @@ fn a_node_the_controller_stops_renewing_comes_back_after_its_lease() {
     assert_eq!(f.totals.lease_resumes, 1);
 }
 
+/// A training job of the trace, not yet arrived.
+fn pending(id: &str, gpus: u32, submit: Timestamp, est_duration_s: f64) -> Job {
+    Job {
+        id: id.into(),
+        scheduler: "trace".into(),
+        name: id.into(),
+        user: "u".into(),
+        project: "p".into(),
+        class: "training".into(),
+        priority: 0,
+        gpus,
+        allocated: Vec::new(),
+        state: JobState::Pending,
+        submit_time: submit,
+        start_time: None,
+        end_time: None,
+        deadline: None,
+        est_duration_s,
+        deferrable: false,
+        preemptible: false,
+        gpu_power_limit: None,
+    }
+}
+
 /// A job that arrives while the nodes it needs are off resumes them and starts
 /// after their boot time, with no controller.
 #[test]
 fn waiting_work_resumes_the_nodes_it_needs_without_a_controller() {
     let start = Timestamp::from_secs(1_717_372_800);
-    let job = Job {
-        id: "big".into(),
-        scheduler: "trace".into(),
-        name: "big".into(),
-        user: "u".into(),
-        project: "p".into(),
-        class: "training".into(),
-        priority: 0,
-        gpus: 128,
-        allocated: Vec::new(),
-        state: JobState::Pending,
-        submit_time: start + 1800.0,
-        start_time: None,
-        end_time: None,
-        deadline: None,
-        est_duration_s: 600.0,
-        deferrable: false,
-        preemptible: false,
-        gpu_power_limit: None,
-    };
+    let job = pending("big", 128, start + 1800.0, 600.0);
     let mut f = managed(vec![SimJob::new(job, 600.0, 0, None)]);
     let t0 = f.now();
     let all: Vec<_> = f.node_views().iter().map(|n| down(&n.id)).collect();
@@ -218,26 +223,7 @@ fn idle_and_busy_w(model: &str, w: usize) -> (f64, f64) {
         .replace("gpu_model = \"A40\"", &format!("gpu_model = \"{model}\""));
     let site = Site::parse("site.toml", &text).expect("site");
     let start = Timestamp::from_secs(1_717_372_800);
-    let job = Job {
-        id: "j".into(),
-        scheduler: "trace".into(),
-        name: "j".into(),
-        user: "u".into(),
-        project: "p".into(),
-        class: "training".into(),
-        priority: 0,
-        gpus: 8,
-        allocated: Vec::new(),
-        state: JobState::Pending,
-        submit_time: start + 600.0,
-        start_time: None,
-        end_time: None,
-        deadline: None,
-        est_duration_s: 86400.0,
-        deferrable: false,
-        preemptible: false,
-        gpu_power_limit: None,
-    };
+    let job = pending("j", 8, start + 600.0, 86400.0);
     let mut f = Facility::new(
         site,
         curves::CurveSet::measured(),
