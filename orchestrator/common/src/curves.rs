@@ -93,42 +93,35 @@ impl CurveSet {
     /// default and names the workloads.
     pub fn new(sets: Vec<(String, Vec<Curve>, f64)>) -> CurveSet {
         let sets: Vec<_> = sets.into_iter().filter(|(_, c, _)| !c.is_empty()).collect();
-        let base: Vec<Curve> = sets.first().map(|s| s.1.clone()).unwrap_or_default();
+        // the default's workloads: their names and how fast the default model runs them
+        let base: Vec<(String, f64)> = sets.first().map_or_else(Vec::new, |s| {
+            s.1.iter()
+                .map(|c| (c.name.clone(), c.full_time_s))
+                .collect()
+        });
         let sets = sets
             .into_iter()
             .map(|(model, curves, sweep_max_w)| {
-                let same: Vec<Option<usize>> = base
+                // each default workload's place in this model's list and its pace there
+                let same: Vec<Option<(usize, f64)>> = base
                     .iter()
-                    .map(|b| curves.iter().position(|c| c.name == b.name))
+                    .map(|(name, t)| {
+                        let o = curves.iter().position(|c| &c.name == name)?;
+                        let pace = t / curves[o].full_time_s;
+                        (pace.is_finite() && pace > 0.0).then_some((o, pace))
+                    })
                     .collect();
-                let mut paces: Vec<f64> = same
-                    .iter()
-                    .zip(&base)
-                    .filter_map(|(o, b)| o.map(|o| b.full_time_s / curves[o].full_time_s))
-                    .filter(|p| p.is_finite() && *p > 0.0)
-                    .collect();
+                let mut paces: Vec<f64> = same.iter().flatten().map(|&(_, p)| p).collect();
                 paces.sort_by(f64::total_cmp);
                 let median = paces.get(paces.len() / 2).copied().unwrap_or(1.0);
                 let map = same
                     .iter()
-                    .zip(&base)
                     .enumerate()
-                    .map(|(i, (o, b))| match o {
-                        Some(o) => {
-                            let pace = b.full_time_s / curves[*o].full_time_s;
-                            (
-                                *o,
-                                if pace.is_finite() && pace > 0.0 {
-                                    pace
-                                } else {
-                                    median
-                                },
-                            )
-                        }
-                        None => {
+                    .map(|(i, found)| {
+                        found.unwrap_or_else(|| {
                             let at = (i * curves.len() / base.len().max(1)).min(curves.len() - 1);
                             (at, median)
-                        }
+                        })
                     })
                     .collect();
                 Set {

@@ -185,11 +185,10 @@ pub fn decide(
     let reserve = reserve_of(rule, &inputs, total, node_gpus);
     // failed resumes first: they no longer count as supply
     let failed = failed_resumes(nodes, rule, now, &mut out);
-    // per GPU model: the GPUs due within the model's boot time, then the work and the
+    // per GPU model, in the order the site lists them (the order the scheduler prefers
+    // their nodes in, as Slurm's node weights; work of any model and the reserve are
+    // placed in it): the GPUs due within the model's boot time, then the work and the
     // reserve any model may take, against what is on or coming
-    // the models in the order the site lists them: the order the scheduler prefers
-    // their nodes in (Slurm's node weights), and the order work of any model and the
-    // reserve are placed in
     let mut models: Vec<&str> = Vec::new();
     for n in nodes {
         if !models.contains(&n.model.as_str()) {

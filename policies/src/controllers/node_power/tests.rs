@@ -360,27 +360,25 @@ fn work_for_any_model_and_the_reserve_go_to_the_models_the_site_lists_first() {
             ..n.clone()
         })
         .collect();
+    // one A40 goes down and one stays; every P100 goes down
+    let one_a40_stays = |a: &[NodeAction], why: &str| {
+        let d = downs(a);
+        let a40s_down = d.iter().filter(|n| ["n0", "n1"].contains(n)).count();
+        assert_eq!(a40s_down, 1, "one A40 stays on for {why}: {a:?}");
+        assert!(
+            d.contains(&"n2") && d.contains(&"n3") && d.contains(&"n4"),
+            "{a:?}"
+        );
+    };
     let a = decide(&on, &need(8), &r, Inputs::default(), t(1000.0));
-    let d = downs(&a);
-    let a40s_down = d.iter().filter(|n| ["n0", "n1"].contains(n)).count();
-    assert_eq!(a40s_down, 1, "one A40 stays on for the work: {a:?}");
-    assert!(
-        d.contains(&"n2") && d.contains(&"n3") && d.contains(&"n4"),
-        "{a:?}"
-    );
+    one_a40_stays(&a, "the work");
     // the warm reserve likewise stays on the first model
     let r = NodePowerRule {
         reserve_gpus: 8,
         ..rule()
     };
     let a = decide(&on, &[], &r, Inputs::default(), t(1000.0));
-    let d = downs(&a);
-    let a40s_down = d.iter().filter(|n| ["n0", "n1"].contains(n)).count();
-    assert_eq!(a40s_down, 1, "one A40 stays on for the reserve: {a:?}");
-    assert!(
-        d.contains(&"n2") && d.contains(&"n3") && d.contains(&"n4"),
-        "{a:?}"
-    );
+    one_a40_stays(&a, "the reserve");
 }
 
 fn a_job(state: telemetry::JobState, submit: f64, gpus: u32) -> telemetry::Job {
