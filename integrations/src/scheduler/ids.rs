@@ -1,35 +1,55 @@
 //! Typed ids of schedulers and their jobs: which adapter a job belongs to is read from
 //! its id once, here, instead of string prefixes at every use.
+//!
+//! The set of adapters is open: each declares its [`Adapter`] (its id, the scheduler
+//! name its jobs carry and the prefix of their ids) beside its `impl Scheduler`, and
+//! [`REGISTERED`] lists them, one line each. A job whose prefix no adapter claims belongs
+//! to the outbound webhook ([`WEBHOOK`]), which steers any other scheduler.
 
 use serde::Serialize;
 
-/// The adapters powerplane steers jobs through.
+pub use super::kubernetes::ADAPTER as KUBERNETES;
+pub use super::slurm::ADAPTER as SLURM;
+
+/// An adapter powerplane steers jobs through, by the name it goes by in logs,
+/// `/metrics` and the API (`slurm`, `kubernetes`, `webhook`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SchedulerId {
-    /// slurmrestd (`slurm:<job number>`).
-    Slurm,
-    /// Kubernetes scheduling gates (`k8s:<namespace>/<name>`).
-    Kubernetes,
-    /// Any other scheduler, over signed webhooks (`<scheduler>:<job>`, e.g. `lsf:42`).
-    Webhook,
+#[serde(transparent)]
+pub struct SchedulerId(&'static str);
+
+/// What ties jobs to an adapter: its id, the scheduler name its jobs carry
+/// (`Job::scheduler`) and the prefix of their ids (`slurm` in `slurm:42`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adapter {
+    pub id: SchedulerId,
+    pub scheduler: &'static str,
+    pub prefix: &'static str,
 }
 
+/// Any other scheduler, over signed webhooks (`<scheduler>:<job>`, e.g. `lsf:42`): the
+/// adapter of every job no entry of [`REGISTERED`] claims.
+pub const WEBHOOK: SchedulerId = SchedulerId("webhook");
+
+/// The adapters that claim jobs by name and prefix, one registration line each.
+pub const REGISTERED: &[Adapter] = &[SLURM, KUBERNETES];
+
 impl SchedulerId {
-    /// Every adapter, each once.
-    pub const ALL: [SchedulerId; 3] = [
-        SchedulerId::Slurm,
-        SchedulerId::Kubernetes,
-        SchedulerId::Webhook,
-    ];
+    /// An adapter's id by its name; for a new adapter's [`Adapter`] constant.
+    pub const fn new(name: &'static str) -> SchedulerId {
+        SchedulerId(name)
+    }
+
+    /// Every adapter, each once: those in [`REGISTERED`], then the webhook.
+    pub fn all() -> impl Iterator<Item = SchedulerId> {
+        REGISTERED.iter().map(|a| a.id).chain([WEBHOOK])
+    }
 
     /// The adapter of a job by the scheduler name it carries (`Job::scheduler`).
     pub fn of_scheduler(name: &str) -> SchedulerId {
-        match name {
-            "slurm" => SchedulerId::Slurm,
-            "kubernetes" => SchedulerId::Kubernetes,
-            _ => SchedulerId::Webhook,
-        }
+        REGISTERED
+            .iter()
+            .find(|a| a.scheduler == name)
+            .map_or(WEBHOOK, |a| a.id)
     }
 
     /// The adapter of a job.
@@ -37,12 +57,16 @@ impl SchedulerId {
         SchedulerId::of_scheduler(&job.scheduler)
     }
 
+    /// The adapter of a job id's prefix.
+    fn of_prefix(prefix: &str) -> SchedulerId {
+        REGISTERED
+            .iter()
+            .find(|a| a.prefix == prefix)
+            .map_or(WEBHOOK, |a| a.id)
+    }
+
     pub fn name(self) -> &'static str {
-        match self {
-            SchedulerId::Slurm => "slurm",
-            SchedulerId::Kubernetes => "kubernetes",
-            SchedulerId::Webhook => "webhook",
-        }
+        self.0
     }
 }
 
@@ -61,9 +85,6 @@ pub struct JobId {
     local: String,
 }
 
-const SLURM: &str = "slurm";
-const KUBERNETES: &str = "k8s";
-
 impl JobId {
     /// Reads `prefix:local`; `None` for an id without a prefix or with an empty part.
     pub fn parse(id: &str) -> Option<JobId> {
@@ -71,34 +92,30 @@ impl JobId {
         if prefix.is_empty() || local.is_empty() {
             return None;
         }
-        let scheduler = match prefix {
-            SLURM => SchedulerId::Slurm,
-            KUBERNETES => SchedulerId::Kubernetes,
-            _ => SchedulerId::Webhook,
-        };
         Some(JobId {
-            scheduler,
+            scheduler: SchedulerId::of_prefix(prefix),
             prefix: prefix.to_string(),
             local: local.to_string(),
         })
     }
 
+    /// A job of `adapter` by the scheduler's own id of it.
+    pub fn of(adapter: Adapter, local: impl Into<String>) -> JobId {
+        JobId {
+            scheduler: adapter.id,
+            prefix: adapter.prefix.into(),
+            local: local.into(),
+        }
+    }
+
     /// A Slurm job by its number.
     pub fn slurm(number: u64) -> JobId {
-        JobId {
-            scheduler: SchedulerId::Slurm,
-            prefix: SLURM.into(),
-            local: number.to_string(),
-        }
+        JobId::of(SLURM, number.to_string())
     }
 
     /// A Kubernetes pod.
     pub fn pod(namespace: &str, name: &str) -> JobId {
-        JobId {
-            scheduler: SchedulerId::Kubernetes,
-            prefix: KUBERNETES.into(),
-            local: format!("{namespace}/{name}"),
-        }
+        JobId::of(KUBERNETES, format!("{namespace}/{name}"))
     }
 
     pub fn scheduler(&self) -> SchedulerId {
@@ -117,9 +134,10 @@ impl JobId {
 
     /// The Slurm job number, for a Slurm job.
     pub fn slurm_number(&self) -> Option<u64> {
-        match self.scheduler {
-            SchedulerId::Slurm => self.local.parse().ok(),
-            _ => None,
+        if self.scheduler == SLURM.id {
+            self.local.parse().ok()
+        } else {
+            None
         }
     }
 }
@@ -137,30 +155,34 @@ mod tests {
     #[test]
     fn ids_know_their_scheduler_and_print_as_they_were_read() {
         let s = JobId::parse("slurm:42").expect("slurm");
-        assert_eq!(
-            (s.scheduler(), s.slurm_number()),
-            (SchedulerId::Slurm, Some(42))
-        );
+        assert_eq!((s.scheduler(), s.slurm_number()), (SLURM.id, Some(42)));
         assert_eq!(s, JobId::slurm(42));
         assert_eq!(s.to_string(), "slurm:42");
         let k = JobId::parse("k8s:ns/pod-1").expect("pod");
-        assert_eq!(k.scheduler(), SchedulerId::Kubernetes);
+        assert_eq!(k.scheduler(), KUBERNETES.id);
         assert_eq!(k, JobId::pod("ns", "pod-1"));
         assert_eq!(k.slurm_number(), None);
         let w = JobId::parse("lsf:a:b").expect("webhook");
         assert_eq!(
             (w.scheduler(), w.prefix(), w.local()),
-            (SchedulerId::Webhook, "lsf", "a:b")
+            (WEBHOOK, "lsf", "a:b")
         );
         assert_eq!(w.to_string(), "lsf:a:b");
         for bad in ["", "nocolon", ":1", "slurm:"] {
             assert_eq!(JobId::parse(bad), None, "{bad:?}");
         }
         assert_eq!(JobId::parse("slurm:x").and_then(|j| j.slurm_number()), None);
-        assert_eq!(SchedulerId::of_scheduler("lsf"), SchedulerId::Webhook);
+        assert_eq!(SchedulerId::of_scheduler("lsf"), WEBHOOK);
+        assert_eq!(SchedulerId::of_scheduler("kubernetes"), KUBERNETES.id);
         assert_eq!(
-            SchedulerId::of_scheduler("kubernetes"),
-            SchedulerId::Kubernetes
+            SchedulerId::all()
+                .map(SchedulerId::name)
+                .collect::<Vec<_>>(),
+            ["slurm", "kubernetes", "webhook"]
+        );
+        assert_eq!(
+            serde_json::to_string(&KUBERNETES.id).unwrap(),
+            "\"kubernetes\""
         );
     }
 }

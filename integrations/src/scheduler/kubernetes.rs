@@ -5,13 +5,21 @@ use serde_json::json;
 use telemetry::{Job, Timestamp};
 
 use super::{
-    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
+    Adapter, Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError,
+    SchedulerId, View,
 };
 use crate::kubernetes::{KubeApi, KubeSync};
 
+/// Kubernetes pods, through scheduling gates (`k8s:<namespace>/<name>`).
+pub const ADAPTER: Adapter = Adapter {
+    id: SchedulerId::new("kubernetes"),
+    scheduler: "kubernetes",
+    prefix: "k8s",
+};
+
 impl<A: KubeApi + Send> Scheduler for KubeSync<A> {
     fn id(&self) -> SchedulerId {
-        SchedulerId::Kubernetes
+        ADAPTER.id
     }
 
     fn requeues(&self) -> Requeues {

@@ -13,7 +13,9 @@
 //! owns the store.
 //!
 //! Adding an adapter: a module here (or a folder) with a type that implements
-//! [`Scheduler`], and one registration line in `orchestrator::schedulers`.
+//! [`Scheduler`] and its [`Adapter`] constant (its id, the scheduler name its jobs
+//! carry, the prefix of their ids), one line in [`REGISTERED`], and one registration
+//! line in `orchestrator::schedulers`.
 
 pub mod error;
 pub mod ids;
@@ -28,7 +30,7 @@ use serde::Serialize;
 use telemetry::{Job, Timestamp};
 
 pub use error::{Cause, SchedulerError};
-pub use ids::{JobId, SchedulerId};
+pub use ids::{Adapter, JobId, SchedulerId, KUBERNETES, REGISTERED, SLURM, WEBHOOK};
 
 use crate::store::{Store, StoreError, Tx};
 

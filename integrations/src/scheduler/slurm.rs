@@ -5,13 +5,21 @@ use telemetry::{Job, Timestamp};
 use tracing::{info, warn};
 
 use super::{
-    Commit, Counter, Desired, JobId, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
+    Adapter, Commit, Counter, Desired, JobId, Pass, Requeues, Scheduler, SchedulerError,
+    SchedulerId, View,
 };
 use crate::slurm_sync::SlurmSync;
 
+/// Slurm's jobs, through slurmrestd (`slurm:<job number>`).
+pub const ADAPTER: Adapter = Adapter {
+    id: SchedulerId::new("slurm"),
+    scheduler: "slurm",
+    prefix: "slurm",
+};
+
 impl Scheduler for SlurmSync {
     fn id(&self) -> SchedulerId {
-        SchedulerId::Slurm
+        ADAPTER.id
     }
 
     fn requeues(&self) -> Requeues {

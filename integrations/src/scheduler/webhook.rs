@@ -35,7 +35,7 @@ impl OutboxDelivery {
 
 impl Scheduler for OutboxDelivery {
     fn id(&self) -> SchedulerId {
-        SchedulerId::Webhook
+        super::ids::WEBHOOK
     }
 
     fn requeues(&self) -> Requeues {

@@ -16,7 +16,7 @@
 //!
 //! Adding a scheduler adapter: a type implementing [`integrations::scheduler::Scheduler`]
 //! (which declares how its jobs' requeues go and whether it reports under its name),
-//! its [`SchedulerId`], a config section in [`config`], a glue file here whose `open`
+//! its ids (an `ADAPTER` constant, one line in `integrations::scheduler::REGISTERED`), a config section in [`config`], a glue file here whose `open`
 //! builds it from the section, and one registration line in [`ADAPTERS`].
 
 pub mod config;
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use integrations::scheduler::{
-    Counter, Desired, Hints, JobId, Requeue, Requeues, Scheduler, SchedulerId,
+    Counter, Desired, Hints, JobId, Requeue, Requeues, Scheduler, SchedulerId, WEBHOOK,
 };
 use integrations::store::{Store, Tx};
 use policies::State;
@@ -411,11 +411,11 @@ impl Schedulers {
         // every adapter's status under its name (null: not configured); the
         // webhook's own section shows its deliveries
         let mut out = serde_json::Map::new();
-        for id in SchedulerId::ALL {
+        for id in SchedulerId::all() {
             out.insert(id.to_string(), json!(by.get(&id)));
         }
         out.insert(
-            SchedulerId::Webhook.to_string(),
+            WEBHOOK.to_string(),
             json!(self.webhook.as_ref().map(Webhook::status)),
         );
         let rest = json!({

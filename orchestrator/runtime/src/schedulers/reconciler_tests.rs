@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use integrations::scheduler::{
     Commit, Counter, Desired, JobId, Pass, Requeue, Requeues, Scheduler, SchedulerError,
-    SchedulerId, View,
+    SchedulerId, View, SLURM,
 };
 use policies::Hold;
 use telemetry::{Job, Timestamp};
@@ -33,7 +33,7 @@ struct Fake {
 
 impl Scheduler for Fake {
     fn id(&self) -> SchedulerId {
-        SchedulerId::Slurm
+        SLURM.id
     }
 
     fn requeues(&self) -> Requeues {
@@ -139,7 +139,7 @@ fn desired(holds: &[&str], poll: u64, requeues: Vec<Requeue>) -> Arc<Desired> {
             .collect(),
         suspended: BTreeMap::new(),
         requeues,
-        polls: [(SchedulerId::Slurm, poll)].into(),
+        polls: [(SLURM.id, poll)].into(),
         limits: Default::default(),
     })
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use integrations::scheduler::webhook::OutboxDelivery;
-use integrations::scheduler::{Counter, Scheduler, SchedulerId};
+use integrations::scheduler::{Counter, Scheduler, SchedulerId, WEBHOOK};
 use integrations::store::{Store, Tx};
 use integrations::webhook::{
     Action as WebhookAction, Delivery, JobEvent, Outbox, OutboxConfig, Rejected, WebhookKey,
@@ -304,7 +304,7 @@ fn webhook_holds(
 ) {
     let by_id: BTreeMap<&str, &Job> = jobs
         .iter()
-        .filter(|j| SchedulerId::of(j) == SchedulerId::Webhook)
+        .filter(|j| SchedulerId::of(j) == WEBHOOK)
         .map(|j| (j.id.as_str(), j))
         .collect();
     for (id, h) in &actuated.holds {
@@ -365,7 +365,7 @@ fn webhook_suspensions(
 ) {
     let by_id: BTreeMap<&str, &Job> = jobs
         .iter()
-        .filter(|j| SchedulerId::of(j) == SchedulerId::Webhook)
+        .filter(|j| SchedulerId::of(j) == WEBHOOK)
         .map(|j| (j.id.as_str(), j))
         .collect();
     for (id, h) in &actuated.suspended {
@@ -434,7 +434,7 @@ impl Webhook {
         let (done, jobs): (Vec<Job>, Vec<Job>) = store
             .jobs()?
             .into_iter()
-            .filter(|j| SchedulerId::of(j) == SchedulerId::Webhook)
+            .filter(|j| SchedulerId::of(j) == WEBHOOK)
             .partition(|j| j.state.is_done());
         let jobs = jobs.into_iter().map(|j| (j.id.clone(), j)).collect();
         // the most recently finished are remembered, so that no event brings them back
@@ -507,7 +507,7 @@ impl Webhook {
         for (job, reason) in requeues {
             if let Some(j) = jobs
                 .iter()
-                .find(|j| &j.id == job && SchedulerId::of(j) == SchedulerId::Webhook)
+                .find(|j| &j.id == job && SchedulerId::of(j) == WEBHOOK)
             {
                 outbox.enqueue(j, &WebhookAction::Requeue, reason, now, tx);
             }
@@ -523,7 +523,11 @@ impl Webhook {
         now: Timestamp,
         tx: &mut Tx,
     ) {
-        let (Some(o), SchedulerId::Webhook) = (&self.outbox, SchedulerId::of(job)) else {
+        let Some(o) = self
+            .outbox
+            .as_ref()
+            .filter(|_| SchedulerId::of(job) == WEBHOOK)
+        else {
             return;
         };
         let capped = |s: &State| {
