@@ -420,3 +420,111 @@ fn a_vtns_mqtt_notification_brings_an_event_at_once_and_a_lost_broker_leaves_pol
     );
     assert!(!ven.task.is_finished());
 }
+
+#[test]
+fn a_broker_that_refuses_the_vens_token_makes_it_take_a_new_one_and_polling_goes_on() {
+    // the broker knows the VTN's own client only: every token the VEN presents is
+    // refused, as an expired one would be
+    let broker = Broker::start_with_password("vtn", "vtn");
+    let vtn = Vtn::start_with_mqtt(broker.port);
+    vtn.add_ven_client();
+    let program = vtn.program("ers-10");
+    let ven = start_ven(ven_config(&vtn));
+    counters_when(&ven.stats, 20.0, "a refused token renewed", |s| {
+        counter(s, "openadr_notifier_refusals_total", None) >= 1
+            && counter(s, "openadr_tokens_total", None) >= 2
+    });
+    assert_eq!(
+        counter(&ven.stats, "openadr_notifier_connections_total", None),
+        0
+    );
+    // a refusal is no VTN failure: the VEN keeps its VEN object and polls on
+    assert_eq!(
+        counter(&ven.stats, "openadr_errors_total", Some("unauthorized")),
+        0
+    );
+    let e = vtn.bl_ok(
+        "POST",
+        "/events",
+        Some(event_request(
+            &program,
+            &rfc3339(now()),
+            30,
+            "SIMPLE",
+            &[1.0],
+        )),
+    );
+    let id = id_of(&e);
+    events_when(&ven, 10.0, "the polled event", |e| event(e, &id).is_some());
+    // renewals follow the notifier's backoff, not a flood
+    let (tokens, t0) = (
+        counter(&ven.stats, "openadr_tokens_total", None),
+        Instant::now(),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let more = counter(&ven.stats, "openadr_tokens_total", None) - tokens;
+    assert!(more <= 6, "{more} tokens taken in {:?}", t0.elapsed());
+    assert!(!ven.task.is_finished());
+}
+
+#[test]
+fn the_notifier_reconnects_with_the_token_the_ven_holds_now() {
+    use sources::openadr3::notify;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let broker = Broker::start_with_password("ven-7", "fresh-token");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (token, rx) = watch::channel("stale-token".to_string());
+    let renew = Arc::new(AtomicBool::new(false));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let cancel = CancellationToken::new();
+    let sub = notify::Subscription {
+        broker: notify::Broker {
+            uri: format!("mqtt://127.0.0.1:{}", broker.port),
+            bearer_username: Some("{clientID}".into()),
+        },
+        topics: vec!["vtn/events".into()],
+        client_id: "ven-7".into(),
+        token: rx,
+        renew: renew.clone(),
+        tls: sources::tls::Tls::default(),
+    };
+    let stats = rt
+        .block_on(async { notify::start(sub, wake.clone(), cancel.clone()) })
+        .expect("notifier");
+    // the stale token is refused, counted, and a new one asked for
+    counters_when(&stats, 10.0, "the stale token refused", |s| {
+        counter(s, "openadr_notifier_refusals_total", None) >= 1
+    });
+    assert!(renew.load(Ordering::Relaxed), "no new token asked for");
+    assert_eq!(
+        counter(&stats, "openadr_notifier_connections_total", None),
+        0
+    );
+    // the VEN takes a new token: the next connection presents it and subscribes
+    token.send_replace("fresh-token".into());
+    counters_when(
+        &stats,
+        20.0,
+        "the notifier subscribed with the new token",
+        |s| counter(s, "openadr_notifier_connections_total", None) >= 1,
+    );
+    let refusals = counter(&stats, "openadr_notifier_refusals_total", None);
+    powerplane_tests::mosquitto_pub(
+        broker.port,
+        "vtn/events",
+        b"{}",
+        &["-u", "ven-7", "-P", "fresh-token"],
+    );
+    counters_when(&stats, 5.0, "the notification", |s| {
+        counter(s, "openadr_notifications_total", None) >= 1
+    });
+    assert_eq!(
+        counter(&stats, "openadr_notifier_refusals_total", None),
+        refusals
+    );
+    cancel.cancel();
+}

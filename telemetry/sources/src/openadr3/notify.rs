@@ -10,13 +10,22 @@
 //! The client is rumqttc's async one on the VEN's runtime (a task of its own, stopped
 //! with the VEN); its request channel is bounded (16) and only subscriptions go through
 //! it (`try_subscribe`: never waited on).
+//!
+//! With `OAUTH2_BEARER_TOKEN`, the password is the VEN's bearer token, which expires:
+//! each reconnection presents the token the VEN holds then (a watch the VEN writes
+//! each time it takes one), and a broker that refuses the token (bad username or
+//! password, not authorized) makes the VEN take a new one at once
+//! (`openadr_notifier_refusals_total`), so the notifier outlives its first token.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS, Transport};
+use rumqttc::{
+    AsyncClient, ConnectReturnCode, ConnectionError, Event, MqttOptions, Packet, QoS, Transport,
+};
 use serde_json::Value;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -49,7 +58,11 @@ pub fn broker(body: &[u8]) -> Option<Broker> {
         .and_then(|a| a.get("method"))
         .and_then(Value::as_str)
         .unwrap_or("ANONYMOUS");
-    let bearer_username = (method == "OAUTH2_BEARER_TOKEN").then(|| {
+    // the spec's OAUTH2_BEARER_TOKEN; openleadr-vtn 0.2 writes OAUTH2BEARERTOKEN
+    let bearer = method
+        .replace('_', "")
+        .eq_ignore_ascii_case("OAUTH2BEARERTOKEN");
+    let bearer_username = bearer.then(|| {
         auth.and_then(|a| a.get("username"))
             .and_then(Value::as_str)
             .unwrap_or("{clientID}")
@@ -90,17 +103,44 @@ pub struct Subscription {
     pub broker: Broker,
     pub topics: Vec<String>,
     pub client_id: String,
-    pub token: String,
+    /// The VEN's bearer token now (the password under `OAUTH2_BEARER_TOKEN`).
+    pub token: watch::Receiver<String>,
+    /// Set when the broker refused the token: the VEN takes a new one at once.
+    pub renew: Arc<AtomicBool>,
     pub tls: Tls,
+}
+
+/// Whether the broker refused the client's credentials (as opposed to being away).
+fn refused_credentials(e: &ConnectionError) -> bool {
+    matches!(
+        e,
+        ConnectionError::ConnectionRefused(
+            ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized
+        )
+    )
 }
 
 /// Why the notifier cannot start (the VEN then polls only).
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum NotifierError {
+pub enum NotifierError {
     #[error("the VTN's broker: {0}")]
     Url(#[from] crate::mqtt::MqttConfigError),
     #[error("TLS to the VTN's broker: {0}")]
     Tls(#[from] crate::tls::TlsError),
+}
+
+/// Starts a notifier of its own on the current runtime, with its own counters (the
+/// VEN's `openadr_notifier_*`, `openadr_notifications_total` and
+/// `openadr_errors_total{reason="notifier"}`): every message on the topics (and every
+/// subscription) wakes `wake`. Stops when `cancel` is cancelled.
+pub fn start(
+    s: Subscription,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) -> Result<crate::source::Stats, NotifierError> {
+    let counters = Arc::new(Counters::default());
+    spawn(s, wake, counters.clone(), cancel)?;
+    Ok(crate::source::Stats::new(move || counters.read()))
 }
 
 /// Starts the notifier on the runtime: every message on `topics` (and every
@@ -127,11 +167,16 @@ pub(crate) fn spawn(
             rumqttc::TlsConfiguration::Rustls(Arc::new(config)),
         ));
     }
-    if let Some(user) = &s.broker.bearer_username {
-        o.set_credentials(user.replace("{clientID}", &s.client_id), s.token.clone());
+    let user = s
+        .broker
+        .bearer_username
+        .as_ref()
+        .map(|u| u.replace("{clientID}", &s.client_id));
+    if let Some(user) = &user {
+        o.set_credentials(user.clone(), s.token.borrow().clone());
     }
     let (client, mut events) = AsyncClient::new(o, 16);
-    let (uri, topics) = (s.broker.uri.clone(), s.topics);
+    let (uri, topics, mut token, renew) = (s.broker.uri.clone(), s.topics, s.token, s.renew);
     tokio::spawn(async move {
         let mut failures = 0u32;
         loop {
@@ -164,12 +209,27 @@ pub(crate) fn spawn(
                     failures = failures.saturating_add(1);
                     counters.add("openadr_errors_total", ("reason", "notifier"), 1);
                     let wait = crate::openadr2b::ven::backoff(failures, 30.0);
-                    if failures == 1 {
+                    if user.is_some() && refused_credentials(&e) {
+                        // the token expired or was revoked: a new one, at once
+                        counters.inc("openadr_notifier_refusals_total");
+                        if failures == 1 {
+                            warn!(broker = %uri, error = %e, "openadr3 notifier's token refused by the broker: the VEN takes a new one; polling goes on");
+                        }
+                        renew.store(true, Ordering::Relaxed);
+                        wake.notify_one();
+                    } else if failures == 1 {
                         warn!(broker = %uri, error = %e, "openadr3 notifier lost its broker: polling goes on; it reconnects");
                     }
                     tokio::select! {
                         _ = cancel.cancelled() => break,
                         _ = tokio::time::sleep(Duration::from_secs_f64(wait)) => {}
+                    }
+                    // the next connection presents the token the VEN holds now
+                    if let Some(user) = &user {
+                        if token.has_changed().unwrap_or(false) {
+                            let fresh = token.borrow_and_update().clone();
+                            events.mqtt_options.set_credentials(user.clone(), fresh);
+                        }
                     }
                 }
             }
@@ -197,6 +257,13 @@ mod tests {
         )
         .expect("offered");
         assert_eq!(anon.bearer_username, None);
+        // openleadr-vtn 0.2.8's spelling of the method
+        let vtn = broker(
+            br#"{"mqtt":{"URIS":["mqtt://b:1883"],"serialization":"JSON",
+                 "authentication":{"method":"OAUTH2BEARERTOKEN","username":"{clientID}"}}}"#,
+        )
+        .expect("offered");
+        assert_eq!(vtn.bearer_username.as_deref(), Some("{clientID}"));
         assert_eq!(broker(br#"{"websocket":true,"mqtt":null}"#), None);
         assert_eq!(broker(b"not json"), None);
         assert_eq!(

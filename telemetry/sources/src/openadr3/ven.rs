@@ -14,6 +14,7 @@
 //! restarted with new state knows the VEN again.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +79,10 @@ struct State {
     notifier_tried: bool,
     /// The running notifier's stop.
     notifier: Option<CancellationToken>,
+    /// The bearer token as the notifier presents it to its broker.
+    token_tx: watch::Sender<String>,
+    /// The notifier's broker refused the token: a new one is taken.
+    renew: Arc<AtomicBool>,
     programs: BTreeMap<String, String>,
     held: Events,
     /// Reports made and not yet taken by the VTN.
@@ -106,7 +111,7 @@ impl Ven {
     /// `openadr_tokens_total`, `openadr_registrations_total`,
     /// `openadr_reregistrations_total`, `openadr_notifications_total`,
     /// `openadr_reports_dropped_total`,
-    /// `openadr_notifier_connections_total`,
+    /// `openadr_notifier_connections_total`, `openadr_notifier_refusals_total`,
     /// `openadr_events_received_total`, `openadr_events_refused_total`,
     /// `openadr_reports_sent_total`, `openadr_errors_total{reason}`,
     /// `openadr_payloads_rejected_total{reason}`, `openadr_signals_skipped_total{reason}`.
@@ -131,6 +136,8 @@ impl Ven {
             registered_before: false,
             notifier_tried: false,
             notifier: None,
+            token_tx: watch::channel(String::new()).0,
+            renew: Arc::new(AtomicBool::new(false)),
             programs: BTreeMap::new(),
             held: Events::default(),
             outbox: Outbox::default(),
@@ -187,6 +194,9 @@ impl Ven {
         wake: &Arc<Notify>,
         t: Timestamp,
     ) -> Result<(), CallError> {
+        if st.renew.swap(false, Ordering::Relaxed) {
+            st.token = None;
+        }
         if st.token.as_ref().is_none_or(|(_, exp)| *exp <= t) {
             self.take_token(cancel, st).await?;
         }
@@ -366,6 +376,7 @@ impl Ven {
         let tok = self.read("token", parse::token(&body))?;
         let life = tok.expires_in_s.unwrap_or(3_600.0);
         let expires = (self.clock)().plus_secs((life - TOKEN_MARGIN_S).max(life / 2.0));
+        st.token_tx.send_replace(tok.access_token.clone());
         st.token = Some((tok.access_token, expires));
         self.counters.inc("openadr_tokens_total");
         Ok(())
@@ -450,7 +461,6 @@ impl Ven {
         }
         topics.sort();
         topics.dedup();
-        let token = st.token.as_ref().map(|t| t.0.clone()).unwrap_or_default();
         if topics.is_empty() {
             warn!(vtn = %self.base, "openadr3 VTN names no event topics: the VEN polls every poll_s");
             return;
@@ -460,7 +470,8 @@ impl Ven {
             broker,
             topics,
             client_id: self.cfg.client_id.clone(),
-            token,
+            token: st.token_tx.subscribe(),
+            renew: st.renew.clone(),
             tls: self.cfg.tls.clone(),
         };
         match notify::spawn(sub, wake.clone(), self.counters.clone(), stop.clone()) {
