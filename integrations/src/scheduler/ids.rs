@@ -181,7 +181,7 @@ mod tests {
             ["slurm", "kubernetes", "webhook"]
         );
         assert_eq!(
-            serde_json::to_string(&KUBERNETES.id).unwrap(),
+            serde_json::to_string(&KUBERNETES.id).expect("json"),
             "\"kubernetes\""
         );
     }
