@@ -14,9 +14,25 @@ pub struct GpuModel {
     pub default_w: f64,
     /// Power drawn with no work.
     pub idle_w: f64,
+    /// How fast the model runs work against the site's reference, whose time the jobs'
+    /// estimates are given in (1: the reference, 0.5: twice as long). Slack is counted
+    /// at the slowest model a job runs on.
+    #[serde(
+        default = "GpuModel::reference_speed",
+        skip_serializing_if = "GpuModel::is_reference_speed"
+    )]
+    pub speed: f64,
 }
 
 impl GpuModel {
+    fn reference_speed() -> f64 {
+        1.0
+    }
+
+    fn is_reference_speed(s: &f64) -> bool {
+        *s == 1.0
+    }
+
     /// Clamps a wanted power limit into the GPU's own constraints.
     pub fn clamp_limit(&self, watts: f64) -> f64 {
         if watts.is_nan() {
@@ -43,6 +59,7 @@ impl GpuModel {
             max_w,
             default_w,
             idle_w,
+            speed: 1.0,
         })
     }
 

@@ -1113,3 +1113,66 @@ fn a_cap_that_waits_for_an_empty_queue_lifts_while_work_is_short_of_gpus() {
     sim.tick(&snap(600.0), std::slice::from_ref(&running), 600.0);
     assert_eq!(first(&sim), Some(200.0));
 }
+
+const CAP_WHILE_SLACK: &str = r#"
+[[rules]]
+name = "batch-slack"
+scope = "job"
+select = { class = "batch" }
+when = "job.slack_s > 7200"
+release = "job.slack_s < 3600"
+action = { cap_w = 200 }
+lease = "15m"
+"#;
+
+#[test]
+fn slack_is_counted_at_the_pace_of_the_slowest_model_a_job_runs_on() {
+    // r2's GPUs run at half the reference's pace; r1's at the reference's
+    let src = super::tests::SITE.replace(
+        "[[racks]]\nid = \"r2\"",
+        "[gpu_models.SLOW]\nmin_w = 100\nmax_w = 300\nspeed = 0.5\n[[racks]]\nid = \"r2\"",
+    );
+    let mut parts: Vec<&str> = src.rsplitn(2, "gpu_model = \"A40\"").collect();
+    parts.reverse();
+    let src = parts.join("gpu_model = \"SLOW\"");
+    let site = Site::parse("t.toml", &src).unwrap_or_else(|e| panic!("{e}"));
+    let speeds: Vec<(&str, f64)> = site
+        .gpus()
+        .iter()
+        .map(|g| (g.rack.id.as_str(), g.model.speed))
+        .collect();
+    assert!(
+        speeds.contains(&("r1", 1.0)) && speeds.contains(&("r2", 0.5)),
+        "{speeds:?}"
+    );
+    let on = |rack: &str| -> Vec<EntityId> {
+        site.gpus()
+            .into_iter()
+            .filter(|g| g.rack.id == rack)
+            .map(|g| g.id.into_owned())
+            .collect()
+    };
+    // 4 h of work at the reference pace, due in 7 h: 3 h of slack on r1, none on r2
+    let running = |id: &str, gpus: &[EntityId]| Job {
+        state: JobState::Running,
+        allocated: gpus.to_vec(),
+        gpus: gpus.len() as u32,
+        est_duration_s: 4.0 * 3600.0,
+        ..batch(id, Some(7.0 * 3600.0))
+    };
+    let jobs = [running("fast", &on("r1")), running("slow", &on("r2"))];
+    let mut sim = Sim::new(policy(CAP_WHILE_SLACK));
+    sim.site = site.clone();
+    sim.tick(&inlets(&site, Some(25.0), 25.0, t0()), &jobs, 0.0);
+    let cap = |g: &EntityId| sim.state.caps.get(g).map(|c| c.watts);
+    assert_eq!(
+        cap(&on("r1")[0]),
+        Some(200.0),
+        "3 h of slack at the reference pace"
+    );
+    assert_eq!(
+        cap(&on("r2")[0]),
+        None,
+        "at half the pace the 4 h take 8 h: the deadline has no slack to cap into"
+    );
+}

@@ -242,7 +242,9 @@ impl Ctx<'_, '_> {
                     JobField::Priority => f64::from(j.priority),
                     JobField::Gpus => f64::from(j.gpus),
                     JobField::WaitS => self.now.secs_since(j.submit_time).max(0.0),
-                    JobField::SlackS => j.latest_start().map_or(1e12, |ls| ls.secs_since(self.now)),
+                    JobField::SlackS => j
+                        .latest_start_at(self.speed_of(j))
+                        .map_or(1e12, |ls| ls.secs_since(self.now)),
                     JobField::EstDurationS => j.est_duration_s,
                 })
             }
@@ -255,6 +257,14 @@ impl Ctx<'_, '_> {
                 Val::Ok(q.get(*f))
             }
         }
+    }
+
+    /// The speed of the slowest GPU model a job runs on (the reference's, 1, where it
+    /// runs on none of the site's GPUs yet).
+    fn speed_of(&self, j: &Job) -> f64 {
+        let site = self.index.site;
+        self.index
+            .slowest(j.allocated.iter().filter_map(|g| site.gpu_index(g)))
     }
 
     pub(super) fn forecast_value(&self, series: Series, stat: &Stat, job: Option<&Job>) -> Val {

@@ -85,6 +85,7 @@ pub(super) struct RawGpuModel {
     pub(super) max_w: f64,
     pub(super) default_w: Option<f64>,
     pub(super) idle_w: Option<f64>,
+    pub(super) speed: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

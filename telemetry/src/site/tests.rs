@@ -212,3 +212,23 @@ fn redfish_bindings_are_checked_against_the_site_with_positions() {
     assert_eq!(e.lines().count(), 3, "every problem at once: {e}");
     assert!(e.lines().all(|l| l.starts_with("site.toml:")), "{e}");
 }
+
+#[test]
+fn a_gpu_models_speed_is_over_zero_and_defaults_to_the_reference() {
+    let model = |speed: &str| {
+        format!(
+            "version = 1\n[site]\nname = \"x\"\n[[feeds]]\nid = \"f\"\nrating_kw = 10\n[[cooling]]\nid = \"c\"\ncapacity_kw = 10\nracks = [\"k\"]\n[[rooms]]\nid = \"h\"\n[[rows]]\nid = \"r\"\nroom = \"h\"\n[gpu_models.OLD]\nmin_w = 100\nmax_w = 250\n{speed}\n[[racks]]\nid = \"k\"\nrow = \"r\"\npower_budget_kw = 5\nnodes = 1\ngpu_model = \"OLD\"\n"
+        )
+    };
+    let site = Site::parse("s.toml", &model("speed = 0.52")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(site.gpus()[0].model.speed, 0.52);
+    let site = Site::parse("s.toml", &model("")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(site.gpus()[0].model.speed, 1.0);
+    for bad in ["speed = 0", "speed = -1", "speed = 101"] {
+        let err = Site::parse("s.toml", &model(bad)).expect_err(bad);
+        assert!(
+            err.to_string().contains("gpu model \"OLD\": speed"),
+            "{bad}: {err}"
+        );
+    }
+}

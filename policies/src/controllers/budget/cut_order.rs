@@ -30,7 +30,7 @@ pub(super) fn job_priority_by_gpu(
         .enumerate()
         .filter(|(_, j)| j.state == telemetry::JobState::Running)
     {
-        let p = cut_order_of(j, rule, now);
+        let p = cut_order_of(j, rule, now, index.slowest(alloc.of(k)));
         for i in alloc.of(k) {
             m[i] = p;
         }
@@ -38,11 +38,12 @@ pub(super) fn job_priority_by_gpu(
     m
 }
 
-/// A job's place in the cut order (lower is cut first), see [`job_priority_by_gpu`].
-pub(super) fn cut_order_of(j: &Job, rule: &BudgetRule, now: Timestamp) -> i64 {
+/// A job's place in the cut order (lower is cut first), see [`job_priority_by_gpu`];
+/// `speed`: the slowest model's it runs on (its slack counted at that pace).
+pub(super) fn cut_order_of(j: &Job, rule: &BudgetRule, now: Timestamp, speed: f64) -> i64 {
     let cut_order = &rule.cut_order;
     let urgent = j
-        .latest_start()
+        .latest_start_at(speed)
         .is_some_and(|ls| ls.secs_since(now) <= rule.protect_slack_s);
     let rank = if urgent {
         PROTECTED_RANK

@@ -186,9 +186,16 @@ impl<'c> Tick<'c> {
             }
         }
         let slack = cx.policy.budget.protect_slack_s;
-        let protected = |j: &Job| {
+        // a running job's slack at the pace of the slowest model it runs on
+        let protected = |k: usize| {
+            let j = &cx.jobs[k];
+            let speed = if j.state == JobState::Running {
+                cx.index.slowest(alloc.of(k))
+            } else {
+                1.0
+            };
             rule.protect.contains(&j.class)
-                || j.latest_start()
+                || j.latest_start_at(speed)
                     .is_some_and(|ls| ls.secs_since(now) <= slack)
         };
         let rank = |j: &Job| -> i64 {
@@ -214,14 +221,14 @@ impl<'c> Tick<'c> {
             let at_cap = cap.is_some_and(|c| draw >= c * 0.95 && c < m.default_w);
             let demand = if at_cap { m.default_w } else { draw };
             gpu_draw_w += draw;
-            let claim = match job_of[i].map(|k| &cx.jobs[k]) {
-                Some(j) if protected(j) => GpuClaim {
+            let claim = match job_of[i].map(|k| (k, &cx.jobs[k])) {
+                Some((k, _)) if protected(k) => GpuClaim {
                     draw_w: draw,
                     demand_w: demand,
                     floor_w: demand,
                     priority: i64::MAX,
                 },
-                Some(j) => GpuClaim {
+                Some((_, j)) => GpuClaim {
                     draw_w: draw,
                     demand_w: demand,
                     floor_w: (rule.floor_of(&j.class) * m.default_w).max(m.min_w),
@@ -243,7 +250,7 @@ impl<'c> Tick<'c> {
 
         let mut suspendable: Vec<(i64, usize, f64)> = Vec::new();
         for (k, j) in cx.jobs.iter().enumerate() {
-            if j.state != JobState::Running || !j.preemptible || protected(j) {
+            if j.state != JobState::Running || !j.preemptible || protected(k) {
                 continue;
             }
             let gain: f64 = alloc
@@ -262,9 +269,10 @@ impl<'c> Tick<'c> {
         let mut holdable: Vec<(&Job, Timestamp)> = cx
             .jobs
             .iter()
-            .filter(|j| j.deferrable && matches!(j.state, JobState::Pending | JobState::Held))
-            .filter(|j| !protected(j))
-            .map(|j| (j, hold_limit(j, price.margin_s, price.max_defer_s)))
+            .enumerate()
+            .filter(|(_, j)| j.deferrable && matches!(j.state, JobState::Pending | JobState::Held))
+            .filter(|&(k, _)| !protected(k))
+            .map(|(_, j)| (j, hold_limit(j, price.margin_s, price.max_defer_s)))
             .filter(|(_, limit)| *limit > now)
             .collect();
         // the most urgent first (released first during the rebound)

@@ -34,6 +34,7 @@ pub(super) fn build_gpu_models(
         let v = m.get_ref();
         let default_w = v.default_w.unwrap_or(v.max_w);
         let idle_w = v.idle_w.unwrap_or(v.min_w * 0.3);
+        let speed = v.speed.unwrap_or(1.0);
         let ok = v.min_w > 0.0 && v.min_w < v.max_w && v.max_w <= 5000.0;
         if !ok {
             c.at(span(m), format!("gpu model {name:?}: needs 0 < min_w < max_w <= 5000, got min_w {} and max_w {}", v.min_w, v.max_w));
@@ -48,6 +49,12 @@ pub(super) fn build_gpu_models(
                 format!("gpu model {name:?}: idle_w {idle_w} must be within 0..=max_w"),
             );
         }
+        if !(speed > 0.0 && speed <= 100.0) {
+            c.at(
+                span(m),
+                format!("gpu model {name:?}: speed {speed} must be over 0 and at most 100 (1: the reference model's pace)"),
+            );
+        }
         models.insert(
             name.clone(),
             GpuModel {
@@ -56,6 +63,7 @@ pub(super) fn build_gpu_models(
                 max_w: v.max_w,
                 default_w,
                 idle_w,
+                speed,
             },
         );
     }
