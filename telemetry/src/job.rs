@@ -73,23 +73,43 @@ pub enum PowerLimit {
     Percent(f64),
 }
 
+/// Why a text is not a GPU power limit.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PowerLimitError {
+    #[error("{text:?}: a GPU power limit is watts (\"300W\") or a percentage (\"80%\")")]
+    NotALimit {
+        text: String,
+        #[source]
+        source: std::num::ParseFloatError,
+    },
+    #[error("{0:?}: a percentage within (0, 100]")]
+    Percent(String),
+    #[error("{0:?}: watts within (0, 10000]")]
+    Watts(String),
+}
+
 impl PowerLimit {
     /// `"300W"`, `"300 W"`, `"300"` (watts) or `"80%"`.
-    pub fn parse(s: &str) -> Result<PowerLimit, String> {
+    pub fn parse(s: &str) -> Result<PowerLimit, PowerLimitError> {
         let t = s.trim();
-        let bad =
-            || format!("{s:?}: a GPU power limit is watts (\"300W\") or a percentage (\"80%\")");
+        let number = |n: &str| {
+            n.trim()
+                .parse::<f64>()
+                .map_err(|source| PowerLimitError::NotALimit {
+                    text: s.to_string(),
+                    source,
+                })
+        };
         if let Some(p) = t.strip_suffix('%') {
-            let v: f64 = p.trim().parse().map_err(|_| bad())?;
+            let v = number(p)?;
             if !(v.is_finite() && v > 0.0 && v <= 100.0) {
-                return Err(format!("{s:?}: a percentage within (0, 100]"));
+                return Err(PowerLimitError::Percent(s.to_string()));
             }
             return Ok(PowerLimit::Percent(v));
         }
-        let w = t.strip_suffix(['W', 'w']).unwrap_or(t).trim();
-        let v: f64 = w.parse().map_err(|_| bad())?;
+        let v = number(t.strip_suffix(['W', 'w']).unwrap_or(t))?;
         if !(v.is_finite() && v > 0.0 && v <= 10_000.0) {
-            return Err(format!("{s:?}: watts within (0, 10000]"));
+            return Err(PowerLimitError::Watts(s.to_string()));
         }
         Ok(PowerLimit::Watts(v))
     }
@@ -135,5 +155,29 @@ impl Job {
     /// `speed` times the pace its estimate is given at.
     pub fn latest_start_at(&self, speed: f64) -> Option<Timestamp> {
         self.deadline.map(|d| d + -(self.est_duration_s / speed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_limits_parse_and_refusals_say_what_a_limit_is() {
+        assert_eq!(PowerLimit::parse(" 300 W"), Ok(PowerLimit::Watts(300.0)));
+        assert_eq!(PowerLimit::parse("80 %"), Ok(PowerLimit::Percent(80.0)));
+        let refused = |s: &str| PowerLimit::parse(s).map_err(|e| e.to_string());
+        assert_eq!(
+            refused("lots"),
+            Err(r#""lots": a GPU power limit is watts ("300W") or a percentage ("80%")"#.into())
+        );
+        assert_eq!(
+            refused("120%"),
+            Err(r#""120%": a percentage within (0, 100]"#.into())
+        );
+        assert_eq!(
+            refused("0W"),
+            Err(r#""0W": watts within (0, 10000]"#.into())
+        );
     }
 }

@@ -53,7 +53,7 @@ pub mod units;
 
 pub use entity::{EntityId, EntityKind};
 pub use gpu::GpuModel;
-pub use job::{Job, JobState, PowerLimit};
+pub use job::{Job, JobState, PowerLimit, PowerLimitError};
 pub use metric::Metric;
 pub use sample::{Quality, Sample};
 pub use site::Site;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use policies::Policy;
+use telemetry::diag::Diagnostics;
 use telemetry::Site;
 
 /// Checks every file; prints all problems; exit 1 if any.
@@ -28,17 +29,15 @@ pub fn site(files: &[PathBuf], config: Option<&std::path::Path>) -> Result<ExitC
 
 fn site_files(files: &[PathBuf]) -> Result<ExitCode> {
     check(files, |name, text| {
-        Site::parse(name, text)
-            .map(|s| {
-                format!(
-                    "{} racks, {} nodes, {} GPUs, {:.1} kW facility budget",
-                    s.racks.len(),
-                    s.nodes.len(),
-                    s.gpu_count(),
-                    s.facility_budget_kw()
-                )
-            })
-            .map_err(|e| e.to_string())
+        Site::parse(name, text).map(|s| {
+            format!(
+                "{} racks, {} nodes, {} GPUs, {:.1} kW facility budget",
+                s.racks.len(),
+                s.nodes.len(),
+                s.gpu_count(),
+                s.facility_budget_kw()
+            )
+        })
     })
 }
 
@@ -65,9 +64,9 @@ pub fn policy(files: &[PathBuf], site: Option<PathBuf>) -> Result<ExitCode> {
         None => None,
     };
     check(files, |name, text| {
-        let p = Policy::parse(name, text).map_err(|e| e.to_string())?;
+        let p = Policy::parse(name, text)?;
         if let Some(site) = &site {
-            p.check_site(name, text, site).map_err(|e| e.to_string())?;
+            p.check_site(name, text, site)?;
         }
         let active = p.rules.iter().filter(|r| r.enabled).count();
         Ok(format!(
@@ -84,7 +83,7 @@ pub fn policy(files: &[PathBuf], site: Option<PathBuf>) -> Result<ExitCode> {
 
 fn check(
     files: &[PathBuf],
-    parse: impl Fn(&str, &str) -> Result<String, String>,
+    parse: impl Fn(&str, &str) -> Result<String, Diagnostics>,
 ) -> Result<ExitCode> {
     let mut failed = false;
     for f in files {

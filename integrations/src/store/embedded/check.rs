@@ -232,10 +232,20 @@ fn check_file(path: &Path, kind: Kind) -> Result<Checked, StoreError> {
 /// The thread [`guarded`] runs redb on: its panics are reported as errors, not printed.
 const GUARDED: &str = "embedded store check";
 
-/// Runs `f`, a redb call on a file that may be damaged, turning a panic into its text.
-/// It runs on a thread of its own whose panics the panic hook does not print (the
-/// error that names the file says it), other threads' as before.
-pub(super) fn guarded<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, String> {
+/// Why a [`guarded`] call gave no value.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Guarded {
+    /// It panicked: the panic's text.
+    #[error("{0}")]
+    Panicked(String),
+    #[error("cannot start the check's thread: {0}")]
+    NoThread(#[source] std::io::Error),
+}
+
+/// Runs `f`, a redb call on a file that may be damaged, turning a panic into an error
+/// with its text. It runs on a thread of its own whose panics the panic hook does not
+/// print (the error that names the file says it), other threads' as before.
+pub(super) fn guarded<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Guarded> {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
@@ -253,8 +263,8 @@ pub(super) fn guarded<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, String
             Ok(handle) => handle
                 .join()
                 .unwrap_or_else(Err)
-                .map_err(|p| panic_text(p.as_ref())),
-            Err(e) => Err(format!("cannot start the check's thread: {e}")),
+                .map_err(|p| Guarded::Panicked(panic_text(p.as_ref()))),
+            Err(e) => Err(Guarded::NoThread(e)),
         }
     })
 }

@@ -80,30 +80,37 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// A value of `[kubernetes]` out of its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KubernetesConfigError {
+    #[error("[kubernetes] refresh_s must be within 0.05..=3600, got {0}")]
+    RefreshS(f64),
+    #[error("[kubernetes] timeout_s must be above 0 and at most refresh_s ({refresh_s}), got {timeout_s}")]
+    TimeoutS { refresh_s: f64, timeout_s: f64 },
+    #[error("[kubernetes] resource_names must name at least one resource (\"nvidia.com/gpu\"), none empty")]
+    ResourceNames,
+    #[error("[kubernetes] pod_resources_socket is empty")]
+    Socket,
+}
+
 impl KubernetesConfig {
     /// Every value within its range.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), KubernetesConfigError> {
         if !(self.refresh_s.is_finite() && (0.05..=3600.0).contains(&self.refresh_s)) {
-            return Err(format!(
-                "[kubernetes] refresh_s must be within 0.05..=3600, got {}",
-                self.refresh_s
-            ));
+            return Err(KubernetesConfigError::RefreshS(self.refresh_s));
         }
         if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= self.refresh_s)
         {
-            return Err(format!(
-                "[kubernetes] timeout_s must be above 0 and at most refresh_s ({}), got {}",
-                self.refresh_s, self.timeout_s
-            ));
+            return Err(KubernetesConfigError::TimeoutS {
+                refresh_s: self.refresh_s,
+                timeout_s: self.timeout_s,
+            });
         }
         if self.resource_names.is_empty() || self.resource_names.iter().any(|r| r.is_empty()) {
-            return Err(
-                "[kubernetes] resource_names must name at least one resource (\"nvidia.com/gpu\"), none empty"
-                    .into(),
-            );
+            return Err(KubernetesConfigError::ResourceNames);
         }
         if self.pod_resources_socket.as_os_str().is_empty() {
-            return Err("[kubernetes] pod_resources_socket is empty".into());
+            return Err(KubernetesConfigError::Socket);
         }
         Ok(())
     }

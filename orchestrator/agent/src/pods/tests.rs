@@ -438,3 +438,28 @@ fn the_last_answer_is_kept_three_refreshes_then_dropped() {
     let h = c.health("online", Timestamp::from_secs(1_790_000_002), None);
     assert!(h.counters["pod_resources_errors"] >= 2, "{:?}", h.counters);
 }
+
+#[test]
+fn a_value_out_of_range_is_refused_by_name() {
+    let refused = |c: KubernetesConfig| c.check().map_err(|e| e.to_string());
+    let socket = std::path::Path::new("/run/kubelet.sock");
+    assert_eq!(refused(config(socket, 10.0, 2.0)), Ok(()));
+    assert_eq!(
+        refused(config(socket, 0.0, 2.0)),
+        Err("[kubernetes] refresh_s must be within 0.05..=3600, got 0".into())
+    );
+    assert_eq!(
+        refused(config(socket, 1.5, 2.0)),
+        Err("[kubernetes] timeout_s must be above 0 and at most refresh_s (1.5), got 2".into())
+    );
+    let mut c = config(socket, 10.0, 2.0);
+    c.resource_names.push(String::new());
+    assert_eq!(
+        refused(c),
+        Err(r#"[kubernetes] resource_names must name at least one resource ("nvidia.com/gpu"), none empty"#.into())
+    );
+    assert_eq!(
+        refused(config(std::path::Path::new(""), 10.0, 2.0)),
+        Err("[kubernetes] pod_resources_socket is empty".into())
+    );
+}

@@ -63,10 +63,15 @@ pub struct Args {
     pub load: f64,
 }
 
-fn load_factor(s: &str) -> Result<f64, String> {
+/// A `--load` that is not a factor above 0 and at most 1000.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: a factor above 0 and at most 1000")]
+struct LoadFactorError(String);
+
+fn load_factor(s: &str) -> Result<f64, LoadFactorError> {
     match s.parse::<f64>() {
         Ok(f) if f.is_finite() && f > 0.0 && f <= 1000.0 => Ok(f),
-        _ => Err(format!("{s:?}: a factor above 0 and at most 1000")),
+        _ => Err(LoadFactorError(s.to_string())),
     }
 }
 

@@ -23,8 +23,12 @@ use serde::Deserialize;
 use telemetry::{Site, Timestamp};
 use toml::Spanned;
 
-use super::inputs::{self, RawForecast, RawJob, RawReading};
+use super::inputs::{self, Problems, RawForecast, RawJob, RawReading};
+use super::PolicyFileError;
 use expect::Expect;
+
+pub use expect::{Mismatch, TargetError};
+pub use replay::TickError;
 
 mod expect;
 mod replay;
@@ -77,15 +81,73 @@ struct RawTick {
 }
 
 /// The outcome of one case.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct CaseResult {
     pub name: String,
     /// `None`: passed; else the first difference (or input problem).
-    pub failure: Option<String>,
+    pub failure: Option<CaseFailure>,
+}
+
+/// Why a case failed: the first difference, or a problem with its inputs.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CaseFailure {
+    /// What the case runs with cannot be had; at the case in the test file.
+    #[error("{file}:{line}:{col}: {source}")]
+    Setup {
+        file: String,
+        line: usize,
+        col: usize,
+        #[source]
+        source: SetupError,
+    },
+    #[error("the case has no [[case.tick]]")]
+    NoTicks,
+    /// A tick's inputs cannot be taken in; at the tick in the test file.
+    #[error("{file}:{line}:{col}: tick {tick} ({time}): {source}")]
+    Tick {
+        file: String,
+        line: usize,
+        col: usize,
+        /// From 1.
+        tick: usize,
+        /// The tick's `at`, as written.
+        time: String,
+        #[source]
+        source: Box<TickError>,
+    },
+    /// After a tick, the engine's state or decisions are not what the tick expects.
+    #[error("tick {tick} ({time}, {file}:{line}): {source}")]
+    Expectation {
+        tick: usize,
+        time: String,
+        file: String,
+        line: usize,
+        #[source]
+        source: Box<Mismatch>,
+    },
+}
+
+/// Why the policy, prior state or start that a file or a case names cannot be had.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SetupError {
+    /// A policy is checked against the site, which did not load.
+    #[error("the site file has problems")]
+    NoSite,
+    #[error("{0}")]
+    Policy(#[source] PolicyFileError),
+    /// The prior state file's problems, one per line.
+    #[error("{}", .0.join("\n"))]
+    State(Problems),
+    #[error("start {start:?}: {source}")]
+    Start {
+        start: String,
+        #[source]
+        source: chrono::ParseError,
+    },
 }
 
 /// The outcome of one file: its cases, or the problems that kept it from running.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct FileResult {
     pub file: String,
     pub cases: Vec<CaseResult>,
@@ -231,19 +293,19 @@ struct Defaults {
 struct Policies<'a> {
     /// `None`: the site file has problems.
     site: Option<&'a Site>,
-    loaded: BTreeMap<String, Result<Policy, String>>,
+    loaded: BTreeMap<String, Result<Policy, SetupError>>,
 }
 
 impl Policies<'_> {
-    fn load(&mut self, t: &TestFile<'_>, p: &str) -> Result<Policy, String> {
+    fn load(&mut self, t: &TestFile<'_>, p: &str) -> Result<Policy, SetupError> {
         let site = self.site;
         self.loaded
             .entry(p.to_string())
             .or_insert_with(|| {
-                let site = site.ok_or_else(|| "the site file has problems".to_string())?;
+                let site = site.ok_or(SetupError::NoSite)?;
                 super::load_policy(&t.resolve(p), site)
                     .map(|(p, _)| p)
-                    .map_err(|e| e.join("\n"))
+                    .map_err(SetupError::Policy)
             })
             .clone()
     }
@@ -275,8 +337,8 @@ impl TestFile<'_> {
                     None
                 }
             },
-            Err(p) => {
-                problems.extend(p.iter().map(|m| self.at(raw, &format!("site: {m}"))));
+            Err(e) => {
+                problems.push(self.at(raw, &format!("site: {e}")));
                 None
             }
         }
@@ -301,10 +363,11 @@ impl TestFile<'_> {
     }
 
     /// A prior state file (JSON, as `--state` takes it).
-    fn state(&self, p: &str) -> Result<State, String> {
+    fn state(&self, p: &str) -> Result<State, SetupError> {
         inputs::read(&self.resolve(p))
+            .map_err(Problems::from)
             .and_then(|(n, t)| inputs::state_file(&n, &t))
-            .map_err(|e| e.join("\n"))
+            .map_err(SetupError::State)
     }
 
     /// Runs one case with its own policy, state and start, else the file's; the
@@ -315,7 +378,7 @@ impl TestFile<'_> {
         policies: &mut Policies<'_>,
         defaults: &Defaults,
         c: &Spanned<RawCase>,
-    ) -> Option<String> {
+    ) -> Option<CaseFailure> {
         let case = c.get_ref();
         let policy = match &case.policy {
             Some(p) => policies.load(self, p),
@@ -326,19 +389,25 @@ impl TestFile<'_> {
             None => Ok(defaults.state.clone()),
         };
         let case_start = match &case.start {
-            Some(s) => Timestamp::parse_rfc3339(s).map_err(|e| format!("start {s:?}: {e}")),
+            Some(s) => Timestamp::parse_rfc3339(s).map_err(|source| SetupError::Start {
+                start: s.clone(),
+                source,
+            }),
             None => Ok(defaults.start),
         };
         match (policy, prior, case_start) {
             (Ok(policy), Ok(prior), Ok(t0)) => {
                 replay::run_case(self.file, self.src, site, &policy, prior, t0, case).err()
             }
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Some(inputs::at(
-                self.file,
-                self.src,
-                &inputs::Pos::Span(c.span()),
-                &e,
-            )),
+            (Err(source), _, _) | (_, Err(source), _) | (_, _, Err(source)) => {
+                let (line, col) = telemetry::diag::line_col(self.src, c.span().start);
+                Some(CaseFailure::Setup {
+                    file: self.file.to_string(),
+                    line,
+                    col,
+                    source,
+                })
+            }
         }
     }
 }
@@ -375,6 +444,7 @@ pub fn run(paths: &[PathBuf], filter: Option<&str>) -> (String, bool) {
                 Some(m) => {
                     failed += 1;
                     let _ = writeln!(out, "  FAIL {}", c.name);
+                    let m = m.to_string();
                     let _ = writeln!(out, "       {}", m.replace('\n', "\n       "));
                 }
             }

@@ -11,6 +11,7 @@ pub use jobs::{jobs_file, RawJob};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 use policies::{Forecast, State, StepSeries};
 use serde::Deserialize;
@@ -82,12 +83,31 @@ pub enum InputError {
     Duration(String),
 }
 
-/// Reads a file, or says why not as `file: message`.
-pub fn read(path: &Path) -> Result<(String, String), Problems> {
-    let name = path.display().to_string();
+/// A file that cannot be read: `file: cannot read: why`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{file}: cannot read: {source}")]
+pub struct ReadError {
+    pub file: String,
+    /// Shared, so that a policy that failed to load can be told to every case naming it.
+    #[source]
+    pub source: Arc<std::io::Error>,
+}
+
+impl From<ReadError> for Problems {
+    fn from(e: ReadError) -> Problems {
+        vec![e.to_string()]
+    }
+}
+
+/// Reads a file: its name and its text.
+pub fn read(path: &Path) -> Result<(String, String), ReadError> {
+    let file = path.display().to_string();
     match std::fs::read_to_string(path) {
-        Ok(t) => Ok((name, t)),
-        Err(e) => Err(vec![format!("{name}: cannot read: {e}")]),
+        Ok(t) => Ok((file, t)),
+        Err(e) => Err(ReadError {
+            file,
+            source: Arc::new(e),
+        }),
     }
 }
 

@@ -78,7 +78,10 @@ impl World {
         };
         let jobs = match &a.jobs {
             Some(p) => {
-                match inputs::read(p).and_then(|(n, t)| inputs::jobs_file(&n, &t, &site, now)) {
+                match inputs::read(p)
+                    .map_err(Problems::from)
+                    .and_then(|(n, t)| inputs::jobs_file(&n, &t, &site, now))
+                {
                     Ok(j) => j,
                     Err(p) => {
                         problems.extend(p);
@@ -89,7 +92,10 @@ impl World {
             None => Vec::new(),
         };
         let prior = match &a.state {
-            Some(p) => match inputs::read(p).and_then(|(n, t)| inputs::state_file(&n, &t)) {
+            Some(p) => match inputs::read(p)
+                .map_err(Problems::from)
+                .and_then(|(n, t)| inputs::state_file(&n, &t))
+            {
                 Ok(s) => s,
                 Err(p) => {
                     problems.extend(p);
@@ -99,7 +105,10 @@ impl World {
             None => State::default(),
         };
         if let Some(p) = &a.prices {
-            match inputs::read(p).and_then(|(n, t)| inputs::prices_file(&n, &t)) {
+            match inputs::read(p)
+                .map_err(Problems::from)
+                .and_then(|(n, t)| inputs::prices_file(&n, &t))
+            {
                 Ok(f) => forecast = f,
                 Err(p) => problems.extend(p),
             }
@@ -142,12 +151,21 @@ impl World {
     }
 }
 
+/// Why a policy file cannot be used: it cannot be read, or `serve` would refuse it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("{0}")]
+    Read(#[from] inputs::ReadError),
+    /// Its problems, one per line.
+    #[error("{0}")]
+    Invalid(#[from] runtime::reload::InvalidPolicy),
+}
+
 /// Reads and checks a policy file, against the site as `serve` does; with its text.
-pub fn load_policy(path: &Path, site: &Site) -> Result<(Policy, String), Problems> {
+pub fn load_policy(path: &Path, site: &Site) -> Result<(Policy, String), PolicyFileError> {
     let (n, t) = inputs::read(path)?;
-    runtime::reload::validate(&n, &t, site)
-        .map(|p| (p, t))
-        .map_err(|e| vec![e.to_string()])
+    let p = runtime::reload::validate(&n, &t, site)?;
+    Ok((p, t))
 }
 
 /// Reads the site file.
@@ -288,7 +306,7 @@ pub fn explain_cmd(a: &ExplainArgs) -> anyhow::Result<std::process::ExitCode> {
     };
     let policy = match load_policy(&a.policy, &world.site) {
         Ok((p, _)) => p,
-        Err(e) => return Ok(report(&e)),
+        Err(e) => return Ok(report(&[e.to_string()])),
     };
     let plan = world.evaluate(&policy);
     let name = a.policy.display().to_string();
@@ -321,8 +339,11 @@ pub fn diff_cmd(a: &DiffArgs) -> anyhow::Result<std::process::ExitCode> {
     ) {
         (Ok(o), Ok(n)) => (o, n),
         (o, n) => {
-            let mut p = o.err().unwrap_or_default();
-            p.extend(n.err().unwrap_or_default());
+            let p: Problems = [o.err(), n.err()]
+                .into_iter()
+                .flatten()
+                .map(|e| e.to_string())
+                .collect();
             return fail(&p);
         }
     };

@@ -5,7 +5,50 @@ use policies::{Action, Decision, State, Target};
 use serde::Deserialize;
 use telemetry::{EntityId, EntityKind};
 
-use super::super::inputs;
+use super::super::inputs::{self, InputError};
+
+/// How the state or decisions after a tick differ from what the tick expects, or why
+/// an expectation cannot be checked; `field` is the expectation (`caps[0]`, `holds`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Mismatch {
+    /// A `caps` or `clocks` entry names neither a GPU nor a rack, or both.
+    #[error("expect.{field}: give one of gpu or rack")]
+    NoTarget { field: String },
+    /// What an entry names is no set of GPUs of the site.
+    #[error("expect.{field}: {source}")]
+    Target {
+        field: String,
+        #[source]
+        source: TargetError,
+    },
+    /// What (a GPU, a job) is not as expected: what was wanted, what there is.
+    #[error("expect.{field}: {what} expected {wanted}, got {got}")]
+    Differs {
+        field: String,
+        what: String,
+        wanted: String,
+        got: String,
+    },
+    /// None of the tick's decisions is the one expected.
+    #[error("expect.decisions[{index}]: expected a decision {wanted}, got {got}")]
+    NoDecision {
+        index: usize,
+        wanted: String,
+        got: String,
+    },
+    /// `no_decisions`, but the tick decided.
+    #[error("expect.no_decisions: expected none, got {got}")]
+    Decided { got: String },
+}
+
+/// Why an entity or pattern an expectation names gives no GPU.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TargetError {
+    #[error("{0}")]
+    Name(#[from] InputError),
+    #[error("{0:?} holds no GPU")]
+    NoGpu(String),
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,7 +137,7 @@ pub(super) fn check(
     e: &Expect,
     state: &State,
     decisions: &[Decision],
-) -> Result<(), String> {
+) -> Result<(), Mismatch> {
     check_caps(names, e, state)?;
     check_holds(e, state)?;
     check_clocks(names, e, state)?;
@@ -102,8 +145,9 @@ pub(super) fn check(
 }
 
 /// `expect.caps` and `expect.uncapped`.
-fn check_caps(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<(), String> {
+fn check_caps(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<(), Mismatch> {
     for (i, c) in e.caps.iter().enumerate() {
+        let field = format!("caps[{i}]");
         let what = match (&c.gpu, &c.rack) {
             (Some(g), None) => g.clone(),
             (None, Some(r)) => {
@@ -113,7 +157,7 @@ fn check_caps(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<()
                     format!("rack/{r}")
                 }
             }
-            _ => return Err(format!("expect.caps[{i}]: give one of gpu or rack")),
+            _ => return Err(Mismatch::NoTarget { field }),
         };
         let caps = if c.observed {
             &state.observed_caps
@@ -121,24 +165,27 @@ fn check_caps(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<()
             &state.caps
         };
         let want = c.wanted();
-        for g in gpus_under(names, &what).map_err(|m| format!("expect.caps[{i}]: {m}"))? {
+        for g in gpus_under(names, &what, &field)? {
             let got = caps.get(&g);
             if !got.is_some_and(|cap| c.fits(cap)) {
-                return Err(format!(
-                    "expect.caps[{i}]: {g} expected {want}{}, got {}",
-                    if c.observed { " (observed)" } else { "" },
-                    show(got)
-                ));
+                return Err(Mismatch::Differs {
+                    field,
+                    what: g.to_string(),
+                    wanted: format!("{want}{}", if c.observed { " (observed)" } else { "" }),
+                    got: show(got),
+                });
             }
         }
     }
     for what in &e.uncapped {
-        for g in gpus_under(names, what).map_err(|m| format!("expect.uncapped: {m}"))? {
+        for g in gpus_under(names, what, "uncapped")? {
             if let Some(c) = state.caps.get(&g) {
-                return Err(format!(
-                    "expect.uncapped: {g} ({what}) expected uncapped, got {}",
-                    show(Some(c))
-                ));
+                return Err(Mismatch::Differs {
+                    field: "uncapped".into(),
+                    what: format!("{g} ({what})"),
+                    wanted: "uncapped".into(),
+                    got: show(Some(c)),
+                });
             }
         }
     }
@@ -178,72 +225,81 @@ impl CapExpect {
 }
 
 /// `expect.holds`, `not_held`, `observed_holds` and `suspended`.
-fn check_holds(e: &Expect, state: &State) -> Result<(), String> {
+fn check_holds(e: &Expect, state: &State) -> Result<(), Mismatch> {
+    let differs = |field: &str, job: &str, wanted: &str, got: String| Mismatch::Differs {
+        field: field.into(),
+        what: format!("job {job}"),
+        wanted: wanted.into(),
+        got,
+    };
     for job in &e.holds {
         if !state.holds.contains_key(job) {
-            return Err(format!(
-                "expect.holds: job {job} expected held, got not held (held: {})",
-                list(state.holds.keys())
-            ));
+            let got = format!("not held (held: {})", list(state.holds.keys()));
+            return Err(differs("holds", job, "held", got));
         }
     }
     for job in &e.not_held {
         if let Some(h) = state.holds.get(job) {
-            return Err(format!(
-                "expect.not_held: job {job} expected not held, got held by {} ({})",
-                h.rule, h.reason
-            ));
+            let got = format!("held by {} ({})", h.rule, h.reason);
+            return Err(differs("not_held", job, "not held", got));
         }
     }
     for job in &e.observed_holds {
         if !state.observed_holds.contains_key(job) {
-            return Err(format!(
-                "expect.observed_holds: job {job} expected held in observe mode, got not held (observed holds: {})",
+            let got = format!(
+                "not held (observed holds: {})",
                 list(state.observed_holds.keys())
-            ));
+            );
+            return Err(differs("observed_holds", job, "held in observe mode", got));
         }
     }
     for job in &e.suspended {
         if !state.suspended.contains_key(job) {
-            return Err(format!(
-                "expect.suspended: job {job} expected suspended, got not suspended (suspended: {})",
+            let got = format!(
+                "not suspended (suspended: {})",
                 list(state.suspended.keys())
-            ));
+            );
+            return Err(differs("suspended", job, "suspended", got));
         }
     }
     Ok(())
 }
 
 /// `expect.clocks` and `expect.unlocked`.
-fn check_clocks(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<(), String> {
+fn check_clocks(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<(), Mismatch> {
+    let locked = |l: &policies::ClockLock| format!("{:.0} MHz ({})", l.mhz, l.rule);
     for (i, c) in e.clocks.iter().enumerate() {
+        let field = format!("clocks[{i}]");
         let what = match (&c.gpu, &c.rack) {
             (Some(g), None) => g.clone(),
             (None, Some(r)) if r.contains('/') => r.clone(),
             (None, Some(r)) => format!("rack/{r}"),
-            _ => return Err(format!("expect.clocks[{i}]: give one of gpu or rack")),
+            _ => return Err(Mismatch::NoTarget { field }),
         };
-        for g in gpus_under(names, &what).map_err(|m| format!("expect.clocks[{i}]: {m}"))? {
+        for g in gpus_under(names, &what, &field)? {
             let got = state.clocks.get(&g);
             if !got.is_some_and(|l| c.mhz.is_none_or(|m| (l.mhz - m).abs() < 0.5)) {
-                return Err(format!(
-                    "expect.clocks[{i}]: {g} expected locked{}, got {}",
-                    c.mhz.map_or(String::new(), |m| format!(" at {m} MHz")),
-                    got.map_or("unlocked".to_string(), |l| format!(
-                        "{:.0} MHz ({})",
-                        l.mhz, l.rule
-                    ))
-                ));
+                return Err(Mismatch::Differs {
+                    field,
+                    what: g.to_string(),
+                    wanted: format!(
+                        "locked{}",
+                        c.mhz.map_or(String::new(), |m| format!(" at {m} MHz"))
+                    ),
+                    got: got.map_or("unlocked".to_string(), locked),
+                });
             }
         }
     }
     for what in &e.unlocked {
-        for g in gpus_under(names, what).map_err(|m| format!("expect.unlocked: {m}"))? {
+        for g in gpus_under(names, what, "unlocked")? {
             if let Some(l) = state.clocks.get(&g) {
-                return Err(format!(
-                    "expect.unlocked: {g} ({what}) expected unlocked, got {:.0} MHz ({})",
-                    l.mhz, l.rule
-                ));
+                return Err(Mismatch::Differs {
+                    field: "unlocked".into(),
+                    what: format!("{g} ({what})"),
+                    wanted: "unlocked".into(),
+                    got: locked(l),
+                });
             }
         }
     }
@@ -251,48 +307,60 @@ fn check_clocks(names: &inputs::Names<'_>, e: &Expect, state: &State) -> Result<
 }
 
 /// `expect.released`, `expect.decisions` and `expect.no_decisions`.
-fn check_decisions(e: &Expect, state: &State, decisions: &[Decision]) -> Result<(), String> {
+fn check_decisions(e: &Expect, state: &State, decisions: &[Decision]) -> Result<(), Mismatch> {
     for job in &e.released {
         let found = decisions.iter().any(|d| {
             matches!(&d.target, Target::Job { job: j } if j == job) && d.action == Action::Release
         });
         if !found {
-            return Err(format!(
-                "expect.released: job {job} expected released at this tick, got {}",
-                if state.holds.contains_key(job) {
+            return Err(Mismatch::Differs {
+                field: "released".into(),
+                what: format!("job {job}"),
+                wanted: "released at this tick".into(),
+                got: if state.holds.contains_key(job) {
                     "still held".to_string()
                 } else {
                     "no release decision".to_string()
-                }
-            ));
+                },
+            });
         }
     }
     for (i, x) in e.decisions.iter().enumerate() {
         if !decisions.iter().any(|d| matches_decision(d, x)) {
-            return Err(format!(
-                "expect.decisions[{i}]: expected a decision {}, got {}",
-                describe(x),
-                if decisions.is_empty() {
+            return Err(Mismatch::NoDecision {
+                index: i,
+                wanted: describe(x),
+                got: if decisions.is_empty() {
                     "none".to_string()
                 } else {
                     decisions.iter().map(summary).collect::<Vec<_>>().join("; ")
-                }
-            ));
+                },
+            });
         }
     }
     if e.no_decisions && !decisions.is_empty() {
-        return Err(format!(
-            "expect.no_decisions: expected none, got {}",
-            decisions.iter().map(summary).collect::<Vec<_>>().join("; ")
-        ));
+        return Err(Mismatch::Decided {
+            got: decisions.iter().map(summary).collect::<Vec<_>>().join("; "),
+        });
     }
     Ok(())
 }
 
-/// The site's GPUs under an entity or pattern (a GPU, node, rack, row or the site).
-fn gpus_under(names: &inputs::Names<'_>, what: &str) -> Result<Vec<EntityId>, String> {
+/// The site's GPUs under an entity or pattern (a GPU, node, rack, row or the site)
+/// that the expectation `field` names.
+fn gpus_under(
+    names: &inputs::Names<'_>,
+    what: &str,
+    field: &str,
+) -> Result<Vec<EntityId>, Mismatch> {
+    let target = |source| Mismatch::Target {
+        field: field.into(),
+        source,
+    };
     let site = names.site;
-    let ids = names.resolve(what).map_err(|e| e.to_string())?;
+    let ids = names
+        .resolve(what)
+        .map_err(|e| target(TargetError::Name(e)))?;
     let mut out = Vec::new();
     for g in site.gpus() {
         let under = ids.iter().any(|e| match e.kind {
@@ -308,7 +376,7 @@ fn gpus_under(names: &inputs::Names<'_>, what: &str) -> Result<Vec<EntityId>, St
         }
     }
     if out.is_empty() {
-        return Err(format!("{what:?} holds no GPU"));
+        return Err(target(TargetError::NoGpu(what.into())));
     }
     Ok(out)
 }

@@ -9,11 +9,16 @@ use telemetry::snapshot::Rejected;
 use telemetry::{EntityId, Job, Sample, Site, Snapshot, Timestamp};
 
 use super::super::inputs::{self, parse_time, InputError, RawReading};
-use super::{expect, RawCase, RawTick};
+use super::{expect, CaseFailure, RawCase, RawTick};
 
 /// Why a tick's inputs cannot be taken in.
-#[derive(Debug, thiserror::Error)]
-enum TickError {
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TickError {
+    /// The tick's `at`.
+    #[error("{0}")]
+    At(#[source] InputError),
+    #[error("ticks must go forward in time")]
+    Backwards,
     /// A reading, a job or an entity the tick names.
     #[error("{0}")]
     Input(#[from] InputError),
@@ -46,34 +51,39 @@ pub(super) fn run_case(
     mut prior: State,
     t0: Timestamp,
     case: &RawCase,
-) -> Result<(), String> {
+) -> Result<(), CaseFailure> {
     if case.ticks.is_empty() {
-        return Err("the case has no [[case.tick]]".into());
+        return Err(CaseFailure::NoTicks);
     }
     let mut replay = Replay::new(site);
     let mut last: Option<Timestamp> = None;
     for (i, t) in case.ticks.iter().enumerate() {
-        let pos = inputs::Pos::Span(t.span());
         let tick = t.get_ref();
-        let problem = |m: String| {
-            inputs::at(
-                file,
-                src,
-                &pos,
-                &format!("tick {} ({}): {m}", i + 1, tick.at),
-            )
+        let (line, col) = telemetry::diag::line_col(src, t.span().start);
+        let problem = |source| CaseFailure::Tick {
+            file: file.to_string(),
+            line,
+            col,
+            tick: i + 1,
+            time: tick.at.clone(),
+            source: Box::new(source),
         };
-        let now = parse_time(&tick.at, t0).map_err(|e| problem(e.to_string()))?;
+        let now = parse_time(&tick.at, t0).map_err(|e| problem(TickError::At(e)))?;
         if last.is_some_and(|l| now <= l) {
-            return Err(problem("ticks must go forward in time".into()));
+            return Err(problem(TickError::Backwards));
         }
         last = Some(now);
-        replay.take(tick, now).map_err(|e| problem(e.to_string()))?;
+        replay.take(tick, now).map_err(problem)?;
         let plan = replay.evaluate(policy, &prior, now);
         if let Some(e) = &tick.expect {
-            expect::check(&replay.names, e, &plan.state, &plan.decisions).map_err(|m| {
-                let (line, _) = telemetry::diag::line_col(src, t.span().start);
-                format!("tick {} ({}, {file}:{line}): {m}", i + 1, tick.at)
+            expect::check(&replay.names, e, &plan.state, &plan.decisions).map_err(|source| {
+                CaseFailure::Expectation {
+                    tick: i + 1,
+                    time: tick.at.clone(),
+                    file: file.to_string(),
+                    line,
+                    source: Box::new(source),
+                }
             })?;
         }
         prior = plan.state;
