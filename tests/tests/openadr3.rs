@@ -129,6 +129,22 @@ fn id_of(v: &serde_json::Value) -> String {
     v["id"].as_str().expect("id").to_string()
 }
 
+/// A 30-minute SIMPLE event at `level` of `program`, from now; its id.
+fn simple_event_now(vtn: &Vtn, program: &str, level: f64) -> String {
+    let e = vtn.bl_ok(
+        "POST",
+        "/events",
+        Some(event_request(
+            program,
+            &rfc3339(now()),
+            30,
+            "SIMPLE",
+            &[level],
+        )),
+    );
+    id_of(&e)
+}
+
 #[test]
 fn an_event_is_followed_reported_modified_and_cancelled() {
     let vtn = Vtn::start();
@@ -355,18 +371,7 @@ fn a_vtns_mqtt_notification_brings_an_event_at_once_and_a_lost_broker_leaves_pol
     std::thread::sleep(Duration::from_millis(500));
     let polls = counter(&ven.stats, "openadr_polls_total", None);
     let t0 = Instant::now();
-    let e = vtn.bl_ok(
-        "POST",
-        "/events",
-        Some(event_request(
-            &program,
-            &rfc3339(now()),
-            30,
-            "SIMPLE",
-            &[1.0],
-        )),
-    );
-    let id = id_of(&e);
+    let id = simple_event_now(&vtn, &program, 1.0);
     events_when(&ven, 5.0, "the notified event", |e| event(e, &id).is_some());
     let latency = t0.elapsed();
     counters_when(&ven.stats, 5.0, "the notification counted", |s| {
@@ -395,18 +400,7 @@ fn a_vtns_mqtt_notification_brings_an_event_at_once_and_a_lost_broker_leaves_pol
     });
     // (openleadr-vtn's own MQTT client does not come back by itself: the utility's
     // notification is published on the VTN's topic for it)
-    let e = vtn.bl_ok(
-        "POST",
-        "/events",
-        Some(event_request(
-            &program,
-            &rfc3339(now()),
-            30,
-            "SIMPLE",
-            &[2.0],
-        )),
-    );
-    let id = id_of(&e);
+    let id = simple_event_now(&vtn, &program, 2.0);
     let topics = vtn.bl_ok("GET", "/notifiers/mqtt/topics/events", None);
     let topic = topics["topics"]["CREATE"]
         .as_str()
@@ -443,18 +437,7 @@ fn a_broker_that_refuses_the_vens_token_makes_it_take_a_new_one_and_polling_goes
         counter(&ven.stats, "openadr_errors_total", Some("unauthorized")),
         0
     );
-    let e = vtn.bl_ok(
-        "POST",
-        "/events",
-        Some(event_request(
-            &program,
-            &rfc3339(now()),
-            30,
-            "SIMPLE",
-            &[1.0],
-        )),
-    );
-    let id = id_of(&e);
+    let id = simple_event_now(&vtn, &program, 1.0);
     events_when(&ven, 10.0, "the polled event", |e| event(e, &id).is_some());
     // renewals follow the notifier's backoff, not a flood
     let (tokens, t0) = (
