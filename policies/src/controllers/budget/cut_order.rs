@@ -30,7 +30,13 @@ pub(super) fn job_priority_by_gpu(
         .enumerate()
         .filter(|(_, j)| j.state == telemetry::JobState::Running)
     {
-        let p = cut_order_of(j, rule, now, index.slowest(alloc.of(k)));
+        // the pace only matters to a deadline
+        let speed = if j.deadline.is_some() {
+            index.slowest(alloc.of(k))
+        } else {
+            1.0
+        };
+        let p = cut_order_of(j, rule, now, speed);
         for i in alloc.of(k) {
             m[i] = p;
         }

@@ -189,7 +189,7 @@ impl<'c> Tick<'c> {
         // a running job's slack at the pace of the slowest model it runs on
         let protected = |k: usize| {
             let j = &cx.jobs[k];
-            let speed = if j.state == JobState::Running {
+            let speed = if j.state == JobState::Running && j.deadline.is_some() {
                 cx.index.slowest(alloc.of(k))
             } else {
                 1.0
