@@ -303,15 +303,6 @@ impl<'a> Index<'a> {
         }
     }
 
-    /// The speed of the slowest GPU model among `gpus` (positions in [`Index::gpus`]): the
-    /// pace a job on them runs at against its estimate (1 for none).
-    pub fn slowest(&self, gpus: impl Iterator<Item = usize>) -> f64 {
-        gpus.filter_map(|i| self.gpus.get(i))
-            .map(|g| g.model.speed)
-            .fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.min(s))))
-            .unwrap_or(1.0)
-    }
-
     /// The index with the snapshot whose GPU readings [`Index::gpu_observe`] reads.
     pub fn with_snapshot(mut self, snapshot: &'a Snapshot) -> Self {
         self.snapshot = Some(snapshot);

@@ -191,6 +191,13 @@ pub struct GpuRef<'a> {
     pub model: &'a GpuModel,
 }
 
+/// The pace of work on these GPUs against the jobs' estimates: the speed of their
+/// slowest model (1 for none).
+pub fn slowest<'a>(gpus: impl IntoIterator<Item = &'a GpuRef<'a>>) -> f64 {
+    let speeds = gpus.into_iter().map(|g| g.model.speed);
+    speeds.reduce(f64::min).unwrap_or(1.0)
+}
+
 pub const DEFAULT_DERATE: f64 = 0.8;
 pub const DEFAULT_INLET_LIMIT_C: f64 = 32.0;
 pub const DEFAULT_NODE_BASE_W: f64 = 400.0;

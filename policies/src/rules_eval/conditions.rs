@@ -262,9 +262,9 @@ impl Ctx<'_, '_> {
     /// The speed of the slowest GPU model a job runs on (the reference's, 1, where it
     /// runs on none of the site's GPUs yet).
     fn speed_of(&self, j: &Job) -> f64 {
-        let site = self.index.site;
-        self.index
-            .slowest(j.allocated.iter().filter_map(|g| site.gpu_index(g)))
+        let (site, gpus) = (self.index.site, &self.index.gpus);
+        let positions = j.allocated.iter().filter_map(|g| site.gpu_index(g));
+        telemetry::site::slowest(positions.filter_map(|i| gpus.get(i)))
     }
 
     pub(super) fn forecast_value(&self, series: Series, stat: &Stat, job: Option<&Job>) -> Val {

@@ -32,7 +32,7 @@ pub(super) fn job_priority_by_gpu(
     {
         // the pace only matters to a deadline
         let speed = if j.deadline.is_some() {
-            index.slowest(alloc.of(k))
+            telemetry::site::slowest(alloc.of(k).filter_map(|i| index.gpus.get(i)))
         } else {
             1.0
         };

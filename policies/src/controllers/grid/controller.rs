@@ -190,7 +190,7 @@ impl<'c> Tick<'c> {
         let protected = |k: usize| {
             let j = &cx.jobs[k];
             let speed = if j.state == JobState::Running && j.deadline.is_some() {
-                cx.index.slowest(alloc.of(k))
+                telemetry::site::slowest(alloc.of(k).filter_map(|i| cx.index.gpus.get(i)))
             } else {
                 1.0
             };

@@ -143,14 +143,9 @@ pub fn start(
     Ok(crate::source::Stats::new(move || counters.read()))
 }
 
-/// Starts the notifier on the runtime: every message on `topics` (and every
-/// connection) wakes `wake`. Stops when `cancel` is cancelled.
-pub(crate) fn spawn(
-    s: Subscription,
-    wake: Arc<Notify>,
-    counters: Arc<Counters>,
-    cancel: CancellationToken,
-) -> Result<(), NotifierError> {
+/// The client's options for `s`, and the username it presents with the VEN's token
+/// (`None`: anonymous).
+fn options(s: &Subscription) -> Result<(MqttOptions, Option<String>), NotifierError> {
     let (host, port, secure) = crate::mqtt::parse_url(&s.broker.uri)?;
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let id = format!(
@@ -175,6 +170,18 @@ pub(crate) fn spawn(
     if let Some(user) = &user {
         o.set_credentials(user.clone(), s.token.borrow().clone());
     }
+    Ok((o, user))
+}
+
+/// Starts the notifier on the runtime: every message on `topics` (and every
+/// connection) wakes `wake`. Stops when `cancel` is cancelled.
+pub(crate) fn spawn(
+    s: Subscription,
+    wake: Arc<Notify>,
+    counters: Arc<Counters>,
+    cancel: CancellationToken,
+) -> Result<(), NotifierError> {
+    let (o, user) = options(&s)?;
     let (client, mut events) = AsyncClient::new(o, 16);
     let (uri, topics, mut token, renew) = (s.broker.uri.clone(), s.topics, s.token, s.renew);
     tokio::spawn(async move {
