@@ -148,13 +148,14 @@ impl<'de> Deserialize<'de> for PowerLimit {
 impl Job {
     /// The latest start that still meets the deadline at full power, if there is a deadline.
     pub fn latest_start(&self) -> Option<Timestamp> {
-        self.latest_start_at(1.0)
+        self.latest_start_at(|| 1.0)
     }
 
     /// The latest start that still meets the deadline at full power on GPUs that run at
-    /// `speed` times the pace its estimate is given at.
-    pub fn latest_start_at(&self, speed: f64) -> Option<Timestamp> {
-        self.deadline.map(|d| d + -(self.est_duration_s / speed))
+    /// `speed()` times the pace its estimate is given at (asked only of a job with a
+    /// deadline).
+    pub fn latest_start_at(&self, speed: impl FnOnce() -> f64) -> Option<Timestamp> {
+        self.deadline.map(|d| d + -(self.est_duration_s / speed()))
     }
 }
 

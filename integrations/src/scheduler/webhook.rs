@@ -11,7 +11,8 @@ use telemetry::{Job, Timestamp};
 use tracing::warn;
 
 use super::{
-    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId, View,
+    Applied, Commit, Counter, Desired, Pass, Requeues, Scheduler, SchedulerError, SchedulerId,
+    View, WEBHOOK,
 };
 use crate::store::Tx;
 use crate::webhook::{DeliveryError, Outbox, Outcome};
@@ -35,7 +36,7 @@ impl OutboxDelivery {
 
 impl Scheduler for OutboxDelivery {
     fn id(&self) -> SchedulerId {
-        super::ids::WEBHOOK
+        WEBHOOK
     }
 
     fn requeues(&self) -> Requeues {

@@ -1084,3 +1084,46 @@ fn the_job_table_finds_jobs_by_id_also_where_their_ids_share_a_hash() {
         );
     }
 }
+
+#[test]
+fn a_job_on_a_slow_model_is_protected_by_the_slack_it_has_at_that_models_pace() {
+    // r1's GPUs (the first four) run at a tenth of the reference's pace
+    let src = SITE
+        .replacen("gpu_model = \"A40\"", "gpu_model = \"SLOW\"", 1)
+        .replacen(
+            "[[racks]]",
+            "[gpu_models.SLOW]\nmin_w = 100\nmax_w = 300\nspeed = 0.1\n[[racks]]",
+            1,
+        );
+    let mut small = Site::parse("t.toml", &src).unwrap_or_else(|e| panic!("{e}"));
+    small.feeds[0].rating_kw = 2.5;
+    let gpus: Vec<EntityId> = small
+        .gpus()
+        .into_iter()
+        .map(|g| g.id.into_owned())
+        .collect();
+    let snap = snapshot(&small, &|_| 300.0, 25.0, t0());
+    // "roomy" has 10 h of slack at the reference pace; at a tenth of it its hour of
+    // work takes 10 h, leaving 1 h: as close to its deadline as protect_slack_s
+    let jobs = vec![
+        with_slack("urgent", 0, &gpus[0..2], 600.0),
+        with_slack("roomy", 0, &gpus[2..4], 36_000.0),
+        job("high", 9, &gpus[4..8]),
+    ];
+    let plan = run(
+        &small,
+        &snap,
+        &jobs,
+        &State::default(),
+        &only_budget(),
+        t0(),
+    );
+    let cap = |g: &EntityId| plan.state.caps.get(g).map(|c| c.watts);
+    for g in &gpus[0..4] {
+        assert_eq!(cap(g), None, "{g}: protected: {:?}", plan.state.caps);
+    }
+    // the 375 W come from the job without a deadline: 1200 W down to 825 W
+    for g in &gpus[4..8] {
+        assert!((cap(g).expect("capped") - 206.25).abs() < 0.01, "{g}");
+    }
+}

@@ -243,7 +243,7 @@ impl Ctx<'_, '_> {
                     JobField::Gpus => f64::from(j.gpus),
                     JobField::WaitS => self.now.secs_since(j.submit_time).max(0.0),
                     JobField::SlackS => j
-                        .latest_start_at(self.speed_of(j))
+                        .latest_start_at(|| self.speed_of(j))
                         .map_or(1e12, |ls| ls.secs_since(self.now)),
                     JobField::EstDurationS => j.est_duration_s,
                 })

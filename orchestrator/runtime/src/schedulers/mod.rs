@@ -16,8 +16,9 @@
 //!
 //! Adding a scheduler adapter: a type implementing [`integrations::scheduler::Scheduler`]
 //! (which declares how its jobs' requeues go and whether it reports under its name),
-//! its ids (an `ADAPTER` constant, one line in `integrations::scheduler::REGISTERED`), a config section in [`config`], a glue file here whose `open`
-//! builds it from the section, and one registration line in [`ADAPTERS`].
+//! its ids (an `ADAPTER` constant, one line in `integrations::scheduler::REGISTERED`),
+//! a config section in [`config`], a glue file here whose `open` builds it from the
+//! section, and one registration line in [`ADAPTERS`].
 
 pub mod config;
 mod kubernetes;

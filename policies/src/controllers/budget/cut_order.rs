@@ -30,12 +30,7 @@ pub(super) fn job_priority_by_gpu(
         .enumerate()
         .filter(|(_, j)| j.state == telemetry::JobState::Running)
     {
-        // the pace only matters to a deadline
-        let speed = if j.deadline.is_some() {
-            telemetry::site::slowest(alloc.of(k).filter_map(|i| index.gpus.get(i)))
-        } else {
-            1.0
-        };
+        let speed = || telemetry::site::slowest(alloc.of(k).filter_map(|i| index.gpus.get(i)));
         let p = cut_order_of(j, rule, now, speed);
         for i in alloc.of(k) {
             m[i] = p;
@@ -46,7 +41,12 @@ pub(super) fn job_priority_by_gpu(
 
 /// A job's place in the cut order (lower is cut first), see [`job_priority_by_gpu`];
 /// `speed`: the slowest model's it runs on (its slack counted at that pace).
-pub(super) fn cut_order_of(j: &Job, rule: &BudgetRule, now: Timestamp, speed: f64) -> i64 {
+pub(super) fn cut_order_of(
+    j: &Job,
+    rule: &BudgetRule,
+    now: Timestamp,
+    speed: impl FnOnce() -> f64,
+) -> i64 {
     let cut_order = &rule.cut_order;
     let urgent = j
         .latest_start_at(speed)

@@ -139,7 +139,7 @@ fn assign_idle(
             continue;
         }
         // placed on idle GPUs of any model: counted at the reference pace
-        let p = cut_order_of(j, rule, now, 1.0);
+        let p = cut_order_of(j, rule, now, || 1.0);
         out.extend(idle[next..next + n].iter().map(|&(_, i)| (i, p)));
         next += n;
     }

@@ -186,14 +186,11 @@ impl<'c> Tick<'c> {
             }
         }
         let slack = cx.policy.budget.protect_slack_s;
-        // a running job's slack at the pace of the slowest model it runs on
+        // a job's slack at the pace of the slowest model it holds (1: none held)
         let protected = |k: usize| {
             let j = &cx.jobs[k];
-            let speed = if j.state == JobState::Running && j.deadline.is_some() {
-                telemetry::site::slowest(alloc.of(k).filter_map(|i| cx.index.gpus.get(i)))
-            } else {
-                1.0
-            };
+            let speed =
+                || telemetry::site::slowest(alloc.of(k).filter_map(|i| cx.index.gpus.get(i)));
             rule.protect.contains(&j.class)
                 || j.latest_start_at(speed)
                     .is_some_and(|ls| ls.secs_since(now) <= slack)
