@@ -558,6 +558,50 @@ fn a_grid_event_is_measured_at_the_meter_against_the_run_without_it() {
     );
 }
 
+/// With the batch class preemptible, an event deeper than holds and caps can reach
+/// (65%) suspends running batch jobs: the meter comes down further, the suspensions are
+/// counted, every job still runs to its end and no deadline is missed.
+#[test]
+fn a_grid_event_suspends_preemptible_jobs_when_holds_and_caps_fall_short() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = std::fs::read_to_string(fixture("scenario.toml")).expect("scenario");
+    let event = "\n[[grid_events]]\nid = \"peak\"\nstart = \"2024-06-04T15:00:00+02:00\"\nduration_min = 180\nshed_pct = 65\n";
+    let run = |name: &str, scenario: String| {
+        let path = write(dir.path(), &format!("{name}.toml"), &scenario);
+        let out = dir.path().join(name);
+        let o = backtest(&out, &fixture("jobs.csv"), path.to_str().expect("path"));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        summary(&out)
+    };
+    let preemptible = base.replace("slack_h = 24\n", "slack_h = 24\npreemptible = true\n");
+    assert_ne!(preemptible, base, "the fixture's batch class");
+    let plain = run("plain", base.clone() + event);
+    let pre = run("pre", preemptible + event);
+    let (e0, e) = (&plain["demand_response"][0], &pre["demand_response"][0]);
+    assert_eq!(num(e0, "/jobs_suspended"), 0.0, "none preemptible: {e0}");
+    assert_eq!(num(e0, "/suspended_gpu_hours"), 0.0, "{e0}");
+    assert!(num(e, "/jobs_suspended") > 0.0, "{e}");
+    assert!(num(e, "/suspended_gpu_hours") > 0.0, "{e}");
+    assert!(
+        num(e, "/metered_kw") < num(e0, "/metered_kw"),
+        "suspensions shed more: {} against {}",
+        num(e, "/metered_kw"),
+        num(e0, "/metered_kw")
+    );
+    assert_eq!(num(e, "/deadline_misses"), 0.0, "{e}");
+    assert!(
+        num(e, "/rebound_peak_kw") <= num(e, "/baseline_kw") + 1e-9,
+        "resumed under the rebound limit: {e}"
+    );
+    let gpuh = |s: &Value| num(s, "/policy/gpu_hours");
+    assert!(
+        (gpuh(&pre) - gpuh(&plain)).abs() <= 1e-6 * gpuh(&plain),
+        "every job runs to its end: {} against {}",
+        gpuh(&pre),
+        gpuh(&plain)
+    );
+}
+
 #[test]
 fn a_bad_grid_event_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -32,3 +32,40 @@ pub(crate) fn expire(job: &mut Job, hold_until: &mut Option<Timestamp>, now: Tim
     }
     false
 }
+
+/// The plan's suspension of a running job (its lease), or none: a running job it
+/// suspends stops where it is, keeping its GPUs, until the lease ends unrenewed (as
+/// Slurm's `scontrol suspend` stops a job's processes and keeps its allocation); a
+/// suspended job it no longer suspends runs on. Whether the job's state changed.
+pub(crate) fn suspend(
+    job: &mut Job,
+    suspended_until: &mut Option<Timestamp>,
+    lease: Option<Timestamp>,
+) -> bool {
+    let before = job.state;
+    match lease {
+        Some(lease) if matches!(job.state, JobState::Running | JobState::Suspended) => {
+            job.state = JobState::Suspended;
+            *suspended_until = Some(lease);
+        }
+        _ => {
+            if job.state == JobState::Suspended {
+                job.state = JobState::Running;
+            }
+            *suspended_until = None;
+        }
+    }
+    job.state != before
+}
+
+/// Resumes a job whose suspension's lease ended by `now`: whether it did.
+pub(crate) fn expire_suspension(
+    job: &mut Job,
+    suspended_until: &mut Option<Timestamp>,
+    now: Timestamp,
+) -> bool {
+    if suspended_until.is_some_and(|h| h <= now) {
+        return suspend(job, suspended_until, None);
+    }
+    false
+}

@@ -77,6 +77,8 @@ struct SimJob {
     gen: Generated,
     done_s: f64,
     hold_until: Option<Timestamp>,
+    /// While suspended: the suspension's lease (the job keeps its GPUs, runs nothing).
+    suspended_until: Option<Timestamp>,
 }
 
 /// Totals the simulator keeps for the summary.
@@ -173,6 +175,7 @@ impl Facility {
                 gen: g,
                 done_s: done,
                 hold_until: None,
+                suspended_until: None,
             });
             if self.place(idx) {
                 busy += self.jobs[idx].gen.job.gpus as usize;
@@ -257,6 +260,7 @@ impl Facility {
                 gen: g,
                 done_s: 0.0,
                 hold_until: None,
+                suspended_until: None,
             });
             let gap = self.gen.next_gap_s();
             self.next_arrival = self.next_arrival + gap;
@@ -273,6 +277,7 @@ impl Facility {
         self.stats.leases_expired += self.gpus.expire_leases(now);
         for j in &mut self.jobs {
             hold::expire(&mut j.gen.job, &mut j.hold_until, now);
+            hold::expire_suspension(&mut j.gen.job, &mut j.suspended_until, now);
         }
     }
 
@@ -335,7 +340,7 @@ impl Facility {
     fn progress(&mut self, dt_s: f64) {
         let mut speed: BTreeMap<usize, f64> = BTreeMap::new();
         for g in self.gpus.iter_mut() {
-            if let Some(j) = g.job {
+            if let Some(j) = g.job.filter(|&j| self.jobs[j].suspended_until.is_none()) {
                 let (_, s) = g.busy(j, &self.curves[self.jobs[j].gen.curve]);
                 // a job runs at the pace of its slowest GPU
                 let e = speed.entry(j).or_insert(1.0);
@@ -370,13 +375,14 @@ impl Facility {
         let mut rack_w = vec![0.0; self.site.racks.len()];
         let mut node_busy: BTreeMap<usize, (u32, u32)> = BTreeMap::new();
         for g in self.gpus.iter_mut() {
-            g.power_w = match g.job {
+            let job = g.job.filter(|&j| self.jobs[j].suspended_until.is_none());
+            g.power_w = match job {
                 Some(j) => g.busy(j, &self.curves[self.jobs[j].gen.curve]).0,
                 None => g.idle_w(),
             };
             rack_w[g.rack] += g.power_w;
             let e = node_busy.entry(g.node).or_default();
-            e.0 += u32::from(g.job.is_some());
+            e.0 += u32::from(job.is_some());
             e.1 += 1;
         }
         for (ri, rack) in self.site.racks.iter().enumerate() {
@@ -461,6 +467,8 @@ impl Actuator for Facility {
         for j in &mut self.jobs {
             let lease = state.holds.get(&j.gen.job.id).map(|h| h.lease_until);
             hold::apply(&mut j.gen.job, &mut j.hold_until, lease);
+            let lease = state.suspended.get(&j.gen.job.id).map(|h| h.lease_until);
+            hold::suspend(&mut j.gen.job, &mut j.suspended_until, lease);
         }
         Vec::new()
     }

@@ -106,6 +106,64 @@ fn a_hold_whose_lease_is_not_renewed_lets_the_job_run() {
 }
 
 #[test]
+fn a_suspended_job_keeps_its_gpus_runs_nothing_and_runs_on_when_its_lease_ends() {
+    let mut f = facility();
+    f.step(15.0);
+    let job = f
+        .jobs()
+        .into_iter()
+        .find(|j| j.state == JobState::Running)
+        .expect("the warm start runs jobs");
+    let done = |f: &Facility| {
+        f.jobs
+            .iter()
+            .find(|j| j.gen.job.id == job.id)
+            .map(|j| j.done_s)
+            .expect("job")
+    };
+    let power = |f: &Facility| -> f64 {
+        f.gpus
+            .iter()
+            .filter(|g| job.allocated.contains(&g.id))
+            .map(|g| g.power_w)
+            .sum()
+    };
+    let busy_w = power(&f);
+    let now = f.now();
+    let mut state = State::default();
+    state.suspended.insert(
+        job.id.clone(),
+        Hold {
+            rule: "test".into(),
+            since: now,
+            lease_until: now + 60.0,
+            reason: "test".into(),
+        },
+    );
+    f.apply(&state, now);
+    let before = done(&f);
+    for _ in 0..3 {
+        f.step(15.0);
+    }
+    let now_job = f.jobs().into_iter().find(|j| j.id == job.id).expect("job");
+    assert_eq!(now_job.state, JobState::Suspended, "within its lease");
+    assert_eq!(now_job.allocated, job.allocated, "it keeps its GPUs");
+    assert_eq!(done(&f), before, "no progress while suspended");
+    assert!(power(&f) < busy_w, "its GPUs draw idle power");
+    f.step(15.0);
+    assert_eq!(
+        f.jobs()
+            .into_iter()
+            .find(|j| j.id == job.id)
+            .map(|j| j.state),
+        Some(JobState::Running),
+        "resumed when the lease ran out"
+    );
+    f.step(15.0);
+    assert!(done(&f) > before, "it runs on");
+}
+
+#[test]
 fn a_capped_gpu_draws_no_more_than_its_cap() {
     let mut f = facility();
     let busy = f

@@ -54,6 +54,10 @@ pub struct DemandResponse {
     pub gpu_hours_without_event: f64,
     /// (without − with) / without, %.
     pub gpu_hours_lost_pct: Option<f64>,
+    /// Jobs suspended during the event (a suspension that began in its window), and
+    /// the GPU-hours suspended jobs held without running in the window.
+    pub jobs_suspended: usize,
+    pub suspended_gpu_hours: f64,
     /// The highest interval in the hour after the end, with and without the events.
     pub rebound_peak_kw: Option<f64>,
     pub rebound_peak_without_event_kw: Option<f64>,
@@ -86,6 +90,13 @@ fn intervals(
             (a, m.mean_kw(a, b))
         })
         .collect()
+}
+
+fn suspensions(f: &Facility, from: Timestamp, to: Timestamp) -> usize {
+    f.jobs
+        .iter()
+        .filter(|j| j.suspended_at.iter().any(|&t| t >= from && t < to))
+        .count()
 }
 
 fn misses(f: &Facility, from: Timestamp, to: Timestamp) -> usize {
@@ -126,6 +137,7 @@ pub(super) fn measure(with: &Facility, without: &Facility, width_s: f64) -> Vec<
                 misses(with, e.start, e.end + DEADLINE_WINDOW_S),
                 misses(without, e.start, e.end + DEADLINE_WINDOW_S),
             );
+            d.jobs_suspended = suspensions(with, e.start, e.end);
             d.controller_floor_kw = views.iter().map(|v| v.floor_kw).reduce(f64::min);
             d.controller_shortfall_kw = views.iter().map(|v| v.shortfall_kw).reduce(f64::max);
             d
@@ -197,6 +209,8 @@ fn event(
         gpu_hours: gh,
         gpu_hours_without_event: gh0,
         gpu_hours_lost_pct: (gh0 > 0.0).then(|| (gh0 - gh) / gh0 * 100.0),
+        jobs_suspended: 0,
+        suspended_gpu_hours: m.suspended_gpu_hours(e.start, e.end),
         rebound_peak_kw: peak(m),
         rebound_peak_without_event_kw: peak(m0),
         deadline_misses,
@@ -228,6 +242,7 @@ mod tests {
                     dt_s: 300.0,
                     kw,
                     work_gpu_s: work,
+                    suspended_gpu_s: 0.0,
                 })
                 .collect(),
         }

@@ -43,6 +43,10 @@ pub struct SimJob {
     pub curve: usize,
     pub gpu_model: Option<String>,
     hold_until: Option<Timestamp>,
+    /// While suspended: the lease of the suspension.
+    suspended_until: Option<Timestamp>,
+    /// When each of its suspensions began.
+    pub suspended_at: Vec<Timestamp>,
     gpus: Vec<usize>,
 }
 
@@ -55,6 +59,8 @@ impl SimJob {
             curve,
             gpu_model,
             hold_until: None,
+            suspended_until: None,
+            suspended_at: Vec::new(),
             gpus: Vec::new(),
         }
     }
@@ -97,7 +103,9 @@ pub struct Facility {
     pub jobs: Vec<SimJob>,
     next_arrival: usize,
     waiting: Vec<usize>,
+    /// The jobs that hold GPUs: running, or suspended (`suspended` of them).
     running: Vec<usize>,
+    suspended: usize,
     /// Jobs whose scheduler view (state, start, end, GPUs) changed since the controller
     /// last looked, with a flag per job so each is listed once.
     changed: Vec<usize>,
@@ -173,6 +181,7 @@ impl Facility {
             next_arrival: 0,
             waiting: Vec::new(),
             running: Vec::new(),
+            suspended: 0,
             changed: Vec::new(),
             is_changed: Vec::new(),
             price_end: series_end(&prices),
@@ -288,6 +297,44 @@ impl Facility {
                 self.touch(ji);
             }
         }
+        if self.suspended > 0 {
+            for k in 0..self.running.len() {
+                let ji = self.running[k];
+                let j = &mut self.jobs[ji];
+                if hold::expire_suspension(&mut j.job, &mut j.suspended_until, now) {
+                    self.suspended -= 1;
+                    self.touch(ji);
+                }
+            }
+        }
+    }
+
+    /// Suspends the running jobs the plan suspends (until their lease ends unrenewed)
+    /// and resumes those it no longer does.
+    fn apply_suspensions(&mut self, state: &State, now: Timestamp) {
+        for k in 0..self.running.len() {
+            let ji = self.running[k];
+            let lease = state
+                .suspended
+                .get(&self.jobs[ji].job.id)
+                .map(|h| h.lease_until);
+            let j = &mut self.jobs[ji];
+            let was = j.suspended_until.is_some();
+            if hold::suspend(&mut j.job, &mut j.suspended_until, lease) {
+                if was {
+                    self.suspended -= 1;
+                } else {
+                    j.suspended_at.push(now);
+                    self.suspended += 1;
+                }
+                self.touch(ji);
+            }
+        }
+    }
+
+    /// Whether job `ji` is suspended (holds its GPUs, runs nothing on them).
+    fn is_suspended(&self, ji: usize) -> bool {
+        self.jobs[ji].suspended_until.is_some()
     }
 
     /// Notes that the scheduler's view of a job changed.
@@ -310,7 +357,11 @@ impl Facility {
         node_busy.resize(self.nodes.len(), 0);
         for (gi, g) in self.gpus.iter_mut().enumerate() {
             let off = matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed);
+            let suspended = g
+                .job
+                .is_some_and(|j| self.jobs[j].suspended_until.is_some());
             g.power_w = match g.job {
+                Some(_) if suspended => g.idle_w(),
                 Some(j) => {
                     let m = curve_of(&self.curves, &self.curve_set, gi, self.jobs[j].curve);
                     g.busy_on(j, m).0
@@ -319,7 +370,7 @@ impl Facility {
                 None => g.idle_w(),
             };
             rack_w[g.rack] += g.power_w;
-            node_busy[g.node] += u32::from(g.job.is_some());
+            node_busy[g.node] += u32::from(g.job.is_some() && !suspended);
         }
         for (ni, n) in self.nodes.iter().enumerate() {
             rack_w[n.rack] += match n.power {
@@ -430,7 +481,7 @@ impl Facility {
 }
 
 impl Actuator for Facility {
-    fn apply(&mut self, state: &State, _now: Timestamp) -> Vec<String> {
+    fn apply(&mut self, state: &State, now: Timestamp) -> Vec<String> {
         self.gpus.apply_caps(state);
         let mut marked = Vec::with_capacity(state.holds.len());
         for (id, h) in &state.holds {
@@ -450,6 +501,9 @@ impl Actuator for Facility {
         }
         for ji in marked {
             self.hold_lease[ji] = None;
+        }
+        if !state.suspended.is_empty() || self.suspended > 0 {
+            self.apply_suspensions(state, now);
         }
         self.update_power();
         Vec::new()

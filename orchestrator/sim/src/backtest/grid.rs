@@ -140,13 +140,15 @@ pub fn events(entries: &[GridEventEntry]) -> Checked {
 }
 
 /// One step of the simulated meter: from `t0` for `dt_s`, the mean of IT plus cooling
-/// (kW) and the work the jobs did (GPU-seconds at full speed).
+/// (kW), the work the jobs did (GPU-seconds at full speed) and the GPU-seconds that
+/// suspended jobs held without running.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MeterStep {
     pub t0: Timestamp,
     pub dt_s: f64,
     pub kw: f64,
     pub work_gpu_s: f64,
+    pub suspended_gpu_s: f64,
 }
 
 /// The meter's steps, in time order.
@@ -191,8 +193,17 @@ impl Meter {
 
     /// The work done in `[from, to)`, GPU-hours (a step's work spread evenly over it).
     pub fn gpu_hours(&self, from: Timestamp, to: Timestamp) -> f64 {
+        self.sum_hours(from, to, |s| s.work_gpu_s)
+    }
+
+    /// The GPU-hours suspended jobs held in `[from, to)` without running.
+    pub fn suspended_gpu_hours(&self, from: Timestamp, to: Timestamp) -> f64 {
+        self.sum_hours(from, to, |s| s.suspended_gpu_s)
+    }
+
+    fn sum_hours(&self, from: Timestamp, to: Timestamp, of: impl Fn(&MeterStep) -> f64) -> f64 {
         self.overlapping(from, to)
-            .map(|(s, o)| s.work_gpu_s * o / s.dt_s.max(1e-9))
+            .map(|(s, o)| of(s) * o / s.dt_s.max(1e-9))
             .sum::<f64>()
             / 3600.0
     }

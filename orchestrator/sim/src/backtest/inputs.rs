@@ -166,7 +166,7 @@ fn build_jobs(
             deadline,
             est_duration_s: t.duration_s,
             deferrable,
-            preemptible: false,
+            preemptible: rule.is_some_and(|r| r.preemptible),
             gpu_power_limit: None,
         };
         out.push(SimJob::new(job, t.duration_s, curve, t.gpu_model.clone()));

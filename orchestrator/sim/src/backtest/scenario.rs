@@ -70,6 +70,11 @@ pub struct ClassRule {
     pub slack_h: Option<f64>,
     #[serde(default)]
     pub priority: i32,
+    /// Its jobs may be suspended while they run (the engine's grid controller does so
+    /// in a demand-response event; the facility stops them where they are, keeping
+    /// their GPUs, until resumed).
+    #[serde(default)]
+    pub preemptible: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

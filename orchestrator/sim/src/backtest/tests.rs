@@ -144,6 +144,99 @@ fn waiting_work_resumes_the_nodes_it_needs_without_a_controller() {
     assert!(f.totals.power_ups >= 16, "{}", f.totals.power_ups);
 }
 
+/// A plan that suspends `ids` until `lease_until`.
+fn suspending(ids: &[&str], lease_until: Timestamp) -> policies::State {
+    let mut state = policies::State::default();
+    for id in ids {
+        state.suspended.insert(
+            (*id).into(),
+            policies::Hold {
+                rule: "grid".into(),
+                since: lease_until,
+                lease_until,
+                reason: "test".into(),
+            },
+        );
+    }
+    state
+}
+
+/// A suspended job stops where it is and keeps its GPUs, which draw their idle power;
+/// it runs on when the plan lets it go, or when the suspension's lease ends unrenewed
+/// (the controller gone), and finishes as late as it was stopped.
+#[test]
+fn a_suspended_job_keeps_its_gpus_idle_and_runs_on_when_let_go_or_its_lease_ends() {
+    use control::Actuator;
+    let start = Timestamp::from_secs(1_717_372_800);
+    let job = |id: &str| {
+        let mut j = pending(id, 8, start, 3600.0);
+        j.preemptible = true;
+        SimJob::new(j, 3600.0, 0, None)
+    };
+    let mut f = Facility::new(
+        Site::parse(
+            "site.toml",
+            include_str!("../../../tests/fixtures/backtest/site.toml"),
+        )
+        .expect("site"),
+        curves::CurveSet::measured(),
+        Series::default(),
+        Series::default(),
+        vec![job("a"), job("b")],
+        1e9,
+        Box::new(|_| vec![1.0]),
+        start,
+    );
+    f.step(600.0);
+    let running_kw = f.it_power_w();
+    let done = f.jobs[0].done_s;
+    assert!(done > 0.0 && f.jobs[0].job.state == JobState::Running);
+    // the plan suspends a for 15 minutes and renews once: it runs nothing for 20 min
+    let t = f.now();
+    f.apply(&suspending(&["a"], t + 900.0), t);
+    assert_eq!(f.jobs[0].job.state, JobState::Suspended);
+    assert!(f.it_power_w() < running_kw, "its GPUs idle");
+    let changed = f.take_jobs();
+    assert!(changed
+        .iter()
+        .any(|j| j.id == "a" && j.state == JobState::Suspended));
+    f.step(600.0);
+    let t = f.now();
+    f.apply(&suspending(&["a"], t + 900.0), t);
+    f.step(600.0);
+    assert_eq!(f.jobs[0].done_s, done, "no progress while suspended");
+    assert_eq!(f.jobs[0].job.allocated.len(), 8, "it keeps its GPUs");
+    assert!((f.totals.suspended_gpu_s - 8.0 * 1200.0).abs() < 1e-6);
+    assert_eq!(
+        f.jobs[0].suspended_at,
+        vec![start + 600.0],
+        "one suspension"
+    );
+    // the plan lets it go: it runs on
+    let t = f.now();
+    f.apply(&policies::State::default(), t);
+    assert_eq!(f.jobs[0].job.state, JobState::Running);
+    // b is suspended by a plan that is never renewed: its lease ends and it runs on
+    f.apply(&suspending(&["b"], t + 900.0), t);
+    f.step(300.0);
+    f.step(300.0);
+    assert_eq!(f.jobs[1].job.state, JobState::Suspended);
+    f.step(300.0);
+    assert_eq!(f.jobs[1].job.state, JobState::Running, "the lease ended");
+    while !f.done() && f.now().secs_since(start) < 6.0 * 3600.0 {
+        f.step(300.0);
+    }
+    let ran = |k: usize| {
+        let j = &f.jobs[k].job;
+        j.end_time
+            .expect("finished")
+            .secs_since(j.start_time.expect("started"))
+    };
+    // a ran 1200 s suspended, b 900 s (its lease); each finishes that much later
+    assert!((ran(0) - (3600.0 + 1200.0)).abs() < 1e-6, "{}", ran(0));
+    assert!((ran(1) - (3600.0 + 900.0)).abs() < 1e-6, "{}", ran(1));
+}
+
 fn generic_trace(n: usize) -> Vec<trace::TraceJob> {
     let mut text = String::from("id,submit,duration_s,gpus\n");
     for i in 0..n {

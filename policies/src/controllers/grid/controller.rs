@@ -49,16 +49,28 @@ impl Controller for Grid {
         }
         let short_gpu_w = (alloc.iter().sum::<f64>() - gpu_budget_w).max(0.0);
 
+        // what the rebound limit leaves room for: suspended jobs first, then held work
+        let mut room_w = aim_it_w - tick.meter.it_w;
+        let per_gpu_w = wants
+            .pacing
+            .map_or(tick.typical_gpu_w, |p| p.watts_per_gpu)
+            .max(1.0);
+
         // the suspensions: preemptible jobs, cut first first, until the rest is met
         let mut suspends: Vec<(String, Timestamp)> = Vec::new();
         let until = cx.now.plus_secs(rule.lease_s);
         let mut freed_w = 0.0;
         if rule.suspend {
-            // those suspended for the event stay so while it is in force
-            for (job, h) in &cx.prior.suspended {
-                if h.rule == RULE && memory.event_active() {
-                    suspends.push((job.clone(), until));
+            // those suspended stay so while the event is in force and, after it, until
+            // the room under the rebound limit takes them; a job whose deadline now
+            // needs it running is resumed at once
+            for s in &tick.suspended {
+                let need_w = per_gpu_w * f64::from(s.gpus.max(1));
+                if s.due || (!memory.event_active() && room_w >= need_w) {
+                    room_w -= if s.due { 0.0 } else { need_w };
+                    continue;
                 }
+                suspends.push((s.id.to_owned(), until));
             }
             if !met && memory.event_active() {
                 for (k, gain_w) in &tick.suspendable {
@@ -77,11 +89,6 @@ impl Controller for Grid {
 
         // the holds: queued deferrable work, all of it while the event is in force;
         // during the rebound only what the room under the baseline cannot take yet
-        let mut room_w = aim_it_w - tick.meter.it_w;
-        let per_gpu_w = wants
-            .pacing
-            .map_or(tick.typical_gpu_w, |p| p.watts_per_gpu)
-            .max(1.0);
         let mut held = BTreeMap::new();
         if rule.hold {
             for (job, limit) in &tick.holdable {
@@ -155,6 +162,15 @@ fn release_own_holds(
 }
 
 /// What one tick of the controller reads of the site.
+/// A job the controller suspended, as this tick finds it.
+struct Suspended<'c> {
+    id: &'c str,
+    gpus: u32,
+    /// Protected now: resumed at once.
+    due: bool,
+    rank: i64,
+}
+
 struct Tick<'c> {
     meter: super::Meter,
     /// IT power that is not the GPUs' draw, W.
@@ -165,6 +181,12 @@ struct Tick<'c> {
     /// Running preemptible jobs that may be suspended (their position in the jobs),
     /// cut first first, with what suspending each saves, W.
     suspendable: Vec<(usize, f64)>,
+    /// The jobs the controller suspended that are still running or suspended: their
+    /// GPUs, and whether they are now protected (their slack down to the budget's
+    /// `protect_slack_s` at their model's pace, or a protected class), which resumes
+    /// them even while the event is in force; those cut last first (the order they
+    /// come back in).
+    suspended: Vec<Suspended<'c>>,
     /// Queued deferrable jobs that may be held, with the time they must be released.
     holdable: Vec<(&'c Job, Timestamp)>,
     typical_gpu_w: f64,
@@ -246,7 +268,22 @@ impl<'c> Tick<'c> {
         let other_w = (meter.it_w - gpu_draw_w).max(0.0);
 
         let mut suspendable: Vec<(i64, usize, f64)> = Vec::new();
+        let mut suspended = Vec::new();
         for (k, j) in cx.jobs.iter().enumerate() {
+            if matches!(j.state, JobState::Running | JobState::Suspended)
+                && cx
+                    .prior
+                    .suspended
+                    .get(&j.id)
+                    .is_some_and(|h| h.rule == RULE)
+            {
+                suspended.push(Suspended {
+                    id: j.id.as_str(),
+                    gpus: j.gpus,
+                    due: protected(k),
+                    rank: rank(j),
+                });
+            }
             if j.state != JobState::Running || !j.preemptible || protected(k) {
                 continue;
             }
@@ -259,6 +296,7 @@ impl<'c> Tick<'c> {
             }
         }
         suspendable.sort_by_key(|&(r, k, _)| (r, k));
+        suspended.sort_by_key(|s| (std::cmp::Reverse(s.rank), s.id));
         if rule.suspend {
             floor_gpu_w -= suspendable.iter().map(|s| s.2).sum::<f64>();
         }
@@ -281,6 +319,7 @@ impl<'c> Tick<'c> {
             claims,
             floor_gpu_w: floor_gpu_w.max(0.0),
             suspendable: suspendable.into_iter().map(|(_, k, g)| (k, g)).collect(),
+            suspended,
             holdable,
             typical_gpu_w,
         }

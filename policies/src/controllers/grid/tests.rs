@@ -421,6 +421,119 @@ fn a_target_out_of_reach_suspends_preemptible_jobs_and_names_the_shortfall() {
     assert!(plan.state.suspended.is_empty());
 }
 
+/// A job suspended for an event stays suspended while the event is in force, until
+/// its deadline needs it running: then it is resumed, the event or not.
+#[test]
+fn a_suspended_job_is_resumed_when_its_slack_comes_down_to_the_protected_slack() {
+    let site = site();
+    let g = gpus(&site);
+    let mut pre = job("pre", "batch", 1, &g[32..48], JobState::Running);
+    pre.preemptible = true;
+    let mut jobs = vec![
+        job("serve", "inference", 5, &g[0..32], JobState::Running),
+        pre,
+        job("train", "training", 3, &g[48..64], JobState::Running),
+    ];
+    let busy = &g[..];
+    let (_, baseline) = snapshot(&site, busy, 650.0, &State::default(), &[], t0());
+    let grid = [(GRID_EVENT_ACTIVE, 1.0), (GRID_CAP_W, baseline * 0.55)];
+    let (snap, _) = snapshot(&site, busy, 650.0, &State::default(), &grid, t0());
+    let first = run(&site, &snap, &jobs, &State::default(), &policy(), t0());
+    assert!(first.state.suspended.contains_key("pre"));
+    // the scheduler reports it suspended: it stays so
+    jobs[1].state = JobState::Suspended;
+    let plan = run(&site, &snap, &jobs, &first.state, &policy(), t0());
+    assert!(
+        plan.state.suspended.contains_key("pre"),
+        "{:?}",
+        plan.state.suspended
+    );
+    // its deadline comes within the protected slack (an hour): resumed
+    let protect_s = policy().budget.protect_slack_s;
+    jobs[1].deadline = Some(t0() + (jobs[1].est_duration_s + protect_s - 60.0));
+    let plan = run(&site, &snap, &jobs, &first.state, &policy(), t0());
+    assert!(
+        !plan.state.suspended.contains_key("pre"),
+        "{:?}",
+        plan.state.suspended
+    );
+    // with more slack than that it stays suspended
+    jobs[1].deadline = Some(t0() + (jobs[1].est_duration_s + protect_s + 600.0));
+    let plan = run(&site, &snap, &jobs, &first.state, &policy(), t0());
+    assert!(plan.state.suspended.contains_key("pre"));
+}
+
+/// After the event, suspended jobs come back as the room under the rebound limit
+/// allows, those cut last first, never all at once.
+#[test]
+fn after_the_event_suspended_jobs_come_back_only_as_room_allows() {
+    let site = site();
+    let g = gpus(&site);
+    let mut jobs = vec![job("serve", "inference", 5, &g[0..32], JobState::Running)];
+    for k in 0..4 {
+        let mut b = job(
+            &format!("b{k}"),
+            "batch",
+            k,
+            &g[32 + 8 * k as usize..40 + 8 * k as usize],
+            JobState::Running,
+        );
+        b.preemptible = true;
+        jobs.push(b);
+    }
+    let p = policy();
+    let busy = &g[0..64];
+    let (_, baseline) = snapshot(&site, busy, 650.0, &State::default(), &[], t0());
+    let grid = [(GRID_EVENT_ACTIVE, 1.0), (GRID_CAP_W, baseline * 0.6)];
+    let (snap, _) = snapshot(&site, busy, 650.0, &State::default(), &grid, t0());
+    let during = run(&site, &snap, &jobs, &State::default(), &p, t0());
+    let suspended: Vec<String> = during.state.suspended.keys().cloned().collect();
+    assert!(suspended.len() >= 3, "{suspended:?}");
+    // the lowest priority is cut first
+    assert!(suspended.contains(&"b0".to_string()), "{suspended:?}");
+    for j in jobs.iter_mut().filter(|j| suspended.contains(&j.id)) {
+        j.state = JobState::Suspended;
+    }
+    // the event ends: the meter is under the baseline by what the suspended jobs shed
+    let running: Vec<EntityId> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Running)
+        .flat_map(|j| j.allocated.clone())
+        .collect();
+    let now = t0() + 3600.0;
+    let ended = [(GRID_EVENT_ACTIVE, 0.0)];
+    let (snap, _) = snapshot(&site, &running, 650.0, &during.state, &ended, now);
+    let after = run(&site, &snap, &jobs, &during.state, &p, now);
+    let resumed: Vec<&String> = suspended
+        .iter()
+        .filter(|j| !after.state.suspended.contains_key(*j))
+        .collect();
+    assert!(
+        !resumed.is_empty(),
+        "some come back: {:?}",
+        after.state.suspended
+    );
+    assert!(
+        resumed.len() < suspended.len(),
+        "not all at once: {:?}",
+        after.state.suspended
+    );
+    // those cut last (the highest priority) first
+    let top = suspended
+        .iter()
+        .max_by_key(|id| jobs.iter().find(|j| &j.id == *id).map(|j| j.priority))
+        .expect("one");
+    assert!(resumed.contains(&top), "{resumed:?}");
+    assert!(
+        after.state.suspended.contains_key("b0"),
+        "cut first, back last"
+    );
+    assert!(
+        after.state.grid.is_some(),
+        "the rebound holds while jobs are suspended"
+    );
+}
+
 #[test]
 fn after_the_event_the_rebound_limit_releases_held_work_only_as_room_allows() {
     let site = site();

@@ -25,7 +25,7 @@ impl Facility {
             self.totals.budget_violation_s += dt_s;
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let work_before = self.totals.work_gpu_s;
+        let (work_before, suspended_before) = (self.totals.work_gpu_s, self.totals.suspended_gpu_s);
         self.run_jobs(t0, dt_s, &mut scratch);
         let job_j = self.draw_energy(dt_s, &mut scratch);
         self.follow_inlets(t0, dt_s, &scratch.rack_j);
@@ -38,6 +38,7 @@ impl Facility {
                 dt_s,
                 kw: (it_kwh * 3.6e6 / dt_s.max(1e-9) + cooling_w) / 1000.0,
                 work_gpu_s: self.totals.work_gpu_s - work_before,
+                suspended_gpu_s: self.totals.suspended_gpu_s - suspended_before,
             });
         }
         self.scratch = scratch;
@@ -105,6 +106,11 @@ impl Facility {
         still.clear();
         let running = std::mem::take(&mut self.running);
         for &ji in &running {
+            if self.is_suspended(ji) {
+                self.totals.suspended_gpu_s += f64::from(self.jobs[ji].job.gpus) * dt_s;
+                still.push(ji);
+                continue;
+            }
             let job = &self.jobs[ji];
             let mut speed: f64 = 1.0;
             for &g in &job.gpus {

@@ -15,6 +15,8 @@ pub struct Totals {
     pub capped_gpu_s: f64,
     /// GPU-seconds of work delivered (full-speed equivalent).
     pub work_gpu_s: f64,
+    /// GPU-seconds that suspended jobs held their GPUs without running.
+    pub suspended_gpu_s: f64,
     /// Seconds of the run the price series did not cover (counted at 0).
     pub price_gap_s: f64,
     /// Seconds of the run the carbon series did not cover.

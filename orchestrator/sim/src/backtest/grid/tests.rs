@@ -96,6 +96,7 @@ fn meter() -> Meter {
             dt_s: 300.0,
             kw: 600.0,
             work_gpu_s: 3600.0,
+            suspended_gpu_s: 0.0,
         });
     }
     for k in 0..12 {
@@ -104,6 +105,7 @@ fn meter() -> Meter {
             dt_s: 300.0,
             kw: 400.0,
             work_gpu_s: 1800.0,
+            suspended_gpu_s: 900.0,
         });
     }
     m
@@ -124,6 +126,10 @@ fn the_meter_averages_and_sums_over_any_window_by_the_time_each_step_covers() {
     assert_eq!(m.mean_kw(t11, t11 + 60.0), None, "past the run");
     // 12 steps of 1 GPU-hour, 12 of half of one
     assert!((m.gpu_hours(t9, t11) - 18.0).abs() < 1e-9);
+    // a quarter GPU-hour suspended in each of the 12 steps after 10:00, half of the
+    // step at 10:00 inside the window that ends 150 s into it
+    assert!((m.suspended_gpu_hours(t9, t11) - 3.0).abs() < 1e-9);
+    assert!((m.suspended_gpu_hours(t10 + -150.0, t10 + 150.0) - 0.125).abs() < 1e-9);
 }
 
 #[test]
