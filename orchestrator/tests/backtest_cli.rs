@@ -577,6 +577,12 @@ fn a_grid_event_suspends_preemptible_jobs_when_holds_and_caps_fall_short() {
     assert_ne!(preemptible, base, "the fixture's batch class");
     let plain = run("plain", base.clone() + event);
     let pre = run("pre", preemptible + event);
+    let html = std::fs::read_to_string(dir.path().join("pre").join("report.html")).expect("report");
+    let said = format!(
+        "jobs suspended {}",
+        pre["demand_response"][0]["jobs_suspended"]
+    );
+    assert!(html.contains(&said), "the report says {said}");
     let (e0, e) = (&plain["demand_response"][0], &pre["demand_response"][0]);
     assert_eq!(num(e0, "/jobs_suspended"), 0.0, "none preemptible: {e0}");
     assert_eq!(num(e0, "/suspended_gpu_hours"), 0.0, "{e0}");

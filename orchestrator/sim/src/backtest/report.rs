@@ -261,7 +261,7 @@ fn demand_response(body: &mut String, s: &Summary) {
         };
         let _ = write!(
             body,
-            "{}<p>From {} for {:.0} min: baseline {} kW, target {} kW, delivered {} kW; at the target after {} (tolerance 1%), tracking error p95 {}; GPU-hours lost {}; rebound peak {} kW (without the events {} kW); deadline misses {} (without the events {}).</p>",
+            "{}<p>From {} for {:.0} min: baseline {} kW, target {} kW, delivered {} kW; at the target after {} (tolerance 1%), tracking error p95 {}; GPU-hours lost {}; jobs suspended {} ({:.1} GPU-hours held suspended); rebound peak {} kW (without the events {} kW); deadline misses {} (without the events {}).</p>",
             chart.svg(),
             escape(&e.start),
             e.duration_min,
@@ -271,6 +271,8 @@ fn demand_response(body: &mut String, s: &Summary) {
             f(e.time_to_target_s, " s"),
             f(e.tracking_error_p95_pct, "%"),
             f(e.gpu_hours_lost_pct, "%"),
+            e.jobs_suspended,
+            e.suspended_gpu_hours,
             f(e.rebound_peak_kw, ""),
             f(e.rebound_peak_without_event_kw, ""),
             e.deadline_misses,
