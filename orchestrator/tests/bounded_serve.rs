@@ -349,6 +349,15 @@ fn made_up_racks_and_agents_grow_nothing_and_are_counted_while_known_ones_arrive
         Some(1.0),
         "the decoder's reject is on /metrics"
     );
+    // the MQTT source's own counters: every message of the flood and its readings
+    let mqtt = |name: &str| value(&last, &format!("powerplane_mqtt_{name}_total")).unwrap_or(0.0);
+    assert!(
+        mqtt("messages") >= (RACKS + 2) as f64,
+        "{}",
+        mqtt("messages")
+    );
+    assert!(mqtt("samples") >= want_readings, "{}", mqtt("samples"));
+    assert!(mqtt("connects") >= 1.0);
     assert_eq!(
         value(&last, "powerplane_buffer_dropped_samples_total"),
         Some(0.0)

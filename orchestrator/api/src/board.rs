@@ -68,6 +68,9 @@ pub struct Board {
     pub grid_events: Vec<telemetry::grid::GridEvent>,
     /// The VEN's counters (empty without one), for `/metrics`.
     pub grid_counters: Vec<sources::source::Counter>,
+    /// Every running telemetry source's counters (its `Source::stats`), for
+    /// `/metrics`: those no other step renders go out as they are.
+    pub source_counters: Vec<sources::source::Counter>,
 }
 
 pub const RECENT_DECISIONS: usize = 10_000;
@@ -174,6 +177,7 @@ impl Board {
             ledger: LedgerTotals::default(),
             grid_events: Vec::new(),
             grid_counters: Vec::new(),
+            source_counters: Vec::new(),
         }
     }
 

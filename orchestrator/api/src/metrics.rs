@@ -61,6 +61,7 @@ pub fn render_tick(b: &Board, fleet: Option<&FleetStatus<'_>>, gpu_series: usize
     if let Some(f) = fleet {
         counters::fleet(&mut o, f);
     }
+    counters::sources(&mut o, b);
     // the edges' histograms, whatever edges registered them
     for f in telemetry::histogram::registered() {
         for (labels, h) in &f.members {
@@ -690,5 +691,45 @@ mod tests {
             "no value, no series"
         );
         assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+    /// A source's counters reach `/metrics` as they are, each family once: those that
+    /// a step renders whole (the MQTT decoders' rejects, every reason from 0) are not
+    /// written again from the source's own list.
+    #[test]
+    fn every_sources_own_counters_are_exported_once() {
+        use sources::source::Counter;
+        let (mut b, _) = board();
+        let c = |name, labels: &[(&'static str, &str)], value| Counter {
+            name,
+            labels: labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+            value,
+        };
+        b.labeled_counters = control::admit::labeled(
+            Some(std::collections::BTreeMap::from([("bad_json", 3)])),
+            None,
+        );
+        b.source_counters = vec![
+            c("mqtt_messages_total", &[], 41),
+            c("mqtt_rejected_total", &[("reason", "bad_json")], 3),
+            c("newsource_reads_total", &[("endpoint", "x")], 7),
+            c("newsource_queue", &[], 2),
+        ];
+        let text = render_tick(&b, None, DEFAULT_GPU_SERIES);
+        assert!(text.contains("powerplane_mqtt_messages_total 41"), "{text}");
+        assert!(text.contains("# TYPE powerplane_mqtt_messages_total counter"));
+        assert!(text.contains("powerplane_newsource_reads_total{endpoint=\"x\"} 7"));
+        assert!(text.contains("# TYPE powerplane_newsource_queue gauge"));
+        let rejects: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("powerplane_mqtt_rejected_total{reason=\"bad_json\"}"))
+            .collect();
+        assert_eq!(
+            rejects,
+            ["powerplane_mqtt_rejected_total{reason=\"bad_json\"} 3"]
+        );
+        assert!(
+            text.contains("powerplane_mqtt_rejected_total{reason=\"oversize\"} 0"),
+            "the whole family, every reason from 0"
+        );
     }
 }

@@ -153,6 +153,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         gate: edges.gate,
         mqtt_rejects: edges.mqtt_rejects,
         redfish: edges.redfish,
+        sources: edges.sources,
         prices,
         grid,
         overrides,
@@ -165,7 +166,7 @@ pub fn run(config_path: &Path, run_for: Option<Duration>) -> Result<()> {
         since: Default::default(),
     };
     info!(
-        sources = ?edges.sources.iter().map(|s| s.kind).collect::<Vec<_>>(),
+        sources = ?serve.sources.iter().map(|s| s.kind).collect::<Vec<_>>(),
         "serving"
     );
     serve.drive(&site, backend, &keep_going);
@@ -220,6 +221,8 @@ struct Serve {
     gate: Arc<control::admit::Gate>,
     mqtt_rejects: Arc<control::admit::Tally>,
     redfish: Option<sources::redfish::StatsHandle>,
+    /// The telemetry sources started, with their counters.
+    sources: Vec<runtime::sources::Running>,
     prices: Prices,
     /// `[demand_response]`: the grid events and the one in force.
     grid: runtime::grid::Grid,
@@ -573,6 +576,7 @@ impl Serve {
         let predictions = report.predictions.clone();
         let grid_events = self.grid.events(now);
         let grid_counters = self.grid.ven_stats().map(|s| s.read()).unwrap_or_default();
+        let source_counters = self.sources.iter().flat_map(|s| s.stats.read()).collect();
         let jobs = self.control.registry().active().to_vec();
         let schedulers = self.schedulers.status();
         let mut scheduler_counters = self.schedulers.counters();
@@ -603,6 +607,7 @@ impl Serve {
         b.predictions = predictions;
         b.grid_events = grid_events;
         b.grid_counters = grid_counters;
+        b.source_counters = source_counters;
         b.ledger.add(&report.ledger);
         b.jobs = jobs;
         b.schedulers = schedulers;

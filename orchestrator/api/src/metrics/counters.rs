@@ -352,3 +352,38 @@ pub(super) fn fleet(o: &mut Out, f: &FleetStatus<'_>) {
         );
     }
 }
+
+/// The telemetry sources' own counters (`Source::stats`), each family that no step
+/// before rendered (the MQTT decoders' rejects and the Redfish endpoints' counters are
+/// rendered whole, every reason listed, before this): a new source's counters reach
+/// `/metrics` with no change here.
+pub(super) fn sources(o: &mut Out, b: &Board) {
+    let taken: std::collections::BTreeSet<&str> = b
+        .source_counters
+        .iter()
+        .map(|c| c.name)
+        .filter(|n| o.has(n))
+        .collect();
+    for c in b.source_counters.iter().filter(|c| !taken.contains(c.name)) {
+        let labels: Vec<(&str, &str)> = c.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let kind = if c.name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        o.add(c.name, kind, source_help(c.name), &labels, c.value as f64);
+    }
+}
+
+/// The help line of a source's counter.
+fn source_help(name: &str) -> &'static str {
+    match name {
+        "mqtt_messages_total" => "MQTT messages received on the subscribed topics",
+        "mqtt_samples_total" => "Readings the MQTT decoders read from those messages",
+        "mqtt_connects_total" => {
+            "Connections to the MQTT broker made (the first and every reconnect)"
+        }
+        "mqtt_disconnects_total" => "Connections to the MQTT broker lost",
+        _ => "A telemetry source's counter (see docs/operations.md)",
+    }
+}

@@ -120,6 +120,11 @@ impl Out {
         ));
     }
 
+    /// Whether a family of this name (without the `powerplane_` prefix) has samples.
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.families.contains_key(&format!("powerplane_{name}"))
+    }
+
     /// A sample of a family whose name is the standard one, not ours (`process_*`).
     pub(super) fn add_plain(&mut self, name: &str, kind: &'static str, help: &str, v: f64) {
         if !v.is_finite() {
