@@ -44,6 +44,9 @@ def main():
     ap.add_argument("--cert")
     ap.add_argument("--key")
     ap.add_argument("--ca")
+    # check the XML signature of every message from a registered VEN (over TLS), as
+    # OpenLEADR does by default
+    ap.add_argument("--verify-signatures", action="store_true")
     args = ap.parse_args()
     logging.getLogger("openleadr").setLevel(logging.ERROR)
 
@@ -61,8 +64,7 @@ def main():
                            http_port=args.port, ven_lookup=ven_lookup,
                            requested_poll_freq=timedelta(seconds=args.poll_s),
                            http_cert=args.cert, http_key=args.key, http_ca_file=args.ca,
-                           # the VEN signs no payloads (oadrXmlSignature false)
-                           verify_message_signatures=False)
+                           verify_message_signatures=args.verify_signatures)
 
     async def on_create_party_registration(info):
         ven_id = info.get("ven_id") or f"ven-{uuid.uuid4().hex[:8]}"

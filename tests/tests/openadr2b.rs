@@ -729,6 +729,197 @@ async fn mutual_tls_shows_the_client_certificate_from_files() {
     ven.task.await.expect("ven task");
 }
 
+/// A VTN that checks XML signatures (OpenLEADR's default over TLS): the VEN that signs
+/// registers, polls, gets its event and answers it; the same VEN unsigned registers
+/// (a first registration carries no venID, so nothing is checked) and then has every
+/// call refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vtn_that_checks_xml_signatures_takes_the_signed_ven_and_refuses_the_unsigned_one() {
+    let (server_dir, client_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let (server_cert, server_key, server_pin) = powerplane_tests::self_signed(server_dir.path());
+    let (client_cert, client_key, _) = powerplane_tests::self_signed(client_dir.path());
+    let args = [
+        "--cert".as_ref(),
+        server_cert.as_os_str(),
+        "--key".as_ref(),
+        server_key.as_os_str(),
+        "--ca".as_ref(),
+        client_cert.as_os_str(),
+        "--verify-signatures".as_ref(),
+    ];
+    let mut vtn = Vtn::start_with(None, &args);
+    let url = vtn.url().replace("http://", "https://");
+    let mut cfg = VenConfig::new(&url, "powerplane-site-a");
+    cfg.timeout_s = 2.0;
+    cfg.backoff_max_s = 1.0;
+    cfg.tls.pinned_sha256 = Some(server_pin);
+    cfg.tls.client_cert_file = Some(client_cert.display().to_string());
+    cfg.tls.client_key_file = Some(client_key.display().to_string());
+
+    // unsigned: registered, then nothing it sends with its venID is taken
+    let unsigned = start_ven_with(cfg.clone(), None);
+    vtn.wait(20.0, "registration", |l| l.get("registered").is_some())
+        .await;
+    let t0 = Instant::now();
+    while counter(&unsigned.stats, "openadr_errors_total", None) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the unsigned VEN's calls are refused: {:?}",
+            unsigned.stats.read()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    unsigned.cancel.cancel();
+    unsigned.task.await.expect("ven task");
+    assert_eq!(vtn.count("polled"), 0, "no unsigned poll taken");
+
+    // signed: polls, gets the event, answers it
+    cfg.xml_signature = true;
+    let mut ven = start_ven_with(cfg, None);
+    vtn.wait(20.0, "a signed poll", |l| l.get("polled").is_some())
+        .await;
+    vtn.send(simple("ev1", 1, -5, 600)).await;
+    events_when(&mut ven.events, 10.0, "ev1", |e| event(e, "ev1").is_some()).await;
+    let answer = vtn
+        .wait(10.0, "oadrCreatedEvent", |l| {
+            l.get("created_event").is_some()
+        })
+        .await;
+    assert_eq!(answer["created_event"][0]["event_id"], "ev1", "{answer}");
+    ven.cancel.cancel();
+    ven.task.await.expect("ven task");
+}
+
+/// A key pair and self-signed certificate of `kind` (`rsa`, `ec`) in `dir`.
+fn identity(dir: &std::path::Path, kind: &str) -> (String, String) {
+    if kind == "rsa" {
+        let (c, k, _) = powerplane_tests::self_signed(dir);
+        return (c.display().to_string(), k.display().to_string());
+    }
+    let (cert, key) = (dir.join("ec-cert.pem"), dir.join("ec-key.pem"));
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=ven"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("this test needs the openssl command");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    (cert.display().to_string(), key.display().to_string())
+}
+
+/// Every payload signed with an RSA and with an ECDSA P-256 key passes the 2.0b XSD and
+/// OpenLEADR's own signature check (signxml: both references' digests, the signature
+/// over the canonical SignedInfo, the certificate's fingerprint, the replay
+/// protection); a payload changed after signing, or signed by another certificate, does
+/// not.
+#[test]
+fn signed_payloads_pass_openleadrs_signature_check_and_tampered_ones_fail() {
+    use sources::openadr2b::payload;
+    use sources::openadr2b::sign::Signer;
+    let dir = tempfile::tempdir().expect("dir");
+    let check = "import sys\n\
+                 from openleadr import utils\n\
+                 from openleadr.messaging import validate_xml_schema, validate_xml_signature\n\
+                 fp = utils.certificate_fingerprint(open(sys.argv[1]).read())\n\
+                 for f in sys.argv[2:]:\n\
+                 \x20   try:\n\
+                 \x20       tree = validate_xml_schema(open(f, 'rb').read())\n\
+                 \x20       validate_xml_signature(tree, cert_fingerprint=fp)\n\
+                 \x20       print('valid')\n\
+                 \x20   except Exception as e:\n\
+                 \x20       print('invalid', type(e).__name__, str(e).replace('\\n', ' '))\n";
+    for kind in ["rsa", "ec"] {
+        let sub = dir.path().join(kind);
+        std::fs::create_dir_all(&sub).expect("dir");
+        let (cert, key) = identity(&sub, kind);
+        let signer = Signer::from_files(&cert, &key).expect("signer");
+        let t = now();
+        let payloads = [
+            payload::create_party_registration(
+                "q3",
+                Some("reg1"),
+                Some("ven1"),
+                "site <a> & 'b'",
+                true,
+            ),
+            payload::poll("ven1"),
+            payload::update_report("q10", "ven1", "rr1", t, &[(t, 1234.5), (t, 0.0)]),
+        ];
+        let mut files = Vec::new();
+        for (i, p) in payloads.iter().enumerate() {
+            let signed = signer
+                .sign(p, now(), &format!("{kind}-{i}"))
+                .expect("signed");
+            let f = sub.join(format!("{i}.xml"));
+            std::fs::write(&f, &signed).expect("write");
+            files.push(f);
+            if i == 1 {
+                // the same poll for another VEN, the signature kept
+                let tampered = signed.replace(">ven1<", ">ven2<");
+                assert_ne!(tampered, signed);
+                let f = sub.join("tampered.xml");
+                std::fs::write(&f, tampered).expect("write");
+                files.push(f);
+            }
+        }
+        let other = sub.join("other");
+        std::fs::create_dir_all(&other).expect("dir");
+        let (other_cert, _) = identity(&other, kind);
+        let out = Command::new(python())
+            .arg("-c")
+            .arg(check)
+            .arg(&cert)
+            .args(&files)
+            .output()
+            .expect("python");
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = said.lines().collect();
+        assert_eq!(lines.len(), 4, "{said}");
+        assert_eq!(lines[0], "valid", "{kind}: {said}");
+        assert_eq!(lines[1], "valid", "{kind}: {said}");
+        assert!(
+            lines[2].starts_with("invalid"),
+            "{kind}: the tampered poll: {said}"
+        );
+        assert_eq!(lines[3], "valid", "{kind}: {said}");
+        // checked against another certificate's fingerprint: refused
+        let out = Command::new(python())
+            .arg("-c")
+            .arg(check)
+            .arg(&other_cert)
+            .arg(&files[0])
+            .output()
+            .expect("python");
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            said.starts_with("invalid FingerprintMismatch"),
+            "{kind}: {said}"
+        );
+    }
+}
+
 #[test]
 fn every_payload_the_ven_sends_passes_the_2_0b_schema() {
     use sources::openadr2b::payload::{self, EventReply};
@@ -741,8 +932,8 @@ fn every_payload_the_ven_sends_passes_the_2_0b_schema() {
     };
     let payloads = [
         payload::query_registration("q1"),
-        payload::create_party_registration("q2", None, None, "site <a> & 'b'"),
-        payload::create_party_registration("q3", Some("reg1"), Some("ven1"), "a"),
+        payload::create_party_registration("q2", None, None, "site <a> & 'b'", false),
+        payload::create_party_registration("q3", Some("reg1"), Some("ven1"), "a", true),
         payload::poll("ven1"),
         payload::request_event("q4", "ven1"),
         payload::created_event("q5", "ven1", &[reply(true), reply(false)]),

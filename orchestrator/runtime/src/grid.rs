@@ -69,6 +69,10 @@ pub struct DemandResponseSection {
     /// 2.0b; OpenADR 3 has no opt message).
     #[serde(default = "default_true")]
     pub opt_out_when_unreachable: bool,
+    /// OpenADR 2.0b: sign every payload (XML-DSig) with the mutual-TLS identity
+    /// (`tls.client_cert_file`, `tls.client_key_file`).
+    #[serde(default)]
+    pub xml_signature: bool,
     /// OpenADR 3: the OAuth 2 client the utility issued, and the file that holds its
     /// secret (read when the configuration is loaded).
     #[serde(default)]
@@ -143,6 +147,8 @@ pub enum SectionError {
     Openadr3Credentials,
     #[error("client_id, client_secret_file, token_url and programs are for protocol \"openadr3\"")]
     Openadr3Only,
+    #[error("xml_signature is for protocol \"openadr2b\"")]
+    Openadr2bOnly,
 }
 
 impl DemandResponseSection {
@@ -204,6 +210,9 @@ impl DemandResponseSection {
         if openadr3_only && self.protocol != Some(Protocol::Openadr3) {
             out.push(SectionError::Openadr3Only);
         }
+        if self.xml_signature && self.protocol != Some(Protocol::Openadr2b) {
+            out.push(SectionError::Openadr2bOnly);
+        }
         out
     }
 
@@ -249,6 +258,7 @@ impl DemandResponseSection {
         c.poll_s = self.poll_s;
         c.backoff_max_s = self.backoff_max_s;
         c.tls = self.tls.clone();
+        c.xml_signature = self.xml_signature;
         Some(c)
     }
 

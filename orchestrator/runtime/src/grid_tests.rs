@@ -87,6 +87,23 @@ fn an_openadr3_section_needs_its_client_and_reads_its_secret_file() {
     )
     .problems();
     assert_eq!(p, vec![SectionError::Openadr3Only]);
+    // XML signatures: 2.0b's, with the TLS identity that signs
+    let signed = section(
+        "protocol = \"openadr2b\"\nvtn_url = \"https://vtn\"\nven_name = \"v\"\nxml_signature = true\n[tls]\nclient_cert_file = \"ven.pem\"\nclient_key_file = \"ven.key\"\n",
+    );
+    assert!(signed.problems().is_empty(), "{:?}", signed.problems());
+    assert!(signed.ven_config().expect("2.0b").xml_signature);
+    let p = section(
+        "protocol = \"openadr2b\"\nvtn_url = \"https://vtn\"\nven_name = \"v\"\nxml_signature = true\n",
+    )
+    .problems();
+    assert!(
+        matches!(p.as_slice(), [SectionError::Ven(m)] if m.contains("xml_signature")),
+        "{p:?}"
+    );
+    assert!(section(&format!("{base}xml_signature = true\n"))
+        .problems()
+        .contains(&SectionError::Openadr2bOnly));
     let mut r = section(&format!(
         "{base}client_id = \"site-a\"\nclient_secret_file = \"secret\"\nreport_s = 0\n"
     ));

@@ -68,6 +68,8 @@ pub(super) enum CallError {
     Reregister(&'static str),
     #[error("cancelled")]
     Cancelled,
+    #[error("{service}: {0}", service = .1)]
+    Sign(#[source] super::sign::SignError, &'static str),
 }
 
 impl CallError {
@@ -80,6 +82,7 @@ impl CallError {
             CallError::Unexpected { .. } => "unexpected",
             CallError::Reregister(_) => "reregister",
             CallError::Cancelled => "cancelled",
+            CallError::Sign(..) => "sign",
         }
     }
 

@@ -4,14 +4,16 @@
 //! [`telemetry::grid::GridEvent`]s (source `openadr2b`, program = the market context)
 //! for the grid controller.
 //!
-//! simpleHttp, pull model, unsigned payloads (`oadrXmlSignature` false), over the one
-//! HTTP client stack ([`crate::http`]): every call ends by its deadline, and mutual TLS
-//! (which 2.0b normally asks for) is the client certificate and key of [`Tls`].
+//! simpleHttp, pull model, over the one HTTP client stack ([`crate::http`]): every call
+//! ends by its deadline, and mutual TLS (which 2.0b normally asks for) is the client
+//! certificate and key of [`Tls`]. Payloads are unsigned unless `xml_signature` asks
+//! for XML signatures ([`sign`]), made with that same identity.
 //!
 //! # Layout
 //!
 //! - [`iso`]: ISO 8601 durations and date-times as 2.0b writes them;
 //! - [`payload`]: the XML the VEN sends (pure, escaped, in schema order);
+//! - [`sign`]: its XML signature (inclusive canonical XML, SHA-256, the client key);
 //! - [`parse`]: what the VTN sends, read by namespace and local name (pure), events
 //!   mapped to grid targets;
 //! - [`events`]: the VEN's event set (pure): merging, answering, cancelling, expiry;
@@ -25,6 +27,7 @@ pub mod iso;
 pub mod parse;
 pub mod payload;
 mod reports;
+pub mod sign;
 pub mod ven;
 
 use serde::Deserialize;
@@ -58,6 +61,11 @@ pub struct VenConfig {
     /// How the VTN's certificate is trusted, and the VEN's own for mutual TLS.
     #[serde(default)]
     pub tls: Tls,
+    /// Sign every payload (XML-DSig, OpenADR 2.0b's message-level security) with the
+    /// mutual-TLS identity (`tls.client_cert_file`, `tls.client_key_file`), and say so
+    /// when registering (`oadrXmlSignature`).
+    #[serde(default)]
+    pub xml_signature: bool,
 }
 
 fn default_timeout_s() -> f64 {
@@ -78,6 +86,7 @@ impl VenConfig {
             poll_s: None,
             backoff_max_s: default_backoff_max_s(),
             tls: Tls::default(),
+            xml_signature: false,
         }
     }
 
@@ -105,6 +114,9 @@ impl VenConfig {
         if self.tls.client_cert_file.is_some() != self.tls.client_key_file.is_some() {
             p.push(ConfigError::HalfIdentity);
         }
+        if self.xml_signature && self.tls.client_cert_file.is_none() {
+            p.push(ConfigError::SignatureIdentity);
+        }
         if p.is_empty() {
             Ok(())
         } else {
@@ -128,6 +140,8 @@ pub enum ConfigError {
     Backoff(f64),
     #[error("openadr2b: give both tls client_cert_file and client_key_file, or neither")]
     HalfIdentity,
+    #[error("openadr2b: xml_signature signs with the mutual-TLS identity: give tls client_cert_file and client_key_file")]
+    SignatureIdentity,
 }
 
 /// Every problem of a [`VenConfig`].
@@ -142,6 +156,8 @@ pub enum VenError {
     Config(#[from] ConfigErrors),
     #[error("openadr2b: {0}")]
     Client(#[from] ClientError),
+    #[error("openadr2b: {0}")]
+    Sign(#[from] sign::SignError),
 }
 
 #[cfg(test)]
@@ -165,8 +181,11 @@ mod tests {
         bad.timeout_s = 0.0;
         bad.poll_s = Some(-1.0);
         bad.tls.client_key_file = Some("k".into());
+        bad.xml_signature = true;
         let e = bad.validate().expect_err("invalid");
-        assert_eq!(e.0.len(), 5, "{e}");
+        assert_eq!(e.0.len(), 6, "{e}");
         assert!(e.to_string().contains("ftp://vtn"));
+        assert!(e.0.contains(&ConfigError::SignatureIdentity), "{e}");
+        assert!(!c.xml_signature, "unsigned unless asked");
     }
 }

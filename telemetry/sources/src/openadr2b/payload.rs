@@ -1,5 +1,5 @@
 //! The payloads the VEN sends, written as OpenADR 2.0b XML (`oadrPayload` /
-//! `oadrSignedObject`, unsigned: `oadrXmlSignature` false). Pure: ids and times are
+//! `oadrSignedObject`; signed, when asked, by [`super::sign`]). Pure: ids and times are
 //! arguments. Every text is escaped; element order follows the 2.0b schema, which the
 //! VTN validates.
 
@@ -17,6 +17,20 @@ pub const NS_XCAL: &str = "urn:ietf:params:xml:ns:icalendar-2.0";
 pub const NS_STRM: &str = "urn:ietf:params:xml:ns:icalendar-2.0:stream";
 pub const NS_POWER: &str = "http://docs.oasis-open.org/ns/emix/2011/06/power";
 pub const NS_SCALE: &str = "http://docs.oasis-open.org/ns/emix/2011/06/siscale";
+
+/// Every namespace a payload declares, by prefix: on the envelope and again on the
+/// signed object, so that the signed object's canonical form (for an XML signature) is
+/// the same in place and copied out.
+pub const NAMESPACES: [(&str, &str); 8] = [
+    ("oadr", NS_OADR),
+    ("ei", NS_EI),
+    ("pyld", NS_PYLD),
+    ("emix", NS_EMIX),
+    ("xcal", NS_XCAL),
+    ("strm", NS_STRM),
+    ("power", NS_POWER),
+    ("scale", NS_SCALE),
+];
 
 /// The report the VEN offers: TELEMETRY_USAGE, one data point (real power at the
 /// meter, W).
@@ -41,12 +55,14 @@ pub fn esc(s: &str) -> String {
 }
 
 fn envelope(name: &str, inner: &str) -> String {
+    let mut decls = String::new();
+    for (prefix, uri) in NAMESPACES {
+        let _ = write!(decls, " xmlns:{prefix}=\"{uri}\"");
+    }
     format!(
         "<?xml version=\"1.0\" encoding=\"utf-8\"?>\n\
-         <oadr:oadrPayload xmlns:oadr=\"{NS_OADR}\" xmlns:ei=\"{NS_EI}\" xmlns:pyld=\"{NS_PYLD}\" \
-         xmlns:emix=\"{NS_EMIX}\" xmlns:xcal=\"{NS_XCAL}\" xmlns:strm=\"{NS_STRM}\" \
-         xmlns:power=\"{NS_POWER}\" xmlns:scale=\"{NS_SCALE}\">\
-         <oadr:oadrSignedObject oadr:Id=\"oadrSignedObject\">\
+         <oadr:oadrPayload{decls}>\
+         <oadr:oadrSignedObject{decls} oadr:Id=\"oadrSignedObject\">\
          <oadr:{name} ei:schemaVersion=\"2.0b\">{inner}</oadr:{name}>\
          </oadr:oadrSignedObject></oadr:oadrPayload>"
     )
@@ -79,6 +95,7 @@ pub fn create_party_registration(
     registration_id: Option<&str>,
     ven_id: Option<&str>,
     ven_name: &str,
+    xml_signature: bool,
 ) -> String {
     let mut b = String::new();
     el(&mut b, "pyld:requestID", request_id);
@@ -91,7 +108,11 @@ pub fn create_party_registration(
     el(&mut b, "oadr:oadrProfileName", "2.0b");
     el(&mut b, "oadr:oadrTransportName", "simpleHttp");
     el(&mut b, "oadr:oadrReportOnly", "false");
-    el(&mut b, "oadr:oadrXmlSignature", "false");
+    el(
+        &mut b,
+        "oadr:oadrXmlSignature",
+        if xml_signature { "true" } else { "false" },
+    );
     el(&mut b, "oadr:oadrVenName", ven_name);
     el(&mut b, "oadr:oadrHttpPullModel", "true");
     envelope("oadrCreatePartyRegistration", &b)
@@ -303,7 +324,7 @@ mod tests {
 
     #[test]
     fn registration_says_2_0b_simple_http_pull_unsigned() {
-        let x = create_party_registration("r1", None, None, "site <a> & \"b\"");
+        let x = create_party_registration("r1", None, None, "site <a> & \"b\"", false);
         let d = doc(&x);
         assert_eq!(find(&d, NS_OADR, "oadrVenName"), vec!["site <a> & \"b\""]);
         assert_eq!(find(&d, NS_OADR, "oadrProfileName"), vec!["2.0b"]);
@@ -312,10 +333,11 @@ mod tests {
         assert_eq!(find(&d, NS_OADR, "oadrReportOnly"), vec!["false"]);
         assert_eq!(find(&d, NS_OADR, "oadrXmlSignature"), vec!["false"]);
         assert!(find(&d, NS_EI, "venID").is_empty());
-        let again = create_party_registration("r2", Some("reg1"), Some("ven1"), "a");
+        let again = create_party_registration("r2", Some("reg1"), Some("ven1"), "a", true);
         let d = doc(&again);
         assert_eq!(find(&d, NS_EI, "registrationID"), vec!["reg1"]);
         assert_eq!(find(&d, NS_EI, "venID"), vec!["ven1"]);
+        assert_eq!(find(&d, NS_OADR, "oadrXmlSignature"), vec!["true"]);
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct Ven {
     pub(super) meter: MeterFn,
     pub(super) counters: Arc<Counters>,
     pub(super) clock: fn() -> Timestamp,
+    /// With `xml_signature`: what signs each payload.
+    signer: Option<super::sign::Signer>,
 }
 
 impl std::fmt::Debug for Ven {
@@ -111,13 +113,27 @@ pub(super) fn request_id() -> String {
     format!("pp-{}-{n}", now().as_millis())
 }
 
+/// A signature's nonce: never the same twice from this VEN (its time, its process, a
+/// sequence).
+fn nonce() -> String {
+    let n = REQUEST_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{}-{n}", now().as_millis(), std::process::id())
+}
+
 impl Ven {
     /// A VEN for `cfg`: `opt` decides on each event, `meter` reads the power the
     /// reports carry.
     pub fn new(cfg: VenConfig, opt: OptFn, meter: MeterFn) -> Result<Ven, VenError> {
         cfg.validate()?;
         let client = crate::http::client(Duration::from_secs_f64(cfg.timeout_s), &cfg.tls)?;
+        let signer = match (&cfg.tls.client_cert_file, &cfg.tls.client_key_file) {
+            (Some(cert), Some(key)) if cfg.xml_signature => {
+                Some(super::sign::Signer::from_files(cert, key)?)
+            }
+            _ => None,
+        };
         Ok(Ven {
+            signer,
             base: cfg.vtn_url.trim_end_matches('/').to_string(),
             cfg,
             client,
@@ -272,6 +288,12 @@ impl Ven {
     ) -> Result<Inbound, CallError> {
         let url = format!("{}/{service}", self.base);
         let deadline = Duration::from_secs_f64(self.cfg.timeout_s);
+        let body = match &self.signer {
+            Some(s) => s
+                .sign(&body, (self.clock)(), &nonce())
+                .map_err(|e| CallError::Sign(e, service))?,
+            None => body,
+        };
         let exchange = async {
             let resp = self
                 .client
@@ -325,6 +347,7 @@ impl Ven {
             ids.as_ref().map(|i| i.1.as_str()),
             ids.as_ref().map(|i| i.0.as_str()),
             &self.cfg.ven_name,
+            self.signer.is_some(),
         );
         let reg = match self.call(cancel, S, body).await? {
             Inbound::CreatedPartyRegistration(r) => r,
