@@ -267,38 +267,9 @@ impl<'c> Tick<'c> {
         let meter = meter(cx.site, cx.snapshot, rule, gpu_draw_w + base_w, now);
         let other_w = (meter.it_w - gpu_draw_w).max(0.0);
 
-        let mut suspendable: Vec<(i64, usize, f64)> = Vec::new();
-        let mut suspended = Vec::new();
-        for (k, j) in cx.jobs.iter().enumerate() {
-            if matches!(j.state, JobState::Running | JobState::Suspended)
-                && cx
-                    .prior
-                    .suspended
-                    .get(&j.id)
-                    .is_some_and(|h| h.rule == RULE)
-            {
-                suspended.push(Suspended {
-                    id: j.id.as_str(),
-                    gpus: j.gpus,
-                    due: protected(k),
-                    rank: rank(j),
-                });
-            }
-            if j.state != JobState::Running || !j.preemptible || protected(k) {
-                continue;
-            }
-            let gain: f64 = alloc
-                .of(k)
-                .map(|i| (claims[i].floor_w.min(claims[i].draw_w) - gpus[i].model.idle_w).max(0.0))
-                .sum();
-            if gain > 0.0 {
-                suspendable.push((rank(j), k, gain));
-            }
-        }
-        suspendable.sort_by_key(|&(r, k, _)| (r, k));
-        suspended.sort_by_key(|s| (std::cmp::Reverse(s.rank), s.id));
+        let (suspendable, suspended) = suspensions(cx, &alloc, &claims, &protected, &rank);
         if rule.suspend {
-            floor_gpu_w -= suspendable.iter().map(|s| s.2).sum::<f64>();
+            floor_gpu_w -= suspendable.iter().map(|s| s.1).sum::<f64>();
         }
         let price = &cx.policy.price;
         let mut holdable: Vec<(&Job, Timestamp)> = cx
@@ -318,12 +289,56 @@ impl<'c> Tick<'c> {
             other_w,
             claims,
             floor_gpu_w: floor_gpu_w.max(0.0),
-            suspendable: suspendable.into_iter().map(|(_, k, g)| (k, g)).collect(),
+            suspendable,
             suspended,
             holdable,
             typical_gpu_w,
         }
     }
+}
+
+/// The running preemptible jobs that may be suspended (not protected), cut first
+/// first, with what suspending each saves (its GPUs from their floors to idle, W);
+/// and the jobs the controller suspended that are still there, cut last first.
+fn suspensions<'c>(
+    cx: &'c Context<'_>,
+    alloc: &crate::index::JobTable,
+    claims: &[GpuClaim],
+    protected: &dyn Fn(usize) -> bool,
+    rank: &dyn Fn(&Job) -> i64,
+) -> (Vec<(usize, f64)>, Vec<Suspended<'c>>) {
+    let gpus = cx.gpus();
+    let mut suspendable: Vec<(i64, usize, f64)> = Vec::new();
+    let mut suspended = Vec::new();
+    for (k, j) in cx.jobs.iter().enumerate() {
+        let ours = cx
+            .prior
+            .suspended
+            .get(&j.id)
+            .is_some_and(|h| h.rule == RULE);
+        if ours && matches!(j.state, JobState::Running | JobState::Suspended) {
+            suspended.push(Suspended {
+                id: j.id.as_str(),
+                gpus: j.gpus,
+                due: protected(k),
+                rank: rank(j),
+            });
+        }
+        if j.state != JobState::Running || !j.preemptible || protected(k) {
+            continue;
+        }
+        let gain: f64 = alloc
+            .of(k)
+            .map(|i| (claims[i].floor_w.min(claims[i].draw_w) - gpus[i].model.idle_w).max(0.0))
+            .sum();
+        if gain > 0.0 {
+            suspendable.push((rank(j), k, gain));
+        }
+    }
+    suspendable.sort_by_key(|&(r, k, _)| (r, k));
+    suspended.sort_by_key(|s| (std::cmp::Reverse(s.rank), s.id));
+    let suspendable = suspendable.into_iter().map(|(_, k, g)| (k, g)).collect();
+    (suspendable, suspended)
 }
 
 fn hold_reason(m: &GridMemory) -> String {
