@@ -355,11 +355,12 @@ impl Facility {
         let mut node_busy = std::mem::take(&mut self.scratch.node_busy);
         node_busy.clear();
         node_busy.resize(self.nodes.len(), 0);
+        let any_suspended = self.suspended > 0;
         for (gi, g) in self.gpus.iter_mut().enumerate() {
             let off = matches!(self.nodes[g.node].power, Power::Off { .. } | Power::Failed);
-            let suspended = g
-                .job
-                .is_some_and(|j| self.jobs[j].suspended_until.is_some());
+            let suspended = any_suspended
+                && g.job
+                    .is_some_and(|j| self.jobs[j].suspended_until.is_some());
             g.power_w = match g.job {
                 Some(_) if suspended => g.idle_w(),
                 Some(j) => {

@@ -105,8 +105,9 @@ impl Facility {
         let mut still = std::mem::take(&mut scratch.still);
         still.clear();
         let running = std::mem::take(&mut self.running);
+        let any_suspended = self.suspended > 0;
         for &ji in &running {
-            if self.is_suspended(ji) {
+            if any_suspended && self.is_suspended(ji) {
                 self.totals.suspended_gpu_s += f64::from(self.jobs[ji].job.gpus) * dt_s;
                 still.push(ji);
                 continue;
