@@ -447,13 +447,23 @@ impl TlsBmc {
 /// # Panics
 /// When the `openssl` command is missing or fails.
 pub fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    self_signed_key(dir, &["rsa:2048"])
+}
+
+/// [`self_signed`] with the key `openssl req -newkey` makes of `newkey` (`["rsa:2048"]`,
+/// `["ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]`).
+///
+/// # Panics
+/// When the `openssl` command is missing or fails.
+pub fn self_signed_key(
+    dir: &std::path::Path,
+    newkey: &[&str],
+) -> (std::path::PathBuf, std::path::PathBuf, String) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let ok = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey"])
+        .args(newkey)
         .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
             "-nodes",
             "-days",
             "2",

@@ -673,15 +673,17 @@ async fn a_hung_vtn_ends_each_call_by_its_deadline_and_polling_resumes() {
     vtn.signal("-CONT");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_tls_shows_the_client_certificate_from_files() {
+/// A VTN over HTTPS that asks for a client certificate (and checks it against the
+/// one made here), with `extra` arguments; a VEN configuration that trusts it and shows
+/// that certificate (its files also returned); the directories holding the files.
+fn tls_vtn(extra: &[&str]) -> (Vtn, VenConfig, (String, String), [tempfile::TempDir; 2]) {
     let (server_dir, client_dir) = (
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),
     );
     let (server_cert, server_key, server_pin) = powerplane_tests::self_signed(server_dir.path());
     let (client_cert, client_key, _) = powerplane_tests::self_signed(client_dir.path());
-    let args = [
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "--cert".as_ref(),
         server_cert.as_os_str(),
         "--key".as_ref(),
@@ -689,14 +691,30 @@ async fn mutual_tls_shows_the_client_certificate_from_files() {
         "--ca".as_ref(),
         client_cert.as_os_str(),
     ];
-    let mut vtn = Vtn::start_with(None, &args);
+    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+    let vtn = Vtn::start_with(None, &args);
     let url = vtn.url().replace("http://", "https://");
-
-    // without a client certificate the VTN refuses the handshake
     let mut cfg = VenConfig::new(&url, "powerplane-site-a");
     cfg.timeout_s = 2.0;
     cfg.backoff_max_s = 1.0;
-    cfg.tls.pinned_sha256 = Some(server_pin.clone());
+    cfg.tls.pinned_sha256 = Some(server_pin);
+    let client = (
+        client_cert.display().to_string(),
+        client_key.display().to_string(),
+    );
+    cfg.tls.client_cert_file = Some(client.0.clone());
+    cfg.tls.client_key_file = Some(client.1.clone());
+    (vtn, cfg, client, [server_dir, client_dir])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_shows_the_client_certificate_from_files() {
+    let (mut vtn, mut cfg, client, _dirs) = tls_vtn(&[]);
+    let (client_cert, client_key) = client;
+    cfg.tls.client_cert_file = None;
+    cfg.tls.client_key_file = None;
+
+    // without a client certificate the VTN refuses the handshake
     let anonymous = start_ven_with(cfg.clone(), None);
     let t0 = Instant::now();
     while counter(&anonymous.stats, "openadr_errors_total", Some("tls")) == 0 {
@@ -712,8 +730,8 @@ async fn mutual_tls_shows_the_client_certificate_from_files() {
     assert_eq!(vtn.count("registered"), 0);
 
     // with one, it registers (the VTN takes its fingerprint) and gets events
-    cfg.tls.client_cert_file = Some(client_cert.display().to_string());
-    cfg.tls.client_key_file = Some(client_key.display().to_string());
+    cfg.tls.client_cert_file = Some(client_cert);
+    cfg.tls.client_key_file = Some(client_key);
     let mut ven = start_ven_with(cfg, None);
     let reg = vtn
         .wait(20.0, "registration", |l| l.get("registered").is_some())
@@ -735,29 +753,7 @@ async fn mutual_tls_shows_the_client_certificate_from_files() {
 /// call refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vtn_that_checks_xml_signatures_takes_the_signed_ven_and_refuses_the_unsigned_one() {
-    let (server_dir, client_dir) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let (server_cert, server_key, server_pin) = powerplane_tests::self_signed(server_dir.path());
-    let (client_cert, client_key, _) = powerplane_tests::self_signed(client_dir.path());
-    let args = [
-        "--cert".as_ref(),
-        server_cert.as_os_str(),
-        "--key".as_ref(),
-        server_key.as_os_str(),
-        "--ca".as_ref(),
-        client_cert.as_os_str(),
-        "--verify-signatures".as_ref(),
-    ];
-    let mut vtn = Vtn::start_with(None, &args);
-    let url = vtn.url().replace("http://", "https://");
-    let mut cfg = VenConfig::new(&url, "powerplane-site-a");
-    cfg.timeout_s = 2.0;
-    cfg.backoff_max_s = 1.0;
-    cfg.tls.pinned_sha256 = Some(server_pin);
-    cfg.tls.client_cert_file = Some(client_cert.display().to_string());
-    cfg.tls.client_key_file = Some(client_key.display().to_string());
+    let (mut vtn, mut cfg, _, _dirs) = tls_vtn(&["--verify-signatures"]);
 
     // unsigned: registered, then nothing it sends with its venID is taken
     let unsigned = start_ven_with(cfg.clone(), None);
@@ -795,33 +791,12 @@ async fn a_vtn_that_checks_xml_signatures_takes_the_signed_ven_and_refuses_the_u
 
 /// A key pair and self-signed certificate of `kind` (`rsa`, `ec`) in `dir`.
 fn identity(dir: &std::path::Path, kind: &str) -> (String, String) {
-    if kind == "rsa" {
-        let (c, k, _) = powerplane_tests::self_signed(dir);
-        return (c.display().to_string(), k.display().to_string());
-    }
-    let (cert, key) = (dir.join("ec-cert.pem"), dir.join("ec-key.pem"));
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "2", "-subj", "/CN=ven"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("this test needs the openssl command");
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    (cert.display().to_string(), key.display().to_string())
+    let newkey: &[&str] = match kind {
+        "rsa" => &["rsa:2048"],
+        _ => &["ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"],
+    };
+    let (c, k, _) = powerplane_tests::self_signed_key(dir, newkey);
+    (c.display().to_string(), k.display().to_string())
 }
 
 /// Every payload signed with an RSA and with an ECDSA P-256 key passes the 2.0b XSD and
