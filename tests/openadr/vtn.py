@@ -47,6 +47,9 @@ def main():
     # check the XML signature of every message from a registered VEN (over TLS), as
     # OpenLEADR does by default
     ap.add_argument("--verify-signatures", action="store_true")
+    # sign every message to the VENs with this certificate and key (XML signatures)
+    ap.add_argument("--sign-cert")
+    ap.add_argument("--sign-key")
     args = ap.parse_args()
     logging.getLogger("openleadr").setLevel(logging.ERROR)
 
@@ -64,7 +67,8 @@ def main():
                            http_port=args.port, ven_lookup=ven_lookup,
                            requested_poll_freq=timedelta(seconds=args.poll_s),
                            http_cert=args.cert, http_key=args.key, http_ca_file=args.ca,
-                           verify_message_signatures=args.verify_signatures)
+                           verify_message_signatures=args.verify_signatures,
+                           cert=args.sign_cert, key=args.sign_key)
 
     async def on_create_party_registration(info):
         ven_id = info.get("ven_id") or f"ven-{uuid.uuid4().hex[:8]}"

@@ -789,28 +789,99 @@ async fn a_vtn_that_checks_xml_signatures_takes_the_signed_ven_and_refuses_the_u
     ven.task.await.expect("ven task");
 }
 
+/// A VTN that signs its messages (OpenLEADR with a signing certificate, RSA or P-256):
+/// the VEN pinned to that certificate takes them (registers, gets and answers an
+/// event); pinned to another, it refuses every answer as not signed by the VTN it
+/// trusts, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vtns_signed_messages_are_taken_only_with_the_pinned_certificate() {
+    for kind in ["rsa", "ec"] {
+        let dir = tempfile::tempdir().expect("dir");
+        let (cert, key, sha256) = identity(dir.path(), kind);
+        let args = [
+            "--sign-cert".as_ref(),
+            std::ffi::OsStr::new(&cert),
+            "--sign-key".as_ref(),
+            std::ffi::OsStr::new(&key),
+        ];
+        let mut vtn = Vtn::start_with(None, &args);
+        let mut cfg = VenConfig::new(&vtn.url(), "powerplane-site-a");
+        cfg.timeout_s = 2.0;
+        cfg.backoff_max_s = 1.0;
+
+        // pinned to another certificate: nothing the VTN says is taken
+        cfg.vtn_signing_sha256 = Some("00".repeat(32));
+        let wrong = start_ven_with(cfg.clone(), None);
+        let t0 = Instant::now();
+        while counter(&wrong.stats, "openadr_errors_total", Some("signature")) < 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{kind}: refused as another's signature: {:?}",
+                wrong.stats.read()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            counter(
+                &wrong.stats,
+                "openadr_payloads_rejected_total",
+                Some("signature")
+            ) >= 2
+        );
+        assert_eq!(
+            counter(&wrong.stats, "openadr_registrations_total", None),
+            0
+        );
+        wrong.cancel.cancel();
+        wrong.task.await.expect("ven task");
+
+        // pinned to the VTN's: registers, gets the event, answers it
+        cfg.vtn_signing_sha256 = Some(sha256);
+        let mut ven = start_ven_with(cfg, None);
+        vtn.wait(20.0, "a poll", |l| l.get("polled").is_some())
+            .await;
+        vtn.send(simple("ev1", 1, -5, 600)).await;
+        events_when(&mut ven.events, 10.0, "ev1", |e| event(e, "ev1").is_some()).await;
+        vtn.wait(10.0, "oadrCreatedEvent", |l| {
+            l.get("created_event").is_some()
+        })
+        .await;
+        assert_eq!(
+            counter(&ven.stats, "openadr_errors_total", Some("signature")),
+            0,
+            "{kind}"
+        );
+        ven.cancel.cancel();
+        ven.task.await.expect("ven task");
+    }
+}
+
 /// A key pair and self-signed certificate of `kind` (`rsa`, `ec`) in `dir`.
-fn identity(dir: &std::path::Path, kind: &str) -> (String, String) {
+fn identity(dir: &std::path::Path, kind: &str) -> (String, String, String) {
     let newkey: &[&str] = match kind {
         "rsa" => &["rsa:2048"],
         _ => &["ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"],
     };
-    let (c, k, _) = powerplane_tests::self_signed_key(dir, newkey);
-    (c.display().to_string(), k.display().to_string())
+    let (c, k, sha256) = powerplane_tests::self_signed_key(dir, newkey);
+    (c.display().to_string(), k.display().to_string(), sha256)
 }
 
 /// Every payload signed with an RSA and with an ECDSA P-256 key passes the 2.0b XSD and
 /// OpenLEADR's own signature check (signxml: both references' digests, the signature
 /// over the canonical SignedInfo, the certificate's fingerprint, the replay
-/// protection); a payload changed after signing, or signed by another certificate, does
-/// not.
+/// protection, its window widened from 5 s to 2 min: Python's start alone can take
+/// longer on a loaded machine; the VTN test below keeps the 5 s); a payload changed after
+/// signing, or signed by another certificate, does not.
 #[test]
 fn signed_payloads_pass_openleadrs_signature_check_and_tampered_ones_fail() {
     use sources::openadr2b::payload;
-    use sources::openadr2b::sign::Signer;
+    use sources::openadr2b::sign::{self, Signer};
     let dir = tempfile::tempdir().expect("dir");
     let check = "import sys\n\
                  from openleadr import utils\n\
+                 from datetime import timedelta\n\
+                 from openleadr import messaging\n\
+                 messaging.REPLAY_PROTECT_MAX_TIME_DELTA = timedelta(seconds=120)\n\
                  from openleadr.messaging import validate_xml_schema, validate_xml_signature\n\
                  fp = utils.certificate_fingerprint(open(sys.argv[1]).read())\n\
                  for f in sys.argv[2:]:\n\
@@ -823,7 +894,7 @@ fn signed_payloads_pass_openleadrs_signature_check_and_tampered_ones_fail() {
     for kind in ["rsa", "ec"] {
         let sub = dir.path().join(kind);
         std::fs::create_dir_all(&sub).expect("dir");
-        let (cert, key) = identity(&sub, kind);
+        let (cert, key, sha256) = identity(&sub, kind);
         let signer = Signer::from_files(&cert, &key).expect("signer");
         let t = now();
         let payloads = [
@@ -856,7 +927,7 @@ fn signed_payloads_pass_openleadrs_signature_check_and_tampered_ones_fail() {
         }
         let other = sub.join("other");
         std::fs::create_dir_all(&other).expect("dir");
-        let (other_cert, _) = identity(&other, kind);
+        let (other_cert, _, _) = identity(&other, kind);
         let out = Command::new(python())
             .arg("-c")
             .arg(check)
@@ -879,6 +950,27 @@ fn signed_payloads_pass_openleadrs_signature_check_and_tampered_ones_fail() {
             "{kind}: the tampered poll: {said}"
         );
         assert_eq!(lines[3], "valid", "{kind}: {said}");
+        // and the VEN's own check of a signed message takes them, pinned to the
+        // certificate, and refuses the tampered one and another pin
+        let pin = sources::tls::parse_fingerprint(&sha256).expect("pin");
+        for (k, f) in files.iter().enumerate() {
+            let text = std::fs::read_to_string(f).expect("read");
+            let got = sign::verify(&text, &pin);
+            if k == 2 {
+                assert!(matches!(got, Err(sign::VerifyError::Digest(_))), "{got:?}");
+            } else {
+                assert_eq!(got, Ok(()), "{kind} {k}");
+            }
+        }
+        let text = std::fs::read_to_string(&files[0]).expect("read");
+        assert!(matches!(
+            sign::verify(&text, &[0; 32]),
+            Err(sign::VerifyError::Certificate(_))
+        ));
+        assert_eq!(
+            sign::verify(&payload::poll("ven1"), &pin),
+            Err(sign::VerifyError::Unsigned)
+        );
         // checked against another certificate's fingerprint: refused
         let out = Command::new(python())
             .arg("-c")

@@ -73,6 +73,10 @@ pub struct DemandResponseSection {
     /// (`tls.client_cert_file`, `tls.client_key_file`).
     #[serde(default)]
     pub xml_signature: bool,
+    /// OpenADR 2.0b: the SHA-256 of the certificate the VTN signs with; every VTN
+    /// message must then be signed with it.
+    #[serde(default)]
+    pub vtn_signing_sha256: Option<String>,
     /// OpenADR 3: the OAuth 2 client the utility issued, and the file that holds its
     /// secret (read when the configuration is loaded).
     #[serde(default)]
@@ -147,7 +151,7 @@ pub enum SectionError {
     Openadr3Credentials,
     #[error("client_id, client_secret_file, token_url and programs are for protocol \"openadr3\"")]
     Openadr3Only,
-    #[error("xml_signature is for protocol \"openadr2b\"")]
+    #[error("xml_signature and vtn_signing_sha256 are for protocol \"openadr2b\"")]
     Openadr2bOnly,
 }
 
@@ -210,7 +214,9 @@ impl DemandResponseSection {
         if openadr3_only && self.protocol != Some(Protocol::Openadr3) {
             out.push(SectionError::Openadr3Only);
         }
-        if self.xml_signature && self.protocol != Some(Protocol::Openadr2b) {
+        if (self.xml_signature || self.vtn_signing_sha256.is_some())
+            && self.protocol != Some(Protocol::Openadr2b)
+        {
             out.push(SectionError::Openadr2bOnly);
         }
         out
@@ -259,6 +265,7 @@ impl DemandResponseSection {
         c.backoff_max_s = self.backoff_max_s;
         c.tls = self.tls.clone();
         c.xml_signature = self.xml_signature;
+        c.vtn_signing_sha256 = self.vtn_signing_sha256.clone();
         Some(c)
     }
 

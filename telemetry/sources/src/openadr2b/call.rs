@@ -70,6 +70,8 @@ pub(super) enum CallError {
     Cancelled,
     #[error("{service}: {0}", service = .1)]
     Sign(#[source] super::sign::SignError, &'static str),
+    #[error("{service}: the VTN's XML signature: {0}", service = .1)]
+    Unverified(#[source] super::sign::VerifyError, &'static str),
 }
 
 impl CallError {
@@ -83,6 +85,7 @@ impl CallError {
             CallError::Reregister(_) => "reregister",
             CallError::Cancelled => "cancelled",
             CallError::Sign(..) => "sign",
+            CallError::Unverified(..) => "signature",
         }
     }
 

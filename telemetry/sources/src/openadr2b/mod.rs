@@ -66,6 +66,11 @@ pub struct VenConfig {
     /// when registering (`oadrXmlSignature`).
     #[serde(default)]
     pub xml_signature: bool,
+    /// The SHA-256 of the certificate the VTN signs its messages with (hex, colons
+    /// allowed): every message from the VTN must carry an XML signature made with it,
+    /// else it is refused. Left out, the VTN's signatures are not checked.
+    #[serde(default)]
+    pub vtn_signing_sha256: Option<String>,
 }
 
 fn default_timeout_s() -> f64 {
@@ -87,6 +92,7 @@ impl VenConfig {
             backoff_max_s: default_backoff_max_s(),
             tls: Tls::default(),
             xml_signature: false,
+            vtn_signing_sha256: None,
         }
     }
 
@@ -117,6 +123,11 @@ impl VenConfig {
         if self.xml_signature && self.tls.client_cert_file.is_none() {
             p.push(ConfigError::SignatureIdentity);
         }
+        if let Some(pin) = &self.vtn_signing_sha256 {
+            if crate::tls::parse_fingerprint(pin).is_none() {
+                p.push(ConfigError::VtnSigningPin(pin.clone()));
+            }
+        }
         if p.is_empty() {
             Ok(())
         } else {
@@ -142,6 +153,8 @@ pub enum ConfigError {
     HalfIdentity,
     #[error("openadr2b: xml_signature signs with the mutual-TLS identity: give tls client_cert_file and client_key_file")]
     SignatureIdentity,
+    #[error("openadr2b: vtn_signing_sha256 {0:?} is not 64 hex digits")]
+    VtnSigningPin(String),
 }
 
 /// Every problem of a [`VenConfig`].
@@ -182,8 +195,13 @@ mod tests {
         bad.poll_s = Some(-1.0);
         bad.tls.client_key_file = Some("k".into());
         bad.xml_signature = true;
+        bad.vtn_signing_sha256 = Some("AB:CD".into());
         let e = bad.validate().expect_err("invalid");
-        assert_eq!(e.0.len(), 6, "{e}");
+        assert_eq!(e.0.len(), 7, "{e}");
+        assert!(
+            e.0.contains(&ConfigError::VtnSigningPin("AB:CD".into())),
+            "{e}"
+        );
         assert!(e.to_string().contains("ftp://vtn"));
         assert!(e.0.contains(&ConfigError::SignatureIdentity), "{e}");
         assert!(!c.xml_signature, "unsigned unless asked");

@@ -374,6 +374,180 @@ fn tlv(der: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     (rest.len() >= len).then(|| rest.split_at(len))
 }
 
+/// Why a VTN's message is not taken as signed by the VTN the VEN trusts.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("the message is not signed")]
+    Unsigned,
+    #[error("the signature is malformed: {0}")]
+    Malformed(String),
+    #[error("the signature uses {0}, which this VEN does not check")]
+    Unsupported(String),
+    #[error("the signature does not cover the oadrSignedObject")]
+    NotCovering,
+    #[error("the digest of {0} does not match: the message changed after it was signed")]
+    Digest(String),
+    #[error("the message is signed by another certificate (SHA-256 {0})")]
+    Certificate(String),
+    #[error("the signature does not verify with the signing certificate")]
+    Signature,
+}
+
+/// Checks a VTN's message: a `ds:Signature` beside its `oadrSignedObject` whose
+/// references (one of them the signed object) digest to what they say after inclusive
+/// canonical XML 1.0, whose certificate is the one pinned (`pinned`, its SHA-256), and
+/// whose signature over `SignedInfo` verifies with it (RSA PKCS#1 v1.5 SHA-256 or ECDSA
+/// P-256 SHA-256).
+pub fn verify(body: &str, pinned: &[u8; 32]) -> Result<(), VerifyError> {
+    let malformed = |what: &str| VerifyError::Malformed(what.to_string());
+    let doc = roxmltree::Document::parse(body).map_err(|e| malformed(&e.to_string()))?;
+    let signature = ds(doc.root_element(), "Signature").ok_or(VerifyError::Unsigned)?;
+    let info = ds(signature, "SignedInfo").ok_or_else(|| malformed("no SignedInfo"))?;
+    let algorithm = |n: Option<roxmltree::Node<'_, '_>>, what: &str| {
+        n.and_then(|n| n.attribute("Algorithm"))
+            .map(str::to_string)
+            .ok_or_else(|| malformed(what))
+    };
+    let c14n_method = algorithm(
+        ds(info, "CanonicalizationMethod"),
+        "no CanonicalizationMethod",
+    )?;
+    if c14n_method != C14N {
+        return Err(VerifyError::Unsupported(c14n_method));
+    }
+    let method = algorithm(ds(info, "SignatureMethod"), "no SignatureMethod")?;
+    let ecdsa = match method.as_str() {
+        "http://www.w3.org/2001/04/xmldsig-more#rsa-sha256" => false,
+        "http://www.w3.org/2001/04/xmldsig-more#ecdsa-sha256" => true,
+        _ => return Err(VerifyError::Unsupported(method)),
+    };
+    check_references(&doc, info)?;
+    let b64 = |n: Option<roxmltree::Node<'_, '_>>, what: &str| {
+        let text: String = n
+            .and_then(|n| n.text())
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|_| malformed(what))
+    };
+    let cert = b64(
+        signature
+            .descendants()
+            .find(|n| n.has_tag_name((NS_DS, "X509Certificate"))),
+        "no X509Certificate",
+    )?;
+    let fingerprint: [u8; 32] = Sha256::digest(&cert).into();
+    if &fingerprint != pinned {
+        return Err(VerifyError::Certificate(hex(&fingerprint)));
+    }
+    let value = b64(ds(signature, "SignatureValue"), "no SignatureValue")?;
+    let der = CertificateDer::from(cert);
+    let leaf = webpki::EndEntityCert::try_from(&der).map_err(|e| malformed(&e.to_string()))?;
+    let message = c14n(info);
+    let ok = if ecdsa {
+        let asn1 = ecdsa_asn1(&value).ok_or(VerifyError::Signature)?;
+        leaf.verify_signature(webpki::ring::ECDSA_P256_SHA256, message.as_bytes(), &asn1)
+    } else {
+        leaf.verify_signature(
+            webpki::ring::RSA_PKCS1_2048_8192_SHA256,
+            message.as_bytes(),
+            &value,
+        )
+    };
+    ok.map_err(|_| VerifyError::Signature)
+}
+
+/// Every reference of `info`: a `#id` within the message, canonicalized (inclusive
+/// canonical XML 1.0, the only transform taken) and digested with SHA-256 to what it
+/// says; one of them the `oadrSignedObject`.
+fn check_references(
+    doc: &roxmltree::Document<'_>,
+    info: roxmltree::Node<'_, '_>,
+) -> Result<(), VerifyError> {
+    let malformed = |what: &str| VerifyError::Malformed(what.to_string());
+    let algorithm = |n: Option<roxmltree::Node<'_, '_>>, what: &str| {
+        n.and_then(|n| n.attribute("Algorithm"))
+            .map(str::to_string)
+            .ok_or_else(|| malformed(what))
+    };
+    let mut covers = false;
+    for reference in info
+        .children()
+        .filter(|c| c.has_tag_name((NS_DS, "Reference")))
+    {
+        let uri = reference.attribute("URI").unwrap_or("");
+        let id = uri
+            .strip_prefix('#')
+            .ok_or_else(|| VerifyError::Unsupported(format!("the reference {uri:?}")))?;
+        if let Some(t) = ds(reference, "Transforms") {
+            for a in t.children().filter_map(|t| t.attribute("Algorithm")) {
+                if a != C14N {
+                    return Err(VerifyError::Unsupported(a.to_string()));
+                }
+            }
+        }
+        let digest_method = algorithm(ds(reference, "DigestMethod"), "no DigestMethod")?;
+        if digest_method != SHA256 {
+            return Err(VerifyError::Unsupported(digest_method));
+        }
+        let told: String = ds(reference, "DigestValue")
+            .and_then(|d| d.text())
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let target = find_id(doc, id).map_err(|_| malformed(&format!("no element {uri}")))?;
+        if digest(&c14n(target)) != told {
+            return Err(VerifyError::Digest(uri.to_string()));
+        }
+        covers |= target.has_tag_name((super::payload::NS_OADR, "oadrSignedObject"));
+    }
+    if !covers {
+        return Err(VerifyError::NotCovering);
+    }
+    Ok(())
+}
+
+/// The `ds:` child of `n` named `name`.
+fn ds<'a, 'i>(n: roxmltree::Node<'a, 'i>, name: &str) -> Option<roxmltree::Node<'a, 'i>> {
+    n.children().find(|c| c.has_tag_name((NS_DS, name)))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter()
+        .map(|x| format!("{x:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// ECDSA's r and s (XML-DSig's form) as the ASN.1 SEQUENCE of two INTEGERs.
+fn ecdsa_asn1(fixed: &[u8]) -> Option<Vec<u8>> {
+    if fixed.is_empty() || !fixed.len().is_multiple_of(2) || fixed.len() > 132 {
+        return None;
+    }
+    let int = |b: &[u8]| {
+        let b = &b[b.iter().position(|&x| x != 0).unwrap_or(b.len() - 1)..];
+        let mut out = vec![0x02];
+        let pad = b[0] & 0x80 != 0;
+        out.push((b.len() + usize::from(pad)) as u8);
+        if pad {
+            out.push(0);
+        }
+        out.extend_from_slice(b);
+        out
+    };
+    let (r, s) = fixed.split_at(fixed.len() / 2);
+    let body = [int(r), int(s)].concat();
+    let mut out = vec![0x30];
+    if body.len() >= 0x80 {
+        out.push(0x81);
+    }
+    out.push(body.len() as u8);
+    out.extend(body);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,5 +585,8 @@ mod tests {
         assert_eq!(&fixed[32..62], &[0; 30]);
         assert_eq!(&fixed[62..], &[1, 2]);
         assert!(ecdsa_fixed(&der[..10], 32).is_none(), "truncated");
+        // and back: the same INTEGERs, minimal, a zero before a high bit
+        assert_eq!(ecdsa_asn1(&fixed).expect("asn1"), der);
+        assert!(ecdsa_asn1(&fixed[..63]).is_none(), "odd length");
     }
 }

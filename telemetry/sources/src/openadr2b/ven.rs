@@ -52,6 +52,8 @@ pub struct Ven {
     pub(super) clock: fn() -> Timestamp,
     /// With `xml_signature`: what signs each payload.
     signer: Option<super::sign::Signer>,
+    /// With `vtn_signing_sha256`: the certificate every VTN message must be signed with.
+    vtn_pin: Option<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Ven {
@@ -132,8 +134,13 @@ impl Ven {
             }
             _ => None,
         };
+        let vtn_pin = cfg
+            .vtn_signing_sha256
+            .as_deref()
+            .and_then(crate::tls::parse_fingerprint);
         Ok(Ven {
             signer,
+            vtn_pin,
             base: cfg.vtn_url.trim_end_matches('/').to_string(),
             cfg,
             client,
@@ -308,6 +315,18 @@ impl Ven {
                 return Err(CallError::Status { service, status });
             }
             let text = read_body(resp, service).await?;
+            if let Some(pin) = &self.vtn_pin {
+                if !text.trim().is_empty() {
+                    super::sign::verify(&text, pin).map_err(|e| {
+                        self.counters.add(
+                            "openadr_payloads_rejected_total",
+                            ("reason", "signature"),
+                            1,
+                        );
+                        CallError::Unverified(e, service)
+                    })?;
+                }
+            }
             parse(&text).map_err(|e| {
                 self.counters
                     .add("openadr_payloads_rejected_total", ("reason", e.reason()), 1);
