@@ -66,10 +66,8 @@ pub struct Board {
     pub ledger: LedgerTotals,
     /// The grid events known (a VTN's, posted, scheduled), with their status now.
     pub grid_events: Vec<telemetry::grid::GridEvent>,
-    /// The VEN's counters (empty without one), for `/metrics`.
-    pub grid_counters: Vec<sources::source::Counter>,
-    /// Every running telemetry source's counters (its `Source::stats`), for
-    /// `/metrics`: those no other step renders go out as they are.
+    /// Every running telemetry source's counters (its `Source::stats`) and the VEN's,
+    /// for `/metrics`: those no other step renders go out as they are.
     pub source_counters: Vec<sources::source::Counter>,
 }
 
@@ -176,7 +174,6 @@ impl Board {
             predictions: BTreeMap::new(),
             ledger: LedgerTotals::default(),
             grid_events: Vec::new(),
-            grid_counters: Vec::new(),
             source_counters: Vec::new(),
         }
     }

@@ -155,16 +155,6 @@ fn grid(o: &mut Out, b: &Board) {
             *n,
         );
     }
-    for c in &b.grid_counters {
-        let labels: Vec<(&str, &str)> = c.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        o.add(
-            c.name,
-            "counter",
-            "The VEN's counter (see docs/demand-response.md)",
-            &labels,
-            c.value as f64,
-        );
-    }
 }
 
 /// The build.

@@ -575,8 +575,14 @@ impl Serve {
         let prices = self.prices.next_24h(now);
         let predictions = report.predictions.clone();
         let grid_events = self.grid.events(now);
-        let grid_counters = self.grid.ven_stats().map(|s| s.read()).unwrap_or_default();
-        let source_counters = self.sources.iter().flat_map(|s| s.stats.read()).collect();
+        // the sources' counters and the VEN's, written alike on /metrics
+        let source_counters = self
+            .sources
+            .iter()
+            .map(|s| &s.stats)
+            .chain(self.grid.ven_stats())
+            .flat_map(|s| s.read())
+            .collect();
         let jobs = self.control.registry().active().to_vec();
         let schedulers = self.schedulers.status();
         let mut scheduler_counters = self.schedulers.counters();
@@ -606,7 +612,6 @@ impl Serve {
         );
         b.predictions = predictions;
         b.grid_events = grid_events;
-        b.grid_counters = grid_counters;
         b.source_counters = source_counters;
         b.ledger.add(&report.ledger);
         b.jobs = jobs;

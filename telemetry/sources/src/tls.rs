@@ -161,17 +161,21 @@ fn roots(ca_file: Option<&str>) -> Result<rustls::RootCertStore, TlsError> {
     Ok(roots)
 }
 
-type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+pub(crate) type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 /// The client's certificate chain and key, when both are given.
 fn identity(tls: &Tls) -> Result<Option<Identity>, TlsError> {
-    let (cert, key) = match (&tls.client_cert_file, &tls.client_key_file) {
-        (None, None) => return Ok(None),
-        (Some(c), Some(k)) => (c, k),
-        _ => return Err(TlsError::HalfIdentity),
-    };
+    match (&tls.client_cert_file, &tls.client_key_file) {
+        (None, None) => Ok(None),
+        (Some(c), Some(k)) => identity_files(c, k).map(Some),
+        _ => Err(TlsError::HalfIdentity),
+    }
+}
+
+/// The certificate chain (leaf first) and key in the PEM files `cert` and `key`.
+pub(crate) fn identity_files(cert: &str, key: &str) -> Result<Identity, TlsError> {
     let pem = |source| TlsError::ClientCertPem {
-        path: cert.clone(),
+        path: cert.to_string(),
         source,
     };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -179,13 +183,13 @@ fn identity(tls: &Tls) -> Result<Option<Identity>, TlsError> {
         .collect::<Result<_, _>>()
         .map_err(pem)?;
     if chain.is_empty() {
-        return Err(TlsError::NoClientCertificate(cert.clone()));
+        return Err(TlsError::NoClientCertificate(cert.to_string()));
     }
     let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::ClientKeyPem {
-        path: key.clone(),
+        path: key.to_string(),
         source,
     })?;
-    Ok(Some((chain, key)))
+    Ok((chain, key))
 }
 
 /// `AB:CD:...` or `abcd...` → 32 bytes.

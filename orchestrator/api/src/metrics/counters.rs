@@ -353,7 +353,7 @@ pub(super) fn fleet(o: &mut Out, f: &FleetStatus<'_>) {
     }
 }
 
-/// The telemetry sources' own counters (`Source::stats`), each family that no step
+/// The telemetry sources' own counters (`Source::stats`, the VEN's too), each family that no step
 /// before rendered (the MQTT decoders' rejects and the Redfish endpoints' counters are
 /// rendered whole, every reason listed, before this): a new source's counters reach
 /// `/metrics` with no change here.
@@ -384,6 +384,7 @@ fn source_help(name: &str) -> &'static str {
             "Connections to the MQTT broker made (the first and every reconnect)"
         }
         "mqtt_disconnects_total" => "Connections to the MQTT broker lost",
+        n if n.starts_with("openadr_") => "The VEN's counter (see docs/demand-response.md)",
         _ => "A telemetry source's counter (see docs/operations.md)",
     }
 }

@@ -161,7 +161,6 @@ fn release_own_holds(
     }
 }
 
-/// What one tick of the controller reads of the site.
 /// A job the controller suspended, as this tick finds it.
 struct Suspended<'c> {
     id: &'c str,
@@ -171,6 +170,7 @@ struct Suspended<'c> {
     rank: i64,
 }
 
+/// What one tick of the controller reads of the site.
 struct Tick<'c> {
     meter: super::Meter,
     /// IT power that is not the GPUs' draw, W.

@@ -20,8 +20,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::sign::SigningKey;
 use rustls::SignatureScheme;
 use sha2::{Digest, Sha256};
@@ -38,20 +37,9 @@ const SHA256: &str = "http://www.w3.org/2001/04/xmlenc#sha256";
 /// Why the VEN cannot sign.
 #[derive(Debug, thiserror::Error)]
 pub enum SignError {
-    #[error("xml_signature needs tls client_cert_file and client_key_file (the signing identity is the mutual-TLS one)")]
-    NoIdentity,
-    #[error("client_cert_file {path}: {source}")]
-    Certificate {
-        path: String,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("client_key_file {path}: {source}")]
-    Key {
-        path: String,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
+    /// The certificate or key file cannot be read.
+    #[error(transparent)]
+    Identity(#[from] crate::tls::TlsError),
     #[error("client_key_file {path}: not a key this VEN signs with: {source}")]
     KeyKind {
         path: String,
@@ -86,20 +74,8 @@ impl Signer {
     /// The identity in the PEM files of `cert_file` (the chain, leaf first) and
     /// `key_file` (PKCS#8, PKCS#1 or SEC1).
     pub fn from_files(cert_file: &str, key_file: &str) -> Result<Signer, SignError> {
-        let cert = CertificateDer::pem_file_iter(cert_file)
-            .and_then(|mut it| it.next().transpose())
-            .map_err(|source| SignError::Certificate {
-                path: cert_file.into(),
-                source,
-            })?
-            .ok_or_else(|| SignError::Certificate {
-                path: cert_file.into(),
-                source: rustls::pki_types::pem::Error::NoItemsFound,
-            })?;
-        let key = PrivateKeyDer::from_pem_file(key_file).map_err(|source| SignError::Key {
-            path: key_file.into(),
-            source,
-        })?;
+        let (chain, key) = crate::tls::identity_files(cert_file, key_file)?;
+        let cert = &chain[0];
         let key = crate::tls::provider()
             .key_provider
             .load_private_key(key)
